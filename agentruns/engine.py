@@ -1,0 +1,602 @@
+"""The durable executor (DESIGN.md section 4).
+
+`RunExecutor(run_id).advance()` is the body of the `advance_run` task. It claims the run's lease
+with one conditional UPDATE, then drives the run step by step until it finishes, parks for a
+human, yields its time slice, or loses the lease. Every commit it makes is fenced on the lease
+(`events.bump_run(lease_owner=...)`), renews it, allocates the event seqs, and reads the cancel
+flag, all in one UPDATE, so the per-step cost does not grow with the run's history.
+
+Commits per step: a read-only tool runs and is recorded in one commit; a side-effect tool gets one
+commit before the call (running + attempt, with the stable idempotency key already durable) and
+one after (result). A model step is one commit plus one per streamed delta batch; the tool steps
+it asks for are planned in that same commit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import traceback
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import close_old_connections, connection, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from . import failpoints
+from .conversation import Conversation
+from .events import LeaseLost, bump_run, write_events
+from .models import (
+    AttemptOutcome,
+    Run,
+    RunStatus,
+    Step,
+    StepAttempt,
+    StepKind,
+    StepStatus,
+)
+from .providers import ModelError, ModelRequest, TextDelta, ToolCall, Usage, get_provider
+from .registry import (
+    Tool,
+    ToolArgumentsError,
+    ToolContext,
+    UnknownAgent,
+    UnknownTool,
+    get_agent,
+    get_tool,
+)
+
+log = logging.getLogger(__name__)
+
+MODEL_MAX_ATTEMPTS = 3
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def step_key(run_id: uuid.UUID, step_id: uuid.UUID) -> str:
+    """The idempotency key a step sends to the outside world, on every attempt."""
+    return f"run-{run_id.hex[:12]}-step-{step_id.hex}"
+
+
+class Heartbeat(threading.Thread):
+    """Extends the lease while a long step runs; every engine commit extends it as well."""
+
+    def __init__(self, run_id: uuid.UUID, owner: str, ttl: float) -> None:
+        super().__init__(name=f"lease-heartbeat-{run_id}", daemon=True)
+        self.run_id, self.owner, self.ttl = run_id, owner, ttl
+        self.stopped = threading.Event()
+        self.lost = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self.stopped.wait(self.ttl / 3):
+                expires = timezone.now() + timedelta(seconds=self.ttl)
+                held = Run.objects.filter(id=self.run_id, lease_owner=self.owner).update(
+                    lease_expires_at=expires
+                )
+                if not held:
+                    self.lost.set()
+                    return
+        except Exception:
+            log.warning("lease heartbeat failed for run %s", self.run_id, exc_info=True)
+        finally:
+            connection.close()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+class RunExecutor:
+    def __init__(self, run_id: uuid.UUID | str, owner: str | None = None) -> None:
+        self.run_id = uuid.UUID(str(run_id))
+        self.owner = owner or worker_id()
+        self.ttl = float(settings.AGENTRUNS_LEASE_TTL_SECONDS)
+        self.cancel_requested = False
+        self.heartbeat: Heartbeat | None = None
+
+    # ---------------------------------------------------------------- lease
+    def claim(self) -> bool:
+        now = timezone.now()
+        free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
+        lease = {"lease_owner": self.owner, "lease_expires_at": now + timedelta(seconds=self.ttl)}
+        with transaction.atomic():
+            fresh = Run.objects.filter(free, id=self.run_id, status=RunStatus.QUEUED).update(
+                status=RunStatus.RUNNING, **lease
+            )
+            if fresh:
+                self.commit([("run.status", {"status": RunStatus.RUNNING})])
+                Run.objects.filter(id=self.run_id, started_at__isnull=True).update(started_at=now)
+                return True
+            return bool(
+                Run.objects.filter(free, id=self.run_id, status=RunStatus.RUNNING).update(**lease)
+            )
+
+    def commit(
+        self,
+        events: list[tuple[str, dict]],
+        *,
+        release: bool = False,
+        **run_changes: Any,
+    ) -> int:
+        """The fenced run UPDATE + events; call inside transaction.atomic()."""
+        set_fields = dict(run_changes.pop("set_fields", {}))
+        if release:
+            set_fields.update(lease_owner="", lease_expires_at=None)
+        else:
+            set_fields["lease_expires_at"] = timezone.now() + timedelta(seconds=self.ttl)
+        last_seq, cancel = bump_run(
+            self.run_id, len(events), lease_owner=self.owner, set_fields=set_fields, **run_changes
+        )
+        self.cancel_requested = cancel
+        write_events(self.run_id, last_seq, events)
+        return last_seq
+
+    def check_lease(self) -> None:
+        if self.heartbeat is not None and self.heartbeat.lost.is_set():
+            raise LeaseLost(str(self.run_id))
+
+    # ---------------------------------------------------------------- main loop
+    def advance(self) -> str:
+        if not self.claim():
+            return "busy"
+        self.heartbeat = Heartbeat(self.run_id, self.owner, self.ttl)
+        self.heartbeat.start()
+        try:
+            return self._drive()
+        except LeaseLost:
+            log.warning("run %s: lease lost, another worker continues", self.run_id)
+            return "lease_lost"
+        except _RunFailed as exc:
+            with transaction.atomic():
+                return self.finish(RunStatus.FAILED, error=str(exc))
+        except Exception as exc:  # an engine bug must not leave a run stuck
+            log.exception("run %s: engine error", self.run_id)
+            close_old_connections()
+            try:
+                with transaction.atomic():
+                    return self.finish(RunStatus.FAILED, error=f"internal error: {exc!r}")
+            except LeaseLost:
+                return "lease_lost"
+        finally:
+            self.heartbeat.stop()
+
+    def _drive(self) -> str:
+        self.run = Run.objects.get(id=self.run_id)
+        self.cancel_requested = self.run.cancel_requested
+        try:
+            self.agent = get_agent(self.run.agent)
+        except UnknownAgent as exc:
+            with transaction.atomic():
+                return self.finish(RunStatus.FAILED, error=str(exc))
+        self.provider = get_provider(self.run.model or settings.AGENTRUNS_MODEL)
+        self.tool_schemas = [get_tool(name).schema() for name in self.run.tool_snapshot]
+        self.steps: list[Step] = list(Step.objects.filter(run_id=self.run_id).order_by("index"))
+        self.conversation = Conversation(self.agent, self.run)
+        self.cursor = 0  # steps[:cursor] are terminal
+        slice_ends = time.monotonic() + float(settings.AGENTRUNS_SLICE_SECONDS)
+
+        while True:
+            self.check_lease()
+            while self.cursor < len(self.steps) and self.steps[self.cursor].is_terminal:
+                self.cursor += 1
+            if self.cancel_requested:
+                with transaction.atomic():
+                    return self.finish(
+                        RunStatus.CANCELLED, stop_reason="cancelled", error="cancelled on request"
+                    )
+            if self.run.deadline_at and timezone.now() >= self.run.deadline_at:
+                with transaction.atomic():
+                    return self.finish(
+                        RunStatus.FAILED, stop_reason="deadline", error="the run's deadline passed"
+                    )
+            if time.monotonic() >= slice_ends:
+                return self.yield_slice()
+
+            if self.cursor < len(self.steps):
+                step = self.steps[self.cursor]
+                if step.status in (StepStatus.WAITING_APPROVAL, StepStatus.UNKNOWN):
+                    with transaction.atomic():
+                        return self.park()
+                if step.status == StepStatus.RUNNING:
+                    outcome = self.recover(step)
+                    if outcome:
+                        return outcome
+                    continue
+                if step.kind == StepKind.MODEL:
+                    self.model_turn(step)
+                else:
+                    outcome = self.tool_step(step)
+                    if outcome:
+                        return outcome
+                continue
+
+            last = self.steps[-1] if self.steps else None
+            if last is not None and last.kind == StepKind.MODEL and not last.tool_calls:
+                with transaction.atomic():
+                    return self.finish(RunStatus.SUCCEEDED, output=last.text)
+            stop = self.stop_condition()
+            if stop:
+                with transaction.atomic():
+                    return self.finish(RunStatus.FAILED, stop_reason=stop[0], error=stop[1])
+            self.model_turn(None)
+
+    def stop_condition(self) -> tuple[str, str] | None:
+        if len(self.steps) >= self.run.max_steps:
+            return "max_steps", f"stopped after {len(self.steps)} steps (max_steps={self.run.max_steps})"
+        budget = self.run.token_budget
+        if budget and self.run.total_tokens >= budget:
+            return "token_budget", f"token budget exhausted ({self.run.total_tokens} of {budget})"
+        return None
+
+    # ---------------------------------------------------------------- terminal transitions
+    def finish(self, status: str, *, output: str = "", error: str = "", stop_reason: str = "") -> str:
+        events: list[tuple[str, dict]] = []
+        if output:
+            events.append(("run.output", {"text": output}))
+        events.append(("run.status", {"status": status, "error": error, "stop_reason": stop_reason}))
+        self.commit(
+            events,
+            release=True,
+            set_fields={
+                "status": status,
+                "output": output,
+                "error": error,
+                "stop_reason": stop_reason,
+                "finished_at": timezone.now(),
+                "cancel_requested": False,
+            },
+        )
+        return status
+
+    def park(self) -> str:
+        self.commit(
+            [("run.status", {"status": RunStatus.WAITING})],
+            release=True,
+            set_fields={"status": RunStatus.WAITING},
+        )
+        return RunStatus.WAITING
+
+    def yield_slice(self) -> str:
+        from .services import enqueue
+
+        with transaction.atomic():
+            self.commit(
+                [("run.status", {"status": RunStatus.QUEUED, "reason": "time slice"})],
+                release=True,
+                set_fields={"status": RunStatus.QUEUED, "enqueued_at": timezone.now()},
+            )
+            enqueue(self.run_id)
+        return RunStatus.QUEUED
+
+    # ---------------------------------------------------------------- recovery
+    def recover(self, step: Step) -> str | None:
+        """A step left `running` by a dead worker (DESIGN.md 4.4)."""
+        now = timezone.now()
+        if step.kind == StepKind.MODEL:
+            # re-requested as a new attempt; its streamed text is superseded, not merged
+            with transaction.atomic():
+                self._close_attempt(step, AttemptOutcome.CRASHED, "worker died mid-stream", now)
+                step.status = StepStatus.PENDING
+                step.save(update_fields=["status"])
+                self.commit([("model.superseded", {"step": step.index, "attempt": step.attempts})])
+            return None
+        policy = self.run.tool_snapshot.get(step.tool, {})
+        if policy.get("side_effect") and policy.get("idempotency") == "none":
+            from approvals.services import open_reconciliation
+
+            with transaction.atomic():
+                self._close_attempt(step, AttemptOutcome.UNKNOWN, "worker died mid-call", now)
+                step.status = StepStatus.UNKNOWN
+                step.save(update_fields=["status"])
+                open_reconciliation(step, self.run.agent)
+                self.commit(
+                    [
+                        ("step.unknown", self._step_data(step)),
+                        ("approval.requested", {"step": step.index, "kind": "reconciliation"}),
+                    ]
+                )
+                return self.park()
+        with transaction.atomic():
+            self._close_attempt(step, AttemptOutcome.CRASHED, "worker died mid-call", now)
+            step.status = StepStatus.PENDING
+            step.save(update_fields=["status"])
+            self.commit([("step.recovered", self._step_data(step))])
+        return None
+
+    def _close_attempt(self, step: Step, outcome: str, error: str, now: Any) -> None:
+        StepAttempt.objects.filter(step=step, number=step.attempts, finished_at__isnull=True).update(
+            outcome=outcome, error=error, finished_at=now
+        )
+
+    # ---------------------------------------------------------------- model steps
+    def model_turn(self, step: Step | None) -> None:
+        if step is None:
+            index = len(self.steps)
+            step_id = uuid.uuid4()
+            step = Step(
+                id=step_id,
+                run_id=self.run_id,
+                index=index,
+                kind=StepKind.MODEL,
+                idempotency_key=step_key(self.run_id, step_id),
+                status=StepStatus.RUNNING,
+            )
+            step._state.adding = True
+            self.steps.append(step)
+        messages = self.conversation.extend(self.steps[: step.index])
+        while True:
+            attempt = step.attempts + 1
+            try:
+                self._stream_model(step, attempt, messages)
+                return
+            except ModelError as exc:
+                if exc.retryable and attempt < MODEL_MAX_ATTEMPTS:
+                    self._record_model_failure(step, attempt, exc, final=False)
+                    time.sleep(min(10.0, 0.5 * 2**attempt))
+                    continue
+                self._record_model_failure(step, attempt, exc, final=True)
+                raise _RunFailed(f"model error: {exc}") from exc
+
+    def _stream_model(self, step: Step, attempt: int, messages: list[dict]) -> None:
+        started = timezone.now()
+        request = ModelRequest(
+            model=self.run.model, messages=messages, tools=self.tool_schemas, agent=self.agent
+        )
+        flush_s = float(settings.AGENTRUNS_DELTA_FLUSH_MS) / 1000.0
+        flush_chars = int(settings.AGENTRUNS_DELTA_FLUSH_CHARS)
+        text: list[str] = []
+        pending = ""
+        calls: list[ToolCall] = []
+        usage = Usage()
+        last_flush = time.monotonic()
+        for chunk in self.provider.stream(request):
+            if isinstance(chunk, TextDelta):
+                text.append(chunk.text)
+                pending += chunk.text
+                if len(pending) >= flush_chars or time.monotonic() - last_flush >= flush_s:
+                    self._flush_delta(step, attempt, pending, started)
+                    pending, last_flush = "", time.monotonic()
+                    failpoints.hit("model_streaming", tool=self.run.agent, step_id=step.id)
+            elif isinstance(chunk, ToolCall):
+                calls.append(chunk)
+            elif isinstance(chunk, Usage):
+                usage = chunk
+        self._complete_model_step(step, attempt, "".join(text), pending, calls, usage, started)
+
+    def _begin_attempt(self, step: Step, attempt: int, started: Any, status: str) -> None:
+        """Persist the step (first time: insert) as running with a fresh attempt row."""
+        step.status = status
+        step.attempts = attempt
+        step.started_at = step.started_at or started
+        step.save()  # insert on first flush, update afterwards
+        step._state.adding = False
+        StepAttempt.objects.create(step=step, number=attempt, worker=self.owner, started_at=started)
+
+    def _flush_delta(self, step: Step, attempt: int, text: str, started: Any) -> None:
+        with transaction.atomic():
+            events = []
+            if step._state.adding or step.attempts < attempt:
+                self._begin_attempt(step, attempt, started, StepStatus.RUNNING)
+                events.append(("step.started", self._step_data(step)))
+            events.append(("model.delta", {"step": step.index, "attempt": attempt, "text": text}))
+            self.commit(events)
+        self.check_lease()
+
+    def _complete_model_step(
+        self,
+        step: Step,
+        attempt: int,
+        text: str,
+        tail: str,
+        calls: list[ToolCall],
+        usage: Usage,
+        started: Any,
+    ) -> None:
+        now = timezone.now()
+        events: list[tuple[str, dict]] = []
+        with transaction.atomic():
+            first_commit = step._state.adding or step.attempts < attempt
+            step.status = StepStatus.SUCCEEDED
+            step.text = text
+            step.tool_calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls]
+            step.prompt_tokens, step.completion_tokens = usage.prompt_tokens, usage.completion_tokens
+            step.finished_at = now
+            step.error = ""
+            if first_commit:
+                step.attempts = attempt
+                step.started_at = step.started_at or started
+                step.save()
+                step._state.adding = False
+                StepAttempt.objects.create(
+                    step=step, number=attempt, worker=self.owner, started_at=started,
+                    finished_at=now, outcome=AttemptOutcome.SUCCEEDED,
+                )
+                events.append(("step.started", {**self._step_data(step), "status": StepStatus.RUNNING}))
+            else:
+                step.save()
+                StepAttempt.objects.filter(step=step, number=attempt).update(
+                    finished_at=now, outcome=AttemptOutcome.SUCCEEDED
+                )
+            if tail:
+                events.append(("model.delta", {"step": step.index, "attempt": attempt, "text": tail}))
+            events.append(("step.succeeded", self._step_data(step)))
+            planned = self._plan_tool_steps(step, calls, now)
+            events.extend(("step.planned", self._step_data(s)) for s in planned)
+            self.run.prompt_tokens += usage.prompt_tokens
+            self.run.completion_tokens += usage.completion_tokens
+            self.commit(
+                events,
+                set_fields={"step_count": len(self.steps)},
+                incr_fields={
+                    "prompt_tokens": usage.prompt_tokens,
+                    "completion_tokens": usage.completion_tokens,
+                },
+            )
+
+    def _plan_tool_steps(self, model_step: Step, calls: list[ToolCall], now: Any) -> list[Step]:
+        """Tool calls become rows in the commit that records the model response (invariant 3).
+        Bad calls (unknown tool, outside the snapshot, bad JSON, schema) are failed steps whose
+        error goes back to the model (invariant 7)."""
+        planned = []
+        for call in calls:
+            step_id = uuid.uuid4()
+            step = Step(
+                id=step_id,
+                run_id=self.run_id,
+                index=len(self.steps),
+                kind=StepKind.TOOL,
+                tool=call.name[:100],
+                call_id=call.id[:100],
+                idempotency_key=step_key(self.run_id, step_id),
+            )
+            try:
+                step.arguments = self._validated_arguments(call)
+            except (ToolArgumentsError, UnknownTool) as exc:
+                step.status = StepStatus.FAILED
+                step.error = str(exc)
+                step.finished_at = now
+            self.steps.append(step)
+            planned.append(step)
+        Step.objects.bulk_create(planned)
+        return planned
+
+    def _validated_arguments(self, call: ToolCall) -> dict:
+        if call.name not in self.run.tool_snapshot:
+            raise UnknownTool(f"tool {call.name!r} is not available to this run")
+        try:
+            arguments = json.loads(call.arguments or "{}")
+        except json.JSONDecodeError as exc:
+            raise ToolArgumentsError(f"{call.name}: arguments are not valid JSON ({exc})") from None
+        return get_tool(call.name).validate(arguments)
+
+    def _record_model_failure(self, step: Step, attempt: int, exc: ModelError, *, final: bool) -> None:
+        now = timezone.now()
+        with transaction.atomic():
+            if step._state.adding or step.attempts < attempt:
+                self._begin_attempt(step, attempt, now, StepStatus.RUNNING)
+            StepAttempt.objects.filter(step=step, number=attempt).update(
+                finished_at=now,
+                outcome=AttemptOutcome.FAILED if final else AttemptOutcome.RETRYING,
+                error=str(exc),
+            )
+            step.error = str(exc)
+            step.status = StepStatus.FAILED if final else StepStatus.RUNNING
+            if final:
+                step.finished_at = now
+            step.save(update_fields=["error", "status", "finished_at"])
+            etype = "step.failed" if final else "step.retry_scheduled"
+            self.commit([(etype, self._step_data(step))])
+
+    # ---------------------------------------------------------------- tool steps
+    def tool_step(self, step: Step) -> str | None:
+        tool = get_tool(step.tool)
+        if not step.approved and tool.needs_approval(step.arguments):
+            from approvals.services import open_approval
+
+            with transaction.atomic():
+                step.status = StepStatus.WAITING_APPROVAL
+                step.save(update_fields=["status"])
+                approval = open_approval(step, self.run.agent)
+                self.commit(
+                    [
+                        ("step.waiting_approval", self._step_data(step)),
+                        ("approval.requested", {"step": step.index, "approval": approval.id,
+                                                "kind": "approval", "tool": step.tool}),
+                    ]
+                )
+                return self.park()
+        if step.next_attempt_at:
+            delay = (step.next_attempt_at - timezone.now()).total_seconds()
+            if delay > 0:
+                time.sleep(delay)
+        return self._execute(step, tool)
+
+    def _execute(self, step: Step, tool: Tool) -> str | None:
+        attempt = step.attempts + 1
+        started = timezone.now()
+        if tool.side_effect:
+            # the "before" commit: running + attempt, so a crash is seen and resumed by class
+            with transaction.atomic():
+                self._begin_attempt(step, attempt, started, StepStatus.RUNNING)
+                self.commit([("step.started", self._step_data(step))])
+        failpoints.hit("step_started", tool=step.tool, step_id=step.id)
+        ctx = ToolContext(run=self.run, step=step, attempt=attempt, idempotency_key=step.idempotency_key)
+        try:
+            result = tool.func(ctx, **step.arguments)
+            result = json.loads(json.dumps(result, default=str))
+        except Exception as exc:
+            return self._tool_failed(step, tool, attempt, started, exc)
+        failpoints.hit("tool_returned", tool=step.tool, step_id=step.id)
+        now = timezone.now()
+        with transaction.atomic():
+            events = []
+            if not tool.side_effect:
+                step.started_at = started
+                StepAttempt.objects.create(
+                    step=step, number=attempt, worker=self.owner, started_at=started,
+                    finished_at=now, outcome=AttemptOutcome.SUCCEEDED,
+                )
+            else:
+                StepAttempt.objects.filter(step=step, number=attempt).update(
+                    finished_at=now, outcome=AttemptOutcome.SUCCEEDED
+                )
+            step.status, step.result, step.error = StepStatus.SUCCEEDED, result, ""
+            step.attempts, step.finished_at, step.next_attempt_at = attempt, now, None
+            step.save()
+            events.append(("step.succeeded", self._step_data(step)))
+            self.commit(events)
+        failpoints.hit("step_persisted", tool=step.tool, step_id=step.id)
+        return None
+
+    def _tool_failed(self, step: Step, tool: Tool, attempt: int, started: Any, exc: Exception) -> str | None:
+        now = timezone.now()
+        retry = tool.retry.is_retryable(exc) and attempt < tool.retry.max_attempts
+        outcome = AttemptOutcome.RETRYING if retry else AttemptOutcome.FAILED
+        with transaction.atomic():
+            fields = dict(finished_at=now, outcome=outcome, error=str(exc)[:2000],
+                          traceback=traceback.format_exc()[-8000:])
+            if tool.side_effect:
+                StepAttempt.objects.filter(step=step, number=attempt).update(**fields)
+            else:
+                StepAttempt.objects.create(step=step, number=attempt, worker=self.owner,
+                                           started_at=started, **fields)
+            step.attempts, step.error = attempt, f"{type(exc).__name__}: {exc}"
+            step.started_at = step.started_at or started
+            if retry:
+                delay = tool.retry.delay_for(attempt)
+                step.status, step.next_attempt_at = StepStatus.PENDING, now + timedelta(seconds=delay)
+                step.save()
+                data = {**self._step_data(step), "next_attempt_at": step.next_attempt_at.isoformat()}
+                self.commit([("step.retry_scheduled", data)])
+                return None
+            step.status, step.finished_at, step.next_attempt_at = StepStatus.FAILED, now, None
+            step.save()
+            self.commit([("step.failed", self._step_data(step))])
+            return self.finish(
+                RunStatus.FAILED, error=f"step #{step.index} {step.tool} failed: {step.error}"
+            )
+
+    # ---------------------------------------------------------------- helpers
+    def _step_data(self, step: Step) -> dict:
+        return {
+            "step": step.index,
+            "id": str(step.id),
+            "kind": step.kind,
+            "tool": step.tool,
+            "status": step.status,
+            "attempts": step.attempts,
+            "error": step.error,
+        }
+
+
+class _RunFailed(Exception):
+    pass

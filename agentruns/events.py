@@ -1,0 +1,155 @@
+"""RunEvent allocation and nudges (DESIGN.md 4.8 and 5).
+
+`seq` comes from `Run.last_seq`, bumped by one `UPDATE ... RETURNING` inside the transaction of
+the change the events describe. The UPDATE row-locks the run on PostgreSQL (SQLite serialises all
+writers), so concurrent writers (two workers, a decision and the engine) queue on that row and
+every committed seq is contiguous: no holes, no duplicates.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from .models import Run, RunEvent
+
+log = logging.getLogger(__name__)
+
+EventSpec = tuple[str, dict]
+
+# set by the qcluster command: an in-memory channel layer cannot reach the web process from there
+IN_WORKER_PROCESS = False
+
+
+class LeaseLost(Exception):
+    """The run's lease moved to another worker: stop without writing anything more."""
+
+
+def run_group(run_id: uuid.UUID | str) -> str:
+    return f"run.{uuid.UUID(str(run_id)).hex}"
+
+
+INBOX_GROUP = "approvals.inbox"
+
+
+def _db_value(field_name: str, value: Any) -> Any:
+    field = Run._meta.get_field(field_name)
+    return field.get_db_prep_save(value, connection)
+
+
+def bump_run(
+    run_id: uuid.UUID,
+    n_events: int,
+    *,
+    lease_owner: str | None = None,
+    set_fields: dict[str, Any] | None = None,
+    incr_fields: dict[str, int] | None = None,
+) -> tuple[int, bool]:
+    """One UPDATE of the run row: allocate `n_events` seqs, apply field changes.
+
+    With `lease_owner` the update is fenced: it only applies while that worker holds the lease
+    (raises LeaseLost otherwise). Returns (last allocated seq, cancel_requested).
+    """
+    assignments = ["last_seq = last_seq + %s"]
+    params: list[Any] = [n_events]
+    for name, value in (set_fields or {}).items():
+        assignments.append(f"{Run._meta.get_field(name).column} = %s")
+        params.append(_db_value(name, value))
+    for name, delta in (incr_fields or {}).items():
+        column = Run._meta.get_field(name).column
+        assignments.append(f"{column} = {column} + %s")
+        params.append(delta)
+    assignments.append("updated_at = %s")
+    params.append(_db_value("updated_at", timezone.now()))
+    where = "id = %s"
+    params.append(_db_value("id", run_id))
+    if lease_owner is not None:
+        where += " AND lease_owner = %s"
+        params.append(lease_owner)
+    sql = (
+        f"UPDATE {Run._meta.db_table} SET {', '.join(assignments)} WHERE {where} "
+        "RETURNING last_seq, cancel_requested"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        if lease_owner is not None:
+            raise LeaseLost(str(run_id))
+        raise Run.DoesNotExist(str(run_id))
+    return int(row[0]), bool(row[1])
+
+
+def write_events(run_id: uuid.UUID, last_seq: int, events: Sequence[EventSpec]) -> list[RunEvent]:
+    """Insert events whose seqs were allocated by `bump_run` (must be in its transaction)."""
+    if not events:
+        return []
+    first = last_seq - len(events) + 1
+    now = timezone.now()
+    rows = [
+        RunEvent(run_id=run_id, seq=first + i, type=etype, data=data, created_at=now)
+        for i, (etype, data) in enumerate(events)
+    ]
+    RunEvent.objects.bulk_create(rows)
+    nudge_on_commit(run_id, last_seq)
+    return rows
+
+
+def append_events(run_id: uuid.UUID, events: Iterable[EventSpec], **run_changes: Any) -> int:
+    """Append events to a run (any writer that is not the lease holder: services, sweeper).
+
+    Must run inside `transaction.atomic()`. Returns the last seq.
+    """
+    events = list(events)
+    last_seq, _ = bump_run(run_id, len(events), **run_changes)
+    write_events(run_id, last_seq, events)
+    return last_seq
+
+
+def _nudges_reach_viewers() -> bool:
+    # The in-memory layer only reaches consumers in this process; a worker's nudge would be lost
+    # anyway, and the consumer's database poll covers it.
+    return bool(settings.REDIS_URL) or not IN_WORKER_PROCESS
+
+
+def nudge_on_commit(run_id: uuid.UUID, seq: int, *, inbox: bool = False) -> None:
+    if not _nudges_reach_viewers():
+        return
+    transaction.on_commit(lambda: send_nudge(run_id, seq, inbox=inbox))
+
+
+def send_nudge(run_id: uuid.UUID | None, seq: int = 0, *, inbox: bool = False) -> None:
+    """Tell viewers "new events exist". At-most-once by design: losing one costs latency only."""
+    try:
+        from asgiref.sync import async_to_sync
+        from channels.layers import get_channel_layer
+
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        if run_id is not None:
+            async_to_sync(layer.group_send)(run_group(run_id), {"type": "run.nudge", "seq": seq})
+        if inbox:
+            async_to_sync(layer.group_send)(INBOX_GROUP, {"type": "inbox.nudge"})
+    except Exception:  # a nudge must never break the write it follows
+        log.warning("channel-layer nudge failed", exc_info=True)
+
+
+def event_payload(event: RunEvent) -> dict:
+    return {
+        "seq": event.seq,
+        "type": event.type,
+        "data": event.data,
+        "created_at": _iso(event.created_at),
+    }
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None

@@ -1,0 +1,54 @@
+"""`python manage.py qcluster`: django-q2's worker, plus the recovery sweeper.
+
+Wraps django-q2's command (agentruns is listed before django_q, so this one wins): a sweep pass
+and the sweeper schedule at start, then a fast sweeper loop in this process, because q2
+schedules fire at 30 s granularity at best (../shared/notes/django-q2-measured.md).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from django.conf import settings
+from django.db import connections
+from django_q.cluster import Cluster
+from django_q.management.commands.qcluster import Command as QClusterCommand
+
+from agentruns import events
+from agentruns.tasks import SweeperLoop, ensure_schedule, sweep
+
+
+class Command(QClusterCommand):
+    help = "Starts the django-q2 cluster with the agentruns recovery sweeper."
+
+    def add_arguments(self, parser) -> None:
+        super().add_arguments(parser)
+        parser.add_argument(
+            "--no-sweeper", action="store_true", help="Do not run the fast sweeper loop."
+        )
+
+    def handle(self, *args, **options):
+        settings.SECRET_KEY  # noqa: B018 - q2 signs tasks with it
+        if options.get("cluster_name"):
+            os.environ["Q_CLUSTER_NAME"] = options["cluster_name"]
+        events.IN_WORKER_PROCESS = True
+        ensure_schedule()
+        sweep()
+        # the cluster forks from this process: don't hand our connections to the children
+        connections.close_all()
+        cluster = Cluster()
+        cluster.start()
+        if options.get("run_once"):
+            cluster.stop()
+            return
+        # started after the fork so no child inherits a thread's locks
+        loop = None if options.get("no_sweeper") else SweeperLoop()
+        if loop:
+            loop.start()
+        try:
+            while cluster.sentinel.is_alive():
+                time.sleep(0.5)
+        finally:
+            if loop:
+                loop.stopped.set()

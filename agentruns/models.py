@@ -1,0 +1,253 @@
+"""The persisted truth of the runtime (DESIGN.md section 3).
+
+State changes happen in `agentruns.engine` and `agentruns.services`, always as explicit
+transactions that also append `RunEvent`s; these classes only hold data and small helpers.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    WAITING = "waiting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_RUN_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+class StepKind(models.TextChoices):
+    MODEL = "model"
+    TOOL = "tool"
+
+
+class StepStatus(models.TextChoices):
+    PENDING = "pending"
+    RUNNING = "running"
+    WAITING_APPROVAL = "waiting_approval"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    REJECTED = "rejected"
+    UNKNOWN = "unknown"
+    SKIPPED = "skipped"
+
+
+TERMINAL_STEP_STATUSES = (
+    StepStatus.SUCCEEDED,
+    StepStatus.FAILED,
+    StepStatus.REJECTED,
+    StepStatus.SKIPPED,
+)
+
+
+class Run(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    agent = models.CharField(max_length=100)
+    input = models.JSONField(default=dict)
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED)
+    dedupe_key = models.CharField(max_length=200, null=True, blank=True)
+    model = models.CharField(max_length=200, blank=True, default="")
+    # the tools (name -> policy) the run may call, frozen at start
+    tool_snapshot = models.JSONField(default=dict)
+    max_steps = models.PositiveIntegerField(default=25)
+    token_budget = models.PositiveIntegerField(null=True, blank=True)
+    deadline_at = models.DateTimeField(null=True, blank=True)
+
+    lease_owner = models.CharField(max_length=200, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # when the sweeper (or a service) last rang the doorbell; stops re-enqueue storms
+    enqueued_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested = models.BooleanField(default=False)
+
+    step_count = models.PositiveIntegerField(default=0)
+    # last allocated RunEvent.seq; bumped with UPDATE ... RETURNING so seq has no holes
+    last_seq = models.PositiveBigIntegerField(default=0)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    cost_usd = models.DecimalField(max_digits=12, decimal_places=6, default=0)
+
+    output = models.TextField(blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    stop_reason = models.CharField(max_length=200, blank=True, default="")
+    # denormalised search keys (order id, ticket id) for the runs list
+    search_text = models.CharField(max_length=200, blank=True, default="")
+
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["agent", "dedupe_key"],
+                condition=Q(dedupe_key__isnull=False),
+                name="run_unique_agent_dedupe_key",
+            ),
+        ]
+        indexes = [
+            # the sweeper: live runs by lease expiry
+            models.Index(
+                fields=["lease_expires_at"],
+                condition=Q(status__in=["queued", "running"]),
+                name="run_sweep_idx",
+            ),
+            # the runs list: newest first, optionally by status / agent
+            models.Index(fields=["-created_at", "-id"], name="run_created_idx"),
+            models.Index(fields=["status", "-created_at"], name="run_status_created_idx"),
+            models.Index(fields=["agent", "-created_at"], name="run_agent_created_idx"),
+            models.Index(fields=["search_text"], name="run_search_idx"),
+        ]
+        permissions = [("operate_run", "Can retry, cancel and resolve runs")]
+
+    def __str__(self) -> str:
+        return f"{self.agent} run {self.id}"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_RUN_STATUSES
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class Step(models.Model):
+    # created (pending) before the step runs and never regenerated
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
+    index = models.PositiveIntegerField()
+    kind = models.CharField(max_length=8, choices=StepKind.choices)
+    tool = models.CharField(max_length=100, blank=True, default="")
+    # the model's id for this tool call, so the conversation can be rebuilt exactly
+    call_id = models.CharField(max_length=100, blank=True, default="")
+    arguments = models.JSONField(default=dict, blank=True)
+    # stable for the step's whole life: every attempt sends the same key
+    idempotency_key = models.CharField(max_length=100, unique=True)
+    status = models.CharField(max_length=20, choices=StepStatus.choices, default=StepStatus.PENDING)
+    # a human approved this call (possibly with edited arguments); the engine may now execute it
+    approved = models.BooleanField(default=False)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    # model steps: what the model said and asked for
+    text = models.TextField(blank=True, default="")
+    tool_calls = models.JSONField(default=list, blank=True)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "index"], name="step_unique_run_index"),
+        ]
+        indexes = [models.Index(fields=["status", "kind"], name="step_status_kind_idx")]
+
+    def __str__(self) -> str:
+        label = self.tool if self.kind == StepKind.TOOL else "model"
+        return f"#{self.index} {label} ({self.status})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STEP_STATUSES
+
+    @property
+    def duration_seconds(self) -> float | None:
+        if self.started_at and self.finished_at:
+            return (self.finished_at - self.started_at).total_seconds()
+        return None
+
+
+class AttemptOutcome(models.TextChoices):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    RETRYING = "retrying"
+    CRASHED = "crashed"  # the worker died; found by the next lease holder
+    UNKNOWN = "unknown"
+
+
+class StepAttempt(models.Model):
+    step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="attempt_rows")
+    number = models.PositiveIntegerField()
+    worker = models.CharField(max_length=200, blank=True, default="")
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(
+        max_length=16, choices=AttemptOutcome.choices, default=AttemptOutcome.RUNNING
+    )
+    error = models.TextField(blank=True, default="")
+    traceback = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["step", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["step", "number"], name="attempt_unique_step_number"),
+        ]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number} of {self.step_id} ({self.outcome})"
+
+    @property
+    def duration_seconds(self) -> float | None:
+        if self.finished_at:
+            return (self.finished_at - self.started_at).total_seconds()
+        return None
+
+
+class RunEvent(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveBigIntegerField()
+    type = models.CharField(max_length=40)
+    data = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "seq"], name="event_unique_run_seq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}#{self.seq} {self.type}"
+
+
+class ApiToken(models.Model):
+    """A bearer token for the JSON API and the socket. Only the SHA-256 is stored."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    token_hash = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=12)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked = models.BooleanField(default=False)
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.user})"
+
+
+class WorkerHeartbeat(models.Model):
+    """One row per worker process: /healthz reads how fresh the newest one is."""
+
+    worker = models.CharField(max_length=200, unique=True)
+    last_seen_at = models.DateTimeField()
+    last_sweep_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return self.worker

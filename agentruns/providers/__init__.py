@@ -1,0 +1,38 @@
+"""Model providers: messages + tool schemas in; text deltas, tool calls and usage out."""
+
+from __future__ import annotations
+
+from .base import (
+    ModelError,
+    ModelProvider,
+    ModelRequest,
+    ModelResponse,
+    TextDelta,
+    ToolCall,
+    Usage,
+)
+
+
+def get_provider(model: str) -> ModelProvider:
+    """`scripted` or `openai/<model name>` (DESIGN.md 7)."""
+    if model == "scripted" or model.startswith("scripted/"):
+        from .scripted import ScriptedProvider
+
+        return ScriptedProvider()
+    if model.startswith("openai/"):
+        from .openai_provider import OpenAIProvider
+
+        return OpenAIProvider(model.split("/", 1)[1])
+    raise ModelError(f"unknown model provider {model!r}", retryable=False)
+
+
+__all__ = [
+    "ModelError",
+    "ModelProvider",
+    "ModelRequest",
+    "ModelResponse",
+    "TextDelta",
+    "ToolCall",
+    "Usage",
+    "get_provider",
+]

@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass
+class ModelRequest:
+    model: str
+    messages: list[dict]
+    tools: list[dict]
+    agent: Any = None  # the registry Agent (the scripted provider reads its policy)
+    # called between retries inside one model step, so the engine can keep its lease
+    on_wait: Any = None
+
+
+@dataclass
+class TextDelta:
+    text: str
+
+
+@dataclass
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # raw JSON text as the model produced it; validated by the engine
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass
+class ModelResponse:
+    text: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+
+
+class ModelError(Exception):
+    """A model call failed. `retryable=False` fails the run with this message."""
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class ModelProvider(Protocol):
+    def stream(self, request: ModelRequest) -> Iterator[TextDelta | ToolCall | Usage]:
+        """Yield text deltas as they arrive, then complete tool calls, then usage."""
+        ...

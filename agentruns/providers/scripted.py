@@ -1,0 +1,53 @@
+"""The offline default model: deterministic, streams token by token.
+
+It asks the agent's `scripted_policy(messages)` what a plausible model would do next, so a demo
+agent behaves like a real support agent without any network. Same conversation in, same turn out,
+which is what makes a resumed run indistinguishable from an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from django.conf import settings
+
+from .base import ModelRequest, TextDelta, ToolCall, Usage
+
+
+@dataclass
+class ScriptedTurn:
+    text: str = ""
+    tool_calls: list[tuple[str, dict]] = field(default_factory=list)
+
+
+_TOKEN = re.compile(r"\S+\s*|\s+")
+
+
+def _default_policy(messages: list[dict]) -> ScriptedTurn:
+    last_user = next((m for m in reversed(messages) if m["role"] == "user"), None)
+    return ScriptedTurn(text=f"Received: {last_user['content'] if last_user else ''}")
+
+
+def _estimate_tokens(text: str) -> int:
+    return max(1, len(text) // 4)
+
+
+class ScriptedProvider:
+    def stream(self, request: ModelRequest) -> Iterator[TextDelta | ToolCall | Usage]:
+        policy = getattr(request.agent, "scripted_policy", None) or _default_policy
+        turn = policy(request.messages)
+        delay = float(settings.SCRIPTED_MODEL_DELAY_MS) / 1000.0
+        for token in _TOKEN.findall(turn.text):
+            if delay:
+                time.sleep(delay)
+            yield TextDelta(token)
+        position = len(request.messages)
+        for i, (name, args) in enumerate(turn.tool_calls):
+            yield ToolCall(id=f"call_{position}_{i}", name=name, arguments=json.dumps(args))
+        prompt = sum(_estimate_tokens(str(m.get("content") or "")) for m in request.messages)
+        completion = _estimate_tokens(turn.text) + 10 * len(turn.tool_calls)
+        yield Usage(prompt_tokens=prompt, completion_tokens=completion)

@@ -1,0 +1,265 @@
+"""The public registry: `@tool` and `Agent`.
+
+Apps declare their tools and agents in `<app>/agents.py` (autodiscovered like `admin.py`):
+
+    @tool(side_effect=True, idempotency="key", requires_approval=lambda a: a["amount_cents"] > 0)
+    def issue_refund(ctx: ToolContext, order_id: str, amount_cents: int, reason: str) -> dict: ...
+
+    register_agent(Agent(name="refund", instructions="...", tools=["lookup_order", "issue_refund"]))
+
+The runtime never imports the apps that use it; it only reads this registry.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+import types
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import jsonschema
+
+
+class ToolError(Exception):
+    """Base class for errors a tool raises on purpose."""
+
+
+class RetryableToolError(ToolError):
+    """A transient failure (timeout, 503): the engine retries with backoff, same idempotency key."""
+
+
+class FatalToolError(ToolError):
+    """A permanent failure: the step fails and so does the run, with this message kept."""
+
+
+class ToolArgumentsError(ValueError):
+    """The model's arguments do not fit the tool's schema; fed back to the model."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_attempts: int = 3
+    backoff_seconds: float = 0.5
+    backoff_max_seconds: float = 30.0
+    jitter: float = 0.25  # +- fraction of the delay
+    retry_on: tuple[type[BaseException], ...] = (RetryableToolError,)
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        return isinstance(exc, self.retry_on)
+
+    def delay_for(self, attempt: int) -> float:
+        """Delay before attempt `attempt + 1`, after `attempt` failed (capped exponential)."""
+        base = min(self.backoff_max_seconds, self.backoff_seconds * (2 ** max(0, attempt - 1)))
+        return max(0.0, base * (1 + random.uniform(-self.jitter, self.jitter)))
+
+    def describe(self) -> dict:
+        return {
+            "max_attempts": self.max_attempts,
+            "backoff_seconds": self.backoff_seconds,
+            "backoff_max_seconds": self.backoff_max_seconds,
+            "jitter": self.jitter,
+            "retry_on": [c.__name__ for c in self.retry_on],
+        }
+
+
+@dataclass
+class ToolContext:
+    """What a tool receives besides its arguments."""
+
+    run: Any
+    step: Any
+    attempt: int
+    idempotency_key: str
+
+
+@dataclass
+class Tool:
+    name: str
+    func: Callable[..., Any]
+    description: str
+    parameters: dict
+    side_effect: bool = False
+    idempotency: Literal["key", "none"] = "key"
+    requires_approval: bool | Callable[[dict], bool] = False
+    redact: Sequence[str] = ()
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+    def needs_approval(self, arguments: dict) -> bool:
+        if callable(self.requires_approval):
+            return bool(self.requires_approval(arguments))
+        return bool(self.requires_approval)
+
+    def validate(self, arguments: Any) -> dict:
+        if not isinstance(arguments, dict):
+            raise ToolArgumentsError(f"arguments for {self.name} must be a JSON object")
+        try:
+            jsonschema.validate(arguments, self.parameters)
+        except jsonschema.ValidationError as exc:
+            where = "/".join(str(p) for p in exc.absolute_path) or "arguments"
+            raise ToolArgumentsError(f"{self.name}: {where}: {exc.message}") from None
+        return arguments
+
+    def schema(self) -> dict:
+        """The OpenAI-style function schema the model sees."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
+
+    def policy(self) -> dict:
+        """What the run's tool snapshot keeps: enough to resume safely if the code changes."""
+        return {
+            "side_effect": self.side_effect,
+            "idempotency": self.idempotency,
+            "redact": list(self.redact),
+            "retry": self.retry.describe(),
+            "approval": "predicate" if callable(self.requires_approval) else bool(self.requires_approval),
+        }
+
+
+_JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
+
+
+def _schema_for(annotation: Any) -> dict:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if annotation in _JSON_TYPES:
+        return {"type": _JSON_TYPES[annotation]}
+    if origin is Literal:
+        return {"enum": list(args)}
+    if origin in (typing.Union, types.UnionType):
+        non_null = [a for a in args if a is not type(None)]
+        if len(non_null) == 1:
+            inner = _schema_for(non_null[0])
+            if "type" in inner:
+                return {**inner, "type": [inner["type"], "null"]}
+            return inner
+        return {"anyOf": [_schema_for(a) for a in non_null]}
+    if annotation is list or origin is list:
+        return {"type": "array", "items": _schema_for(args[0])} if args else {"type": "array"}
+    if annotation is dict or origin is dict:
+        return {"type": "object"}
+    return {}
+
+
+def schema_from_signature(func: Callable[..., Any]) -> dict:
+    """JSON schema of a tool's arguments from its type hints (first parameter is the context)."""
+    hints = typing.get_type_hints(func)
+    params = list(inspect.signature(func).parameters.values())[1:]
+    properties: dict[str, dict] = {}
+    required: list[str] = []
+    for param in params:
+        prop = _schema_for(hints.get(param.name, Any))
+        if param.default is inspect.Parameter.empty:
+            required.append(param.name)
+        else:
+            prop["default"] = param.default
+        properties[param.name] = prop
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": required,
+        "additionalProperties": False,
+    }
+
+
+_tools: dict[str, Tool] = {}
+_agents: dict[str, Agent] = {}
+
+
+def tool(
+    func: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    parameters: dict | None = None,
+    side_effect: bool = False,
+    idempotency: Literal["key", "none"] = "key",
+    requires_approval: bool | Callable[[dict], bool] = False,
+    redact: Sequence[str] = (),
+    retry: RetryPolicy | None = None,
+):
+    """Register a function as a tool. Usable bare (`@tool`) or with options."""
+    if idempotency not in ("key", "none"):
+        raise ValueError("idempotency must be 'key' or 'none'")
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        t = Tool(
+            name=name or fn.__name__,
+            func=fn,
+            description=description or inspect.getdoc(fn) or "",
+            parameters=parameters or schema_from_signature(fn),
+            side_effect=side_effect,
+            idempotency=idempotency,
+            requires_approval=requires_approval,
+            redact=tuple(redact),
+            retry=retry or RetryPolicy(),
+        )
+        _tools[t.name] = t
+        fn.tool = t  # type: ignore[attr-defined]
+        return fn
+
+    return decorate(func) if func is not None else decorate
+
+
+@dataclass
+class Agent:
+    name: str
+    instructions: str
+    tools: Sequence[str] = ()
+    model: str | None = None  # None: settings.AGENTRUNS_MODEL
+    max_steps: int | None = None  # None: settings.AGENTRUNS_DEFAULT_MAX_STEPS
+    token_budget: int | None = None
+    deadline_seconds: float | None = None
+    # for the offline `scripted` provider: decides the next turn from the conversation
+    scripted_policy: Callable[[list[dict]], Any] | None = None
+    # input keys copied into Run.search_text (order id, ticket id) for the runs list search
+    search_fields: Sequence[str] = ()
+    input_schema: dict | None = None
+
+    def tool_objects(self) -> list[Tool]:
+        return [get_tool(n) for n in self.tools]
+
+
+def register_agent(agent: Agent) -> Agent:
+    for tool_name in agent.tools:
+        get_tool(tool_name)  # fail at startup, not at run time
+    _agents[agent.name] = agent
+    return agent
+
+
+class UnknownAgent(LookupError):
+    pass
+
+
+class UnknownTool(LookupError):
+    pass
+
+
+def get_agent(name: str) -> Agent:
+    try:
+        return _agents[name]
+    except KeyError:
+        raise UnknownAgent(f"unknown agent {name!r}") from None
+
+
+def get_tool(name: str) -> Tool:
+    try:
+        return _tools[name]
+    except KeyError:
+        raise UnknownTool(f"unknown tool {name!r}") from None
+
+
+def all_agents() -> dict[str, Agent]:
+    return dict(_agents)
+
+
+def all_tools() -> dict[str, Tool]:
+    return dict(_tools)

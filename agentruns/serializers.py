@@ -1,0 +1,67 @@
+"""Reads for the API: runs, steps and events as JSON, with redaction applied."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .models import Run, Step
+from .redaction import redact_fields
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if value else None
+
+
+def redact_for(run: Run, tool: str) -> list[str]:
+    return list(run.tool_snapshot.get(tool, {}).get("redact", []))
+
+
+def step_payload(run: Run, step: Step) -> dict:
+    hidden = redact_for(run, step.tool) if step.tool else []
+    return {
+        "id": str(step.id),
+        "index": step.index,
+        "kind": step.kind,
+        "tool": step.tool or None,
+        "status": step.status,
+        "attempts": step.attempts,
+        "idempotency_key": step.idempotency_key,
+        "arguments": redact_fields(step.arguments, hidden),
+        "result": redact_fields(step.result, hidden),
+        "error": step.error or None,
+        "text": step.text if step.kind == "model" else None,
+        "usage": {"prompt_tokens": step.prompt_tokens, "completion_tokens": step.completion_tokens}
+        if step.kind == "model"
+        else None,
+        "next_attempt_at": _iso(step.next_attempt_at),
+        "started_at": _iso(step.started_at),
+        "finished_at": _iso(step.finished_at),
+    }
+
+
+def run_payload(run: Run, steps: list[Step] | None = None) -> dict:
+    data = {
+        "id": str(run.id),
+        "agent": run.agent,
+        "status": run.status,
+        "input": run.input,
+        "dedupe_key": run.dedupe_key,
+        "model": run.model,
+        "output": run.output,
+        "error": run.error or None,
+        "stop_reason": run.stop_reason or None,
+        "step_count": run.step_count,
+        "usage": {
+            "prompt_tokens": run.prompt_tokens,
+            "completion_tokens": run.completion_tokens,
+            "total_tokens": run.total_tokens,
+        },
+        "cancel_requested": run.cancel_requested,
+        "created_at": _iso(run.created_at),
+        "started_at": _iso(run.started_at),
+        "finished_at": _iso(run.finished_at),
+        "last_seq": run.last_seq,
+    }
+    if steps is not None:
+        data["steps"] = [step_payload(run, s) for s in steps]
+    return data

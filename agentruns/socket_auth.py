@@ -1,0 +1,26 @@
+"""Socket auth: the session cookie (AuthMiddlewareStack) or the API's bearer token."""
+
+from __future__ import annotations
+
+from channels.auth import AuthMiddlewareStack
+from channels.db import database_sync_to_async
+from channels.middleware import BaseMiddleware
+
+from .tokens import bearer_from_header, user_for_token
+
+
+class BearerTokenMiddleware(BaseMiddleware):
+    async def __call__(self, scope, receive, send):
+        headers = {k.decode("latin1").lower(): v.decode("latin1") for k, v in scope.get("headers", [])}
+        raw = bearer_from_header(headers.get("authorization"))
+        if raw:
+            user = await database_sync_to_async(user_for_token)(raw)
+            if user is not None:
+                scope = {**scope, "user": user}
+            else:
+                scope = {**scope, "auth_error": "invalid token"}
+        return await super().__call__(scope, receive, send)
+
+
+def SessionOrTokenAuthMiddleware(inner):  # noqa: N802 - mirrors AuthMiddlewareStack
+    return AuthMiddlewareStack(BearerTokenMiddleware(inner))

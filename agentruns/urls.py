@@ -1,0 +1,12 @@
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    path("", views.run_list, name="run-list"),
+    path("new/", views.run_new, name="run-new"),
+    path("<uuid:run_id>/", views.run_detail, name="run-detail"),
+    path("<uuid:run_id>/retry/", views.run_retry, name="run-retry"),
+    path("<uuid:run_id>/cancel/", views.run_cancel, name="run-cancel"),
+    path("steps/<uuid:step_id>/resolve/", views.step_resolve, name="step-resolve"),
+]

@@ -1,0 +1,68 @@
+"""Approvals: a human decision parks a run (DESIGN.md 3, invariants 4 and 5)."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class ApprovalKind(models.TextChoices):
+    APPROVAL = "approval"
+    RECONCILIATION = "reconciliation"
+
+
+class ApprovalStatus(models.TextChoices):
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    RESOLVED = "resolved"
+
+
+class Approval(models.Model):
+    step = models.OneToOneField(
+        "agentruns.Step", on_delete=models.CASCADE, related_name="approval"
+    )
+    run = models.ForeignKey("agentruns.Run", on_delete=models.CASCADE, related_name="approvals")
+    kind = models.CharField(max_length=16, choices=ApprovalKind.choices, default=ApprovalKind.APPROVAL)
+    status = models.CharField(
+        max_length=16, choices=ApprovalStatus.choices, default=ApprovalStatus.PENDING
+    )
+    agent = models.CharField(max_length=100)
+    tool = models.CharField(max_length=100)
+    requested_args = models.JSONField(default=dict)
+    edited_args = models.JSONField(null=True, blank=True)
+    # reconciliation: what staff said happened ("happened", "retry", "abort") and any result
+    resolution = models.CharField(max_length=16, blank=True, default="")
+    resolution_result = models.JSONField(null=True, blank=True)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    reason = models.TextField(blank=True, default="")
+    expires_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(fields=["status", "-created_at"], name="approval_status_created_idx"),
+            models.Index(
+                fields=["expires_at"],
+                condition=Q(status="pending", expires_at__isnull=False),
+                name="approval_expiry_idx",
+            ),
+        ]
+        permissions = [("decide_approval", "Can approve, reject and reconcile")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.id} for {self.tool} ({self.status})"
+
+    @property
+    def is_pending(self) -> bool:
+        return self.status == ApprovalStatus.PENDING
+
+    @property
+    def effective_args(self) -> dict:
+        return self.edited_args if self.edited_args is not None else self.requested_args

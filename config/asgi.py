@@ -1,0 +1,24 @@
+"""HTTP and WebSocket on one port: `daphne config.asgi:application` (or uvicorn)."""
+
+import os
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+from django.core.asgi import get_asgi_application  # noqa: E402
+
+django_asgi_app = get_asgi_application()
+
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+
+from agentruns.routing import websocket_urlpatterns  # noqa: E402
+from agentruns.socket_auth import SessionOrTokenAuthMiddleware  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        "http": django_asgi_app,
+        "websocket": AllowedHostsOriginValidator(
+            SessionOrTokenAuthMiddleware(URLRouter(websocket_urlpatterns))
+        ),
+    }
+)

@@ -1,0 +1,151 @@
+"""The demo's refund agent and its tools, plugged in through the public registry only."""
+
+from __future__ import annotations
+
+import os
+
+import httpx
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from agentruns.registry import (
+    Agent,
+    FatalToolError,
+    RetryableToolError,
+    RetryPolicy,
+    ToolContext,
+    register_agent,
+    tool,
+)
+
+from .models import Order, OutboxMessage, Ticket, TicketNote
+from .policy import refund_policy
+
+_client: tuple[int, httpx.Client] | None = None
+
+
+def gateway_client() -> httpx.Client:
+    """One keep-alive client per process (q2 forks workers, so never share across a fork)."""
+    global _client
+    if _client is None or _client[0] != os.getpid():
+        _client = (os.getpid(), httpx.Client(timeout=settings.REFUND_GATEWAY_TIMEOUT_SECONDS))
+    return _client[1]
+
+
+def needs_refund_approval(arguments: dict) -> bool:
+    return int(arguments.get("amount_cents", 0)) > settings.REFUND_APPROVAL_THRESHOLD_CENTS
+
+
+@tool(redact=("customer_email",))
+def lookup_order(ctx: ToolContext, order_id: str) -> dict:
+    """Look up an order: customer, amount, currency, item and status."""
+    order = Order.objects.filter(order_id=order_id).first()
+    if order is None:
+        return {"found": False, "order_id": order_id}
+    ticket = order.tickets.filter(status="open").order_by("id").first()
+    return {
+        "found": True,
+        "order_id": order.order_id,
+        "customer_name": order.customer_name,
+        "customer_email": order.customer_email,
+        "amount_cents": order.amount_cents,
+        "currency": order.currency,
+        "item": order.item,
+        "status": order.status,
+        "ticket_id": ticket.ticket_id if ticket else None,
+    }
+
+
+@tool(
+    side_effect=True,
+    idempotency="key",
+    requires_approval=needs_refund_approval,
+    retry=RetryPolicy(max_attempts=3, backoff_seconds=0.5, backoff_max_seconds=5),
+    parameters={
+        "type": "object",
+        "properties": {
+            "order_id": {"type": "string", "pattern": "^ORD-[0-9]+$"},
+            "amount_cents": {"type": "integer", "minimum": 1, "maximum": 10_000_000},
+            "reason": {"type": "string", "maxLength": 500},
+        },
+        "required": ["order_id", "amount_cents", "reason"],
+        "additionalProperties": False,
+    },
+)
+def issue_refund(ctx: ToolContext, order_id: str, amount_cents: int, reason: str) -> dict:
+    """Refund an order through the payment gateway. Sends the step's idempotency key."""
+    url = settings.REFUND_GATEWAY_URL.rstrip("/") + "/refunds"
+    try:
+        response = gateway_client().post(
+            url,
+            json={"order_id": order_id, "amount_cents": amount_cents, "reason": reason},
+            headers={"Idempotency-Key": ctx.idempotency_key},
+        )
+    except httpx.HTTPError as exc:
+        raise RetryableToolError(f"gateway unreachable: {exc}") from exc
+    if response.status_code >= 500 or response.status_code == 429:
+        raise RetryableToolError(f"gateway answered {response.status_code}")
+    if response.status_code >= 400:
+        raise FatalToolError(f"gateway refused: {response.status_code} {response.text[:300]}")
+    body = response.json()
+    return {"refund_id": body["id"], "amount_cents": body["amount_cents"], "order_id": order_id}
+
+
+def _ticket_for(order_id: str) -> Ticket:
+    order = Order.objects.filter(order_id=order_id).first()
+    if order is None:
+        raise FatalToolError(f"no order {order_id}")
+    ticket = order.tickets.filter(status="open").order_by("id").first()
+    if ticket is None:
+        ticket = Ticket.objects.create(
+            ticket_id=f"T-{order.order_id}", order=order, subject="Refund request", body=""
+        )
+    return ticket
+
+
+@tool(side_effect=True, idempotency="key")
+def add_ticket_note(ctx: ToolContext, order_id: str, note: str) -> dict:
+    """Add an internal note to the order's open support ticket."""
+    ticket = _ticket_for(order_id)
+    try:
+        with transaction.atomic():
+            row = TicketNote.objects.create(ticket=ticket, body=note, idempotency_key=ctx.idempotency_key)
+    except IntegrityError:  # this step already wrote it before a crash: same note, once
+        row = TicketNote.objects.get(idempotency_key=ctx.idempotency_key)
+    return {"ticket_id": ticket.ticket_id, "note_id": row.pk}
+
+
+@tool(side_effect=True, idempotency="none")
+def send_customer_reply(ctx: ToolContext, order_id: str, message: str) -> dict:
+    """Send a reply to the customer by email (not idempotent: an interrupted send is unknown)."""
+    order = Order.objects.filter(order_id=order_id).first()
+    if order is None:
+        raise FatalToolError(f"no order {order_id}")
+    row = OutboxMessage.objects.create(
+        order=order, to=order.customer_email, body=message, run_id=ctx.run.id, step_id=ctx.step.id
+    )
+    return {"outbox_id": row.pk, "to": "customer"}
+
+
+register_agent(
+    Agent(
+        name="refund",
+        instructions=(
+            "You are a support agent for an online shop. Look up the order, refund the amount "
+            "the customer is owed (the order amount unless they ask for less), note it on the "
+            "ticket and reply to the customer. If a refund is rejected, tell the customer why."
+        ),
+        tools=["lookup_order", "issue_refund", "add_ticket_note", "send_customer_reply"],
+        scripted_policy=refund_policy,
+        search_fields=("order_id", "ticket_id"),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "order_id": {"type": "string", "minLength": 1, "maxLength": 20},
+                "message": {"type": "string", "maxLength": 5000},
+                "ticket_id": {"type": "string"},
+            },
+            "required": ["order_id"],
+        },
+    )
+)

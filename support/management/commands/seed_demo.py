@@ -1,0 +1,93 @@
+"""Idempotent demo data: orders ORD-1001..ORD-1050, open tickets, and three staff users."""
+
+from __future__ import annotations
+
+import secrets
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group, Permission
+from django.core.management.base import BaseCommand
+from django.db import transaction
+
+from support.models import Order, Ticket
+
+FIRST = ["Ada", "Ben", "Chloe", "Dev", "Elena", "Farah", "Gus", "Hana", "Ivan", "Jun"]
+LAST = ["Lovelace", "Okafor", "Martin", "Patel", "Rossi", "Haddad", "Berg", "Sato", "Petrov", "Kim"]
+ITEMS = ["blender", "desk lamp", "rain jacket", "headphones", "coffee grinder", "backpack",
+         "running shoes", "kettle", "monitor stand", "yoga mat"]
+COMPLAINTS = [
+    "arrived broken",
+    "never arrived",
+    "is not what I ordered",
+    "stopped working after a week",
+    "was charged twice",
+]
+
+ROLES = {
+    "viewer": ["agentruns.view_run", "approvals.view_approval"],
+    "approver": ["agentruns.view_run", "approvals.view_approval", "approvals.decide_approval"],
+}
+
+
+def amount_for(n: int) -> int:
+    """Deterministic amounts spread over 20.00 .. 400.00."""
+    return 2000 + (n * 7919) % 38001
+
+
+class Command(BaseCommand):
+    help = "Create demo orders, tickets and the users lead, approver and viewer (idempotent)."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--orders", type=int, default=50)
+        parser.add_argument("--reset-passwords", action="store_true", help="Give the demo users new passwords (printed).")
+
+    @transaction.atomic
+    def handle(self, *args, **options) -> None:
+        created_orders = 0
+        for i in range(options["orders"]):
+            n = 1001 + i
+            first, last = FIRST[i % 10], LAST[(i * 3) % 10]
+            order, created = Order.objects.get_or_create(
+                order_id=f"ORD-{n}",
+                defaults={
+                    "customer_name": f"{first} {last}",
+                    "customer_email": f"{first.lower()}.{last.lower()}@example.com",
+                    "amount_cents": amount_for(n),
+                    "currency": "USD",
+                    "item": ITEMS[i % len(ITEMS)],
+                },
+            )
+            created_orders += created
+            Ticket.objects.get_or_create(
+                ticket_id=f"T-{n}",
+                defaults={
+                    "order": order,
+                    "subject": f"Order {order.order_id}: {order.item} {COMPLAINTS[i % len(COMPLAINTS)]}",
+                    "body": f"Hello, my {order.item} {COMPLAINTS[i % len(COMPLAINTS)]}. Please refund.",
+                },
+            )
+        self.stdout.write(f"orders: {Order.objects.count()} ({created_orders} new), open tickets: {Ticket.objects.filter(status='open').count()}")
+
+        for role, perms in ROLES.items():
+            group, _ = Group.objects.get_or_create(name=role)
+            group.permissions.set([self._perm(p) for p in perms])
+
+        User = get_user_model()
+        for username in ("lead", "approver", "viewer"):
+            user, created = User.objects.get_or_create(username=username, defaults={"email": f"{username}@example.com"})
+            if username == "lead":
+                user.is_staff = user.is_superuser = True
+            else:
+                user.groups.set([Group.objects.get(name=username)])
+            if created or options["reset_passwords"]:
+                password = secrets.token_urlsafe(9)
+                user.set_password(password)
+                self.stdout.write(f"user {username:<9} password {password}")
+            else:
+                self.stdout.write(f"user {username:<9} exists (password unchanged; --reset-passwords prints new ones)")
+            user.save()
+
+    @staticmethod
+    def _perm(dotted: str) -> Permission:
+        app_label, codename = dotted.split(".")
+        return Permission.objects.get(content_type__app_label=app_label, codename=codename)

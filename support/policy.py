@@ -1,0 +1,128 @@
+"""What the offline `scripted` model does for the refund agent.
+
+It reads only the conversation (as a real model would), so a resumed run and an uninterrupted
+one get the same turns. Flow: look up the order -> refund -> note + reply -> summary.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from decimal import Decimal, InvalidOperation
+
+from agentruns.providers.scripted import ScriptedTurn
+
+_AMOUNT = re.compile(
+    r"(?:[$€£]\s?(?P<a>\d+(?:[.,]\d{1,2})?))|(?:(?P<b>\d+(?:[.,]\d{1,2})?)\s?(?:usd|eur|gbp|dollars?|euros?)\b)",
+    re.IGNORECASE,
+)
+
+
+def requested_amount_cents(message: str) -> int | None:
+    for match in _AMOUNT.finditer(message or ""):
+        raw = (match.group("a") or match.group("b")).replace(",", ".")
+        try:
+            return int((Decimal(raw) * 100).to_integral_value())
+        except InvalidOperation:
+            continue
+    return None
+
+
+def money(cents: int, currency: str = "USD") -> str:
+    return f"{cents / 100:,.2f} {currency}"
+
+
+def _results(messages: list[dict]) -> dict[str, dict]:
+    """Latest result per tool name, from the assistant tool calls and tool messages."""
+    names: dict[str, str] = {}
+    results: dict[str, dict] = {}
+    for message in messages:
+        for call in message.get("tool_calls") or []:
+            names[call["id"]] = call["function"]["name"]
+        if message["role"] == "tool":
+            name = names.get(message.get("tool_call_id", ""))
+            if name:
+                try:
+                    results[name] = json.loads(message["content"])
+                except (TypeError, json.JSONDecodeError):
+                    results[name] = {"error": message["content"]}
+    return results
+
+
+def refund_policy(messages: list[dict]) -> ScriptedTurn:
+    try:
+        request = json.loads(messages[1]["content"])
+    except (IndexError, KeyError, json.JSONDecodeError):
+        request = {}
+    order_id = str(request.get("order_id", "")).strip()
+    customer_text = str(request.get("message", ""))
+    done = _results(messages)
+
+    if "lookup_order" not in done or "error" in done["lookup_order"]:
+        if "lookup_order" in done:  # the lookup failed: say so instead of looping
+            return ScriptedTurn(text=f"I could not look up order {order_id}: {done['lookup_order']['error']}")
+        return ScriptedTurn(
+            text=f"Let me look up order {order_id} first.",
+            tool_calls=[("lookup_order", {"order_id": order_id})],
+        )
+    order = done["lookup_order"]
+    if not order.get("found"):
+        return ScriptedTurn(text=f"I could not find an order {order_id}; no refund was made.")
+    currency = order.get("currency", "USD")
+    name = order.get("customer_name", "there").split(" ")[0]
+
+    if "issue_refund" not in done:
+        amount = order["amount_cents"]
+        asked = requested_amount_cents(customer_text)
+        if asked is not None and 0 < asked < amount:
+            amount = asked
+        return ScriptedTurn(
+            text=(
+                f"Order {order_id} ({order.get('item') or 'item'}) was {money(order['amount_cents'], currency)}. "
+                f"The customer is owed {money(amount, currency)}, so I will issue that refund."
+            ),
+            tool_calls=[
+                (
+                    "issue_refund",
+                    {
+                        "order_id": order_id,
+                        "amount_cents": amount,
+                        "reason": (customer_text or "customer request")[:200],
+                    },
+                )
+            ],
+        )
+    refund = done["issue_refund"]
+
+    if "send_customer_reply" not in done:
+        if "refund_id" in refund:
+            paid = money(refund["amount_cents"], currency)
+            note = f"Refunded {paid} ({refund['refund_id']}) at the customer's request."
+            reply = (
+                f"Hi {name}, we have refunded {paid} for order {order_id}. "
+                "It should appear on your statement within 5 business days."
+            )
+        else:
+            why = refund.get("reason") or refund.get("error") or "it could not be processed"
+            note = f"Refund not issued: {why}."
+            reply = (
+                f"Hi {name}, we are sorry, but we could not approve a refund for order "
+                f"{order_id}: {why}. Reply to this message if you have questions."
+            )
+        return ScriptedTurn(
+            text="Now I will note this on the ticket and reply to the customer.",
+            tool_calls=[
+                ("add_ticket_note", {"order_id": order_id, "note": note}),
+                ("send_customer_reply", {"order_id": order_id, "message": reply}),
+            ],
+        )
+    if "refund_id" in refund:
+        return ScriptedTurn(
+            text=(
+                f"Done: refunded {money(refund['amount_cents'], currency)} for order {order_id} "
+                "and told the customer."
+            )
+        )
+    return ScriptedTurn(
+        text=f"No refund was issued for order {order_id}; the customer has been told why."
+    )
