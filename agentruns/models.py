@@ -54,7 +54,7 @@ class Run(models.Model):
     agent = models.CharField(max_length=100)
     input = models.JSONField(default=dict)
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED)
-    dedupe_key = models.CharField(max_length=200, null=True, blank=True)
+    dedupe_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001 - NULL: no key
     model = models.CharField(max_length=200, blank=True, default="")
     # the tools (name -> policy) the run may call, frozen at start
     tool_snapshot = models.JSONField(default=dict)

@@ -38,6 +38,9 @@ class TicketNote(models.Model):
     idempotency_key = models.CharField(max_length=100, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    def __str__(self) -> str:
+        return f"note on {self.ticket_id}"
+
 
 class OutboxMessage(models.Model):
     """A customer reply waiting to be mailed. `send_customer_reply` has no idempotency key."""
@@ -49,6 +52,9 @@ class OutboxMessage(models.Model):
     step_id = models.UUIDField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    def __str__(self) -> str:
+        return f"reply to {self.to}"
+
 
 class GatewayRefund(models.Model):
     """What the simulated payment service actually executed: one row per Idempotency-Key."""
@@ -58,6 +64,9 @@ class GatewayRefund(models.Model):
     reason = models.TextField(blank=True, default="")
     idempotency_key = models.CharField(max_length=200, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"refund {self.amount_cents} on {self.order_id}"
 
     def as_dict(self) -> dict:
         return {

@@ -21,7 +21,7 @@ from .base import ModelRequest, TextDelta, ToolCall, Usage
 @dataclass
 class ScriptedTurn:
     text: str = ""
-    tool_calls: list[tuple[str, dict]] = field(default_factory=list)
+    tool_calls: list[tuple[str, dict | str]] = field(default_factory=list)
 
 
 _TOKEN = re.compile(r"\S+\s*|\s+")
@@ -47,7 +47,8 @@ class ScriptedProvider:
             yield TextDelta(token)
         position = len(request.messages)
         for i, (name, args) in enumerate(turn.tool_calls):
-            yield ToolCall(id=f"call_{position}_{i}", name=name, arguments=json.dumps(args))
+            raw = args if isinstance(args, str) else json.dumps(args)  # str: deliberately bad JSON
+            yield ToolCall(id=f"call_{position}_{i}", name=name, arguments=raw)
         prompt = sum(_estimate_tokens(str(m.get("content") or "")) for m in request.messages)
         completion = _estimate_tokens(turn.text) + 10 * len(turn.tool_calls)
         yield Usage(prompt_tokens=prompt, completion_tokens=completion)

@@ -1,0 +1,132 @@
+"""Real processes for tests: the ASGI server (daphne) and the worker (qcluster).
+
+Both run against the test database pytest-django created, so tests that use them must be
+`@pytest.mark.django_db(transaction=True)` (the processes only see committed rows).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_database_url() -> str:
+    s = connection.settings_dict
+    auth = s["USER"] + (f":{s['PASSWORD']}" if s["PASSWORD"] else "")
+    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+def base_env(**overrides: object) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            "DATABASE_URL": test_database_url(),
+            "SCRIPTED_MODEL_DELAY_MS": "0",
+            "AGENTRUNS_LEASE_TTL_SECONDS": "2",
+            "AGENTRUNS_SWEEP_INTERVAL_SECONDS": "0.5",
+            "AGENTRUNS_STREAM_POLL_SECONDS": "0.1",
+            "Q_TIMEOUT": "60",
+            "Q_POLL": "0.05",
+            "Q_WORKERS": "2",
+            "REFUND_APPROVAL_THRESHOLD_CENTS": "1000000000",
+            "PYTHONUNBUFFERED": "1",
+            "LOG_LEVEL": "WARNING",
+        }
+    )
+    env.pop("AGENTRUNS_FAILPOINTS", None)
+    env.update({k: str(v) for k, v in overrides.items()})
+    return env
+
+
+class Proc:
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.args, self.env, self.log_path = args, env, log
+        self.popen: subprocess.Popen | None = None
+
+    def start(self) -> Proc:
+        self.log_file = open(self.log_path, "ab")
+        self.popen = subprocess.Popen(
+            self.args, cwd=ROOT, env=self.env, stdout=self.log_file, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group: no cleanup runs, exactly like a crash."""
+        if self.popen is None:
+            return
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.popen.wait(timeout=10)
+        self.log_file.close()
+
+    def stop(self) -> None:
+        # q2 hangs on SIGTERM to its whole group (notes/django-q2-measured.md): kill for tests
+        self.kill()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-5000:]
+
+
+def start_web(tmp_path: Path, port: int | None = None, **env: object) -> tuple[Proc, str]:
+    port = port or free_port()
+    proc = Proc(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
+        base_env(**env),
+        tmp_path / f"web-{port}.log",
+    ).start()
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/healthz", proc)
+    return proc, url
+
+
+def wait_http(url: str, proc: Proc | None = None, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and not proc.alive:
+            raise RuntimeError(f"server exited:\n{proc.log()}")
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer within {timeout}s")
+
+
+def start_worker(tmp_path: Path, name: str = "worker", **env: object) -> Proc:
+    return Proc(
+        [sys.executable, "manage.py", "qcluster"], base_env(**env), tmp_path / f"{name}.log"
+    ).start()
+
+
+def wait_until(predicate, timeout: float = 60, interval: float = 0.1, message: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {message}")

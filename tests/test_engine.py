@@ -1,0 +1,330 @@
+"""Engine unit tests on PostgreSQL: lifecycle, keys, leases, recovery, stop conditions."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+from django_q.models import OrmQ
+
+from agentruns.engine import RunExecutor
+from agentruns.models import AttemptOutcome, Run, RunEvent, Step, StepAttempt, StepStatus
+from agentruns.services import start_run
+from agentruns.tasks import sweep
+from approvals.models import Approval
+from tests import testkit
+
+pytestmark = pytest.mark.django_db
+
+
+def run_script(turns: list[dict], agent: str = "script") -> Run:
+    return start_run(agent, {"script": turns}).run
+
+
+def advance(run: Run) -> Run:
+    RunExecutor(run.id).advance()
+    run.refresh_from_db()
+    return run
+
+
+def steps(run: Run) -> list[Step]:
+    return list(Step.objects.filter(run=run).order_by("index"))
+
+
+def assert_gapless(run: Run) -> None:
+    seqs = list(RunEvent.objects.filter(run=run).order_by("seq").values_list("seq", flat=True))
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert run.last_seq == len(seqs)
+
+
+def test_step_lifecycle_and_events():
+    run = run_script(
+        [
+            {"text": "echo then charge", "calls": [["t_echo", {"text": "hi"}], ["t_charge", {"amount": 5}]]},
+            {"text": "all done"},
+        ]
+    )
+    run = advance(run)
+    assert run.status == "succeeded"
+    assert run.output == "all done"
+    kinds = [(s.kind, s.tool, s.status, s.attempts) for s in steps(run)]
+    assert kinds == [
+        ("model", "", "succeeded", 1),
+        ("tool", "t_echo", "succeeded", 1),
+        ("tool", "t_charge", "succeeded", 1),
+        ("model", "", "succeeded", 1),
+    ]
+    charge = steps(run)[2]
+    assert charge.result == {"charged": 5, "key": charge.idempotency_key}
+    assert StepAttempt.objects.filter(step__run=run).count() == 4
+    assert run.lease_owner == "" and run.lease_expires_at is None
+    types = list(RunEvent.objects.filter(run=run).values_list("type", flat=True))
+    assert types[0] == "run.created" and types[-1] == "run.status"
+    assert "run.output" in types and "model.delta" in types
+    assert_gapless(run)
+    assert run.prompt_tokens > 0 and run.completion_tokens > 0
+
+
+def test_idempotency_key_stable_across_retries():
+    testkit.FAILS["t_charge"] = 2
+    run = advance(run_script([{"calls": [["t_charge", {"amount": 7}]]}, {"text": "ok"}]))
+    assert run.status == "succeeded"
+    keys = {key for key, _, _ in testkit.CALLS["t_charge"]}
+    attempts = [attempt for _, attempt, _ in testkit.CALLS["t_charge"]]
+    step = steps(run)[1]
+    assert keys == {step.idempotency_key}
+    assert attempts == [1, 2, 3]
+    outcomes = list(step.attempt_rows.order_by("number").values_list("outcome", flat=True))
+    assert outcomes == ["retrying", "retrying", "succeeded"]
+    assert RunEvent.objects.filter(run=run, type="step.retry_scheduled").count() == 2
+
+
+def test_retries_exhausted_fail_step_and_run_with_error_kept():
+    testkit.FAILS["t_charge"] = 5
+    run = advance(run_script([{"calls": [["t_charge", {"amount": 7}]]}]))
+    assert run.status == "failed"
+    assert "temporary outage" in run.error
+    step = steps(run)[1]
+    assert step.status == "failed" and step.attempts == 3
+
+
+def test_fatal_tool_error_fails_run():
+    run = advance(run_script([{"calls": [["t_explode", {}]]}, {"text": "never"}]))
+    assert run.status == "failed"
+    assert "card declined" in run.error
+    assert steps(run)[1].status == "failed"
+    assert len(steps(run)) == 2  # the model was not called again
+
+
+@pytest.mark.parametrize(
+    "call, error",
+    [
+        (["no_such_tool", {}], "not available"),
+        (["t_charge", "{not json"], "not valid JSON"),
+        (["t_charge", {"amount": "lots"}], "amount"),
+        (["t_charge", {"amount": 1, "extra": 2}], "Additional properties"),
+    ],
+)
+def test_bad_model_output_is_a_failed_step_fed_back(call, error):
+    run = advance(run_script([{"calls": [call]}, {"text": "sorry, I will stop"}]))
+    assert run.status == "succeeded", run.error
+    bad = steps(run)[1]
+    assert bad.status == "failed" and error in bad.error
+    assert testkit.CALLS["t_charge"] == []
+
+
+def test_tool_outside_snapshot_is_refused(monkeypatch):
+    run = run_script([{"calls": [["t_echo", {"text": "x"}]]}, {"text": "ok"}])
+    Run.objects.filter(id=run.id).update(tool_snapshot={"t_charge": {}})
+    run = advance(run)
+    assert steps(run)[1].status == "failed"
+    assert "not available" in steps(run)[1].error
+    assert testkit.CALLS["t_echo"] == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_lease_contention_one_worker_executes():
+    testkit.GATE.clear()
+    run = run_script([{"calls": [["t_charge", {"amount": 1}]]}, {"text": "ok"}])
+    results = []
+
+    def worker():
+        results.append(RunExecutor(run.id).advance())
+        connection.close()
+
+    first = threading.Thread(target=worker)
+    first.start()
+    # wait until the first worker is inside the tool call, holding the lease
+    for _ in range(200):
+        if testkit.CALLS["t_charge"]:
+            break
+        threading.Event().wait(0.02)
+    second = threading.Thread(target=worker)
+    second.start()
+    second.join(10)
+    testkit.GATE.set()
+    first.join(10)
+    assert sorted(results) == ["busy", "succeeded"]
+    assert len(testkit.CALLS["t_charge"]) == 1
+
+
+def _simulate_dead_worker(step: Step) -> None:
+    now = timezone.now()
+    Step.objects.filter(id=step.id).update(status=StepStatus.RUNNING, attempts=1, started_at=now)
+    StepAttempt.objects.create(step=step, number=1, worker="dead:1", started_at=now)
+    Run.objects.filter(id=step.run_id).update(
+        status="running", lease_owner="dead:1", lease_expires_at=now - timedelta(seconds=1)
+    )
+
+
+def test_recovery_reruns_key_tool_with_same_key():
+    run = run_script([{"calls": [["t_pay", {"amount": 500}]]}, {"text": "ok"}])
+    run = advance(run)  # parks on approval: the step exists, not yet executed
+    step = steps(run)[1]
+    Step.objects.filter(id=step.id).update(approved=True)
+    _simulate_dead_worker(step)
+    run = advance(run)
+    assert run.status == "succeeded"
+    step.refresh_from_db()
+    assert step.attempts == 2
+    assert [a.outcome for a in step.attempt_rows.order_by("number")] == ["crashed", "succeeded"]
+    assert testkit.CALLS["t_pay"] == [(step.idempotency_key, 2, {"amount": 500})]
+
+
+def test_recovery_of_non_idempotent_tool_goes_to_reconciliation():
+    run = run_script([{"calls": [["t_pay", {"amount": 500}]]}, {"text": "ok"}])
+    run = advance(run)
+    step = steps(run)[1]
+    # re-point the parked step at the non-idempotent tool to simulate a crash mid-send
+    Approval.objects.filter(step=step).delete()
+    Step.objects.filter(id=step.id).update(tool="t_email", arguments={"to": "a@b.c"})
+    _simulate_dead_worker(step)
+    run = advance(run)
+    step.refresh_from_db()
+    assert run.status == "waiting"
+    assert step.status == "unknown"
+    approval = Approval.objects.get(step=step)
+    assert approval.kind == "reconciliation" and approval.status == "pending"
+    assert testkit.CALLS["t_email"] == []  # never re-sent
+    assert step.attempt_rows.get().outcome == AttemptOutcome.UNKNOWN
+
+
+def test_model_step_interrupted_is_superseded_and_rerun():
+    run = run_script([{"text": "hello there"}])
+    now = timezone.now()
+    step = Step.objects.create(
+        run=run, index=0, kind="model", idempotency_key="k-model", status="running", attempts=1, started_at=now
+    )
+    StepAttempt.objects.create(step=step, number=1, worker="dead:1", started_at=now)
+    Run.objects.filter(id=run.id).update(status="running", step_count=1, lease_owner="dead:1",
+                                         lease_expires_at=now - timedelta(seconds=1))
+    run = advance(run)
+    assert run.status == "succeeded" and run.output == "hello there"
+    step.refresh_from_db()
+    assert step.attempts == 2
+    sup = RunEvent.objects.get(run=run, type="model.superseded")
+    assert sup.data == {"step": 0, "attempt": 1}
+    texts = [e.data["text"] for e in RunEvent.objects.filter(run=run, type="model.delta", data__attempt=2)]
+    assert "".join(texts) == "hello there"
+
+
+def test_parking_for_approval():
+    run = advance(run_script([{"calls": [["t_pay", {"amount": 500}]]}, {"text": "ok"}]))
+    assert run.status == "waiting"
+    step = steps(run)[1]
+    assert step.status == "waiting_approval"
+    approval = Approval.objects.get(step=step)
+    assert approval.status == "pending" and approval.requested_args == {"amount": 500}
+    assert testkit.CALLS["t_pay"] == []
+    assert run.lease_owner == ""
+
+
+def test_small_amount_needs_no_approval():
+    run = advance(run_script([{"calls": [["t_pay", {"amount": 50}]]}, {"text": "ok"}]))
+    assert run.status == "succeeded"
+
+
+def test_stop_max_steps():
+    run = advance(run_script([{"calls": [["t_echo", {"text": "again"}]], "loop": True}], agent="script-short"))
+    assert run.status == "failed" and run.stop_reason == "max_steps"
+    assert len(steps(run)) <= 6
+
+
+def test_stop_token_budget():
+    run = advance(
+        run_script([{"text": "word " * 100, "calls": [["t_echo", {"text": "x"}]], "loop": True}], agent="script-budget")
+    )
+    assert run.status == "failed" and run.stop_reason == "token_budget"
+
+
+def test_stop_deadline():
+    run = run_script([{"text": "hi"}], agent="script-deadline")
+    run = advance(run)
+    assert run.status == "failed" and run.stop_reason == "deadline"
+
+
+def test_cancel_requested_is_honoured_at_step_boundary():
+    run = run_script([{"calls": [["t_echo", {"text": "x"}]]}, {"text": "never"}])
+    Run.objects.filter(id=run.id).update(cancel_requested=True)
+    run = advance(run)
+    assert run.status == "cancelled" and run.stop_reason == "cancelled"
+
+
+def test_sweeper_reenqueues_expired_lease_and_run_continues():
+    run = run_script([{"calls": [["t_echo", {"text": "x"}]]}, {"text": "ok"}])
+    past = timezone.now() - timedelta(minutes=5)
+    Run.objects.filter(id=run.id).update(
+        status="running", lease_owner="dead:1", lease_expires_at=past, enqueued_at=past
+    )
+    before = OrmQ.objects.count()
+    assert sweep() == 1
+    assert OrmQ.objects.count() == before + 1
+    assert sweep() == 0  # rung once, not on every pass
+    run = advance(run)
+    assert run.status == "succeeded"
+
+
+def test_sweeper_ignores_live_leases_and_parked_runs():
+    run = run_script([{"text": "x"}])
+    past = timezone.now() - timedelta(minutes=5)
+    Run.objects.filter(id=run.id).update(
+        status="running", lease_owner="alive:1", lease_expires_at=timezone.now() + timedelta(minutes=1), enqueued_at=past
+    )
+    other = run_script([{"text": "y"}])
+    Run.objects.filter(id=other.id).update(status="waiting", enqueued_at=past)
+    assert sweep() == 0
+
+
+def test_engine_error_fails_run_not_stuck(monkeypatch):
+    run = run_script([{"text": "x"}])
+    Run.objects.filter(id=run.id).update(agent="vanished")
+    run = advance(run)
+    assert run.status == "failed" and "unknown agent" in run.error
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_dedupe_under_concurrency():
+    barrier = threading.Barrier(6)
+    runs = []
+
+    def start():
+        barrier.wait()
+        runs.append(start_run("script", {"script": []}, dedupe_key="same-key").run.id)
+        connection.close()
+
+    threads = [threading.Thread(target=start) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(runs)) == 1
+    assert Run.objects.filter(dedupe_key="same-key").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_event_writers_keep_seq_gapless():
+    from django.db import transaction
+
+    from agentruns.events import append_events
+
+    run = run_script([{"text": "x"}])
+    barrier = threading.Barrier(4)
+
+    def writer():
+        barrier.wait()
+        for i in range(25):
+            with transaction.atomic():
+                append_events(run.id, [("test.note", {"i": i}), ("test.note", {"i": i})])
+        connection.close()
+
+    threads = [threading.Thread(target=writer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    run.refresh_from_db()
+    assert_gapless(run)
+    assert RunEvent.objects.filter(run=run, type="test.note").count() == 200

@@ -1,0 +1,103 @@
+"""Agents and tools for engine tests, registered through the public registry like any app's.
+
+The `script` agent plays the turns listed in its input: {"script": [{"text": ..., "calls":
+[[tool, args], ...]}, ...]}; turn i is played when the conversation holds i assistant messages.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+
+from agentruns.providers.scripted import ScriptedTurn
+from agentruns.registry import (
+    Agent,
+    FatalToolError,
+    RetryableToolError,
+    RetryPolicy,
+    ToolContext,
+    register_agent,
+    tool,
+)
+
+CALLS: dict[str, list] = defaultdict(list)  # tool name -> [(key, attempt, args)]
+FAILS: dict[str, int] = defaultdict(int)  # tool name -> transient failures still to produce
+GATE = threading.Event()
+GATE.set()
+LOCK = threading.Lock()
+
+
+def reset() -> None:
+    CALLS.clear()
+    FAILS.clear()
+    GATE.set()
+
+
+def _record(name: str, ctx: ToolContext, args: dict) -> None:
+    with LOCK:
+        CALLS[name].append((ctx.idempotency_key, ctx.attempt, args))
+
+
+@tool
+def t_echo(ctx: ToolContext, text: str, times: int = 1) -> dict:
+    """Read-only: echo text."""
+    _record("t_echo", ctx, {"text": text})
+    return {"echo": text * times}
+
+
+@tool(side_effect=True, idempotency="key", retry=RetryPolicy(max_attempts=3, backoff_seconds=0.01, jitter=0))
+def t_charge(ctx: ToolContext, amount: int) -> dict:
+    """Side effect with an idempotency key; fails transiently FAILS['t_charge'] times."""
+    _record("t_charge", ctx, {"amount": amount})
+    GATE.wait(10)
+    if FAILS["t_charge"] > 0:
+        FAILS["t_charge"] -= 1
+        raise RetryableToolError("temporary outage")
+    return {"charged": amount, "key": ctx.idempotency_key}
+
+
+@tool(side_effect=True, idempotency="none")
+def t_email(ctx: ToolContext, to: str) -> dict:
+    """Side effect without idempotency."""
+    _record("t_email", ctx, {"to": to})
+    return {"sent": to}
+
+
+@tool(side_effect=True, idempotency="key")
+def t_explode(ctx: ToolContext) -> dict:
+    """Always fails fatally."""
+    raise FatalToolError("card declined")
+
+
+@tool(side_effect=True, idempotency="key", requires_approval=lambda a: a["amount"] > 100)
+def t_pay(ctx: ToolContext, amount: int) -> dict:
+    """Needs approval above 100."""
+    _record("t_pay", ctx, {"amount": amount})
+    return {"paid": amount}
+
+
+def script_policy(messages: list[dict]) -> ScriptedTurn:
+    import json
+
+    script = json.loads(messages[1]["content"]).get("script", [])
+    turn_no = sum(1 for m in messages if m["role"] == "assistant")
+    if turn_no >= len(script):
+        if script and script[-1].get("loop"):
+            turn = script[-1]
+        else:
+            return ScriptedTurn(text="done")
+    else:
+        turn = script[turn_no]
+    return ScriptedTurn(text=turn.get("text", ""), tool_calls=[(c[0], c[1]) for c in turn.get("calls", [])])
+
+
+TOOLS = ["t_echo", "t_charge", "t_email", "t_explode", "t_pay"]
+
+register_agent(Agent(name="script", instructions="Follow the script.", tools=TOOLS, scripted_policy=script_policy))
+register_agent(
+    Agent(name="script-budget", instructions="Follow the script.", tools=TOOLS, scripted_policy=script_policy, token_budget=60)
+)
+register_agent(
+    Agent(name="script-deadline", instructions="Follow the script.", tools=TOOLS, scripted_policy=script_policy, deadline_seconds=0.001)
+)
+register_agent(Agent(name="script-short", instructions="Follow the script.", tools=TOOLS, scripted_policy=script_policy, max_steps=5))
