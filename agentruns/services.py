@@ -13,10 +13,12 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from .events import append_events
 from .models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepKind, StepStatus
+from .redaction import redact_fields
 from .registry import get_agent
 
 
@@ -103,9 +105,10 @@ def _lock(run_id: uuid.UUID | str) -> Run:
 def cancel_run(run_id: uuid.UUID | str, *, user: Any = None, reason: str = "") -> Run:
     """Cancel a queued, running or waiting run.
 
-    A run nobody executes (waiting, or queued with no live lease) is cancelled now and its
-    parked approvals are withdrawn; a running one is flagged and the engine stops at the next
-    step boundary.
+    A run nobody executes (waiting, or queued/running with no live lease) is cancelled now and its
+    parked approvals are withdrawn from the inbox. A run a worker holds is only flagged
+    (`cancel_requested`): the engine reads the flag with every commit and stops at the next step
+    boundary, so a tool call in flight is never torn in half.
     """
     from approvals.services import withdraw_approvals
 
@@ -114,86 +117,180 @@ def cancel_run(run_id: uuid.UUID | str, *, user: Any = None, reason: str = "") -
         if run.is_terminal:
             raise ActionRefused(f"run is already {run.status}")
         now = timezone.now()
-        lease_live = run.lease_expires_at is not None and run.lease_expires_at > now
         who = actor_name(user)
-        if run.status == RunStatus.WAITING or not lease_live:
-            withdrawn = withdraw_approvals(run, reason=f"run cancelled by {who or 'system'}")
-            Step.objects.filter(run=run, status__in=[StepStatus.WAITING_APPROVAL, StepStatus.UNKNOWN, StepStatus.PENDING]).update(status=StepStatus.SKIPPED, finished_at=now)
-            run.status, run.stop_reason, run.finished_at = RunStatus.CANCELLED, "cancelled", now
-            run.error = reason or f"cancelled by {who or 'system'}"
-            run.lease_owner, run.lease_expires_at, run.cancel_requested = "", None, False
-            run.save()
-            append_events(
-                run.id,
-                [
-                    ("run.cancel_requested", {"by": who, "reason": reason}),
-                    *[("approval.withdrawn", {"approval": a}) for a in withdrawn],
-                    ("run.status", {"status": RunStatus.CANCELLED, "stop_reason": "cancelled"}),
-                ],
-            )
-        else:
+        lease_live = run.lease_expires_at is not None and run.lease_expires_at > now
+        if run.status != RunStatus.WAITING and lease_live:
+            if run.cancel_requested:
+                raise ActionRefused("cancel was already requested; the worker stops at the next step")
             run.cancel_requested = True
             run.save(update_fields=["cancel_requested", "updated_at"])
-            append_events(run.id, [("run.cancel_requested", {"by": who, "reason": reason})])
+            append_events(
+                run.id, [("run.cancel_requested", {"by": who, "reason": reason, "status": run.status})]
+            )
+            return run
+        withdrawn = withdraw_approvals(run, reason=f"run cancelled by {who or 'system'}")
+        # steps nobody will execute now; a step a dead worker left running keeps its history:
+        # its open attempt is closed as crashed, and a side effect's outcome stays "unknown"
+        Step.objects.filter(
+            run=run, status__in=[StepStatus.PENDING, StepStatus.WAITING_APPROVAL]
+        ).update(status=StepStatus.SKIPPED, finished_at=now, next_attempt_at=None)
+        for step in Step.objects.filter(run=run, status=StepStatus.RUNNING):
+            side_effect = bool(run.tool_snapshot.get(step.tool, {}).get("side_effect"))
+            StepAttempt.objects.filter(step=step, finished_at__isnull=True).update(
+                finished_at=now, outcome=AttemptOutcome.CRASHED, error="run cancelled after the worker died"
+            )
+            step.status = StepStatus.UNKNOWN if side_effect else StepStatus.SKIPPED
+            step.finished_at = now
+            step.save(update_fields=["status", "finished_at"])
+        previous = run.status
+        run.status, run.stop_reason, run.finished_at = RunStatus.CANCELLED, "cancelled", now
+        run.error = reason or f"cancelled by {who or 'system'}"
+        run.lease_owner, run.lease_expires_at, run.cancel_requested = "", None, False
+        run.save()
+        append_events(
+            run.id,
+            [
+                ("run.cancel_requested", {"by": who, "reason": reason, "status": previous}),
+                *[
+                    ("approval.withdrawn", {"approval": a, "by": who, "reason": "run cancelled"})
+                    for a in withdrawn
+                ],
+                (
+                    "run.status",
+                    {"status": RunStatus.CANCELLED, "stop_reason": "cancelled", "error": run.error},
+                ),
+            ],
+        )
     return run
 
 
-def retry_run(run_id: uuid.UUID | str, *, user: Any = None) -> Run:
-    """Retry a failed run from its failed step: same step, new attempt, same idempotency key.
+def _retryable_failed_step(run: Run) -> Step | None:
+    """The step the run failed on: the newest failed step that actually ran (a failed step with
+    no attempt is bad model output that was already fed back to the model)."""
+    return (
+        Step.objects.filter(run=run, status=StepStatus.FAILED)
+        .filter(Q(kind=StepKind.MODEL) | Q(attempts__gt=0))
+        .order_by("-index")
+        .first()
+    )
 
-    Completed steps are never executed again. A run that failed on a stop condition or a model
-    error without a failed tool step is re-queued to continue from where it stopped.
+
+def retry_run(run_id: uuid.UUID | str, *, user: Any = None) -> Run:
+    """Retry a failed run from its failed step: same step row, a new attempt, same idempotency key.
+
+    Completed steps are never executed again: the engine skips terminal steps and rebuilds the
+    conversation from their stored results. A run stopped by a limit (max steps, token budget,
+    deadline) gets that limit extended once more, so the retry has room to finish; the extension
+    is recorded on the timeline.
     """
     with transaction.atomic():
         run = _lock(run_id)
         if run.status != RunStatus.FAILED:
             raise ActionRefused(f"only failed runs can be retried (this one is {run.status})")
-        failed = (
-            Step.objects.filter(run=run, status=StepStatus.FAILED)
-            .order_by("-index")
-            .first()
-        )
+        who = actor_name(user)
+        now = timezone.now()
         events: list[tuple[str, dict]] = []
-        if failed is not None and (failed.kind == StepKind.MODEL or failed.attempts > 0):
-            failed.status, failed.finished_at, failed.next_attempt_at = StepStatus.PENDING, None, None
+        failed = _retryable_failed_step(run)
+        if failed is not None:
+            failed.status, failed.finished_at, failed.next_attempt_at = (
+                StepStatus.PENDING, None, None,
+            )
             failed.save(update_fields=["status", "finished_at", "next_attempt_at"])
-            events.append(("step.retry_requested", {"step": failed.index, "by": actor_name(user)}))
-        if run.stop_reason == "max_steps":
-            run.max_steps += settings.AGENTRUNS_DEFAULT_MAX_STEPS
+            events.append(
+                (
+                    "step.retry_requested",
+                    {
+                        "step": failed.index,
+                        "id": str(failed.id),
+                        "kind": failed.kind,
+                        "tool": failed.tool,
+                        "status": StepStatus.PENDING,
+                        "attempts": failed.attempts,
+                        "next_attempt": failed.attempts + 1,
+                        "idempotency_key": failed.idempotency_key,
+                        "by": who,
+                    },
+                )
+            )
+        extended = _extend_limit(run, now)
         run.status, run.error, run.stop_reason, run.finished_at = RunStatus.QUEUED, "", "", None
-        run.enqueued_at = timezone.now()
+        run.lease_owner, run.lease_expires_at, run.cancel_requested = "", None, False
+        run.enqueued_at = now
         run.save()
-        events.append(("run.retried", {"by": actor_name(user)}))
+        events.append(
+            (
+                "run.retried",
+                {"by": who, "step": failed.index if failed else None, "extended": extended},
+            )
+        )
         events.append(("run.status", {"status": RunStatus.QUEUED}))
         append_events(run.id, events)
         enqueue(run.id)
     return run
 
 
+def _extend_limit(run: Run, now: Any) -> dict:
+    """Give a run that a stop condition ended the room to continue (changes `run` in place)."""
+    if run.stop_reason == "max_steps":
+        run.max_steps += settings.AGENTRUNS_DEFAULT_MAX_STEPS
+        return {"max_steps": run.max_steps}
+    if run.stop_reason == "token_budget" and run.token_budget:
+        run.token_budget = run.total_tokens + run.token_budget
+        return {"token_budget": run.token_budget}
+    if run.stop_reason == "deadline" and run.deadline_at and run.started_at:
+        allowed = max(run.deadline_at - run.started_at, timedelta(seconds=1))
+        run.deadline_at = now + allowed
+        return {"deadline_at": run.deadline_at.isoformat()}
+    return {}
+
+
 def resolve_step(step_id: uuid.UUID | str, result: Any, *, user: Any = None) -> Step:
-    """Mark a failed side-effect step done with an operator-supplied result; the run continues."""
+    """Mark a failed side-effect step done with an operator-supplied result; the run continues.
+
+    For when staff fixed things by hand (refunded in the gateway's console, for example): the
+    step becomes succeeded with that result, which the model sees as the tool's answer, and the
+    failed run is queued again. The step's attempts keep their real outcomes.
+    """
     with transaction.atomic():
-        step = Step.objects.select_related("run").select_for_update().get(id=step_id)
-        run = step.run
-        if step.status != StepStatus.FAILED or step.kind != StepKind.TOOL:
-            raise ActionRefused(f"only a failed tool step can be resolved (this one is {step.status})")
-        if run.status not in (RunStatus.FAILED, RunStatus.WAITING):
-            raise ActionRefused(f"the run is {run.status}; resolve steps of failed runs")
+        step = Step.objects.select_for_update().get(id=step_id)
+        run = _lock(step.run_id)
+        if step.kind != StepKind.TOOL or step.status != StepStatus.FAILED:
+            raise ActionRefused(
+                f"only a failed tool step can be resolved (step #{step.index} is {step.status})"
+            )
+        if not run.tool_snapshot.get(step.tool, {}).get("side_effect"):
+            raise ActionRefused(
+                f"{step.tool} has no side effect: retry the run instead of supplying a result"
+            )
+        if step.attempts == 0:
+            raise ActionRefused("this call never ran (bad arguments); the model was already told")
+        if run.status != RunStatus.FAILED:
+            raise ActionRefused(f"the run is {run.status}; only steps of failed runs can be resolved")
+        if not isinstance(result, dict):
+            raise ActionRefused("the result must be a JSON object")
         now = timezone.now()
         who = actor_name(user)
+        previous_error = step.error
         step.status, step.result, step.finished_at = StepStatus.SUCCEEDED, result, now
-        step.error = f"resolved by {who or 'operator'} (was: {step.error})"[:2000]
+        step.next_attempt_at = None
+        step.error = f"resolved by {who or 'operator'} (was: {previous_error})"[:2000]
         step.save()
-        StepAttempt.objects.filter(step=step, finished_at__isnull=True).update(
-            finished_at=now, outcome=AttemptOutcome.SUCCEEDED
-        )
         run.status, run.error, run.stop_reason, run.finished_at = RunStatus.QUEUED, "", "", None
+        run.lease_owner, run.lease_expires_at, run.cancel_requested = "", None, False
         run.enqueued_at = now
         run.save()
+        hidden = run.tool_snapshot.get(step.tool, {}).get("redact", [])
         append_events(
             run.id,
             [
-                ("step.resolved", {"step": step.index, "by": who, "result": result}),
+                (
+                    "step.resolved",
+                    {
+                        "step": step.index, "id": str(step.id), "kind": step.kind, "tool": step.tool,
+                        "status": StepStatus.SUCCEEDED, "attempts": step.attempts, "by": who,
+                        "result": redact_fields(result, hidden), "was": previous_error,
+                    },
+                ),
                 ("run.status", {"status": RunStatus.QUEUED}),
             ],
         )

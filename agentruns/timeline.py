@@ -1,19 +1,25 @@
-"""The run detail's step table and its compact SVG timeline (server-rendered)."""
+"""The run detail's step rows and its compact SVG timeline (both server-rendered).
+
+Everything a person sees here goes through redaction: tool arguments and results by the tool's
+`redact` list as frozen in the run's tool snapshot (not the current code's, which may differ),
+errors and tracebacks by the secret patterns of `redaction.redact_text`.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from django.utils import timezone
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
-from .models import Run, Step
-from .redaction import redact_fields
-from .serializers import redact_for
+from .models import Run, Step, StepAttempt, StepKind
+from .redaction import redact_fields, redact_text
 
+# outcome -> colour, shared by the SVG bars and its legend
 COLOURS = {
     "succeeded": "#2f855a",
     "failed": "#c53030",
@@ -22,6 +28,34 @@ COLOURS = {
     "unknown": "#6b46c1",
     "running": "#2b6cb0",
 }
+# step states with no attempt bar: drawn as a marker at the step's creation
+MARKERS = {
+    "pending": "#a0aec0",
+    "waiting_approval": "#d69e2e",
+    "skipped": "#cbd5e0",
+    "rejected": "#c53030",
+    "failed": "#c53030",
+}
+
+
+@dataclass
+class AttemptView:
+    attempt: StepAttempt
+    error: str
+    traceback: str
+
+    def __getattr__(self, name: str) -> Any:  # number, worker, started_at, outcome, ...
+        return getattr(self.attempt, name)
+
+
+@dataclass
+class RetryView:
+    max_attempts: int
+    backoff_seconds: float
+    backoff_max_seconds: float
+    jitter: float
+    retry_on: list[str]
+    attempts_left: int
 
 
 @dataclass
@@ -29,69 +63,184 @@ class StepView:
     step: Step
     arguments: str
     result: str
-    attempts: list
+    error: str
+    attempts: list[AttemptView]
     approval: Any
-    retry_policy: dict | None
+    policy: dict
+    retry: RetryView | None
+    tool_calls: list[dict] = field(default_factory=list)
+    retry_in_seconds: float | None = None
+
+    @property
+    def side_effect(self) -> bool:
+        return bool(self.policy.get("side_effect"))
 
 
 def _pretty(value: Any) -> str:
-    if value in (None, {}, []):
+    if value is None or value == {} or value == []:
         return ""
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
 
 
-def view_steps(run: Run, steps: list[Step]) -> list[StepView]:
+def hidden_fields(run: Run, tool: str) -> list[str]:
+    return list(run.tool_snapshot.get(tool, {}).get("redact", [])) if tool else []
+
+
+def _redacted_calls(run: Run, step: Step) -> list[dict]:
+    """A model step's tool calls, with each call's arguments redacted by that tool's list."""
+    calls = []
+    for call in step.tool_calls or []:
+        name = str(call.get("name", ""))
+        raw = call.get("arguments") or "{}"
+        try:
+            args: Any = json.loads(raw) if isinstance(raw, str) else raw
+            shown = json.dumps(redact_fields(args, hidden_fields(run, name)), ensure_ascii=False, sort_keys=True)
+        except (json.JSONDecodeError, TypeError):
+            shown = redact_text(str(raw))
+        calls.append({"name": name, "arguments": shown})
+    return calls
+
+
+def _retry_view(policy: dict, step: Step) -> RetryView | None:
+    retry = policy.get("retry")
+    if not retry:
+        return None
+    max_attempts = int(retry.get("max_attempts", 1))
+    return RetryView(
+        max_attempts=max_attempts,
+        backoff_seconds=float(retry.get("backoff_seconds", 0)),
+        backoff_max_seconds=float(retry.get("backoff_max_seconds", 0)),
+        jitter=float(retry.get("jitter", 0)),
+        retry_on=list(retry.get("retry_on", [])),
+        attempts_left=max(0, max_attempts - step.attempts),
+    )
+
+
+def view_steps(run: Run, steps: list[Step], now: datetime | None = None) -> list[StepView]:
+    now = now or timezone.now()
     rows = []
     for step in steps:
-        hidden = redact_for(run, step.tool) if step.tool else []
-        policy = run.tool_snapshot.get(step.tool, {}).get("retry") if step.tool else None
+        hidden = hidden_fields(run, step.tool)
+        policy = run.tool_snapshot.get(step.tool, {}) if step.kind == StepKind.TOOL else {}
+        retry_in = None
+        if step.next_attempt_at and step.status == "pending":
+            retry_in = max(0.0, (step.next_attempt_at - now).total_seconds())
         rows.append(
             StepView(
                 step=step,
                 arguments=_pretty(redact_fields(step.arguments, hidden)),
                 result=_pretty(redact_fields(step.result, hidden)),
-                attempts=list(step.attempt_rows.all()),
-                approval=getattr(step, "approval", None) if hasattr(step, "approval") else None,
-                retry_policy=policy,
+                error=redact_text(step.error),
+                attempts=[
+                    AttemptView(a, redact_text(a.error), redact_text(a.traceback))
+                    for a in step.attempt_rows.all()
+                ],
+                approval=_approval(step),
+                policy=policy,
+                retry=_retry_view(policy, step),
+                tool_calls=_redacted_calls(run, step) if step.kind == StepKind.MODEL else [],
+                retry_in_seconds=retry_in,
             )
         )
     return rows
 
 
-def timeline_svg(run: Run, steps: list[Step], width: int = 720, row: int = 14) -> SafeString:
-    """One bar per attempt, on one row per step, coloured by outcome."""
-    spans = [
-        (step, a) for step in steps for a in step.attempt_rows.all()
-    ]
-    if not spans:
+def _approval(step: Step) -> Any:
+    try:
+        return step.approval  # select_related by the view; absent for most steps
+    except Exception:  # RelatedObjectDoesNotExist
+        return None
+
+
+def _fmt_seconds(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.2f} s"
+    return f"{seconds / 60:.1f} min"
+
+
+def timeline_svg(run: Run, steps: list[Step], width: int = 760, row: int = 16) -> SafeString:
+    """One row per step, one bar per attempt coloured by its outcome, on a shared time axis.
+
+    Gaps between a step's attempts (retry backoff, a crashed worker's lease running out, a run
+    parked for approval) show as a thin line, so where the time went is visible at a glance.
+    """
+    if not steps:
         return mark_safe("")
-    start = min(a.started_at for _, a in spans)
     now = timezone.now()
-    end = max((a.finished_at or now) for _, a in spans)
+    attempts = [a for step in steps for a in step.attempt_rows.all()]
+    start = min([run.created_at, *(a.started_at for a in attempts)])
+    end_candidates = [a.finished_at or now for a in attempts]
+    end_candidates.append(run.finished_at or (now if not run.is_terminal else start))
+    end = max(end_candidates)
     total = max((end - start).total_seconds(), 0.001)
-    label_w = 150
-    scale = (width - label_w - 10) / total
-    height = row * len(steps) + 20
+    label_w, right_pad, axis_h = 170, 12, 18
+    scale = (width - label_w - right_pad) / total
+    height = row * len(steps) + axis_h + 4
+
+    def x_of(moment: datetime) -> float:
+        return label_w + (moment - start).total_seconds() * scale
+
     parts = [
-        f'<svg class="timeline" role="img" aria-label="step timeline" width="{width}" '
-        f'height="{height}" viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">'
+        f'<svg class="timeline" role="img" aria-label="step timeline, {len(steps)} steps over '
+        f'{escape(_fmt_seconds(total))}" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">'
     ]
     for i, step in enumerate(steps):
         y = i * row + 2
         label = f"#{step.index} {step.tool or 'model'}"
-        parts.append(f'<text x="0" y="{y + row - 4}" font-size="10">{escape(label)}</text>')
-        for attempt in step.attempt_rows.all():
-            x = label_w + (attempt.started_at - start).total_seconds() * scale
-            w = max(2.0, ((attempt.finished_at or now) - attempt.started_at).total_seconds() * scale)
-            colour = COLOURS.get(attempt.outcome, "#718096")
-            dur = attempt.duration_seconds
-            tip = f"{label} attempt {attempt.number}: {attempt.outcome}" + (f", {dur * 1000:.0f} ms" if dur is not None else "")
+        parts.append(
+            f'<text x="0" y="{y + row - 5}" font-size="11" fill="#2d3748">{escape(label[:26])}</text>'
+        )
+        step_attempts = list(step.attempt_rows.all())
+        if len(step_attempts) > 1:  # the span from the first try to the last: backoff gaps
+            first, last = step_attempts[0], step_attempts[-1]
+            x1, x2 = x_of(first.started_at), x_of(last.finished_at or now)
+            mid = y + (row - 4) / 2
             parts.append(
-                f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{row - 4}" fill="{colour}">'
+                f'<line x1="{x1:.1f}" y1="{mid:.1f}" x2="{x2:.1f}" y2="{mid:.1f}" '
+                f'stroke="#a0aec0" stroke-dasharray="2 2"/>'
+            )
+        for attempt in step_attempts:
+            finished = attempt.finished_at or now
+            x = x_of(attempt.started_at)
+            w = max(2.0, (finished - attempt.started_at).total_seconds() * scale)
+            colour = COLOURS.get(attempt.outcome, "#718096")
+            took = _fmt_seconds((finished - attempt.started_at).total_seconds())
+            tip = f"{label} attempt {attempt.number}: {attempt.outcome}, {took}"
+            if attempt.worker:
+                tip += f" on {attempt.worker}"
+            if attempt.error:
+                tip += f" ({redact_text(attempt.error)[:160]})"
+            parts.append(
+                f'<rect class="attempt o-{escape(attempt.outcome)}" data-step="{step.index}" '
+                f'data-attempt="{attempt.number}" x="{x:.1f}" y="{y}" width="{w:.1f}" '
+                f'height="{row - 4}" rx="2" fill="{colour}"><title>{escape(tip)}</title></rect>'
+            )
+        if not step_attempts:
+            colour = MARKERS.get(step.status, "#a0aec0")
+            x = x_of(step.created_at)
+            tip = f"{label}: {step.status}"
+            if step.next_attempt_at and step.status == "pending":
+                tip += f", next try at {timezone.localtime(step.next_attempt_at):%H:%M:%S}"
+            parts.append(
+                f'<rect class="marker s-{escape(step.status)}" data-step="{step.index}" x="{x:.1f}" '
+                f'y="{y + 2}" width="6" height="{row - 8}" fill="{colour}" fill-opacity="0.8">'
                 f"<title>{escape(tip)}</title></rect>"
             )
+    axis_y = height - 4
     parts.append(
-        f'<text x="{label_w}" y="{height - 4}" font-size="9" fill="#718096">0 s</text>'
-        f'<text x="{width - 60}" y="{height - 4}" font-size="9" fill="#718096">{total:.2f} s</text></svg>'
+        f'<line x1="{label_w}" y1="{axis_y - 10}" x2="{width - right_pad}" y2="{axis_y - 10}" '
+        f'stroke="#e2e8f0"/>'
+        f'<text x="{label_w}" y="{axis_y}" font-size="10" fill="#718096">0</text>'
+        f'<text x="{width - right_pad}" y="{axis_y}" font-size="10" fill="#718096" '
+        f'text-anchor="end">{escape(_fmt_seconds(total))}</text></svg>'
     )
     return mark_safe("".join(parts))
+
+
+def legend(steps: list[Step]) -> list[tuple[str, str]]:
+    """(outcome, colour) for the outcomes the SVG actually draws."""
+    seen = {a.outcome for step in steps for a in step.attempt_rows.all()}
+    return [(name, colour) for name, colour in COLOURS.items() if name in seen]
