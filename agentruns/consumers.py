@@ -1,102 +1,259 @@
 """`ws/runs/<run_id>/?after=<seq>`: replay from the database, then tail (DESIGN.md 5).
 
-Channel-layer messages are only nudges. One sender task reads the database for `seq > last sent`
-whenever it is nudged or its poll interval passes, so a dropped nudge costs latency, never data,
-and frames leave in seq order exactly once per connection.
+Channel-layer messages are only nudges: nothing in them is ever sent to a client. Every frame
+comes from a database read of `seq > last sent`, so a dropped nudge costs latency, never data,
+and frames leave each connection in seq order exactly once.
+
+Fan-out: all viewers of one run in one process share a `RunFeed`. The feed is the only group
+member for that run in this process (one nudge per process, not one per viewer), does one
+database read per wakeup or poll tick, renders each frame's fragment and JSON once, and keeps a
+bounded window of recent frames. A viewer behind that window (a reconnect with an old `after=`)
+replays from the database on its own until it reaches the window, then tails from it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import logging
+import time
+import uuid
+from dataclasses import dataclass, field
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from channels.layers import get_channel_layer
 from django.conf import settings
 
 from .events import run_group
-from .fragments import frame_for
-from .models import TERMINAL_RUN_STATUSES, Run, RunEvent
+from .fragments import encoded_frames_after
+from .models import TERMINAL_RUN_STATUSES, Run
 
 log = logging.getLogger(__name__)
 
-BATCH = 500
+BATCH = 500  # frames per database read
+WINDOW = 2000  # recent frames a feed keeps for viewers that are (nearly) caught up
+GAP_PATIENCE_SECONDS = 5.0  # how long a feed waits for a missing seq before delivering past it
 
-# close codes: 4401 not authenticated, 4403 forbidden, 4404 no such run, 4400 bad request
+# close codes: 4400 bad request, 4401 not authenticated, 4403 forbidden, 4404 no such run.
+# The page's client treats 4400-4499 as refusals (no reconnect); anything else is retried.
 REFUSALS = {4400, 4401, 4403, 4404}
+
+
+@dataclass(eq=False)
+class RunFeed:
+    """Shared tail of one run for the viewers in this process (see the module docstring)."""
+
+    run_id: str
+    head: int  # highest seq read so far
+    seqs: list[int] = field(default_factory=list)  # the window: seqs up to head, ascending
+    frames: list[str] = field(default_factory=list)  # the window: JSON text, parallel to seqs
+    viewers: set = field(default_factory=set)  # the consumers' wakeup events
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    tasks: list[asyncio.Task] = field(default_factory=list)
+    channel: str | None = None
+    gap_since: float | None = None
+
+    def frames_after(self, seq: int) -> list[tuple[int, str]] | None:
+        """Frames with seq > `seq` from the window; None when `seq` is older than the window."""
+        if seq >= self.head:
+            return []
+        if not self.seqs or seq + 1 < self.seqs[0]:
+            return None
+        start = bisect.bisect_right(self.seqs, seq)
+        return list(zip(self.seqs[start:], self.frames[start:], strict=True))
+
+    def extend(self, frames: list[tuple[int, str]]) -> None:
+        for seq, text in frames:
+            self.seqs.append(seq)
+            self.frames.append(text)
+            self.head = seq
+        if len(self.frames) > WINDOW:
+            drop = len(self.frames) - WINDOW
+            del self.seqs[:drop]
+            del self.frames[:drop]
+        for viewer in self.viewers:
+            viewer.set()
+
+
+_FEEDS: dict[tuple[int, str], RunFeed] = {}
+
+
+async def _open_feed(run_id: str) -> RunFeed:
+    """The process's feed for a run (created on first viewer): subscribed before its first read."""
+    key = (id(asyncio.get_running_loop()), run_id)
+    feed = _FEEDS.get(key)
+    if feed is not None:
+        return feed
+    head = await database_sync_to_async(_run_last_seq)(run_id)
+    feed = _FEEDS.get(key)  # another viewer may have opened it while we read
+    if feed is not None:
+        return feed
+    feed = RunFeed(run_id=run_id, head=head)
+    _FEEDS[key] = feed
+    layer = get_channel_layer()
+    if layer is not None:
+        feed.channel = await layer.new_channel()
+        await layer.group_add(run_group(run_id), feed.channel)
+        feed.tasks.append(asyncio.create_task(_listen(feed, layer)))
+    feed.tasks.append(asyncio.create_task(_follow(feed)))
+    return feed
+
+
+async def _close_feed_if_idle(run_id: str, feed: RunFeed) -> None:
+    if feed.viewers:
+        return
+    key = (id(asyncio.get_running_loop()), run_id)
+    if _FEEDS.get(key) is feed:
+        del _FEEDS[key]
+    for task in feed.tasks:
+        task.cancel()
+    layer = get_channel_layer()
+    if layer is not None and feed.channel is not None:
+        try:
+            await layer.group_discard(run_group(run_id), feed.channel)
+        except Exception:  # the layer may be gone (Redis restarting): membership expires anyway
+            log.warning("group_discard failed for run %s", run_id, exc_info=True)
+
+
+async def _listen(feed: RunFeed, layer) -> None:
+    """Turn nudges into wakeups. Their content is ignored: the database is the only source."""
+    while True:
+        try:
+            await layer.receive(feed.channel)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # e.g. Redis away: the poll keeps the stream going meanwhile
+            log.warning("channel layer receive failed for run %s", feed.run_id, exc_info=True)
+            await asyncio.sleep(1.0)
+            continue
+        feed.wake.set()
+
+
+async def _follow(feed: RunFeed) -> None:
+    """Read new events on every nudge, and at least every AGENTRUNS_STREAM_POLL_SECONDS."""
+    poll = float(settings.AGENTRUNS_STREAM_POLL_SECONDS)
+    while True:
+        feed.wake.clear()
+        try:
+            frames = await database_sync_to_async(encoded_frames_after)(feed.run_id, feed.head, BATCH)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a database blip: keep the feed alive, try again on the next tick
+            log.warning("run feed %s: read failed", feed.run_id, exc_info=True)
+            frames = []
+        contiguous = _contiguous_prefix(feed, frames)
+        if contiguous:
+            feed.extend(contiguous)
+        if len(frames) == BATCH and len(contiguous) == len(frames):
+            continue  # more backlog: read on without waiting
+        try:
+            await asyncio.wait_for(feed.wake.wait(), timeout=poll)
+        except TimeoutError:
+            pass
+
+
+def _contiguous_prefix(feed: RunFeed, frames: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """Frames up to the first hole. Seqs commit in order (events.py), so a hole means a read
+    raced a commit; it closes on the next read. A hole that never closes would be a bug
+    elsewhere: after GAP_PATIENCE_SECONDS it is logged and skipped rather than stall viewers."""
+    expected = feed.head + 1
+    out = []
+    for seq, text in frames:
+        if seq != expected:
+            now = time.monotonic()
+            if feed.gap_since is None:
+                feed.gap_since = now
+            if now - feed.gap_since < GAP_PATIENCE_SECONDS:
+                return out
+            log.error("run %s: seq %s never appeared; continuing at %s", feed.run_id, expected, seq)
+        feed.gap_since = None
+        out.append((seq, text))
+        expected = seq + 1
+    return out
+
+
+def _run_last_seq(run_id: str) -> int:
+    return Run.objects.filter(id=run_id).values_list("last_seq", flat=True).first() or 0
 
 
 class RunStreamConsumer(AsyncWebsocketConsumer):
     async def connect(self) -> None:
-        self.run_id = self.scope["url_route"]["kwargs"]["run_id"]
-        self.group = None
+        self.run_id = str(self.scope["url_route"]["kwargs"]["run_id"])
+        self.feed: RunFeed | None = None
         self.sender: asyncio.Task | None = None
         self.wakeup = asyncio.Event()
+        # accept first, so refusals reach the client as close codes with a reason (a refused
+        # handshake would only show as a generic failure in browsers)
         await self.accept()
+        refusal = await self.refusal()
+        if refusal is not None:
+            await self.close(code=refusal[0], reason=refusal[1])
+            return
+        self.feed = await _open_feed(self.run_id)
+        self.feed.viewers.add(self.wakeup)
+        self.sender = asyncio.create_task(self.pump())
+
+    async def refusal(self) -> tuple[int, str] | None:
         user = self.scope.get("user")
-        if self.scope.get("auth_error") or user is None or not user.is_authenticated:
-            await self.close(code=4401, reason=self.scope.get("auth_error") or "login required")
-            return
+        if self.scope.get("auth_error"):
+            return 4401, str(self.scope["auth_error"])
+        if user is None or not user.is_authenticated:
+            return 4401, "login required"
         if not await database_sync_to_async(user.has_perm)("agentruns.view_run"):
-            await self.close(code=4403, reason="permission agentruns.view_run required")
-            return
+            return 4403, "permission agentruns.view_run required"
         query = parse_qs(self.scope.get("query_string", b"").decode())
         try:
-            self.last_seq = int(query.get("after", ["0"])[0] or 0)
+            self.last_seq = max(0, int(query.get("after", ["0"])[0] or 0))
+            uuid.UUID(self.run_id)
         except ValueError:
-            await self.close(code=4400, reason="after must be an integer")
-            return
+            return 4400, "after must be an integer"
         if not await database_sync_to_async(Run.objects.filter(id=self.run_id).exists)():
-            await self.close(code=4404, reason="no such run")
-            return
-        self.group = run_group(self.run_id)
-        # subscribe before the first read, so nothing committed in between is missed
-        await self.channel_layer.group_add(self.group, self.channel_name)
-        self.sender = asyncio.create_task(self.pump())
+            return 4404, "no such run"
+        return None
 
     async def disconnect(self, code: int) -> None:
         if self.sender is not None:
             self.sender.cancel()
-        if self.group is not None:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+        if self.feed is not None:
+            self.feed.viewers.discard(self.wakeup)
+            await _close_feed_if_idle(self.run_id, self.feed)
+            self.feed = None
 
     async def receive(self, text_data=None, bytes_data=None) -> None:
-        # clients may send {"type": "ping"}; anything else is ignored
+        # clients may send {"type": "ping"} (keepalive through proxies); anything else is ignored
         if text_data and '"ping"' in text_data:
             await self.send(text_data=json.dumps({"type": "pong", "seq": self.last_seq}))
 
-    async def run_nudge(self, message: dict) -> None:
-        self.wakeup.set()
-
     async def pump(self) -> None:
-        poll = float(settings.AGENTRUNS_STREAM_POLL_SECONDS)
+        """Send every frame with seq > last_seq, in order, forever."""
         try:
             while True:
                 self.wakeup.clear()
-                frames = await self.read_frames()
-                for frame in frames:
-                    await self.send(text_data=json.dumps(frame))
-                    self.last_seq = frame["seq"]
-                if len(frames) == BATCH:
+                assert self.feed is not None
+                frames = self.feed.frames_after(self.last_seq)
+                if frames is None:  # behind the shared window: replay from the database
+                    rows = await database_sync_to_async(encoded_frames_after)(
+                        self.run_id, self.last_seq, BATCH
+                    )
+                    for seq, text in rows:
+                        await self.send(text_data=text)
+                        self.last_seq = seq
+                    if not rows:
+                        await self.wakeup.wait()
                     continue
-                try:
-                    await asyncio.wait_for(self.wakeup.wait(), timeout=poll)
-                except TimeoutError:
-                    pass
+                for seq, text in frames:
+                    await self.send(text_data=text)
+                    self.last_seq = seq
+                if not frames:
+                    await self.wakeup.wait()
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("run stream %s failed", self.run_id)
             await self.close(code=1011)
-
-    @database_sync_to_async
-    def read_frames(self) -> list[dict]:
-        events = list(
-            RunEvent.objects.filter(run_id=self.run_id, seq__gt=self.last_seq).order_by("seq")[:BATCH]
-        )
-        return [frame_for(e) for e in events]
 
 
 def is_terminal_status(status: str) -> bool:

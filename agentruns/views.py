@@ -3,55 +3,32 @@
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
-from django.core.paginator import Paginator
-from django.db.models import Prefetch, Q
+from django.db.models import Prefetch
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.utils import timezone
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from . import services
 from .models import Run, RunEvent, RunStatus, Step, StepAttempt
-from .registry import all_agents, get_tool
-from .timeline import timeline_svg, view_steps
-
-AGES = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
-PAGE_SIZE = 50
+from .registry import all_agents
+from .runlist import AGES, RunFilters, run_page
+from .timeline import legend, timeline_svg, view_steps
 
 
 @login_required
 def run_list(request: HttpRequest) -> HttpResponse:
-    runs = Run.objects.only(
-        "id", "agent", "status", "input", "error", "stop_reason", "step_count", "created_at",
-        "finished_at", "search_text",
-    ).order_by("-created_at", "-id")
-    status = request.GET.get("status", "")
-    agent = request.GET.get("agent", "")
-    age = request.GET.get("age", "")
-    q = request.GET.get("q", "").strip()
-    if status in RunStatus.values:
-        runs = runs.filter(status=status)
-    if agent:
-        runs = runs.filter(agent=agent)
-    if age in AGES:
-        runs = runs.filter(created_at__gte=timezone.now() - AGES[age])
-    if q:
-        match = Q(search_text__startswith=q) | Q(search_text__contains=f" {q}")
-        try:
-            import uuid
-
-            match |= Q(id=uuid.UUID(q))
-        except ValueError:
-            pass
-        runs = runs.filter(match)
-    page = Paginator(runs, PAGE_SIZE).get_page(request.GET.get("page"))
+    """Newest first, filterable, keyset-paginated: constant queries per page at any table size."""
+    filters = RunFilters.from_query(request.GET)
+    page = run_page(filters, after=request.GET.get("after", ""), before=request.GET.get("before", ""))
     context = {
         "page": page,
-        "filters": {"status": status, "agent": agent, "age": age, "q": q},
+        "filters": filters.as_params(),
+        "filter_query": urlencode(filters.as_params()),
         "statuses": RunStatus.values,
         "agents": sorted(all_agents()),
         "ages": list(AGES),
@@ -69,7 +46,10 @@ def run_detail(request: HttpRequest, run_id) -> HttpResponse:
         .prefetch_related(Prefetch("attempt_rows", queryset=StepAttempt.objects.order_by("number")))
         .order_by("index")
     )
-    events = list(RunEvent.objects.filter(run=run).exclude(type="model.delta").order_by("seq"))
+    # every read below stops at the last_seq read with the run: the socket resumes after it
+    events = list(
+        RunEvent.objects.filter(run=run, seq__lte=run.last_seq).exclude(type="model.delta").order_by("seq")
+    )
     return render(
         request,
         "agentruns/run_detail.html",
@@ -78,31 +58,18 @@ def run_detail(request: HttpRequest, run_id) -> HttpResponse:
             "steps": view_steps(run, steps),
             "events": events,
             "svg": timeline_svg(run, steps),
+            "legend": legend(steps),
             "live_text": live_text(run),
             "can_operate": request.user.has_perm("agentruns.operate_run"),
         },
     )
 
 
-def live_text(run: Run) -> list[dict]:
-    """The model text so far, per (step, attempt), without superseded attempts."""
-    chunks: dict[tuple[int, int], list[str]] = {}
-    superseded: set[tuple[int, int]] = set()
-    last_seq = 0
-    for etype, data, seq in RunEvent.objects.filter(
-        run=run, type__in=["model.delta", "model.superseded"]
-    ).values_list("type", "data", "seq").order_by("seq"):
-        key = (data.get("step"), data.get("attempt"))
-        if etype == "model.superseded":
-            superseded.add(key)
-        else:
-            chunks.setdefault(key, []).append(data.get("text", ""))
-        last_seq = seq
-    return [
-        {"step": k[0], "attempt": k[1], "text": "".join(v), "last_seq": last_seq}
-        for k, v in chunks.items()
-        if k not in superseded
-    ]
+def live_text(run: Run) -> list:
+    """The model text up to run.last_seq, by the stream client's rules (fragments.live_turns)."""
+    from .fragments import live_turns
+
+    return live_turns(run.id, run.last_seq)
 
 
 @login_required
@@ -120,36 +87,42 @@ def run_new(request: HttpRequest) -> HttpResponse:
     return render(request, "agentruns/run_new.html", {"agents": sorted(all_agents()), "form": {"input": example, "agent": "refund"}})
 
 
-def _action(request: HttpRequest, run_id, action, done: str) -> HttpResponse:
+def _action(request: HttpRequest, run_id, action, done: str, **kwargs) -> HttpResponse:
+    run = get_object_or_404(Run.objects.only("id"), id=run_id)
     try:
-        action(run_id, user=request.user)
+        action(run.id, user=request.user, **kwargs)
         messages.success(request, done)
     except services.ActionRefused as exc:
         messages.error(request, str(exc))
-    except Run.DoesNotExist:
-        messages.error(request, "No such run.")
-    return redirect("run-detail", run_id=run_id)
+    return redirect("run-detail", run_id=run.id)
 
 
 @require_POST
 @login_required
 @permission_required("agentruns.operate_run", raise_exception=True)
 def run_retry(request: HttpRequest, run_id) -> HttpResponse:
-    return _action(request, run_id, services.retry_run, "Retry queued: the failed step runs again with the same idempotency key.")
+    return _action(
+        request, run_id, services.retry_run,
+        "Retry queued: the failed step runs again as a new attempt with the same idempotency key.",
+    )
 
 
 @require_POST
 @login_required
 @permission_required("agentruns.operate_run", raise_exception=True)
 def run_cancel(request: HttpRequest, run_id) -> HttpResponse:
-    return _action(request, run_id, services.cancel_run, "Cancel requested.")
+    reason = request.POST.get("reason", "").strip()[:500]
+    return _action(
+        request, run_id, services.cancel_run,
+        "Cancel requested: a running run stops at its next step boundary.", reason=reason,
+    )
 
 
 @require_POST
 @login_required
 @permission_required("agentruns.operate_run", raise_exception=True)
 def step_resolve(request: HttpRequest, step_id) -> HttpResponse:
-    step = get_object_or_404(Step, id=step_id)
+    step = get_object_or_404(Step.objects.only("id", "index", "run_id"), id=step_id)
     raw = request.POST.get("result", "").strip() or "{}"
     try:
         result = json.loads(raw)
@@ -159,11 +132,4 @@ def step_resolve(request: HttpRequest, step_id) -> HttpResponse:
         messages.error(request, f"The result is not valid JSON: {exc}")
     except services.ActionRefused as exc:
         messages.error(request, str(exc))
-    return redirect("run-detail", run_id=step.run_id)
-
-
-def tool_retry_policy(tool_name: str) -> dict | None:
-    try:
-        return get_tool(tool_name).retry.describe()
-    except LookupError:
-        return None
+    return redirect(reverse("run-detail", args=[step.run_id]) + f"#step-{step.index}")

@@ -1,6 +1,12 @@
-// The run page's stream client (DESIGN.md 5): keeps the last seq, reconnects with capped
-// exponential backoff and jitter on any close that is not a refusal, resumes with after=,
-// and ignores frames it has already applied. No framework.
+// The run page's stream client (DESIGN.md 5), no framework.
+//
+// The page is rendered up to data-last-seq; the socket continues with after=<last seq>. Every
+// frame {"seq","type","data","html"} is applied at most once (seq <= lastSeq is dropped), in
+// order; a hole in the seqs means something went wrong on the way, so the client reconnects with
+// after=<last applied> rather than show a gap. Any close that is not a refusal (4400-4499) is
+// retried with capped exponential backoff and jitter. Model text follows the same rules as the
+// server's first render (fragments.live_turns): text per (step, attempt); an attempt is dropped
+// when a model.superseded event names it or a newer attempt of that step starts streaming.
 (function () {
   "use strict";
   const root = document.getElementById("run");
@@ -12,59 +18,90 @@
   const statusChip = document.getElementById("run-status");
   const eventsList = document.getElementById("events");
   const TERMINAL = ["succeeded", "failed", "cancelled"];
+  const BACKOFF_BASE_MS = 250;
+  const BACKOFF_CAP_MS = 8000;
+  const PING_EVERY_MS = 15000;
+  const SILENCE_LIMIT_MS = 45000; // no frame or pong for this long: the connection is dead
+
   let lastSeq = parseInt(root.dataset.lastSeq || "0", 10);
-  let attempt = 0;
+  let failures = 0; // consecutive closes without a successful open
   let socket = null;
-  let finished = TERMINAL.includes(root.dataset.status);
+  let retryTimer = null;
   let refused = false;
+  let finished = TERMINAL.includes(root.dataset.status);
+  let lastHeard = Date.now();
+  const dropped = new Set(); // "step:attempt" whose text was superseded
+  const newest = new Map(); // step -> newest attempt seen streaming
+
+  for (const el of liveText.querySelectorAll(".turn")) {
+    const step = el.dataset.step, att = parseInt(el.dataset.attempt, 10);
+    if (!newest.has(step) || newest.get(step) < att) newest.set(step, att);
+  }
 
   function setConn(state, text) {
     conn.dataset.state = state;
-    conn.textContent = text || state;
+    conn.textContent = text;
   }
 
-  function turnFor(step, att) {
-    let el = liveText.querySelector(`.turn[data-step="${step}"][data-attempt="${att}"]`);
+  function showSteady() {
+    if (finished) setConn("finished", "finished");
+    else setConn("live", "live");
+  }
+
+  function turnEl(step, att) {
+    return liveText.querySelector(`.turn[data-step="${step}"][data-attempt="${att}"]`);
+  }
+
+  function dropAttempt(step, att) {
+    dropped.add(`${step}:${att}`);
+    const el = turnEl(step, att);
+    if (el) el.remove();
+  }
+
+  function appendText(step, att, text) {
+    step = String(step);
+    if (dropped.has(`${step}:${att}`)) return;
+    const seen = newest.get(step) || 0;
+    if (att > seen) {
+      for (let older = 1; older < att; older++) dropAttempt(step, older);
+      newest.set(step, att);
+    }
+    let el = turnEl(step, att);
     if (!el) {
       el = document.createElement("p");
       el.className = "turn";
       el.dataset.step = step;
-      el.dataset.attempt = att;
+      el.dataset.attempt = String(att);
       liveText.appendChild(el);
     }
-    return el;
+    el.textContent += text;
   }
 
   function apply(frame) {
-    if (typeof frame.seq !== "number" || frame.seq <= lastSeq) return; // already applied
-    lastSeq = frame.seq;
-    root.dataset.lastSeq = String(lastSeq);
     const d = frame.data || {};
     if (frame.type === "model.delta") {
-      const el = turnFor(d.step, d.attempt);
-      el.textContent += d.text;
+      appendText(d.step, d.attempt, d.text || "");
     } else if (frame.type === "model.superseded") {
-      const el = liveText.querySelector(`.turn[data-step="${d.step}"][data-attempt="${d.attempt}"]`);
-      if (el) el.classList.add("superseded");
+      dropAttempt(String(d.step), d.attempt);
     } else if (frame.type === "run.output") {
       output.textContent = d.text;
     } else if (frame.type === "run.status") {
       statusChip.textContent = d.status;
       statusChip.className = "chip s-" + d.status;
       root.dataset.status = d.status;
-      if (TERMINAL.includes(d.status)) { finished = true; setConn("finished", "finished"); }
+      finished = TERMINAL.includes(d.status);
+      showSteady();
     }
-    if (frame.html && eventsList) {
-      eventsList.insertAdjacentHTML("beforeend", frame.html);
-    }
-    if (frame.type.startsWith("step.") || frame.type.startsWith("approval.")) {
-      scheduleStepsRefresh();
+    if (frame.html && eventsList) eventsList.insertAdjacentHTML("beforeend", frame.html);
+    if (frame.type.startsWith("step.") || frame.type.startsWith("approval.") || frame.type === "run.status") {
+      scheduleRefresh();
     }
   }
 
+  // The step table, the approval card and the SVG timeline are server-rendered: after step or
+  // approval events, fetch the page once (debounced) and swap those parts in place.
   let refreshTimer = null;
-  function scheduleStepsRefresh() {
-    // the step table is server-rendered: fetch the page and swap the table in place
+  function scheduleRefresh() {
     if (refreshTimer) return;
     refreshTimer = setTimeout(async function () {
       refreshTimer = null;
@@ -72,48 +109,78 @@
         const res = await fetch(window.location.pathname, { headers: { "X-Requested-With": "runstream" } });
         if (!res.ok) return;
         const doc = new DOMParser().parseFromString(await res.text(), "text/html");
-        for (const id of ["steps"]) {
-          const fresh = doc.getElementById(id);
-          const here = document.getElementById(id);
+        for (const sel of ["#steps", "#approval-card", ".svgwrap", ".facts"]) {
+          const fresh = doc.querySelector(sel);
+          const here = document.querySelector(sel);
           if (fresh && here) here.innerHTML = fresh.innerHTML;
         }
-        const svg = doc.querySelector(".svgwrap");
-        const svgHere = document.querySelector(".svgwrap");
-        if (svg && svgHere) svgHere.innerHTML = svg.innerHTML;
-      } catch (e) { /* next event will try again */ }
+      } catch (e) { /* the next event tries again */ }
     }, 300);
   }
 
+  function onFrame(ws, msg) {
+    if (ws !== socket) return; // a late message from a socket we already gave up on
+    lastHeard = Date.now();
+    let frame;
+    try { frame = JSON.parse(msg.data); } catch (e) { return; }
+    if (typeof frame.seq !== "number" || typeof frame.type !== "string") return;
+    if (frame.type === "pong") return;
+    if (frame.seq <= lastSeq) return; // already applied (first render or an earlier socket)
+    if (frame.seq !== lastSeq + 1) {
+      ws.close(3000, "gap"); // resume from what we have; never show a hole
+      return;
+    }
+    apply(frame);
+    lastSeq = frame.seq;
+    root.dataset.lastSeq = String(lastSeq);
+  }
+
+  function scheduleReconnect() {
+    failures += 1;
+    const ceiling = Math.min(BACKOFF_CAP_MS, BACKOFF_BASE_MS * Math.pow(2, failures - 1));
+    const delay = ceiling / 2 + Math.random() * ceiling / 2; // jitter: no thundering herd
+    setConn("reconnecting", "reconnecting…");
+    retryTimer = setTimeout(function () { retryTimer = null; connect(); }, delay);
+  }
+
   function connect() {
+    if (refused || socket) return;
     const proto = window.location.protocol === "https:" ? "wss" : "ws";
-    const url = `${proto}://${window.location.host}/ws/runs/${runId}/?after=${lastSeq}`;
-    setConn(attempt === 0 ? "connecting" : "reconnecting", attempt === 0 ? "connecting…" : "reconnecting…");
-    socket = new WebSocket(url);
-    socket.onopen = function () {
-      attempt = 0;
-      setConn(finished ? "finished" : "live", finished ? "finished" : "live");
+    const ws = new WebSocket(`${proto}://${window.location.host}/ws/runs/${runId}/?after=${lastSeq}`);
+    socket = ws;
+    if (failures === 0) setConn("connecting", "connecting…");
+    ws.onopen = function () {
+      if (ws !== socket) return;
+      failures = 0;
+      lastHeard = Date.now();
+      showSteady();
     };
-    socket.onmessage = function (msg) {
-      let frame;
-      try { frame = JSON.parse(msg.data); } catch (e) { return; }
-      if (frame.type === "pong") return;
-      apply(frame);
-    };
-    socket.onclose = function (ev) {
+    ws.onmessage = function (msg) { onFrame(ws, msg); };
+    ws.onclose = function (ev) {
+      if (ws !== socket) return;
       socket = null;
       if (ev.code >= 4400 && ev.code < 4500) {
         refused = true;
         setConn("refused", "refused: " + (ev.reason || ev.code));
         return;
       }
-      attempt += 1;
-      const base = Math.min(10000, 250 * Math.pow(2, attempt - 1));
-      const delay = base / 2 + Math.random() * base / 2;
-      setConn("reconnecting", "reconnecting…");
-      setTimeout(connect, delay);
+      scheduleReconnect();
     };
   }
 
-  window.addEventListener("online", function () { if (!socket && !refused) connect(); });
+  // keepalive: a silently dead connection (sleeping laptop, dropped NAT entry) is noticed
+  setInterval(function () {
+    if (!socket || socket.readyState !== WebSocket.OPEN) return;
+    if (Date.now() - lastHeard > SILENCE_LIMIT_MS) { socket.close(3001, "silent"); return; }
+    try { socket.send('{"type":"ping"}'); } catch (e) { /* onclose follows */ }
+  }, PING_EVERY_MS);
+
+  function reconnectNow() {
+    if (socket || refused) return;
+    if (retryTimer) { clearTimeout(retryTimer); retryTimer = null; }
+    connect();
+  }
+  window.addEventListener("online", reconnectNow);
+  document.addEventListener("visibilitychange", function () { if (!document.hidden) reconnectNow(); });
   connect();
 })();
