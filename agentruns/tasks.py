@@ -10,7 +10,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from .engine import RunExecutor
@@ -34,11 +34,18 @@ def sweep(now=None) -> int:
     from .services import enqueue
 
     now = now or timezone.now()
-    resweep = timedelta(seconds=max(float(settings.AGENTRUNS_LEASE_TTL_SECONDS), 5.0))
+    ttl = timedelta(seconds=float(settings.AGENTRUNS_LEASE_TTL_SECONDS))
+    resweep = max(ttl, timedelta(seconds=5))
+    # A lease renewed after the last doorbell (expiry - TTL > enqueued_at) means a worker took
+    # that task and died: ring again at once, so a killed worker's run continues within
+    # lease TTL + sweep interval. Otherwise the task may still sit in the queue: wait `resweep`.
+    claimed_since_doorbell = Q(lease_expires_at__gt=F("enqueued_at") + ttl)
     stale = (
         Run.objects.filter(status__in=[RunStatus.QUEUED, RunStatus.RUNNING])
         .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
-        .filter(Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=now - resweep))
+        .filter(
+            Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=now - resweep) | claimed_since_doorbell
+        )
         .values_list("id", "enqueued_at")[:500]
     )
     rung = 0
