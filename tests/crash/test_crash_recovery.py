@@ -1,0 +1,372 @@
+"""Crash safety with real processes (issue 2): a real `qcluster` and a real daphne serving the
+refund gateway, against PostgreSQL. Workers die by failpoint (SIGKILL of a q2 worker process at a
+named point) or by SIGKILL of the whole qcluster process group at random moments; every assertion
+is made on the outside world: the gateway's own ledger, the outbox, the database rows.
+
+Run with `-s` to see the measured time from a SIGKILL to the run continuing.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from agentruns.models import AttemptOutcome, Run, RunEvent, RunStatus, Step, StepAttempt, StepStatus
+from agentruns.services import start_run
+from approvals.models import Approval, ApprovalKind, ApprovalStatus
+from support.models import GatewayRefund, Order, OutboxMessage, TicketNote
+from tests.procs import Proc, base_env, start_web, start_worker, wait_until
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.crash]
+
+SETTLED = {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.WAITING}
+GATEWAY_DELAY_MS = 150
+
+# Every measured "SIGKILL -> the run's next step attempt starts" gap, printed at the end.
+MEASURED: list[tuple[str, float]] = []
+
+
+def lease_settings() -> str:
+    env = base_env()
+    return (
+        f"AGENTRUNS_LEASE_TTL_SECONDS={env['AGENTRUNS_LEASE_TTL_SECONDS']}, "
+        f"AGENTRUNS_SWEEP_INTERVAL_SECONDS={env['AGENTRUNS_SWEEP_INTERVAL_SECONDS']}, "
+        f"Q_POLL={env['Q_POLL']}, Q_WORKERS={env['Q_WORKERS']}"
+    )
+
+
+def record_gap(label: str, seconds: float) -> None:
+    MEASURED.append((label, seconds))
+    print(f"[crash-timing] {label}: {seconds:.2f}s from SIGKILL to the next attempt ({lease_settings()})")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report_measurements():
+    yield
+    if MEASURED:
+        gaps = sorted(s for _, s in MEASURED)
+        print(
+            f"\n[crash-timing] summary over {len(gaps)} kills ({lease_settings()}): "
+            f"min {gaps[0]:.2f}s, median {gaps[len(gaps) // 2]:.2f}s, max {gaps[-1]:.2f}s"
+        )
+
+
+# ------------------------------------------------------------------ processes
+@pytest.fixture
+def procs():
+    """Every process a test starts; all are SIGKILLed (by their own process group) afterwards,
+    before pytest-django truncates the tables they use."""
+    started: list[Proc] = []
+    yield started
+    for proc in started:
+        proc.kill()
+
+
+@pytest.fixture
+def gateway(tmp_path, procs) -> str:
+    """A real daphne serving the app, whose /gateway is the refund service the workers call."""
+    proc, url = start_web(tmp_path, REFUND_GATEWAY_DELAY_MS=GATEWAY_DELAY_MS)
+    procs.append(proc)
+    return url
+
+
+@pytest.fixture
+def seeded(transactional_db):
+    with open(os.devnull, "w") as devnull:
+        call_command("seed_demo", stdout=devnull)
+
+
+def worker(tmp_path: Path, procs: list[Proc], gateway: str, name: str, **env: object) -> Proc:
+    proc = start_worker(
+        tmp_path,
+        name=name,
+        REFUND_GATEWAY_URL=gateway + "/gateway",
+        REFUND_APPROVAL_THRESHOLD_CENTS=1_000_000_000,  # refunds never park in these tests
+        **env,
+    )
+    procs.append(proc)
+    return proc
+
+
+# ------------------------------------------------------------------ runs and waiting
+REQUESTS = [
+    ("ORD-1001", "The blender arrived broken, please refund it.", None),
+    ("ORD-1002", "My desk lamp never arrived.", None),
+    ("ORD-1003", "Please refund $15 for the scratch on the jacket.", 1500),
+]
+
+
+def start_refunds(orders: list[tuple[str, str, int | None]]) -> dict[str, tuple[Run, int]]:
+    """Start one refund run per order; returns order_id -> (run, the amount it must refund)."""
+    started = {}
+    for order_id, message, partial in orders:
+        amount = partial if partial is not None else Order.objects.get(order_id=order_id).amount_cents
+        run = start_run("refund", {"order_id": order_id, "message": message}).run
+        started[order_id] = (run, amount)
+    return started
+
+
+def wait_settled(run_ids: list, workers: list[Proc], timeout: float = 150) -> dict:
+    def settled() -> dict | None:
+        statuses = dict(Run.objects.filter(id__in=run_ids).values_list("id", "status"))
+        return statuses if all(s in SETTLED for s in statuses.values()) else None
+
+    try:
+        return wait_until(settled, timeout=timeout, interval=0.2, message="runs to finish")
+    except TimeoutError:
+        statuses = list(Run.objects.filter(id__in=run_ids).values_list("id", "status", "error"))
+        logs = "\n".join(f"--- {w.log_path.name}\n{w.log()}" for w in workers)
+        raise AssertionError(f"runs did not finish: {statuses}\n{logs}") from None
+
+
+def gateway_ledger(url: str, order_id: str) -> list[dict]:
+    response = httpx.get(f"{url}/gateway/refunds", params={"order_id": order_id}, timeout=10)
+    response.raise_for_status()
+    return response.json()["refunds"]
+
+
+def assert_refunded_exactly_once(url: str, order_id: str, amount: int, run: Run) -> Step:
+    """The gateway's own ledger (its table and its HTTP listing) shows one refund of `amount`,
+    made with the idempotency key of the run's single issue_refund step."""
+    refund_step = Step.objects.get(run=run, tool="issue_refund")
+    rows = list(GatewayRefund.objects.filter(order_id=order_id))
+    assert len(rows) == 1, f"{order_id}: {len(rows)} refunds in the ledger"
+    assert rows[0].amount_cents == amount
+    assert rows[0].idempotency_key == refund_step.idempotency_key
+    listed = gateway_ledger(url, order_id)
+    assert [(r["amount_cents"], r["idempotency_key"]) for r in listed] == [
+        (amount, refund_step.idempotency_key)
+    ]
+    assert refund_step.status == StepStatus.SUCCEEDED
+    assert refund_step.result["refund_id"] == f"rf_{rows[0].pk}"
+    assert refund_step.result["amount_cents"] == amount
+    return refund_step
+
+
+def attempt_outcomes(step: Step) -> list[tuple[int, str]]:
+    return list(StepAttempt.objects.filter(step=step).order_by("number").values_list("number", "outcome"))
+
+
+def marker_time(marker: Path) -> datetime:
+    """The failpoint writes its marker right before SIGKILL: its mtime is the kill time."""
+    return datetime.fromtimestamp(marker.stat().st_mtime, tz=UTC)
+
+
+def assert_events_gapless(run: Run) -> None:
+    seqs = list(RunEvent.objects.filter(run=run).order_by("seq").values_list("seq", flat=True))
+    assert seqs == list(range(1, len(seqs) + 1))
+
+
+# ------------------------------------------------------------------ failpoints, crash_once
+FAILPOINTS = [
+    ("step_started", "issue_refund"),
+    ("tool_returned", "issue_refund"),
+    ("step_persisted", "issue_refund"),
+    ("model_streaming", None),
+]
+
+
+@pytest.mark.parametrize(("point", "tool"), FAILPOINTS, ids=[p for p, _ in FAILPOINTS])
+def test_failpoint_crash_once_refunds_exactly_once(tmp_path, procs, gateway, seeded, point, tool):
+    spec = f"{point}:{tool}=crash_once" if tool else f"{point}=crash_once"
+    failpoint_dir = tmp_path / "failpoints"
+    env: dict[str, object] = {"AGENTRUNS_FAILPOINTS": spec, "AGENTRUNS_FAILPOINT_DIR": failpoint_dir}
+    if point == "model_streaming":
+        # tokens arrive slowly enough that a delta batch is flushed (and the failpoint hit) mid-stream
+        env.update(SCRIPTED_MODEL_DELAY_MS=3, AGENTRUNS_DELTA_FLUSH_MS=5, AGENTRUNS_DELTA_FLUSH_CHARS=10_000)
+    w = worker(tmp_path, procs, gateway, f"worker-{point}", **env)
+    runs = start_refunds(REQUESTS)
+
+    statuses = wait_settled([r.id for r, _ in runs.values()], [w])
+    assert set(statuses.values()) == {RunStatus.SUCCEEDED}, statuses
+    assert GatewayRefund.objects.count() == len(REQUESTS)
+
+    for order_id, (run, amount) in runs.items():
+        run.refresh_from_db()
+        refund_step = assert_refunded_exactly_once(gateway, order_id, amount, run)
+        # the rest of the flow happened exactly once too
+        assert TicketNote.objects.filter(ticket__order__order_id=order_id).count() == 1
+        assert OutboxMessage.objects.filter(run_id=run.id).count() == 1
+        assert not Step.objects.filter(run=run).exclude(status=StepStatus.SUCCEEDED).exists()
+        assert_events_gapless(run)
+
+        if point == "model_streaming":
+            check_model_streaming_recovery(run, failpoint_dir)
+            continue
+        marker = failpoint_dir / f"{point}-issue_refund-{refund_step.id}"
+        assert marker.exists(), f"the {point} failpoint never fired for {order_id}"
+        if point == "step_persisted":
+            # the result was durable before the crash: the step is never run again
+            assert refund_step.attempts == 1
+            assert attempt_outcomes(refund_step) == [(1, AttemptOutcome.SUCCEEDED)]
+            later = StepAttempt.objects.filter(step__run=run, step__index__gt=refund_step.index)
+            first_after = later.order_by("started_at").first()
+            record_gap(f"{point} {order_id} (next step)", (first_after.started_at - marker_time(marker)).total_seconds())
+            continue
+        # interrupted mid-call: attempt 1 crashed, attempt 2 resent the same key
+        assert refund_step.attempts == 2
+        assert attempt_outcomes(refund_step) == [(1, AttemptOutcome.CRASHED), (2, AttemptOutcome.SUCCEEDED)]
+        second = StepAttempt.objects.get(step=refund_step, number=2)
+        record_gap(f"{point} {order_id}", (second.started_at - marker_time(marker)).total_seconds())
+        assert RunEvent.objects.filter(run=run, type="step.recovered", data__step=refund_step.index).count() == 1
+
+
+def check_model_streaming_recovery(run: Run, failpoint_dir: Path) -> None:
+    """Each model step that streamed in batches was killed once mid-stream: its partial text was
+    superseded, the re-request's text is the step's text, and the final output appears once."""
+    model_steps = list(Step.objects.filter(run=run, kind="model").order_by("index"))
+    interrupted = [s for s in model_steps if (failpoint_dir / f"model_streaming-refund-{s.id}").exists()]
+    assert interrupted, "the model_streaming failpoint never fired"
+    for step in interrupted:
+        assert step.attempts == 2
+        assert attempt_outcomes(step) == [(1, AttemptOutcome.CRASHED), (2, AttemptOutcome.SUCCEEDED)]
+        assert RunEvent.objects.filter(run=run, type="model.superseded", data__step=step.index).exists()
+        marker = failpoint_dir / f"model_streaming-refund-{step.id}"
+        second = StepAttempt.objects.get(step=step, number=2)
+        record_gap(f"model_streaming step #{step.index}", (second.started_at - marker_time(marker)).total_seconds())
+    for step in model_steps:
+        deltas = RunEvent.objects.filter(run=run, type="model.delta", data__step=step.index).order_by("seq")
+        final_text = "".join(e.data["text"] for e in deltas if e.data["attempt"] == step.attempts)
+        assert final_text == step.text, f"step #{step.index}: streamed text of the accepted attempt"
+    outputs = list(RunEvent.objects.filter(run=run, type="run.output").values_list("data", flat=True))
+    assert outputs == [{"text": run.output}]
+    assert run.output == model_steps[-1].text and run.output.startswith("Done: refunded")
+    assert run.output.count("Done: refunded") == 1
+
+
+# ------------------------------------------------------------------ a reply interrupted after step_started
+def test_reply_interrupted_after_step_started_is_unknown_never_resent(tmp_path, procs, gateway, seeded):
+    w = worker(
+        tmp_path, procs, gateway, "worker-reply",
+        AGENTRUNS_FAILPOINTS="step_started:send_customer_reply=crash_once",
+        AGENTRUNS_FAILPOINT_DIR=tmp_path / "failpoints",
+    )
+    runs = start_refunds(REQUESTS[:2])
+    statuses = wait_settled([r.id for r, _ in runs.values()], [w])
+    assert set(statuses.values()) == {RunStatus.WAITING}, statuses
+
+    for order_id, (run, amount) in runs.items():
+        run.refresh_from_db()
+        assert_refunded_exactly_once(gateway, order_id, amount, run)
+        reply = Step.objects.get(run=run, tool="send_customer_reply")
+        assert (tmp_path / "failpoints" / f"step_started-send_customer_reply-{reply.id}").exists()
+        assert reply.status == StepStatus.UNKNOWN
+        assert attempt_outcomes(reply) == [(1, AttemptOutcome.UNKNOWN)]
+        approval = Approval.objects.get(step=reply)
+        assert approval.kind == ApprovalKind.RECONCILIATION and approval.status == ApprovalStatus.PENDING
+        assert approval.run_id == run.id
+        # the crash came before the call: nothing was sent, and nothing was re-sent
+        assert OutboxMessage.objects.filter(step_id=reply.id).count() == 0
+        assert OutboxMessage.objects.filter(run_id=run.id).count() == 0
+        # the run is parked: no lease, no further steps
+        assert run.lease_owner == "" and run.lease_expires_at is None
+        assert not Step.objects.filter(run=run, index__gt=reply.index).exists()
+        assert_events_gapless(run)
+
+
+# ------------------------------------------------------------------ SIGKILL of the whole worker
+def test_sigkill_whole_worker_at_random_moments(tmp_path, procs, gateway, seeded):
+    seed = int(os.environ.get("CRASH_SEED", str(int(time.time()))))
+    rng = random.Random(seed)
+    print(f"\n[crash] random seed {seed} (set CRASH_SEED to replay)")
+    env = {"SCRIPTED_MODEL_DELAY_MS": 8}
+    orders = [
+        (f"ORD-{n}", "Item arrived broken, please refund." if n % 3 else "Please refund $12.50 of it.",
+         None if n % 3 else 1250)
+        for n in range(1011, 1019)
+    ]
+    runs = start_refunds(orders)
+    run_ids = [r.id for r, _ in runs.values()]
+    workers: list[Proc] = []
+
+    kills = 4
+    pending_kill: tuple[set, datetime, int] | None = None  # (in-flight runs, killed_at, round)
+    for round_no in range(kills + 1):
+        # a fresh qcluster, started right after the previous one was killed
+        w = worker(tmp_path, procs, gateway, f"worker-round{round_no}", **env)
+        workers.append(w)
+        started_at = timezone.now()
+        if pending_kill is not None:
+            measure_continuation(w, *pending_kill)
+        if round_no == kills:
+            break  # the last cluster runs everything to the end
+        # wait for this cluster to be doing real work, then kill it at a random moment
+        try:
+            wait_until(
+                lambda since=started_at: all_settled(run_ids)
+                or StepAttempt.objects.filter(step__run_id__in=run_ids, started_at__gt=since).exists(),
+                timeout=90, interval=0.05, message="the new worker to start a step",
+            )
+        except TimeoutError:
+            raise AssertionError(f"worker round {round_no} did nothing:\n{w.log()}") from None
+        if all_settled(run_ids):
+            break
+        time.sleep(rng.uniform(0.05, 1.5))  # the random moment (not a correctness condition)
+        in_flight = set(Run.objects.filter(id__in=run_ids, status=RunStatus.RUNNING).values_list("id", flat=True))
+        killed_at = timezone.now()
+        w.kill()
+        cut = StepAttempt.objects.filter(step__run_id__in=run_ids, finished_at__isnull=True).count()
+        print(f"[crash] round {round_no}: SIGKILL of the whole qcluster with {len(in_flight)} run(s) "
+              f"running, {cut} step attempt(s) cut mid-step")
+        pending_kill = (in_flight, killed_at, round_no) if in_flight else None
+
+    statuses = wait_settled(run_ids, workers, timeout=180)
+
+    waiting = {rid for rid, s in statuses.items() if s == RunStatus.WAITING}
+    for order_id, (run, amount) in runs.items():
+        run.refresh_from_db()
+        # no order is ever refunded twice, whatever was killed when
+        assert GatewayRefund.objects.filter(order_id=order_id).count() <= 1
+        if run.id in waiting:
+            # the only correct reason to wait here: a reply cut mid-call is `unknown`, for a human
+            reply = Step.objects.get(run=run, tool="send_customer_reply")
+            assert reply.status == StepStatus.UNKNOWN, (order_id, reply.status)
+            approval = Approval.objects.get(step=reply)
+            assert approval.kind == ApprovalKind.RECONCILIATION and approval.status == ApprovalStatus.PENDING
+            assert OutboxMessage.objects.filter(step_id=reply.id).count() <= 1
+            # it waits after the refund: that happened exactly once
+            assert_refunded_exactly_once(gateway, order_id, amount, run)
+            continue
+        assert run.status == RunStatus.SUCCEEDED, (order_id, run.status, run.error)
+        refund_step = assert_refunded_exactly_once(gateway, order_id, amount, run)
+        outcomes = attempt_outcomes(refund_step)
+        # every attempt but the last was cut by a kill, and all of them sent the same key
+        assert outcomes[-1][1] == AttemptOutcome.SUCCEEDED
+        assert all(o == AttemptOutcome.CRASHED for _, o in outcomes[:-1]), outcomes
+        assert OutboxMessage.objects.filter(run_id=run.id).count() == 1
+        assert TicketNote.objects.filter(ticket__order__order_id=order_id).count() == 1
+        assert_events_gapless(run)
+    total_attempts = StepAttempt.objects.filter(step__run_id__in=run_ids).count()
+    crashed = StepAttempt.objects.filter(step__run_id__in=run_ids, outcome=AttemptOutcome.CRASHED).count()
+    print(f"[crash] {len(runs)} runs: {len(runs) - len(waiting)} succeeded, {len(waiting)} waiting on a "
+          f"reconciliation; {total_attempts} step attempts, {crashed} cut by a kill")
+
+
+def all_settled(run_ids: list) -> bool:
+    return all(s in SETTLED for s in Run.objects.filter(id__in=run_ids).values_list("status", flat=True))
+
+
+def measure_continuation(w: Proc, in_flight: set, killed_at: datetime, round_no: int) -> None:
+    """Kill -> the first killed run's next step attempt, on the fresh cluster (restart included)."""
+
+    def next_attempt() -> datetime | None:
+        return (
+            StepAttempt.objects.filter(step__run_id__in=in_flight, started_at__gt=killed_at)
+            .order_by("started_at").values_list("started_at", flat=True).first()
+        )
+
+    try:
+        first = wait_until(next_attempt, timeout=90, interval=0.05, message="a killed run to continue")
+    except TimeoutError:
+        if all_settled(list(in_flight)):
+            return  # they had finished their last step before the kill landed
+        raise AssertionError(f"killed runs never continued:\n{w.log()}") from None
+    record_gap(f"whole-qcluster kill, round {round_no} (incl. qcluster restart)", (first - killed_at).total_seconds())
