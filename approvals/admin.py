@@ -1,18 +1,96 @@
+"""The audit view of decisions: who, when, what was requested, what was approved (read-only)."""
+
+from __future__ import annotations
+
+import json
+
 from django.contrib import admin
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+
+from agentruns.redaction import redact_fields
 
 from .models import Approval
+from .services import args_diff, hidden_fields
+
+
+def _pretty(value: object) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
 
 
 @admin.register(Approval)
 class ApprovalAdmin(admin.ModelAdmin):
-    list_display = ("id", "kind", "status", "agent", "tool", "decided_by", "decided_at", "created_at")
-    list_filter = ("kind", "status", "agent", "tool")
-    search_fields = ("=run__id",)
-    raw_id_fields = ("run", "step")
-    readonly_fields = [f.name for f in Approval._meta.fields]
+    list_display = (
+        "id", "kind", "status", "agent", "tool", "amount", "edited", "decided_by", "decided_at",
+        "created_at",
+    )
+    list_filter = ("kind", "status", "agent", "tool", "resolution")
+    list_select_related = ("decided_by",)
+    search_fields = ("=run__id", "=id", "decided_by__username", "reason")
+    date_hierarchy = "created_at"
+    fieldsets = (
+        (None, {"fields": ("kind", "status", "agent", "tool", "run_link", "step_link")}),
+        ("Decision", {"fields": ("decided_by", "decided_at", "reason", "resolution", "expires_at")}),
+        ("Arguments", {"fields": ("requested", "approved", "changes", "resolution_payload")}),
+        ("Timestamps", {"fields": ("created_at",)}),
+    )
+    readonly_fields = (
+        "kind", "status", "agent", "tool", "run_link", "step_link", "decided_by", "decided_at",
+        "reason", "resolution", "expires_at", "requested", "approved", "changes",
+        "resolution_payload", "created_at",
+    )
 
     def has_add_permission(self, request) -> bool:
         return False
 
     def has_change_permission(self, request, obj=None) -> bool:
-        return False  # decisions go through the inbox so they are audited and resume the run
+        # viewing is allowed (the audit); decisions go through the inbox so they are audited
+        # on the run's timeline and resume the run
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False  # the audit trail is not editable
+
+    @admin.display(description="amount")
+    def amount(self, obj: Approval):
+        cents = obj.effective_args.get("amount_cents")
+        return f"{cents / 100:,.2f}" if isinstance(cents, int) else "—"
+
+    @admin.display(boolean=True, description="edited")
+    def edited(self, obj: Approval) -> bool:
+        return obj.edited_args is not None
+
+    @admin.display(description="run")
+    def run_link(self, obj: Approval):
+        return format_html('<a href="{}">{}</a>', reverse("run-detail", args=[obj.run_id]), obj.run_id)
+
+    @admin.display(description="step")
+    def step_link(self, obj: Approval):
+        return f"#{obj.step.index} {obj.step.tool} ({obj.step.status})"
+
+    @admin.display(description="requested")
+    def requested(self, obj: Approval):
+        return format_html("<pre>{}</pre>", _pretty(redact_fields(obj.requested_args, hidden_fields(obj))))
+
+    @admin.display(description="approved")
+    def approved(self, obj: Approval):
+        if obj.status != "approved":
+            return "—"
+        return format_html("<pre>{}</pre>", _pretty(redact_fields(obj.effective_args, hidden_fields(obj))))
+
+    @admin.display(description="changes")
+    def changes(self, obj: Approval):
+        if obj.edited_args is None:
+            return "none"
+        hidden = hidden_fields(obj)
+        diff = args_diff(redact_fields(obj.requested_args, hidden), redact_fields(obj.edited_args, hidden))
+        return format_html(
+            "<ul>{}</ul>",
+            format_html_join("", "<li><code>{}</code>: {} → {}</li>", ((k, v["from"], v["to"]) for k, v in diff.items())),
+        )
+
+    @admin.display(description="reconciliation result")
+    def resolution_payload(self, obj: Approval):
+        if obj.resolution_result is None:
+            return "—"
+        return format_html("<pre>{}</pre>", _pretty(obj.resolution_result))

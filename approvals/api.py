@@ -8,13 +8,14 @@ from agentruns.http import BadRequest, api_view, json_body, json_error
 from agentruns.redaction import redact_fields
 
 from . import services
+from .cards import Card, build_cards
 from .models import Approval, ApprovalStatus
-from .selectors import approvals_query
+from .selectors import AGES, approvals_query
 
 
-def approval_payload(approval: Approval) -> dict:
+def approval_payload(approval: Approval, card: Card | None = None) -> dict:
     hidden = approval.run.tool_snapshot.get(approval.tool, {}).get("redact", [])
-    return {
+    payload = {
         "id": approval.id,
         "kind": approval.kind,
         "status": approval.status,
@@ -32,6 +33,18 @@ def approval_payload(approval: Approval) -> dict:
         "expires_at": approval.expires_at.isoformat() if approval.expires_at else None,
         "created_at": approval.created_at.isoformat(),
     }
+    if card is not None:
+        # what the inbox card shows, for scripts that triage without opening the run
+        payload["summary"] = {
+            "customer": card.customer,
+            "order_id": card.order_id,
+            "amount_cents": card.amount_cents,
+            "currency": card.currency or None,
+            "reason": card.reason_given or None,
+            "request": card.request_text or None,
+            "recent_text": card.recent_text,
+        }
+    return payload
 
 
 @api_view(("GET",))
@@ -43,13 +56,22 @@ def approval_list(request: HttpRequest) -> JsonResponse:
         limit = min(max(int(request.GET.get("limit", "100")), 1), 500)
     except ValueError:
         raise BadRequest("limit must be an integer") from None
-    rows = approvals_query(status=status, kind=request.GET.get("kind", ""), agent=request.GET.get("agent", ""))[:limit]
-    return JsonResponse({"approvals": [approval_payload(a) for a in rows]})
+    age = request.GET.get("age", "")
+    if age and age not in AGES:
+        raise BadRequest(f"age must be one of {', '.join(AGES)}")
+    rows = list(
+        approvals_query(
+            status=status, kind=request.GET.get("kind", ""), agent=request.GET.get("agent", ""), age=age
+        )[:limit]
+    )
+    return JsonResponse(
+        {"approvals": [approval_payload(card.approval, card) for card in build_cards(rows)]}
+    )
 
 
 @api_view(("POST",))
 def approval_decide(request: HttpRequest, approval_id: str) -> JsonResponse:
-    if not approval_id.isdigit() or not Approval.objects.filter(id=int(approval_id)).exists():
+    if not approval_id.isdigit() or len(approval_id) > 18 or not Approval.objects.filter(id=int(approval_id)).exists():
         return json_error("no such approval", 404)
     if not request.user.has_perm("approvals.decide_approval"):
         return json_error("permission denied: approvals.decide_approval is required", 403)
@@ -74,7 +96,17 @@ def approval_decide(request: HttpRequest, approval_id: str) -> JsonResponse:
         else:
             raise BadRequest("'decision' must be 'approve' or 'reject' (or for reconciliation: 'happened', 'retry', 'abort')")
     except services.AlreadyDecided as exc:
-        return JsonResponse({"error": str(exc), "approval": approval_payload(exc.approval)}, status=409)
+        payload = approval_payload(exc.approval)
+        return JsonResponse(
+            {
+                "error": str(exc),
+                "decided_by": payload["decided_by"],
+                "decided_at": payload["decided_at"],
+                "status": payload["status"],
+                "approval": payload,
+            },
+            status=409,
+        )
     except services.DecisionError as exc:
         return json_error(str(exc), 422)
     return JsonResponse(approval_payload(approval))

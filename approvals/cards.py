@@ -1,64 +1,213 @@
-"""What a person needs to decide an inbox item without clicking away."""
+"""What a person needs to decide an inbox item without clicking away.
+
+The runtime knows nothing about orders or customers (it must not import `support`), so a card
+reads the facts the run itself gathered: its input and the results of the tool steps before the
+parked one (a `lookup_order` result carries `customer_name` and `currency`, for example). All of
+it comes from two batched queries per page, never one per card.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
+from django.db.models import F, Q, Window
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 
+from agentruns.models import Step, StepAttempt, StepKind
 from agentruns.redaction import redact_fields
-from agentruns.registry import get_tool
+from agentruns.registry import UnknownTool, get_tool
 
-from .models import Approval
+from .models import Approval, ApprovalKind
+
+# how many earlier steps of a run a card looks at (the customer facts and recent model text)
+CONTEXT_STEPS = 12
+# how many of the model's recent messages a card shows
+RECENT_MODEL_TEXTS = 3
+
+CUSTOMER_KEYS = ("customer_name", "customer", "name")
+CURRENCY_KEYS = ("currency",)
+ORDER_KEYS = ("order_id",)
+
+
+@dataclass
+class FormField:
+    """One input of the edit form, generated from the tool's JSON schema."""
+
+    name: str
+    type: str
+    value: Any
+    editable: bool
+    required: bool
+    attrs: dict = field(default_factory=dict)
+    choices: list = field(default_factory=list)
+
+    @property
+    def input_value(self) -> str:
+        if self.type in ("object", "array"):
+            return json.dumps(self.value, ensure_ascii=False)
+        if self.value is None:
+            return ""
+        return str(self.value)
 
 
 @dataclass
 class Card:
     approval: Approval
-    args: dict
-    fields: list[dict]
+    args: dict  # redacted, what the agent asked for
+    fields: list[FormField]
     waited_seconds: float
     reason_given: str
     amount: str | None
+    amount_cents: int | None
+    currency: str
     order_id: str | None
     customer: str | None
+    request_text: str  # what the run was asked to do (the customer's message, for example)
+    recent_text: list[str]  # the model's recent messages before it parked
+    attempt: StepAttempt | None = None  # reconciliation: the attempt whose outcome is unknown
+    diff: dict = field(default_factory=dict)  # decided with edits: name -> {from, to}
+
+    @property
+    def is_reconciliation(self) -> bool:
+        return self.approval.kind == ApprovalKind.RECONCILIATION
+
+
+def hidden_fields(approval: Approval) -> list[str]:
+    """Argument names the tool marks secret (from the run's snapshot, as it was at start)."""
+    return list(approval.run.tool_snapshot.get(approval.tool, {}).get("redact", []))
+
+
+def format_money(cents: int, currency: str) -> str:
+    return f"{cents / 100:,.2f} {currency}".strip()
+
+
+def schema_fields(approval: Approval, args: dict, hidden: Iterable[str]) -> list[FormField]:
+    try:
+        schema = get_tool(approval.tool).parameters
+    except UnknownTool:
+        return []
+    hidden = set(hidden)
+    required = set(schema.get("required", []))
+    fields = []
+    for name, prop in schema.get("properties", {}).items():
+        kind = prop.get("type", "string")
+        if isinstance(kind, list):  # ["integer", "null"]: edit as the non-null type
+            kind = next((k for k in kind if k != "null"), "string")
+        attrs: dict[str, Any] = {}
+        if kind in ("integer", "number"):
+            attrs["step"] = "1" if kind == "integer" else "any"
+            for key, attr in (("minimum", "min"), ("maximum", "max")):
+                if key in prop:
+                    attrs[attr] = prop[key]
+        if kind == "string":
+            for key, attr in (("maxLength", "maxlength"), ("minLength", "minlength"), ("pattern", "pattern")):
+                if key in prop:
+                    attrs[attr] = prop[key]
+        fields.append(
+            FormField(
+                name=name,
+                type=kind,
+                value=args.get(name, prop.get("default", "")),
+                editable=name not in hidden,
+                required=name in required,
+                attrs=attrs,
+                choices=list(prop.get("enum", [])),
+            )
+        )
+    return fields
+
+
+def _first(sources: list[dict], keys: tuple[str, ...]) -> str | None:
+    for source in sources:
+        for key in keys:
+            value = source.get(key)
+            if isinstance(value, str | int) and not isinstance(value, bool) and value != "":
+                return str(value)
+    return None
+
+
+def _context_steps(approvals: list[Approval]) -> dict[Any, list[Step]]:
+    """Up to CONTEXT_STEPS steps before each parked step, newest first, in ONE query."""
+    if not approvals:
+        return {}
+    before = Q()
+    for a in approvals:
+        before |= Q(run_id=a.run_id, index__lt=a.step.index)
+    rows = (
+        Step.objects.filter(before)
+        .annotate(recent=Window(RowNumber(), partition_by=[F("run_id")], order_by=F("index").desc()))
+        .filter(recent__lte=CONTEXT_STEPS)
+        .only("run_id", "index", "kind", "tool", "text", "result", "status")
+        .order_by("run_id", "-index")
+    )
+    by_run: dict[Any, list[Step]] = defaultdict(list)
+    for step in rows:
+        by_run[step.run_id].append(step)
+    return by_run
+
+
+def _unknown_attempts(approvals: list[Approval]) -> dict[Any, StepAttempt]:
+    """The latest attempt of each reconciliation step, in ONE query (none if no such item)."""
+    step_ids = [a.step_id for a in approvals if a.kind == ApprovalKind.RECONCILIATION]
+    if not step_ids:
+        return {}
+    latest: dict[Any, StepAttempt] = {}
+    for attempt in StepAttempt.objects.filter(step_id__in=step_ids).order_by("step_id", "number"):
+        latest[attempt.step_id] = attempt
+    return latest
+
+
+def build_cards(approvals: Iterable[Approval]) -> list[Card]:
+    """Cards for a page of approvals (loaded with select_related run/step/decided_by)."""
+    approvals = list(approvals)
+    context = _context_steps(approvals)
+    attempts = _unknown_attempts(approvals)
+    return [_card(a, context.get(a.run_id, []), attempts.get(a.step_id)) for a in approvals]
 
 
 def card_for(approval: Approval) -> Card:
+    return build_cards([approval])[0]
+
+
+def _card(approval: Approval, earlier: list[Step], attempt: StepAttempt | None) -> Card:
     run = approval.run
-    hidden = run.tool_snapshot.get(approval.tool, {}).get("redact", [])
-    args = redact_fields(approval.effective_args, hidden)
-    try:
-        props = get_tool(approval.tool).parameters.get("properties", {})
-    except LookupError:
-        props = {}
-    fields = [
-        {
-            "name": name,
-            "type": prop.get("type", "string"),
-            "value": args.get(name, ""),
-            "editable": name not in hidden,
-        }
-        for name, prop in props.items()
-    ]
-    amount_cents = args.get("amount_cents")
-    currency = run.input.get("currency", "USD") if isinstance(run.input, dict) else "USD"
+    hidden = hidden_fields(approval)
+    requested = redact_fields(approval.requested_args, hidden)
+    run_input = run.input if isinstance(run.input, dict) else {}
+    # newest facts first: a later lookup wins over an earlier one, the args over both
+    results = [s.result for s in earlier if s.kind == StepKind.TOOL and isinstance(s.result, dict)]
+    sources = [approval.requested_args, *results, run_input]
+    currency = _first(sources, CURRENCY_KEYS) or ""
+    amount_cents = approval.effective_args.get("amount_cents")
+    if not isinstance(amount_cents, int) or isinstance(amount_cents, bool):
+        amount_cents = None
+    texts = [s.text.strip() for s in earlier if s.kind == StepKind.MODEL and s.text.strip()]
+    request_text = run_input.get("message") if isinstance(run_input.get("message"), str) else ""
+    if not request_text and run_input:
+        request_text = json.dumps(run_input, ensure_ascii=False)[:500]
+    diff: dict = {}
+    if approval.edited_args is not None:
+        from .services import args_diff
+
+        diff = args_diff(requested, redact_fields(approval.edited_args, hidden))
     return Card(
         approval=approval,
-        args=args,
-        fields=fields,
+        args=requested,
+        fields=schema_fields(approval, requested, hidden),
         waited_seconds=(timezone.now() - approval.created_at).total_seconds(),
-        reason_given=str(args.get("reason", "")),
-        amount=f"{amount_cents / 100:,.2f} {currency}" if isinstance(amount_cents, int) else None,
-        order_id=_get(args, run.input, "order_id"),
-        customer=_get({}, run.input, "customer"),
+        reason_given=str(approval.requested_args.get("reason", "")),
+        amount=format_money(amount_cents, currency) if amount_cents is not None else None,
+        amount_cents=amount_cents,
+        currency=currency,
+        order_id=_first(sources, ORDER_KEYS),
+        customer=_first([*results, run_input], CUSTOMER_KEYS),
+        request_text=request_text,
+        recent_text=list(reversed(texts[:RECENT_MODEL_TEXTS])),
+        attempt=attempt,
+        diff=diff,
     )
-
-
-def _get(args: dict, run_input: Any, key: str) -> str | None:
-    if key in args:
-        return str(args[key])
-    if isinstance(run_input, dict) and key in run_input:
-        return str(run_input[key])
-    return None

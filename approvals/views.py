@@ -1,70 +1,113 @@
-"""The HTMX inbox: pending items newest first, decided in place."""
+"""The HTMX inbox: pending items newest first, decided in place.
+
+Viewing needs a login; deciding needs `approvals.decide_approval`. Decisions go through the same
+service functions as the JSON API, so the rules (limits, schema validation, "already decided")
+are identical. Every page and fragment costs a constant number of queries (see selectors/cards).
+"""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, render
-from django.views.decorators.http import require_POST
+from django.http import HttpRequest, HttpResponse, QueryDict
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.http import urlencode
+from django.views.decorators.http import require_GET, require_POST
 
-from agentruns.registry import get_tool
+from agentruns.registry import UnknownTool, all_agents, get_tool
 
 from . import services
-from .cards import card_for
-from .models import Approval, ApprovalKind, ApprovalStatus
-from .selectors import AGES, approvals_query
+from .cards import build_cards, card_for, hidden_fields
+from .models import Approval, ApprovalKind
+from .selectors import AGES, InboxFilters, inbox_page
 
 PAGE_SIZE = 25
+DECIDE_PERMISSION = "approvals.decide_approval"
 
 
+def _inbox_context(request: HttpRequest) -> dict[str, Any]:
+    filters = InboxFilters.from_query(request.GET)
+    page = inbox_page(
+        filters, before=request.GET.get("before"), after=request.GET.get("after"), size=PAGE_SIZE
+    )
+    filter_query = {k: v for k, v in (("kind", filters.kind), ("agent", filters.agent), ("age", filters.age)) if v}
+    position = {}
+    if not page.is_first and page.items:
+        # the poll keeps showing this page: anchored just above its newest item
+        position = {"before": _cursor_above(page)}
+    return {
+        "page": page,
+        "cards": build_cards(page.items),
+        "filters": filters,
+        "filter_query": urlencode(filter_query),
+        "poll_query": urlencode({**filter_query, **position, "fragment": "items"}),
+        "kinds": ApprovalKind.values,
+        "ages": [(key, label) for key, (label, _) in AGES.items()],
+        "agents": sorted(all_agents()),
+        "can_decide": request.user.has_perm(DECIDE_PERMISSION),
+    }
+
+
+def _cursor_above(page) -> str:
+    from .selectors import encode_cursor
+
+    first = page.items[0]
+    micros, _, pk = encode_cursor(first).partition("-")
+    # "before (t, id+1)" includes the item itself; ids are unique so nothing else sneaks in
+    return f"{micros}-{int(pk) + 1}"
+
+
+@require_GET
 @login_required
 def inbox(request: HttpRequest) -> HttpResponse:
-    filters = {
-        "kind": request.GET.get("kind", "") if request.GET.get("kind") in ApprovalKind.values else "",
-        "agent": request.GET.get("agent", ""),
-        "age": request.GET.get("age", "") if request.GET.get("age") in AGES else "",
-    }
-    qs = approvals_query(status=ApprovalStatus.PENDING, **filters)
-    page = Paginator(qs, PAGE_SIZE).get_page(request.GET.get("page"))
-    recent = list(page.object_list)
-    cards = [card_for(a) for a in recent]
-    context = {
-        "page": page,
-        "cards": cards,
-        "filters": filters,
-        "kinds": ApprovalKind.values,
-        "ages": list(AGES),
-        "can_decide": request.user.has_perm("approvals.decide_approval"),
-    }
+    context = _inbox_context(request)
     if request.htmx and request.GET.get("fragment") == "items":
-        return render(request, "approvals/_items.html", context)
+        # the poll: also refresh the navigation's count out of band
+        return render(request, "approvals/_items.html", {**context, "oob": True})
     return render(request, "approvals/inbox.html", context)
 
 
-def _form_args(approval: Approval, post) -> dict | None:
-    """Edited arguments from the form generated from the tool's schema (only changed fields)."""
-    tool = get_tool(approval.tool)
+def _parse_value(name: str, kind: str, raw: str) -> Any:
+    if kind == "integer":
+        return int(raw)
+    if kind == "number":
+        return float(raw)
+    if kind == "boolean":
+        return raw in ("1", "true", "on")
+    if kind in ("object", "array"):
+        return json.loads(raw)
+    return raw
+
+
+def form_args(approval: Approval, post: QueryDict) -> dict | None:
+    """Edited arguments from the form generated from the tool's schema (changed fields only).
+
+    Fields the tool redacts are never in the form (the approver never saw their values), so they
+    keep what the agent asked for.
+    """
+    try:
+        properties = get_tool(approval.tool).parameters.get("properties", {})
+    except UnknownTool:
+        return None
+    hidden = set(hidden_fields(approval))
     edited: dict = {}
-    for name, prop in tool.parameters.get("properties", {}).items():
+    for name, prop in properties.items():
         field = f"arg_{name}"
-        if field not in post:
+        if name in hidden or (field not in post and f"present_{name}" not in post):
             continue
+        kind = prop.get("type", "string")
+        if isinstance(kind, list):
+            kind = next((k for k in kind if k != "null"), "string")
         raw = post.get(field, "").strip()
-        kind = prop.get("type")
+        if raw == "" and kind not in ("string", "boolean"):
+            raise services.DecisionError(f"{name}: a value is required")
         try:
-            if kind == "integer":
-                value = int(raw)
-            elif kind == "number":
-                value = float(raw)
-            elif kind == "boolean":
-                value = raw in ("1", "true", "on")
-            elif kind in ("object", "array"):
-                value = json.loads(raw)
-            else:
-                value = raw
+            value = _parse_value(name, kind, raw)
         except (ValueError, json.JSONDecodeError):
             raise services.DecisionError(f"{name}: {raw!r} is not a valid {kind}") from None
         if approval.requested_args.get(name) != value:
@@ -72,37 +115,84 @@ def _form_args(approval: Approval, post) -> dict | None:
     return edited or None
 
 
+def _decide(request: HttpRequest, approval: Approval) -> tuple[str, str]:
+    """Apply the posted decision. Returns (level, message) for the person who clicked."""
+    action = request.POST.get("action", "")
+    reason = request.POST.get("reason", "").strip()
+    if action == "approve":
+        edited = form_args(approval, request.POST)
+        decided = services.approve(approval.id, user=request.user, edited_args=edited, reason=reason)
+        if decided.edited_args is not None:
+            changes = ", ".join(
+                f"{k} {v['from']} → {v['to']}" for k, v in card_for(decided).diff.items()
+            )
+            return "success", f"Approved with changes ({changes}); the run continues."
+        return "success", "Approved; the run continues."
+    if action == "reject":
+        if not reason:
+            raise services.DecisionError(
+                "Give a reason for the rejection: the agent passes it on to the customer."
+            )
+        services.reject(approval.id, user=request.user, reason=reason)
+        return "success", f"Rejected: “{reason}”. The agent will tell the customer."
+    if action in services.RESOLUTIONS:
+        raw = request.POST.get("result", "").strip()
+        try:
+            result = json.loads(raw) if raw and action == "happened" else None
+        except json.JSONDecodeError as exc:
+            raise services.DecisionError(f"The result is not valid JSON: {exc}") from None
+        services.reconcile(approval.id, user=request.user, resolution=action, result=result, reason=reason)
+        return "success", {
+            "happened": "Marked as happened; the run continues.",
+            "retry": "Marked as not happened; the step runs again.",
+            "abort": "The run was aborted.",
+        }[action]
+    raise services.DecisionError("Unknown action.")
+
+
 @require_POST
 @login_required
 def decide(request: HttpRequest, approval_id: int) -> HttpResponse:
-    approval = get_object_or_404(Approval.objects.select_related("run", "step"), id=approval_id)
-    error = ""
+    approval = get_object_or_404(
+        Approval.objects.select_related("run", "step", "decided_by"), id=approval_id
+    )
+    can_decide = request.user.has_perm(DECIDE_PERMISSION)
     status = 200
-    if not request.user.has_perm("approvals.decide_approval"):
-        error, status = "You may look but not decide: ask a lead for the approver role.", 403
+    if not can_decide:
+        level, note, status = "error", "You may look but not decide: ask a lead for the approver role.", 403
     else:
-        action = request.POST.get("action", "")
-        reason = request.POST.get("reason", "").strip()
         try:
-            if action == "approve":
-                services.approve(approval.id, user=request.user, edited_args=_form_args(approval, request.POST), reason=reason)
-            elif action == "reject":
-                services.reject(approval.id, user=request.user, reason=reason)
-            elif action in services.RESOLUTIONS:
-                raw = request.POST.get("result", "").strip()
-                result = json.loads(raw) if raw else None
-                services.reconcile(approval.id, user=request.user, resolution=action, result=result, reason=reason)
-            else:
-                error, status = "Unknown action.", 400
+            level, note = _decide(request, approval)
         except services.AlreadyDecided as exc:
-            error, status = f"Nothing changed: this item was {exc}.", 409
+            level, note, status = "warning", f"Nothing changed: this item was {_human(exc)}.", 409
         except services.DecisionError as exc:
-            error, status = str(exc), 422
-        except json.JSONDecodeError as exc:
-            error, status = f"The result is not valid JSON: {exc}", 422
-    approval.refresh_from_db()
-    context = {"card": card_for(approval), "error": error, "can_decide": request.user.has_perm("approvals.decide_approval")}
-    response = render(request, "approvals/_item.html", context, status=status if not request.htmx else 200)
-    if request.htmx:
-        response["HX-Trigger"] = "inbox-changed"
+            level, note, status = "error", str(exc), 422
+    if not request.htmx:
+        # plain form post (no JavaScript): the message survives the redirect back to the inbox
+        getattr(messages, level)(request, f"#{approval.id} {approval.tool}: {note}")
+        if status == 403:
+            return HttpResponse(note, status=403, content_type="text/plain; charset=utf-8")
+        return redirect(reverse("approval-inbox"), permanent=False)
+    approval = Approval.objects.select_related("run", "step", "decided_by").get(id=approval.id)
+    context = {
+        "card": card_for(approval),
+        "note": note,
+        "note_level": level,
+        "can_decide": can_decide,
+        "oob": True,
+    }
+    # htmx only swaps 2xx answers: a refused or late decision is still shown in place, with the
+    # real status kept in a header for scripts and tests
+    response = render(request, "approvals/_decided.html", context, status=403 if status == 403 else 200)
+    response["X-Decision-Status"] = str(status)
+    response["HX-Trigger"] = "inbox-changed"
     return response
+
+
+def _human(exc: services.AlreadyDecided) -> str:
+    """"already approved by alice at 14:02:07 UTC" for people (the API keeps ISO 8601)."""
+    text = str(exc)
+    if exc.when is not None:
+        local = timezone.localtime(exc.when)
+        text = text.replace(exc.when.isoformat(timespec="seconds"), local.strftime("%H:%M:%S %Z on %Y-%m-%d"))
+    return text
