@@ -277,17 +277,17 @@ def test_sigkill_whole_worker_at_random_moments(tmp_path, procs, gateway, seeded
     seed = int(os.environ.get("CRASH_SEED", str(int(time.time()))))
     rng = random.Random(seed)
     print(f"\n[crash] random seed {seed} (set CRASH_SEED to replay)")
-    env = {"SCRIPTED_MODEL_DELAY_MS": 8}
+    env = {"SCRIPTED_MODEL_DELAY_MS": 10}
     orders = [
         (f"ORD-{n}", "Item arrived broken, please refund." if n % 3 else "Please refund $12.50 of it.",
          None if n % 3 else 1250)
-        for n in range(1011, 1019)
+        for n in range(1011, 1021)
     ]
     runs = start_refunds(orders)
     run_ids = [r.id for r, _ in runs.values()]
     workers: list[Proc] = []
 
-    kills = 4
+    kills = 5
     pending_kill: tuple[set, datetime, int] | None = None  # (in-flight runs, killed_at, round)
     for round_no in range(kills + 1):
         # a fresh qcluster, started right after the previous one was killed
@@ -309,7 +309,7 @@ def test_sigkill_whole_worker_at_random_moments(tmp_path, procs, gateway, seeded
             raise AssertionError(f"worker round {round_no} did nothing:\n{w.log()}") from None
         if all_settled(run_ids):
             break
-        time.sleep(rng.uniform(0.05, 1.5))  # the random moment (not a correctness condition)
+        time.sleep(rng.uniform(0.05, 1.0))  # the random moment (not a correctness condition)
         in_flight = set(Run.objects.filter(id__in=run_ids, status=RunStatus.RUNNING).values_list("id", flat=True))
         killed_at = timezone.now()
         w.kill()
