@@ -1,6 +1,19 @@
+"""Read-only admin for the runtime's tables.
+
+The admin is for looking things up, never for changing the durable record: runs, steps, attempts
+and events change only through the engine and the audited services (retry, cancel, resolve).
+Every list avoids COUNT(*) over big tables (`show_full_result_count = False`) and pulls related
+rows in the same query.
+"""
+
+from __future__ import annotations
+
 from django.contrib import admin
+from django.urls import reverse
+from django.utils.html import format_html
 
 from .models import ApiToken, Run, RunEvent, Step, StepAttempt, WorkerHeartbeat
+from .redaction import redact_fields
 
 
 class ReadOnlyMixin:
@@ -10,6 +23,17 @@ class ReadOnlyMixin:
     def has_change_permission(self, request, obj=None) -> bool:
         return False
 
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+def _short(value: object) -> str:
+    return str(value)[:8]
+
+
+def _run_link(run_id: object) -> str:
+    return format_html('<a href="{}">{}</a>', reverse("run-detail", args=[run_id]), _short(run_id))
+
 
 class StepInline(ReadOnlyMixin, admin.TabularInline):
     model = Step
@@ -17,16 +41,69 @@ class StepInline(ReadOnlyMixin, admin.TabularInline):
     readonly_fields = fields
     extra = 0
     show_change_link = True
+    ordering = ("index",)
+
+
+class StatusFinishedFilter(admin.SimpleListFilter):
+    title = "needs attention"
+    parameter_name = "attention"
+
+    def lookups(self, request, model_admin):
+        return [("failed", "failed"), ("stuck", "waiting or cancel requested")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "failed":
+            return queryset.filter(status="failed")
+        if self.value() == "stuck":
+            return queryset.filter(status="waiting") | queryset.filter(cancel_requested=True)
+        return queryset
 
 
 @admin.register(Run)
 class RunAdmin(ReadOnlyMixin, admin.ModelAdmin):
-    list_display = ("id", "agent", "status", "step_count", "search_text", "stop_reason", "created_at", "finished_at")
-    list_filter = ("status", "agent", "stop_reason")
+    list_display = (
+        "short_id", "agent", "status", "step_count", "search_text", "stop_reason", "error_excerpt",
+        "tokens", "created_at", "finished_at", "page_link",
+    )
+    list_filter = (StatusFinishedFilter, "status", "agent", "stop_reason", "cancel_requested", "created_at")
     search_fields = ("=id", "search_text", "dedupe_key")
     date_hierarchy = "created_at"
+    ordering = ("-created_at", "-id")
     inlines = [StepInline]
     show_full_result_count = False
+    list_per_page = 50
+    readonly_fields = ("page_link",)
+    fieldsets = (
+        (None, {"fields": ("page_link", "id", "agent", "status", "input", "dedupe_key", "created_by")}),
+        ("Outcome", {"fields": ("output", "error", "stop_reason", "finished_at")}),
+        ("Limits and usage", {"fields": (
+            "model", "max_steps", "token_budget", "deadline_at", "step_count",
+            "prompt_tokens", "completion_tokens", "cost_usd",
+        )}),
+        ("Execution", {"classes": ("collapse",), "fields": (
+            "lease_owner", "lease_expires_at", "enqueued_at", "cancel_requested", "last_seq",
+            "tool_snapshot", "search_text", "started_at", "updated_at",
+        )}),
+    )
+
+    @admin.display(description="run", ordering="id")
+    def short_id(self, obj: Run) -> str:
+        return _short(obj.id)
+
+    @admin.display(description="error")
+    def error_excerpt(self, obj: Run) -> str:
+        return obj.error[:120]
+
+    @admin.display(description="tokens")
+    def tokens(self, obj: Run) -> int:
+        return obj.total_tokens
+
+    @admin.display(description="timeline")
+    def page_link(self, obj: Run) -> str:
+        return format_html('<a href="{}">open run page</a>', reverse("run-detail", args=[obj.id]))
+
+    def get_readonly_fields(self, request, obj=None):
+        return [f.name for f in Run._meta.fields] + ["page_link"]
 
 
 class AttemptInline(ReadOnlyMixin, admin.TabularInline):
@@ -34,38 +111,81 @@ class AttemptInline(ReadOnlyMixin, admin.TabularInline):
     fields = ("number", "worker", "started_at", "finished_at", "outcome", "error")
     readonly_fields = fields
     extra = 0
+    ordering = ("number",)
 
 
 @admin.register(Step)
 class StepAdmin(ReadOnlyMixin, admin.ModelAdmin):
-    list_display = ("run", "index", "kind", "tool", "status", "attempts", "idempotency_key")
+    list_display = ("run_link", "index", "kind", "tool", "status", "attempts", "next_attempt_at", "idempotency_key", "created_at")
     list_filter = ("status", "kind", "tool")
-    search_fields = ("=run__id", "idempotency_key")
-    raw_id_fields = ("run",)
+    list_select_related = ("run",)
+    search_fields = ("=run__id", "=idempotency_key", "=id")
     inlines = [AttemptInline]
     show_full_result_count = False
+    ordering = ("-created_at",)
+    exclude = ("arguments", "result")
+    readonly_fields = ("run_link", "redacted_arguments", "redacted_result")
+
+    @admin.display(description="run", ordering="run_id")
+    def run_link(self, obj: Step) -> str:
+        return _run_link(obj.run_id)
+
+    def _hidden(self, obj: Step) -> list[str]:
+        return list(obj.run.tool_snapshot.get(obj.tool, {}).get("redact", [])) if obj.tool else []
+
+    @admin.display(description="arguments (redacted)")
+    def redacted_arguments(self, obj: Step) -> object:
+        return redact_fields(obj.arguments, self._hidden(obj))
+
+    @admin.display(description="result (redacted)")
+    def redacted_result(self, obj: Step) -> object:
+        return redact_fields(obj.result, self._hidden(obj))
+
+    def get_readonly_fields(self, request, obj=None):
+        hidden = {"arguments", "result", "run"}
+        return ["run_link", "redacted_arguments", "redacted_result"] + [
+            f.name for f in Step._meta.fields if f.name not in hidden
+        ]
 
 
 @admin.register(StepAttempt)
 class StepAttemptAdmin(ReadOnlyMixin, admin.ModelAdmin):
-    list_display = ("step", "number", "worker", "started_at", "finished_at", "outcome")
-    list_filter = ("outcome",)
-    raw_id_fields = ("step",)
+    list_display = ("step", "number", "worker", "started_at", "duration", "outcome", "error_excerpt")
+    list_filter = ("outcome", "step__kind", "step__tool")
+    list_select_related = ("step",)
+    search_fields = ("=step__id", "=step__run__id", "worker")
     show_full_result_count = False
+    ordering = ("-id",)
+    readonly_fields = ("step", "number", "worker", "started_at", "finished_at", "outcome", "error", "traceback")
+
+    @admin.display(description="duration")
+    def duration(self, obj: StepAttempt) -> str:
+        took = obj.duration_seconds
+        return f"{took:.3f} s" if took is not None else "…"
+
+    @admin.display(description="error")
+    def error_excerpt(self, obj: StepAttempt) -> str:
+        return obj.error[:120]
 
 
 @admin.register(RunEvent)
 class RunEventAdmin(ReadOnlyMixin, admin.ModelAdmin):
-    list_display = ("run", "seq", "type", "created_at")
+    list_display = ("run_link", "seq", "type", "created_at")
     list_filter = ("type",)
     search_fields = ("=run__id",)
-    raw_id_fields = ("run",)
     show_full_result_count = False
+    ordering = ("-id",)
+    readonly_fields = ("run", "seq", "type", "data", "created_at")
+
+    @admin.display(description="run", ordering="run_id")
+    def run_link(self, obj: RunEvent) -> str:
+        return _run_link(obj.run_id)
 
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
     list_display = ("prefix", "user", "created_at", "last_used_at", "revoked")
+    list_filter = ("revoked",)
     fields = ("user", "prefix", "created_at", "last_used_at", "revoked")
     readonly_fields = ("user", "prefix", "created_at", "last_used_at")
 
@@ -76,3 +196,4 @@ class ApiTokenAdmin(admin.ModelAdmin):
 @admin.register(WorkerHeartbeat)
 class WorkerHeartbeatAdmin(ReadOnlyMixin, admin.ModelAdmin):
     list_display = ("worker", "last_seen_at", "last_sweep_at")
+    ordering = ("-last_seen_at",)

@@ -63,20 +63,25 @@ def run_events(request: HttpRequest, run_id: str) -> JsonResponse:
     return JsonResponse({"events": [event_payload(e) for e in events], "last_seq": run.last_seq})
 
 
-def _operate(request: HttpRequest, run_id: str, action) -> JsonResponse:
-    run = _run_or_404(run_id)
+def _operate(request: HttpRequest, run_id: str, action, **kwargs) -> JsonResponse:
+    """The same service functions, permission and refusals as the run page's buttons."""
     if not request.user.has_perm("agentruns.operate_run"):
         return json_error("permission denied: agentruns.operate_run is required", 403)
+    run = _run_or_404(run_id)
     try:
-        run = action(run.id, user=request.user)
+        run = action(run.id, user=request.user, **kwargs)
     except services.ActionRefused as exc:
         return json_error(str(exc), 409)
+    run.refresh_from_db()
     return JsonResponse(run_payload(run))
 
 
 @api_view(("POST",))
 def cancel_run(request: HttpRequest, run_id: str) -> JsonResponse:
-    return _operate(request, run_id, services.cancel_run)
+    reason = json_body(request).get("reason", "")
+    if not isinstance(reason, str) or len(reason) > 500:
+        raise BadRequest("'reason' must be a string of at most 500 characters")
+    return _operate(request, run_id, services.cancel_run, reason=reason)
 
 
 @api_view(("POST",))

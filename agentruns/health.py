@@ -1,79 +1,216 @@
-"""/healthz (JSON, 503 when unhealthy) and /metrics (Prometheus text)."""
+"""/healthz (JSON, 503 when unhealthy) and /metrics (Prometheus text via prometheus-client).
+
+/metrics is built to be scraped every few seconds by several Prometheus replicas against a big
+table: each family is one aggregate query that returns a handful of numbers (no rows are pulled
+into Python), the step-duration histogram aggregates a bounded window of the newest attempts in
+SQL (a primary-key range, not a scan), and the whole body is cached for a few seconds per process
+(AGENTRUNS_METRICS_CACHE_SECONDS), so N scrapes within that time cost one computation.
+"""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import connection
-from django.db.models import Count, Max, Min
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Max, Min, Q, Sum
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
-from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 from .models import Run, RunStatus, Step, StepAttempt, WorkerHeartbeat
 
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+METRICS_CACHE_KEY = "agentruns:metrics:v1"
+
+
+def _setting(name: str, default: float) -> float:
+    return float(getattr(settings, name, default))
+
+
+def _iso(value) -> str | None:
+    return value.isoformat() if value else None
+
 
 def healthz(request: HttpRequest) -> JsonResponse:
+    """Healthy = the database answers, a worker heartbeat is fresh, the sweeper ran recently.
+
+    The worker and sweeper checks read WorkerHeartbeat rows, written by the sweeper loop in every
+    `qcluster` (and by the q2 schedule as a backstop). A web process alone is not a working system:
+    runs would queue forever, so that is reported as unhealthy (503) too.
+    """
     checks: dict[str, dict] = {}
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
+            cursor.fetchone()
         checks["database"] = {"ok": True}
-    except Exception as exc:
+    except Exception as exc:  # any driver error means "not reachable" to a load balancer
         checks["database"] = {"ok": False, "error": type(exc).__name__}
         return JsonResponse({"status": "unhealthy", "checks": checks}, status=503)
     now = timezone.now()
-    stale = timedelta(seconds=float(settings.AGENTRUNS_WORKER_STALE_SECONDS))
-    beat = WorkerHeartbeat.objects.aggregate(seen=Max("last_seen_at"), swept=Max("last_sweep_at"))
+    stale_after = _setting("AGENTRUNS_WORKER_STALE_SECONDS", 30)
+    threshold = now - timedelta(seconds=stale_after)
+    beat = WorkerHeartbeat.objects.aggregate(
+        seen=Max("last_seen_at"),
+        swept=Max("last_sweep_at"),
+        live=Count("id", filter=Q(last_seen_at__gte=threshold)),
+    )
     seen, swept = beat["seen"], beat["swept"]
     checks["worker"] = {
-        "ok": bool(seen and now - seen <= stale),
-        "last_seen_at": seen.isoformat() if seen else None,
+        "ok": bool(seen and seen >= threshold),
+        "last_seen_at": _iso(seen),
+        "age_seconds": round((now - seen).total_seconds(), 3) if seen else None,
+        "live_workers": beat["live"],
+        "stale_after_seconds": stale_after,
     }
     checks["sweeper"] = {
-        "ok": bool(swept and now - swept <= stale),
-        "last_sweep_at": swept.isoformat() if swept else None,
+        "ok": bool(swept and swept >= threshold),
+        "last_sweep_at": _iso(swept),
+        "age_seconds": round((now - swept).total_seconds(), 3) if swept else None,
+        "stale_after_seconds": stale_after,
     }
-    healthy = all(c["ok"] for c in checks.values())
+    healthy = all(check["ok"] for check in checks.values())
     return JsonResponse(
-        {"status": "ok" if healthy else "unhealthy", "checks": checks}, status=200 if healthy else 503
+        {"status": "ok" if healthy else "unhealthy", "checks": checks, "time": now.isoformat()},
+        status=200 if healthy else 503,
     )
 
 
-DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+class RuntimeCollector(Collector):
+    """Collects the runtime's families from the database at scrape time."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+
+    def collect(self) -> Iterator:
+        from approvals.models import Approval
+
+        now = timezone.now()
+        started = time.perf_counter()
+
+        runs = GaugeMetricFamily("agentruns_runs", "Runs by status", labels=["status"])
+        by_status = dict(
+            Run.objects.order_by().values_list("status").annotate(n=Count("*")).values_list("status", "n")
+        )
+        for status in RunStatus.values:
+            runs.add_metric([status], by_status.get(status, 0))
+        yield runs
+
+        yield GaugeMetricFamily(
+            "agentruns_queue_depth",
+            "Runs queued and waiting for a worker to claim them",
+            value=by_status.get(RunStatus.QUEUED, 0),
+        )
+        yield GaugeMetricFamily(
+            "agentruns_cancel_requested_runs",
+            "Live runs flagged for cancel, not yet at a step boundary",
+            value=Run.objects.filter(
+                status__in=[RunStatus.QUEUED, RunStatus.RUNNING], cancel_requested=True
+            ).count(),
+        )
+
+        steps = GaugeMetricFamily(
+            "agentruns_steps", "Steps by kind and outcome (status)", labels=["kind", "status"]
+        )
+        for kind, status, n in (
+            Step.objects.order_by().values_list("kind", "status").annotate(n=Count("*"))
+        ):
+            steps.add_metric([kind, status], n)
+        yield steps
+
+        oldest = Approval.objects.filter(status="pending").aggregate(o=Min("created_at"))["o"]
+        yield GaugeMetricFamily(
+            "agentruns_oldest_pending_approval_age_seconds",
+            "Age of the oldest pending approval or reconciliation (0 when none)",
+            value=(now - oldest).total_seconds() if oldest else 0.0,
+        )
+        pending = dict(
+            Approval.objects.filter(status="pending").order_by().values_list("kind")
+            .annotate(n=Count("*")).values_list("kind", "n")
+        )
+        approvals = GaugeMetricFamily(
+            "agentruns_pending_approvals", "Pending inbox items by kind", labels=["kind"]
+        )
+        for kind in ("approval", "reconciliation"):
+            approvals.add_metric([kind], pending.get(kind, 0))
+        yield approvals
+
+        tokens = Run.objects.aggregate(p=Sum("prompt_tokens"), c=Sum("completion_tokens"))
+        usage = GaugeMetricFamily("agentruns_model_tokens", "Model tokens used by all runs", labels=["kind"])
+        usage.add_metric(["prompt"], tokens["p"] or 0)
+        usage.add_metric(["completion"], tokens["c"] or 0)
+        yield usage
+
+        beat = WorkerHeartbeat.objects.aggregate(seen=Max("last_seen_at"), swept=Max("last_sweep_at"))
+        for name, doc, moment in (
+            ("agentruns_worker_heartbeat_age_seconds", "Seconds since the freshest worker heartbeat", beat["seen"]),
+            ("agentruns_sweeper_age_seconds", "Seconds since the sweeper last ran", beat["swept"]),
+        ):
+            yield GaugeMetricFamily(name, doc, value=(now - moment).total_seconds() if moment else float("inf"))
+
+        yield self.duration_histogram()
+        yield GaugeMetricFamily(
+            "agentruns_metrics_collect_seconds",
+            "Time spent computing this scrape (uncached)",
+            value=time.perf_counter() - started,
+        )
+
+    def duration_histogram(self) -> GaugeHistogramMetricFamily:
+        """Durations of the newest `window` finished step attempts, bucketed by the database.
+
+        The window is a primary-key range (`id > max(id) - window`), so the cost is bounded by
+        the window, not the table. It is a gauge histogram (a window, not a counter since start):
+        use `histogram_quantile(0.95, sum by (le) (agentruns_step_attempt_duration_seconds_bucket))`
+        without `rate()`.
+        """
+        family = GaugeHistogramMetricFamily(
+            "agentruns_step_attempt_duration_seconds",
+            f"Duration of the newest {self.window} finished step attempts, by kind and outcome",
+            labels=["kind", "outcome"],
+        )
+        top = StepAttempt.objects.aggregate(top=Max("id"))["top"] or 0
+        duration = ExpressionWrapper(F("finished_at") - F("started_at"), output_field=DurationField())
+        aggregates = {
+            f"le_{i}": Count("id", filter=Q(took__lte=timedelta(seconds=bound)))
+            for i, bound in enumerate(DURATION_BUCKETS)
+        }
+        rows = (
+            StepAttempt.objects.filter(id__gt=top - self.window, finished_at__isnull=False)
+            .annotate(took=duration)
+            .order_by()
+            .values("step__kind", "outcome")
+            .annotate(n=Count("id"), total=Sum("took"), **aggregates)
+        )
+        for row in rows:
+            buckets = [(str(bound), row[f"le_{i}"]) for i, bound in enumerate(DURATION_BUCKETS)]
+            buckets.append(("+Inf", row["n"]))
+            total = row["total"]
+            family.add_metric(
+                [row["step__kind"], row["outcome"]],
+                buckets,
+                gsum_value=total.total_seconds() if total is not None else 0.0,
+            )
+        return family
+
+
+def render_metrics() -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RuntimeCollector(window=int(_setting("AGENTRUNS_METRICS_WINDOW", 10_000))))
+    return generate_latest(registry)
 
 
 def metrics(request: HttpRequest) -> HttpResponse:
-    registry = CollectorRegistry()
-    runs = Gauge("agentruns_runs", "Runs by status", ["status"], registry=registry)
-    counts = dict(Run.objects.values_list("status").annotate(n=Count("id")).values_list("status", "n"))
-    for status in RunStatus.values:
-        runs.labels(status).set(counts.get(status, 0))
-    steps = Gauge("agentruns_steps", "Steps by status", ["kind", "status"], registry=registry)
-    for kind, status, n in Step.objects.values_list("kind", "status").annotate(n=Count("id")):
-        steps.labels(kind, status).set(n)
-    Gauge("agentruns_queue_depth", "Runs queued for a worker", registry=registry).set(
-        counts.get(RunStatus.QUEUED, 0)
-    )
-    from approvals.models import Approval
-
-    oldest = Approval.objects.filter(status="pending").aggregate(o=Min("created_at"))["o"]
-    Gauge(
-        "agentruns_oldest_pending_approval_seconds", "Age of the oldest pending approval",
-        registry=registry,
-    ).set((timezone.now() - oldest).total_seconds() if oldest else 0)
-    tokens = Gauge("agentruns_tokens", "Model tokens used", ["kind"], registry=registry)
-    for kind in ("prompt_tokens", "completion_tokens"):
-        from django.db.models import Sum
-
-        tokens.labels(kind.split("_")[0]).set(Run.objects.aggregate(t=Sum(kind))["t"] or 0)
-    histogram = Histogram(
-        "agentruns_step_attempt_duration_seconds", "Duration of finished step attempts (last 10,000)",
-        ["outcome"], buckets=DURATION_BUCKETS, registry=registry,
-    )
-    recent = StepAttempt.objects.filter(finished_at__isnull=False).order_by("-id")[:10000]
-    for outcome, started, finished in recent.values_list("outcome", "started_at", "finished_at"):
-        histogram.labels(outcome).observe(max(0.0, (finished - started).total_seconds()))
-    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+    ttl = _setting("AGENTRUNS_METRICS_CACHE_SECONDS", 5)
+    body = cache.get(METRICS_CACHE_KEY) if ttl > 0 else None
+    if body is None:
+        body = render_metrics()
+        if ttl > 0:
+            cache.set(METRICS_CACHE_KEY, body, ttl)
+    return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)
