@@ -1,0 +1,260 @@
+"""Decision services on PostgreSQL: approve, edit, reject, expire, reconcile, and a real race."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+from django_q.models import OrmQ
+
+from agentruns.models import Run, RunEvent, RunStatus, Step, StepStatus
+from agentruns.services import cancel_run
+from agentruns.tasks import sweep
+from approvals import services
+from approvals.models import Approval, ApprovalStatus
+
+from .conftest import CALLS, SECRET, advance, parked_approval, unknown_step_approval
+
+pytestmark = pytest.mark.django_db
+
+
+def queued_tasks_for(run_id) -> int:
+    """django-q2 ORM broker rows that would advance this run (the worker's doorbell)."""
+    return sum(1 for row in OrmQ.objects.all() if row.task.get("args") == (str(run_id),))
+
+
+def decided_events(run_id) -> list[RunEvent]:
+    return list(RunEvent.objects.filter(run_id=run_id, type="approval.decided").order_by("seq"))
+
+
+def assert_gapless(run_id) -> None:
+    seqs = list(RunEvent.objects.filter(run_id=run_id).order_by("seq").values_list("seq", flat=True))
+    assert seqs == list(range(1, len(seqs) + 1))
+
+
+def test_approve_resumes_the_run_with_the_requested_args(approver, django_capture_on_commit_callbacks):
+    approval = parked_approval()
+    before = queued_tasks_for(approval.run_id)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.approve(approval.id, user=approver)
+    approval.refresh_from_db()
+    assert approval.status == ApprovalStatus.APPROVED
+    assert approval.decided_by == approver and approval.decided_at is not None
+    assert approval.edited_args is None
+    run = Run.objects.get(id=approval.run_id)
+    assert run.status == RunStatus.QUEUED
+    assert queued_tasks_for(run.id) == before + 1
+    (event,) = decided_events(run.id)
+    assert event.data["decision"] == "approved" and event.data["by"] == "approver"
+    assert event.data["at"] and event.data["diff"] == {} and event.data["edited"] is False
+    # the timeline never shows the secret argument
+    assert event.data["requested"]["card_token"] != SECRET and event.data["approved"]["card_token"] != SECRET
+    run = advance(run)
+    assert run.status == RunStatus.SUCCEEDED
+    step = Step.objects.get(id=approval.step_id)
+    assert CALLS["ap_refund"] == [(step.idempotency_key, {"order_id": "ORD-1001", "amount_cents": 4599, "card_token": SECRET})]
+    assert_gapless(run.id)
+
+
+def test_approve_with_edited_args_validates_stores_and_audits_the_diff(approver, django_capture_on_commit_callbacks):
+    approval = parked_approval(amount=4599)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.approve(approval.id, user=approver, edited_args={"amount_cents": 2500}, reason="partial: only the lid")
+    approval.refresh_from_db()
+    assert approval.requested_args["amount_cents"] == 4599
+    assert approval.edited_args == {"order_id": "ORD-1001", "amount_cents": 2500, "reason": "The blender arrived broken", "card_token": SECRET}
+    (event,) = decided_events(approval.run_id)
+    assert event.data["diff"] == {"amount_cents": {"from": 4599, "to": 2500}}
+    assert event.data["reason"] == "partial: only the lid"
+    run = advance(Run.objects.get(id=approval.run_id))
+    assert run.status == RunStatus.SUCCEEDED
+    assert [c[1]["amount_cents"] for c in CALLS["ap_refund"]] == [2500]
+
+
+@pytest.mark.parametrize(
+    "edited, message",
+    [
+        ({"amount_cents": "lots"}, "amount_cents"),
+        ({"amount_cents": 0}, "amount_cents"),
+        ({"order_id": "not-an-order"}, "order_id"),
+        ({"surprise": 1}, "surprise"),
+    ],
+)
+def test_invalid_edits_change_nothing(approver, edited, message):
+    approval = parked_approval()
+    events_before = RunEvent.objects.filter(run_id=approval.run_id).count()
+    with pytest.raises(services.DecisionError, match=message):
+        services.approve(approval.id, user=approver, edited_args=edited)
+    approval.refresh_from_db()
+    assert approval.status == ApprovalStatus.PENDING and approval.decided_by is None
+    assert Run.objects.get(id=approval.run_id).status == RunStatus.WAITING
+    assert RunEvent.objects.filter(run_id=approval.run_id).count() == events_before
+
+
+def test_reject_feeds_the_reason_back_to_the_agent(approver, django_capture_on_commit_callbacks):
+    approval = parked_approval()
+    with django_capture_on_commit_callbacks(execute=True):
+        services.reject(approval.id, user=approver, reason="outside the 30-day window")
+    step = Step.objects.get(id=approval.step_id)
+    assert step.status == StepStatus.REJECTED
+    assert step.result == {"error": "rejected", "reason": "outside the 30-day window"}
+    run = advance(Run.objects.get(id=approval.run_id))
+    assert run.status == RunStatus.SUCCEEDED
+    assert CALLS["ap_refund"] == []
+    # the model's next turn saw the rejection as the tool's result
+    from agentruns.conversation import tool_result_content
+
+    assert "outside the 30-day window" in tool_result_content(step)
+    (event,) = decided_events(run.id)
+    assert event.data["decision"] == "rejected" and event.data["reason"] == "outside the 30-day window"
+
+
+def test_second_decision_changes_nothing_and_names_the_winner(approver, lead, django_capture_on_commit_callbacks):
+    approval = parked_approval()
+    with django_capture_on_commit_callbacks(execute=True):
+        services.approve(approval.id, user=approver)
+    events = RunEvent.objects.filter(run_id=approval.run_id).count()
+    tasks = queued_tasks_for(approval.run_id)
+    for attempt in (
+        lambda: services.reject(approval.id, user=lead, reason="no"),
+        lambda: services.approve(approval.id, user=lead),
+        lambda: services.approve(approval.id, user=lead, edited_args={"amount_cents": "invalid"}),
+    ):
+        with pytest.raises(services.AlreadyDecided, match=r"already approved by approver at \d{4}-"):
+            attempt()
+    approval.refresh_from_db()
+    assert approval.status == ApprovalStatus.APPROVED and approval.decided_by.username == "approver"
+    assert RunEvent.objects.filter(run_id=approval.run_id).count() == events
+    assert queued_tasks_for(approval.run_id) == tasks
+
+
+def test_approver_limit_refuses_above_and_allows_lowered_or_lead(approver, lead, settings):
+    settings.AGENTRUNS_APPROVER_LIMIT_CENTS = 3000
+    approval = parked_approval(amount=4599)
+    with pytest.raises(services.DecisionError, match="45.99 is above your approval limit of 30.00"):
+        services.approve(approval.id, user=approver)
+    assert Approval.objects.get(id=approval.id).status == ApprovalStatus.PENDING
+    services.approve(approval.id, user=approver, edited_args={"amount_cents": 3000})
+    assert Approval.objects.get(id=approval.id).edited_args["amount_cents"] == 3000
+    other = parked_approval(amount=9999)
+    services.approve(other.id, user=lead)  # leads (superusers) have no limit
+    assert Approval.objects.get(id=other.id).status == ApprovalStatus.APPROVED
+
+
+def test_expiry_through_the_sweeper_rejects_with_reason_expired(settings, django_capture_on_commit_callbacks):
+    settings.AGENTRUNS_APPROVAL_EXPIRY_SECONDS = 60
+    approval = parked_approval()
+    assert approval.expires_at is not None
+    assert services.expire_due_approvals(timezone.now()) == 0  # not due yet
+    with django_capture_on_commit_callbacks(execute=True):
+        sweep(now=timezone.now() + timedelta(seconds=61))
+    approval.refresh_from_db()
+    assert approval.status == ApprovalStatus.EXPIRED and approval.reason == "expired"
+    assert approval.decided_by is None
+    step = Step.objects.get(id=approval.step_id)
+    assert step.status == StepStatus.REJECTED and step.result == {"error": "rejected", "reason": "expired"}
+    run = advance(Run.objects.get(id=approval.run_id))
+    assert run.status == RunStatus.SUCCEEDED and CALLS["ap_refund"] == []
+    with pytest.raises(services.AlreadyDecided, match="already expired by the system"):
+        services.approve(approval.id, user=None)
+
+
+def test_cancelled_run_withdraws_and_a_late_decision_is_told(approver):
+    approval = parked_approval()
+    cancel_run(approval.run_id, user=approver, reason="customer withdrew")
+    with pytest.raises(services.AlreadyDecided, match="withdrawn"):
+        services.approve(approval.id, user=approver)
+
+
+def test_reconcile_happened_keeps_the_single_send_and_continues(approver, django_capture_on_commit_callbacks):
+    approval = unknown_step_approval()
+    assert len(CALLS["ap_notify"]) == 1
+    with django_capture_on_commit_callbacks(execute=True):
+        services.reconcile(approval.id, user=approver, resolution="happened", result={"sent": "ada@example.com", "checked": "mail log"})
+    step = Step.objects.get(id=approval.step_id)
+    assert step.status == StepStatus.SUCCEEDED and step.result["checked"] == "mail log"
+    run = advance(Run.objects.get(id=approval.run_id))
+    assert run.status == RunStatus.SUCCEEDED and run.output == "All done."
+    assert len(CALLS["ap_notify"]) == 1  # never sent twice
+    approval.refresh_from_db()
+    assert approval.status == ApprovalStatus.RESOLVED and approval.resolution == "happened"
+    assert decided_events(run.id)[0].data["decision"] == "reconciled: happened"
+
+
+def test_reconcile_retry_runs_the_step_again_with_the_same_key(approver, django_capture_on_commit_callbacks):
+    approval = unknown_step_approval()
+    with django_capture_on_commit_callbacks(execute=True):
+        services.reconcile(approval.id, user=approver, resolution="retry")
+    run = advance(Run.objects.get(id=approval.run_id))
+    assert run.status == RunStatus.SUCCEEDED
+    step = Step.objects.get(id=approval.step_id)
+    assert step.status == StepStatus.SUCCEEDED and step.result == {"sent": "ada@example.com"}
+    assert [(key, attempt) for key, attempt, _ in CALLS["ap_notify"]] == [(step.idempotency_key, 1), (step.idempotency_key, 2)]
+
+
+def test_reconcile_abort_ends_the_run(approver):
+    approval = unknown_step_approval()
+    services.reconcile(approval.id, user=approver, resolution="abort", reason="mail server says maybe")
+    run = Run.objects.get(id=approval.run_id)
+    assert run.status == RunStatus.FAILED and run.stop_reason == "aborted"
+    assert "aborted by approver" in run.error
+    assert Step.objects.get(id=approval.step_id).status == StepStatus.FAILED
+    assert queued_tasks_for(run.id) == 0 or Run.objects.get(id=run.id).status == RunStatus.FAILED
+    types = list(RunEvent.objects.filter(run=run).order_by("seq").values_list("type", flat=True))
+    assert types[-2:] == ["approval.decided", "run.status"]
+    with pytest.raises(services.AlreadyDecided):
+        services.reconcile(approval.id, user=approver, resolution="retry")
+
+
+def test_kind_mismatch_is_refused(approver):
+    approval = unknown_step_approval()
+    with pytest.raises(services.DecisionError, match="reconciliation"):
+        services.approve(approval.id, user=approver)
+    with pytest.raises(services.DecisionError, match="resolution must be"):
+        services.reconcile(approval.id, user=approver, resolution="maybe")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("second", ["approve", "reject"])
+def test_race_two_deciders_exactly_one_wins_and_the_run_is_enqueued_once(approver, lead, second):
+    approval = parked_approval()
+    tasks_before = queued_tasks_for(approval.run_id)
+    barrier = threading.Barrier(2)
+    outcomes: dict[str, object] = {}
+
+    def decide(name: str, user, action) -> None:
+        try:
+            barrier.wait(timeout=30)
+            action(user)
+            outcomes[name] = "won"
+        except services.AlreadyDecided as exc:
+            outcomes[name] = exc
+        except Exception as exc:  # surfaced by the assertion below
+            outcomes[name] = repr(exc)
+        finally:
+            connection.close()
+
+    actions = {
+        "approve": lambda u: services.approve(approval.id, user=u, edited_args={"amount_cents": 1234}),
+        "reject": lambda u: services.reject(approval.id, user=u, reason="duplicate request"),
+    }
+    threads = [
+        threading.Thread(target=decide, args=("a", approver, lambda u: services.approve(approval.id, user=u))),
+        threading.Thread(target=decide, args=("b", lead, actions[second])),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(str(type(v).__name__) if not isinstance(v, str) else v for v in outcomes.values()) == ["AlreadyDecided", "won"], outcomes
+    loser = next(v for v in outcomes.values() if isinstance(v, services.AlreadyDecided))
+    approval.refresh_from_db()
+    assert approval.status in (ApprovalStatus.APPROVED, ApprovalStatus.REJECTED)
+    assert loser.approval.decided_by_id == approval.decided_by_id
+    assert len(decided_events(approval.run_id)) == 1
+    assert RunEvent.objects.filter(run_id=approval.run_id, type="run.status", data__status="queued").count() == 1  # resumed once
+    assert queued_tasks_for(approval.run_id) == tasks_before + 1
+    assert_gapless(approval.run_id)
