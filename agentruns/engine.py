@@ -23,6 +23,8 @@ import time
 import traceback
 import uuid
 from datetime import timedelta
+from decimal import Decimal, InvalidOperation
+from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
@@ -65,6 +67,32 @@ def worker_id() -> str:
 def step_key(run_id: uuid.UUID, step_id: uuid.UUID) -> str:
     """The idempotency key a step sends to the outside world, on every attempt."""
     return f"run-{run_id.hex[:12]}-step-{step_id.hex}"
+
+
+@lru_cache(maxsize=8)
+def parse_model_prices(spec: str) -> dict[str, tuple[Decimal, Decimal]]:
+    """AGENTRUNS_MODEL_PRICES "gpt-4o-mini=0.15/0.60,..." -> {model: (prompt, completion) USD
+    per million tokens}. A malformed entry is skipped with a warning, never a failed run."""
+    prices: dict[str, tuple[Decimal, Decimal]] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, _, pair = item.partition("=")
+        prompt, _, completion = pair.partition("/")
+        try:
+            prices[name.strip()] = (Decimal(prompt.strip()), Decimal((completion or prompt).strip()))
+        except InvalidOperation:
+            log.warning("AGENTRUNS_MODEL_PRICES: ignoring malformed entry %r", item)
+    return prices
+
+
+def model_cost_usd(model: str, usage: Usage) -> Decimal:
+    """What a model step cost by the price table; "openai/gpt-4o" matches "openai/gpt-4o" or
+    "gpt-4o". Unpriced models cost 0."""
+    prices = parse_model_prices(settings.AGENTRUNS_MODEL_PRICES or "")
+    price = prices.get(model) or prices.get(model.split("/", 1)[-1])
+    if price is None:
+        return Decimal(0)
+    cost = (usage.prompt_tokens * price[0] + usage.completion_tokens * price[1]) / Decimal(1_000_000)
+    return cost.quantize(Decimal("0.000001"))
 
 
 class Heartbeat(threading.Thread):
@@ -235,6 +263,9 @@ class RunExecutor:
         budget = self.run.token_budget
         if budget and self.run.total_tokens >= budget:
             return "token_budget", f"token budget exhausted ({self.run.total_tokens} of {budget})"
+        max_cost = Decimal(str(settings.AGENTRUNS_MAX_COST_USD or 0))
+        if max_cost and self.run.cost_usd >= max_cost:
+            return "cost_budget", f"cost budget exhausted (${self.run.cost_usd} of ${max_cost})"
         return None
 
     # ---------------------------------------------------------------- terminal transitions
@@ -433,12 +464,15 @@ class RunExecutor:
             events.extend(("step.planned", self._step_data(s)) for s in planned)
             self.run.prompt_tokens += usage.prompt_tokens
             self.run.completion_tokens += usage.completion_tokens
+            cost = model_cost_usd(self.run.model or settings.AGENTRUNS_MODEL, usage)
+            self.run.cost_usd = Decimal(self.run.cost_usd) + cost
             self.commit(
                 events,
                 set_fields={"step_count": len(self.steps)},
                 incr_fields={
                     "prompt_tokens": usage.prompt_tokens,
                     "completion_tokens": usage.completion_tokens,
+                    "cost_usd": cost,
                 },
             )
 
@@ -481,7 +515,9 @@ class RunExecutor:
     def _record_model_failure(self, step: Step, attempt: int, exc: ModelError, *, final: bool) -> None:
         now = timezone.now()
         with transaction.atomic():
-            if step._state.adding or step.attempts < attempt:
+            # deltas of this attempt were already flushed: a retry must not merge with them
+            streamed = not (step._state.adding or step.attempts < attempt)
+            if not streamed:
                 self._begin_attempt(step, attempt, now, StepStatus.RUNNING)
             StepAttempt.objects.filter(step=step, number=attempt).update(
                 finished_at=now,
@@ -494,7 +530,10 @@ class RunExecutor:
                 step.finished_at = now
             step.save(update_fields=["error", "status", "finished_at"])
             etype = "step.failed" if final else "step.retry_scheduled"
-            self.commit([(etype, self._step_data(step))])
+            events = [(etype, self._step_data(step))]
+            if streamed and not final:  # the next attempt re-streams the turn from scratch
+                events.append(("model.superseded", {"step": step.index, "attempt": attempt}))
+            self.commit(events)
 
     # ---------------------------------------------------------------- tool steps
     def tool_step(self, step: Step) -> str | None:

@@ -188,6 +188,10 @@ OPENAI_TIMEOUT_SECONDS = env_float("OPENAI_TIMEOUT_SECONDS", 60)
 OPENAI_MAX_RETRIES = env_int("OPENAI_MAX_RETRIES", 4)
 # price per million tokens by model: "gpt-4o-mini=0.15/0.60,other=1/2" (prompt/completion)
 AGENTRUNS_MODEL_PRICES = env_str("AGENTRUNS_MODEL_PRICES", "")
+# a run whose model cost (by the price table) reaches this stops with stop_reason cost_budget
+AGENTRUNS_MAX_COST_USD = env_float("AGENTRUNS_MAX_COST_USD", 0)  # 0: no limit
+# JSON object merged into every OpenAI-compatible request, e.g. {"temperature": 0}
+OPENAI_REQUEST_OPTIONS = env_str("OPENAI_REQUEST_OPTIONS", "")
 
 AGENTRUNS_LEASE_TTL_SECONDS = env_float("AGENTRUNS_LEASE_TTL_SECONDS", 15)
 AGENTRUNS_SWEEP_INTERVAL_SECONDS = env_float("AGENTRUNS_SWEEP_INTERVAL_SECONDS", 2)
