@@ -1,0 +1,122 @@
+"""agentruns.operate_run guards every action, on the page and in the API alike."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agentruns.models import Run, RunEvent, RunStatus, Step
+from tests.conftest import ApiClient
+
+from . import opskit
+from .conftest import advance, script_run
+
+pytestmark = pytest.mark.django_db
+
+
+def failed_run() -> Run:
+    opskit.FAILS["ops_ship_fatal"] = 1
+    run = advance(script_run([{"calls": [["ops_ship", {"parcel": "P-9"}]]}, {"text": "done"}]))
+    assert run.status == RunStatus.FAILED
+    return run
+
+
+def audit_types(run: Run) -> list[str]:
+    return list(RunEvent.objects.filter(run=run).values_list("type", flat=True))
+
+
+def test_viewer_cannot_operate_from_the_page(client, viewer, approver):
+    run = failed_run()
+    queued = script_run([{"text": "x"}])
+    ship = Step.objects.get(run=run, tool="ops_ship")
+    before = audit_types(run)
+    for user in (viewer, approver):  # deciding approvals is not operating runs
+        client.force_login(user)
+        page = client.get(f"/runs/{run.id}/").content.decode()
+        assert "Retry from failed step" not in page and "Mark step resolved" not in page
+        assert client.post(f"/runs/{run.id}/retry/").status_code == 403
+        assert client.post(f"/runs/{queued.id}/cancel/").status_code == 403
+        assert client.post(f"/runs/steps/{ship.id}/resolve/", {"result": "{}"}).status_code == 403
+    run.refresh_from_db()
+    queued.refresh_from_db()
+    assert run.status == RunStatus.FAILED and queued.status == RunStatus.QUEUED
+    assert audit_types(run) == before
+
+
+def test_operator_operates_from_the_page(client, operator):
+    client.force_login(operator)
+    run = failed_run()
+    page = client.get(f"/runs/{run.id}/").content.decode()
+    assert "Retry from failed step" in page and "Mark step resolved" in page
+
+    ship = Step.objects.get(run=run, tool="ops_ship")
+    response = client.post(f"/runs/steps/{ship.id}/resolve/", {"result": '{"tracking": "T-1"}'})
+    assert response.status_code == 302 and response["Location"].endswith(f"/runs/{run.id}/#step-{ship.index}")
+    run.refresh_from_db()
+    assert run.status == RunStatus.QUEUED
+    assert "step.resolved" in audit_types(run)
+
+    queued = script_run([{"text": "x"}])
+    response = client.post(f"/runs/{queued.id}/cancel/", {"reason": "duplicate ticket"}, follow=True)
+    assert response.status_code == 200 and b"Cancel requested" in response.content
+    queued.refresh_from_db()
+    assert queued.status == RunStatus.CANCELLED and queued.error == "duplicate ticket"
+
+    # a refused action is a message on the page, not an error page
+    response = client.post(f"/runs/{queued.id}/retry/", follow=True)
+    assert response.status_code == 200 and b"only failed runs can be retried" in response.content
+
+
+def test_resolve_with_bad_json_changes_nothing(client, operator):
+    client.force_login(operator)
+    run = failed_run()
+    ship = Step.objects.get(run=run, tool="ops_ship")
+    response = client.post(f"/runs/steps/{ship.id}/resolve/", {"result": "{not json"}, follow=True)
+    assert b"not valid JSON" in response.content
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED and "step.resolved" not in audit_types(run)
+
+
+def test_actions_need_post_and_login(client, operator):
+    run = failed_run()
+    assert client.post(f"/runs/{run.id}/retry/").status_code == 302  # to the login page
+    client.force_login(operator)
+    assert client.get(f"/runs/{run.id}/retry/").status_code == 405
+    assert client.get(f"/runs/{run.id}/cancel/").status_code == 405
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED
+
+
+def test_viewer_cannot_operate_through_the_api(viewer):
+    run = failed_run()
+    queued = script_run([{"text": "x"}])
+    api = ApiClient(viewer)
+    for path in (f"/api/runs/{run.id}/retry", f"/api/runs/{queued.id}/cancel"):
+        response = api.post(path)
+        assert response.status_code == 403
+        assert response["Content-Type"] == "application/json"
+        assert "operate_run" in response.json()["error"]
+    run.refresh_from_db()
+    queued.refresh_from_db()
+    assert run.status == RunStatus.FAILED and queued.status == RunStatus.QUEUED
+
+
+def test_operator_retries_and_cancels_through_the_api(operator):
+    api = ApiClient(operator)
+    run = failed_run()
+    response = api.post(f"/api/runs/{run.id}/retry")
+    assert response.status_code == 200 and response.json()["status"] == "queued"
+    assert api.post(f"/api/runs/{run.id}/retry").status_code == 409  # queued now: not failed
+    run = advance(Run.objects.get(id=run.id))
+    assert run.status == RunStatus.SUCCEEDED
+
+    queued = script_run([{"text": "x"}])
+    response = api.post(f"/api/runs/{queued.id}/cancel", {"reason": "test"})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["status"] == "cancelled" and body["error"] == "test"
+    conflict = api.post(f"/api/runs/{queued.id}/cancel")
+    assert conflict.status_code == 409 and "already cancelled" in conflict.json()["error"]
+    bad = api.post(f"/api/runs/{queued.id}/cancel", raw="{nope")
+    assert bad.status_code == 400 and "error" in json.loads(bad.content)
