@@ -119,7 +119,8 @@ def _refuse_if_decided(approval: Approval, kind: str) -> None:
     if approval.status != ApprovalStatus.PENDING:
         raise AlreadyDecided(approval)
     if approval.kind != kind:
-        raise DecisionError(f"this item is a {approval.kind}, not a {kind}")
+        article = "an" if approval.kind == ApprovalKind.APPROVAL else "a"
+        raise DecisionError(f"this item is {article} {approval.kind}, not a {kind}")
 
 
 def _ring_on_commit(run_id: Any) -> None:
