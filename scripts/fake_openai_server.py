@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import socket
 import sys
 import threading
@@ -162,6 +163,7 @@ def _echo_turn(messages: list[dict], delay: float) -> Reply:
 
 class _QuietServer(ThreadingHTTPServer):
     daemon_threads = True
+    block_on_close = False  # stopping must not wait for idle keep-alive connections
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # a client that hangs up (a killed worker, a closed keep-alive pool) is normal here
@@ -435,6 +437,10 @@ class _Handler(BaseHTTPRequestHandler):
         fake.chunks_sent.append(sent)
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # handled like Ctrl-C
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
@@ -446,6 +452,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--api-key", default=None, help="require this bearer key (default: accept any)")
     args = parser.parse_args(argv)
     fake = FakeOpenAI(args.host, args.port, mode=args.mode, delay=args.delay_ms / 1000, api_key=args.api_key)
+    signal.signal(signal.SIGTERM, _interrupt)  # a process manager stops us with SIGTERM
     fake.start()
     print(f"fake OpenAI-compatible server on {fake.url} (mode {args.mode}); Ctrl-C stops it", flush=True)
     try:
