@@ -119,8 +119,11 @@ def _refuse_if_decided(approval: Approval, kind: str) -> None:
     if approval.status != ApprovalStatus.PENDING:
         raise AlreadyDecided(approval)
     if approval.kind != kind:
-        article = "an" if approval.kind == ApprovalKind.APPROVAL else "a"
-        raise DecisionError(f"this item is {article} {approval.kind}, not a {kind}")
+        raise DecisionError(f"this item is {_a(approval.kind)}, not {_a(kind)}")
+
+
+def _a(noun: str) -> str:
+    return f"an {noun}" if noun[:1] in "aeiou" else f"a {noun}"
 
 
 def _ring_on_commit(run_id: Any) -> None:
