@@ -1,0 +1,150 @@
+"""The run page in a real Chromium against daphne on PostgreSQL with a real worker.
+
+Text must appear incrementally while the scripted model streams; when the web process is killed
+and started again the page must say "reconnecting" and then carry on by itself; at the end the
+conversation on the page is the database's model text, each turn exactly once, and the output
+box is the run's output.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import pytest
+from django.db import connections
+
+from agentruns.models import Run, Step
+from agentruns.tokens import create_token
+from tests.procs import free_port, start_web, start_worker, wait_until
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.timeout(600),
+]
+
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run",
+]
+
+# Records, from the first paint on, every length the conversation text had and every state the
+# connection indicator showed: evidence of incremental text and of the reconnect, not timing.
+RECORDER = """
+window.__textLengths = [];
+window.__connStates = [];
+document.addEventListener("DOMContentLoaded", () => {
+  const live = document.getElementById("live-text");
+  const conn = document.getElementById("conn");
+  if (!live || !conn) return;
+  const note = () => {
+    const n = live.textContent.length;
+    const seen = window.__textLengths;
+    if (seen[seen.length - 1] !== n) seen.push(n);
+    const s = conn.dataset.state;
+    const states = window.__connStates;
+    if (states[states.length - 1] !== s) states.push(s);
+  };
+  note();
+  new MutationObserver(note).observe(live, {childList: true, subtree: true, characterData: true});
+  new MutationObserver(note).observe(conn, {attributes: true, childList: true, characterData: true});
+});
+"""
+
+
+@pytest.fixture
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+def test_run_page_streams_and_survives_a_server_restart(tmp_path, lead, seeded, browser, settings):
+    # the suite hashes with MD5 for speed; the server process only knows the real hashers
+    from django.conf import global_settings
+
+    settings.PASSWORD_HASHERS = global_settings.PASSWORD_HASHERS
+    lead.set_password("browser-pw")
+    lead.save()
+    token = create_token(lead)
+    web_port, gateway_port = free_port(), free_port()
+    env = {
+        "SCRIPTED_MODEL_DELAY_MS": "60",  # slow enough that a person (and the test) sees it type
+        "REFUND_APPROVAL_THRESHOLD_CENTS": "1000000000",
+        "REFUND_GATEWAY_URL": f"http://127.0.0.1:{gateway_port}/gateway",
+        "REFUND_GATEWAY_DELAY_MS": "1000",
+        "AGENTRUNS_STREAM_POLL_SECONDS": "0.1",
+    }
+    gateway, _ = start_web(tmp_path, port=gateway_port, **env)
+    web, base_url = start_web(tmp_path, port=web_port, **env)
+    webs = [web]
+    worker = start_worker(tmp_path, **env)
+    try:
+        page = browser.new_page()
+        page.add_init_script(RECORDER)
+        page.goto(f"{base_url}/accounts/login/")
+        page.fill("input[name=username]", "lead")
+        page.fill("input[name=password]", "browser-pw")
+        page.click("button[type=submit]")
+        page.wait_for_url(lambda url: "/accounts/login" not in url, timeout=60_000)
+
+        created = httpx.post(
+            f"{base_url}/api/runs",
+            json={"agent": "refund", "input": {"order_id": "ORD-1007", "message": "Never arrived."}},
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30,
+        )
+        assert created.status_code == 201, created.text
+        run_id = created.json()["id"]
+        page.goto(f"{base_url}/runs/{run_id}/")
+        page.wait_for_selector("#conn[data-state=live]", timeout=60_000)
+        # the text grows while we watch
+        page.wait_for_function("document.getElementById('live-text').textContent.length > 30", timeout=120_000)
+
+        # restart the web process mid-run: kill now, start again in the background
+        webs[0].kill()
+        restart = threading.Thread(
+            target=lambda: webs.append(start_web(tmp_path, port=web_port, **env)[0]), daemon=True
+        )
+        restart.start()
+        page.wait_for_selector("#conn[data-state=reconnecting]", timeout=60_000)
+        assert "reconnecting" in page.inner_text("#conn")
+        restart.join(timeout=120)
+        assert len(webs) == 2, "the web server came back"
+
+        page.wait_for_selector("#conn[data-state=finished]", timeout=180_000)
+        run = wait_until(
+            lambda: Run.objects.filter(id=run_id, status="succeeded").first(), timeout=60,
+            message="run succeeded",
+        )
+        turns = page.eval_on_selector_all("#live-text .turn", "els => els.map(e => e.textContent)")
+        model_texts = list(
+            Step.objects.filter(run=run, kind="model").order_by("index").values_list("text", flat=True)
+        )
+        assert turns == model_texts  # every turn once, in order, nothing doubled at any seam
+        live_text = page.inner_text("#live-text")
+        assert live_text.count(run.output) == 1
+        assert page.inner_text("#run-output").strip() == run.output.strip()
+        assert page.get_attribute("#run", "data-last-seq") == str(run.last_seq)
+
+        lengths = page.evaluate("window.__textLengths")
+        states = page.evaluate("window.__connStates")
+        growth = [n for n in lengths if n > 0]
+        assert len(growth) >= 5, f"text should appear piece by piece, saw lengths {lengths}"
+        assert growth == sorted(growth), "text only grows (superseded text aside, none here)"
+        assert "reconnecting" in states and states.index("reconnecting") > states.index("live")
+        assert states[-1] == "finished"
+        print("text lengths", lengths, "conn states", states)
+    finally:
+        worker.stop()
+        for proc in webs:
+            proc.stop()
+        gateway.stop()
+        # Playwright's sync API runs an event loop in this thread, so Django's per-context
+        # connection used above is not the one pytest-django closes: close it here
+        connections.close_all()
