@@ -16,7 +16,18 @@ from datetime import timedelta
 from django.conf import settings
 from django.core.cache import cache
 from django.db import connection
-from django.db.models import Count, DurationField, ExpressionWrapper, F, Max, Min, Q, Sum
+from django.db.models import (
+    Count,
+    DurationField,
+    ExpressionWrapper,
+    F,
+    Max,
+    Min,
+    OuterRef,
+    Q,
+    Subquery,
+    Sum,
+)
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from prometheus_client import CollectorRegistry, generate_latest
@@ -96,9 +107,16 @@ class RuntimeCollector(Collector):
         started = time.perf_counter()
 
         runs = GaugeMetricFamily("agentruns_runs", "Runs by status", labels=["status"])
-        by_status = dict(
-            Run.objects.order_by().values_list("status").annotate(n=Count("*")).values_list("status", "n")
-        )
+        by_status: dict[str, int] = {}
+        prompt_tokens = completion_tokens = 0
+        # one pass over the runs for both the status counts and the token totals
+        for status, n, prompt, completion in (
+            Run.objects.order_by().values_list("status")
+            .annotate(n=Count("*"), p=Sum("prompt_tokens"), c=Sum("completion_tokens"))
+        ):
+            by_status[status] = n
+            prompt_tokens += prompt or 0
+            completion_tokens += completion or 0
         for status in RunStatus.values:
             runs.add_metric([status], by_status.get(status, 0))
         yield runs
@@ -142,10 +160,9 @@ class RuntimeCollector(Collector):
             approvals.add_metric([kind], pending.get(kind, 0))
         yield approvals
 
-        tokens = Run.objects.aggregate(p=Sum("prompt_tokens"), c=Sum("completion_tokens"))
         usage = GaugeMetricFamily("agentruns_model_tokens", "Model tokens used by all runs", labels=["kind"])
-        usage.add_metric(["prompt"], tokens["p"] or 0)
-        usage.add_metric(["completion"], tokens["c"] or 0)
+        usage.add_metric(["prompt"], prompt_tokens)
+        usage.add_metric(["completion"], completion_tokens)
         yield usage
 
         beat = WorkerHeartbeat.objects.aggregate(seen=Max("last_seen_at"), swept=Max("last_sweep_at"))
@@ -181,11 +198,14 @@ class RuntimeCollector(Collector):
             f"le_{i}": Count("id", filter=Q(took__lte=timedelta(seconds=bound)))
             for i, bound in enumerate(DURATION_BUCKETS)
         }
+        # the step's kind by a correlated primary-key lookup per windowed attempt: a join would
+        # let the planner hash the whole steps table on every scrape
+        kind = Subquery(Step.objects.filter(id=OuterRef("step_id")).values("kind")[:1])
         rows = (
             StepAttempt.objects.filter(id__gt=top - self.window, finished_at__isnull=False)
-            .annotate(took=duration)
+            .annotate(took=duration, step_kind=kind)
             .order_by()
-            .values("step__kind", "outcome")
+            .values("step_kind", "outcome")
             .annotate(n=Count("id"), total=Sum("took"), **aggregates)
         )
         for row in rows:
@@ -193,7 +213,7 @@ class RuntimeCollector(Collector):
             buckets.append(("+Inf", row["n"]))
             total = row["total"]
             family.add_metric(
-                [row["step__kind"], row["outcome"]],
+                [row["step_kind"], row["outcome"]],
                 buckets,
                 gsum_value=total.total_seconds() if total is not None else 0.0,
             )

@@ -65,11 +65,26 @@ def id_prefix_range(text: str) -> tuple[uuid.UUID, uuid.UUID] | None:
     return uuid.UUID(digits.ljust(32, "0")), uuid.UUID(digits.ljust(32, "f"))
 
 
+def looks_like_run_id(q: str) -> bool:
+    """A whole UUID, or 8+ hex digits with a letter in them: order and ticket keys never are."""
+    digits = q.lower().replace("-", "")
+    if not _HEX.match(digits):
+        return False
+    return len(digits) == 32 or (len(digits) >= 8 and any(c in "abcdef" for c in digits))
+
+
 def search_condition(q: str) -> Q:
-    """Ticket or order key anywhere in search_text ("ORD-1001 T-1001"), or a run id prefix."""
-    keys = Q(search_text__istartswith=q) | Q(search_text__icontains=f" {q}")
+    """Ticket or order key anywhere in search_text ("ORD-1001 T-1001"), or a run id prefix.
+
+    A query that looks like a run id is answered by the primary key alone (a range scan of a few
+    rows); anything else matches the search keys case-insensitively, plus an id prefix when it
+    could be one (all-digit prefixes of 8+ characters).
+    """
     bounds = id_prefix_range(q)
-    if bounds is not None and len(q.replace("-", "")) >= 4:
+    if bounds is not None and looks_like_run_id(q):
+        return Q(id__gte=bounds[0], id__lte=bounds[1])
+    keys = Q(search_text__istartswith=q) | Q(search_text__icontains=f" {q}")
+    if bounds is not None and len(q.replace("-", "")) >= 8:
         keys |= Q(id__gte=bounds[0], id__lte=bounds[1])
     return keys
 

@@ -69,7 +69,7 @@ def test_list_query_count_is_constant(client, operator, query):
     assert Run.objects.count() == 200
     assert small == large
     # session + user + navigation (one query for every count) + the page itself
-    assert large <= 5
+    assert 3 <= large <= 5
 
 
 def test_deep_page_costs_the_same_queries(client, operator):
