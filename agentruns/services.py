@@ -296,3 +296,74 @@ def resolve_step(step_id: uuid.UUID | str, result: Any, *, user: Any = None) -> 
         )
         enqueue(run.id)
     return step
+
+
+# the step fields a fork copies as history (ids, run and idempotency keys are new)
+_FORK_STEP_FIELDS = (
+    "index", "kind", "tool", "call_id", "arguments", "status", "approved", "result", "error",
+    "attempts", "text", "tool_calls", "prompt_tokens", "completion_tokens", "started_at",
+    "finished_at",
+)
+
+
+def fork_run(run_id: uuid.UUID | str, from_step: int, *, user: Any = None) -> Run:
+    """A new run with the source's history before step `from_step`, continuing from there.
+
+    The cut must be at a model step, so the history ends with every tool call answered (a model
+    turn whose tool results are missing is not a valid conversation). Copied steps are history,
+    never executed: they keep their results but get new ids and new idempotency keys (the unique
+    key belongs to the source step), and the new run's model turn N is asked afresh.
+    """
+    from .engine import step_key
+
+    with transaction.atomic():
+        source = Run.objects.get(id=run_id)
+        cut = Step.objects.filter(run=source, index=from_step).first()
+        if cut is None or cut.kind != StepKind.MODEL:
+            raise ActionRefused("fork from a model step: the history must end with every tool call answered")
+        history = list(Step.objects.filter(run=source, index__lt=from_step).order_by("index"))
+        unfinished = [s.index for s in history if not s.is_terminal]
+        if unfinished:
+            raise ActionRefused(f"steps {unfinished} before #{from_step} have not finished")
+        now = timezone.now()
+        who = actor_name(user)
+        fork = Run.objects.create(
+            agent=source.agent,
+            input=source.input,
+            model=source.model,
+            tool_snapshot=source.tool_snapshot,
+            max_steps=max(source.max_steps, from_step + settings.AGENTRUNS_DEFAULT_MAX_STEPS),
+            token_budget=source.token_budget,
+            deadline_at=(
+                now + (source.deadline_at - source.created_at) if source.deadline_at else None
+            ),
+            search_text=source.search_text,
+            created_by=user if getattr(user, "is_authenticated", False) else None,
+            step_count=len(history),
+            prompt_tokens=sum(s.prompt_tokens for s in history),
+            completion_tokens=sum(s.completion_tokens for s in history),
+            enqueued_at=now,
+        )
+        copies = []
+        for step in history:
+            new_id = uuid.uuid4()
+            copies.append(
+                Step(
+                    id=new_id, run=fork, idempotency_key=step_key(fork.id, new_id),
+                    **{name: getattr(step, name) for name in _FORK_STEP_FIELDS},
+                )
+            )
+        Step.objects.bulk_create(copies)
+        append_events(
+            fork.id,
+            [
+                ("run.created", {"agent": fork.agent, "by": who, "status": "queued",
+                                 "forked_from": str(source.id), "from_step": from_step}),
+            ],
+        )
+        append_events(
+            source.id,
+            [("run.forked", {"by": who, "into": str(fork.id), "from_step": from_step})],
+        )
+        enqueue(fork.id)
+    return fork

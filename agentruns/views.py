@@ -121,6 +121,26 @@ def run_cancel(request: HttpRequest, run_id) -> HttpResponse:
 @require_POST
 @login_required
 @permission_required("agentruns.operate_run", raise_exception=True)
+def run_fork(request: HttpRequest, run_id) -> HttpResponse:
+    run = get_object_or_404(Run.objects.only("id"), id=run_id)
+    try:
+        from_step = int(request.POST.get("from_step", ""))
+        fork = services.fork_run(run.id, from_step, user=request.user)
+    except ValueError:
+        messages.error(request, "Choose the model step to fork from.")
+    except services.ActionRefused as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(
+            request, f"Forked from step #{from_step}: this run continues from there, its history copied."
+        )
+        return redirect("run-detail", run_id=fork.id)
+    return redirect("run-detail", run_id=run.id)
+
+
+@require_POST
+@login_required
+@permission_required("agentruns.operate_run", raise_exception=True)
 def step_resolve(request: HttpRequest, step_id) -> HttpResponse:
     step = get_object_or_404(Step.objects.only("id", "index", "run_id"), id=step_id)
     raw = request.POST.get("result", "").strip() or "{}"

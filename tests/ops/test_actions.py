@@ -21,7 +21,7 @@ from agentruns.models import (
     StepKind,
     StepStatus,
 )
-from agentruns.services import ActionRefused, cancel_run, resolve_step, retry_run
+from agentruns.services import ActionRefused, cancel_run, fork_run, resolve_step, retry_run
 from approvals.models import Approval, ApprovalStatus
 from approvals.selectors import approvals_query
 from approvals.services import AlreadyDecided, approve
@@ -280,3 +280,41 @@ def test_resolve_refusals(operator):
     ship.refresh_from_db()
     assert ship.status == StepStatus.FAILED  # a refusal changes nothing
     assert not events(failed, "step.resolved")
+
+
+# ------------------------------------------------------------------ fork
+@pytest.mark.django_db
+def test_fork_from_a_model_step_copies_history_and_continues(operator, client):
+    source = advance(
+        script_run(
+            [{"calls": [["t_echo", {"text": "a"}]]}, {"calls": [["t_charge", {"amount": 2}]]}, {"text": "done"}]
+        )
+    )
+    assert source.status == RunStatus.SUCCEEDED
+    source_steps = list(Step.objects.filter(run=source).order_by("index"))
+    assert [s.kind for s in source_steps] == ["model", "tool", "model", "tool", "model"]
+
+    with pytest.raises(ActionRefused, match="model step"):
+        fork_run(source.id, 1, user=operator)
+    client.force_login(operator)
+    response = client.post(f"/runs/{source.id}/fork/", {"from_step": 2})
+    fork = Run.objects.exclude(id=source.id).get()
+    assert response.status_code == 302 and response["Location"] == f"/runs/{fork.id}/"
+    copied = list(Step.objects.filter(run=fork).order_by("index"))
+    assert [(s.index, s.kind, s.tool, s.status) for s in copied] == [
+        (s.index, s.kind, s.tool, s.status) for s in source_steps[:2]
+    ]
+    assert {s.id for s in copied}.isdisjoint(s.id for s in source_steps)
+    assert {s.idempotency_key for s in copied}.isdisjoint(s.idempotency_key for s in source_steps)
+    assert copied[1].result == source_steps[1].result
+    assert events(source, "run.forked")[0].data == {"by": "operator", "into": str(fork.id), "from_step": 2}
+    assert events(fork, "run.created")[0].data["forked_from"] == str(source.id)
+
+    fork = advance(fork)
+    assert fork.status == RunStatus.SUCCEEDED and fork.output == "done"
+    assert len(testkit.CALLS["t_echo"]) == 1  # the copied history was not executed again
+    keys = [key for key, _, _ in testkit.CALLS["t_charge"]]
+    assert len(keys) == 2 and keys[0] != keys[1]  # the fork's new step has its own key
+    assert Step.objects.filter(run=fork).count() == 5
+    assert_gapless(fork)
+    assert_gapless(source)
