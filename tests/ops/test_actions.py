@@ -318,3 +318,18 @@ def test_fork_from_a_model_step_copies_history_and_continues(operator, client):
     assert Step.objects.filter(run=fork).count() == 5
     assert_gapless(fork)
     assert_gapless(source)
+
+
+@pytest.mark.django_db
+def test_cancel_flag_left_on_a_parked_run_can_be_completed(operator, client):
+    """A cancel that raced the engine parking the run: the flag is set on a waiting run. The
+    button stays available and cancelling then withdraws the approval as usual."""
+    run = advance(script_run([{"calls": [["t_pay", {"amount": 500}]]}]))
+    assert run.status == RunStatus.WAITING
+    Run.objects.filter(id=run.id).update(cancel_requested=True)
+    client.force_login(operator)
+    assert b'class="act-cancel"' in client.get(f"/runs/{run.id}/").content
+    cancel_run(run.id, user=operator)
+    run.refresh_from_db()
+    assert run.status == RunStatus.CANCELLED and not run.cancel_requested
+    assert Approval.objects.get(run=run).status == ApprovalStatus.RESOLVED
