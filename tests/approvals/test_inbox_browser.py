@@ -1,0 +1,116 @@
+"""The inbox in a real Chromium (daphne + qcluster on PostgreSQL): items appear without a reload,
+typing survives the poll, approve-with-edits and reject work in place, the nav count follows,
+and the gateway ledger agrees.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import httpx
+import pytest
+
+from agentruns.models import Run, RunStatus
+from agentruns.services import start_run
+from approvals.models import Approval, ApprovalStatus
+from support.models import Order, OutboxMessage
+from tests.procs import start_web, start_worker, wait_until
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
+
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run",
+]
+WAIT_MS = 90_000
+
+# counts the inbox's list refreshes (polls and post-decision reloads)
+SWAP_COUNTER = """
+window.__swaps = 0;
+document.addEventListener("htmx:afterSwap", (e) => { if (e.target.id === "inbox-items") window.__swaps += 1; });
+"""
+
+
+@pytest.fixture
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+def test_approve_with_a_lowered_amount_and_reject_in_the_inbox(tmp_path, seeded, browser, settings, django_user_model):
+    from django.conf import global_settings
+
+    settings.PASSWORD_HASHERS = global_settings.PASSWORD_HASHERS  # the server only knows real hashers
+    approver = django_user_model.objects.get(username="approver")
+    approver.set_password("browser-pw")
+    approver.save()
+    web, url = start_web(tmp_path)
+    worker = start_worker(tmp_path, REFUND_GATEWAY_URL=url + "/gateway", REFUND_APPROVAL_THRESHOLD_CENTS=0)
+    try:
+        page = browser.new_page()
+        page.add_init_script(SWAP_COUNTER)
+        page.goto(url + "/accounts/login/?next=/approvals/")
+        page.fill("input[name=username]", "approver")
+        page.fill("input[name=password]", "browser-pw")
+        page.click("button[type=submit]")
+        page.wait_for_url(re.compile(r"/approvals/$"))
+        assert page.locator("#nav-pending").inner_text() == "0"
+
+        # two refund runs start while the page is open: they appear without a reload
+        first = start_run("refund", {"order_id": "ORD-1010", "message": "The lamp arrived broken"}).run
+        second = start_run("refund", {"order_id": "ORD-1011", "message": "It never arrived"}).run
+        a1 = wait_until(lambda: Approval.objects.filter(run=first).first(), timeout=90, message="first approval")
+        a2 = wait_until(lambda: Approval.objects.filter(run=second).first(), timeout=90, message="second approval")
+        card1, card2 = page.locator(f"#approval-{a1.id}"), page.locator(f"#approval-{a2.id}")
+        card1.wait_for(timeout=WAIT_MS)
+        card2.wait_for(timeout=WAIT_MS)
+        page.wait_for_function("document.getElementById('nav-pending').textContent.trim() === '2'", timeout=WAIT_MS)
+        order = Order.objects.get(order_id="ORD-1010")
+        assert order.customer_name in card1.inner_text()
+        assert f"{order.amount_cents / 100:,.2f} USD" in card1.inner_text()
+        if os.environ.get("INBOX_SCREENSHOT"):  # for a person to look at the layout
+            page.screenshot(path=os.environ["INBOX_SCREENSHOT"], full_page=True)
+
+        # type a lowered amount; the list refreshes twice meanwhile and the typing survives
+        lowered = order.amount_cents - 500
+        card1.locator("summary").click()
+        amount = card1.locator("input[name=arg_amount_cents]")
+        amount.fill(str(lowered))
+        assert "Will approve with: amount_cents" in card1.locator(".diff-preview").inner_text()
+        swaps = page.evaluate("window.__swaps")
+        page.wait_for_function(f"window.__swaps >= {swaps + 2}", timeout=WAIT_MS)
+        assert page.locator(f"#approval-{a1.id} input[name=arg_amount_cents]").input_value() == str(lowered)
+
+        page.locator(f"#approval-{a1.id} button[value=approve]").click()
+        log = page.locator("#decision-log")
+        log.locator("li").first.wait_for(timeout=WAIT_MS)
+        assert f"amount_cents {order.amount_cents} → {lowered}" in log.inner_text()
+        page.locator(f"#approval-{a1.id}").wait_for(state="detached", timeout=WAIT_MS)
+        page.wait_for_function("document.getElementById('nav-pending').textContent.trim() === '1'", timeout=WAIT_MS)
+
+        why = "the parcel is still on its way"
+        page.locator(f"#approval-{a2.id} input[name=reason]").fill(why)
+        page.locator(f"#approval-{a2.id} button[value=reject]").click()
+        page.locator(f"#approval-{a2.id}").wait_for(state="detached", timeout=WAIT_MS)
+        page.wait_for_function("document.getElementById('nav-pending').textContent.trim() === '0'", timeout=WAIT_MS)
+        assert "Rejected" in log.inner_text()
+
+        def done(run: Run):
+            run.refresh_from_db()
+            return run.is_terminal
+
+        wait_until(lambda: done(first) and done(second), timeout=120, message="both runs to finish")
+        assert first.status == RunStatus.SUCCEEDED and second.status == RunStatus.SUCCEEDED
+        assert Approval.objects.get(id=a1.id).status == ApprovalStatus.APPROVED
+        refunds = httpx.get(url + "/gateway/refunds", params={"order_id": "ORD-1010"}).json()["refunds"]
+        assert [r["amount_cents"] for r in refunds] == [lowered]
+        assert httpx.get(url + "/gateway/refunds", params={"order_id": "ORD-1011"}).json()["refunds"] == []
+        assert why in OutboxMessage.objects.get(run_id=second.id).body
+    finally:
+        worker.stop()
+        web.stop()
