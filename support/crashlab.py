@@ -23,7 +23,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
-from django.conf import settings
 from django.db import connection
 
 from agentruns import failpoints
@@ -92,8 +91,13 @@ def _env(**extra: object) -> dict[str, str]:
             "LOG_LEVEL": "WARNING",
         }
     )
+    db = connection.settings_dict  # the database this process uses (under pytest: the test one)
     if connection.vendor == "sqlite":
-        env["SQLITE_PATH"] = str(settings.DATABASES["default"]["NAME"])
+        env.pop("DATABASE_URL", None)
+        env["SQLITE_PATH"] = str(db["NAME"])
+    else:
+        auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
+        env["DATABASE_URL"] = f"postgres://{auth}@{db['HOST'] or 'localhost'}:{db['PORT'] or 5432}/{db['NAME']}"
     env.update({k: str(v) for k, v in extra.items()})
     return env
 

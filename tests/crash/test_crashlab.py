@@ -7,7 +7,7 @@ import json
 import pytest
 from django.core.management import call_command
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.crash]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.crash, pytest.mark.timeout(900)]
 
 
 def test_crashlab_durable_group_refunds_once_naive_group_duplicates(tmp_path, capsys):
