@@ -8,7 +8,11 @@ every committed seq is contiguous: no holes, no duplicates.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
+import os
+import threading
 import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime
@@ -125,6 +129,37 @@ def nudge_on_commit(run_id: uuid.UUID, seq: int, *, inbox: bool = False) -> None
     transaction.on_commit(lambda: send_nudge(run_id, seq, inbox=inbox))
 
 
+_nudge_loop: Any = None  # (pid, event loop) of the background sender, see _nudge_sender_loop
+_nudge_loop_lock = threading.Lock()
+
+
+def _nudge_sender_loop() -> asyncio.AbstractEventLoop:
+    """One long-lived event loop thread per process for cross-process nudges.
+
+    async_to_sync would build a fresh loop, and channels_redis a fresh connection, for every
+    nudge (~10 ms, measured in benchmarks/stream_latency.py), on the engine's commit path.
+    Keyed by pid: a forked worker process starts its own."""
+    global _nudge_loop
+    with _nudge_loop_lock:
+        if _nudge_loop is None or _nudge_loop[0] != os.getpid():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="channel-nudges", daemon=True).start()
+            _nudge_loop = (os.getpid(), loop)
+        return _nudge_loop[1]
+
+
+async def _group_send_nudges(layer: Any, run_id: uuid.UUID | None, seq: int, inbox: bool) -> None:
+    if run_id is not None:
+        await layer.group_send(run_group(run_id), {"type": "run.nudge", "seq": seq})
+    if inbox:
+        await layer.group_send(INBOX_GROUP, {"type": "inbox.nudge"})
+
+
+def _log_failed_nudge(future: concurrent.futures.Future) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("channel-layer nudge failed: %r", future.exception())
+
+
 def send_nudge(run_id: uuid.UUID | None, seq: int = 0, *, inbox: bool = False) -> None:
     """Tell viewers "new events exist". At-most-once by design: losing one costs latency only."""
     try:
@@ -134,6 +169,14 @@ def send_nudge(run_id: uuid.UUID | None, seq: int = 0, *, inbox: bool = False) -
         layer = get_channel_layer()
         if layer is None:
             return
+        if settings.REDIS_URL:
+            # cross-process layer: fire and forget on the background loop (never blocks a commit)
+            future = asyncio.run_coroutine_threadsafe(
+                _group_send_nudges(layer, run_id, seq, inbox), _nudge_sender_loop()
+            )
+            future.add_done_callback(_log_failed_nudge)
+            return
+        # in-memory layer: deliver on the caller's (the web server's) loop, where its consumers are
         if run_id is not None:
             async_to_sync(layer.group_send)(run_group(run_id), {"type": "run.nudge", "seq": seq})
         if inbox:
