@@ -245,7 +245,7 @@ def persistence_benchmark() -> dict:
 
 
 # ---------------------------------------------------------------------------- report
-def markdown(rows: list[dict], persist: dict) -> str:
+def markdown(rows: list[dict], persist: dict, load: tuple[float, float]) -> str:
     cpu = os.cpu_count()
     lines = [
         "## Streaming",
@@ -261,7 +261,9 @@ def markdown(rows: list[dict], persist: dict) -> str:
         "PostgreSQL with fsync on, one daphne process; PostgreSQL, daphne, the writer and every "
         "viewer share the machine. "
         f"One `model.delta` commit every {WRITE_INTERVAL_S * 1000:.0f} ms, {EVENTS_PER_CASE} events "
-        f"per case; poll interval {POLL_SECONDS * 1000:.0f} ms.",
+        f"per case; poll interval {POLL_SECONDS * 1000:.0f} ms. 1-minute load average "
+        f"{load[0]:.1f} before and {load[1]:.1f} after the run (other work on the machine shows up "
+        "in these figures; compare runs at a similar load).",
         "",
         "| channel layer | viewers | p50 (ms) | p99 (ms) | max (ms) | frames measured | target p99 |",
         "|---|---:|---:|---:|---:|---:|---|",
@@ -316,10 +318,11 @@ def main() -> None:
     if not os.environ.get("DATABASE_URL"):
         sys.exit("run under scripts/with-postgres.sh (or set DATABASE_URL)")
     setup_django()
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="stream-bench-") as tmp:
         rows = [] if args.skip_latency else latency_benchmarks(Path(tmp))
         persist = persistence_benchmark()
-    section = markdown(rows, persist)
+    section = markdown(rows, persist, (load_before, os.getloadavg()[0]))
     print()
     print(section)
     if args.write_docs:
