@@ -405,3 +405,47 @@ def measure_continuation(w: Proc, in_flight: set, killed_at: datetime, round_no:
         f"swept and re-enqueued after {rung}; then the run waits for a free q2 worker)",
         (first - killed_at).total_seconds(),
     )
+
+
+# ------------------------------------------------------------------ the sweeper's timing rule
+def test_sweeper_rerings_a_dead_workers_run_as_soon_as_its_lease_expires(settings, seeded):
+    """A run whose lease was renewed after its last doorbell had its task taken by a worker that
+    died: it is re-enqueued as soon as the lease expires (TTL + sweep interval), not after the
+    resweep guard that protects runs whose task is still waiting in the queue."""
+    from datetime import timedelta
+
+    from agentruns.tasks import sweep
+
+    settings.AGENTRUNS_LEASE_TTL_SECONDS = 2
+    now = timezone.now()
+    taken = start_run("refund", {"order_id": "ORD-1001"}).run
+    in_queue = start_run("refund", {"order_id": "ORD-1002"}).run
+    live = start_run("refund", {"order_id": "ORD-1003"}).run
+    # taken at now-2.5s (lease renewed after the doorbell at now-3s), expired 0.5 s ago
+    Run.objects.filter(id=taken.id).update(
+        status=RunStatus.RUNNING, enqueued_at=now - timedelta(seconds=3),
+        lease_owner="dead-worker", lease_expires_at=now - timedelta(seconds=0.5),
+    )
+    # re-enqueued 1 s ago after an older lease expired: its task has not been picked up yet
+    Run.objects.filter(id=in_queue.id).update(
+        status=RunStatus.RUNNING, enqueued_at=now - timedelta(seconds=1),
+        lease_owner="dead-worker", lease_expires_at=now - timedelta(seconds=1.5),
+    )
+    # a live lease is never touched
+    Run.objects.filter(id=live.id).update(
+        status=RunStatus.RUNNING, enqueued_at=now - timedelta(seconds=30),
+        lease_owner="live-worker", lease_expires_at=now + timedelta(seconds=1),
+    )
+    assert sweep(now) == 1
+    assert Run.objects.get(id=taken.id).enqueued_at == now
+    assert Run.objects.get(id=in_queue.id).enqueued_at == now - timedelta(seconds=1)
+    assert Run.objects.get(id=live.id).enqueued_at == now - timedelta(seconds=30)
+    # a second sweeper right after rings nobody: the doorbell is now newer than the lease
+    assert sweep(now + timedelta(seconds=0.5)) == 0
+    # 5 s on: the queued-but-unclaimed one is rung again as a backstop (the guard passed), and
+    # the once-live lease has expired by then too
+    later = now + timedelta(seconds=5)
+    assert sweep(later) == 2
+    assert Run.objects.get(id=in_queue.id).enqueued_at == later
+    assert Run.objects.get(id=live.id).enqueued_at == later
+    assert Run.objects.get(id=taken.id).enqueued_at == now
