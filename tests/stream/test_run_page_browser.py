@@ -64,13 +64,58 @@ def browser():
         chromium.close()
 
 
-def test_run_page_streams_and_survives_a_server_restart(tmp_path, lead, seeded, browser, settings):
+def set_browser_password(user, settings) -> None:
     # the suite hashes with MD5 for speed; the server process only knows the real hashers
     from django.conf import global_settings
 
     settings.PASSWORD_HASHERS = global_settings.PASSWORD_HASHERS
-    lead.set_password("browser-pw")
-    lead.save()
+    user.set_password("browser-pw")
+    user.save()
+
+
+def logged_in_page(browser, base_url: str):
+    page = browser.new_page()
+    page.add_init_script(RECORDER)
+    page.goto(f"{base_url}/accounts/login/")
+    page.fill("input[name=username]", "lead")
+    page.fill("input[name=password]", "browser-pw")
+    page.click("button[type=submit]")
+    page.wait_for_url(lambda url: "/accounts/login" not in url, timeout=60_000)
+    return page
+
+
+def start_run_api(base_url: str, token: str, order: str, message: str) -> str:
+    created = httpx.post(
+        f"{base_url}/api/runs",
+        json={"agent": "refund", "input": {"order_id": order, "message": message}},
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+    )
+    assert created.status_code == 201, created.text
+    return created.json()["id"]
+
+
+def assert_page_shows_the_run(page, run: Run) -> None:
+    turns = page.eval_on_selector_all("#live-text .turn", "els => els.map(e => e.textContent)")
+    model_texts = list(
+        Step.objects.filter(run=run, kind="model").order_by("index").values_list("text", flat=True)
+    )
+    assert turns == model_texts  # every turn once, in order, nothing doubled at any seam
+    assert page.inner_text("#live-text").count(run.output) == 1
+    assert page.inner_text("#run-output").strip() == run.output.strip()
+    assert page.get_attribute("#run", "data-last-seq") == str(run.last_seq)
+    assert page.inner_text("#run-status") == run.status
+    # the step table was updated in place: one row per step, each with its final status
+    page.wait_for_function(
+        f"document.querySelectorAll('#steps tr[id^=step-]').length === {run.steps.count()}",
+        timeout=60_000,
+    )
+    for step in run.steps.all():
+        assert page.inner_text(f"#step-{step.index} .chip") == step.status
+
+
+def test_run_page_streams_and_survives_a_server_restart(tmp_path, lead, seeded, browser, settings):
+    set_browser_password(lead, settings)
     token = create_token(lead)
     web_port, gateway_port = free_port(), free_port()
     env = {
@@ -85,22 +130,9 @@ def test_run_page_streams_and_survives_a_server_restart(tmp_path, lead, seeded, 
     webs = [web]
     worker = start_worker(tmp_path, **env)
     try:
-        page = browser.new_page()
-        page.add_init_script(RECORDER)
-        page.goto(f"{base_url}/accounts/login/")
-        page.fill("input[name=username]", "lead")
-        page.fill("input[name=password]", "browser-pw")
-        page.click("button[type=submit]")
-        page.wait_for_url(lambda url: "/accounts/login" not in url, timeout=60_000)
+        page = logged_in_page(browser, base_url)
 
-        created = httpx.post(
-            f"{base_url}/api/runs",
-            json={"agent": "refund", "input": {"order_id": "ORD-1007", "message": "Never arrived."}},
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=30,
-        )
-        assert created.status_code == 201, created.text
-        run_id = created.json()["id"]
+        run_id = start_run_api(base_url, token, "ORD-1007", "Never arrived.")
         page.goto(f"{base_url}/runs/{run_id}/")
         page.wait_for_selector("#conn[data-state=live]", timeout=60_000)
         # the text grows while we watch
@@ -122,15 +154,7 @@ def test_run_page_streams_and_survives_a_server_restart(tmp_path, lead, seeded, 
             lambda: Run.objects.filter(id=run_id, status="succeeded").first(), timeout=60,
             message="run succeeded",
         )
-        turns = page.eval_on_selector_all("#live-text .turn", "els => els.map(e => e.textContent)")
-        model_texts = list(
-            Step.objects.filter(run=run, kind="model").order_by("index").values_list("text", flat=True)
-        )
-        assert turns == model_texts  # every turn once, in order, nothing doubled at any seam
-        live_text = page.inner_text("#live-text")
-        assert live_text.count(run.output) == 1
-        assert page.inner_text("#run-output").strip() == run.output.strip()
-        assert page.get_attribute("#run", "data-last-seq") == str(run.last_seq)
+        assert_page_shows_the_run(page, run)
 
         lengths = page.evaluate("window.__textLengths")
         states = page.evaluate("window.__connStates")
@@ -147,4 +171,41 @@ def test_run_page_streams_and_survives_a_server_restart(tmp_path, lead, seeded, 
         gateway.stop()
         # Playwright's sync API runs an event loop in this thread, so Django's per-context
         # connection used above is not the one pytest-django closes: close it here
+        connections.close_all()
+
+
+def test_approval_card_appears_when_the_run_parks_and_goes_when_decided(tmp_path, lead, seeded, browser, settings):
+    set_browser_password(lead, settings)
+    token = create_token(lead)
+    port = free_port()
+    env = {"SCRIPTED_MODEL_DELAY_MS": "20", "REFUND_APPROVAL_THRESHOLD_CENTS": "0",
+           "AGENTRUNS_STREAM_POLL_SECONDS": "0.1",
+           "REFUND_GATEWAY_URL": f"http://127.0.0.1:{port}/gateway"}
+    web, base_url = start_web(tmp_path, port=port, **env)
+    worker = start_worker(tmp_path, **env)
+    try:
+        page = logged_in_page(browser, base_url)
+        run_id = start_run_api(base_url, token, "ORD-1011", "Wrong size.")
+        page.goto(f"{base_url}/runs/{run_id}/")
+        # no reload: the card arrives through the stream when the run parks
+        page.wait_for_selector("#approval-card .approval-card", timeout=120_000)
+        assert "issue_refund" in page.inner_text("#approval-card")
+        page.wait_for_selector("#run-status.s-waiting", timeout=60_000)
+        assert page.get_attribute("#conn", "data-state") == "live"  # waiting is not finished
+
+        pending = httpx.get(f"{base_url}/api/approvals?status=pending",
+                            headers={"Authorization": f"Bearer {token}"}).json()["approvals"]
+        approval = next(a for a in pending if a["run_id"] == run_id)
+        decided = httpx.post(f"{base_url}/api/approvals/{approval['id']}", json={"decision": "approve"},
+                             headers={"Authorization": f"Bearer {token}"})
+        assert decided.status_code == 200, decided.text
+
+        page.wait_for_selector("#conn[data-state=finished]", timeout=180_000)
+        page.wait_for_function("!document.querySelector('#approval-card .approval-card')", timeout=60_000)
+        run = wait_until(lambda: Run.objects.filter(id=run_id, status="succeeded").first(), timeout=60,
+                         message="run succeeded")
+        assert_page_shows_the_run(page, run)
+    finally:
+        worker.stop()
+        web.stop()
         connections.close_all()
