@@ -29,7 +29,7 @@ from django.conf import settings
 
 from .events import run_group
 from .fragments import encoded_frames_after
-from .models import TERMINAL_RUN_STATUSES, Run
+from .models import Run
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +254,3 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
         except Exception:
             log.exception("run stream %s failed", self.run_id)
             await self.close(code=1011)
-
-
-def is_terminal_status(status: str) -> bool:
-    return status in TERMINAL_RUN_STATUSES
