@@ -176,8 +176,17 @@ def run_stream_scenario(tmp_path, lead, extra_env: dict[str, str], seed: int) ->
 
 
 def test_resume_across_random_disconnects_and_a_restart_with_memory_layer(tmp_path, lead, seeded):
-    viewers = run_stream_scenario(tmp_path, lead, {"AGENTRUNS_STREAM_POLL_SECONDS": "0.1"}, seed=4)
+    env = {
+        "AGENTRUNS_STREAM_POLL_SECONDS": "0.1",
+        # the worker also dies once in every model step, mid-stream: the partial text of that
+        # attempt is superseded and must not reach the concatenated text
+        "AGENTRUNS_FAILPOINTS": "model_streaming:refund=crash_once",
+        "AGENTRUNS_FAILPOINT_DIR": str(tmp_path / "failpoints"),
+    }
+    viewers = run_stream_scenario(tmp_path, lead, env, seed=4)
     assert viewers[0].failed_connects >= 1  # the restart was seen by the client
+    for viewer in viewers:
+        assert any(f["type"] == "model.superseded" for f in viewer.frames)
 
 
 def test_resume_across_random_disconnects_and_a_restart_with_redis(tmp_path, lead, seeded, redis_server):
