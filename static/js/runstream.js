@@ -109,7 +109,7 @@
         const res = await fetch(window.location.pathname, { headers: { "X-Requested-With": "runstream" } });
         if (!res.ok) return;
         const doc = new DOMParser().parseFromString(await res.text(), "text/html");
-        for (const sel of ["#steps", "#approval-card", ".svgwrap", ".facts"]) {
+        for (const sel of ["#steps", "#approval-card", ".svgwrap", ".facts", ".run-head .actions"]) {
           const fresh = doc.querySelector(sel);
           const here = document.querySelector(sel);
           if (fresh && here) here.innerHTML = fresh.innerHTML;
