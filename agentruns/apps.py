@@ -11,3 +11,10 @@ class AgentRunsConfig(AppConfig):
         from django.utils.module_loading import autodiscover_modules
 
         autodiscover_modules("agents")
+        # agents that live outside an installed app (benchmarks, scripts): a comma list
+        from importlib import import_module
+
+        from django.conf import settings
+
+        for module in filter(None, settings.AGENTRUNS_AGENT_MODULES.split(",")):
+            import_module(module.strip())

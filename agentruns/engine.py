@@ -3,7 +3,7 @@
 `RunExecutor(run_id).advance()` is the body of the `advance_run` task. It claims the run's lease
 with one conditional UPDATE, then drives the run step by step until it finishes, parks for a
 human, yields its time slice, or loses the lease. Every commit it makes is fenced on the lease
-(`events.bump_run(lease_owner=...)`), renews it, allocates the event seqs, and reads the cancel
+(`events.record(lease_owner=...)`), renews it, allocates the event seqs, and reads the cancel
 flag, all in one UPDATE, so the per-step cost does not grow with the run's history.
 
 Commits per step: a read-only tool runs and is recorded in one commit; a side-effect tool gets one
@@ -29,12 +29,13 @@ from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
-from django.db.models import Q
+from django.db.models import Q, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from . import failpoints
 from .conversation import Conversation
-from .events import LeaseLost, bump_run, write_events
+from .events import LeaseLost, record
 from .models import (
     AttemptOutcome,
     Run,
@@ -138,11 +139,10 @@ class RunExecutor:
         lease = {"lease_owner": self.owner, "lease_expires_at": now + timedelta(seconds=self.ttl)}
         with transaction.atomic():
             fresh = Run.objects.filter(free, id=self.run_id, status=RunStatus.QUEUED).update(
-                status=RunStatus.RUNNING, **lease
+                status=RunStatus.RUNNING, started_at=Coalesce("started_at", Value(now)), **lease
             )
             if fresh:
                 self.commit([("run.status", {"status": RunStatus.RUNNING})])
-                Run.objects.filter(id=self.run_id, started_at__isnull=True).update(started_at=now)
                 return True
             return bool(
                 Run.objects.filter(free, id=self.run_id, status=RunStatus.RUNNING).update(**lease)
@@ -161,11 +161,10 @@ class RunExecutor:
             set_fields.update(lease_owner="", lease_expires_at=None)
         else:
             set_fields["lease_expires_at"] = timezone.now() + timedelta(seconds=self.ttl)
-        last_seq, cancel = bump_run(
-            self.run_id, len(events), lease_owner=self.owner, set_fields=set_fields, **run_changes
+        last_seq, cancel = record(
+            self.run_id, events, lease_owner=self.owner, set_fields=set_fields, **run_changes
         )
         self.cancel_requested = cancel
-        write_events(self.run_id, last_seq, events)
         return last_seq
 
     def check_lease(self) -> None:
@@ -210,6 +209,8 @@ class RunExecutor:
         self.steps: list[Step] = list(Step.objects.filter(run_id=self.run_id).order_by("index"))
         self.conversation = Conversation(self.agent, self.run)
         self.cursor = 0  # steps[:cursor] are terminal
+        # side-effect steps whose "running + attempt" row went out in the model's commit
+        self.begun_here: set[uuid.UUID] = set()
         slice_ends = time.monotonic() + float(settings.AGENTRUNS_SLICE_SECONDS)
 
         while True:
@@ -234,13 +235,15 @@ class RunExecutor:
                 if step.status in (StepStatus.WAITING_APPROVAL, StepStatus.UNKNOWN):
                     with transaction.atomic():
                         return self.park()
-                if step.status == StepStatus.RUNNING:
+                if step.status == StepStatus.RUNNING and step.id not in self.begun_here:
                     outcome = self.recover(step)
                     if outcome:
                         return outcome
                     continue
                 if step.kind == StepKind.MODEL:
-                    self.model_turn(step)
+                    outcome = self.model_turn(step)
+                    if outcome:
+                        return outcome
                 else:
                     outcome = self.tool_step(step)
                     if outcome:
@@ -255,7 +258,9 @@ class RunExecutor:
             if stop:
                 with transaction.atomic():
                     return self.finish(RunStatus.FAILED, stop_reason=stop[0], error=stop[1])
-            self.model_turn(None)
+            outcome = self.model_turn(None)
+            if outcome:
+                return outcome
 
     def stop_condition(self) -> tuple[str, str] | None:
         if len(self.steps) >= self.run.max_steps:
@@ -270,23 +275,27 @@ class RunExecutor:
 
     # ---------------------------------------------------------------- terminal transitions
     def finish(self, status: str, *, output: str = "", error: str = "", stop_reason: str = "") -> str:
+        events, fields = self._finish_changes(status, output=output, error=error, stop_reason=stop_reason)
+        self.commit(events, release=True, set_fields=fields)
+        return status
+
+    @staticmethod
+    def _finish_changes(
+        status: str, *, output: str = "", error: str = "", stop_reason: str = ""
+    ) -> tuple[list[tuple[str, dict]], dict[str, Any]]:
         events: list[tuple[str, dict]] = []
         if output:
             events.append(("run.output", {"text": output}))
         events.append(("run.status", {"status": status, "error": error, "stop_reason": stop_reason}))
-        self.commit(
-            events,
-            release=True,
-            set_fields={
-                "status": status,
-                "output": output,
-                "error": error,
-                "stop_reason": stop_reason,
-                "finished_at": timezone.now(),
-                "cancel_requested": False,
-            },
-        )
-        return status
+        fields = {
+            "status": status,
+            "output": output,
+            "error": error,
+            "stop_reason": stop_reason,
+            "finished_at": timezone.now(),
+            "cancel_requested": False,
+        }
+        return events, fields
 
     def park(self) -> str:
         self.commit(
@@ -349,7 +358,8 @@ class RunExecutor:
         )
 
     # ---------------------------------------------------------------- model steps
-    def model_turn(self, step: Step | None) -> None:
+    def model_turn(self, step: Step | None) -> str | None:
+        """One model step; returns the run's final status when the answer finished the run."""
         if step is None:
             index = len(self.steps)
             step_id = uuid.uuid4()
@@ -367,8 +377,7 @@ class RunExecutor:
         while True:
             attempt = step.attempts + 1
             try:
-                self._stream_model(step, attempt, messages)
-                return
+                return self._stream_model(step, attempt, messages)
             except ModelError as exc:
                 if exc.retryable and attempt < MODEL_MAX_ATTEMPTS:
                     self._record_model_failure(step, attempt, exc, final=False)
@@ -377,7 +386,7 @@ class RunExecutor:
                 self._record_model_failure(step, attempt, exc, final=True)
                 raise _RunFailed(f"model error: {exc}") from exc
 
-    def _stream_model(self, step: Step, attempt: int, messages: list[dict]) -> None:
+    def _stream_model(self, step: Step, attempt: int, messages: list[dict]) -> str | None:
         started = timezone.now()
         request = ModelRequest(
             model=self.run.model, messages=messages, tools=self.tool_schemas, agent=self.agent
@@ -401,7 +410,7 @@ class RunExecutor:
                 calls.append(chunk)
             elif isinstance(chunk, Usage):
                 usage = chunk
-        self._complete_model_step(step, attempt, "".join(text), pending, calls, usage, started)
+        return self._complete_model_step(step, attempt, "".join(text), pending, calls, usage, started)
 
     def _begin_attempt(self, step: Step, attempt: int, started: Any, status: str) -> None:
         """Persist the step (first time: insert) as running with a fresh attempt row."""
@@ -434,6 +443,10 @@ class RunExecutor:
     ) -> None:
         now = timezone.now()
         events: list[tuple[str, dict]] = []
+        planned = self._plan_tool_steps(calls, now)
+        # read-only calls at the head of the plan run now and are recorded in the model's commit:
+        # if we die first, both the model turn and the read are simply done again
+        eager = self._run_read_only_prefix(planned)
         with transaction.atomic():
             first_commit = step._state.adding or step.attempts < attempt
             step.status = StepStatus.SUCCEEDED
@@ -442,41 +455,107 @@ class RunExecutor:
             step.prompt_tokens, step.completion_tokens = usage.prompt_tokens, usage.completion_tokens
             step.finished_at = now
             step.error = ""
-            if first_commit:
+            new_rows: list[Step] = []
+            new_attempts: list[StepAttempt] = []
+            if first_commit:  # nothing streamed by this attempt: its rows go in with the plan
                 step.attempts = attempt
                 step.started_at = step.started_at or started
-                step.save()
-                step._state.adding = False
-                StepAttempt.objects.create(
+                if step._state.adding:
+                    new_rows.append(step)
+                else:  # a re-run of a step a dead worker left behind
+                    step.save()
+                new_attempts.append(StepAttempt(
                     step=step, number=attempt, worker=self.owner, started_at=started,
                     finished_at=now, outcome=AttemptOutcome.SUCCEEDED,
-                )
+                ))
                 events.append(("step.started", {**self._step_data(step), "status": StepStatus.RUNNING}))
             else:
-                step.save()
+                step.save(update_fields=[
+                    "status", "text", "tool_calls", "prompt_tokens", "completion_tokens",
+                    "finished_at", "error",
+                ])
                 StepAttempt.objects.filter(step=step, number=attempt).update(
                     finished_at=now, outcome=AttemptOutcome.SUCCEEDED
                 )
             if tail:
                 events.append(("model.delta", {"step": step.index, "attempt": attempt, "text": tail}))
             events.append(("step.succeeded", self._step_data(step)))
-            planned = self._plan_tool_steps(step, calls, now)
-            events.extend(("step.planned", self._step_data(s)) for s in planned)
+            begun = self._begin_next_side_effect(planned, eager, now)
+            Step.objects.bulk_create(new_rows + planned)
+            StepAttempt.objects.bulk_create(new_attempts + [row for _, row in eager] + begun)
+            for planned_step in planned:
+                events.append(("step.planned", {**self._step_data(planned_step), "status": StepStatus.PENDING}))
+                if planned_step.status == StepStatus.SUCCEEDED:
+                    events.append(("step.succeeded", self._step_data(planned_step)))
+                elif planned_step.status == StepStatus.RUNNING:
+                    events.append(("step.started", self._step_data(planned_step)))
             self.run.prompt_tokens += usage.prompt_tokens
             self.run.completion_tokens += usage.completion_tokens
             cost = model_cost_usd(self.run.model or settings.AGENTRUNS_MODEL, usage)
             self.run.cost_usd = Decimal(self.run.cost_usd) + cost
+            fields: dict[str, Any] = {"step_count": len(self.steps)}
+            final = not calls  # the answer: finish the run in this same commit
+            if final:
+                finish_events, finish_fields = self._finish_changes(RunStatus.SUCCEEDED, output=text)
+                events.extend(finish_events)
+                fields.update(finish_fields)
             self.commit(
                 events,
-                set_fields={"step_count": len(self.steps)},
+                release=final,
+                set_fields=fields,
                 incr_fields={
                     "prompt_tokens": usage.prompt_tokens,
                     "completion_tokens": usage.completion_tokens,
                     "cost_usd": cost,
                 },
             )
+        for eager_step, _ in eager:
+            failpoints.hit("step_persisted", tool=eager_step.tool, step_id=eager_step.id)
+        for attempt_row in begun:
+            failpoints.hit("step_started", tool=attempt_row.step.tool, step_id=attempt_row.step_id)
+        return RunStatus.SUCCEEDED if final else None
 
-    def _plan_tool_steps(self, model_step: Step, calls: list[ToolCall], now: Any) -> list[Step]:
+    def _run_read_only_prefix(self, planned: list[Step]) -> list[tuple[Step, StepAttempt]]:
+        done = []
+        for step in planned:
+            if step.status != StepStatus.PENDING:
+                continue  # a refused call: already failed, its error goes back to the model
+            tool = get_tool(step.tool)
+            if tool.side_effect or tool.needs_approval(step.arguments):
+                break  # order matters: nothing after a side effect runs ahead of it
+            started = timezone.now()
+            failpoints.hit("step_started", tool=step.tool, step_id=step.id)
+            ctx = ToolContext(run=self.run, step=step, attempt=1, idempotency_key=step.idempotency_key)
+            try:
+                result = json.loads(json.dumps(tool.func(ctx, **step.arguments), default=str))
+            except Exception:
+                break  # leave it pending: the normal path runs it with its retry policy
+            failpoints.hit("tool_returned", tool=step.tool, step_id=step.id)
+            now = timezone.now()
+            step.status, step.result, step.attempts = StepStatus.SUCCEEDED, result, 1
+            step.started_at, step.finished_at = started, now
+            done.append((step, StepAttempt(step=step, number=1, worker=self.owner, started_at=started,
+                                           finished_at=now, outcome=AttemptOutcome.SUCCEEDED)))
+        return done
+
+    def _begin_next_side_effect(
+        self, planned: list[Step], eager: list[tuple[Step, StepAttempt]], now: Any
+    ) -> list[StepAttempt]:
+        """The first side-effect call of the plan is written as running + attempt 1 in the model's
+        commit: its idempotency key is durable before the call, with no extra commit."""
+        eager_ids = {s.id for s, _ in eager}
+        for step in planned:
+            if step.id in eager_ids or step.status != StepStatus.PENDING:
+                continue
+            tool = get_tool(step.tool)
+            if not tool.side_effect or tool.needs_approval(step.arguments):
+                return []
+            step.status, step.attempts, step.started_at = StepStatus.RUNNING, 1, now
+            self.begun_here.add(step.id)
+            return [StepAttempt(step=step, number=1, worker=self.owner, started_at=now)]
+        return []
+
+    def _plan_tool_steps(self, calls: list[ToolCall], now: Any) -> list[Step]:
         """Tool calls become rows in the commit that records the model response (invariant 3).
         Bad calls (unknown tool, outside the snapshot, bad JSON, schema) are failed steps whose
         error goes back to the model (invariant 7)."""
@@ -500,7 +579,6 @@ class RunExecutor:
                 step.finished_at = now
             self.steps.append(step)
             planned.append(step)
-        Step.objects.bulk_create(planned)
         return planned
 
     def _validated_arguments(self, call: ToolCall) -> dict:
@@ -560,14 +638,18 @@ class RunExecutor:
         return self._execute(step, tool)
 
     def _execute(self, step: Step, tool: Tool) -> str | None:
-        attempt = step.attempts + 1
-        started = timezone.now()
-        if tool.side_effect:
-            # the "before" commit: running + attempt, so a crash is seen and resumed by class
-            with transaction.atomic():
-                self._begin_attempt(step, attempt, started, StepStatus.RUNNING)
-                self.commit([("step.started", self._step_data(step))])
-        failpoints.hit("step_started", tool=step.tool, step_id=step.id)
+        if step.id in self.begun_here:  # its "before" commit was the model's commit
+            self.begun_here.discard(step.id)
+            attempt, started = step.attempts, step.started_at
+        else:
+            attempt = step.attempts + 1
+            started = timezone.now()
+            if tool.side_effect:
+                # the "before" commit: running + attempt, so a crash is seen and resumed by class
+                with transaction.atomic():
+                    self._begin_attempt(step, attempt, started, StepStatus.RUNNING)
+                    self.commit([("step.started", self._step_data(step))])
+            failpoints.hit("step_started", tool=step.tool, step_id=step.id)
         ctx = ToolContext(run=self.run, step=step, attempt=attempt, idempotency_key=step.idempotency_key)
         try:
             result = tool.func(ctx, **step.arguments)
@@ -590,7 +672,9 @@ class RunExecutor:
                 )
             step.status, step.result, step.error = StepStatus.SUCCEEDED, result, ""
             step.attempts, step.finished_at, step.next_attempt_at = attempt, now, None
-            step.save()
+            step.save(update_fields=[
+                "status", "result", "error", "attempts", "started_at", "finished_at", "next_attempt_at",
+            ])
             events.append(("step.succeeded", self._step_data(step)))
             self.commit(events)
         failpoints.hit("step_persisted", tool=step.tool, step_id=step.id)

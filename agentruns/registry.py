@@ -86,6 +86,7 @@ class Tool:
     requires_approval: bool | Callable[[dict], bool] = False
     redact: Sequence[str] = ()
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    _compiled: Any = field(default=None, repr=False, compare=False)
 
     def needs_approval(self, arguments: dict) -> bool:
         if callable(self.requires_approval):
@@ -95,12 +96,19 @@ class Tool:
     def validate(self, arguments: Any) -> dict:
         if not isinstance(arguments, dict):
             raise ToolArgumentsError(f"arguments for {self.name} must be a JSON object")
-        try:
-            jsonschema.validate(arguments, self.parameters)
-        except jsonschema.ValidationError as exc:
-            where = "/".join(str(p) for p in exc.absolute_path) or "arguments"
-            raise ToolArgumentsError(f"{self.name}: {where}: {exc.message}") from None
+        error = jsonschema.exceptions.best_match(self._validator().iter_errors(arguments))
+        if error is not None:
+            where = "/".join(str(p) for p in error.absolute_path) or "arguments"
+            raise ToolArgumentsError(f"{self.name}: {where}: {error.message}")
         return arguments
+
+    def _validator(self) -> Any:
+        # built once per tool: jsonschema.validate() re-checks the schema itself on every call
+        if self._compiled is None:
+            cls = jsonschema.validators.validator_for(self.parameters)
+            cls.check_schema(self.parameters)
+            self._compiled = cls(self.parameters)
+        return self._compiled
 
     def schema(self) -> dict:
         """The OpenAI-style function schema the model sees."""

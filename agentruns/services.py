@@ -49,6 +49,7 @@ def start_run(
     dedupe_key: str | None = None,
     user: Any = None,
     model: str | None = None,
+    enqueue_task: bool = True,
 ) -> StartResult:
     """Create and enqueue a run; a repeated (agent, dedupe_key) returns the existing run.
 
@@ -90,7 +91,8 @@ def start_run(
                 run.id,
                 [("run.created", {"agent": agent_name, "by": actor_name(user), "status": "queued"})],
             )
-            enqueue(run.id)
+            if enqueue_task:  # False: the caller executes it in-process (benchmarks, scripts)
+                enqueue(run.id)
     except IntegrityError:
         if dedupe_key is None:
             raise
