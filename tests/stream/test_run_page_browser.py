@@ -105,13 +105,18 @@ def assert_page_shows_the_run(page, run: Run) -> None:
     assert page.inner_text("#run-output").strip() == run.output.strip()
     assert page.get_attribute("#run", "data-last-seq") == str(run.last_seq)
     assert page.inner_text("#run-status") == run.status
-    # the step table was updated in place: one row per step, each with its final status
+    # the step table was updated in place (no reload): one row per step, each with its final
+    # status (the table is refetched shortly after the step events, so wait for it to settle)
+    statuses = list(run.steps.order_by("index").values_list("status", flat=True))
     page.wait_for_function(
-        f"document.querySelectorAll('#steps tr[id^=step-]').length === {run.steps.count()}",
+        """expected => {
+            const chips = [...document.querySelectorAll('#steps tr[id^=step-]')]
+                .map(row => row.querySelector('.chip').textContent.trim());
+            return JSON.stringify(chips) === JSON.stringify(expected);
+        }""",
+        arg=statuses,
         timeout=60_000,
     )
-    for step in run.steps.all():
-        assert page.inner_text(f"#step-{step.index} .chip") == step.status
 
 
 def test_run_page_streams_and_survives_a_server_restart(tmp_path, lead, seeded, browser, settings):
