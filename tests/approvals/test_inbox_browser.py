@@ -1,6 +1,6 @@
 """The inbox in a real Chromium (daphne + qcluster on PostgreSQL): items appear without a reload,
-typing survives the poll, approve-with-edits and reject work in place, the nav count follows,
-and the gateway ledger agrees.
+typing survives a refresh of the list, approve-with-edits and reject work in place, the nav
+count follows, and the gateway ledger agrees.
 """
 
 from __future__ import annotations
@@ -76,28 +76,34 @@ def test_approve_with_a_lowered_amount_and_reject_in_the_inbox(tmp_path, seeded,
         if os.environ.get("INBOX_SCREENSHOT"):  # for a person to look at the layout
             page.screenshot(path=os.environ["INBOX_SCREENSHOT"], full_page=True)
 
-        # type a lowered amount; the list refreshes twice meanwhile and the typing survives
+        # type a lowered amount; a third item arrives meanwhile, the list re-renders, and the
+        # typing survives (the decision forms are hx-preserve'd)
         lowered = order.amount_cents - 500
         card1.locator("summary").click()
         amount = card1.locator("input[name=arg_amount_cents]")
         amount.fill(str(lowered))
         assert "Will approve with: amount_cents" in card1.locator(".diff-preview").inner_text()
         swaps = page.evaluate("window.__swaps")
-        page.wait_for_function(f"window.__swaps >= {swaps + 2}", timeout=WAIT_MS)
+        third = start_run("refund", {"order_id": "ORD-1012", "message": "Wrong colour"}).run
+        a3 = wait_until(lambda: Approval.objects.filter(run=third).first(), timeout=90, message="third approval")
+        page.locator(f"#approval-{a3.id}").wait_for(timeout=WAIT_MS)
+        assert page.evaluate("window.__swaps") > swaps
         assert page.locator(f"#approval-{a1.id} input[name=arg_amount_cents]").input_value() == str(lowered)
+        assert "Will approve with: amount_cents" in page.locator(f"#approval-{a1.id} .diff-preview").inner_text()
 
         page.locator(f"#approval-{a1.id} button[value=approve]").click()
         log = page.locator("#decision-log")
         log.locator("li").first.wait_for(timeout=WAIT_MS)
         assert f"amount_cents {order.amount_cents} → {lowered}" in log.inner_text()
         page.locator(f"#approval-{a1.id}").wait_for(state="detached", timeout=WAIT_MS)
-        page.wait_for_function("document.getElementById('nav-pending').textContent.trim() === '1'", timeout=WAIT_MS)
+        page.wait_for_function("document.getElementById('nav-pending').textContent.trim() === '2'", timeout=WAIT_MS)
 
         why = "the parcel is still on its way"
         page.locator(f"#approval-{a2.id} input[name=reason]").fill(why)
         page.locator(f"#approval-{a2.id} button[value=reject]").click()
         page.locator(f"#approval-{a2.id}").wait_for(state="detached", timeout=WAIT_MS)
-        page.wait_for_function("document.getElementById('nav-pending').textContent.trim() === '0'", timeout=WAIT_MS)
+        page.wait_for_function("document.getElementById('nav-pending').textContent.trim() === '1'", timeout=WAIT_MS)
+        assert page.locator(f"#approval-{a3.id}").is_visible()
         assert "Rejected" in log.inner_text()
 
         def done(run: Run):

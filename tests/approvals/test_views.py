@@ -272,3 +272,17 @@ def test_query_count_with_10000_pending(client, approver):
     assert re.search(r'id="pending-count">10000<', html)
     deep = re.search(r'href="\?(before=[^"]+)" rel="next"', html).group(1)
     assert _queries(client, INBOX + "?" + deep) == few
+
+
+def test_poll_answers_204_when_nothing_changed(client, approver):
+    bulk_pending(3)
+    login(client, approver)
+    fragment = client.get(INBOX + "?fragment=items", **HX).content.decode()
+    signature = re.search(r'id="inbox-state" data-signature="([0-9a-f]+)"', fragment).group(1)
+    with CaptureQueriesContext(connection) as ctx:
+        response = client.get(INBOX + f"?fragment=items&sig={signature}", **HX)
+    assert response.status_code == 204 and response.content == b""
+    assert not any("ROW_NUMBER" in q["sql"] for q in ctx.captured_queries)  # no card reads
+    new = bulk_pending(1)
+    response = client.get(INBOX + f"?fragment=items&sig={signature}", **HX)
+    assert response.status_code == 200 and f'id="approval-{new[0].id}"' in response.content.decode()
