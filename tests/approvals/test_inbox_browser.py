@@ -120,3 +120,8 @@ def test_approve_with_a_lowered_amount_and_reject_in_the_inbox(tmp_path, seeded,
     finally:
         worker.stop()
         web.stop()
+        # with Playwright's loop running, this body had its own DB connection: close it so the
+        # test database can be dropped at the end of the session
+        from django.db import connections
+
+        connections.close_all()
