@@ -135,8 +135,10 @@ async def _listen(feed: RunFeed, layer) -> None:
 async def _follow(feed: RunFeed) -> None:
     """Read new events on every nudge, and at least every AGENTRUNS_STREAM_POLL_SECONDS."""
     poll = float(settings.AGENTRUNS_STREAM_POLL_SECONDS)
+    loop = asyncio.get_running_loop()
     while True:
         feed.wake.clear()
+        tick = loop.time()  # fixed-rate ticks: the read's own time does not stretch the interval
         try:
             frames = await database_sync_to_async(encoded_frames_after)(feed.run_id, feed.head, BATCH)
         except asyncio.CancelledError:
@@ -150,7 +152,7 @@ async def _follow(feed: RunFeed) -> None:
         if len(frames) == BATCH and len(contiguous) == len(frames):
             continue  # more backlog: read on without waiting
         try:
-            await asyncio.wait_for(feed.wake.wait(), timeout=poll)
+            await asyncio.wait_for(feed.wake.wait(), timeout=max(0.0, tick + poll - loop.time()))
         except TimeoutError:
             pass
 

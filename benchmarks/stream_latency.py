@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 VIEWER_COUNTS = (1, 20, 100)
-EVENTS_PER_CASE = 200
+EVENTS_PER_CASE = 400
 WRITE_INTERVAL_S = 0.05
 POLL_SECONDS = 0.25  # the default AGENTRUNS_STREAM_POLL_SECONDS
 COMMAND = 'PG_EXTRA_OPTS=" " scripts/with-postgres.sh .venv/bin/python -m benchmarks.stream_latency --write-docs'
