@@ -28,14 +28,14 @@ from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, connection, transaction
+from django.db import DataError, close_old_connections, connection, transaction
 from django.db.models import Q, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from . import failpoints
 from .conversation import Conversation
-from .events import LeaseLost, record
+from .events import LeaseLost, record, record_statement, recorded
 from .models import (
     AttemptOutcome,
     Run,
@@ -55,10 +55,13 @@ from .registry import (
     get_agent,
     get_tool,
 )
+from .rows import WriteBatch
 
 log = logging.getLogger(__name__)
 
 MODEL_MAX_ATTEMPTS = 3
+MODEL_STEP_FIELDS = ["status", "text", "tool_calls", "prompt_tokens", "completion_tokens", "finished_at", "error"]
+TOOL_RESULT_FIELDS = ["status", "result", "error", "attempts", "started_at", "finished_at", "next_attempt_at"]
 
 
 def worker_id() -> str:
@@ -153,19 +156,42 @@ class RunExecutor:
         events: list[tuple[str, dict]],
         *,
         release: bool = False,
+        batch: WriteBatch | None = None,
         **run_changes: Any,
     ) -> int:
-        """The fenced run UPDATE + events; call inside transaction.atomic()."""
+        """The fenced run UPDATE + events, after the writes in `batch`, as one transaction.
+
+        With a batch on PostgreSQL outside any transaction this is one round trip, guarded by a
+        row lock on the run that aborts everything if the lease is no longer ours."""
         set_fields = dict(run_changes.pop("set_fields", {}))
         if release:
             set_fields.update(lease_owner="", lease_expires_at=None)
         else:
             set_fields["lease_expires_at"] = timezone.now() + timedelta(seconds=self.ttl)
-        last_seq, cancel = record(
-            self.run_id, events, lease_owner=self.owner, set_fields=set_fields, **run_changes
-        )
+        changes = dict(lease_owner=self.owner, set_fields=set_fields, **run_changes)
+        if batch is not None and batch.one_round_trip and events:
+            try:
+                rows = batch.run(record_statement(self.run_id, events, **changes), guard=self._lease_guard())
+            except DataError as exc:
+                if "division by zero" in str(exc):
+                    raise LeaseLost(str(self.run_id)) from None
+                raise
+            last_seq, cancel = recorded(self.run_id, rows, self.owner)
+        else:
+            with transaction.atomic():
+                if batch is not None:
+                    batch.execute_each()
+                last_seq, cancel = record(self.run_id, events, **changes)
         self.cancel_requested = cancel
         return last_seq
+
+    def _lease_guard(self) -> tuple[str, list[Any]]:
+        # locks the run row for the rest of the implicit transaction, or divides by zero
+        return (
+            f"SELECT 1 / count(*)::int FROM (SELECT 1 FROM {Run._meta.db_table} "
+            "WHERE id = %s AND lease_owner = %s FOR NO KEY UPDATE) AS held",
+            [self.run_id, self.owner],
+        )
 
     def check_lease(self) -> None:
         if self.heartbeat is not None and self.heartbeat.lost.is_set():
@@ -447,68 +473,68 @@ class RunExecutor:
         # read-only calls at the head of the plan run now and are recorded in the model's commit:
         # if we die first, both the model turn and the read are simply done again
         eager = self._run_read_only_prefix(planned)
-        with transaction.atomic():
-            first_commit = step._state.adding or step.attempts < attempt
-            step.status = StepStatus.SUCCEEDED
-            step.text = text
-            step.tool_calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls]
-            step.prompt_tokens, step.completion_tokens = usage.prompt_tokens, usage.completion_tokens
-            step.finished_at = now
-            step.error = ""
-            new_rows: list[Step] = []
-            new_attempts: list[StepAttempt] = []
-            if first_commit:  # nothing streamed by this attempt: its rows go in with the plan
-                step.attempts = attempt
-                step.started_at = step.started_at or started
-                if step._state.adding:
-                    new_rows.append(step)
-                else:  # a re-run of a step a dead worker left behind
-                    step.save()
-                new_attempts.append(StepAttempt(
-                    step=step, number=attempt, worker=self.owner, started_at=started,
-                    finished_at=now, outcome=AttemptOutcome.SUCCEEDED,
-                ))
-                events.append(("step.started", {**self._step_data(step), "status": StepStatus.RUNNING}))
-            else:
-                step.save(update_fields=[
-                    "status", "text", "tool_calls", "prompt_tokens", "completion_tokens",
-                    "finished_at", "error",
-                ])
-                StepAttempt.objects.filter(step=step, number=attempt).update(
-                    finished_at=now, outcome=AttemptOutcome.SUCCEEDED
-                )
-            if tail:
-                events.append(("model.delta", {"step": step.index, "attempt": attempt, "text": tail}))
-            events.append(("step.succeeded", self._step_data(step)))
-            begun = self._begin_next_side_effect(planned, eager, now)
-            Step.objects.bulk_create(new_rows + planned)
-            StepAttempt.objects.bulk_create(new_attempts + [row for _, row in eager] + begun)
-            for planned_step in planned:
-                events.append(("step.planned", {**self._step_data(planned_step), "status": StepStatus.PENDING}))
-                if planned_step.status == StepStatus.SUCCEEDED:
-                    events.append(("step.succeeded", self._step_data(planned_step)))
-                elif planned_step.status == StepStatus.RUNNING:
-                    events.append(("step.started", self._step_data(planned_step)))
-            self.run.prompt_tokens += usage.prompt_tokens
-            self.run.completion_tokens += usage.completion_tokens
-            cost = model_cost_usd(self.run.model or settings.AGENTRUNS_MODEL, usage)
-            self.run.cost_usd = Decimal(self.run.cost_usd) + cost
-            fields: dict[str, Any] = {"step_count": len(self.steps)}
-            final = not calls  # the answer: finish the run in this same commit
-            if final:
-                finish_events, finish_fields = self._finish_changes(RunStatus.SUCCEEDED, output=text)
-                events.extend(finish_events)
-                fields.update(finish_fields)
-            self.commit(
-                events,
-                release=final,
-                set_fields=fields,
-                incr_fields={
-                    "prompt_tokens": usage.prompt_tokens,
-                    "completion_tokens": usage.completion_tokens,
-                    "cost_usd": cost,
-                },
+        batch = WriteBatch()
+        # one commit: the model step, its plan, the eager reads, and the finish if it answered
+        first_commit = step._state.adding or step.attempts < attempt
+        step.status = StepStatus.SUCCEEDED
+        step.text = text
+        step.tool_calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls]
+        step.prompt_tokens, step.completion_tokens = usage.prompt_tokens, usage.completion_tokens
+        step.finished_at = now
+        step.error = ""
+        new_rows: list[Step] = []
+        new_attempts: list[StepAttempt] = []
+        if first_commit:  # nothing streamed by this attempt: its rows go in with the plan
+            step.attempts = attempt
+            step.started_at = step.started_at or started
+            if step._state.adding:
+                new_rows.append(step)
+            else:  # a re-run of a step a dead worker left behind
+                batch.update(step, MODEL_STEP_FIELDS + ["attempts", "started_at"])
+            new_attempts.append(StepAttempt(
+                step=step, number=attempt, worker=self.owner, started_at=started,
+                finished_at=now, outcome=AttemptOutcome.SUCCEEDED,
+            ))
+            events.append(("step.started", {**self._step_data(step), "status": StepStatus.RUNNING}))
+        else:
+            batch.update(step, MODEL_STEP_FIELDS)
+            batch.update(
+                StepAttempt(step=step, number=attempt, finished_at=now, outcome=AttemptOutcome.SUCCEEDED),
+                ["finished_at", "outcome"], where={"step": step.id, "number": attempt},
             )
+        if tail:
+            events.append(("model.delta", {"step": step.index, "attempt": attempt, "text": tail}))
+        events.append(("step.succeeded", self._step_data(step)))
+        begun = self._begin_next_side_effect(planned, eager, now)
+        batch.insert(new_rows + planned)
+        batch.insert(new_attempts + [row for _, row in eager] + begun)
+        for planned_step in planned:
+            events.append(("step.planned", {**self._step_data(planned_step), "status": StepStatus.PENDING}))
+            if planned_step.status == StepStatus.SUCCEEDED:
+                events.append(("step.succeeded", self._step_data(planned_step)))
+            elif planned_step.status == StepStatus.RUNNING:
+                events.append(("step.started", self._step_data(planned_step)))
+        self.run.prompt_tokens += usage.prompt_tokens
+        self.run.completion_tokens += usage.completion_tokens
+        cost = model_cost_usd(self.run.model or settings.AGENTRUNS_MODEL, usage)
+        self.run.cost_usd = Decimal(self.run.cost_usd) + cost
+        fields: dict[str, Any] = {"step_count": len(self.steps)}
+        final = not calls  # the answer: finish the run in this same commit
+        if final:
+            finish_events, finish_fields = self._finish_changes(RunStatus.SUCCEEDED, output=text)
+            events.extend(finish_events)
+            fields.update(finish_fields)
+        self.commit(
+            events,
+            release=final,
+            batch=batch,
+            set_fields=fields,
+            incr_fields={
+                "prompt_tokens": usage.prompt_tokens,
+                "completion_tokens": usage.completion_tokens,
+                "cost_usd": cost,
+            },
+        )
         for eager_step, _ in eager:
             failpoints.hit("step_persisted", tool=eager_step.tool, step_id=eager_step.id)
         for attempt_row in begun:
@@ -646,9 +672,11 @@ class RunExecutor:
             started = timezone.now()
             if tool.side_effect:
                 # the "before" commit: running + attempt, so a crash is seen and resumed by class
-                with transaction.atomic():
-                    self._begin_attempt(step, attempt, started, StepStatus.RUNNING)
-                    self.commit([("step.started", self._step_data(step))])
+                step.status, step.attempts = StepStatus.RUNNING, attempt
+                step.started_at = step.started_at or started
+                batch = WriteBatch().update(step, ["status", "attempts", "started_at"])
+                batch.insert([StepAttempt(step=step, number=attempt, worker=self.owner, started_at=started)])
+                self.commit([("step.started", self._step_data(step))], batch=batch)
             failpoints.hit("step_started", tool=step.tool, step_id=step.id)
         ctx = ToolContext(run=self.run, step=step, attempt=attempt, idempotency_key=step.idempotency_key)
         try:
@@ -658,25 +686,22 @@ class RunExecutor:
             return self._tool_failed(step, tool, attempt, started, exc)
         failpoints.hit("tool_returned", tool=step.tool, step_id=step.id)
         now = timezone.now()
-        with transaction.atomic():
-            events = []
-            if not tool.side_effect:
-                step.started_at = started
-                StepAttempt.objects.create(
-                    step=step, number=attempt, worker=self.owner, started_at=started,
-                    finished_at=now, outcome=AttemptOutcome.SUCCEEDED,
-                )
-            else:
-                StepAttempt.objects.filter(step=step, number=attempt).update(
-                    finished_at=now, outcome=AttemptOutcome.SUCCEEDED
-                )
-            step.status, step.result, step.error = StepStatus.SUCCEEDED, result, ""
-            step.attempts, step.finished_at, step.next_attempt_at = attempt, now, None
-            step.save(update_fields=[
-                "status", "result", "error", "attempts", "started_at", "finished_at", "next_attempt_at",
-            ])
-            events.append(("step.succeeded", self._step_data(step)))
-            self.commit(events)
+        batch = WriteBatch()
+        if not tool.side_effect:
+            step.started_at = started
+            batch.insert([StepAttempt(
+                step=step, number=attempt, worker=self.owner, started_at=started,
+                finished_at=now, outcome=AttemptOutcome.SUCCEEDED,
+            )])
+        else:
+            batch.update(
+                StepAttempt(step=step, number=attempt, finished_at=now, outcome=AttemptOutcome.SUCCEEDED),
+                ["finished_at", "outcome"], where={"step": step.id, "number": attempt},
+            )
+        step.status, step.result, step.error = StepStatus.SUCCEEDED, result, ""
+        step.attempts, step.finished_at, step.next_attempt_at = attempt, now, None
+        batch.update(step, TOOL_RESULT_FIELDS)
+        self.commit([("step.succeeded", self._step_data(step))], batch=batch)
         failpoints.hit("step_persisted", tool=step.tool, step_id=step.id)
         return None
 

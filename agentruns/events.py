@@ -125,22 +125,16 @@ def write_events(run_id: uuid.UUID, last_seq: int, events: Sequence[EventSpec]) 
     nudge_on_commit(run_id, last_seq)
 
 
-def record(
+def record_statement(
     run_id: uuid.UUID,
     events: Sequence[EventSpec],
     *,
     lease_owner: str | None = None,
     set_fields: dict[str, Any] | None = None,
     incr_fields: dict[str, int] | None = None,
-) -> tuple[int, bool]:
-    """`bump_run` + `write_events`; on PostgreSQL in ONE statement (a data-modifying CTE), which
-    saves a round trip on every engine commit. Returns (last seq, cancel_requested)."""
-    if connection.vendor != "postgresql" or not events:
-        last_seq, cancel = bump_run(
-            run_id, len(events), lease_owner=lease_owner, set_fields=set_fields, incr_fields=incr_fields
-        )
-        write_events(run_id, last_seq, events)
-        return last_seq, cancel
+) -> tuple[str, list[Any]]:
+    """PostgreSQL only: the run UPDATE and the event INSERT as ONE statement (a data-modifying
+    CTE). Its rows are `(seq, cancel_requested)`, none when the run (or the lease) is gone."""
     update, params = _update_sql(run_id, len(events), lease_owner, set_fields, incr_fields)
     values = ", ".join(["(%s::int, %s::text, %s::jsonb)"] * len(events))
     for i, (etype, data) in enumerate(events):
@@ -152,14 +146,41 @@ def record(
         "SELECT %s, r.last_seq - %s + v.i, v.t, v.d, %s FROM r, v "
         "RETURNING seq, (SELECT cancel_requested FROM r)"
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
+    return sql, params
+
+
+def recorded(run_id: uuid.UUID, rows: Sequence[tuple], lease_owner: str | None) -> tuple[int, bool]:
+    """Read what `record_statement` returned: (last seq, cancel_requested)."""
     if not rows:
         raise _missing(run_id, lease_owner)
     last_seq = max(int(r[0]) for r in rows)
     nudge_on_commit(run_id, last_seq)
     return last_seq, bool(rows[0][1])
+
+
+def record(
+    run_id: uuid.UUID,
+    events: Sequence[EventSpec],
+    *,
+    lease_owner: str | None = None,
+    set_fields: dict[str, Any] | None = None,
+    incr_fields: dict[str, int] | None = None,
+) -> tuple[int, bool]:
+    """`bump_run` + `write_events`; on PostgreSQL in one statement. Returns (last seq,
+    cancel_requested)."""
+    if connection.vendor != "postgresql" or not events:
+        last_seq, cancel = bump_run(
+            run_id, len(events), lease_owner=lease_owner, set_fields=set_fields, incr_fields=incr_fields
+        )
+        write_events(run_id, last_seq, events)
+        return last_seq, cancel
+    sql, params = record_statement(
+        run_id, events, lease_owner=lease_owner, set_fields=set_fields, incr_fields=incr_fields
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    return recorded(run_id, rows, lease_owner)
 
 
 def append_events(run_id: uuid.UUID, events: Iterable[EventSpec], **run_changes: Any) -> int:
