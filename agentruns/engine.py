@@ -140,6 +140,25 @@ class RunExecutor:
         now = timezone.now()
         free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
         lease = {"lease_owner": self.owner, "lease_expires_at": now + timedelta(seconds=self.ttl)}
+        if connection.vendor == "postgresql" and not connection.in_atomic_block:
+            # the common case in one round trip: queued -> running, lease, and its event
+            sql, params = record_statement(
+                self.run_id,
+                [("run.status", {"status": RunStatus.RUNNING})],
+                set_fields={"status": RunStatus.RUNNING, **lease},
+                default_fields={"started_at": now},
+                where=("status = %s AND (lease_expires_at IS NULL OR lease_expires_at < %s)",
+                       [RunStatus.QUEUED, now]),
+            )
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                rows = cursor.fetchall()
+            if rows:
+                _, self.cancel_requested = recorded(self.run_id, rows, None)
+                return True
+            return bool(
+                Run.objects.filter(free, id=self.run_id, status=RunStatus.RUNNING).update(**lease)
+            )
         with transaction.atomic():
             fresh = Run.objects.filter(free, id=self.run_id, status=RunStatus.QUEUED).update(
                 status=RunStatus.RUNNING, started_at=Coalesce("started_at", Value(now)), **lease
@@ -232,7 +251,12 @@ class RunExecutor:
                 return self.finish(RunStatus.FAILED, error=str(exc))
         self.provider = get_provider(self.run.model or settings.AGENTRUNS_MODEL)
         self.tool_schemas = [get_tool(name).schema() for name in self.run.tool_snapshot]
-        self.steps: list[Step] = list(Step.objects.filter(run_id=self.run_id).order_by("index"))
+        # a brand-new run (no steps counted, only its created + running events) has no history
+        # to read; anything else loads it once
+        fresh = self.run.step_count == 0 and self.run.last_seq <= 2
+        self.steps: list[Step] = (
+            [] if fresh else list(Step.objects.filter(run_id=self.run_id).order_by("index"))
+        )
         self.conversation = Conversation(self.agent, self.run)
         self.cursor = 0  # steps[:cursor] are terminal
         # side-effect steps whose "running + attempt" row went out in the model's commit

@@ -56,11 +56,17 @@ def _update_sql(
     lease_owner: str | None,
     set_fields: dict[str, Any] | None,
     incr_fields: dict[str, int] | None,
+    where: tuple[str, list[Any]] | None = None,
+    default_fields: dict[str, Any] | None = None,
 ) -> tuple[str, list[Any]]:
     assignments = ["last_seq = last_seq + %s"]
     params: list[Any] = [n_events]
     for name, value in (set_fields or {}).items():
         assignments.append(f"{Run._meta.get_field(name).column} = %s")
+        params.append(_db_value(name, value))
+    for name, value in (default_fields or {}).items():  # set only where still NULL
+        column = Run._meta.get_field(name).column
+        assignments.append(f"{column} = COALESCE({column}, %s)")
         params.append(_db_value(name, value))
     for name, delta in (incr_fields or {}).items():
         column = Run._meta.get_field(name).column
@@ -68,13 +74,16 @@ def _update_sql(
         params.append(delta)
     assignments.append("updated_at = %s")
     params.append(_db_value("updated_at", timezone.now()))
-    where = "id = %s"
+    condition = "id = %s"
     params.append(_db_value("id", run_id))
     if lease_owner is not None:
-        where += " AND lease_owner = %s"
+        condition += " AND lease_owner = %s"
         params.append(lease_owner)
+    if where is not None:
+        condition += f" AND ({where[0]})"
+        params.extend(where[1])
     sql = (
-        f"UPDATE {Run._meta.db_table} SET {', '.join(assignments)} WHERE {where} "
+        f"UPDATE {Run._meta.db_table} SET {', '.join(assignments)} WHERE {condition} "
         "RETURNING last_seq, cancel_requested"
     )
     return sql, params
@@ -132,10 +141,15 @@ def record_statement(
     lease_owner: str | None = None,
     set_fields: dict[str, Any] | None = None,
     incr_fields: dict[str, int] | None = None,
+    where: tuple[str, list[Any]] | None = None,
+    default_fields: dict[str, Any] | None = None,
 ) -> tuple[str, list[Any]]:
     """PostgreSQL only: the run UPDATE and the event INSERT as ONE statement (a data-modifying
-    CTE). Its rows are `(seq, cancel_requested)`, none when the run (or the lease) is gone."""
-    update, params = _update_sql(run_id, len(events), lease_owner, set_fields, incr_fields)
+    CTE). Its rows are `(seq, cancel_requested)`, none when the run (or the lease) is gone or
+    `where` does not hold."""
+    update, params = _update_sql(
+        run_id, len(events), lease_owner, set_fields, incr_fields, where, default_fields
+    )
     values = ", ".join(["(%s::int, %s::text, %s::jsonb)"] * len(events))
     for i, (etype, data) in enumerate(events):
         params += [i, etype, json.dumps(data, cls=DjangoJSONEncoder)]
