@@ -127,7 +127,8 @@ class Run(models.Model):
 class Step(models.Model):
     # created (pending) before the step runs and never regenerated
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
+    # no separate index: the (run, index) unique constraint serves every lookup by run
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps", db_index=False)
     index = models.PositiveIntegerField()
     kind = models.CharField(max_length=8, choices=StepKind.choices)
     tool = models.CharField(max_length=100, blank=True, default="")
@@ -184,7 +185,8 @@ class AttemptOutcome(models.TextChoices):
 
 
 class StepAttempt(models.Model):
-    step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="attempt_rows")
+    # (step, number) is unique and indexed: no second index to maintain on every attempt
+    step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="attempt_rows", db_index=False)
     number = models.PositiveIntegerField()
     worker = models.CharField(max_length=200, blank=True, default="")
     started_at = models.DateTimeField()
@@ -212,7 +214,8 @@ class StepAttempt(models.Model):
 
 
 class RunEvent(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    # (run, seq) is unique and indexed: no second index to maintain on every event
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events", db_index=False)
     seq = models.PositiveBigIntegerField()
     type = models.CharField(max_length=40)
     data = models.JSONField(default=dict)
