@@ -14,7 +14,7 @@ import httpx
 import pytest
 from django.db import connections
 
-from agentruns.models import Run, Step
+from agentruns.models import Run, RunEvent, Step
 from agentruns.tokens import create_token
 from tests.procs import free_port, start_web, start_worker, wait_until
 
@@ -179,13 +179,17 @@ def test_run_page_streams_and_survives_a_server_restart(tmp_path, lead, seeded, 
         connections.close_all()
 
 
-def test_approval_card_appears_when_the_run_parks_and_goes_when_decided(tmp_path, lead, seeded, browser, settings):
+def test_approval_card_and_superseded_text_on_the_live_page(tmp_path, lead, seeded, browser, settings):
+    """The run parks for approval: the card appears live and goes when decided. The worker also
+    dies mid-stream once in every model step: the page drops that attempt's partial text."""
     set_browser_password(lead, settings)
     token = create_token(lead)
     port = free_port()
     env = {"SCRIPTED_MODEL_DELAY_MS": "20", "REFUND_APPROVAL_THRESHOLD_CENTS": "0",
            "AGENTRUNS_STREAM_POLL_SECONDS": "0.1",
-           "REFUND_GATEWAY_URL": f"http://127.0.0.1:{port}/gateway"}
+           "REFUND_GATEWAY_URL": f"http://127.0.0.1:{port}/gateway",
+           "AGENTRUNS_FAILPOINTS": "model_streaming:refund=crash_once",
+           "AGENTRUNS_FAILPOINT_DIR": str(tmp_path / "failpoints")}
     web, base_url = start_web(tmp_path, port=port, **env)
     worker = start_worker(tmp_path, **env)
     try:
@@ -209,7 +213,12 @@ def test_approval_card_appears_when_the_run_parks_and_goes_when_decided(tmp_path
         page.wait_for_function("!document.querySelector('#approval-card .approval-card')", timeout=60_000)
         run = wait_until(lambda: Run.objects.filter(id=run_id, status="succeeded").first(), timeout=60,
                          message="run succeeded")
-        assert_page_shows_the_run(page, run)
+        assert_page_shows_the_run(page, run)  # no superseded text left, nothing doubled
+        assert RunEvent.objects.filter(run=run, type="model.superseded").count() >= 2
+        lengths = page.evaluate("window.__textLengths")
+        assert any(b < a for a, b in zip(lengths, lengths[1:], strict=False)), (
+            f"superseded text should have been removed live, saw lengths {lengths}"
+        )
     finally:
         worker.stop()
         web.stop()
