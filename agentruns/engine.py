@@ -249,7 +249,11 @@ class RunExecutor:
         except UnknownAgent as exc:
             with transaction.atomic():
                 return self.finish(RunStatus.FAILED, error=str(exc))
-        self.provider = get_provider(self.run.model or settings.AGENTRUNS_MODEL)
+        try:
+            self.provider = get_provider(self.run.model or settings.AGENTRUNS_MODEL)
+        except ModelError as exc:
+            with transaction.atomic():
+                return self.finish(RunStatus.FAILED, error=f"model error: {exc}")
         self.tool_schemas = [get_tool(name).schema() for name in self.run.tool_snapshot]
         # a brand-new run (no steps counted, only its created + running events) has no history
         # to read; anything else loads it once
@@ -353,6 +357,18 @@ class RunExecutor:
             release=True,
             set_fields={"status": RunStatus.WAITING},
         )
+        if self.cancel_requested:
+            # a cancel arrived while we were parking: now that nobody executes the run it can be
+            # cancelled for real (and its fresh inbox item withdrawn)
+            from .services import ActionRefused, cancel_run
+
+            def cancel_parked() -> None:
+                try:
+                    cancel_run(self.run_id, reason="cancelled while parking")
+                except ActionRefused:
+                    pass
+
+            transaction.on_commit(cancel_parked)
         return RunStatus.WAITING
 
     def yield_slice(self) -> str:
@@ -681,11 +697,19 @@ class RunExecutor:
                     ]
                 )
                 return self.park()
-        if step.next_attempt_at:
-            delay = (step.next_attempt_at - timezone.now()).total_seconds()
-            if delay > 0:
-                time.sleep(delay)
+        if step.next_attempt_at and not self._wait_for_retry(step.next_attempt_at):
+            with transaction.atomic():
+                return self.finish(RunStatus.CANCELLED, stop_reason="cancelled", error="cancelled on request")
         return self._execute(step, tool)
+
+    def _wait_for_retry(self, due: Any) -> bool:
+        """Sleep until a retry is due, noticing a cancel meanwhile (False: cancelled)."""
+        while (delay := (due - timezone.now()).total_seconds()) > 0:
+            time.sleep(min(delay, 0.5))
+            self.check_lease()
+            if Run.objects.filter(id=self.run_id, cancel_requested=True).exists():
+                return False
+        return True
 
     def _execute(self, step: Step, tool: Tool) -> str | None:
         if step.id in self.begun_here:  # its "before" commit was the model's commit

@@ -81,7 +81,8 @@ def bench_sleep(ctx: ToolContext) -> dict:
     import os
     import time
 
-    time.sleep(float(os.environ.get("BENCH_SLOW_TOOL_SECONDS", "0.1")))
+    if ctx.attempt == 1:  # the attempt that gets killed; the recovered one returns at once
+        time.sleep(float(os.environ.get("BENCH_SLOW_TOOL_SECONDS", "0.1")))
     return {"slept": True}
 
 

@@ -328,3 +328,44 @@ def test_concurrent_event_writers_keep_seq_gapless():
     run.refresh_from_db()
     assert_gapless(run)
     assert RunEvent.objects.filter(run=run, type="test.note").count() == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cancel_during_retry_backoff_is_noticed():
+    run = advance(run_script([{"calls": [["t_pay", {"amount": 500}]]}, {"text": "ok"}]))
+    step = steps(run)[1]
+    Approval.objects.filter(step=step).delete()
+    Step.objects.filter(id=step.id).update(
+        status="pending", approved=True, next_attempt_at=timezone.now() + timedelta(seconds=60)
+    )
+    Run.objects.filter(id=run.id).update(status="queued")
+    def cancel_later():
+        Run.objects.filter(id=run.id).update(cancel_requested=True)
+        connection.close()
+
+    timer = threading.Timer(0.5, cancel_later)
+    timer.start()
+    started = timezone.now()
+    run = advance(run)
+    timer.join()
+    connection.close()
+    assert run.status == "cancelled"
+    assert (timezone.now() - started).total_seconds() < 30  # not the whole 60 s backoff
+    assert testkit.CALLS["t_pay"] == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cancel_arriving_while_parking_cancels_the_parked_run(monkeypatch):
+    import approvals.services as approval_services
+
+    original = approval_services.open_approval
+
+    def open_and_get_cancelled(step, agent):
+        approval = original(step, agent)
+        Run.objects.filter(id=step.run_id).update(cancel_requested=True)  # a cancel lands now
+        return approval
+
+    monkeypatch.setattr(approval_services, "open_approval", open_and_get_cancelled)
+    run = advance(run_script([{"calls": [["t_pay", {"amount": 500}]]}, {"text": "ok"}]))
+    assert run.status == "cancelled"
+    assert Approval.objects.get(step=steps(run)[1]).status != "pending"
