@@ -95,9 +95,13 @@ async def _open_feed(run_id: str) -> RunFeed:
     _FEEDS[key] = feed
     layer = get_channel_layer()
     if layer is not None:
-        feed.channel = await layer.new_channel()
-        await layer.group_add(run_group(run_id), feed.channel)
-        feed.tasks.append(asyncio.create_task(_listen(feed, layer)))
+        try:
+            feed.channel = await layer.new_channel()
+            await layer.group_add(run_group(run_id), feed.channel)
+            feed.tasks.append(asyncio.create_task(_listen(feed, layer)))
+        except Exception:  # no layer (Redis down): the poll alone keeps the stream whole
+            log.warning("run %s: no channel-layer subscription, polling only", run_id, exc_info=True)
+            feed.channel = None
     feed.tasks.append(asyncio.create_task(_follow(feed)))
     return feed
 
@@ -128,6 +132,10 @@ async def _listen(feed: RunFeed, layer) -> None:
         except Exception:  # e.g. Redis away: the poll keeps the stream going meanwhile
             log.warning("channel layer receive failed for run %s", feed.run_id, exc_info=True)
             await asyncio.sleep(1.0)
+            try:  # a restarted Redis may have lost the group: join again (idempotent)
+                await layer.group_add(run_group(feed.run_id), feed.channel)
+            except Exception:
+                pass
             continue
         feed.wake.set()
 
