@@ -231,9 +231,26 @@ class Agent:
     # input keys copied into Run.search_text (order id, ticket id) for the runs list search
     search_fields: Sequence[str] = ()
     input_schema: dict | None = None
+    _input_validator: Any = field(default=None, repr=False, compare=False)
 
     def tool_objects(self) -> list[Tool]:
         return [get_tool(n) for n in self.tools]
+
+    def validate_input(self, run_input: Any) -> dict:
+        """The run's input against `input_schema` (validator built once); ValueError if not."""
+        if not isinstance(run_input, dict):
+            raise ValueError("input must be a JSON object")
+        if self.input_schema is None:
+            return run_input
+        if self._input_validator is None:
+            cls = jsonschema.validators.validator_for(self.input_schema)
+            cls.check_schema(self.input_schema)
+            self._input_validator = cls(self.input_schema)
+        error = jsonschema.exceptions.best_match(self._input_validator.iter_errors(run_input))
+        if error is not None:
+            where = "/".join(str(p) for p in error.absolute_path) or "input"
+            raise ValueError(f"{where}: {error.message}")
+        return run_input
 
 
 def register_agent(agent: Agent) -> Agent:

@@ -56,16 +56,7 @@ def start_run(
     The unique constraint decides between concurrent starts, not a pre-check.
     """
     agent = get_agent(agent_name)
-    if not isinstance(run_input, dict):
-        raise ValueError("input must be a JSON object")
-    if agent.input_schema is not None:
-        import jsonschema
-
-        try:
-            jsonschema.validate(run_input, agent.input_schema)
-        except jsonschema.ValidationError as exc:
-            where = "/".join(str(p) for p in exc.absolute_path) or "input"
-            raise ValueError(f"{where}: {exc.message}") from None
+    agent.validate_input(run_input)
     if dedupe_key is not None:
         existing = Run.objects.filter(agent=agent_name, dedupe_key=dedupe_key).first()
         if existing is not None:
