@@ -190,6 +190,11 @@ def _run_last_seq(run_id: str) -> int:
 
 
 class RunStreamConsumer(AsyncWebsocketConsumer):
+    # No channel of its own: the shared RunFeed is the only layer subscriber. An unconfigured
+    # alias makes Channels skip the per-socket channel, so a layer outage (Redis down) cannot
+    # break open sockets; the feed's poll carries on.
+    channel_layer_alias = "run-stream-feed-only"
+
     async def connect(self) -> None:
         self.run_id = str(self.scope["url_route"]["kwargs"]["run_id"])
         self.feed: RunFeed | None = None

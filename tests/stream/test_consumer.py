@@ -238,3 +238,31 @@ def test_superseded_attempt_text_is_dropped_by_page_and_stream_alike(viewer, set
     page.force_login(viewer)
     html = page.get(f"/runs/{run.id}/").content.decode()
     assert "partial" not in html and "lost" not in html and "whole answer" in html
+
+
+def test_stream_survives_an_unreachable_redis_by_polling(viewer, settings):
+    """REDIS_URL set but Redis down: the subscription fails, the poll still delivers everything."""
+    from tests.procs import free_port
+
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [f"redis://127.0.0.1:{free_port()}/0"]},
+        }
+    }
+    settings.AGENTRUNS_STREAM_POLL_SECONDS = 0.2
+    run = make_run()
+    add_events_without_nudge(run.id, deltas(0, ["before "]))
+    cookie = session_cookie(viewer)
+
+    async def body():
+        comm = communicator(run.id, headers=[cookie])
+        assert (await comm.connect(timeout=30))[0]
+        frames = await receive_frames(comm, 1, timeout=30)
+        await db(add_events_without_nudge)(run.id, deltas(0, ["after"]))
+        frames += await receive_frames(comm, 1, timeout=30)
+        await comm.disconnect(timeout=30)
+        return frames
+
+    frames = async_to_sync(body)()
+    assert [f["data"]["text"] for f in frames] == ["before ", "after"]
