@@ -199,7 +199,8 @@ def chart(results: dict, lengths: list[dict], path: Path) -> None:
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     names = list(results)
-    a.barh(names, [results[n]["runs_per_s"] for n in names], color=["#718096", "#2b6cb0", "#2b6cb0", "#b7791f", "#9b2c2c"][: len(names)])
+    colours = ["#2b6cb0" if n.startswith("ours") else "#718096" if n.startswith("floor") else "#b7791f" for n in names]
+    a.barh(names, [results[n]["runs_per_s"] for n in names], color=colours)
     a.set_xlabel("runs/s (7 durable steps per run)")
     a.set_title("Throughput, side by side")
     b.plot([r["steps"] for r in lengths], [r["per_step_ms"] for r in lengths], marker="o")
