@@ -24,6 +24,11 @@ def _run_or_404(run_id: str):
     return run
 
 
+def _require_view(request: HttpRequest) -> None:
+    if not request.user.has_perm("agentruns.view_run"):
+        raise BadRequest("permission denied: agentruns.view_run is required", 403)
+
+
 @api_view(("POST",))
 def create_run(request: HttpRequest) -> JsonResponse:
     body = json_body(request)
@@ -47,12 +52,14 @@ def create_run(request: HttpRequest) -> JsonResponse:
 
 @api_view(("GET",))
 def run_detail(request: HttpRequest, run_id: str) -> JsonResponse:
+    _require_view(request)
     run = _run_or_404(run_id)
     return JsonResponse(run_payload(run, selectors.run_steps(run)))
 
 
 @api_view(("GET",))
 def run_events(request: HttpRequest, run_id: str) -> JsonResponse:
+    _require_view(request)  # the same rule as the socket
     run = _run_or_404(run_id)
     try:
         after = int(request.GET.get("after", "0"))

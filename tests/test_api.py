@@ -297,3 +297,15 @@ def test_gateway_get_lists_what_it_executed(client: Client):
     only = client.get("/gateway/refunds?order_id=ORD-1001").json()["refunds"]
     assert [r["idempotency_key"] for r in only] == ["k-a", "k-c"]
     assert client.get("/gateway/refunds?order_id=ORD-9999").json() == {"refunds": []}
+
+
+def test_reading_runs_needs_view_permission(db, django_user_model):
+    from tests.conftest import ApiClient, make_user
+
+    nobody = ApiClient(make_user(django_user_model, "nobody"))
+    viewer = ApiClient(make_user(django_user_model, "looker", ["agentruns.view_run"]))
+    run = viewer.post("/api/runs", {"agent": "script", "input": {"script": []}}).json()
+    for path in (f"/api/runs/{run['id']}", f"/api/runs/{run['id']}/events?after=0"):
+        refused = nobody.get(path)
+        assert refused.status_code == 403 and "view_run" in refused.json()["error"]
+        assert viewer.get(path).status_code == 200
