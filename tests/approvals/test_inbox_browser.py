@@ -19,10 +19,6 @@ from tests.procs import start_web, start_worker, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
-CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run",
-]
 WAIT_MS = 90_000
 
 # counts the inbox's list refreshes (polls and post-decision reloads)
@@ -30,16 +26,6 @@ SWAP_COUNTER = """
 window.__swaps = 0;
 document.addEventListener("htmx:afterSwap", (e) => { if (e.target.id === "inbox-items") window.__swaps += 1; });
 """
-
-
-@pytest.fixture
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
 
 
 def test_approve_with_a_lowered_amount_and_reject_in_the_inbox(tmp_path, seeded, browser, settings, django_user_model):

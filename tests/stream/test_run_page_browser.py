@@ -25,10 +25,6 @@ pytestmark = [
     pytest.mark.timeout(600),
 ]
 
-CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run",
-]
 
 # Records, from the first paint on, every length the conversation text had and every state the
 # connection indicator showed: evidence of incremental text and of the reconnect, not timing.
@@ -52,16 +48,6 @@ document.addEventListener("DOMContentLoaded", () => {
   new MutationObserver(note).observe(conn, {attributes: true, childList: true, characterData: true});
 });
 """
-
-
-@pytest.fixture
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
 
 
 def set_browser_password(user, settings) -> None:
