@@ -755,7 +755,7 @@ class RunExecutor:
 
     def _tool_failed(self, step: Step, tool: Tool, attempt: int, started: Any, exc: Exception) -> str | None:
         now = timezone.now()
-        retry = tool.retry.is_retryable(exc) and attempt < tool.retry.max_attempts
+        retry = tool.retry.is_retryable(exc) and attempt - step.retry_base < tool.retry.max_attempts
         outcome = AttemptOutcome.RETRYING if retry else AttemptOutcome.FAILED
         with transaction.atomic():
             fields = dict(finished_at=now, outcome=outcome, error=str(exc)[:2000],

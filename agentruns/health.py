@@ -109,14 +109,16 @@ class RuntimeCollector(Collector):
         runs = GaugeMetricFamily("agentruns_runs", "Runs by status", labels=["status"])
         by_status: dict[str, int] = {}
         prompt_tokens = completion_tokens = 0
-        # one pass over the runs for both the status counts and the token totals
-        for status, n, prompt, completion in (
+        cost_usd = 0.0
+        # one pass over the runs for the status counts, the token totals and the cost
+        for status, n, prompt, completion, cost in (
             Run.objects.order_by().values_list("status")
-            .annotate(n=Count("*"), p=Sum("prompt_tokens"), c=Sum("completion_tokens"))
+            .annotate(n=Count("*"), p=Sum("prompt_tokens"), c=Sum("completion_tokens"), u=Sum("cost_usd"))
         ):
             by_status[status] = n
             prompt_tokens += prompt or 0
             completion_tokens += completion or 0
+            cost_usd += float(cost or 0)
         for status in RunStatus.values:
             runs.add_metric([status], by_status.get(status, 0))
         yield runs
@@ -164,6 +166,9 @@ class RuntimeCollector(Collector):
         usage.add_metric(["prompt"], prompt_tokens)
         usage.add_metric(["completion"], completion_tokens)
         yield usage
+        yield GaugeMetricFamily(
+            "agentruns_model_cost_usd", "Model cost of all runs by AGENTRUNS_MODEL_PRICES", value=cost_usd
+        )
 
         beat = WorkerHeartbeat.objects.aggregate(seen=Max("last_seen_at"), swept=Max("last_sweep_at"))
         for name, doc, moment in (

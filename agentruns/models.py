@@ -145,6 +145,8 @@ class Step(models.Model):
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     attempts = models.PositiveIntegerField(default=0)
+    # attempts made before the last manual retry: the tool's retry budget counts from here
+    retry_base = models.PositiveIntegerField(default=0)
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     # model steps: what the model said and asked for
     text = models.TextField(blank=True, default="")

@@ -55,6 +55,7 @@ def run_payload(run: Run, steps: list[Step] | None = None) -> dict:
             "prompt_tokens": run.prompt_tokens,
             "completion_tokens": run.completion_tokens,
             "total_tokens": run.total_tokens,
+            "cost_usd": str(run.cost_usd),
         },
         "cancel_requested": run.cancel_requested,
         "created_at": _iso(run.created_at),

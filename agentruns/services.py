@@ -188,7 +188,8 @@ def retry_run(run_id: uuid.UUID | str, *, user: Any = None) -> Run:
             failed.status, failed.finished_at, failed.next_attempt_at = (
                 StepStatus.PENDING, None, None,
             )
-            failed.save(update_fields=["status", "finished_at", "next_attempt_at"])
+            failed.retry_base = failed.attempts  # a fresh automatic-retry budget from here
+            failed.save(update_fields=["status", "finished_at", "next_attempt_at", "retry_base"])
             events.append(
                 (
                     "step.retry_requested",

@@ -369,3 +369,17 @@ def test_cancel_arriving_while_parking_cancels_the_parked_run(monkeypatch):
     run = advance(run_script([{"calls": [["t_pay", {"amount": 500}]]}, {"text": "ok"}]))
     assert run.status == "cancelled"
     assert Approval.objects.get(step=steps(run)[1]).status != "pending"
+
+
+def test_manual_retry_gets_a_fresh_automatic_retry_budget():
+    from agentruns.services import retry_run
+
+    testkit.FAILS["t_charge"] = 5  # 3 attempts fail the run, then 2 more failures after retry
+    run = advance(run_script([{"calls": [["t_charge", {"amount": 3}]]}, {"text": "ok"}]))
+    assert run.status == "failed"
+    retry_run(run.id)
+    run = advance(run)
+    assert run.status == "succeeded", run.error
+    step = steps(run)[1]
+    assert step.attempts == 6 and step.retry_base == 3
+    assert {key for key, _, _ in testkit.CALLS["t_charge"]} == {step.idempotency_key}
