@@ -383,3 +383,21 @@ def test_manual_retry_gets_a_fresh_automatic_retry_budget():
     step = steps(run)[1]
     assert step.attempts == 6 and step.retry_base == 3
     assert {key for key, _, _ in testkit.CALLS["t_charge"]} == {step.idempotency_key}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_that_lost_its_lease_writes_nothing():
+    """The fenced one-round-trip commit: a lease taken over mid-step aborts the whole commit."""
+    from agentruns.events import LeaseLost
+    from agentruns.rows import WriteBatch
+
+    run = run_script([{"text": "x"}])
+    executor = RunExecutor(run.id)
+    assert executor.claim()
+    Run.objects.filter(id=run.id).update(lease_owner="someone-else")  # the lease moved on
+    stray = Step(run_id=run.id, index=0, kind="model", idempotency_key="stray-key", status="running")
+    before = RunEvent.objects.filter(run=run).count()
+    with pytest.raises(LeaseLost):
+        executor.commit([("step.started", {"step": 0})], batch=WriteBatch().insert([stray]))
+    assert not Step.objects.filter(run=run).exists()
+    assert RunEvent.objects.filter(run=run).count() == before
