@@ -1,0 +1,292 @@
+"""Model steps of the executor: stream a turn, persist it with the plan it asked for."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from . import failpoints
+from .costs import model_cost_usd
+from .models import AttemptOutcome, RunStatus, Step, StepAttempt, StepKind, StepStatus
+from .providers import ModelError, ModelRequest, TextDelta, ToolCall, Usage
+from .registry import ToolArgumentsError, ToolContext, UnknownTool, get_tool
+from .rows import WriteBatch
+
+MODEL_MAX_ATTEMPTS = 3
+MODEL_STEP_FIELDS = ["status", "text", "tool_calls", "prompt_tokens", "completion_tokens", "finished_at", "error"]
+
+
+def step_key(run_id: uuid.UUID, step_id: uuid.UUID) -> str:
+    """The idempotency key a step sends to the outside world, on every attempt."""
+    return f"run-{run_id.hex[:12]}-step-{step_id.hex}"
+
+
+class _RunFailed(Exception):
+    pass
+
+
+class ModelSteps:
+    """Mixin of RunExecutor (see engine.py for the state it relies on)."""
+
+    # ---------------------------------------------------------------- model steps
+    def model_turn(self, step: Step | None) -> str | None:
+        """One model step; returns the run's final status when the answer finished the run."""
+        if step is None:
+            index = len(self.steps)
+            step_id = uuid.uuid4()
+            step = Step(
+                id=step_id,
+                run_id=self.run_id,
+                index=index,
+                kind=StepKind.MODEL,
+                idempotency_key=step_key(self.run_id, step_id),
+                status=StepStatus.RUNNING,
+            )
+            step._state.adding = True
+            self.steps.append(step)
+        messages = self.conversation.extend(self.steps[: step.index])
+        while True:
+            attempt = step.attempts + 1
+            try:
+                return self._stream_model(step, attempt, messages)
+            except ModelError as exc:
+                if exc.retryable and attempt < MODEL_MAX_ATTEMPTS:
+                    self._record_model_failure(step, attempt, exc, final=False)
+                    time.sleep(min(10.0, 0.5 * 2**attempt))
+                    continue
+                self._record_model_failure(step, attempt, exc, final=True)
+                raise _RunFailed(f"model error: {exc}") from exc
+
+    def _stream_model(self, step: Step, attempt: int, messages: list[dict]) -> str | None:
+        started = timezone.now()
+        request = ModelRequest(
+            model=self.run.model, messages=messages, tools=self.tool_schemas, agent=self.agent
+        )
+        flush_s = float(settings.AGENTRUNS_DELTA_FLUSH_MS) / 1000.0
+        flush_chars = int(settings.AGENTRUNS_DELTA_FLUSH_CHARS)
+        text: list[str] = []
+        pending = ""
+        calls: list[ToolCall] = []
+        usage = Usage()
+        last_flush = time.monotonic()
+        for chunk in self.provider.stream(request):
+            if isinstance(chunk, TextDelta):
+                text.append(chunk.text)
+                pending += chunk.text
+                if len(pending) >= flush_chars or time.monotonic() - last_flush >= flush_s:
+                    self._flush_delta(step, attempt, pending, started)
+                    pending, last_flush = "", time.monotonic()
+                    failpoints.hit("model_streaming", tool=self.run.agent, step_id=step.id)
+            elif isinstance(chunk, ToolCall):
+                calls.append(chunk)
+            elif isinstance(chunk, Usage):
+                usage = chunk
+        return self._complete_model_step(step, attempt, "".join(text), pending, calls, usage, started)
+
+    def _begin_attempt(self, step: Step, attempt: int, started: Any, status: str) -> None:
+        """Persist the step (first time: insert) as running with a fresh attempt row."""
+        step.status = status
+        step.attempts = attempt
+        step.started_at = step.started_at or started
+        step.save()  # insert on first flush, update afterwards
+        step._state.adding = False
+        StepAttempt.objects.create(step=step, number=attempt, worker=self.owner, started_at=started)
+
+    def _flush_delta(self, step: Step, attempt: int, text: str, started: Any) -> None:
+        with transaction.atomic():
+            events = []
+            if step._state.adding or step.attempts < attempt:
+                self._begin_attempt(step, attempt, started, StepStatus.RUNNING)
+                events.append(("step.started", self._step_data(step)))
+            events.append(("model.delta", {"step": step.index, "attempt": attempt, "text": text}))
+            self.commit(events)
+        self.check_lease()
+
+    def _complete_model_step(
+        self,
+        step: Step,
+        attempt: int,
+        text: str,
+        tail: str,
+        calls: list[ToolCall],
+        usage: Usage,
+        started: Any,
+    ) -> None:
+        now = timezone.now()
+        events: list[tuple[str, dict]] = []
+        planned = self._plan_tool_steps(calls, now)
+        # read-only calls at the head of the plan run now and are recorded in the model's commit:
+        # if we die first, both the model turn and the read are simply done again
+        eager = self._run_read_only_prefix(planned)
+        batch = WriteBatch()
+        # one commit: the model step, its plan, the eager reads, and the finish if it answered
+        first_commit = step._state.adding or step.attempts < attempt
+        step.status = StepStatus.SUCCEEDED
+        step.text = text
+        step.tool_calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls]
+        step.prompt_tokens, step.completion_tokens = usage.prompt_tokens, usage.completion_tokens
+        step.finished_at = now
+        step.error = ""
+        new_rows: list[Step] = []
+        new_attempts: list[StepAttempt] = []
+        if first_commit:  # nothing streamed by this attempt: its rows go in with the plan
+            step.attempts = attempt
+            step.started_at = step.started_at or started
+            if step._state.adding:
+                new_rows.append(step)
+            else:  # a re-run of a step a dead worker left behind
+                batch.update(step, MODEL_STEP_FIELDS + ["attempts", "started_at"])
+            new_attempts.append(StepAttempt(
+                step=step, number=attempt, worker=self.owner, started_at=started,
+                finished_at=now, outcome=AttemptOutcome.SUCCEEDED,
+            ))
+            events.append(("step.started", {**self._step_data(step), "status": StepStatus.RUNNING}))
+        else:
+            batch.update(step, MODEL_STEP_FIELDS)
+            batch.update(
+                StepAttempt(step=step, number=attempt, finished_at=now, outcome=AttemptOutcome.SUCCEEDED),
+                ["finished_at", "outcome"], where={"step": step.id, "number": attempt},
+            )
+        if tail:
+            events.append(("model.delta", {"step": step.index, "attempt": attempt, "text": tail}))
+        events.append(("step.succeeded", self._step_data(step)))
+        begun = self._begin_next_side_effect(planned, eager, now)
+        batch.insert(new_rows + planned)
+        batch.insert(new_attempts + [row for _, row in eager] + begun)
+        for planned_step in planned:
+            events.append(("step.planned", {**self._step_data(planned_step), "status": StepStatus.PENDING}))
+            if planned_step.status == StepStatus.SUCCEEDED:
+                events.append(("step.succeeded", self._step_data(planned_step)))
+            elif planned_step.status == StepStatus.RUNNING:
+                events.append(("step.started", self._step_data(planned_step)))
+        self.run.prompt_tokens += usage.prompt_tokens
+        self.run.completion_tokens += usage.completion_tokens
+        cost = model_cost_usd(self.run.model or settings.AGENTRUNS_MODEL, usage)
+        self.run.cost_usd = Decimal(self.run.cost_usd) + cost
+        fields: dict[str, Any] = {"step_count": len(self.steps)}
+        final = not calls  # the answer: finish the run in this same commit
+        if final:
+            finish_events, finish_fields = self._finish_changes(RunStatus.SUCCEEDED, output=text)
+            events.extend(finish_events)
+            fields.update(finish_fields)
+        self.commit(
+            events,
+            release=final,
+            batch=batch,
+            set_fields=fields,
+            incr_fields={
+                "prompt_tokens": usage.prompt_tokens,
+                "completion_tokens": usage.completion_tokens,
+                "cost_usd": cost,
+            },
+        )
+        for eager_step, _ in eager:
+            failpoints.hit("step_persisted", tool=eager_step.tool, step_id=eager_step.id)
+        for attempt_row in begun:
+            failpoints.hit("step_started", tool=attempt_row.step.tool, step_id=attempt_row.step_id)
+        return RunStatus.SUCCEEDED if final else None
+
+    def _run_read_only_prefix(self, planned: list[Step]) -> list[tuple[Step, StepAttempt]]:
+        done = []
+        for step in planned:
+            if step.status != StepStatus.PENDING:
+                continue  # a refused call: already failed, its error goes back to the model
+            tool = get_tool(step.tool)
+            if tool.side_effect or tool.needs_approval(step.arguments):
+                break  # order matters: nothing after a side effect runs ahead of it
+            started = timezone.now()
+            failpoints.hit("step_started", tool=step.tool, step_id=step.id)
+            ctx = ToolContext(run=self.run, step=step, attempt=1, idempotency_key=step.idempotency_key)
+            try:
+                result = json.loads(json.dumps(tool.func(ctx, **step.arguments), default=str))
+            except Exception:
+                break  # leave it pending: the normal path runs it with its retry policy
+            failpoints.hit("tool_returned", tool=step.tool, step_id=step.id)
+            now = timezone.now()
+            step.status, step.result, step.attempts = StepStatus.SUCCEEDED, result, 1
+            step.started_at, step.finished_at = started, now
+            done.append((step, StepAttempt(step=step, number=1, worker=self.owner, started_at=started,
+                                           finished_at=now, outcome=AttemptOutcome.SUCCEEDED)))
+        return done
+
+    def _begin_next_side_effect(
+        self, planned: list[Step], eager: list[tuple[Step, StepAttempt]], now: Any
+    ) -> list[StepAttempt]:
+        """The first side-effect call of the plan is written as running + attempt 1 in the model's
+        commit: its idempotency key is durable before the call, with no extra commit."""
+        eager_ids = {s.id for s, _ in eager}
+        for step in planned:
+            if step.id in eager_ids or step.status != StepStatus.PENDING:
+                continue
+            tool = get_tool(step.tool)
+            if not tool.side_effect or tool.needs_approval(step.arguments):
+                return []
+            step.status, step.attempts, step.started_at = StepStatus.RUNNING, 1, now
+            self.begun_here.add(step.id)
+            return [StepAttempt(step=step, number=1, worker=self.owner, started_at=now)]
+        return []
+
+    def _plan_tool_steps(self, calls: list[ToolCall], now: Any) -> list[Step]:
+        """Tool calls become rows in the commit that records the model response (invariant 3).
+        Bad calls (unknown tool, outside the snapshot, bad JSON, schema) are failed steps whose
+        error goes back to the model (invariant 7)."""
+        planned = []
+        for call in calls:
+            step_id = uuid.uuid4()
+            step = Step(
+                id=step_id,
+                run_id=self.run_id,
+                index=len(self.steps),
+                kind=StepKind.TOOL,
+                tool=call.name[:100],
+                call_id=call.id[:100],
+                idempotency_key=step_key(self.run_id, step_id),
+            )
+            try:
+                step.arguments = self._validated_arguments(call)
+            except (ToolArgumentsError, UnknownTool) as exc:
+                step.status = StepStatus.FAILED
+                step.error = str(exc)
+                step.finished_at = now
+            self.steps.append(step)
+            planned.append(step)
+        return planned
+
+    def _validated_arguments(self, call: ToolCall) -> dict:
+        if call.name not in self.run.tool_snapshot:
+            raise UnknownTool(f"tool {call.name!r} is not available to this run")
+        try:
+            arguments = json.loads(call.arguments or "{}")
+        except json.JSONDecodeError as exc:
+            raise ToolArgumentsError(f"{call.name}: arguments are not valid JSON ({exc})") from None
+        return get_tool(call.name).validate(arguments)
+
+    def _record_model_failure(self, step: Step, attempt: int, exc: ModelError, *, final: bool) -> None:
+        now = timezone.now()
+        with transaction.atomic():
+            # deltas of this attempt were already flushed: a retry must not merge with them
+            streamed = not (step._state.adding or step.attempts < attempt)
+            if not streamed:
+                self._begin_attempt(step, attempt, now, StepStatus.RUNNING)
+            StepAttempt.objects.filter(step=step, number=attempt).update(
+                finished_at=now,
+                outcome=AttemptOutcome.FAILED if final else AttemptOutcome.RETRYING,
+                error=str(exc),
+            )
+            step.error = str(exc)
+            step.status = StepStatus.FAILED if final else StepStatus.RUNNING
+            if final:
+                step.finished_at = now
+            step.save(update_fields=["error", "status", "finished_at"])
+            etype = "step.failed" if final else "step.retry_scheduled"
+            events = [(etype, self._step_data(step))]
+            if streamed and not final:  # the next attempt re-streams the turn from scratch
+                events.append(("model.superseded", {"step": step.index, "attempt": attempt}))
+            self.commit(events)

@@ -1,0 +1,125 @@
+"""Tool steps of the executor: approval parking, the before/after commits, retries."""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from . import failpoints
+from .models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepStatus
+from .registry import Tool, ToolContext, get_tool
+from .rows import WriteBatch
+
+TOOL_RESULT_FIELDS = ["status", "result", "error", "attempts", "started_at", "finished_at", "next_attempt_at"]
+
+
+class ToolSteps:
+    """Mixin of RunExecutor (see engine.py for the state it relies on)."""
+
+    # ---------------------------------------------------------------- tool steps
+    def tool_step(self, step: Step) -> str | None:
+        tool = get_tool(step.tool)
+        if not step.approved and tool.needs_approval(step.arguments):
+            from approvals.services import open_approval
+
+            with transaction.atomic():
+                step.status = StepStatus.WAITING_APPROVAL
+                step.save(update_fields=["status"])
+                approval = open_approval(step, self.run.agent)
+                self.commit(
+                    [
+                        ("step.waiting_approval", self._step_data(step)),
+                        ("approval.requested", {"step": step.index, "approval": approval.id,
+                                                "kind": "approval", "tool": step.tool}),
+                    ]
+                )
+                return self.park()
+        if step.next_attempt_at and not self._wait_for_retry(step.next_attempt_at):
+            with transaction.atomic():
+                return self.finish(RunStatus.CANCELLED, stop_reason="cancelled", error="cancelled on request")
+        return self._execute(step, tool)
+
+    def _wait_for_retry(self, due: Any) -> bool:
+        """Sleep until a retry is due, noticing a cancel meanwhile (False: cancelled)."""
+        while (delay := (due - timezone.now()).total_seconds()) > 0:
+            time.sleep(min(delay, 0.5))
+            self.check_lease()
+            if Run.objects.filter(id=self.run_id, cancel_requested=True).exists():
+                return False
+        return True
+
+    def _execute(self, step: Step, tool: Tool) -> str | None:
+        if step.id in self.begun_here:  # its "before" commit was the model's commit
+            self.begun_here.discard(step.id)
+            attempt, started = step.attempts, step.started_at
+        else:
+            attempt = step.attempts + 1
+            started = timezone.now()
+            if tool.side_effect:
+                # the "before" commit: running + attempt, so a crash is seen and resumed by class
+                step.status, step.attempts = StepStatus.RUNNING, attempt
+                step.started_at = step.started_at or started
+                batch = WriteBatch().update(step, ["status", "attempts", "started_at"])
+                batch.insert([StepAttempt(step=step, number=attempt, worker=self.owner, started_at=started)])
+                self.commit([("step.started", self._step_data(step))], batch=batch)
+            failpoints.hit("step_started", tool=step.tool, step_id=step.id)
+        ctx = ToolContext(run=self.run, step=step, attempt=attempt, idempotency_key=step.idempotency_key)
+        try:
+            result = tool.func(ctx, **step.arguments)
+            result = json.loads(json.dumps(result, default=str))
+        except Exception as exc:
+            return self._tool_failed(step, tool, attempt, started, exc)
+        failpoints.hit("tool_returned", tool=step.tool, step_id=step.id)
+        now = timezone.now()
+        batch = WriteBatch()
+        if not tool.side_effect:
+            step.started_at = started
+            batch.insert([StepAttempt(
+                step=step, number=attempt, worker=self.owner, started_at=started,
+                finished_at=now, outcome=AttemptOutcome.SUCCEEDED,
+            )])
+        else:
+            batch.update(
+                StepAttempt(step=step, number=attempt, finished_at=now, outcome=AttemptOutcome.SUCCEEDED),
+                ["finished_at", "outcome"], where={"step": step.id, "number": attempt},
+            )
+        step.status, step.result, step.error = StepStatus.SUCCEEDED, result, ""
+        step.attempts, step.finished_at, step.next_attempt_at = attempt, now, None
+        batch.update(step, TOOL_RESULT_FIELDS)
+        self.commit([("step.succeeded", self._step_data(step))], batch=batch)
+        failpoints.hit("step_persisted", tool=step.tool, step_id=step.id)
+        return None
+
+    def _tool_failed(self, step: Step, tool: Tool, attempt: int, started: Any, exc: Exception) -> str | None:
+        now = timezone.now()
+        retry = tool.retry.is_retryable(exc) and attempt - step.retry_base < tool.retry.max_attempts
+        outcome = AttemptOutcome.RETRYING if retry else AttemptOutcome.FAILED
+        with transaction.atomic():
+            fields = dict(finished_at=now, outcome=outcome, error=str(exc)[:2000],
+                          traceback=traceback.format_exc()[-8000:])
+            if tool.side_effect:
+                StepAttempt.objects.filter(step=step, number=attempt).update(**fields)
+            else:
+                StepAttempt.objects.create(step=step, number=attempt, worker=self.owner,
+                                           started_at=started, **fields)
+            step.attempts, step.error = attempt, f"{type(exc).__name__}: {exc}"
+            step.started_at = step.started_at or started
+            if retry:
+                delay = tool.retry.delay_for(attempt)
+                step.status, step.next_attempt_at = StepStatus.PENDING, now + timedelta(seconds=delay)
+                step.save()
+                data = {**self._step_data(step), "next_attempt_at": step.next_attempt_at.isoformat()}
+                self.commit([("step.retry_scheduled", data)])
+                return None
+            step.status, step.finished_at, step.next_attempt_at = StepStatus.FAILED, now, None
+            step.save()
+            self.commit([("step.failed", self._step_data(step))])
+            return self.finish(
+                RunStatus.FAILED, error=f"step #{step.index} {step.tool} failed: {step.error}"
+            )
