@@ -252,7 +252,8 @@ class RunExecutor(ModelSteps, ToolSteps):
         budget = self.run.token_budget
         if budget and self.run.total_tokens >= budget:
             return "token_budget", f"token budget exhausted ({self.run.total_tokens} of {budget})"
-        max_cost = Decimal(str(settings.AGENTRUNS_MAX_COST_USD or 0))
+        limit = getattr(self.agent, "max_cost_usd", None)
+        max_cost = Decimal(str(limit if limit is not None else settings.AGENTRUNS_MAX_COST_USD or 0))
         if max_cost and self.run.cost_usd >= max_cost:
             return "cost_budget", f"cost budget exhausted (${self.run.cost_usd} of ${max_cost})"
         return None

@@ -225,6 +225,7 @@ class Agent:
     model: str | None = None  # None: settings.AGENTRUNS_MODEL
     max_steps: int | None = None  # None: settings.AGENTRUNS_DEFAULT_MAX_STEPS
     token_budget: int | None = None
+    max_cost_usd: float | None = None  # None: settings.AGENTRUNS_MAX_COST_USD (0: no limit)
     deadline_seconds: float | None = None
     # for the offline `scripted` provider: decides the next turn from the conversation
     scripted_policy: Callable[[list[dict]], Any] | None = None

@@ -401,3 +401,10 @@ def test_a_worker_that_lost_its_lease_writes_nothing():
         executor.commit([("step.started", {"step": 0})], batch=WriteBatch().insert([stray]))
     assert not Step.objects.filter(run=run).exists()
     assert RunEvent.objects.filter(run=run).count() == before
+
+
+def test_stop_per_agent_cost_budget(settings):
+    settings.AGENTRUNS_MODEL_PRICES = "scripted=100000/100000"  # $0.10 per token
+    run = advance(run_script([{"text": "word " * 20, "calls": [["t_echo", {"text": "x"}]], "loop": True}], agent="script-cost"))
+    assert run.status == "failed" and run.stop_reason == "cost_budget"
+    assert run.cost_usd >= 0.5

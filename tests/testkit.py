@@ -101,3 +101,7 @@ register_agent(
     Agent(name="script-deadline", instructions="Follow the script.", tools=TOOLS, scripted_policy=script_policy, deadline_seconds=0.001)
 )
 register_agent(Agent(name="script-short", instructions="Follow the script.", tools=TOOLS, scripted_policy=script_policy, max_steps=5))
+register_agent(
+    Agent(name="script-cost", instructions="Follow the script.", tools=TOOLS, scripted_policy=script_policy,
+          max_cost_usd=0.5)
+)
