@@ -83,10 +83,18 @@ class Tool:
     parameters: dict
     side_effect: bool = False
     idempotency: Literal["key", "none"] = "key"
+    # its effects are rows in this database: it runs inside the step's own commit, so it happens
+    # exactly once by atomicity (no "running" commit before it, nothing to resume)
+    transactional: bool = False
     requires_approval: bool | Callable[[dict], bool] = False
     redact: Sequence[str] = ()
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     _compiled: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def commits_before_call(self) -> bool:
+        """A side effect outside this database: "running + attempt" is committed before the call."""
+        return self.side_effect and not self.transactional
 
     def needs_approval(self, arguments: dict) -> bool:
         if callable(self.requires_approval):
@@ -129,6 +137,7 @@ class Tool:
             "redact": list(self.redact),
             "retry": self.retry.describe(),
             "approval": "predicate" if callable(self.requires_approval) else bool(self.requires_approval),
+            "transactional": self.transactional,
         }
 
 
@@ -190,6 +199,7 @@ def tool(
     parameters: dict | None = None,
     side_effect: bool = False,
     idempotency: Literal["key", "none"] = "key",
+    transactional: bool = False,
     requires_approval: bool | Callable[[dict], bool] = False,
     redact: Sequence[str] = (),
     retry: RetryPolicy | None = None,
@@ -204,8 +214,9 @@ def tool(
             func=fn,
             description=description or inspect.getdoc(fn) or "",
             parameters=parameters or schema_from_signature(fn),
-            side_effect=side_effect,
+            side_effect=side_effect or transactional,
             idempotency=idempotency,
+            transactional=transactional,
             requires_approval=requires_approval,
             redact=tuple(redact),
             retry=retry or RetryPolicy(),

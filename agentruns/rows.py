@@ -71,11 +71,13 @@ class WriteBatch:
 
     @property
     def one_round_trip(self) -> bool:
-        return connection.vendor == "postgresql" and not connection.in_atomic_block
+        # outside a transaction PostgreSQL runs the statements as one implicit transaction;
+        # inside one (a transactional tool's step) they simply join it
+        return connection.vendor == "postgresql"
 
     def run(self, last: tuple[str, list[Any]], guard: tuple[str, list[Any]] | None = None) -> list[tuple]:
-        """PostgreSQL, outside a transaction: `guard`, the batch, then `last`, as one implicit
-        transaction in one round trip; returns `last`'s rows. `guard` must raise (aborting
+        """PostgreSQL: `guard`, the batch, then `last`, in one round trip and one transaction (an
+        implicit one, or the caller's); returns `last`'s rows. `guard` must raise (aborting
         everything) when the writes are no longer allowed."""
         statements = ([guard] if guard else []) + self.statements + [last]
         sql = ";\n".join(s for s, _ in statements)

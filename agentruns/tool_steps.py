@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 import traceback
+from contextlib import nullcontext
 from datetime import timedelta
 from typing import Any
 
@@ -61,7 +62,7 @@ class ToolSteps:
         else:
             attempt = step.attempts + 1
             started = timezone.now()
-            if tool.side_effect:
+            if tool.commits_before_call:
                 # the "before" commit: running + attempt, so a crash is seen and resumed by class
                 step.status, step.attempts = StepStatus.RUNNING, attempt
                 step.started_at = step.started_at or started
@@ -70,15 +71,29 @@ class ToolSteps:
                 self.commit([("step.started", self._step_data(step))], batch=batch)
             failpoints.hit("step_started", tool=step.tool, step_id=step.id)
         ctx = ToolContext(run=self.run, step=step, attempt=attempt, idempotency_key=step.idempotency_key)
-        try:
-            result = tool.func(ctx, **step.arguments)
-            result = json.loads(json.dumps(result, default=str))
-        except Exception as exc:
-            return self._tool_failed(step, tool, attempt, started, exc)
-        failpoints.hit("tool_returned", tool=step.tool, step_id=step.id)
+        failure: Exception | None = None
+        failure_tb = ""
+        # a transactional tool's writes and its result commit together (or not at all); the inner
+        # savepoint lets a failing call undo its own writes and still be recorded as failed
+        in_step_txn = transaction.atomic() if tool.transactional else nullcontext()
+        with in_step_txn:
+            try:
+                with transaction.atomic() if tool.transactional else nullcontext():
+                    result = json.loads(json.dumps(tool.func(ctx, **step.arguments), default=str))
+            except Exception as exc:
+                failure, failure_tb = exc, traceback.format_exc()
+            if failure is None:
+                failpoints.hit("tool_returned", tool=step.tool, step_id=step.id)
+                self._record_result(step, tool, attempt, started, result)
+        if failure is not None:
+            return self._tool_failed(step, tool, attempt, started, failure, failure_tb)
+        failpoints.hit("step_persisted", tool=step.tool, step_id=step.id)
+        return None
+
+    def _record_result(self, step: Step, tool: Tool, attempt: int, started: Any, result: Any) -> None:
         now = timezone.now()
         batch = WriteBatch()
-        if not tool.side_effect:
+        if not tool.commits_before_call:
             step.started_at = started
             batch.insert([StepAttempt(
                 step=step, number=attempt, worker=self.owner, started_at=started,
@@ -93,17 +108,17 @@ class ToolSteps:
         step.attempts, step.finished_at, step.next_attempt_at = attempt, now, None
         batch.update(step, TOOL_RESULT_FIELDS)
         self.commit([("step.succeeded", self._step_data(step))], batch=batch)
-        failpoints.hit("step_persisted", tool=step.tool, step_id=step.id)
-        return None
 
-    def _tool_failed(self, step: Step, tool: Tool, attempt: int, started: Any, exc: Exception) -> str | None:
+    def _tool_failed(
+        self, step: Step, tool: Tool, attempt: int, started: Any, exc: Exception, tb: str = ""
+    ) -> str | None:
         now = timezone.now()
         retry = tool.retry.is_retryable(exc) and attempt - step.retry_base < tool.retry.max_attempts
         outcome = AttemptOutcome.RETRYING if retry else AttemptOutcome.FAILED
         with transaction.atomic():
             fields = dict(finished_at=now, outcome=outcome, error=str(exc)[:2000],
-                          traceback=traceback.format_exc()[-8000:])
-            if tool.side_effect:
+                          traceback=(tb or traceback.format_exc())[-8000:])
+            if tool.commits_before_call:
                 StepAttempt.objects.filter(step=step, number=attempt).update(**fields)
             else:
                 StepAttempt.objects.create(step=step, number=attempt, worker=self.owner,

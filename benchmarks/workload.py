@@ -21,7 +21,7 @@ def bench_lookup(ctx: ToolContext, order_id: str) -> dict:
     return {"order_id": order_id, "amount_cents": order.amount_cents}
 
 
-@tool(name="bench_refund", side_effect=True, idempotency="key")
+@tool(name="bench_refund", transactional=True)
 def bench_refund(ctx: ToolContext, order_id: str, amount_cents: int) -> dict:
     # the gateway's ledger, in the same database: at most one refund per key
     with connection.cursor() as cursor:
@@ -33,7 +33,7 @@ def bench_refund(ctx: ToolContext, order_id: str, amount_cents: int) -> dict:
     return {"refunded": amount_cents}
 
 
-@tool(name="bench_reply", side_effect=True, idempotency="key")
+@tool(name="bench_reply", transactional=True)
 def bench_reply(ctx: ToolContext, order_id: str, message: str) -> dict:
     with connection.cursor() as cursor:
         cursor.execute(

@@ -91,7 +91,22 @@ def script_policy(messages: list[dict]) -> ScriptedTurn:
     return ScriptedTurn(text=turn.get("text", ""), tool_calls=[(c[0], c[1]) for c in turn.get("calls", [])])
 
 
-TOOLS = ["t_echo", "t_charge", "t_email", "t_explode", "t_pay"]
+@tool(transactional=True, retry=RetryPolicy(max_attempts=3, backoff_seconds=0.01, jitter=0))
+def t_tx(ctx: ToolContext, amount: int) -> dict:
+    """Writes a ledger row in this database; fails (after writing) FAILS['t_tx'] times."""
+    import uuid
+
+    from support.models import GatewayRefund
+
+    _record("t_tx", ctx, {"amount": amount})
+    GatewayRefund.objects.create(order_id="ORD-TX", amount_cents=amount, idempotency_key=f"tx-{uuid.uuid4()}")
+    if FAILS["t_tx"] > 0:
+        FAILS["t_tx"] -= 1
+        raise RetryableToolError("failed after writing")
+    return {"written": amount}
+
+
+TOOLS = ["t_echo", "t_charge", "t_email", "t_explode", "t_pay", "t_tx"]
 
 register_agent(Agent(name="script", instructions="Follow the script.", tools=TOOLS, scripted_policy=script_policy))
 register_agent(
