@@ -423,18 +423,19 @@ class _Handler(BaseHTTPRequestHandler):
         for chunk in chunks:
             if reply.drop_after is not None and sent >= reply.drop_after:
                 # an abrupt end: no terminating chunk, the client sees a broken stream
+                fake.chunks_sent.append(sent)
                 self.wfile.flush()
                 self.connection.shutdown(socket.SHUT_RDWR)
                 self.close_connection = True
-                fake.chunks_sent.append(sent)
                 return
             if reply.delay and sent:
                 time.sleep(reply.delay)
             self._chunk(f"data: {json.dumps(chunk)}\n\n".encode())
             sent += 1
+        # recorded before the end of the body, so a client that has read it all sees the count
+        fake.chunks_sent.append(sent)
         self._chunk(b"data: [DONE]\n\n")
         self._chunk(b"")  # the zero-length chunk ends the chunked body
-        fake.chunks_sent.append(sent)
 
 
 def _interrupt(signum: int, frame: Any) -> None:
