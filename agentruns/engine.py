@@ -25,11 +25,12 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db import DataError, close_old_connections, connection, transaction
+from django.db import close_old_connections, connection, transaction
 from django.db.models import Q, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from . import pgcommit
 from .conversation import Conversation
 from .events import LeaseLost, record, record_statement, recorded
 from .lease import Heartbeat, worker_id
@@ -54,7 +55,22 @@ from .tool_steps import ToolSteps
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RunExecutor", "step_key", "worker_id"]
+__all__ = ["RunExecutor", "execute_inline", "step_key", "worker_id"]
+
+
+def execute_inline(agent_name: str, run_input: dict, **start: Any) -> tuple[Run, str]:
+    """Start a run and execute it in this process, with no queue in between (scripts, benchmarks).
+
+    The run is created already running under this process's lease (one statement on
+    PostgreSQL), so no worker takes it meanwhile; if this process dies, the lease expires and the
+    sweeper hands the run to the queue like any other. Returns (run, outcome of `advance`)."""
+    from .services import start_run
+
+    owner = worker_id()
+    result = start_run(agent_name, run_input, claim_for=owner, **start)
+    if not result.created:  # deduplicated: somebody else's run
+        return result.run, result.run.status
+    return result.run, RunExecutor(result.run.id, owner).advance(claimed=result.run)
 
 
 class RunExecutor(ModelSteps, ToolSteps):
@@ -106,54 +122,57 @@ class RunExecutor(ModelSteps, ToolSteps):
         *,
         release: bool = False,
         batch: WriteBatch | None = None,
-        **run_changes: Any,
+        end_transaction: bool = False,
+        set_fields: dict[str, Any] | None = None,
+        incr_fields: dict[str, Any] | None = None,
     ) -> int:
-        """The fenced run UPDATE + events, after the writes in `batch`, as one transaction.
+        """The fenced run UPDATE + events, with the writes in `batch`, as one transaction.
 
-        With a batch on PostgreSQL outside any transaction this is one round trip, guarded by a
-        row lock on the run that aborts everything if the lease is no longer ours."""
-        set_fields = dict(run_changes.pop("set_fields", {}))
+        On PostgreSQL one statement (`pgcommit`): it renews the lease, allocates the seqs and
+        reads the cancel flag, or raises LeaseLost (rolling the transaction back) when the lease
+        is no longer ours. `end_transaction`: the caller's atomic block ends right after this."""
+        now = timezone.now()
+        set_fields = dict(set_fields or {})
         if release:
             set_fields.update(lease_owner="", lease_expires_at=None)
         else:
-            set_fields["lease_expires_at"] = timezone.now() + timedelta(seconds=self.ttl)
-        changes = dict(lease_owner=self.owner, set_fields=set_fields, **run_changes)
-        if batch is not None and batch.one_round_trip and events:
-            try:
-                rows = batch.run(record_statement(self.run_id, events, **changes), guard=self._lease_guard())
-            except DataError as exc:
-                if "division by zero" in str(exc):
-                    raise LeaseLost(str(self.run_id)) from None
-                raise
-            last_seq, cancel = recorded(self.run_id, rows, self.owner)
+            set_fields["lease_expires_at"] = now + timedelta(seconds=self.ttl)
+        if connection.vendor == "postgresql":
+            last_seq, cancel = pgcommit.commit(
+                self.run_id, self.owner, events, set_fields=set_fields, incr_fields=incr_fields,
+                rows=batch.json_rows(now) if batch is not None else None, now=now,
+                end_transaction=end_transaction and self._outermost_atomic(),
+            )
         else:
             with transaction.atomic():
                 if batch is not None:
                     batch.execute_each()
-                last_seq, cancel = record(self.run_id, events, **changes)
+                last_seq, cancel = record(
+                    self.run_id, events, lease_owner=self.owner, set_fields=set_fields,
+                    incr_fields=incr_fields,
+                )
         self.cancel_requested = cancel
         return last_seq
 
-    def _lease_guard(self) -> tuple[str, list[Any]]:
-        # locks the run row for the rest of the implicit transaction, or divides by zero
-        return (
-            f"SELECT 1 / count(*)::int FROM (SELECT 1 FROM {Run._meta.db_table} "
-            "WHERE id = %s AND lease_owner = %s FOR NO KEY UPDATE) AS held",
-            [self.run_id, self.owner],
-        )
+    @staticmethod
+    def _outermost_atomic() -> bool:
+        # the COMMIT may ride along only when this is the outermost atomic block, no savepoints
+        return connection.in_atomic_block and not connection.savepoint_ids and len(connection.atomic_blocks) == 1
 
     def check_lease(self) -> None:
         if self.heartbeat is not None and self.heartbeat.lost.is_set():
             raise LeaseLost(str(self.run_id))
 
     # ---------------------------------------------------------------- main loop
-    def advance(self) -> str:
-        if not self.claim():
+    def advance(self, claimed: Run | None = None) -> str:
+        """Execute the run until it finishes, parks, yields or loses its lease. `claimed`: the
+        run as created already leased by `self.owner` (`execute_inline`); otherwise claim it."""
+        if claimed is None and not self.claim():
             return "busy"
         self.heartbeat = Heartbeat(self.run_id, self.owner, self.ttl)
         self.heartbeat.start()
         try:
-            return self._drive()
+            return self._drive(claimed)
         except LeaseLost:
             log.warning("run %s: lease lost, another worker continues", self.run_id)
             return "lease_lost"
@@ -171,8 +190,8 @@ class RunExecutor(ModelSteps, ToolSteps):
         finally:
             self.heartbeat.stop()
 
-    def _drive(self) -> str:
-        self.run = Run.objects.get(id=self.run_id)
+    def _drive(self, claimed: Run | None) -> str:
+        self.run = claimed if claimed is not None else Run.objects.get(id=self.run_id)
         self.cancel_requested = self.run.cancel_requested
         try:
             self.agent = get_agent(self.run.agent)

@@ -33,6 +33,14 @@ class _RunFailed(Exception):
     pass
 
 
+class _EagerCallFailed(Exception):
+    """An eager call failed inside the model step's transaction (which must roll back)."""
+
+    def __init__(self, position: int) -> None:
+        super().__init__(position)
+        self.position = position
+
+
 class ModelSteps:
     """Mixin of RunExecutor (see engine.py for the state it relies on)."""
 
@@ -121,80 +129,116 @@ class ModelSteps:
         started: Any,
     ) -> None:
         now = timezone.now()
-        events: list[tuple[str, dict]] = []
         planned = self._plan_tool_steps(calls, now)
         # read-only and transactional calls at the head of the plan run now and are recorded in
-        # the model's commit (a transactional one inside it): if we die first, the model turn
-        # and those calls are simply done again
-        with transaction.atomic() if self._eager_needs_transaction(planned) else nullcontext():
-            eager = self._run_eager_prefix(planned)
-            batch = WriteBatch()
-            # one commit: the model step, its plan, the eager reads, and the finish if it answered
-            first_commit = step._state.adding or step.attempts < attempt
-            step.status = StepStatus.SUCCEEDED
-            step.text = text
-            step.tool_calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls]
-            step.prompt_tokens, step.completion_tokens = usage.prompt_tokens, usage.completion_tokens
-            step.finished_at = now
-            step.error = ""
-            new_rows: list[Step] = []
-            new_attempts: list[StepAttempt] = []
-            if first_commit:  # nothing streamed by this attempt: its rows go in with the plan
-                step.attempts = attempt
-                step.started_at = step.started_at or started
-                if step._state.adding:
-                    new_rows.append(step)
-                else:  # a re-run of a step a dead worker left behind
-                    batch.update(step, MODEL_STEP_FIELDS + ["attempts", "started_at"])
-                new_attempts.append(StepAttempt(
-                    step=step, number=attempt, worker=self.owner, started_at=started,
-                    finished_at=now, outcome=AttemptOutcome.SUCCEEDED,
-                ))
-                events.append(("step.started", {**self._step_data(step), "status": StepStatus.RUNNING}))
-            else:
-                batch.update(step, MODEL_STEP_FIELDS)
-                batch.update(
-                    StepAttempt(step=step, number=attempt, finished_at=now, outcome=AttemptOutcome.SUCCEEDED),
-                    ["finished_at", "outcome"], where={"step": step.id, "number": attempt},
-                )
-            if tail:
-                events.append(("model.delta", {"step": step.index, "attempt": attempt, "text": tail}))
-            events.append(("step.succeeded", self._step_data(step)))
-            begun = self._begin_next_side_effect(planned, eager, now)
-            batch.insert(new_rows + planned)
-            batch.insert(new_attempts + [row for _, row in eager] + begun)
-            for planned_step in planned:
-                events.append(("step.planned", {**self._step_data(planned_step), "status": StepStatus.PENDING}))
-                if planned_step.status == StepStatus.SUCCEEDED:
-                    events.append(("step.succeeded", self._step_data(planned_step)))
-                elif planned_step.status == StepStatus.RUNNING:
-                    events.append(("step.started", self._step_data(planned_step)))
-            self.run.prompt_tokens += usage.prompt_tokens
-            self.run.completion_tokens += usage.completion_tokens
-            cost = model_cost_usd(self.run.model or settings.AGENTRUNS_MODEL, usage)
-            self.run.cost_usd = Decimal(self.run.cost_usd) + cost
-            fields: dict[str, Any] = {"step_count": len(self.steps)}
-            final = not calls  # the answer: finish the run in this same commit
-            if final:
-                finish_events, finish_fields = self._finish_changes(RunStatus.SUCCEEDED, output=text)
-                events.extend(finish_events)
-                fields.update(finish_fields)
-            self.commit(
-                events,
-                release=final,
-                batch=batch,
-                set_fields=fields,
-                incr_fields={
-                    "prompt_tokens": usage.prompt_tokens,
-                    "completion_tokens": usage.completion_tokens,
-                    "cost_usd": cost,
-                },
-            )
+        # the model's commit (transactional ones inside it): if we die first, the model turn and
+        # those calls are simply done again
+        limit = len(planned)
+        while True:
+            head = self._eager_prefix(planned)[:limit]
+            in_txn = any(get_tool(s.tool).transactional for s in head)
+            try:
+                with transaction.atomic() if in_txn else nullcontext():
+                    eager = self._run_eager_prefix(head, in_txn)
+                    final, begun = self._commit_model_step(
+                        step, attempt, text, tail, calls, usage, started, now, planned, eager,
+                        end_transaction=in_txn,
+                    )
+                break
+            except _EagerCallFailed as failed:
+                # rolled back with every eager call's writes: this time stop before the failed
+                # call, which then runs on the normal path with its retry policy
+                for eager_step in head:
+                    eager_step.status, eager_step.result, eager_step.attempts = StepStatus.PENDING, None, 0
+                    eager_step.started_at = eager_step.finished_at = None
+                limit = failed.position
         for eager_step, _ in eager:
             failpoints.hit("step_persisted", tool=eager_step.tool, step_id=eager_step.id)
         for attempt_row in begun:
             failpoints.hit("step_started", tool=attempt_row.step.tool, step_id=attempt_row.step_id)
         return RunStatus.SUCCEEDED if final else None
+
+    def _commit_model_step(
+        self,
+        step: Step,
+        attempt: int,
+        text: str,
+        tail: str,
+        calls: list[ToolCall],
+        usage: Usage,
+        started: Any,
+        now: Any,
+        planned: list[Step],
+        eager: list[tuple[Step, StepAttempt]],
+        *,
+        end_transaction: bool,
+    ) -> tuple[bool, list[StepAttempt]]:
+        """One commit: the model step, its plan, the eager calls, and the finish if it answered.
+        Returns (the run finished, the side-effect attempts begun in it)."""
+        events: list[tuple[str, dict]] = []
+        batch = WriteBatch()
+        first_commit = step._state.adding or step.attempts < attempt
+        step.status = StepStatus.SUCCEEDED
+        step.text = text
+        step.tool_calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls]
+        step.prompt_tokens, step.completion_tokens = usage.prompt_tokens, usage.completion_tokens
+        step.finished_at = now
+        step.error = ""
+        new_rows: list[Step] = []
+        new_attempts: list[StepAttempt] = []
+        if first_commit:  # nothing streamed by this attempt: its rows go in with the plan
+            step.attempts = attempt
+            step.started_at = step.started_at or started
+            if step._state.adding:
+                new_rows.append(step)
+            else:  # a re-run of a step a dead worker left behind
+                batch.update(step, MODEL_STEP_FIELDS + ["attempts", "started_at"])
+            new_attempts.append(StepAttempt(
+                step=step, number=attempt, worker=self.owner, started_at=started,
+                finished_at=now, outcome=AttemptOutcome.SUCCEEDED,
+            ))
+            events.append(("step.started", {**self._step_data(step), "status": StepStatus.RUNNING}))
+        else:
+            batch.update(step, MODEL_STEP_FIELDS)
+            batch.update(
+                StepAttempt(step=step, number=attempt, finished_at=now, outcome=AttemptOutcome.SUCCEEDED),
+                ["finished_at", "outcome"], where={"step": step.id, "number": attempt},
+            )
+        if tail:
+            events.append(("model.delta", {"step": step.index, "attempt": attempt, "text": tail}))
+        events.append(("step.succeeded", self._step_data(step)))
+        begun = self._begin_next_side_effect(planned, eager, now)
+        batch.insert(new_rows + planned)
+        batch.insert(new_attempts + [row for _, row in eager] + begun)
+        for planned_step in planned:
+            events.append(("step.planned", {**self._step_data(planned_step), "status": StepStatus.PENDING}))
+            if planned_step.status == StepStatus.SUCCEEDED:
+                events.append(("step.succeeded", self._step_data(planned_step)))
+            elif planned_step.status == StepStatus.RUNNING:
+                events.append(("step.started", self._step_data(planned_step)))
+        self.run.prompt_tokens += usage.prompt_tokens
+        self.run.completion_tokens += usage.completion_tokens
+        cost = model_cost_usd(self.run.model or settings.AGENTRUNS_MODEL, usage)
+        self.run.cost_usd = Decimal(self.run.cost_usd) + cost
+        fields: dict[str, Any] = {"step_count": len(self.steps)}
+        final = not calls  # the answer: finish the run in this same commit
+        if final:
+            finish_events, finish_fields = self._finish_changes(RunStatus.SUCCEEDED, output=text)
+            events.extend(finish_events)
+            fields.update(finish_fields)
+        self.commit(
+            events,
+            release=final,
+            batch=batch,
+            end_transaction=end_transaction,
+            set_fields=fields,
+            incr_fields={
+                "prompt_tokens": usage.prompt_tokens,
+                "completion_tokens": usage.completion_tokens,
+                "cost_usd": cost,
+            },
+        )
+        return final, begun
 
     def _eager_prefix(self, planned: list[Step]) -> list[Step]:
         """The calls at the head of the plan that may run before the model's commit."""
@@ -208,21 +252,18 @@ class ModelSteps:
             head.append(step)
         return head
 
-    def _eager_needs_transaction(self, planned: list[Step]) -> bool:
-        return any(get_tool(s.tool).transactional for s in self._eager_prefix(planned))
-
-    def _run_eager_prefix(self, planned: list[Step]) -> list[tuple[Step, StepAttempt]]:
+    def _run_eager_prefix(self, head: list[Step], in_txn: bool) -> list[tuple[Step, StepAttempt]]:
         done = []
-        for step in self._eager_prefix(planned):
+        for position, step in enumerate(head):
             tool = get_tool(step.tool)
             started = timezone.now()
             failpoints.hit("step_started", tool=step.tool, step_id=step.id)
             ctx = ToolContext(run=self.run, step=step, attempt=1, idempotency_key=step.idempotency_key)
             try:
-                # a savepoint: a failing transactional tool takes only its own writes with it
-                with transaction.atomic() if tool.transactional else nullcontext():
-                    result = json.loads(json.dumps(tool.func(ctx, **step.arguments), default=str))
-            except Exception:
+                result = json.loads(json.dumps(tool.func(ctx, **step.arguments), default=str))
+            except Exception as exc:
+                if in_txn:  # its writes (or a broken transaction) must go: roll back, run less
+                    raise _EagerCallFailed(position) from exc
                 break  # leave it pending: the normal path runs it with its retry policy
             failpoints.hit("tool_returned", tool=step.tool, step_id=step.id)
             now = timezone.now()

@@ -3,16 +3,15 @@
 `insert_sql` replaces `bulk_create` (which spends milliseconds per call on bookkeeping the engine
 does not need: it knows its primary keys, needs no returned ids, never conflicts).
 
-`WriteBatch` sends a whole engine commit to PostgreSQL as ONE multi-statement query: PostgreSQL
-runs a multi-statement simple query as one implicit transaction, so a commit costs one round trip
-instead of BEGIN + one per statement + COMMIT. Django's psycopg cursor binds parameters on the
-client, which is what allows several statements in one call. Elsewhere (SQLite) the statements
-run one by one inside `transaction.atomic()`.
+`WriteBatch` collects the step and attempt rows of one engine commit: on PostgreSQL they go to
+the commit function as JSON (`pgcommit.py`), elsewhere (SQLite) as these statements, one by one
+inside `transaction.atomic()`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from django.db import connection, models
@@ -57,41 +56,56 @@ def update_sql(obj: models.Model, fields: Sequence[str], where: dict[str, Any] |
 
 
 class WriteBatch:
+    """The step and attempt rows of one engine commit, written with the run update.
+
+    On PostgreSQL they travel as JSON rows to `pgcommit.commit` (one statement); elsewhere
+    `execute_each` runs them one statement at a time inside the caller's transaction."""
+
     def __init__(self) -> None:
-        self.statements: list[tuple[str, list[Any]]] = []
+        self.inserts: list[models.Model] = []
+        self.updates: list[tuple[models.Model, list[str], dict[str, Any] | None]] = []
 
     def insert(self, objs: Sequence[models.Model]) -> WriteBatch:
-        if objs:
-            self.statements.append(insert_sql(objs))
+        self.inserts.extend(objs)
         return self
 
     def update(self, obj: models.Model, fields: Sequence[str], where: dict[str, Any] | None = None) -> WriteBatch:
-        self.statements.append(update_sql(obj, fields, where))
+        self.updates.append((obj, list(fields), where))
         return self
 
-    @property
-    def one_round_trip(self) -> bool:
-        # outside a transaction PostgreSQL runs the statements as one implicit transaction;
-        # inside one (a transactional tool's step) they simply join it
-        return connection.vendor == "postgresql"
+    def json_rows(self, now: datetime) -> dict[str, list[dict[str, Any]]]:
+        """For `pgcommit.commit`: steps, attempts, step_updates, attempt_updates."""
+        from .models import Step, StepAttempt
+        from .pgcommit import patch, row
 
-    def run(self, last: tuple[str, list[Any]], guard: tuple[str, list[Any]] | None = None) -> list[tuple]:
-        """PostgreSQL: `guard`, the batch, then `last`, in one round trip and one transaction (an
-        implicit one, or the caller's); returns `last`'s rows. `guard` must raise (aborting
-        everything) when the writes are no longer allowed."""
-        statements = ([guard] if guard else []) + self.statements + [last]
-        sql = ";\n".join(s for s, _ in statements)
-        params = [p for _, ps in statements for p in ps]
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            while cursor.nextset():
-                pass
-            return cursor.fetchall()
+        out: dict[str, list[dict[str, Any]]] = {
+            "steps": [], "attempts": [], "step_updates": [], "attempt_updates": [],
+        }
+        for obj in self.inserts:
+            kind = "steps" if isinstance(obj, Step) else "attempts" if isinstance(obj, StepAttempt) else None
+            if kind is None:
+                raise TypeError(f"WriteBatch cannot insert {type(obj).__name__} on PostgreSQL")
+            out[kind].append(row(obj, now))
+        for obj, fields, where in self.updates:
+            if isinstance(obj, Step) and where is None:
+                out["step_updates"].append(patch(obj, fields, {"id": obj.pk}))
+            elif isinstance(obj, StepAttempt) and where is not None and set(where) == {"step", "number"}:
+                key = {"step_id": where["step"], "number": where["number"]}
+                out["attempt_updates"].append(patch(obj, fields, key))
+            else:
+                raise TypeError(f"WriteBatch cannot update {type(obj).__name__} by {where} on PostgreSQL")
+        return out
 
     def execute_each(self) -> None:
         """Anywhere else: one statement at a time (the caller holds the transaction)."""
+        statements = []
+        by_model: dict[type[models.Model], list[models.Model]] = {}
+        for obj in self.inserts:
+            by_model.setdefault(type(obj), []).append(obj)
+        statements += [insert_sql(objs) for objs in by_model.values()]
+        statements += [update_sql(obj, fields, where) for obj, fields, where in self.updates]
         with connection.cursor() as cursor:
-            for sql, params in self.statements:
+            for sql, params in statements:
                 cursor.execute(sql, params)
 
 

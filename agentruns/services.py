@@ -7,15 +7,17 @@ Each writes its RunEvent in the same transaction as the change and rings the wor
 from __future__ import annotations
 
 import uuid
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from . import pgcommit
 from .events import append_events
 from .models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepKind, StepStatus
 from .redaction import redact_fields
@@ -50,10 +52,13 @@ def start_run(
     user: Any = None,
     model: str | None = None,
     enqueue_task: bool = True,
+    claim_for: str | None = None,
 ) -> StartResult:
     """Create and enqueue a run; a repeated (agent, dedupe_key) returns the existing run.
 
     The unique constraint decides between concurrent starts, not a pre-check.
+    `claim_for`: create it already running under that worker's lease instead of enqueueing it
+    (`engine.execute_inline`); if that worker dies, the sweeper hands the run to the queue.
     """
     agent = get_agent(agent_name)
     agent.validate_input(run_input)
@@ -75,13 +80,22 @@ def start_run(
         created_by=user if getattr(user, "is_authenticated", False) else None,
         enqueued_at=now,
     )
+    events = [("run.created", {"agent": agent_name, "by": actor_name(user), "status": "queued"})]
+    if claim_for is not None:
+        enqueue_task = False
+        run.status, run.lease_owner, run.started_at = RunStatus.RUNNING, claim_for, now
+        run.lease_expires_at = now + timedelta(seconds=float(settings.AGENTRUNS_LEASE_TTL_SECONDS))
+        run.enqueued_at = None
+        events.append(("run.status", {"status": RunStatus.RUNNING}))
     try:
-        with transaction.atomic():
-            run.save(force_insert=True)
-            append_events(
-                run.id,
-                [("run.created", {"agent": agent_name, "by": actor_name(user), "status": "queued"})],
-            )
+        with transaction.atomic() if enqueue_task or connection.vendor != "postgresql" else nullcontext():
+            if connection.vendor == "postgresql":  # the run and its events: one statement
+                run.last_seq, _ = pgcommit.commit(
+                    run.id, claim_for, events, new_run=pgcommit.row(run, now), now=now
+                )
+            else:
+                run.save(force_insert=True)
+                run.last_seq = append_events(run.id, events)
             if enqueue_task:  # False: the caller executes it in-process (benchmarks, scripts)
                 enqueue(run.id)
     except IntegrityError:

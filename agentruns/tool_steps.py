@@ -20,6 +20,10 @@ from .rows import WriteBatch
 TOOL_RESULT_FIELDS = ["status", "result", "error", "attempts", "started_at", "finished_at", "next_attempt_at"]
 
 
+class _CallFailed(Exception):
+    """The tool raised (inside its transaction, when it has one)."""
+
+
 class ToolSteps:
     """Mixin of RunExecutor (see engine.py for the state it relies on)."""
 
@@ -73,24 +77,27 @@ class ToolSteps:
         ctx = ToolContext(run=self.run, step=step, attempt=attempt, idempotency_key=step.idempotency_key)
         failure: Exception | None = None
         failure_tb = ""
-        # a transactional tool's writes and its result commit together (or not at all); the inner
-        # savepoint lets a failing call undo its own writes and still be recorded as failed
-        in_step_txn = transaction.atomic() if tool.transactional else nullcontext()
-        with in_step_txn:
-            try:
-                with transaction.atomic() if tool.transactional else nullcontext():
+        # a transactional tool's writes and its result commit together (or not at all): a failing
+        # call rolls the transaction back and is then recorded as failed on its own
+        try:
+            with transaction.atomic() if tool.transactional else nullcontext():
+                try:
                     result = json.loads(json.dumps(tool.func(ctx, **step.arguments), default=str))
-            except Exception as exc:
-                failure, failure_tb = exc, traceback.format_exc()
-            if failure is None:
+                except Exception as exc:
+                    failure, failure_tb = exc, traceback.format_exc()
+                    raise _CallFailed from exc
                 failpoints.hit("tool_returned", tool=step.tool, step_id=step.id)
-                self._record_result(step, tool, attempt, started, result)
+                self._record_result(step, tool, attempt, started, result, end_transaction=tool.transactional)
+        except _CallFailed:
+            pass
         if failure is not None:
             return self._tool_failed(step, tool, attempt, started, failure, failure_tb)
         failpoints.hit("step_persisted", tool=step.tool, step_id=step.id)
         return None
 
-    def _record_result(self, step: Step, tool: Tool, attempt: int, started: Any, result: Any) -> None:
+    def _record_result(
+        self, step: Step, tool: Tool, attempt: int, started: Any, result: Any, *, end_transaction: bool = False
+    ) -> None:
         now = timezone.now()
         batch = WriteBatch()
         if not tool.commits_before_call:
@@ -107,7 +114,7 @@ class ToolSteps:
         step.status, step.result, step.error = StepStatus.SUCCEEDED, result, ""
         step.attempts, step.finished_at, step.next_attempt_at = attempt, now, None
         batch.update(step, TOOL_RESULT_FIELDS)
-        self.commit([("step.succeeded", self._step_data(step))], batch=batch)
+        self.commit([("step.succeeded", self._step_data(step))], batch=batch, end_transaction=end_transaction)
 
     def _tool_failed(
         self, step: Step, tool: Tool, attempt: int, started: Any, exc: Exception, tb: str = ""

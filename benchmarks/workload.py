@@ -17,8 +17,13 @@ from support.models import Order
 
 @tool(name="bench_lookup")
 def bench_lookup(ctx: ToolContext, order_id: str) -> dict:
-    order = Order.objects.only("amount_cents", "customer_email").get(order_id=order_id)
-    return {"order_id": order_id, "amount_cents": order.amount_cents}
+    # the same statement the peers run (benchmarks/peers.py `lookup`)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT amount_cents FROM support_order WHERE order_id = %s", [order_id])
+        row = cursor.fetchone()
+    if row is None:
+        raise Order.DoesNotExist(order_id)
+    return {"order_id": order_id, "amount_cents": row[0]}
 
 
 @tool(name="bench_refund", transactional=True)
