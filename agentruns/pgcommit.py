@@ -57,18 +57,40 @@ def dumps(payload: Any) -> str:
 
 
 # ---------------------------------------------------------------- rows as JSON objects
-_SPECS: dict[type[models.Model], list[tuple[str, str, bool]]] = {}
+_SPECS: dict[type[models.Model], list[tuple[str, str, bool, Any]]] = {}
 
 
-def _spec(model: type[models.Model]) -> list[tuple[str, str, bool]]:
-    """(column, attname, stamped-on-insert) of every concrete column but an identity key."""
+def _plain(value: Any) -> Any:
+    return value
+
+
+def _text(value: Any) -> Any:
+    return None if value is None else str(value)
+
+
+def _iso(value: Any) -> Any:
+    return None if value is None else value.isoformat()
+
+
+def _spec(model: type[models.Model]) -> list[tuple[str, str, bool, Any]]:
+    """(column, attname, stamped on insert, to-JSON) of every concrete column but an identity
+    key; converting here keeps the JSON encoder on its C fast path."""
     spec = _SPECS.get(model)
     if spec is None:
-        spec = [
-            (f.column, f.attname, bool(getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False)))
-            for f in model._meta.concrete_fields
-            if not isinstance(f, models.AutoField | models.BigAutoField)
-        ]
+        spec = []
+        for f in model._meta.concrete_fields:
+            if isinstance(f, models.AutoField | models.BigAutoField):
+                continue
+            if isinstance(f, models.DateTimeField | models.DateField | models.TimeField):
+                convert = _iso
+            elif isinstance(f, models.UUIDField | models.DecimalField) or (
+                f.is_relation and isinstance(f.target_field, models.UUIDField)
+            ):
+                convert = _text
+            else:
+                convert = _plain
+            stamped = bool(getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False))
+            spec.append((f.column, f.attname, stamped, convert))
         _SPECS[model] = spec
     return spec
 
@@ -76,12 +98,12 @@ def _spec(model: type[models.Model]) -> list[tuple[str, str, bool]]:
 def row(obj: models.Model, now: datetime) -> dict[str, Any]:
     """The INSERT row of `obj` (its defaults were applied when it was built)."""
     values = {}
-    for column, attname, stamped in _spec(type(obj)):
+    for column, attname, stamped, convert in _spec(type(obj)):
         value = getattr(obj, attname)
         if stamped and value is None:
             value = now
             setattr(obj, attname, now)
-        values[column] = value
+        values[column] = convert(value)
     obj._state.adding = False
     obj._state.db = connection.alias
     return values
@@ -115,7 +137,7 @@ def commit(
 
     `end_transaction`: the caller's transaction.atomic() block ends right after this call, so the
     COMMIT rides in the same round trip (psycopg then skips its own COMMIT: the server is idle)."""
-    payload: dict[str, Any] = {"run": run_id, "now": now, "events": events}
+    payload: dict[str, Any] = {"run": str(run_id), "now": now.isoformat(), "events": events}
     if owner is not None:
         payload["owner"] = owner
     if set_fields:

@@ -1,0 +1,71 @@
+"""The lease heartbeat: one keeper thread per process renews the leases of long steps."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from agentruns.lease import Heartbeat
+from agentruns.models import Run
+from agentruns.services import start_run
+
+pytestmark = pytest.mark.django_db(transaction=True)  # the keeper has its own connection
+
+TTL = 0.6
+
+
+def _leased(owner: str) -> Run:
+    run = start_run("script", {"script": []}, enqueue_task=False).run
+    Run.objects.filter(id=run.id).update(
+        status="running", lease_owner=owner, lease_expires_at=timezone.now() + timedelta(seconds=TTL)
+    )
+    return run
+
+
+def _expires(run: Run):
+    return Run.objects.get(id=run.id).lease_expires_at
+
+
+def test_a_long_step_keeps_its_lease_and_a_stopped_beat_lets_it_go():
+    run = _leased("me:1:a")
+    beat = Heartbeat(run.id, "me:1:a", TTL)
+    beat.start()
+    try:
+        time.sleep(3 * TTL)  # three TTLs without any engine commit
+        assert _expires(run) > timezone.now() and not beat.lost.is_set()
+    finally:
+        beat.stop()
+    last = _expires(run)
+    time.sleep(2 * TTL)
+    assert _expires(run) == last  # nobody renews a lease whose run is done
+
+
+def test_beats_of_several_runs_share_the_keeper():
+    runs = [_leased(f"me:1:{i}") for i in range(3)]
+    beats = [Heartbeat(r.id, f"me:1:{i}", TTL) for i, r in enumerate(runs)]
+    for beat in beats:
+        beat.start()
+    try:
+        time.sleep(3 * TTL)
+        assert all(_expires(r) > timezone.now() for r in runs)
+    finally:
+        for beat in beats:
+            beat.stop()
+
+
+def test_a_stolen_lease_is_noticed():
+    run = _leased("me:1:a")
+    beat = Heartbeat(run.id, "me:1:a", TTL)
+    beat.start()
+    try:
+        Run.objects.filter(id=run.id).update(lease_owner="thief:2:b")
+        deadline = time.monotonic() + 3 * TTL
+        while not beat.lost.is_set() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert beat.lost.is_set()
+        assert Run.objects.get(id=run.id).lease_owner == "thief:2:b"
+    finally:
+        beat.stop()
