@@ -212,9 +212,19 @@ def _nudges_reach_viewers() -> bool:
     return bool(settings.REDIS_URL) or not IN_WORKER_PROCESS
 
 
+def _anyone_listens_here() -> bool:
+    """In-memory layer: does any consumer of this process listen to any group at all?"""
+    from channels.layers import get_channel_layer
+
+    groups = getattr(get_channel_layer(), "groups", None)
+    return groups is None or bool(groups)
+
+
 def nudge_on_commit(run_id: uuid.UUID, seq: int, *, inbox: bool = False) -> None:
     if not _nudges_reach_viewers():
         return
+    if not settings.REDIS_URL and not _anyone_listens_here():
+        return  # the engine's hot path outside a web process: nobody to reach, skip the hook
     transaction.on_commit(lambda: send_nudge(run_id, seq, inbox=inbox))
 
 

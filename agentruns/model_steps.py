@@ -18,7 +18,7 @@ from .costs import model_cost_usd
 from .models import AttemptOutcome, RunStatus, Step, StepAttempt, StepKind, StepStatus
 from .providers import ModelError, ModelRequest, TextDelta, ToolCall, Usage
 from .registry import ToolArgumentsError, ToolContext, UnknownTool, get_tool
-from .rows import WriteBatch
+from .rows import WriteBatch, build
 
 MODEL_MAX_ATTEMPTS = 3
 MODEL_STEP_FIELDS = ["status", "text", "tool_calls", "prompt_tokens", "completion_tokens", "finished_at", "error"]
@@ -50,7 +50,8 @@ class ModelSteps:
         if step is None:
             index = len(self.steps)
             step_id = uuid.uuid4()
-            step = Step(
+            step = build(
+                Step,
                 id=step_id,
                 run_id=self.run_id,
                 index=index,
@@ -58,7 +59,6 @@ class ModelSteps:
                 idempotency_key=step_key(self.run_id, step_id),
                 status=StepStatus.RUNNING,
             )
-            step._state.adding = True
             self.steps.append(step)
         messages = self.conversation.extend(self.steps[: step.index])
         while True:
@@ -193,9 +193,9 @@ class ModelSteps:
                 new_rows.append(step)
             else:  # a re-run of a step a dead worker left behind
                 batch.update(step, MODEL_STEP_FIELDS + ["attempts", "started_at"])
-            new_attempts.append(StepAttempt(
-                step=step, number=attempt, worker=self.owner, started_at=started,
-                finished_at=now, outcome=AttemptOutcome.SUCCEEDED,
+            new_attempts.append(build(
+                StepAttempt, {"step": step}, step_id=step.id, number=attempt, worker=self.owner,
+                started_at=started, finished_at=now, outcome=AttemptOutcome.SUCCEEDED,
             ))
             events.append(("step.started", {**self._step_data(step), "status": StepStatus.RUNNING}))
         else:
@@ -269,8 +269,8 @@ class ModelSteps:
             now = timezone.now()
             step.status, step.result, step.attempts = StepStatus.SUCCEEDED, result, 1
             step.started_at, step.finished_at = started, now
-            done.append((step, StepAttempt(step=step, number=1, worker=self.owner, started_at=started,
-                                           finished_at=now, outcome=AttemptOutcome.SUCCEEDED)))
+            done.append((step, build(StepAttempt, {"step": step}, step_id=step.id, number=1, worker=self.owner,
+                                     started_at=started, finished_at=now, outcome=AttemptOutcome.SUCCEEDED)))
         return done
 
     def _begin_next_side_effect(
@@ -287,7 +287,7 @@ class ModelSteps:
                 return []
             step.status, step.attempts, step.started_at = StepStatus.RUNNING, 1, now
             self.begun_here.add(step.id)
-            return [StepAttempt(step=step, number=1, worker=self.owner, started_at=now)]
+            return [build(StepAttempt, {"step": step}, step_id=step.id, number=1, worker=self.owner, started_at=now)]
         return []
 
     def _plan_tool_steps(self, calls: list[ToolCall], now: Any) -> list[Step]:
@@ -297,7 +297,8 @@ class ModelSteps:
         planned = []
         for call in calls:
             step_id = uuid.uuid4()
-            step = Step(
+            step = build(
+                Step,
                 id=step_id,
                 run_id=self.run_id,
                 index=len(self.steps),

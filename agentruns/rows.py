@@ -12,9 +12,35 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import connection, models
+from django.db.models.base import ModelState
+
+M = TypeVar("M", bound=models.Model)
+
+
+_BUILD_SPECS: dict[type[models.Model], list[tuple[str, Any]]] = {}
+
+
+def build(model: type[M], related: dict[str, models.Model] | None = None, **values: Any) -> M:
+    """A new, unsaved instance of `model` without `Model.__init__` (the engine builds ~15 per
+    run; __init__'s generic keyword handling was ~8% of its CPU). `values` are keyed by attname
+    (`step_id`, not `step`); `related` pre-fills the cache of relations given as objects. No
+    pre_init/post_init signals are sent: none are connected for these models."""
+    spec = _BUILD_SPECS.get(model)
+    if spec is None:
+        spec = _BUILD_SPECS[model] = [(f.attname, f.get_default) for f in model._meta.concrete_fields]
+    obj = model.__new__(model)
+    obj._state = ModelState()
+    attrs = obj.__dict__
+    for attname, default in spec:
+        attrs[attname] = values.pop(attname) if attname in values else default()
+    if values:
+        raise TypeError(f"{model.__name__} has no fields {sorted(values)}")
+    for name, instance in (related or {}).items():
+        obj._state.fields_cache[name] = instance
+    return obj
 
 
 def _fields(model: type[models.Model]) -> list[models.Field]:

@@ -144,7 +144,13 @@ class DBOSPeer:
 
 # ------------------------------------------------------------------ LangGraph
 class LangGraphPeer:
+    """`durability="sync"`: each step's checkpoint is persisted before the next step starts, the
+    guarantee every system here gives. (LangGraph's default, "async", writes it while the next
+    step already runs: a crash can lose it after that step's side effect happened;
+    `LangGraphAsyncPeer` measures that mode for reference.)"""
+
     name = "LangGraph + PostgresSaver"
+    durability = "sync"
 
     def __init__(self, dsn: str) -> None:
         from typing import TypedDict
@@ -197,8 +203,19 @@ class LangGraphPeer:
 
     def run(self, order_id: str) -> None:
         thread = str(uuid.uuid4())
-        self.app.invoke({"order_id": order_id, "thread": thread}, {"configurable": {"thread_id": thread}})
+        self.app.invoke(
+            {"order_id": order_id, "thread": thread},
+            {"configurable": {"thread_id": thread}},
+            durability=self.durability,
+        )
 
     def close(self) -> None:
         self.saver_conn.close()
         self.conn.close()
+
+
+class LangGraphAsyncPeer(LangGraphPeer):
+    """LangGraph's default durability: not a durable step (reference only, not a target)."""
+
+    name = "LangGraph, default async checkpoints (reference)"
+    durability = "async"

@@ -73,10 +73,10 @@ def measure(system, runs: int, offset: int) -> list[float]:
 
 
 def side_by_side(runs: int, rounds: int) -> dict[str, dict]:
-    from benchmarks.peers import DBOSPeer, Floor, LangGraphPeer
+    from benchmarks.peers import DBOSPeer, Floor, LangGraphAsyncPeer, LangGraphPeer
 
     systems = [Floor(dsn()), Ours()]
-    for peer in (DBOSPeer, LangGraphPeer):
+    for peer in (DBOSPeer, LangGraphPeer, LangGraphAsyncPeer):
         try:
             systems.append(peer(dsn()))
         except Exception as exc:  # an optional extra that is missing must not sink the rest
@@ -90,7 +90,10 @@ def side_by_side(runs: int, rounds: int) -> dict[str, dict]:
             lat = measure(system, runs, r * runs)
             per_round[system.name].append(runs / sum(lat))
             latencies[system.name].extend(lat)
-        print(f"  round {r + 1}/{rounds}: " + ", ".join(f"{n.split(' ')[0]} {v[-1]:.0f}/s" for n, v in per_round.items()), file=sys.stderr)
+        if (r + 1) % max(1, rounds // 5) == 0:
+            print(f"  round {r + 1}/{rounds}: " + ", ".join(
+                f"{n.split(' ')[0]} {statistics.median(v):.0f}/s" for n, v in per_round.items()
+            ), file=sys.stderr)
     for system in systems:
         system.close()
     return {
@@ -230,14 +233,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer runs (a smoke test of the harness)")
     parser.add_argument("--no-docs", action="store_true")
     args = parser.parse_args()
-    runs, rounds, kills = (30, 2, 3) if args.quick else (150, 5, 20)
+    # rounds long enough for each system to run warm (10-run rounds measured every system
+    # slower, ours most: caches go cold when four systems take turns every few milliseconds)
+    runs, rounds, kills = (30, 2, 3) if args.quick else (150, 7, 20)
 
     call_command("migrate", verbosity=0)
     call_command("seed_demo", stdout=open(os.devnull, "w"))
     print("side by side (in-process, sequential):", file=sys.stderr)
     results = side_by_side(runs, rounds)
     print("through django-q2 (2 workers):", file=sys.stderr)
-    results["ours (through django-q2, 2 workers)"] = through_queue(runs * 2)
+    results["ours (through django-q2, 2 workers)"] = through_queue(60 if args.quick else 300)
     print("run length:", file=sys.stderr)
     lengths = run_length()
     print("recovery after SIGKILL:", file=sys.stderr)
