@@ -57,53 +57,52 @@ def dumps(payload: Any) -> str:
 
 
 # ---------------------------------------------------------------- rows as JSON objects
-_SPECS: dict[type[models.Model], list[tuple[str, str, bool, Any]]] = {}
-
-
-def _plain(value: Any) -> Any:
-    return value
+_SPECS: dict[type[models.Model], tuple[list[tuple[str, str]], list[tuple[str, str, Any]], list[str]]] = {}
 
 
 def _text(value: Any) -> Any:
-    return None if value is None else str(value)
+    return str(value)
 
 
 def _iso(value: Any) -> Any:
-    return None if value is None else value.isoformat()
+    return value.isoformat()
 
 
-def _spec(model: type[models.Model]) -> list[tuple[str, str, bool, Any]]:
-    """(column, attname, stamped on insert, to-JSON) of every concrete column but an identity
-    key; converting here keeps the JSON encoder on its C fast path."""
+def _spec(model: type[models.Model]) -> tuple[list[tuple[str, str]], list[tuple[str, str, Any]], list[str]]:
+    """How `row` reads a model: (column, attname) of values JSON takes as they are, (column,
+    attname, to-JSON) of the others, and the attnames stamped with `now` when empty. Converting
+    here keeps the JSON encoder on its C fast path."""
     spec = _SPECS.get(model)
     if spec is None:
-        spec = []
+        plain, converted, stamped = [], [], []
         for f in model._meta.concrete_fields:
             if isinstance(f, models.AutoField | models.BigAutoField):
                 continue
+            if getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False):
+                stamped.append(f.attname)
             if isinstance(f, models.DateTimeField | models.DateField | models.TimeField):
-                convert = _iso
+                converted.append((f.column, f.attname, _iso))
             elif isinstance(f, models.UUIDField | models.DecimalField) or (
                 f.is_relation and isinstance(f.target_field, models.UUIDField)
             ):
-                convert = _text
+                converted.append((f.column, f.attname, _text))
             else:
-                convert = _plain
-            stamped = bool(getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False))
-            spec.append((f.column, f.attname, stamped, convert))
-        _SPECS[model] = spec
+                plain.append((f.column, f.attname))
+        spec = _SPECS[model] = (plain, converted, stamped)
     return spec
 
 
 def row(obj: models.Model, now: datetime) -> dict[str, Any]:
     """The INSERT row of `obj` (its defaults were applied when it was built)."""
-    values = {}
-    for column, attname, stamped, convert in _spec(type(obj)):
-        value = getattr(obj, attname)
-        if stamped and value is None:
-            value = now
-            setattr(obj, attname, now)
-        values[column] = convert(value)
+    plain, converted, stamped = _spec(type(obj))
+    attrs = obj.__dict__  # concrete field values live here (none is deferred on a new row)
+    for attname in stamped:
+        if attrs[attname] is None:
+            attrs[attname] = now
+    values = {column: attrs[attname] for column, attname in plain}
+    for column, attname, convert in converted:
+        value = attrs[attname]
+        values[column] = None if value is None else convert(value)
     obj._state.adding = False
     obj._state.db = connection.alias
     return values

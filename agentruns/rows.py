@@ -20,7 +20,18 @@ from django.db.models.base import ModelState
 M = TypeVar("M", bound=models.Model)
 
 
-_BUILD_SPECS: dict[type[models.Model], list[tuple[str, Any]]] = {}
+_BUILD_SPECS: dict[type[models.Model], tuple[dict[str, Any], list[tuple[str, Any]]]] = {}
+
+
+def _build_spec(model: type[models.Model]) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    static: dict[str, Any] = {}
+    dynamic: list[tuple[str, Any]] = []
+    for f in model._meta.concrete_fields:
+        if f.has_default() and callable(f.default):
+            dynamic.append((f.attname, f.default))
+        else:  # a constant (Django refuses mutable constants as defaults), or None/""
+            static[f.attname] = f.get_default()
+    return static, dynamic
 
 
 def build(model: type[M], related: dict[str, models.Model] | None = None, **values: Any) -> M:
@@ -30,14 +41,19 @@ def build(model: type[M], related: dict[str, models.Model] | None = None, **valu
     pre_init/post_init signals are sent: none are connected for these models."""
     spec = _BUILD_SPECS.get(model)
     if spec is None:
-        spec = _BUILD_SPECS[model] = [(f.attname, f.get_default) for f in model._meta.concrete_fields]
+        spec = _BUILD_SPECS[model] = _build_spec(model)
+    static, dynamic = spec
+    unknown = values.keys() - static.keys() - {attname for attname, _ in dynamic}
+    if unknown:
+        raise TypeError(f"{model.__name__} has no fields {sorted(unknown)}")
     obj = model.__new__(model)
     obj._state = ModelState()
     attrs = obj.__dict__
-    for attname, default in spec:
-        attrs[attname] = values.pop(attname) if attname in values else default()
-    if values:
-        raise TypeError(f"{model.__name__} has no fields {sorted(values)}")
+    attrs.update(static)
+    for attname, default in dynamic:
+        if attname not in values:
+            attrs[attname] = default()
+    attrs.update(values)
     for name, instance in (related or {}).items():
         obj._state.fields_cache[name] = instance
     return obj
