@@ -37,6 +37,22 @@ def _estimate_tokens(text: str) -> int:
 
 
 class ScriptedProvider:
+    """One per executor pass (`get_provider`), which sends one growing conversation."""
+
+    def __init__(self) -> None:
+        # (the conversation's first message, messages counted, their tokens): the executor only
+        # appends, so each turn counts its new messages only (a full recount made a long run's
+        # steps slower and slower: O(n) per turn)
+        self._counted: tuple[object, int, int] | None = None
+
+    def _prompt_tokens(self, messages: list[dict]) -> int:
+        first, count, tokens = self._counted or (None, 0, 0)
+        if not messages or messages[0] is not first or len(messages) < count:
+            count, tokens = 0, 0
+        tokens += sum(_estimate_tokens(str(m.get("content") or "")) for m in messages[count:])
+        self._counted = (messages[0] if messages else None, len(messages), tokens)
+        return tokens
+
     def stream(self, request: ModelRequest) -> Iterator[TextDelta | ToolCall | Usage]:
         policy = getattr(request.agent, "scripted_policy", None) or _default_policy
         turn = policy(request.messages)
@@ -49,6 +65,6 @@ class ScriptedProvider:
         for i, (name, args) in enumerate(turn.tool_calls):
             raw = args if isinstance(args, str) else json.dumps(args)  # str: deliberately bad JSON
             yield ToolCall(id=f"call_{position}_{i}", name=name, arguments=raw)
-        prompt = sum(_estimate_tokens(str(m.get("content") or "")) for m in request.messages)
+        prompt = self._prompt_tokens(request.messages)
         completion = _estimate_tokens(turn.text) + 10 * len(turn.tool_calls)
         yield Usage(prompt_tokens=prompt, completion_tokens=completion)
