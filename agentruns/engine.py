@@ -25,7 +25,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, close_old_connections, connection, connections, transaction
 from django.db.models import Q, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -137,11 +137,12 @@ class RunExecutor(ModelSteps, ToolSteps):
             set_fields.update(lease_owner="", lease_expires_at=None)
         else:
             set_fields["lease_expires_at"] = now + timedelta(seconds=self.ttl)
-        if connection.vendor == "postgresql":
+        db = connections[DEFAULT_DB_ALIAS]  # one lookup through the thread-local proxy, not five
+        if db.vendor == "postgresql":
             last_seq, cancel = pgcommit.commit(
                 self.run_id, self.owner, events, set_fields=set_fields, incr_fields=incr_fields,
                 rows=batch.json_rows(now) if batch is not None else None, now=now,
-                end_transaction=end_transaction and self._outermost_atomic(),
+                end_transaction=end_transaction and self._outermost_atomic(db),
             )
         else:
             with transaction.atomic():
@@ -155,9 +156,9 @@ class RunExecutor(ModelSteps, ToolSteps):
         return last_seq
 
     @staticmethod
-    def _outermost_atomic() -> bool:
+    def _outermost_atomic(db: Any) -> bool:
         # the COMMIT may ride along only when this is the outermost atomic block, no savepoints
-        return connection.in_atomic_block and not connection.savepoint_ids and len(connection.atomic_blocks) == 1
+        return db.in_atomic_block and not db.savepoint_ids and len(db.atomic_blocks) == 1
 
     def check_lease(self) -> None:
         if self.heartbeat is not None and self.heartbeat.lost.is_set():

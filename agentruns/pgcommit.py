@@ -26,7 +26,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import DatabaseError, connection, models
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, models
 
 from .events import LeaseLost, nudge_on_commit
 from .models import Run, RunEvent, Step, StepAttempt
@@ -104,7 +104,7 @@ def row(obj: models.Model, now: datetime) -> dict[str, Any]:
         value = attrs[attname]
         values[column] = None if value is None else convert(value)
     obj._state.adding = False
-    obj._state.db = connection.alias
+    obj._state.db = DEFAULT_DB_ALIAS  # the engine writes through the default connection
     return values
 
 
