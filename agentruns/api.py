@@ -94,3 +94,39 @@ def cancel_run(request: HttpRequest, run_id: str) -> JsonResponse:
 @api_view(("POST",))
 def retry_run(request: HttpRequest, run_id: str) -> JsonResponse:
     return _operate(request, run_id, services.retry_run)
+
+
+@api_view(("POST",))
+def fork_run(request: HttpRequest, run_id: str) -> JsonResponse:
+    """`{"from_step": N}` (a model step) -> 201 with the new run, which continues from there."""
+    if not request.user.has_perm("agentruns.operate_run"):
+        return json_error("permission denied: agentruns.operate_run is required", 403)
+    run = _run_or_404(run_id)
+    from_step = json_body(request).get("from_step")
+    if not isinstance(from_step, int) or isinstance(from_step, bool) or from_step < 0:
+        raise BadRequest("'from_step' must be the index of a model step (an integer)")
+    try:
+        fork = services.fork_run(run.id, from_step, user=request.user)
+    except services.ActionRefused as exc:
+        return json_error(str(exc), 409)
+    return JsonResponse(run_payload(fork, selectors.run_steps(fork)), status=201)
+
+
+@api_view(("POST",))
+def resolve_step(request: HttpRequest, run_id: str, index: int) -> JsonResponse:
+    """`{"result": {...}}`: a failed side-effect step is done by hand; the failed run continues."""
+    if not request.user.has_perm("agentruns.operate_run"):
+        return json_error("permission denied: agentruns.operate_run is required", 403)
+    run = _run_or_404(run_id)
+    result = json_body(request).get("result")
+    if not isinstance(result, dict):
+        raise BadRequest("'result' must be a JSON object (what the tool would have returned)")
+    step = selectors.run_step(run, index)
+    if step is None:
+        raise BadRequest(f"the run has no step #{index}", 404)
+    try:
+        services.resolve_step(step.id, result, user=request.user)
+    except services.ActionRefused as exc:
+        return json_error(str(exc), 409)
+    run.refresh_from_db()
+    return JsonResponse(run_payload(run, selectors.run_steps(run)))

@@ -15,6 +15,10 @@ def run_steps(run: Run) -> list[Step]:
     return list(Step.objects.filter(run=run).order_by("index"))
 
 
+def run_step(run: Run, index: int) -> Step | None:
+    return Step.objects.filter(run=run, index=index).first()
+
+
 def events_after(run_id: uuid.UUID | str, after: int, limit: int = 1000) -> list[RunEvent]:
     return list(RunEvent.objects.filter(run_id=run_id, seq__gt=after).order_by("seq")[:limit])
 

@@ -1,0 +1,72 @@
+"""Resolve and fork through the JSON API: the same services, permission and refusals as the page."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentruns.models import Run, RunStatus, Step, StepStatus
+from tests import testkit
+from tests.conftest import ApiClient
+from tests.test_api import assert_json_error
+
+from . import opskit
+from .conftest import advance, script_run
+
+pytestmark = pytest.mark.django_db
+
+
+def _failed_shipping() -> Run:
+    opskit.FAILS["ops_ship_fatal"] = 1
+    run = advance(script_run([{"calls": [["ops_ship", {"parcel": "P-1"}]]}, {"text": "shipped by hand"}]))
+    assert run.status == RunStatus.FAILED
+    return run
+
+
+def test_resolve_through_the_api_continues_the_run(api):
+    run = _failed_shipping()
+    index = Step.objects.get(run=run, tool="ops_ship").index
+    response = api.post(f"/api/runs/{run.id}/steps/{index}/resolve", {"result": {"tracking": "TRK-API"}})
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["status"] == "queued"
+    step = next(s for s in body["steps"] if s["index"] == index)
+    assert step["status"] == StepStatus.SUCCEEDED and step["result"] == {"tracking": "TRK-API"}
+    run = advance(Run.objects.get(id=run.id))
+    assert run.status == RunStatus.SUCCEEDED and len(opskit.CALLS["ops_ship"]) == 1
+    # resolving it again is a conflict, not a 500
+    assert_json_error(api.post(f"/api/runs/{run.id}/steps/{index}/resolve", {"result": {}}), 409)
+
+
+def test_resolve_refusals_through_the_api(api, viewer):
+    run = _failed_shipping()
+    index = Step.objects.get(run=run, tool="ops_ship").index
+    url = f"/api/runs/{run.id}/steps/{index}/resolve"
+    assert_json_error(ApiClient(viewer).post(url, {"result": {"x": 1}}), 403)
+    assert_json_error(api.post(url, {"result": ["not", "an", "object"]}), 400)
+    assert_json_error(api.post(url, {}), 400)
+    assert_json_error(api.post(f"/api/runs/{run.id}/steps/99/resolve", {"result": {}}), 404)
+    assert_json_error(api.post(f"/api/runs/{run.id}/steps/0/resolve", {"result": {}}), 409)  # a model step
+    assert_json_error(api.get(url), 405)
+    assert Step.objects.get(run=run, index=index).status == StepStatus.FAILED  # nothing changed
+    assert Run.objects.get(id=run.id).status == RunStatus.FAILED
+
+
+def test_fork_through_the_api(api, viewer):
+    source = advance(
+        script_run([{"calls": [["t_echo", {"text": "a"}]]}, {"calls": [["t_charge", {"amount": 2}]]}, {"text": "done"}])
+    )
+    url = f"/api/runs/{source.id}/fork"
+    assert_json_error(ApiClient(viewer).post(url, {"from_step": 2}), 403)
+    assert_json_error(api.post(url, {"from_step": 1}), 409)  # a tool step
+    assert_json_error(api.post(url, {"from_step": "2"}), 400)
+    assert_json_error(api.post(url, {"from_step": True}), 400)
+    assert Run.objects.count() == 1
+
+    response = api.post(url, {"from_step": 2})
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["id"] != str(source.id) and body["status"] == "queued"
+    assert [s["index"] for s in body["steps"]] == [0, 1]
+    fork = advance(Run.objects.get(id=body["id"]))
+    assert fork.status == RunStatus.SUCCEEDED and fork.output == "done"
+    assert len(testkit.CALLS["t_echo"]) == 1  # the copied history did not run again
