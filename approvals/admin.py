@@ -7,6 +7,7 @@ import json
 from django.contrib import admin
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 
 from agentruns.redaction import redact_fields
 
@@ -32,12 +33,13 @@ class ApprovalAdmin(admin.ModelAdmin):
         (None, {"fields": ("kind", "status", "agent", "tool", "run_link", "step_link")}),
         ("Decision", {"fields": ("decided_by", "decided_at", "reason", "resolution", "expires_at")}),
         ("Arguments", {"fields": ("requested", "approved", "changes", "resolution_payload")}),
+        ("Earlier decisions on this step", {"fields": ("earlier_decisions",)}),
         ("Timestamps", {"fields": ("created_at",)}),
     )
     readonly_fields = (
         "kind", "status", "agent", "tool", "run_link", "step_link", "decided_by", "decided_at",
         "reason", "resolution", "expires_at", "requested", "approved", "changes",
-        "resolution_payload", "created_at",
+        "resolution_payload", "earlier_decisions", "created_at",
     )
 
     def has_add_permission(self, request) -> bool:
@@ -50,6 +52,23 @@ class ApprovalAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False  # the audit trail is not editable
+
+    @admin.display(description="earlier decisions")
+    def earlier_decisions(self, obj: Approval):
+        if not obj.history:
+            return "—"
+        return format_html_join(
+            mark_safe("<br>"),
+            "{} {} by {} at {}{}",
+            (
+                (
+                    entry.get("kind"), entry.get("status"), entry.get("decided_by") or "—",
+                    entry.get("decided_at") or "—",
+                    f" ({entry['reason']})" if entry.get("reason") else "",
+                )
+                for entry in obj.history
+            ),
+        )
 
     @admin.display(description="amount")
     def amount(self, obj: Approval):

@@ -32,6 +32,11 @@ def approval_payload(approval: Approval, card: Card | None = None) -> dict:
         "reason": approval.reason,
         "expires_at": approval.expires_at.isoformat() if approval.expires_at else None,
         "created_at": approval.created_at.isoformat(),
+        "history": [
+            {**entry, "requested_args": redact_fields(entry.get("requested_args"), hidden),
+             "edited_args": redact_fields(entry.get("edited_args"), hidden)}
+            for entry in approval.history
+        ],
     }
     if card is not None:
         # what the inbox card shows, for scripts that triage without opening the run

@@ -43,6 +43,9 @@ class Approval(models.Model):
     reason = models.TextField(blank=True, default="")
     expires_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # earlier decisions on this step, oldest first: the row (one per step) is reused when an
+    # approved call is interrupted and its outcome must be reconciled; who approved it stays here
+    history = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]

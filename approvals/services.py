@@ -65,10 +65,27 @@ def open_approval(step: Step, agent: str) -> Approval:
     return approval
 
 
+def _decision_record(approval: Approval) -> dict:
+    return {
+        "kind": approval.kind,
+        "status": approval.status,
+        "decided_by": approval.decided_by.get_username() if approval.decided_by else None,
+        "decided_at": approval.decided_at.isoformat() if approval.decided_at else None,
+        "reason": approval.reason,
+        "requested_args": approval.requested_args,
+        "edited_args": approval.edited_args,
+        "resolution": approval.resolution,
+        "resolution_result": approval.resolution_result,
+    }
+
+
 def open_reconciliation(step: Step, agent: str) -> Approval:
+    earlier = Approval.objects.select_related("decided_by").filter(step=step).first()
+    history = [*earlier.history, _decision_record(earlier)] if earlier is not None else []
     approval, _ = Approval.objects.update_or_create(
         step=step,
         defaults={
+            "history": history,
             "run_id": step.run_id,
             "kind": ApprovalKind.RECONCILIATION,
             "status": ApprovalStatus.PENDING,
