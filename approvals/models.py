@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
@@ -65,6 +67,16 @@ class Approval(models.Model):
     @property
     def is_pending(self) -> bool:
         return self.status == ApprovalStatus.PENDING
+
+    @property
+    def earlier_approvals(self) -> list[dict]:
+        """Earlier approval decisions on this step, `decided_at` as a datetime (for templates)."""
+        out = []
+        for entry in self.history:
+            if entry.get("kind") == ApprovalKind.APPROVAL:
+                at = entry.get("decided_at")
+                out.append({**entry, "decided_at": datetime.fromisoformat(at) if at else None})
+        return out
 
     @property
     def effective_args(self) -> dict:

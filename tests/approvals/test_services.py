@@ -316,6 +316,13 @@ def test_reconciling_an_approved_call_keeps_who_approved_it(approver, lead):
     # the script here, so only these fields are checked)
     assert "DE00-SECRET" not in str(item["history"]) + str(item["requested_args"])
 
+    from django.test import Client
+
+    inbox = Client()
+    inbox.force_login(approver)
+    page = inbox.get("/approvals/?kind=reconciliation").content.decode()
+    assert f"Before the call: approved by {approver.username}" in page and "checked the invoice" in page
+
     services.reconcile(reconciliation.id, user=approver, resolution="happened", result={"wired": 700})
     run = advance(run)
     assert run.status == RunStatus.SUCCEEDED
