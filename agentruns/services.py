@@ -88,7 +88,10 @@ def start_run(
         run.enqueued_at = None
         events.append(("run.status", {"status": RunStatus.RUNNING}))
     try:
-        with transaction.atomic() if enqueue_task or connection.vendor != "postgresql" else nullcontext():
+        # one statement needs no transaction of its own; inside the caller's, a savepoint keeps a
+        # dedupe conflict from breaking it
+        single = connection.vendor == "postgresql" and not enqueue_task and not connection.in_atomic_block
+        with nullcontext() if single else transaction.atomic():
             if connection.vendor == "postgresql":  # the run and its events: one statement
                 run.last_seq, _ = pgcommit.commit(
                     run.id, claim_for, events, new_run=pgcommit.row(run, now), now=now

@@ -141,3 +141,13 @@ def test_failing_transactional_call_after_an_eager_read_reruns_the_read_only():
 
     assert GatewayRefund.objects.filter(order_id="ORD-TX").count() == 1
     assert len(testkit.CALLS["t_tx"]) == 2
+
+
+def test_a_dedupe_conflict_inside_the_callers_transaction_leaves_it_usable(monkeypatch):
+    first, _ = execute_inline("script", {"script": [{"text": "ok"}]}, dedupe_key="inline-race")
+    # lose the pre-check, as a concurrent start would: the unique constraint decides
+    monkeypatch.setattr(Run.objects, "filter", lambda *a, **k: Run.objects.none())
+    with transaction.atomic():
+        result = start_run("script", {"script": []}, dedupe_key="inline-race", claim_for="me:1:z")
+        assert not result.created and result.run.id == first.id
+        assert Run.objects.count() == 1  # the transaction still works
