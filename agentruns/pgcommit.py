@@ -36,7 +36,7 @@ LEASE_LOST_SQLSTATE = "AR001"
 # the run columns an engine commit may set (`set_fields`) and add to (`incr_fields`)
 RUN_SET_FIELDS = [
     "status", "lease_owner", "lease_expires_at", "enqueued_at", "cancel_requested", "step_count",
-    "output", "error", "stop_reason", "finished_at",
+    "output", "error", "stop_reason", "started_at", "finished_at",
 ]
 RUN_INCR_FIELDS = ["prompt_tokens", "completion_tokens", "cost_usd"]
 
@@ -126,7 +126,6 @@ def commit(
     *,
     set_fields: dict[str, Any] | None = None,
     incr_fields: dict[str, Any] | None = None,
-    start_fields: dict[str, Any] | None = None,
     new_run: dict[str, Any] | None = None,
     rows: dict[str, list[dict[str, Any]]] | None = None,
     now: datetime,
@@ -143,8 +142,6 @@ def commit(
         payload["set"] = set_fields
     if incr_fields:
         payload["incr"] = incr_fields
-    if start_fields:
-        payload["start"] = start_fields.get("started_at")
     if new_run is not None:
         payload["new_run"] = new_run
     if rows:
@@ -223,8 +220,6 @@ BEGIN
         last_seq = r.last_seq + v_n,
         updated_at = v_now,
         {newline.join(run_sets)},
-        started_at = CASE WHEN v_set ? 'started_at' THEN (v_set->>'started_at')::timestamptz
-                          ELSE coalesce(r.started_at, (p->>'start')::timestamptz) END,
         {newline.join(run_incr)}
     WHERE r.id = v_run AND (NOT p ? 'owner' OR r.lease_owner = p->>'owner')
     RETURNING r.last_seq, r.cancel_requested INTO v_seq, v_cancel;
