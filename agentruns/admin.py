@@ -12,8 +12,8 @@ from django.contrib import admin
 from django.urls import reverse
 from django.utils.html import format_html
 
-from .models import ApiToken, Run, RunEvent, Step, StepAttempt, WorkerHeartbeat
-from .redaction import redact_fields
+from agentruns.models import ApiToken, Run, RunEvent, Step, StepAttempt, WorkerHeartbeat
+from agentruns.runtime.redaction import redact_fields
 
 
 class ReadOnlyMixin:

@@ -1,6 +1,6 @@
 """The persisted truth of the runtime (DESIGN.md section 3).
 
-State changes happen in `agentruns.engine` and `agentruns.services`, always as explicit
+State changes happen in `agentruns.runtime.executor` and `agentruns.services`, always as explicit
 transactions that also append `RunEvent`s; these classes only hold data and small helpers.
 """
 

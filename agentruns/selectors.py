@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from .models import Run, RunEvent, Step
+from agentruns.models import Run, RunEvent, Step
 
 
 def get_run(run_id: uuid.UUID | str) -> Run | None:

@@ -17,11 +17,11 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from . import pgcommit
-from .events import append_events
-from .models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepKind, StepStatus
-from .redaction import redact_fields
-from .registry import get_agent
+from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepKind, StepStatus
+from agentruns.registry import get_agent
+from agentruns.runtime import pgcommit
+from agentruns.runtime.events import append_events
+from agentruns.runtime.redaction import redact_fields
 
 
 class ActionRefused(Exception):
@@ -325,7 +325,7 @@ def fork_run(run_id: uuid.UUID | str, from_step: int, *, user: Any = None) -> Ru
     never executed: they keep their results but get new ids and new idempotency keys (the unique
     key belongs to the source step), and the new run's model turn N is asked afresh.
     """
-    from .engine import step_key
+    from agentruns.runtime.executor import step_key
 
     with transaction.atomic():
         source = Run.objects.get(id=run_id)

@@ -13,8 +13,8 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from .engine import RunExecutor
-from .models import Run, RunStatus, WorkerHeartbeat
+from agentruns.models import Run, RunStatus, WorkerHeartbeat
+from agentruns.runtime.executor import RunExecutor
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +29,8 @@ def advance_run(run_id: str) -> str:
 def sweep(now=None) -> int:
     """Re-enqueue live runs whose lease expired (their worker died) or whose task was lost,
     and expire overdue approvals. Safe to run anywhere, any number of times at once."""
+    from agentruns.services import enqueue
     from approvals.services import expire_due_approvals
-
-    from .services import enqueue
 
     now = now or timezone.now()
     ttl = timedelta(seconds=float(settings.AGENTRUNS_LEASE_TTL_SECONDS))

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from .models import ApiToken
+from agentruns.models import ApiToken
 
 PREFIX = "art_"
 

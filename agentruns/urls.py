@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import views
+from agentruns.web import views
 
 urlpatterns = [
     path("", views.run_list, name="run-list"),

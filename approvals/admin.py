@@ -9,10 +9,9 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
-from agentruns.redaction import redact_fields
-
-from .models import Approval
-from .services import args_diff, hidden_fields
+from agentruns.runtime.redaction import redact_fields
+from approvals.models import Approval
+from approvals.services import args_diff, hidden_fields
 
 
 def _pretty(value: object) -> str:

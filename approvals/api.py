@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from django.http import HttpRequest, JsonResponse
 
-from agentruns.http import BadRequest, api_view, json_body, json_error
-from agentruns.redaction import redact_fields
+from agentruns.api.http import BadRequest, api_view, json_body, json_error
+from agentruns.runtime.redaction import redact_fields
+from approvals.cards import Card, build_cards
+from approvals.models import Approval, ApprovalStatus
+from approvals.selectors import AGES, approvals_query
 
 from . import services
-from .cards import Card, build_cards
-from .models import Approval, ApprovalStatus
-from .selectors import AGES, approvals_query
 
 
 def approval_payload(approval: Approval, card: Card | None = None) -> dict:

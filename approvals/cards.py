@@ -19,10 +19,9 @@ from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from agentruns.models import Step, StepAttempt, StepKind
-from agentruns.redaction import redact_fields
 from agentruns.registry import UnknownTool, get_tool
-
-from .models import Approval, ApprovalKind
+from agentruns.runtime.redaction import redact_fields
+from approvals.models import Approval, ApprovalKind
 
 # how many earlier steps of a run a card looks at (the customer facts and recent model text)
 CONTEXT_STEPS = 12
@@ -192,7 +191,7 @@ def _card(approval: Approval, earlier: list[Step], attempt: StepAttempt | None) 
         request_text = json.dumps(run_input, ensure_ascii=False)[:500]
     diff: dict = {}
     if approval.edited_args is not None:
-        from .services import args_diff
+        from approvals.services import args_diff
 
         diff = args_diff(requested, redact_fields(approval.edited_args, hidden))
     return Card(

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from .models import Approval, ApprovalKind, ApprovalStatus
+from approvals.models import Approval, ApprovalKind, ApprovalStatus
 
 # age filter: key -> (label, (min age, max age)); None means unbounded
 AGES: dict[str, tuple[str, tuple[timedelta | None, timedelta | None]]] = {

@@ -19,13 +19,12 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from agentruns.events import append_events, nudge_on_commit
 from agentruns.models import Run, RunStatus, Step, StepStatus
-from agentruns.redaction import redact_fields
 from agentruns.registry import ToolArgumentsError, UnknownTool, get_tool
+from agentruns.runtime.events import append_events, nudge_on_commit
+from agentruns.runtime.redaction import redact_fields
 from agentruns.services import actor_name, enqueue
-
-from .models import Approval, ApprovalKind, ApprovalStatus
+from approvals.models import Approval, ApprovalKind, ApprovalStatus
 
 
 class DecisionError(Exception):

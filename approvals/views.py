@@ -21,11 +21,11 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
 from agentruns.registry import UnknownTool, all_agents, get_tool
+from approvals.cards import build_cards, card_for, hidden_fields
+from approvals.models import Approval, ApprovalKind
+from approvals.selectors import AGES, InboxFilters, inbox_page
 
 from . import services
-from .cards import build_cards, card_for, hidden_fields
-from .models import Approval, ApprovalKind
-from .selectors import AGES, InboxFilters, inbox_page
 
 PAGE_SIZE = 25
 DECIDE_PERMISSION = "approvals.decide_approval"
@@ -60,7 +60,7 @@ def _inbox_context(request: HttpRequest) -> dict[str, Any]:
 
 
 def _cursor_above(page) -> str:
-    from .selectors import encode_cursor
+    from approvals.selectors import encode_cursor
 
     first = page.items[0]
     micros, _, pk = encode_cursor(first).partition("-")

@@ -31,8 +31,8 @@ django.setup()
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 
-from agentruns.engine import RunExecutor, execute_inline  # noqa: E402
 from agentruns.models import Run, StepAttempt  # noqa: E402
+from agentruns.runtime.executor import RunExecutor, execute_inline  # noqa: E402
 from agentruns.services import start_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -66,7 +66,7 @@ def writer_main(run_id: str, count: int, interval: float, out: str) -> None:
     django.setup()
     from django.db import transaction
 
-    from agentruns.events import append_events
+    from agentruns.runtime.events import append_events
 
     lines = []
     next_at = time.monotonic()
@@ -218,11 +218,11 @@ def persistence_benchmark() -> dict:
     from django.db import connections
     from django.test import override_settings
 
-    from agentruns import events
-    from agentruns.engine import RunExecutor
     from agentruns.models import RunEvent
-    from agentruns.providers.scripted import ScriptedTurn
     from agentruns.registry import Agent, register_agent
+    from agentruns.runtime import events
+    from agentruns.runtime.executor import RunExecutor
+    from agentruns.runtime.providers.scripted import ScriptedTurn
     from agentruns.services import start_run
 
     connections.close_all()  # a fresh connection after the long latency phase

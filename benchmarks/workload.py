@@ -10,8 +10,8 @@ import json
 
 from django.db import connection
 
-from agentruns.providers.scripted import ScriptedTurn
 from agentruns.registry import Agent, ToolContext, register_agent, tool
+from agentruns.runtime.providers.scripted import ScriptedTurn
 from support.models import Order
 
 

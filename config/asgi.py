@@ -18,7 +18,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from agentruns.routing import websocket_urlpatterns  # noqa: E402
-from agentruns.socket_auth import SessionOrTokenAuthMiddleware  # noqa: E402
+from agentruns.stream.auth import SessionOrTokenAuthMiddleware  # noqa: E402
 
 application = ProtocolTypeRouter(
     {

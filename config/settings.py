@@ -104,7 +104,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                "agentruns.context_processors.navigation",
+                "agentruns.web.context_processors.navigation",
             ],
         },
     },
@@ -221,7 +221,7 @@ REFUND_APPROVAL_THRESHOLD_CENTS = env_int("REFUND_APPROVAL_THRESHOLD_CENTS", 0)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"redact": {"()": "agentruns.redaction.RedactingFilter"}},
+    "filters": {"redact": {"()": "agentruns.runtime.redaction.RedactingFilter"}},
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact"]}

@@ -3,8 +3,8 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from agentruns import api as runs_api
 from agentruns import health
+from agentruns.api import runs as runs_api
 from approvals import api as approvals_api
 from support import gateway
 

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from .models import GatewayRefund, Order, OutboxMessage, Ticket, TicketNote
+from support.models import GatewayRefund, Order, OutboxMessage, Ticket, TicketNote
 
 admin.site.register(Order, list_display=("order_id", "customer_name", "amount_cents", "currency", "status"), search_fields=("order_id",))
 admin.site.register(Ticket, list_display=("ticket_id", "order", "subject", "status"))

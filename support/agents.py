@@ -17,9 +17,8 @@ from agentruns.registry import (
     register_agent,
     tool,
 )
-
-from .models import Order, OutboxMessage, Ticket, TicketNote
-from .policy import refund_policy
+from support.models import Order, OutboxMessage, Ticket, TicketNote
+from support.policy import refund_policy
 
 _client: tuple[int, httpx.Client] | None = None
 

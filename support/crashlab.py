@@ -25,10 +25,9 @@ from pathlib import Path
 import httpx
 from django.db import connection
 
-from agentruns import failpoints
 from agentruns.models import Run, Step
-
-from .models import GatewayRefund, Order, OutboxMessage, Ticket, TicketNote
+from agentruns.runtime import failpoints
+from support.models import GatewayRefund, Order, OutboxMessage, Ticket, TicketNote
 
 ROOT = Path(__file__).resolve().parent.parent
 

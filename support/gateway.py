@@ -15,7 +15,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
 
-from .models import GatewayRefund
+from support.models import GatewayRefund
 
 
 def _error(status: int, message: str) -> JsonResponse:

@@ -10,8 +10,8 @@ import uuid
 import pytest
 from django.test import Client
 
-from agentruns.engine import RunExecutor
 from agentruns.models import Run, RunStatus, Step
+from agentruns.runtime.executor import RunExecutor
 from agentruns.services import start_run
 from support.models import GatewayRefund
 from tests.conftest import ApiClient

@@ -10,8 +10,8 @@ from django.db import connection
 from django.utils import timezone
 from django_q.models import OrmQ
 
-from agentruns.engine import RunExecutor
 from agentruns.models import AttemptOutcome, Run, RunEvent, Step, StepAttempt, StepStatus
+from agentruns.runtime.executor import RunExecutor
 from agentruns.services import start_run
 from agentruns.tasks import sweep
 from approvals.models import Approval
@@ -308,7 +308,7 @@ def test_run_dedupe_under_concurrency():
 def test_concurrent_event_writers_keep_seq_gapless():
     from django.db import transaction
 
-    from agentruns.events import append_events
+    from agentruns.runtime.events import append_events
 
     run = run_script([{"text": "x"}])
     barrier = threading.Barrier(4)
@@ -388,8 +388,8 @@ def test_manual_retry_gets_a_fresh_automatic_retry_budget():
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_that_lost_its_lease_writes_nothing():
     """The fenced one-round-trip commit: a lease taken over mid-step aborts the whole commit."""
-    from agentruns.events import LeaseLost
-    from agentruns.rows import WriteBatch
+    from agentruns.runtime.events import LeaseLost
+    from agentruns.runtime.rows import WriteBatch
 
     run = run_script([{"text": "x"}])
     executor = RunExecutor(run.id)

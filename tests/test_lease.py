@@ -8,8 +8,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from agentruns.lease import Heartbeat
 from agentruns.models import Run
+from agentruns.runtime.lease import Heartbeat
 from agentruns.services import start_run
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the keeper has its own connection

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentruns.engine import RunExecutor
+from agentruns.runtime.executor import RunExecutor
 from agentruns.services import start_run
 
 pytestmark = pytest.mark.django_db

@@ -10,11 +10,11 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django_q.models import OrmQ
 
-from agentruns import pgcommit
-from agentruns.engine import RunExecutor, execute_inline
-from agentruns.events import LeaseLost
 from agentruns.models import Run, RunEvent, Step, StepAttempt, StepKind
-from agentruns.rows import WriteBatch
+from agentruns.runtime import pgcommit
+from agentruns.runtime.events import LeaseLost
+from agentruns.runtime.executor import RunExecutor, execute_inline
+from agentruns.runtime.rows import WriteBatch
 from agentruns.services import start_run
 from agentruns.tasks import sweep
 from tests import testkit

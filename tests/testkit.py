@@ -9,7 +9,6 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 
-from agentruns.providers.scripted import ScriptedTurn
 from agentruns.registry import (
     Agent,
     FatalToolError,
@@ -19,6 +18,7 @@ from agentruns.registry import (
     register_agent,
     tool,
 )
+from agentruns.runtime.providers.scripted import ScriptedTurn
 
 CALLS: dict[str, list] = defaultdict(list)  # tool name -> [(key, attempt, args)]
 FAILS: dict[str, int] = defaultdict(int)  # tool name -> transient failures still to produce

@@ -2,7 +2,7 @@
 
 from django.db import migrations
 
-from agentruns import pgcommit
+from agentruns.runtime import pgcommit
 
 
 class Migration(migrations.Migration):

@@ -14,9 +14,9 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from agentruns.engine import RunExecutor
 from agentruns.models import Run, RunStatus, Step, StepStatus
 from agentruns.registry import Agent, ToolContext, register_agent, tool
+from agentruns.runtime.executor import RunExecutor
 from agentruns.services import start_run
 from approvals.models import Approval, ApprovalKind
 from tests.testkit import script_policy

@@ -105,7 +105,7 @@ def test_reject_feeds_the_reason_back_to_the_agent(approver, django_capture_on_c
     assert run.status == RunStatus.SUCCEEDED
     assert CALLS["ap_refund"] == []
     # the model's next turn saw the rejection as the tool's result
-    from agentruns.conversation import tool_result_content
+    from agentruns.runtime.conversation import tool_result_content
 
     assert "outside the 30-day window" in tool_result_content(step)
     (event,) = decided_events(run.id)
@@ -261,8 +261,8 @@ def test_race_two_deciders_exactly_one_wins_and_the_run_is_enqueued_once(approve
 
 
 # ------------------------------------------------------------------ approved, then interrupted
-from agentruns.engine import RunExecutor  # noqa: E402
 from agentruns.registry import Agent, ToolContext, register_agent, tool  # noqa: E402
+from agentruns.runtime.executor import RunExecutor  # noqa: E402
 from agentruns.services import start_run  # noqa: E402
 from approvals.models import ApprovalKind  # noqa: E402
 from tests.testkit import script_policy  # noqa: E402

@@ -7,7 +7,14 @@ import logging
 
 import pytest
 
-from agentruns.providers import ModelError, ModelRequest, TextDelta, ToolCall, Usage, get_provider
+from agentruns.runtime.providers import (
+    ModelError,
+    ModelRequest,
+    TextDelta,
+    ToolCall,
+    Usage,
+    get_provider,
+)
 from scripts.fake_openai_server import Fail, Reply
 from tests.openai.conftest import API_KEY, MODEL
 

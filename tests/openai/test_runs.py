@@ -9,9 +9,9 @@ from decimal import Decimal
 
 import pytest
 
-from agentruns.engine import RunExecutor
 from agentruns.models import AttemptOutcome, Run, RunEvent, Step, StepAttempt
 from agentruns.registry import Agent, register_agent
+from agentruns.runtime.executor import RunExecutor
 from agentruns.services import start_run
 from scripts.fake_openai_server import Fail, Reply
 from tests.openai.conftest import API_KEY

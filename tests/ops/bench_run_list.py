@@ -40,7 +40,7 @@ def main() -> None:
     from django.utils import timezone
 
     from agentruns.models import Run, Step, StepAttempt
-    from agentruns.runlist import RunFilters, run_page
+    from agentruns.web.runlist import RunFilters, run_page
 
     setup_test_environment()
     call_command("migrate", verbosity=0)
@@ -141,7 +141,7 @@ def main() -> None:
         print(f"  {label:32} {took:7.1f} ms  {sql[:110]}")
 
     print("\nplans:")
-    from agentruns.runlist import decode_cursor, filtered_runs
+    from agentruns.web.runlist import decode_cursor, filtered_runs
 
     at, run_id = decode_cursor(deep_cursor)
     from django.db.models import Q

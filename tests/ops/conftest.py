@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agentruns.engine import RunExecutor
 from agentruns.models import Run
+from agentruns.runtime.executor import RunExecutor
 from agentruns.services import start_run
 from tests.conftest import make_user
 

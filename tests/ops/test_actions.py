@@ -10,7 +10,6 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from agentruns.engine import RunExecutor, step_key
 from agentruns.models import (
     AttemptOutcome,
     Run,
@@ -21,6 +20,7 @@ from agentruns.models import (
     StepKind,
     StepStatus,
 )
+from agentruns.runtime.executor import RunExecutor, step_key
 from agentruns.services import ActionRefused, cancel_run, fork_run, resolve_step, retry_run
 from approvals.models import Approval, ApprovalStatus
 from approvals.selectors import approvals_query

@@ -14,8 +14,8 @@ from django.utils import timezone
 
 from agentruns import selectors
 from agentruns.models import Run, RunStatus, Step, StepStatus
-from agentruns.redaction import MASK
-from agentruns.runlist import PAGE_SIZE, RunFilters, id_prefix_range, run_page
+from agentruns.runtime.redaction import MASK
+from agentruns.web.runlist import PAGE_SIZE, RunFilters, id_prefix_range, run_page
 from tests import testkit
 
 from .conftest import advance, script_run

@@ -12,8 +12,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from agentruns.engine import RunExecutor
 from agentruns.models import Run, RunStatus, Step, StepStatus
+from agentruns.runtime.executor import RunExecutor
 from agentruns.services import retry_run, start_run
 from support import agents as support_agents
 from support.models import GatewayRefund

@@ -6,8 +6,8 @@ import uuid
 
 from django.db import transaction
 
-from agentruns.events import append_events, bump_run
 from agentruns.models import Run, RunEvent
+from agentruns.runtime.events import append_events, bump_run
 
 
 def make_run(agent: str = "script") -> Run:
@@ -37,7 +37,7 @@ def deltas(step: int, texts: list[str], attempt: int = 1) -> list[tuple[str, dic
 
 def expected_text(run_id: uuid.UUID) -> str:
     """The run's model text by the client's rules, from the database (fragments.live_turns)."""
-    from agentruns.fragments import live_turns
+    from agentruns.stream.frames import live_turns
 
     run = Run.objects.get(id=run_id)
     return "".join(t.text for t in live_turns(run.id, run.last_seq))

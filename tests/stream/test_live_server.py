@@ -24,8 +24,8 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.sync.client import connect
 
-from agentruns.events import event_payload
 from agentruns.models import Run, RunEvent, Step
+from agentruns.runtime.events import event_payload
 from agentruns.tokens import create_token
 from tests.procs import free_port, start_web, start_worker, wait_until
 

@@ -15,7 +15,7 @@ from django.db import connections
 from django_q.cluster import Cluster
 from django_q.management.commands.qcluster import Command as QClusterCommand
 
-from agentruns import events
+from agentruns.runtime import events
 from agentruns.tasks import SweeperLoop, ensure_schedule, sweep
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .models import Run, Step, StepKind, StepStatus
+from agentruns.models import Run, Step, StepKind, StepStatus
 
 
 def input_message(agent: Any, run: Run) -> str:

@@ -16,8 +16,8 @@ from django.utils import timezone
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
-from .models import Run, Step, StepAttempt, StepKind
-from .redaction import redact_fields, redact_text
+from agentruns.models import Run, Step, StepAttempt, StepKind
+from agentruns.runtime.redaction import redact_fields, redact_text
 
 # outcome -> colour, shared by the SVG bars and its legend
 COLOURS = {

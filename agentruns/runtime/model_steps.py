@@ -13,12 +13,12 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from . import failpoints
-from .costs import model_cost_usd
-from .models import AttemptOutcome, RunStatus, Step, StepAttempt, StepKind, StepStatus
-from .providers import ModelError, ModelRequest, TextDelta, ToolCall, Usage
-from .registry import ToolArgumentsError, ToolContext, UnknownTool, get_tool
-from .rows import WriteBatch, build
+from agentruns.models import AttemptOutcome, RunStatus, Step, StepAttempt, StepKind, StepStatus
+from agentruns.registry import ToolArgumentsError, ToolContext, UnknownTool, get_tool
+from agentruns.runtime import failpoints
+from agentruns.runtime.costs import model_cost_usd
+from agentruns.runtime.providers import ModelError, ModelRequest, TextDelta, ToolCall, Usage
+from agentruns.runtime.rows import WriteBatch, build
 
 MODEL_MAX_ATTEMPTS = 3
 MODEL_STEP_FIELDS = ["status", "text", "tool_calls", "prompt_tokens", "completion_tokens", "finished_at", "error"]

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from django.core.serializers.json import DjangoJSONEncoder
 from django.template.loader import render_to_string
 
-from .events import event_payload
-from .models import RunEvent
+from agentruns.models import RunEvent
+from agentruns.runtime.events import event_payload
 
 EVENT_TEMPLATE = "agentruns/_event.html"
 TEXT_ONLY_TYPES = frozenset({"model.delta"})  # shown as conversation text, not as event lines

@@ -12,10 +12,10 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from . import failpoints
-from .models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepStatus
-from .registry import Tool, ToolContext, get_tool
-from .rows import WriteBatch
+from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepStatus
+from agentruns.registry import Tool, ToolContext, get_tool
+from agentruns.runtime import failpoints
+from agentruns.runtime.rows import WriteBatch
 
 TOOL_RESULT_FIELDS = ["status", "result", "error", "attempts", "started_at", "finished_at", "next_attempt_at"]
 

@@ -13,11 +13,11 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from . import services
-from .models import Run, RunEvent, RunStatus, Step, StepAttempt
-from .registry import all_agents
-from .runlist import AGES, RunFilters, run_page
-from .timeline import legend, timeline_svg, view_steps
+from agentruns import services
+from agentruns.models import Run, RunEvent, RunStatus, Step, StepAttempt
+from agentruns.registry import all_agents
+from agentruns.web.runlist import AGES, RunFilters, run_page
+from agentruns.web.timeline import legend, timeline_svg, view_steps
 
 
 @login_required
@@ -67,7 +67,7 @@ def run_detail(request: HttpRequest, run_id) -> HttpResponse:
 
 def live_text(run: Run) -> list:
     """The model text up to run.last_seq, by the stream client's rules (fragments.live_turns)."""
-    from .fragments import live_turns
+    from agentruns.stream.frames import live_turns
 
     return live_turns(run.id, run.last_seq)
 

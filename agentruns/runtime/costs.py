@@ -8,7 +8,7 @@ from functools import lru_cache
 
 from django.conf import settings
 
-from .providers import Usage
+from agentruns.runtime.providers import Usage
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from django.http import HttpRequest, JsonResponse
 
-from .tokens import bearer_from_header, user_for_token
+from agentruns.tokens import bearer_from_header, user_for_token
 
 
 class BadRequest(Exception):

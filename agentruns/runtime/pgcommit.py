@@ -28,8 +28,8 @@ from typing import Any
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, models
 
-from .events import LeaseLost, nudge_on_commit
-from .models import Run, RunEvent, Step, StepAttempt
+from agentruns.models import Run, RunEvent, Step, StepAttempt
+from agentruns.runtime.events import LeaseLost, nudge_on_commit
 
 FUNCTION = "agentruns_commit"
 LEASE_LOST_SQLSTATE = "AR001"

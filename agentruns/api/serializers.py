@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .models import Run, Step
-from .redaction import redact_fields
+from agentruns.models import Run, Step
+from agentruns.runtime.redaction import redact_fields
 
 
 def _iso(value: Any) -> str | None:

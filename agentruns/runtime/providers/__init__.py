@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import (
+from agentruns.runtime.providers.base import (
     ModelError,
     ModelProvider,
     ModelRequest,
@@ -16,11 +16,11 @@ from .base import (
 def get_provider(model: str) -> ModelProvider:
     """`scripted` or `openai/<model name>` (DESIGN.md 7)."""
     if model == "scripted" or model.startswith("scripted/"):
-        from .scripted import ScriptedProvider
+        from agentruns.runtime.providers.scripted import ScriptedProvider
 
         return ScriptedProvider()
     if model.startswith("openai/"):
-        from .openai_provider import OpenAIProvider
+        from agentruns.runtime.providers.openai_provider import OpenAIProvider
 
         return OpenAIProvider(model.split("/", 1)[1])
     raise ModelError(f"unknown model provider {model!r}", retryable=False)

@@ -27,9 +27,9 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from .events import run_group
-from .fragments import encoded_frames_after
-from .models import Run
+from agentruns.models import Run
+from agentruns.runtime.events import run_group
+from agentruns.stream.frames import encoded_frames_after
 
 log = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ from urllib.parse import urlsplit, urlunsplit
 import openai
 from django.conf import settings
 
-from ..redaction import MASK, redact_text
-from .base import ModelError, ModelRequest, TextDelta, ToolCall, Usage
+from agentruns.runtime.providers.base import ModelError, ModelRequest, TextDelta, ToolCall, Usage
+from agentruns.runtime.redaction import MASK, redact_text
 
 log = logging.getLogger(__name__)
 

@@ -6,11 +6,11 @@ import uuid
 
 from django.http import HttpRequest, JsonResponse
 
-from . import selectors, services
-from .events import event_payload
-from .http import BadRequest, api_view, json_body, json_error
-from .registry import UnknownAgent
-from .serializers import run_payload
+from agentruns import selectors, services
+from agentruns.api.http import BadRequest, api_view, json_body, json_error
+from agentruns.api.serializers import run_payload
+from agentruns.registry import UnknownAgent
+from agentruns.runtime.events import event_payload
 
 
 def _run_or_404(run_id: str):

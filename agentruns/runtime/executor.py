@@ -30,12 +30,7 @@ from django.db.models import Q, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from . import pgcommit
-from .conversation import Conversation
-from .events import LeaseLost, record, record_statement, recorded
-from .lease import Heartbeat, worker_id
-from .model_steps import ModelSteps, _RunFailed, step_key
-from .models import (
+from agentruns.models import (
     AttemptOutcome,
     Run,
     RunStatus,
@@ -44,14 +39,19 @@ from .models import (
     StepKind,
     StepStatus,
 )
-from .providers import ModelError, get_provider
-from .registry import (
+from agentruns.registry import (
     UnknownAgent,
     get_agent,
     get_tool,
 )
-from .rows import WriteBatch
-from .tool_steps import ToolSteps
+from agentruns.runtime import pgcommit
+from agentruns.runtime.conversation import Conversation
+from agentruns.runtime.events import LeaseLost, record, record_statement, recorded
+from agentruns.runtime.lease import Heartbeat, worker_id
+from agentruns.runtime.model_steps import ModelSteps, _RunFailed, step_key
+from agentruns.runtime.providers import ModelError, get_provider
+from agentruns.runtime.rows import WriteBatch
+from agentruns.runtime.tool_steps import ToolSteps
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def execute_inline(agent_name: str, run_input: dict, **start: Any) -> tuple[Run,
     The run is created already running under this process's lease (one statement on
     PostgreSQL), so no worker takes it meanwhile; if this process dies, the lease expires and the
     sweeper hands the run to the queue like any other. Returns (run, outcome of `advance`)."""
-    from .services import start_run
+    from agentruns.services import start_run
 
     owner = worker_id()
     result = start_run(agent_name, run_input, claim_for=owner, **start)
@@ -311,7 +311,7 @@ class RunExecutor(ModelSteps, ToolSteps):
         if self.cancel_requested:
             # a cancel arrived while we were parking: now that nobody executes the run it can be
             # cancelled for real (and its fresh inbox item withdrawn)
-            from .services import ActionRefused, cancel_run
+            from agentruns.services import ActionRefused, cancel_run
 
             def cancel_parked() -> None:
                 try:
@@ -323,7 +323,7 @@ class RunExecutor(ModelSteps, ToolSteps):
         return RunStatus.WAITING
 
     def yield_slice(self) -> str:
-        from .services import enqueue
+        from agentruns.services import enqueue
 
         with transaction.atomic():
             self.commit(

@@ -18,7 +18,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from .models import Run, RunStatus
+from agentruns.models import Run, RunStatus
 
 AGES: dict[str, timedelta] = {
     "1h": timedelta(hours=1),

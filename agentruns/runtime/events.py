@@ -24,7 +24,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
 from django.utils import timezone
 
-from .models import Run, RunEvent
+from agentruns.models import Run, RunEvent
 
 log = logging.getLogger(__name__)
 

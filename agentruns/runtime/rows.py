@@ -117,8 +117,8 @@ class WriteBatch:
 
     def json_rows(self, now: datetime) -> dict[str, list[dict[str, Any]]]:
         """For `pgcommit.commit`: steps, attempts, step_updates, attempt_updates."""
-        from .models import Step, StepAttempt
-        from .pgcommit import patch, row
+        from agentruns.models import Step, StepAttempt
+        from agentruns.runtime.pgcommit import patch, row
 
         out: dict[str, list[dict[str, Any]]] = {
             "steps": [], "attempts": [], "step_updates": [], "attempt_updates": [],

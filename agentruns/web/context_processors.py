@@ -8,6 +8,6 @@ def navigation(request: HttpRequest) -> dict:
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated or request.path.startswith(("/api/", "/admin/")):
         return {}
-    from .selectors import nav_counts
+    from agentruns.selectors import nav_counts
 
     return {"nav": nav_counts()}

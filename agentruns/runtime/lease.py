@@ -13,7 +13,7 @@ from datetime import timedelta
 from django.db import connection
 from django.utils import timezone
 
-from .models import Run
+from agentruns.models import Run
 
 log = logging.getLogger(__name__)
 

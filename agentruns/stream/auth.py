@@ -6,7 +6,7 @@ from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
 from channels.middleware import BaseMiddleware
 
-from .tokens import bearer_from_header, user_for_token
+from agentruns.tokens import bearer_from_header, user_for_token
 
 
 class BearerTokenMiddleware(BaseMiddleware):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
-from .base import ModelRequest, TextDelta, ToolCall, Usage
+from agentruns.runtime.providers.base import ModelRequest, TextDelta, ToolCall, Usage
 
 
 @dataclass
