@@ -131,7 +131,7 @@ class StepAdmin(ReadOnlyMixin, admin.ModelAdmin):
         return _run_link(obj.run_id)
 
     def _hidden(self, obj: Step) -> list[str]:
-        return list(obj.run.tool_snapshot.get(obj.tool, {}).get("redact", [])) if obj.tool else []
+        return obj.run.redacted_fields(obj.tool)
 
     @admin.display(description="arguments (redacted)")
     def redacted_arguments(self, obj: Step) -> object:

@@ -1,4 +1,7 @@
+from importlib import import_module
+
 from django.apps import AppConfig
+from django.utils.module_loading import autodiscover_modules
 
 
 class AgentRunsConfig(AppConfig):
@@ -7,14 +10,13 @@ class AgentRunsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Agents and tools are registered from each app's `agents.py`, like admin.py.
-        from django.utils.module_loading import autodiscover_modules
+        from .conf import check_environment, conf, connect_reload
 
+        connect_reload()
+        conf.load_all()  # a bad value stops every process at start-up, not mid-run
+        check_environment()
+        # Agents and tools are registered from each app's `agents.py`, like admin.py, and from
+        # the modules named by AGENTRUNS_AGENT_MODULES (benchmarks, scripts)
         autodiscover_modules("agents")
-        # agents that live outside an installed app (benchmarks, scripts): a comma list
-        from importlib import import_module
-
-        from django.conf import settings
-
-        for module in filter(None, settings.AGENTRUNS_AGENT_MODULES.split(",")):
+        for module in filter(None, conf.AGENT_MODULES.split(",")):
             import_module(module.strip())

@@ -13,7 +13,6 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 
-from django.conf import settings
 from django.core.cache import cache
 from django.db import connection
 from django.db.models import (
@@ -35,18 +34,13 @@ from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from agentruns.conf import conf
 from agentruns.models import Run, RunStatus, Step, StepAttempt, WorkerHeartbeat
+from agentruns.runtime.timestamps import iso
 
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 METRICS_CACHE_KEY = "agentruns:metrics:v1"
 
-
-def _setting(name: str, default: float) -> float:
-    return float(getattr(settings, name, default))
-
-
-def _iso(value) -> str | None:
-    return value.isoformat() if value else None
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -66,7 +60,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
         checks["database"] = {"ok": False, "error": type(exc).__name__}
         return JsonResponse({"status": "unhealthy", "checks": checks}, status=503)
     now = timezone.now()
-    stale_after = _setting("AGENTRUNS_WORKER_STALE_SECONDS", 30)
+    stale_after = conf.WORKER_STALE_SECONDS
     threshold = now - timedelta(seconds=stale_after)
     beat = WorkerHeartbeat.objects.aggregate(
         seen=Max("last_seen_at"),
@@ -76,14 +70,14 @@ def healthz(request: HttpRequest) -> JsonResponse:
     seen, swept = beat["seen"], beat["swept"]
     checks["worker"] = {
         "ok": bool(seen and seen >= threshold),
-        "last_seen_at": _iso(seen),
+        "last_seen_at": iso(seen),
         "age_seconds": round((now - seen).total_seconds(), 3) if seen else None,
         "live_workers": beat["live"],
         "stale_after_seconds": stale_after,
     }
     checks["sweeper"] = {
         "ok": bool(swept and swept >= threshold),
-        "last_sweep_at": _iso(swept),
+        "last_sweep_at": iso(swept),
         "age_seconds": round((now - swept).total_seconds(), 3) if swept else None,
         "stale_after_seconds": stale_after,
     }
@@ -227,12 +221,12 @@ class RuntimeCollector(Collector):
 
 def render_metrics() -> bytes:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RuntimeCollector(window=int(_setting("AGENTRUNS_METRICS_WINDOW", 10_000))))
+    registry.register(RuntimeCollector(window=conf.METRICS_WINDOW))
     return generate_latest(registry)
 
 
 def metrics(request: HttpRequest) -> HttpResponse:
-    ttl = _setting("AGENTRUNS_METRICS_CACHE_SECONDS", 5)
+    ttl = conf.METRICS_CACHE_SECONDS
     body = cache.get(METRICS_CACHE_KEY) if ttl > 0 else None
     if body is None:
         body = render_metrics()

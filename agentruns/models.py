@@ -1,7 +1,8 @@
 """The persisted truth of the runtime (DESIGN.md section 3).
 
-State changes happen in `agentruns.runtime.executor` and `agentruns.services`, always as explicit
-transactions that also append `RunEvent`s; these classes only hold data and small helpers.
+Run status changes are written in `agentruns.runtime.transitions` (fields + events, applied by the
+executor's fenced commit or by `transitions.apply`); these classes hold the data, the policy
+lookups on it and the small step changes that need no event of their own.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import uuid
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 
 class RunStatus(models.TextChoices):
@@ -125,6 +127,14 @@ class Run(models.Model):
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
+    def tool_policy(self, tool: str) -> dict:
+        """A tool's policy as frozen in the run's snapshot at start (not the current code's)."""
+        return (self.tool_snapshot.get(tool) or {}) if tool else {}
+
+    def redacted_fields(self, tool: str) -> list[str]:
+        """The argument and result keys of `tool` that people never see (by the snapshot)."""
+        return list(self.tool_policy(tool).get("redact", []))
+
 
 class Step(models.Model):
     # created (pending) before the step runs and never regenerated
@@ -177,6 +187,12 @@ class Step(models.Model):
         if self.started_at and self.finished_at:
             return (self.finished_at - self.started_at).total_seconds()
         return None
+
+    def reject(self, reason: str) -> None:
+        """A human said no: the model receives the reason as the tool's result."""
+        self.status, self.finished_at, self.error = StepStatus.REJECTED, timezone.now(), reason
+        self.result = {"error": "rejected", "reason": reason}
+        self.save(update_fields=["status", "finished_at", "error", "result"])
 
 
 class AttemptOutcome(models.TextChoices):

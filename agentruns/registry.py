@@ -278,17 +278,26 @@ def tool(
 
 
 @dataclass
+class ScriptedTurn:
+    """What an agent's `scripted_policy` answers for the offline `scripted` model: the text of
+    the turn and the tool calls it asks for (arguments as a dict, or a string of raw JSON)."""
+
+    text: str = ""
+    tool_calls: list[tuple[str, dict | str]] = field(default_factory=list)
+
+
+@dataclass
 class Agent:
     name: str
     instructions: str
     tools: Sequence[str] = ()
-    model: str | None = None  # None: settings.AGENTRUNS_MODEL
-    max_steps: int | None = None  # None: settings.AGENTRUNS_DEFAULT_MAX_STEPS
+    model: str | None = None  # None: conf.MODEL
+    max_steps: int | None = None  # None: conf.DEFAULT_MAX_STEPS
     token_budget: int | None = None
-    max_cost_usd: float | None = None  # None: settings.AGENTRUNS_MAX_COST_USD (0: no limit)
+    max_cost_usd: float | None = None  # None: conf.MAX_COST_USD (0: no limit)
     deadline_seconds: float | None = None
     # for the offline `scripted` provider: decides the next turn from the conversation
-    scripted_policy: Callable[[list[dict]], Any] | None = None
+    scripted_policy: Callable[[list[dict]], ScriptedTurn] | None = None
     # input keys copied into Run.search_text (order id, ticket id) for the runs list search
     search_fields: Sequence[str] = ()
     input_schema: dict | None = None
@@ -346,6 +355,3 @@ def get_tool(name: str) -> Tool:
 def all_agents() -> dict[str, Agent]:
     return dict(_agents)
 
-
-def all_tools() -> dict[str, Tool]:
-    return dict(_tools)

@@ -12,30 +12,28 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepKind, StepStatus
+from agentruns.conf import conf
+from agentruns.models import Run, RunStatus, Step, StepKind, StepStatus
 from agentruns.registry import get_agent
-from agentruns.runtime import pgcommit
-from agentruns.runtime.events import append_events
+from agentruns.runtime import transitions
+from agentruns.runtime.cancel import cancel_run as _cancel_run
+from agentruns.runtime.events import EventSpec, EventType, step_event_data
+from agentruns.runtime.executor import RunExecutor
+from agentruns.runtime.ids import actor_name, step_key, worker_id
+from agentruns.runtime.queue import enqueue
 from agentruns.runtime.redaction import redact_fields
+from agentruns.runtime.store import get_store
+from agentruns.runtime.timestamps import iso
+from agentruns.runtime.transitions import ActionRefused
 
-
-class ActionRefused(Exception):
-    """The action does not apply to the run in its current state (a 409 for the API)."""
-
-
-def enqueue(run_id: uuid.UUID | str) -> None:
-    from django_q.tasks import async_task
-
-    async_task("agentruns.tasks.advance_run", str(run_id), task_name=f"run-{run_id}"[:100])
-
-
-def actor_name(user: Any) -> str | None:
-    return getattr(user, "username", None) if user is not None else None
+__all__ = [
+    "ActionRefused", "StartResult", "cancel_run", "execute_inline", "fork_run", "resolve_step",
+    "retry_run", "start_run",
+]
 
 
 @dataclass
@@ -58,7 +56,7 @@ def start_run(
 
     The unique constraint decides between concurrent starts, not a pre-check.
     `claim_for`: create it already running under that worker's lease instead of enqueueing it
-    (`engine.execute_inline`); if that worker dies, the sweeper hands the run to the queue.
+    (`execute_inline`); if that worker dies, the sweeper hands the run to the queue.
     """
     agent = get_agent(agent_name)
     agent.validate_input(run_input)
@@ -71,34 +69,31 @@ def start_run(
         agent=agent_name,
         input=run_input,
         dedupe_key=dedupe_key,
-        model=model or agent.model or settings.AGENTRUNS_MODEL,
+        model=model or agent.model or conf.MODEL,
         tool_snapshot={t.name: t.policy() for t in agent.tool_objects()},
-        max_steps=agent.max_steps or settings.AGENTRUNS_DEFAULT_MAX_STEPS,
+        max_steps=agent.max_steps or conf.DEFAULT_MAX_STEPS,
         token_budget=agent.token_budget,
         deadline_at=now + timedelta(seconds=agent.deadline_seconds) if agent.deadline_seconds else None,
         search_text=" ".join(str(run_input.get(f, "")) for f in agent.search_fields).strip()[:200],
         created_by=user if getattr(user, "is_authenticated", False) else None,
         enqueued_at=now,
     )
-    events = [("run.created", {"agent": agent_name, "by": actor_name(user), "status": "queued"})]
+    events = [(EventType.RUN_CREATED, {"agent": agent_name, "by": actor_name(user), "status": "queued"})]
     if claim_for is not None:
         enqueue_task = False
-        run.status, run.lease_owner, run.started_at = RunStatus.RUNNING, claim_for, now
-        run.lease_expires_at = now + timedelta(seconds=float(settings.AGENTRUNS_LEASE_TTL_SECONDS))
+        started = transitions.started()
+        started.apply_to(run)
+        run.lease_owner, run.started_at = claim_for, now
+        run.lease_expires_at = now + timedelta(seconds=conf.LEASE_TTL_SECONDS)
         run.enqueued_at = None
-        events.append(("run.status", {"status": RunStatus.RUNNING}))
+        events += started.events
+    store = get_store()
     try:
         # one statement needs no transaction of its own; inside the caller's, a savepoint keeps a
         # dedupe conflict from breaking it
-        single = connection.vendor == "postgresql" and not enqueue_task and not connection.in_atomic_block
+        single = store.create_is_one_statement and not enqueue_task and not connection.in_atomic_block
         with nullcontext() if single else transaction.atomic():
-            if connection.vendor == "postgresql":  # the run and its events: one statement
-                run.last_seq, _ = pgcommit.commit(
-                    run.id, claim_for, events, new_run=pgcommit.row(run, now), now=now
-                )
-            else:
-                run.save(force_insert=True)
-                run.last_seq = append_events(run.id, events)
+            run.last_seq = store.create_run(run, events, owner=claim_for, now=now)
             if enqueue_task:  # False: the caller executes it in-process (benchmarks, scripts)
                 enqueue(run.id)
     except IntegrityError:
@@ -108,70 +103,27 @@ def start_run(
     return StartResult(run, True)
 
 
+def execute_inline(agent_name: str, run_input: dict, **start: Any) -> tuple[Run, str]:
+    """Start a run and execute it in this process, with no queue in between (scripts, benchmarks).
+
+    The run is created already running under this process's lease (one statement on
+    PostgreSQL), so no worker takes it meanwhile; if this process dies, the lease expires and the
+    sweeper hands the run to the queue like any other. Returns (run, outcome of `advance`)."""
+    owner = worker_id()
+    result = start_run(agent_name, run_input, claim_for=owner, **start)
+    if not result.created:  # deduplicated: somebody else's run
+        return result.run, result.run.status
+    return result.run, RunExecutor(result.run.id, owner).advance(claimed=result.run)
+
+
 def _lock(run_id: uuid.UUID | str) -> Run:
     return Run.objects.select_for_update().get(id=run_id)
 
 
 def cancel_run(run_id: uuid.UUID | str, *, user: Any = None, reason: str = "") -> Run:
-    """Cancel a queued, running or waiting run.
-
-    A run nobody executes (waiting, or queued/running with no live lease) is cancelled now and its
-    parked approvals are withdrawn from the inbox. A run a worker holds is only flagged
-    (`cancel_requested`): the engine reads the flag with every commit and stops at the next step
-    boundary, so a tool call in flight is never torn in half.
-    """
-    from approvals.services import withdraw_approvals
-
-    with transaction.atomic():
-        run = _lock(run_id)
-        if run.is_terminal:
-            raise ActionRefused(f"run is already {run.status}")
-        now = timezone.now()
-        who = actor_name(user)
-        lease_live = run.lease_expires_at is not None and run.lease_expires_at > now
-        if run.status != RunStatus.WAITING and lease_live:
-            if run.cancel_requested:
-                raise ActionRefused("cancel was already requested; the worker stops at the next step")
-            run.cancel_requested = True
-            run.save(update_fields=["cancel_requested", "updated_at"])
-            append_events(
-                run.id, [("run.cancel_requested", {"by": who, "reason": reason, "status": run.status})]
-            )
-            return run
-        withdrawn = withdraw_approvals(run, reason=f"run cancelled by {who or 'system'}")
-        # steps nobody will execute now; a step a dead worker left running keeps its history:
-        # its open attempt is closed as crashed, and a side effect's outcome stays "unknown"
-        Step.objects.filter(
-            run=run, status__in=[StepStatus.PENDING, StepStatus.WAITING_APPROVAL]
-        ).update(status=StepStatus.SKIPPED, finished_at=now, next_attempt_at=None)
-        for step in Step.objects.filter(run=run, status=StepStatus.RUNNING):
-            side_effect = bool(run.tool_snapshot.get(step.tool, {}).get("side_effect"))
-            StepAttempt.objects.filter(step=step, finished_at__isnull=True).update(
-                finished_at=now, outcome=AttemptOutcome.CRASHED, error="run cancelled after the worker died"
-            )
-            step.status = StepStatus.UNKNOWN if side_effect else StepStatus.SKIPPED
-            step.finished_at = now
-            step.save(update_fields=["status", "finished_at"])
-        previous = run.status
-        run.status, run.stop_reason, run.finished_at = RunStatus.CANCELLED, "cancelled", now
-        run.error = reason or f"cancelled by {who or 'system'}"
-        run.lease_owner, run.lease_expires_at, run.cancel_requested = "", None, False
-        run.save()
-        append_events(
-            run.id,
-            [
-                ("run.cancel_requested", {"by": who, "reason": reason, "status": previous}),
-                *[
-                    ("approval.withdrawn", {"approval": a, "by": who, "reason": "run cancelled"})
-                    for a in withdrawn
-                ],
-                (
-                    "run.status",
-                    {"status": RunStatus.CANCELLED, "stop_reason": "cancelled", "error": run.error},
-                ),
-            ],
-        )
-    return run
+    """Cancel a queued, running or waiting run: now if nobody executes it, else at the next step
+    boundary (`runtime/cancel.py`)."""
+    return _cancel_run(run_id, who=actor_name(user), reason=reason)
 
 
 def _retryable_failed_step(run: Run) -> Step | None:
@@ -199,60 +151,38 @@ def retry_run(run_id: uuid.UUID | str, *, user: Any = None) -> Run:
             raise ActionRefused(f"only failed runs can be retried (this one is {run.status})")
         who = actor_name(user)
         now = timezone.now()
-        events: list[tuple[str, dict]] = []
+        events: list[EventSpec] = []
         failed = _retryable_failed_step(run)
         if failed is not None:
-            failed.status, failed.finished_at, failed.next_attempt_at = (
-                StepStatus.PENDING, None, None,
-            )
+            failed.status, failed.finished_at, failed.next_attempt_at = StepStatus.PENDING, None, None
             failed.retry_base = failed.attempts  # a fresh automatic-retry budget from here
             failed.save(update_fields=["status", "finished_at", "next_attempt_at", "retry_base"])
-            events.append(
-                (
-                    "step.retry_requested",
-                    {
-                        "step": failed.index,
-                        "id": str(failed.id),
-                        "kind": failed.kind,
-                        "tool": failed.tool,
-                        "status": StepStatus.PENDING,
-                        "attempts": failed.attempts,
-                        "next_attempt": failed.attempts + 1,
-                        "idempotency_key": failed.idempotency_key,
-                        "by": who,
-                    },
-                )
-            )
-        extended = _extend_limit(run, now)
-        run.status, run.error, run.stop_reason, run.finished_at = RunStatus.QUEUED, "", "", None
-        run.lease_owner, run.lease_expires_at, run.cancel_requested = "", None, False
-        run.enqueued_at = now
-        run.save()
-        events.append(
-            (
-                "run.retried",
-                {"by": who, "step": failed.index if failed else None, "extended": extended},
-            )
-        )
-        events.append(("run.status", {"status": RunStatus.QUEUED}))
-        append_events(run.id, events)
+            events.append((EventType.STEP_RETRY_REQUESTED, step_event_data(
+                failed, next_attempt=failed.attempts + 1, idempotency_key=failed.idempotency_key, by=who,
+            )))
+        extended, limits = _extended_limits(run, now)
+        events.append((EventType.RUN_RETRIED, {"by": who, "step": failed.index if failed else None,
+                                               "extended": extended}))
+        change = transitions.requeued(now).after(*events)
+        change.fields.update(limits)
+        transitions.apply(run.id, change)
+        change.apply_to(run)
         enqueue(run.id)
     return run
 
 
-def _extend_limit(run: Run, now: Any) -> dict:
-    """Give a run that a stop condition ended the room to continue (changes `run` in place)."""
+def _extended_limits(run: Run, now: Any) -> tuple[dict, dict[str, Any]]:
+    """The room a run that a stop condition ended needs to continue: (for the timeline, fields)."""
     if run.stop_reason == "max_steps":
-        run.max_steps += settings.AGENTRUNS_DEFAULT_MAX_STEPS
-        return {"max_steps": run.max_steps}
+        max_steps = run.max_steps + conf.DEFAULT_MAX_STEPS
+        return {"max_steps": max_steps}, {"max_steps": max_steps}
     if run.stop_reason == "token_budget" and run.token_budget:
-        run.token_budget = run.total_tokens + run.token_budget
-        return {"token_budget": run.token_budget}
+        budget = run.total_tokens + run.token_budget
+        return {"token_budget": budget}, {"token_budget": budget}
     if run.stop_reason == "deadline" and run.deadline_at and run.started_at:
-        allowed = max(run.deadline_at - run.started_at, timedelta(seconds=1))
-        run.deadline_at = now + allowed
-        return {"deadline_at": run.deadline_at.isoformat()}
-    return {}
+        deadline = now + max(run.deadline_at - run.started_at, timedelta(seconds=1))
+        return {"deadline_at": iso(deadline)}, {"deadline_at": deadline}
+    return {}, {}
 
 
 def resolve_step(step_id: uuid.UUID | str, result: Any, *, user: Any = None) -> Step:
@@ -269,7 +199,7 @@ def resolve_step(step_id: uuid.UUID | str, result: Any, *, user: Any = None) -> 
             raise ActionRefused(
                 f"only a failed tool step can be resolved (step #{step.index} is {step.status})"
             )
-        if not run.tool_snapshot.get(step.tool, {}).get("side_effect"):
+        if not run.tool_policy(step.tool).get("side_effect"):
             raise ActionRefused(
                 f"{step.tool} has no side effect: retry the run instead of supplying a result"
             )
@@ -286,25 +216,10 @@ def resolve_step(step_id: uuid.UUID | str, result: Any, *, user: Any = None) -> 
         step.next_attempt_at = None
         step.error = f"resolved by {who or 'operator'} (was: {previous_error})"[:2000]
         step.save()
-        run.status, run.error, run.stop_reason, run.finished_at = RunStatus.QUEUED, "", "", None
-        run.lease_owner, run.lease_expires_at, run.cancel_requested = "", None, False
-        run.enqueued_at = now
-        run.save()
-        hidden = run.tool_snapshot.get(step.tool, {}).get("redact", [])
-        append_events(
-            run.id,
-            [
-                (
-                    "step.resolved",
-                    {
-                        "step": step.index, "id": str(step.id), "kind": step.kind, "tool": step.tool,
-                        "status": StepStatus.SUCCEEDED, "attempts": step.attempts, "by": who,
-                        "result": redact_fields(result, hidden), "was": previous_error,
-                    },
-                ),
-                ("run.status", {"status": RunStatus.QUEUED}),
-            ],
+        resolved = step_event_data(
+            step, by=who, result=redact_fields(result, run.redacted_fields(step.tool)), was=previous_error
         )
+        transitions.apply(run.id, transitions.requeued(now).after((EventType.STEP_RESOLVED, resolved)))
         enqueue(run.id)
     return step
 
@@ -325,8 +240,6 @@ def fork_run(run_id: uuid.UUID | str, from_step: int, *, user: Any = None) -> Ru
     never executed: they keep their results but get new ids and new idempotency keys (the unique
     key belongs to the source step), and the new run's model turn N is asked afresh.
     """
-    from agentruns.runtime.executor import step_key
-
     with transaction.atomic():
         source = Run.objects.get(id=run_id)
         cut = Step.objects.filter(run=source, index=from_step).first()
@@ -343,7 +256,7 @@ def fork_run(run_id: uuid.UUID | str, from_step: int, *, user: Any = None) -> Ru
             input=source.input,
             model=source.model,
             tool_snapshot=source.tool_snapshot,
-            max_steps=max(source.max_steps, from_step + settings.AGENTRUNS_DEFAULT_MAX_STEPS),
+            max_steps=max(source.max_steps, from_step + conf.DEFAULT_MAX_STEPS),
             token_budget=source.token_budget,
             deadline_at=(
                 now + (source.deadline_at - source.created_at) if source.deadline_at else None
@@ -365,16 +278,11 @@ def fork_run(run_id: uuid.UUID | str, from_step: int, *, user: Any = None) -> Ru
                 )
             )
         Step.objects.bulk_create(copies)
-        append_events(
-            fork.id,
-            [
-                ("run.created", {"agent": fork.agent, "by": who, "status": "queued",
-                                 "forked_from": str(source.id), "from_step": from_step}),
-            ],
-        )
-        append_events(
-            source.id,
-            [("run.forked", {"by": who, "into": str(fork.id), "from_step": from_step})],
-        )
+        store = get_store()
+        store.append(fork.id, [(EventType.RUN_CREATED, {
+            "agent": fork.agent, "by": who, "status": "queued", "forked_from": str(source.id),
+            "from_step": from_step,
+        })])
+        store.append(source.id, [(EventType.RUN_FORKED, {"by": who, "into": str(fork.id), "from_step": from_step})])
         enqueue(fork.id)
     return fork

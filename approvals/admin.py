@@ -11,7 +11,7 @@ from django.utils.safestring import mark_safe
 
 from agentruns.runtime.redaction import redact_fields
 from approvals.models import Approval
-from approvals.services import args_diff, hidden_fields
+from approvals.services import args_diff
 
 
 def _pretty(value: object) -> str:
@@ -88,19 +88,19 @@ class ApprovalAdmin(admin.ModelAdmin):
 
     @admin.display(description="requested")
     def requested(self, obj: Approval):
-        return format_html("<pre>{}</pre>", _pretty(redact_fields(obj.requested_args, hidden_fields(obj))))
+        return format_html("<pre>{}</pre>", _pretty(redact_fields(obj.requested_args, obj.hidden_fields)))
 
     @admin.display(description="approved")
     def approved(self, obj: Approval):
         if obj.status != "approved":
             return "—"
-        return format_html("<pre>{}</pre>", _pretty(redact_fields(obj.effective_args, hidden_fields(obj))))
+        return format_html("<pre>{}</pre>", _pretty(redact_fields(obj.effective_args, obj.hidden_fields)))
 
     @admin.display(description="changes")
     def changes(self, obj: Approval):
         if obj.edited_args is None:
             return "none"
-        hidden = hidden_fields(obj)
+        hidden = obj.hidden_fields
         diff = args_diff(redact_fields(obj.requested_args, hidden), redact_fields(obj.edited_args, hidden))
         return format_html(
             "<ul>{}</ul>",

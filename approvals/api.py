@@ -6,6 +6,7 @@ from django.http import HttpRequest, JsonResponse
 
 from agentruns.api.http import BadRequest, api_view, json_body, json_error
 from agentruns.runtime.redaction import redact_fields
+from agentruns.runtime.timestamps import iso
 from approvals.cards import Card, build_cards
 from approvals.models import Approval, ApprovalStatus
 from approvals.selectors import AGES, approvals_query
@@ -14,7 +15,7 @@ from . import services
 
 
 def approval_payload(approval: Approval, card: Card | None = None) -> dict:
-    hidden = approval.run.tool_snapshot.get(approval.tool, {}).get("redact", [])
+    hidden = approval.hidden_fields
     payload = {
         "id": approval.id,
         "kind": approval.kind,
@@ -28,10 +29,10 @@ def approval_payload(approval: Approval, card: Card | None = None) -> dict:
         "edited_args": redact_fields(approval.edited_args, hidden),
         "resolution": approval.resolution or None,
         "decided_by": approval.decided_by.get_username() if approval.decided_by else None,
-        "decided_at": approval.decided_at.isoformat() if approval.decided_at else None,
+        "decided_at": iso(approval.decided_at),
         "reason": approval.reason,
-        "expires_at": approval.expires_at.isoformat() if approval.expires_at else None,
-        "created_at": approval.created_at.isoformat(),
+        "expires_at": iso(approval.expires_at),
+        "created_at": iso(approval.created_at),
         "history": [
             {**entry, "requested_args": redact_fields(entry.get("requested_args"), hidden),
              "edited_args": redact_fields(entry.get("edited_args"), hidden)}

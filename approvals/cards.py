@@ -76,11 +76,6 @@ class Card:
         return self.approval.kind == ApprovalKind.RECONCILIATION
 
 
-def hidden_fields(approval: Approval) -> list[str]:
-    """Argument names the tool marks secret (from the run's snapshot, as it was at start)."""
-    return list(approval.run.tool_snapshot.get(approval.tool, {}).get("redact", []))
-
-
 def format_money(cents: int, currency: str) -> str:
     return f"{cents / 100:,.2f} {currency}".strip()
 
@@ -175,7 +170,7 @@ def card_for(approval: Approval) -> Card:
 
 def _card(approval: Approval, earlier: list[Step], attempt: StepAttempt | None) -> Card:
     run = approval.run
-    hidden = hidden_fields(approval)
+    hidden = approval.hidden_fields
     requested = redact_fields(approval.requested_args, hidden)
     run_input = run.input if isinstance(run.input, dict) else {}
     # newest facts first: a later lookup wins over an earlier one, the args over both

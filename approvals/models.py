@@ -65,10 +65,6 @@ class Approval(models.Model):
         return f"{self.kind} {self.id} for {self.tool} ({self.status})"
 
     @property
-    def is_pending(self) -> bool:
-        return self.status == ApprovalStatus.PENDING
-
-    @property
     def earlier_approvals(self) -> list[dict]:
         """Earlier approval decisions on this step, `decided_at` as a datetime (for templates)."""
         out = []
@@ -77,6 +73,11 @@ class Approval(models.Model):
                 at = entry.get("decided_at")
                 out.append({**entry, "decided_at": datetime.fromisoformat(at) if at else None})
         return out
+
+    @property
+    def hidden_fields(self) -> list[str]:
+        """Argument names the tool marks secret (from the run's snapshot, as it was at start)."""
+        return self.run.redacted_fields(self.tool)
 
     @property
     def effective_args(self) -> dict:

@@ -7,7 +7,7 @@ batched side reads in `cards.build_cards`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.db.models import Q, QuerySet
@@ -95,7 +95,6 @@ class InboxPage:
     older_cursor: str | None = None  # link to the next (older) page
     newer_cursor: str | None = None  # link to the previous (newer) page
     is_first: bool = True
-    extra: dict = field(default_factory=dict)
 
     @property
     def total_label(self) -> str:
@@ -146,6 +145,3 @@ def inbox_page(
         page.newer_cursor = encode_cursor(items[0])
     return page
 
-
-def pending_count() -> int:
-    return Approval.objects.filter(status=ApprovalStatus.PENDING).count()

@@ -21,7 +21,7 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
 from agentruns.registry import UnknownTool, all_agents, get_tool
-from approvals.cards import build_cards, card_for, hidden_fields
+from approvals.cards import build_cards, card_for
 from approvals.models import Approval, ApprovalKind
 from approvals.selectors import AGES, InboxFilters, inbox_page
 
@@ -112,7 +112,7 @@ def form_args(approval: Approval, post: QueryDict) -> dict | None:
         properties = get_tool(approval.tool).parameters.get("properties", {})
     except UnknownTool:
         return None
-    hidden = set(hidden_fields(approval))
+    hidden = set(approval.hidden_fields)
     edited: dict = {}
     for name, prop in properties.items():
         field = f"arg_{name}"

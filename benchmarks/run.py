@@ -32,8 +32,8 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 
 from agentruns.models import Run, StepAttempt  # noqa: E402
-from agentruns.runtime.executor import RunExecutor, execute_inline  # noqa: E402
-from agentruns.services import start_run  # noqa: E402
+from agentruns.runtime.executor import RunExecutor  # noqa: E402
+from agentruns.services import execute_inline, start_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs" / "BENCHMARKS.md"

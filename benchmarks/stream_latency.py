@@ -7,7 +7,7 @@
 Latency: one daphne process serves N concurrent viewers (1, 20, 100) of one run, connected with
 the real `websockets` client and a bearer token. A separate writer process appends one
 `model.delta` event every 50 ms (the engine's default flush interval) through
-`events.append_events`, exactly as the engine does, and notes the monotonic clock when each
+`RunStore.append`, exactly as every writer does, and notes the monotonic clock when each
 commit returned (CLOCK_MONOTONIC is system-wide on Linux, so the viewers' receive times are
 comparable). Latency = receive time - commit time, over every (viewer, event) pair.
 Two modes: the embedded default (in-memory layer: the writer's nudges cannot reach the web
@@ -66,7 +66,7 @@ def writer_main(run_id: str, count: int, interval: float, out: str) -> None:
     django.setup()
     from django.db import transaction
 
-    from agentruns.runtime.events import append_events
+    from agentruns.runtime.store import get_store
 
     lines = []
     next_at = time.monotonic()
@@ -74,9 +74,9 @@ def writer_main(run_id: str, count: int, interval: float, out: str) -> None:
         next_at += interval
         committed: list[int] = []
         with transaction.atomic():
-            # registered before append_events' nudge: runs first, right after COMMIT returns
+            # registered before the store's nudge: runs first, right after COMMIT returns
             transaction.on_commit(lambda done=committed: done.append(time.monotonic_ns()))
-            seq = append_events(run_id, [("model.delta", {"step": 0, "attempt": 1, "text": f"tok{i} "})])
+            seq = get_store().append(run_id, [("model.delta", {"step": 0, "attempt": 1, "text": f"tok{i} "})])
         lines.append(f"{seq} {committed[0]}")
         delay = next_at - time.monotonic()
         if delay > 0:
@@ -219,14 +219,13 @@ def persistence_benchmark() -> dict:
     from django.test import override_settings
 
     from agentruns.models import RunEvent
-    from agentruns.registry import Agent, register_agent
-    from agentruns.runtime import events
+    from agentruns.registry import Agent, ScriptedTurn, register_agent
+    from agentruns.runtime import nudges
     from agentruns.runtime.executor import RunExecutor
-    from agentruns.runtime.providers.scripted import ScriptedTurn
     from agentruns.services import start_run
 
     connections.close_all()  # a fresh connection after the long latency phase
-    events.IN_WORKER_PROCESS = True  # as in qcluster: with the in-memory layer it skips nudges
+    nudges.IN_WORKER_PROCESS = True  # as in qcluster: with the in-memory layer it skips nudges
     words = 4000
     register_agent(Agent(
         name="bench-persist", instructions="Talk.",
@@ -297,7 +296,7 @@ def markdown(rows: list[dict], persist: dict, load: tuple[float, float]) -> str:
         "100 viewers p99 about 400 ms, delta persistence about 220 events/s. Nudges through Redis",
         "used to cost about 10 ms each on the committing thread (`async_to_sync` built a new loop",
         "and a new Redis connection per nudge); they now go out fire-and-forget on one long-lived",
-        "loop per process (`events.send_nudge`), about 0.03 ms per nudge for the caller.",
+        "loop per process (`nudges.send_nudge`), about 0.03 ms per nudge for the caller.",
         "",
     ]
     return "\n".join(lines)

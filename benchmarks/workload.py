@@ -10,8 +10,7 @@ import json
 
 from django.db import connection
 
-from agentruns.registry import Agent, ToolContext, register_agent, tool
-from agentruns.runtime.providers.scripted import ScriptedTurn
+from agentruns.registry import Agent, ScriptedTurn, ToolContext, register_agent, tool
 from support.models import Order
 
 

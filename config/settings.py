@@ -7,32 +7,12 @@ SQLite in WAL mode + django-q2's ORM broker + Channels' in-memory layer with a d
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
 
+from agentruns.conf import env_bool, env_float, env_int, env_str
+
 BASE_DIR = Path(__file__).resolve().parent.parent
-
-
-def env_str(name: str, default: str = "") -> str:
-    return os.environ.get(name, default)
-
-
-def env_bool(name: str, default: bool = False) -> bool:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    return raw.strip().lower() in {"1", "true", "yes", "on"}
-
-
-def env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    return int(raw) if raw not in (None, "") else default
-
-
-def env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    return float(raw) if raw not in (None, "") else default
 
 
 def database_from_url(url: str) -> dict:
@@ -179,44 +159,11 @@ Q_CLUSTER = {
     "label": "Task queue",
 }
 
-# --- the runtime ---------------------------------------------------------------------------
-AGENTRUNS_MODEL = env_str("AGENTRUNS_MODEL", "scripted")
-SCRIPTED_MODEL_DELAY_MS = env_float("SCRIPTED_MODEL_DELAY_MS", 15)
-OPENAI_BASE_URL = env_str("OPENAI_BASE_URL", "https://api.openai.com/v1")
-OPENAI_API_KEY = env_str("OPENAI_API_KEY", "")
-OPENAI_TIMEOUT_SECONDS = env_float("OPENAI_TIMEOUT_SECONDS", 60)
-OPENAI_MAX_RETRIES = env_int("OPENAI_MAX_RETRIES", 4)
-# price per million tokens by model: "gpt-4o-mini=0.15/0.60,other=1/2" (prompt/completion)
-AGENTRUNS_MODEL_PRICES = env_str("AGENTRUNS_MODEL_PRICES", "")
-# a run whose model cost (by the price table) reaches this stops with stop_reason cost_budget
-AGENTRUNS_MAX_COST_USD = env_float("AGENTRUNS_MAX_COST_USD", 0)  # 0: no limit
-# JSON object merged into every OpenAI-compatible request, e.g. {"temperature": 0}
-OPENAI_REQUEST_OPTIONS = env_str("OPENAI_REQUEST_OPTIONS", "")
-
-AGENTRUNS_LEASE_TTL_SECONDS = env_float("AGENTRUNS_LEASE_TTL_SECONDS", 15)
-AGENTRUNS_SWEEP_INTERVAL_SECONDS = env_float("AGENTRUNS_SWEEP_INTERVAL_SECONDS", 2)
-# a run that holds a worker this long re-enqueues itself so q2's task timeout never fires
-AGENTRUNS_SLICE_SECONDS = env_float("AGENTRUNS_SLICE_SECONDS", Q_TIMEOUT / 2)
-AGENTRUNS_DEFAULT_MAX_STEPS = env_int("AGENTRUNS_DEFAULT_MAX_STEPS", 25)
-AGENTRUNS_DELTA_FLUSH_MS = env_float("AGENTRUNS_DELTA_FLUSH_MS", 50)
-AGENTRUNS_DELTA_FLUSH_CHARS = env_int("AGENTRUNS_DELTA_FLUSH_CHARS", 200)
-AGENTRUNS_FAILPOINTS = env_str("AGENTRUNS_FAILPOINTS", "")
-AGENTRUNS_AGENT_MODULES = env_str("AGENTRUNS_AGENT_MODULES", "")  # extra modules that register agents
-AGENTRUNS_FAILPOINT_DIR = env_str("AGENTRUNS_FAILPOINT_DIR", str(BASE_DIR / "var" / "failpoints"))
-AGENTRUNS_STREAM_POLL_SECONDS = env_float("AGENTRUNS_STREAM_POLL_SECONDS", 0.25)
-AGENTRUNS_WORKER_STALE_SECONDS = env_float("AGENTRUNS_WORKER_STALE_SECONDS", 30)
-AGENTRUNS_APPROVAL_EXPIRY_SECONDS = env_float("AGENTRUNS_APPROVAL_EXPIRY_SECONDS", 0)  # 0: never
-AGENTRUNS_APPROVER_LIMIT_CENTS = env_int("AGENTRUNS_APPROVER_LIMIT_CENTS", 0)  # 0: no limit
-AGENTRUNS_METRICS_CACHE_SECONDS = env_float("AGENTRUNS_METRICS_CACHE_SECONDS", 5)
-AGENTRUNS_METRICS_WINDOW = env_int("AGENTRUNS_METRICS_WINDOW", 10_000)  # attempts in the histogram
-
-# --- the demo domain -----------------------------------------------------------------------
+# --- the runtime and the demo ---------------------------------------------------------------
+# Every AGENTRUNS_* knob (and the model's) is typed and documented in agentruns/conf.py, the
+# demo's REFUND_* ones in support/conf.py: both read the environment (or a setting of the same
+# name defined here) and refuse values they cannot parse.
 APP_BASE_URL = env_str("APP_BASE_URL", "http://127.0.0.1:8000")
-REFUND_GATEWAY_URL = env_str("REFUND_GATEWAY_URL", APP_BASE_URL.rstrip("/") + "/gateway")
-REFUND_GATEWAY_DELAY_MS = env_int("REFUND_GATEWAY_DELAY_MS", 0)
-REFUND_GATEWAY_FAIL = env_bool("REFUND_GATEWAY_FAIL", False)
-REFUND_GATEWAY_TIMEOUT_SECONDS = env_float("REFUND_GATEWAY_TIMEOUT_SECONDS", 10)
-REFUND_APPROVAL_THRESHOLD_CENTS = env_int("REFUND_APPROVAL_THRESHOLD_CENTS", 0)
 
 LOGGING = {
     "version": 1,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 import httpx
-from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from agentruns.registry import (
@@ -17,6 +16,7 @@ from agentruns.registry import (
     register_agent,
     tool,
 )
+from support.conf import demo_conf
 from support.models import Order, OutboxMessage, Ticket, TicketNote
 from support.policy import refund_policy
 
@@ -27,12 +27,12 @@ def gateway_client() -> httpx.Client:
     """One keep-alive client per process (q2 forks workers, so never share across a fork)."""
     global _client
     if _client is None or _client[0] != os.getpid():
-        _client = (os.getpid(), httpx.Client(timeout=settings.REFUND_GATEWAY_TIMEOUT_SECONDS))
+        _client = (os.getpid(), httpx.Client(timeout=demo_conf.GATEWAY_TIMEOUT_SECONDS))
     return _client[1]
 
 
 def needs_refund_approval(arguments: dict) -> bool:
-    return int(arguments.get("amount_cents", 0)) > settings.REFUND_APPROVAL_THRESHOLD_CENTS
+    return int(arguments.get("amount_cents", 0)) > demo_conf.APPROVAL_THRESHOLD_CENTS
 
 
 @tool(redact=("customer_email",))
@@ -73,7 +73,7 @@ def lookup_order(ctx: ToolContext, order_id: str) -> dict:
 )
 def issue_refund(ctx: ToolContext, order_id: str, amount_cents: int, reason: str) -> dict:
     """Refund an order through the payment gateway. Sends the step's idempotency key."""
-    url = settings.REFUND_GATEWAY_URL.rstrip("/") + "/refunds"
+    url = demo_conf.GATEWAY_URL.rstrip("/") + "/refunds"
     try:
         response = gateway_client().post(
             url,

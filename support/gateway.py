@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import time
 
-from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
 
+from support.conf import demo_conf
 from support.models import GatewayRefund
 
 
@@ -30,9 +30,9 @@ def refunds(request: HttpRequest) -> JsonResponse:
         if request.GET.get("order_id"):
             rows = rows.filter(order_id=request.GET["order_id"])
         return JsonResponse({"refunds": [r.as_dict() for r in rows]})
-    if settings.REFUND_GATEWAY_DELAY_MS:
-        time.sleep(settings.REFUND_GATEWAY_DELAY_MS / 1000)
-    if settings.REFUND_GATEWAY_FAIL:
+    if demo_conf.GATEWAY_DELAY_MS:
+        time.sleep(demo_conf.GATEWAY_DELAY_MS / 1000)
+    if demo_conf.GATEWAY_FAIL:
         return _error(503, "refund service unavailable")
     key = request.headers.get("Idempotency-Key", "").strip()
     if not key:

@@ -10,7 +10,7 @@ import json
 import re
 from decimal import Decimal, InvalidOperation
 
-from agentruns.runtime.providers.scripted import ScriptedTurn
+from agentruns.registry import ScriptedTurn
 
 _AMOUNT = re.compile(
     r"(?:[$€£]\s?(?P<a>\d+(?:[.,]\d{1,2})?))|(?:(?P<b>\d+(?:[.,]\d{1,2})?)\s?(?:usd|eur|gbp|dollars?|euros?)\b)",

@@ -12,8 +12,8 @@ from django_q.models import OrmQ
 
 from agentruns.models import AttemptOutcome, Run, RunEvent, Step, StepAttempt, StepStatus
 from agentruns.runtime.executor import RunExecutor
+from agentruns.runtime.sweeper import sweep
 from agentruns.services import start_run
-from agentruns.tasks import sweep
 from approvals.models import Approval
 from tests import testkit
 
@@ -308,7 +308,7 @@ def test_run_dedupe_under_concurrency():
 def test_concurrent_event_writers_keep_seq_gapless():
     from django.db import transaction
 
-    from agentruns.runtime.events import append_events
+    from agentruns.runtime.store import get_store
 
     run = run_script([{"text": "x"}])
     barrier = threading.Barrier(4)
@@ -317,7 +317,7 @@ def test_concurrent_event_writers_keep_seq_gapless():
         barrier.wait()
         for i in range(25):
             with transaction.atomic():
-                append_events(run.id, [("test.note", {"i": i}), ("test.note", {"i": i})])
+                get_store().append(run.id, [("test.note", {"i": i}), ("test.note", {"i": i})])
         connection.close()
 
     threads = [threading.Thread(target=writer) for _ in range(4)]
@@ -356,16 +356,16 @@ def test_cancel_during_retry_backoff_is_noticed():
 
 @pytest.mark.django_db(transaction=True)
 def test_cancel_arriving_while_parking_cancels_the_parked_run(monkeypatch):
-    import approvals.services as approval_services
+    import agentruns.runtime.tool_steps as tool_steps  # where the executor calls it
 
-    original = approval_services.open_approval
+    original = tool_steps.open_approval
 
     def open_and_get_cancelled(step, agent):
         approval = original(step, agent)
         Run.objects.filter(id=step.run_id).update(cancel_requested=True)  # a cancel lands now
         return approval
 
-    monkeypatch.setattr(approval_services, "open_approval", open_and_get_cancelled)
+    monkeypatch.setattr(tool_steps, "open_approval", open_and_get_cancelled)
     run = advance(run_script([{"calls": [["t_pay", {"amount": 500}]]}, {"text": "ok"}]))
     assert run.status == "cancelled"
     assert Approval.objects.get(step=steps(run)[1]).status != "pending"
@@ -389,7 +389,7 @@ def test_manual_retry_gets_a_fresh_automatic_retry_budget():
 def test_a_worker_that_lost_its_lease_writes_nothing():
     """The fenced one-round-trip commit: a lease taken over mid-step aborts the whole commit."""
     from agentruns.runtime.events import LeaseLost
-    from agentruns.runtime.rows import WriteBatch
+    from agentruns.runtime.store.rows import WriteBatch
 
     run = run_script([{"text": "x"}])
     executor = RunExecutor(run.id)

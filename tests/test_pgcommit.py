@@ -1,4 +1,4 @@
-"""The PostgreSQL commit function (agentruns/pgcommit.py) and in-process runs (execute_inline)."""
+"""The PostgreSQL commit function (runtime/store/pg_function.py) and in-process runs (execute_inline)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from django.utils import timezone
 from django_q.models import OrmQ
 
 from agentruns.models import Run, RunEvent, Step, StepAttempt, StepKind
-from agentruns.runtime import pgcommit
 from agentruns.runtime.events import LeaseLost
-from agentruns.runtime.executor import RunExecutor, execute_inline
-from agentruns.runtime.rows import WriteBatch
-from agentruns.services import start_run
-from agentruns.tasks import sweep
+from agentruns.runtime.executor import RunExecutor
+from agentruns.runtime.store import pg_function as pgcommit
+from agentruns.runtime.store.rows import WriteBatch
+from agentruns.runtime.sweeper import sweep
+from agentruns.services import execute_inline, start_run
 from tests import testkit
 
 pytestmark = pytest.mark.django_db

@@ -14,11 +14,11 @@ from agentruns.registry import (
     FatalToolError,
     RetryableToolError,
     RetryPolicy,
+    ScriptedTurn,
     ToolContext,
     register_agent,
     tool,
 )
-from agentruns.runtime.providers.scripted import ScriptedTurn
 
 CALLS: dict[str, list] = defaultdict(list)  # tool name -> [(key, attempt, args)]
 FAILS: dict[str, int] = defaultdict(int)  # tool name -> transient failures still to produce

@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from agentruns.models import Run, Step
 from agentruns.runtime.redaction import redact_fields
-
-
-def _iso(value: Any) -> str | None:
-    return value.isoformat() if value else None
-
-
-def redact_for(run: Run, tool: str) -> list[str]:
-    return list(run.tool_snapshot.get(tool, {}).get("redact", []))
+from agentruns.runtime.timestamps import iso
 
 
 def step_payload(run: Run, step: Step) -> dict:
-    hidden = redact_for(run, step.tool) if step.tool else []
+    hidden = run.redacted_fields(step.tool)
     return {
         "id": str(step.id),
         "index": step.index,
@@ -33,9 +24,9 @@ def step_payload(run: Run, step: Step) -> dict:
         "usage": {"prompt_tokens": step.prompt_tokens, "completion_tokens": step.completion_tokens}
         if step.kind == "model"
         else None,
-        "next_attempt_at": _iso(step.next_attempt_at),
-        "started_at": _iso(step.started_at),
-        "finished_at": _iso(step.finished_at),
+        "next_attempt_at": iso(step.next_attempt_at),
+        "started_at": iso(step.started_at),
+        "finished_at": iso(step.finished_at),
     }
 
 
@@ -58,9 +49,9 @@ def run_payload(run: Run, steps: list[Step] | None = None) -> dict:
             "cost_usd": str(run.cost_usd),
         },
         "cancel_requested": run.cancel_requested,
-        "created_at": _iso(run.created_at),
-        "started_at": _iso(run.started_at),
-        "finished_at": _iso(run.finished_at),
+        "created_at": iso(run.created_at),
+        "started_at": iso(run.started_at),
+        "finished_at": iso(run.finished_at),
         "last_seq": run.last_seq,
     }
     if steps is not None:

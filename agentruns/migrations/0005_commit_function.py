@@ -1,8 +1,8 @@
-"""The engine's commit as one PostgreSQL function (agentruns/pgcommit.py); nothing on SQLite."""
+"""The engine's commit as one PostgreSQL function (agentruns/runtime/store/pg_function.py); nothing on SQLite."""
 
 from django.db import migrations
 
-from agentruns.runtime import pgcommit
+from agentruns.runtime.store import pg_function as pgcommit
 
 
 class Migration(migrations.Migration):

@@ -6,8 +6,7 @@ import logging
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 
-from django.conf import settings
-
+from agentruns.conf import conf
 from agentruns.runtime.providers import Usage
 
 log = logging.getLogger(__name__)
@@ -31,7 +30,7 @@ def parse_model_prices(spec: str) -> dict[str, tuple[Decimal, Decimal]]:
 def model_cost_usd(model: str, usage: Usage) -> Decimal:
     """What a model step cost by the price table; "openai/gpt-4o" matches "openai/gpt-4o" or
     "gpt-4o". Unpriced models cost 0."""
-    prices = parse_model_prices(settings.AGENTRUNS_MODEL_PRICES or "")
+    prices = parse_model_prices(conf.MODEL_PRICES or "")
     price = prices.get(model) or prices.get(model.split("/", 1)[-1])
     if price is None:
         return Decimal(0)

@@ -12,7 +12,7 @@ import signal
 from functools import lru_cache
 from pathlib import Path
 
-from django.conf import settings
+from agentruns.conf import conf
 
 POINTS = {"step_started", "tool_returned", "step_persisted", "model_streaming"}
 ACTIONS = {"crash", "crash_once", "off"}
@@ -31,7 +31,7 @@ def _parse(spec: str) -> dict[tuple[str, str | None], str]:
 
 
 def _spec() -> str:
-    return os.environ.get("AGENTRUNS_FAILPOINTS", settings.AGENTRUNS_FAILPOINTS)
+    return os.environ.get("AGENTRUNS_FAILPOINTS", conf.FAILPOINTS)
 
 
 def hit(point: str, *, tool: str | None = None, step_id: object = None) -> None:
@@ -44,7 +44,7 @@ def hit(point: str, *, tool: str | None = None, step_id: object = None) -> None:
     if action is None or action == "off":
         return
     if action == "crash_once":
-        marker = Path(settings.AGENTRUNS_FAILPOINT_DIR) / f"{point}-{tool or 'any'}-{step_id}"
+        marker = Path(conf.FAILPOINT_DIR) / f"{point}-{tool or 'any'}-{step_id}"
         if marker.exists():
             return
         marker.parent.mkdir(parents=True, exist_ok=True)

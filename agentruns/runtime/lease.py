@@ -1,10 +1,9 @@
-"""Who holds a run: worker identities and the lease heartbeat."""
+"""The lease heartbeat: one keeper thread per process renews the leases of its executors."""
 
 from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
 import uuid
@@ -16,10 +15,6 @@ from django.utils import timezone
 from agentruns.models import Run
 
 log = logging.getLogger(__name__)
-
-
-def worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
 class Heartbeat:

@@ -9,28 +9,25 @@ from contextlib import nullcontext
 from decimal import Decimal
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, RunStatus, Step, StepAttempt, StepKind, StepStatus
 from agentruns.registry import ToolArgumentsError, ToolContext, UnknownTool, get_tool
-from agentruns.runtime import failpoints
+from agentruns.runtime import failpoints, transitions
 from agentruns.runtime.costs import model_cost_usd
+from agentruns.runtime.events import EventType, step_event_data
+from agentruns.runtime.ids import step_key
 from agentruns.runtime.providers import ModelError, ModelRequest, TextDelta, ToolCall, Usage
-from agentruns.runtime.rows import WriteBatch, build
+from agentruns.runtime.store.rows import WriteBatch, build
 
 MODEL_MAX_ATTEMPTS = 3
 MODEL_STEP_FIELDS = ["status", "text", "tool_calls", "prompt_tokens", "completion_tokens", "finished_at", "error"]
 
 
-def step_key(run_id: uuid.UUID, step_id: uuid.UUID) -> str:
-    """The idempotency key a step sends to the outside world, on every attempt."""
-    return f"run-{run_id.hex[:12]}-step-{step_id.hex}"
-
-
-class _RunFailed(Exception):
-    pass
+class RunFailed(Exception):
+    """The run cannot go on (the model keeps failing): it ends as failed with this message."""
 
 
 class _EagerCallFailed(Exception):
@@ -42,7 +39,7 @@ class _EagerCallFailed(Exception):
 
 
 class ModelSteps:
-    """Mixin of RunExecutor (see engine.py for the state it relies on)."""
+    """Mixin of RunExecutor (see executor.py for the state it relies on)."""
 
     # ---------------------------------------------------------------- model steps
     def model_turn(self, step: Step | None) -> str | None:
@@ -71,15 +68,15 @@ class ModelSteps:
                     time.sleep(min(10.0, 0.5 * 2**attempt))
                     continue
                 self._record_model_failure(step, attempt, exc, final=True)
-                raise _RunFailed(f"model error: {exc}") from exc
+                raise RunFailed(f"model error: {exc}") from exc
 
     def _stream_model(self, step: Step, attempt: int, messages: list[dict]) -> str | None:
         started = timezone.now()
         request = ModelRequest(
             model=self.run.model, messages=messages, tools=self.tool_schemas, agent=self.agent
         )
-        flush_s = float(settings.AGENTRUNS_DELTA_FLUSH_MS) / 1000.0
-        flush_chars = int(settings.AGENTRUNS_DELTA_FLUSH_CHARS)
+        flush_s = conf.DELTA_FLUSH_MS / 1000.0
+        flush_chars = conf.DELTA_FLUSH_CHARS
         text: list[str] = []
         pending = ""
         calls: list[ToolCall] = []
@@ -113,8 +110,8 @@ class ModelSteps:
             events = []
             if step._state.adding or step.attempts < attempt:
                 self._begin_attempt(step, attempt, started, StepStatus.RUNNING)
-                events.append(("step.started", self._step_data(step)))
-            events.append(("model.delta", {"step": step.index, "attempt": attempt, "text": text}))
+                events.append((EventType.STEP_STARTED, step_event_data(step)))
+            events.append((EventType.MODEL_DELTA, {"step": step.index, "attempt": attempt, "text": text}))
             self.commit(events)
         self.check_lease()
 
@@ -197,7 +194,7 @@ class ModelSteps:
                 StepAttempt, {"step": step}, step_id=step.id, number=attempt, worker=self.owner,
                 started_at=started, finished_at=now, outcome=AttemptOutcome.SUCCEEDED,
             ))
-            events.append(("step.started", {**self._step_data(step), "status": StepStatus.RUNNING}))
+            events.append((EventType.STEP_STARTED, step_event_data(step, status=StepStatus.RUNNING)))
         else:
             batch.update(step, MODEL_STEP_FIELDS)
             batch.update(
@@ -205,30 +202,29 @@ class ModelSteps:
                 ["finished_at", "outcome"], where={"step": step.id, "number": attempt},
             )
         if tail:
-            events.append(("model.delta", {"step": step.index, "attempt": attempt, "text": tail}))
-        events.append(("step.succeeded", self._step_data(step)))
+            events.append((EventType.MODEL_DELTA, {"step": step.index, "attempt": attempt, "text": tail}))
+        events.append((EventType.STEP_SUCCEEDED, step_event_data(step)))
         begun = self._begin_next_side_effect(planned, eager, now)
         batch.insert(new_rows + planned)
         batch.insert(new_attempts + [row for _, row in eager] + begun)
         for planned_step in planned:
-            events.append(("step.planned", {**self._step_data(planned_step), "status": StepStatus.PENDING}))
+            events.append((EventType.STEP_PLANNED, step_event_data(planned_step, status=StepStatus.PENDING)))
             if planned_step.status == StepStatus.SUCCEEDED:
-                events.append(("step.succeeded", self._step_data(planned_step)))
+                events.append((EventType.STEP_SUCCEEDED, step_event_data(planned_step)))
             elif planned_step.status == StepStatus.RUNNING:
-                events.append(("step.started", self._step_data(planned_step)))
+                events.append((EventType.STEP_STARTED, step_event_data(planned_step)))
         self.run.prompt_tokens += usage.prompt_tokens
         self.run.completion_tokens += usage.completion_tokens
-        cost = model_cost_usd(self.run.model or settings.AGENTRUNS_MODEL, usage)
+        cost = model_cost_usd(self.run.model or conf.MODEL, usage)
         self.run.cost_usd = Decimal(self.run.cost_usd) + cost
         fields: dict[str, Any] = {"step_count": len(self.steps)}
         final = not calls  # the answer: finish the run in this same commit
         if final:
-            finish_events, finish_fields = self._finish_changes(RunStatus.SUCCEEDED, output=text)
-            events.extend(finish_events)
-            fields.update(finish_fields)
+            done = transitions.finished(RunStatus.SUCCEEDED, output=text)
+            events.extend(done.events)
+            fields.update(done.fields)
         self.commit(
             events,
-            release=final,
             batch=batch,
             end_transaction=end_transaction,
             set_fields=fields,
@@ -343,8 +339,8 @@ class ModelSteps:
             if final:
                 step.finished_at = now
             step.save(update_fields=["error", "status", "finished_at"])
-            etype = "step.failed" if final else "step.retry_scheduled"
-            events = [(etype, self._step_data(step))]
+            etype = EventType.STEP_FAILED if final else EventType.STEP_RETRY_SCHEDULED
+            events = [(etype, step_event_data(step))]
             if streamed and not final:  # the next attempt re-streams the turn from scratch
-                events.append(("model.superseded", {"step": step.index, "attempt": attempt}))
+                events.append((EventType.MODEL_SUPERSEDED, {"step": step.index, "attempt": attempt}))
             self.commit(events)

@@ -15,7 +15,10 @@ from django.utils import timezone
 from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepStatus
 from agentruns.registry import Tool, ToolContext, get_tool
 from agentruns.runtime import failpoints
-from agentruns.runtime.rows import WriteBatch
+from agentruns.runtime.events import EventType, step_event_data
+from agentruns.runtime.store.rows import WriteBatch
+from agentruns.runtime.timestamps import iso
+from approvals.parking import open_approval
 
 TOOL_RESULT_FIELDS = ["status", "result", "error", "attempts", "started_at", "finished_at", "next_attempt_at"]
 
@@ -25,29 +28,23 @@ class _CallFailed(Exception):
 
 
 class ToolSteps:
-    """Mixin of RunExecutor (see engine.py for the state it relies on)."""
+    """Mixin of RunExecutor (see executor.py for the state it relies on)."""
 
     # ---------------------------------------------------------------- tool steps
     def tool_step(self, step: Step) -> str | None:
         tool = get_tool(step.tool)
         if not step.approved and tool.needs_approval(step.arguments):
-            from approvals.services import open_approval
-
             with transaction.atomic():
                 step.status = StepStatus.WAITING_APPROVAL
                 step.save(update_fields=["status"])
                 approval = open_approval(step, self.run.agent)
-                self.commit(
-                    [
-                        ("step.waiting_approval", self._step_data(step)),
-                        ("approval.requested", {"step": step.index, "approval": approval.id,
-                                                "kind": "approval", "tool": step.tool}),
-                    ]
-                )
-                return self.park()
+                return self.park(events_before=[
+                    (EventType.STEP_WAITING_APPROVAL, step_event_data(step)),
+                    (EventType.APPROVAL_REQUESTED,
+                     {"step": step.index, "approval": approval.id, "kind": "approval", "tool": step.tool}),
+                ])
         if step.next_attempt_at and not self._wait_for_retry(step.next_attempt_at):
-            with transaction.atomic():
-                return self.finish(RunStatus.CANCELLED, stop_reason="cancelled", error="cancelled on request")
+            return self.finish(RunStatus.CANCELLED, stop_reason="cancelled", error="cancelled on request")
         return self._execute(step, tool)
 
     def _wait_for_retry(self, due: Any) -> bool:
@@ -72,7 +69,7 @@ class ToolSteps:
                 step.started_at = step.started_at or started
                 batch = WriteBatch().update(step, ["status", "attempts", "started_at"])
                 batch.insert([StepAttempt(step=step, number=attempt, worker=self.owner, started_at=started)])
-                self.commit([("step.started", self._step_data(step))], batch=batch)
+                self.commit([(EventType.STEP_STARTED, step_event_data(step))], batch=batch)
             failpoints.hit("step_started", tool=step.tool, step_id=step.id)
         ctx = ToolContext(run=self.run, step=step, attempt=attempt, idempotency_key=step.idempotency_key)
         failure: Exception | None = None
@@ -114,7 +111,7 @@ class ToolSteps:
         step.status, step.result, step.error = StepStatus.SUCCEEDED, result, ""
         step.attempts, step.finished_at, step.next_attempt_at = attempt, now, None
         batch.update(step, TOOL_RESULT_FIELDS)
-        self.commit([("step.succeeded", self._step_data(step))], batch=batch, end_transaction=end_transaction)
+        self.commit([(EventType.STEP_SUCCEEDED, step_event_data(step))], batch=batch, end_transaction=end_transaction)
 
     def _tool_failed(
         self, step: Step, tool: Tool, attempt: int, started: Any, exc: Exception, tb: str = ""
@@ -136,12 +133,12 @@ class ToolSteps:
                 delay = tool.retry.delay_for(attempt)
                 step.status, step.next_attempt_at = StepStatus.PENDING, now + timedelta(seconds=delay)
                 step.save()
-                data = {**self._step_data(step), "next_attempt_at": step.next_attempt_at.isoformat()}
-                self.commit([("step.retry_scheduled", data)])
+                data = step_event_data(step, next_attempt_at=iso(step.next_attempt_at))
+                self.commit([(EventType.STEP_RETRY_SCHEDULED, data)])
                 return None
             step.status, step.finished_at, step.next_attempt_at = StepStatus.FAILED, now, None
             step.save()
-            self.commit([("step.failed", self._step_data(step))])
+            self.commit([(EventType.STEP_FAILED, step_event_data(step))])
             return self.finish(
                 RunStatus.FAILED, error=f"step #{step.index} {step.tool} failed: {step.error}"
             )

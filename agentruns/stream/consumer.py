@@ -25,10 +25,10 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.layers import get_channel_layer
-from django.conf import settings
 
+from agentruns.conf import conf
 from agentruns.models import Run
-from agentruns.runtime.events import run_group
+from agentruns.runtime.nudges import run_group
 from agentruns.stream.frames import encoded_frames_after
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,6 @@ GAP_PATIENCE_SECONDS = 5.0  # how long a feed waits for a missing seq before del
 
 # close codes: 4400 bad request, 4401 not authenticated, 4403 forbidden, 4404 no such run.
 # The page's client treats 4400-4499 as refusals (no reconnect); anything else is retried.
-REFUSALS = {4400, 4401, 4403, 4404}
 
 
 @dataclass(eq=False)
@@ -142,7 +141,7 @@ async def _listen(feed: RunFeed, layer) -> None:
 
 async def _follow(feed: RunFeed) -> None:
     """Read new events on every nudge, and at least every AGENTRUNS_STREAM_POLL_SECONDS."""
-    poll = float(settings.AGENTRUNS_STREAM_POLL_SECONDS)
+    poll = conf.STREAM_POLL_SECONDS
     loop = asyncio.get_running_loop()
     while True:
         feed.wake.clear()

@@ -82,10 +82,6 @@ def _pretty(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
 
 
-def hidden_fields(run: Run, tool: str) -> list[str]:
-    return list(run.tool_snapshot.get(tool, {}).get("redact", [])) if tool else []
-
-
 def _redacted_calls(run: Run, step: Step) -> list[dict]:
     """A model step's tool calls, with each call's arguments redacted by that tool's list."""
     calls = []
@@ -94,7 +90,7 @@ def _redacted_calls(run: Run, step: Step) -> list[dict]:
         raw = call.get("arguments") or "{}"
         try:
             args: Any = json.loads(raw) if isinstance(raw, str) else raw
-            shown = json.dumps(redact_fields(args, hidden_fields(run, name)), ensure_ascii=False, sort_keys=True)
+            shown = json.dumps(redact_fields(args, run.redacted_fields(name)), ensure_ascii=False, sort_keys=True)
         except (json.JSONDecodeError, TypeError):
             shown = redact_text(str(raw))
         calls.append({"name": name, "arguments": shown})
@@ -120,8 +116,8 @@ def view_steps(run: Run, steps: list[Step], now: datetime | None = None) -> list
     now = now or timezone.now()
     rows = []
     for step in steps:
-        hidden = hidden_fields(run, step.tool)
-        policy = run.tool_snapshot.get(step.tool, {}) if step.kind == StepKind.TOOL else {}
+        hidden = run.redacted_fields(step.tool)
+        policy = run.tool_policy(step.tool) if step.kind == StepKind.TOOL else {}
         retry_in = None
         if step.next_attempt_at and step.status == "pending":
             retry_in = max(0.0, (step.next_attempt_at - now).total_seconds())

@@ -11,9 +11,9 @@ from django.utils import timezone
 from django_q.models import OrmQ
 
 from agentruns.models import Run, RunEvent, RunStatus, Step, StepStatus
+from agentruns.runtime.sweeper import sweep
 from agentruns.services import cancel_run
-from agentruns.tasks import sweep
-from approvals import services
+from approvals import parking, services
 from approvals.models import Approval, ApprovalStatus
 
 from .conftest import CALLS, SECRET, advance, parked_approval, unknown_step_approval
@@ -148,7 +148,7 @@ def test_expiry_through_the_sweeper_rejects_with_reason_expired(settings, django
     settings.AGENTRUNS_APPROVAL_EXPIRY_SECONDS = 60
     approval = parked_approval()
     assert approval.expires_at is not None
-    assert services.expire_due_approvals(timezone.now()) == 0  # not due yet
+    assert parking.expire_due_approvals(timezone.now()) == 0  # not due yet
     with django_capture_on_commit_callbacks(execute=True):
         sweep(now=timezone.now() + timedelta(seconds=61))
     approval.refresh_from_db()

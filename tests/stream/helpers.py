@@ -5,9 +5,10 @@ from __future__ import annotations
 import uuid
 
 from django.db import transaction
+from django.db.models import F
 
 from agentruns.models import Run, RunEvent
-from agentruns.runtime.events import append_events, bump_run
+from agentruns.runtime.store import get_store
 
 
 def make_run(agent: str = "script") -> Run:
@@ -17,13 +18,14 @@ def make_run(agent: str = "script") -> Run:
 def add_events(run_id: uuid.UUID, specs: list[tuple[str, dict]]) -> int:
     """Append events the way every writer does: seqs + nudge on commit."""
     with transaction.atomic():
-        return append_events(run_id, specs)
+        return get_store().append(run_id, specs)
 
 
 def add_events_without_nudge(run_id: uuid.UUID, specs: list[tuple[str, dict]]) -> int:
     """Commit events but never nudge: stands for a nudge lost on the way (or another process)."""
     with transaction.atomic():
-        last, _ = bump_run(run_id, len(specs))
+        Run.objects.filter(id=run_id).update(last_seq=F("last_seq") + len(specs))
+        last = Run.objects.get(id=run_id).last_seq
         first = last - len(specs) + 1
         RunEvent.objects.bulk_create(
             RunEvent(run_id=run_id, seq=first + i, type=t, data=d) for i, (t, d) in enumerate(specs)

@@ -15,8 +15,8 @@ from django.db import connections
 from django_q.cluster import Cluster
 from django_q.management.commands.qcluster import Command as QClusterCommand
 
-from agentruns.runtime import events
-from agentruns.tasks import SweeperLoop, ensure_schedule, sweep
+from agentruns.runtime import nudges
+from agentruns.runtime.sweeper import SweeperLoop, ensure_schedule, sweep
 
 
 class Command(QClusterCommand):
@@ -32,7 +32,7 @@ class Command(QClusterCommand):
         settings.SECRET_KEY  # noqa: B018 - q2 signs tasks with it
         if options.get("cluster_name"):
             os.environ["Q_CLUSTER_NAME"] = options["cluster_name"]
-        events.IN_WORKER_PROCESS = True
+        nudges.IN_WORKER_PROCESS = True
         ensure_schedule()
         sweep()
         # the cluster forks from this process: don't hand our connections to the children

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 
@@ -11,8 +11,6 @@ class ModelRequest:
     messages: list[dict]
     tools: list[dict]
     agent: Any = None  # the registry Agent (the scripted provider reads its policy)
-    # called between retries inside one model step, so the engine can keep its lease
-    on_wait: Any = None
 
 
 @dataclass
@@ -31,13 +29,6 @@ class ToolCall:
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
-
-
-@dataclass
-class ModelResponse:
-    text: str = ""
-    tool_calls: list[ToolCall] = field(default_factory=list)
-    usage: Usage = field(default_factory=Usage)
 
 
 class ModelError(Exception):

@@ -29,8 +29,8 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import openai
-from django.conf import settings
 
+from agentruns.conf import conf
 from agentruns.runtime.providers.base import ModelError, ModelRequest, TextDelta, ToolCall, Usage
 from agentruns.runtime.redaction import MASK, redact_text
 
@@ -48,10 +48,10 @@ def _client() -> openai.OpenAI:
     so a client is never shared across a fork."""
     config = (
         os.getpid(),
-        settings.OPENAI_BASE_URL,
-        settings.OPENAI_API_KEY,
-        float(settings.OPENAI_TIMEOUT_SECONDS),
-        int(settings.OPENAI_MAX_RETRIES),
+        conf.OPENAI_BASE_URL,
+        conf.OPENAI_API_KEY,
+        conf.OPENAI_TIMEOUT_SECONDS,
+        conf.OPENAI_MAX_RETRIES,
     )
     with _clients_lock:
         client = _clients.get(config)
@@ -59,10 +59,10 @@ def _client() -> openai.OpenAI:
             for stale in [k for k in _clients if k[0] != os.getpid()]:
                 del _clients[stale]  # inherited from the parent: its sockets are not ours
             client = openai.OpenAI(
-                base_url=settings.OPENAI_BASE_URL,
-                api_key=settings.OPENAI_API_KEY or PLACEHOLDER_KEY,
-                timeout=float(settings.OPENAI_TIMEOUT_SECONDS),
-                max_retries=int(settings.OPENAI_MAX_RETRIES),
+                base_url=conf.OPENAI_BASE_URL,
+                api_key=conf.OPENAI_API_KEY or PLACEHOLDER_KEY,
+                timeout=conf.OPENAI_TIMEOUT_SECONDS,
+                max_retries=conf.OPENAI_MAX_RETRIES,
             )
             _clients[config] = client
         return client
@@ -72,7 +72,7 @@ def request_options() -> dict[str, Any]:
     """Extra body fields for every request, from `OPENAI_REQUEST_OPTIONS` (a JSON object such
     as `{"temperature": 0, "max_tokens": 1024}`); passed through unvalidated so server-specific
     knobs (vLLM's `top_k`, Ollama's `options`) work too."""
-    raw = getattr(settings, "OPENAI_REQUEST_OPTIONS", "") or ""
+    raw = conf.OPENAI_REQUEST_OPTIONS
     if isinstance(raw, dict):
         return dict(raw)
     if not raw.strip():
@@ -91,7 +91,7 @@ def request_options() -> dict[str, Any]:
 
 def _endpoint() -> str:
     """The base URL without any user:password part, safe to put in an error message."""
-    parts = urlsplit(settings.OPENAI_BASE_URL)
+    parts = urlsplit(conf.OPENAI_BASE_URL)
     host = parts.hostname or ""
     if parts.port:
         host = f"{host}:{parts.port}"
@@ -100,7 +100,7 @@ def _endpoint() -> str:
 
 def scrub(text: str) -> str:
     """Remove the configured key (whatever its format) and anything key-shaped."""
-    key = settings.OPENAI_API_KEY
+    key = conf.OPENAI_API_KEY
     if key:
         text = text.replace(key, MASK)
     return redact_text(text)
@@ -130,7 +130,7 @@ def model_error(exc: openai.OpenAIError) -> ModelError:
     if isinstance(exc, openai.APITimeoutError):
         return ModelError(
             scrub(f"model endpoint {_endpoint()} timed out (OPENAI_TIMEOUT_SECONDS="
-                  f"{settings.OPENAI_TIMEOUT_SECONDS:g})"),
+                  f"{conf.OPENAI_TIMEOUT_SECONDS:g})"),
             retryable=True,
         )
     if isinstance(exc, openai.APIConnectionError):
@@ -144,7 +144,7 @@ def model_error(exc: openai.OpenAIError) -> ModelError:
         status = exc.status_code
         detail = _server_message(exc)
         if status in (401, 403):
-            hint = " (OPENAI_API_KEY is not set)" if not settings.OPENAI_API_KEY else ""
+            hint = " (OPENAI_API_KEY is not set)" if not conf.OPENAI_API_KEY else ""
             return ModelError(
                 scrub(f"authentication failed (HTTP {status}) at {_endpoint()}: {detail}{hint}; "
                       "check OPENAI_API_KEY and OPENAI_BASE_URL"),

@@ -11,18 +11,10 @@ import json
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
-from django.conf import settings
-
+from agentruns.conf import conf
+from agentruns.registry import ScriptedTurn
 from agentruns.runtime.providers.base import ModelRequest, TextDelta, ToolCall, Usage
-
-
-@dataclass
-class ScriptedTurn:
-    text: str = ""
-    tool_calls: list[tuple[str, dict | str]] = field(default_factory=list)
-
 
 _TOKEN = re.compile(r"\S+\s*|\s+")
 
@@ -56,7 +48,7 @@ class ScriptedProvider:
     def stream(self, request: ModelRequest) -> Iterator[TextDelta | ToolCall | Usage]:
         policy = getattr(request.agent, "scripted_policy", None) or _default_policy
         turn = policy(request.messages)
-        delay = float(settings.SCRIPTED_MODEL_DELAY_MS) / 1000.0
+        delay = conf.SCRIPTED_MODEL_DELAY_MS / 1000.0
         for token in _TOKEN.findall(turn.text):
             if delay:
                 time.sleep(delay)

@@ -1,0 +1,68 @@
+"""Cancelling a run: at once when nobody executes it, at the next step boundary otherwise.
+
+Called by the cancel service (the run page, the API) and by the executor itself when a cancel
+arrived while it was parking the run.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import transaction
+from django.utils import timezone
+
+from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepStatus
+from agentruns.runtime.events import EventSpec, EventType
+from agentruns.runtime.transitions import ActionRefused, RunChange, apply, cancelled
+from approvals.parking import withdraw_approvals
+
+
+def cancel_run(run_id: uuid.UUID | str, *, who: str | None = None, reason: str = "") -> Run:
+    """Cancel a queued, running or waiting run.
+
+    A run nobody executes (waiting, or queued/running with no live lease) is cancelled now and its
+    parked approvals are withdrawn from the inbox. A run a worker holds is only flagged
+    (`cancel_requested`): the engine reads the flag with every commit and stops at the next step
+    boundary, so a tool call in flight is never torn in half.
+    """
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(id=run_id)
+        if run.is_terminal:
+            raise ActionRefused(f"run is already {run.status}")
+        requested = (EventType.RUN_CANCEL_REQUESTED, {"by": who, "reason": reason, "status": run.status})
+        lease_live = run.lease_expires_at is not None and run.lease_expires_at > timezone.now()
+        if run.status != RunStatus.WAITING and lease_live:
+            if run.cancel_requested:
+                raise ActionRefused("cancel was already requested; the worker stops at the next step")
+            flag = RunChange({"cancel_requested": True}, [requested])
+            apply(run.id, flag)
+            flag.apply_to(run)
+            return run
+        _end_idle_run(run, who=who, reason=reason, requested=requested)
+    return run
+
+
+def _end_idle_run(run: Run, *, who: str | None, reason: str, requested: EventSpec) -> RunChange:
+    """Cancel a run nobody executes (waiting, or whose worker died), inside the caller's
+    transaction with the run row locked: its parked approvals leave the inbox, steps nobody will
+    run are skipped, and a step a dead worker left running keeps its history (its open attempt
+    is closed as crashed; a side effect's outcome stays "unknown")."""
+    now = timezone.now()
+    withdrawn = withdraw_approvals(run, reason=f"run cancelled by {who or 'system'}")
+    Step.objects.filter(run=run, status__in=[StepStatus.PENDING, StepStatus.WAITING_APPROVAL]).update(
+        status=StepStatus.SKIPPED, finished_at=now, next_attempt_at=None
+    )
+    for step in Step.objects.filter(run=run, status=StepStatus.RUNNING):
+        StepAttempt.objects.filter(step=step, finished_at__isnull=True).update(
+            finished_at=now, outcome=AttemptOutcome.CRASHED, error="run cancelled after the worker died"
+        )
+        step.status = StepStatus.UNKNOWN if run.tool_policy(step.tool).get("side_effect") else StepStatus.SKIPPED
+        step.finished_at = now
+        step.save(update_fields=["status", "finished_at"])
+    change = cancelled(reason or f"cancelled by {who or 'system'}").after(
+        requested,
+        *[(EventType.APPROVAL_WITHDRAWN, {"approval": a, "by": who, "reason": "run cancelled"}) for a in withdrawn],
+    )
+    apply(run.id, change)
+    change.apply_to(run)
+    return change

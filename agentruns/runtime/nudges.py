@@ -1,0 +1,115 @@
+"""Nudges: "new events exist" on the channel layer, sent after the commit (DESIGN.md 5).
+
+At-most-once by design: a lost nudge costs latency, never data, because every reader re-reads
+the database (the stream's feed polls as well).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import threading
+import uuid
+from typing import Any
+
+from django.db import transaction
+
+from agentruns.conf import conf
+
+log = logging.getLogger(__name__)
+
+INBOX_GROUP = "approvals.inbox"
+
+# set by the qcluster command: an in-memory channel layer cannot reach the web process from there
+IN_WORKER_PROCESS = False
+
+
+def run_group(run_id: uuid.UUID | str) -> str:
+    return f"run.{uuid.UUID(str(run_id)).hex}"
+
+
+def _nudges_reach_viewers() -> bool:
+    # The in-memory layer only reaches consumers in this process; a worker's nudge would be lost
+    # anyway, and the consumer's database poll covers it.
+    return bool(conf.REDIS_URL) or not IN_WORKER_PROCESS
+
+
+def _anyone_listens_here() -> bool:
+    """In-memory layer: does any consumer of this process listen to any group at all?"""
+    from channels.layers import get_channel_layer
+
+    groups = getattr(get_channel_layer(), "groups", None)
+    return groups is None or bool(groups)
+
+
+def nudge_on_commit(run_id: uuid.UUID | None, seq: int = 0, *, inbox: bool = False) -> None:
+    if not _nudges_reach_viewers():
+        return
+    if not conf.REDIS_URL and not _anyone_listens_here():
+        return  # the engine's hot path outside a web process: nobody to reach, skip the hook
+    transaction.on_commit(lambda: send_nudge(run_id, seq, inbox=inbox))
+
+
+_nudge_loop: Any = None  # (pid, event loop) of the background sender, see _nudge_sender_loop
+_nudge_loop_lock = threading.Lock()
+
+
+def _nudge_sender_loop() -> asyncio.AbstractEventLoop:
+    """One long-lived event loop thread per process for cross-process nudges.
+
+    async_to_sync would build a fresh loop, and channels_redis a fresh connection, for every
+    nudge (~10 ms, measured in benchmarks/stream_latency.py), on the engine's commit path.
+    Keyed by pid: a forked worker process starts its own."""
+    global _nudge_loop
+    with _nudge_loop_lock:
+        if _nudge_loop is None or _nudge_loop[0] != os.getpid():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="channel-nudges", daemon=True).start()
+            _nudge_loop = (os.getpid(), loop)
+        return _nudge_loop[1]
+
+
+def _messages(run_id: uuid.UUID | None, seq: int, inbox: bool) -> list[tuple[str, dict]]:
+    sends = []
+    if run_id is not None:
+        sends.append((run_group(run_id), {"type": "run.nudge", "seq": seq}))
+    if inbox:
+        sends.append((INBOX_GROUP, {"type": "inbox.nudge"}))
+    return sends
+
+
+async def _group_send_all(layer: Any, sends: list[tuple[str, dict]]) -> None:
+    for group, message in sends:
+        await layer.group_send(group, message)
+
+
+def _log_failed_nudge(future: concurrent.futures.Future) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("channel-layer nudge failed: %r", future.exception())
+
+
+def send_nudge(run_id: uuid.UUID | None, seq: int = 0, *, inbox: bool = False) -> None:
+    """Tell viewers "new events exist". At-most-once by design: losing one costs latency only."""
+    try:
+        from asgiref.sync import async_to_sync
+        from channels.layers import get_channel_layer
+
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        sends = _messages(run_id, seq, inbox)
+        if conf.REDIS_URL:
+            # cross-process layer: fire and forget on the background loop (never blocks a commit)
+            future = asyncio.run_coroutine_threadsafe(_group_send_all(layer, sends), _nudge_sender_loop())
+            future.add_done_callback(_log_failed_nudge)
+            return
+        # in-memory layer: deliver on the caller's (the web server's) loop, where its consumers
+        # are; a group nobody in this process listens to costs nothing (the engine's hot path)
+        members = getattr(layer, "groups", None)
+        for group, message in sends:
+            if members is None or members.get(group):
+                async_to_sync(layer.group_send)(group, message)
+    except Exception:  # a nudge must never break the write it follows
+        log.warning("channel-layer nudge failed", exc_info=True)

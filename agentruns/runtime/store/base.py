@@ -1,0 +1,98 @@
+"""The durable store of runs: one interface, a PostgreSQL and a SQLite implementation.
+
+Every write that appends events goes through here, because appending events is what keeps the
+timeline gap-free: the run row's `last_seq` is bumped by the same statement that writes the
+change, inside the transaction of that change, so concurrent writers queue on the run's row and
+every committed seq is contiguous.
+
+- `commit`: the executor's write, fenced on its lease (raises LeaseLost when the lease moved),
+  renewing the lease and reading the cancel flag in the same round trip;
+- `append`: everyone else's write (services, the sweeper, decisions), unfenced;
+- `claim`: take a free lease (queued -> running, or a running run whose worker died);
+- `create_run`: the new run and its first events.
+
+The backend is chosen once per process (`get_store`), like DBOS's system database: no
+`vendor ==` branches in the code that uses it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from abc import ABC, abstractmethod
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Q, Value
+from django.db.models.functions import Coalesce
+
+from agentruns.models import Run, RunStatus
+from agentruns.runtime.events import EventSpec
+from agentruns.runtime.store.rows import WriteBatch
+
+
+class RunStore(ABC):
+    # `create_run` is one statement, atomic without a transaction around it
+    create_is_one_statement = False
+
+    @abstractmethod
+    def commit(
+        self,
+        run_id: uuid.UUID,
+        owner: str,
+        events: list[EventSpec],
+        *,
+        now: datetime,
+        set_fields: dict[str, Any] | None = None,
+        incr_fields: dict[str, Any] | None = None,
+        batch: WriteBatch | None = None,
+        end_transaction: bool = False,
+    ) -> tuple[int, bool]:
+        """The fenced run update + events + the rows in `batch`, atomically.
+
+        Returns (last seq, cancel_requested). `end_transaction`: the caller's outermost atomic
+        block ends right after this call (a backend may send the COMMIT along)."""
+
+    @abstractmethod
+    def append(
+        self,
+        run_id: uuid.UUID | str,
+        events: list[EventSpec],
+        *,
+        set_fields: dict[str, Any] | None = None,
+        incr_fields: dict[str, Any] | None = None,
+    ) -> int:
+        """Append events (and change run fields) for a writer that holds no lease. Must run
+        inside `transaction.atomic()`; viewers are nudged on commit. Returns the last seq."""
+
+    @abstractmethod
+    def create_run(self, run: Run, events: list[EventSpec], *, owner: str | None, now: datetime) -> int:
+        """Insert `run` (already leased by `owner` when given) with its first events."""
+
+    def claim(
+        self,
+        run_id: uuid.UUID,
+        owner: str,
+        events: list[EventSpec],
+        *,
+        lease: dict[str, Any],
+        now: datetime,
+    ) -> bool:
+        """Take the run's lease if it is free: a queued run becomes running (with `events`), a
+        running run whose lease expired (its worker died) is only re-leased."""
+        free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
+        with transaction.atomic():
+            fresh = Run.objects.filter(free, id=run_id, status=RunStatus.QUEUED).update(
+                status=RunStatus.RUNNING, started_at=Coalesce("started_at", Value(now)), **lease
+            )
+            if fresh:
+                self.commit(run_id, owner, events, now=now, set_fields=dict(lease))
+                return True
+            return self.relet_abandoned(run_id, lease=lease, now=now)
+
+    @staticmethod
+    def relet_abandoned(run_id: uuid.UUID, *, lease: dict[str, Any], now: datetime) -> bool:
+        """A running run whose lease expired (its worker died) changes hands; no event: it was
+        running and still is."""
+        free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
+        return bool(Run.objects.filter(free, id=run_id, status=RunStatus.RUNNING).update(**lease))

@@ -1,0 +1,139 @@
+"""`agentruns_commit(jsonb)`: the engine's commit as one PL/pgSQL function, generated from the models.
+
+An engine commit writes the run row (fenced on the lease), its events, and the step and attempt
+rows of the step it records. Sent as SQL text that was several statements with dozens of
+parameters: the client spent milliseconds building and binding them, and the server parsed and
+planned them anew on every commit. The function takes one JSON document and PL/pgSQL plans the
+statements inside once per connection.
+
+Installed by migrations (0005, and again by any migration that changes the columns of Run, Step
+or StepAttempt: `CREATE OR REPLACE`); `tests/runtime/test_pg_function.py` compares the installed
+definition with `function_sql`, so a model change without such a migration fails loudly.
+
+Fencing: the run UPDATE comes first and matches only while `owner` holds the lease; when it
+matches nothing the function raises SQLSTATE AR001 and the whole transaction (including a
+transactional tool's writes) rolls back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import models
+
+from agentruns.models import Run, RunEvent, Step, StepAttempt
+
+FUNCTION = "agentruns_commit"
+LEASE_LOST_SQLSTATE = "AR001"
+# the run columns an engine commit may set (`set_fields`) and add to (`incr_fields`)
+RUN_SET_FIELDS = [
+    "status", "lease_owner", "lease_expires_at", "enqueued_at", "cancel_requested", "step_count",
+    "output", "error", "stop_reason", "started_at", "finished_at",
+]
+RUN_INCR_FIELDS = ["prompt_tokens", "completion_tokens", "cost_usd"]
+
+
+def _column(field: models.Field, conn: Any) -> tuple[str, str]:
+    return field.column, field.db_type(conn)
+
+
+def _value(source: str, column: str, db_type: str) -> str:
+    if db_type == "jsonb":
+        return f"nullif({source}->'{column}', 'null'::jsonb)"
+    return f"({source}->>'{column}')::{db_type}"
+
+
+def _assign(target: str, source: str, column: str, db_type: str) -> str:
+    return f"{column} = CASE WHEN {source} ? '{column}' THEN {_value(source, column, db_type)} ELSE {target}.{column} END"
+
+
+def _fields(model: type[models.Model], conn: Any, exclude: set[str]) -> list[tuple[str, str]]:
+    return [
+        _column(f, conn) for f in model._meta.concrete_fields
+        if f.column not in exclude and not isinstance(f, models.AutoField | models.BigAutoField)
+    ]
+
+
+def function_sql(conn: Any) -> str:
+    run_t, step_t = Run._meta.db_table, Step._meta.db_table
+    attempt_t, event_t = StepAttempt._meta.db_table, RunEvent._meta.db_table
+    run_sets = [
+        _assign("r", "v_set", *_column(Run._meta.get_field(name), conn)) for name in RUN_SET_FIELDS
+    ]
+    run_incr = []
+    for name in RUN_INCR_FIELDS:
+        column, db_type = _column(Run._meta.get_field(name), conn)
+        run_incr.append(f"{column} = r.{column} + coalesce((v_incr->>'{column}')::{db_type}, 0)")
+    step_cols = _fields(Step, conn, {"id"})
+    attempt_cols = _fields(StepAttempt, conn, set())
+    attempt_names = ", ".join(c for c, _ in attempt_cols)
+    attempt_patch = [c for c in attempt_cols if c[0] not in {"step_id", "number"}]
+    newline = ",\n        "
+    return f"""
+CREATE OR REPLACE FUNCTION {FUNCTION}(p jsonb)
+RETURNS TABLE (out_seq bigint, out_cancel boolean)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_run uuid := (p->>'run')::uuid;
+    v_now timestamptz := (p->>'now')::timestamptz;
+    v_set jsonb := coalesce(p->'set', '{{}}'::jsonb);
+    v_incr jsonb := coalesce(p->'incr', '{{}}'::jsonb);
+    v_n integer := coalesce(jsonb_array_length(p->'events'), 0);
+    v_seq bigint;
+    v_cancel boolean;
+BEGIN
+    IF p ? 'new_run' THEN
+        INSERT INTO {run_t} SELECT * FROM jsonb_populate_record(NULL::{run_t}, p->'new_run');
+    END IF;
+    UPDATE {run_t} AS r SET
+        last_seq = r.last_seq + v_n,
+        updated_at = v_now,
+        {newline.join(run_sets)},
+        {newline.join(run_incr)}
+    WHERE r.id = v_run AND (NOT p ? 'owner' OR r.lease_owner = p->>'owner')
+    RETURNING r.last_seq, r.cancel_requested INTO v_seq, v_cancel;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = '{LEASE_LOST_SQLSTATE}',
+            MESSAGE = 'run ' || v_run || ' is gone or its lease moved to another worker';
+    END IF;
+    IF p ? 'steps' THEN
+        INSERT INTO {step_t} SELECT * FROM jsonb_populate_recordset(NULL::{step_t}, p->'steps');
+    END IF;
+    IF p ? 'step_updates' THEN
+        UPDATE {step_t} AS t SET
+            {(newline + "    ").join(_assign("t", "u.v", c, d) for c, d in step_cols)}
+        FROM jsonb_array_elements(p->'step_updates') AS u(v)
+        WHERE t.id = (u.v->>'id')::uuid;
+    END IF;
+    IF p ? 'attempts' THEN
+        INSERT INTO {attempt_t} ({attempt_names})
+        SELECT {attempt_names} FROM jsonb_populate_recordset(NULL::{attempt_t}, p->'attempts');
+    END IF;
+    IF p ? 'attempt_updates' THEN
+        UPDATE {attempt_t} AS t SET
+            {(newline + "    ").join(_assign("t", "u.v", c, d) for c, d in attempt_patch)}
+        FROM jsonb_array_elements(p->'attempt_updates') AS u(v)
+        WHERE t.step_id = (u.v->>'step_id')::uuid AND t.number = (u.v->>'number')::integer;
+    END IF;
+    IF v_n > 0 THEN
+        INSERT INTO {event_t} (run_id, seq, type, data, created_at)
+        SELECT v_run, v_seq - v_n + e.i, e.v->>0, e.v->1, v_now
+        FROM jsonb_array_elements(p->'events') WITH ORDINALITY AS e(v, i);
+    END IF;
+    RETURN QUERY SELECT v_seq, v_cancel;
+END
+$fn$;
+"""
+
+
+DROP_SQL = f"DROP FUNCTION IF EXISTS {FUNCTION}(jsonb)"
+
+
+def install(apps: Any, schema_editor: Any) -> None:
+    if schema_editor.connection.vendor == "postgresql":  # nothing to install on SQLite
+        schema_editor.execute(function_sql(schema_editor.connection))
+
+
+def uninstall(apps: Any, schema_editor: Any) -> None:
+    if schema_editor.connection.vendor == "postgresql":  # nothing to install on SQLite
+        schema_editor.execute(DROP_SQL)

@@ -1,0 +1,250 @@
+"""The PostgreSQL store: an engine commit is one call of `agentruns_commit(jsonb)`.
+
+The client sends the constant statement `SELECT * FROM agentruns_commit(%s::jsonb)` with one
+JSON document (encoded by the C json module); the function (`pg_function.py`) writes the fenced
+run update, the events and the batch's step and attempt rows. Unfenced appends and the lease
+claim are one statement each: the run UPDATE and the event INSERT as a data-modifying CTE.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import date, datetime, time
+from decimal import Decimal
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections, models
+from django.utils import timezone
+
+from agentruns.models import Run, RunEvent, RunStatus, Step, StepAttempt
+from agentruns.runtime.events import EventSpec, LeaseLost
+from agentruns.runtime.nudges import nudge_on_commit
+from agentruns.runtime.store.base import RunStore
+from agentruns.runtime.store.pg_function import FUNCTION, LEASE_LOST_SQLSTATE
+from agentruns.runtime.store.rows import WriteBatch
+from agentruns.runtime.store.sql import run_update_sql, run_value
+
+_django_default = DjangoJSONEncoder().default
+
+
+def _json_default(value: Any) -> Any:
+    # full precision (DjangoJSONEncoder would cut datetimes to milliseconds)
+    if isinstance(value, datetime | date | time):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID | Decimal):
+        return str(value)
+    return _django_default(value)
+
+
+def dumps(payload: Any) -> str:
+    return json.dumps(payload, default=_json_default, separators=(",", ":"))
+
+
+# ---------------------------------------------------------------- rows as JSON objects
+_SPECS: dict[type[models.Model], tuple[list[tuple[str, str]], list[tuple[str, str, Any]], list[str]]] = {}
+
+
+def _text(value: Any) -> Any:
+    return str(value)
+
+
+def _iso(value: Any) -> Any:
+    return value.isoformat()
+
+
+def _spec(model: type[models.Model]) -> tuple[list[tuple[str, str]], list[tuple[str, str, Any]], list[str]]:
+    """How `row` reads a model: (column, attname) of values JSON takes as they are, (column,
+    attname, to-JSON) of the others, and the attnames stamped with `now` when empty. Converting
+    here keeps the JSON encoder on its C fast path."""
+    spec = _SPECS.get(model)
+    if spec is None:
+        plain, converted, stamped = [], [], []
+        for f in model._meta.concrete_fields:
+            if isinstance(f, models.AutoField | models.BigAutoField):
+                continue
+            if getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False):
+                stamped.append(f.attname)
+            if isinstance(f, models.DateTimeField | models.DateField | models.TimeField):
+                converted.append((f.column, f.attname, _iso))
+            elif isinstance(f, models.UUIDField | models.DecimalField) or (
+                f.is_relation and isinstance(f.target_field, models.UUIDField)
+            ):
+                converted.append((f.column, f.attname, _text))
+            else:
+                plain.append((f.column, f.attname))
+        spec = _SPECS[model] = (plain, converted, stamped)
+    return spec
+
+
+def row(obj: models.Model, now: datetime) -> dict[str, Any]:
+    """The INSERT row of `obj` (its defaults were applied when it was built)."""
+    plain, converted, stamped = _spec(type(obj))
+    attrs = obj.__dict__  # concrete field values live here (none is deferred on a new row)
+    for attname in stamped:
+        if attrs[attname] is None:
+            attrs[attname] = now
+    values = {column: attrs[attname] for column, attname in plain}
+    for column, attname, convert in converted:
+        value = attrs[attname]
+        values[column] = None if value is None else convert(value)
+    obj._state.adding = False
+    obj._state.db = DEFAULT_DB_ALIAS  # the engine writes through the default connection
+    return values
+
+
+def patch(obj: models.Model, fields: list[str], key: dict[str, Any]) -> dict[str, Any]:
+    """An UPDATE of `fields` of the row identified by `key` (column -> value)."""
+    meta = obj._meta
+    values = dict(key)
+    for name in fields:
+        field = meta.get_field(name)
+        values[field.column] = getattr(obj, field.attname)
+    return values
+
+
+def batch_rows(batch: WriteBatch, now: datetime) -> dict[str, list[dict[str, Any]]]:
+    """The batch as the function takes it: steps, attempts, step_updates, attempt_updates."""
+    out: dict[str, list[dict[str, Any]]] = {"steps": [], "attempts": [], "step_updates": [], "attempt_updates": []}
+    for obj in batch.inserts:
+        kind = "steps" if isinstance(obj, Step) else "attempts" if isinstance(obj, StepAttempt) else None
+        if kind is None:
+            raise TypeError(f"WriteBatch cannot insert {type(obj).__name__} on PostgreSQL")
+        out[kind].append(row(obj, now))
+    for obj, fields, where in batch.updates:
+        if isinstance(obj, Step) and where is None:
+            out["step_updates"].append(patch(obj, fields, {"id": obj.pk}))
+        elif isinstance(obj, StepAttempt) and where is not None and set(where) == {"step", "number"}:
+            out["attempt_updates"].append(patch(obj, fields, {"step_id": where["step"], "number": where["number"]}))
+        else:
+            raise TypeError(f"WriteBatch cannot update {type(obj).__name__} by {where} on PostgreSQL")
+    return {k: v for k, v in out.items() if v}
+
+
+def call_function(
+    run_id: uuid.UUID,
+    owner: str | None,
+    events: list[EventSpec],
+    *,
+    now: datetime,
+    set_fields: dict[str, Any] | None = None,
+    incr_fields: dict[str, Any] | None = None,
+    new_run: dict[str, Any] | None = None,
+    rows: dict[str, list[dict[str, Any]]] | None = None,
+    end_transaction: bool = False,
+) -> tuple[int, bool]:
+    """One call of the commit function; returns (last seq, cancel_requested).
+
+    `end_transaction`: the caller's transaction.atomic() block ends right after this call, so the
+    COMMIT rides in the same round trip (psycopg then skips its own COMMIT: the server is idle)."""
+    payload: dict[str, Any] = {"run": str(run_id), "now": now.isoformat(), "events": events}
+    if owner is not None:
+        payload["owner"] = owner
+    if set_fields:
+        payload["set"] = set_fields
+    if incr_fields:
+        payload["incr"] = incr_fields
+    if new_run is not None:
+        payload["new_run"] = new_run
+    if rows:
+        payload.update(rows)
+    sql = f"SELECT * FROM {FUNCTION}(%s::jsonb)"
+    if end_transaction:
+        sql += "; COMMIT"
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [dumps(payload)])
+            last_seq, cancel = cursor.fetchone()
+    except DatabaseError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) == LEASE_LOST_SQLSTATE:
+            if owner is None:
+                raise Run.DoesNotExist(str(run_id)) from None
+            raise LeaseLost(str(run_id)) from None
+        raise
+    nudge_on_commit(run_id, last_seq)
+    return int(last_seq), bool(cancel)
+
+
+def _outermost_atomic(db: Any) -> bool:
+    # the COMMIT may ride along only when this is the outermost atomic block, no savepoints
+    return db.in_atomic_block and not db.savepoint_ids and len(db.atomic_blocks) == 1
+
+
+def record_statement(
+    run_id: uuid.UUID | str,
+    events: list[EventSpec],
+    *,
+    lease_owner: str | None = None,
+    set_fields: dict[str, Any] | None = None,
+    incr_fields: dict[str, Any] | None = None,
+    default_fields: dict[str, Any] | None = None,
+    where: tuple[str, list[Any]] | None = None,
+) -> tuple[str, list[Any]]:
+    """The run UPDATE and the event INSERT as ONE statement (a data-modifying CTE). Its rows are
+    `(seq, cancel_requested)`, none when the run (or the lease) is gone or `where` does not hold."""
+    update, params = run_update_sql(
+        run_id, len(events), lease_owner=lease_owner, set_fields=set_fields,
+        incr_fields=incr_fields, default_fields=default_fields, where=where,
+    )
+    values = ", ".join(["(%s::int, %s::text, %s::jsonb)"] * len(events))
+    for i, (etype, data) in enumerate(events):
+        params += [i, str(etype), json.dumps(data, cls=DjangoJSONEncoder)]
+    params += [run_value("id", run_id), len(events) - 1, run_value("updated_at", timezone.now())]
+    sql = (
+        f"WITH r AS ({update}), v(i, t, d) AS (VALUES {values}) "
+        f"INSERT INTO {RunEvent._meta.db_table} (run_id, seq, type, data, created_at) "
+        "SELECT %s, r.last_seq - %s + v.i, v.t, v.d, %s FROM r, v "
+        "RETURNING seq, (SELECT cancel_requested FROM r)"
+    )
+    return sql, params
+
+
+class PostgresStore(RunStore):
+    create_is_one_statement = True
+
+    def commit(self, run_id, owner, events, *, now, set_fields=None, incr_fields=None, batch=None,
+               end_transaction=False) -> tuple[int, bool]:
+        db = connections[DEFAULT_DB_ALIAS]  # one lookup through the thread-local proxy, not five
+        return call_function(
+            run_id, owner, events, now=now, set_fields=set_fields, incr_fields=incr_fields,
+            rows=batch_rows(batch, now) if batch is not None else None,
+            end_transaction=end_transaction and _outermost_atomic(db),
+        )
+
+    def append(self, run_id, events, *, set_fields=None, incr_fields=None) -> int:
+        if not events:
+            sql, params = run_update_sql(run_id, 0, set_fields=set_fields, incr_fields=incr_fields)
+        else:
+            sql, params = record_statement(run_id, events, set_fields=set_fields, incr_fields=incr_fields)
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
+        if not rows:
+            raise Run.DoesNotExist(str(run_id))
+        last_seq = max(int(r[0]) for r in rows)
+        if events:
+            nudge_on_commit(run_id, last_seq)
+        return last_seq
+
+    def create_run(self, run, events, *, owner, now) -> int:
+        last_seq, _ = call_function(run.id, owner, events, now=now, new_run=row(run, now))
+        return last_seq
+
+    def claim(self, run_id, owner, events, *, lease, now) -> bool:
+        if connection.in_atomic_block:  # inside a caller's transaction: the generic path
+            return super().claim(run_id, owner, events, lease=lease, now=now)
+        # the common case in one round trip: queued -> running, the lease, and its event
+        sql, params = record_statement(
+            run_id, events,
+            set_fields={"status": RunStatus.RUNNING, **lease}, default_fields={"started_at": now},
+            where=("status = %s AND (lease_expires_at IS NULL OR lease_expires_at < %s)",
+                   [RunStatus.QUEUED, now]),
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
+        if rows:
+            nudge_on_commit(run_id, max(int(r[0]) for r in rows))
+            return True
+        return self.relet_abandoned(run_id, lease=lease, now=now)

@@ -1,0 +1,98 @@
+"""Recovery: re-ring runs whose worker died or whose doorbell was lost (DESIGN.md 4.3).
+
+`sweep()` is safe anywhere, any number of times at once: each run is re-rung by a
+compare-and-set on `enqueued_at`. It runs as a fast loop in every `qcluster` (`SweeperLoop`),
+once at its start, and as a q2 schedule (the backstop; schedules fire at 30 s granularity).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import datetime, timedelta
+
+from django.db import close_old_connections, connection, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from agentruns.conf import conf
+from agentruns.models import Run, RunStatus, WorkerHeartbeat
+from agentruns.runtime.ids import worker_name
+from agentruns.runtime.queue import enqueue
+from approvals.parking import expire_due_approvals
+
+log = logging.getLogger(__name__)
+
+SWEEP_SCHEDULE_NAME = "agentruns.sweep"
+# stored in the schedule row: renaming it strands the schedule
+SWEEP_TASK = "agentruns.tasks.scheduled_sweep"
+
+
+def sweep(now: datetime | None = None) -> int:
+    """Re-enqueue live runs whose lease expired (their worker died) or whose task was lost,
+    and expire overdue approvals. Returns how many runs were rung."""
+    now = now or timezone.now()
+    ttl = timedelta(seconds=conf.LEASE_TTL_SECONDS)
+    resweep = max(ttl, timedelta(seconds=5))
+    # A lease renewed after the last doorbell (expiry - TTL > enqueued_at) means a worker took
+    # that task and died: ring again at once, so a killed worker's run continues within
+    # lease TTL + sweep interval. Otherwise the task may still sit in the queue: wait `resweep`.
+    claimed_since_doorbell = Q(lease_expires_at__gt=F("enqueued_at") + ttl)
+    stale = (
+        Run.objects.filter(status__in=[RunStatus.QUEUED, RunStatus.RUNNING])
+        .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
+        .filter(Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=now - resweep) | claimed_since_doorbell)
+        .values_list("id", "enqueued_at")[:500]
+    )
+    rung = 0
+    for run_id, enqueued_at in list(stale):
+        with transaction.atomic():
+            # compare-and-set so two sweepers ring the doorbell once
+            if Run.objects.filter(id=run_id, enqueued_at=enqueued_at).update(enqueued_at=now):
+                enqueue(run_id)
+                rung += 1
+    expired = expire_due_approvals(now)
+    if rung or expired:
+        log.info("sweeper: re-enqueued %d run(s), expired %d approval(s)", rung, expired)
+    return rung
+
+
+def record_heartbeat(name: str, swept: bool) -> None:
+    now = timezone.now()
+    defaults = {"last_seen_at": now}
+    if swept:
+        defaults["last_sweep_at"] = now
+    WorkerHeartbeat.objects.update_or_create(worker=name, defaults=defaults)
+
+
+def ensure_schedule() -> None:
+    from django_q.models import Schedule  # q2's models: only once apps are ready
+
+    Schedule.objects.update_or_create(
+        name=SWEEP_SCHEDULE_NAME,
+        defaults={
+            "func": SWEEP_TASK, "schedule_type": Schedule.MINUTES, "minutes": 1, "repeats": -1,
+        },
+    )
+
+
+class SweeperLoop(threading.Thread):
+    """The fast sweeper: every AGENTRUNS_SWEEP_INTERVAL_SECONDS, in the qcluster process."""
+
+    def __init__(self, name: str | None = None) -> None:
+        super().__init__(name="agentruns-sweeper", daemon=True)
+        self.worker = name or f"qcluster@{worker_name()}"
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        interval = conf.SWEEP_INTERVAL_SECONDS
+        while not self.stopped.is_set():
+            try:
+                close_old_connections()
+                sweep()
+                record_heartbeat(self.worker, swept=True)
+            except Exception:
+                log.warning("sweeper pass failed", exc_info=True)
+                connection.close()
+            self.stopped.wait(interval)
+        connection.close()

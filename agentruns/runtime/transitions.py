@@ -1,0 +1,128 @@
+"""Every change of `Run.status`, in one place: the fields it sets and the events it appends.
+
+The executor applies a `RunChange` through its fenced commit (it holds the lease); services,
+decisions and the sweeper apply theirs through `apply` (unfenced, inside their transaction).
+Either way the fields and the `run.status` event are the ones written here, so a run's
+timeline reads the same whoever moved it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from agentruns.models import Run, RunStatus
+from agentruns.runtime.events import EventSpec, EventType
+from agentruns.runtime.nudges import nudge_on_commit
+from agentruns.runtime.queue import enqueue
+from agentruns.runtime.store import get_store
+
+
+class ActionRefused(Exception):
+    """The action does not apply to the run in its current state (a 409 for the API)."""
+
+
+# a run nobody executes holds no lease
+RELEASED: dict[str, Any] = {"lease_owner": "", "lease_expires_at": None}
+
+
+@dataclass
+class RunChange:
+    fields: dict[str, Any]
+    events: list[EventSpec] = field(default_factory=list)
+
+    def then(self, *events: EventSpec) -> RunChange:
+        return RunChange(self.fields, [*self.events, *events])
+
+    def after(self, *events: EventSpec) -> RunChange:
+        return RunChange(self.fields, [*events, *self.events])
+
+    def apply_to(self, run: Run) -> None:
+        """Mirror the change on an instance the caller keeps using."""
+        for name, value in self.fields.items():
+            setattr(run, name, value)
+
+
+def _status_event(status: str, **data: Any) -> EventSpec:
+    return (EventType.RUN_STATUS, {"status": status, **data})
+
+
+# ------------------------------------------------------------------ the changes
+def started() -> RunChange:
+    """queued -> running (the executor's claim adds its lease)."""
+    return RunChange({"status": RunStatus.RUNNING}, [_status_event(RunStatus.RUNNING)])
+
+
+def finished(status: str, *, output: str = "", error: str = "", stop_reason: str = "") -> RunChange:
+    """-> succeeded / failed / cancelled: the run ends, with its reason."""
+    events: list[EventSpec] = [(EventType.RUN_OUTPUT, {"text": output})] if output else []
+    events.append(_status_event(status, error=error, stop_reason=stop_reason))
+    fields = {
+        "status": status, "output": output, "error": error, "stop_reason": stop_reason,
+        "finished_at": timezone.now(), "cancel_requested": False, **RELEASED,
+    }
+    return RunChange(fields, events)
+
+
+def parked() -> RunChange:
+    """running -> waiting: a step needs a human; the run holds no lease and no worker."""
+    return RunChange({"status": RunStatus.WAITING, **RELEASED}, [_status_event(RunStatus.WAITING)])
+
+
+def yielded(now: datetime) -> RunChange:
+    """running -> queued: the run gives its worker back (time slice) and rings again."""
+    return RunChange(
+        {"status": RunStatus.QUEUED, "enqueued_at": now, **RELEASED},
+        [_status_event(RunStatus.QUEUED, reason="time slice")],
+    )
+
+
+def requeued(now: datetime) -> RunChange:
+    """failed -> queued (retry, a resolved step): the run continues where it stopped."""
+    return RunChange(
+        {
+            "status": RunStatus.QUEUED, "error": "", "stop_reason": "", "finished_at": None,
+            "cancel_requested": False, "enqueued_at": now, **RELEASED,
+        },
+        [_status_event(RunStatus.QUEUED)],
+    )
+
+
+def cancelled(error: str) -> RunChange:
+    return finished(RunStatus.CANCELLED, error=error, stop_reason="cancelled")
+
+
+def aborted(error: str) -> RunChange:
+    """waiting -> failed: staff aborted after an unknown outcome."""
+    return finished(RunStatus.FAILED, error=error, stop_reason="aborted")
+
+
+# ------------------------------------------------------------------ applying them (no lease)
+def apply(run_id: uuid.UUID | str, change: RunChange) -> int:
+    """Write `change` for a writer that holds no lease (inside its transaction)."""
+    return get_store().append(run_id, change.events, set_fields=change.fields)
+
+
+def resume_parked(run_id: uuid.UUID | str, events: list[EventSpec]) -> bool:
+    """A decision resumes a parked run: waiting -> queued, rung on commit. A cancelled or
+    finished run only gets the audit `events`. Returns whether the run was resumed."""
+    now = timezone.now()
+    resumed = bool(
+        Run.objects.filter(id=run_id, status=RunStatus.WAITING).update(
+            status=RunStatus.QUEUED, enqueued_at=now
+        )
+    )
+    if resumed:
+        events = [*events, _status_event(RunStatus.QUEUED)]
+    get_store().append(run_id, events)
+    if resumed:
+        # on commit: a worker must never pick the task up before the decision is visible, and a
+        # rolled-back decision must not ring at all (the sweeper re-rings a queued run if lost)
+        transaction.on_commit(lambda: enqueue(run_id))
+    nudge_on_commit(uuid.UUID(str(run_id)), 0, inbox=True)
+    return resumed

@@ -1,0 +1,186 @@
+"""The runtime's side of the inbox: park a step for a human, withdraw it, expire it.
+
+Called by the executor (open an approval or a reconciliation), by cancelling (withdraw) and by
+the sweeper (expire). Staff decisions live in `services.py`; both use the compare-and-set
+`settle` here, so "first decision wins" is one rule whoever decides.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from agentruns.conf import conf
+from agentruns.models import Run, Step
+from agentruns.runtime.events import EventSpec, EventType
+from agentruns.runtime.ids import actor_name
+from agentruns.runtime.nudges import nudge_on_commit
+from agentruns.runtime.redaction import redact_fields
+from agentruns.runtime.timestamps import iso
+from agentruns.runtime.transitions import resume_parked
+from approvals.models import Approval, ApprovalKind, ApprovalStatus
+
+
+class AlreadyDecided(Exception):
+    """Somebody (or the sweeper, or a cancel) decided first; nothing was changed."""
+
+    def __init__(self, approval: Approval) -> None:
+        self.approval = approval
+        self.who = approval.decided_by.get_username() if approval.decided_by else "the system"
+        self.when = approval.decided_at
+        when = self.when.isoformat(timespec="seconds") if self.when else "earlier"
+        if approval.resolution == "withdrawn":
+            what = f"withdrawn ({approval.reason})" if approval.reason else "withdrawn"
+        elif approval.resolution:
+            what = f'resolved as "{approval.resolution}"'
+        else:
+            what = str(approval.status)
+        super().__init__(f"already {what} by {self.who} at {when}")
+
+
+class DecisionError(Exception):
+    """The decision is not acceptable as given (bad arguments, over the approver's limit)."""
+
+
+# ------------------------------------------------------------------ opened by the engine
+def open_approval(step: Step, agent: str) -> Approval:
+    expiry = conf.APPROVAL_EXPIRY_SECONDS
+    approval = Approval.objects.create(
+        step=step,
+        run_id=step.run_id,
+        kind=ApprovalKind.APPROVAL,
+        agent=agent,
+        tool=step.tool,
+        requested_args=step.arguments,
+        expires_at=timezone.now() + timedelta(seconds=expiry) if expiry > 0 else None,
+    )
+    nudge_on_commit(step.run_id, 0, inbox=True)
+    return approval
+
+
+def _decision_record(approval: Approval) -> dict:
+    return {
+        "kind": approval.kind,
+        "status": approval.status,
+        "decided_by": approval.decided_by.get_username() if approval.decided_by else None,
+        "decided_at": iso(approval.decided_at),
+        "reason": approval.reason,
+        "requested_args": approval.requested_args,
+        "edited_args": approval.edited_args,
+        "resolution": approval.resolution,
+        "resolution_result": approval.resolution_result,
+    }
+
+
+def open_reconciliation(step: Step, agent: str) -> Approval:
+    """The step's outcome is unknown; the step's one Approval row is reused, and an earlier
+    decision on it (who approved the call before it was interrupted) moves to its history."""
+    earlier = Approval.objects.select_related("decided_by").filter(step=step).first()
+    history = [*earlier.history, _decision_record(earlier)] if earlier is not None else []
+    approval, _ = Approval.objects.update_or_create(
+        step=step,
+        defaults={
+            "history": history,
+            "run_id": step.run_id,
+            "kind": ApprovalKind.RECONCILIATION,
+            "status": ApprovalStatus.PENDING,
+            "agent": agent,
+            "tool": step.tool,
+            "requested_args": step.arguments,
+            "decided_by": None,
+            "decided_at": None,
+            "resolution": "",
+            "expires_at": None,
+        },
+    )
+    nudge_on_commit(step.run_id, 0, inbox=True)
+    return approval
+
+
+def withdraw_approvals(run: Run, *, reason: str) -> list[int]:
+    ids = list(Approval.objects.filter(run=run, status=ApprovalStatus.PENDING).values_list("id", flat=True))
+    if ids:
+        Approval.objects.filter(id__in=ids, status=ApprovalStatus.PENDING).update(
+            status=ApprovalStatus.RESOLVED, resolution="withdrawn", reason=reason, decided_at=timezone.now(),
+        )
+        nudge_on_commit(run.id, 0, inbox=True)
+    return ids
+
+
+# ------------------------------------------------------------------ first decision wins
+def settle(approval_id: int, kind: str, user: Any, **changes: Any) -> Approval:
+    """Compare-and-set pending -> decided; the loser gets AlreadyDecided.
+
+    The conditional UPDATE is the arbiter: on PostgreSQL a concurrent decider blocks on the row
+    lock, re-reads `status` after the winner commits, matches nothing and loses.
+    """
+    won = Approval.objects.filter(id=approval_id, kind=kind, status=ApprovalStatus.PENDING).update(
+        decided_by=user if getattr(user, "is_authenticated", False) else None,
+        decided_at=timezone.now(), **changes,
+    )
+    approval = Approval.objects.select_related("step", "run", "decided_by").get(id=approval_id)
+    if not won:
+        refuse_if_decided(approval, kind)
+    return approval
+
+
+def refuse_if_decided(approval: Approval, kind: str) -> None:
+    if approval.status != ApprovalStatus.PENDING:
+        raise AlreadyDecided(approval)
+    if approval.kind != kind:
+        raise DecisionError(f"this item is {_a(approval.kind)}, not {_a(kind)}")
+
+
+def _a(noun: str) -> str:
+    return f"an {noun}" if noun[:1] in "aeiou" else f"a {noun}"
+
+
+def decided_event(approval: Approval, user: Any, decision: str, **extra: Any) -> EventSpec:
+    return (
+        EventType.APPROVAL_DECIDED,
+        {
+            "approval": approval.id,
+            "kind": approval.kind,
+            "step": approval.step.index,
+            "tool": approval.tool,
+            "decision": decision,
+            "by": actor_name(user),
+            "at": iso(approval.decided_at),
+            "reason": approval.reason,
+            **extra,
+        },
+    )
+
+
+def reject_parked(approval_id: int, *, user: Any, reason: str, status: str = ApprovalStatus.REJECTED) -> Approval:
+    """Settle as rejected (or expired); the agent receives `{"error": "rejected", "reason": ...}`
+    as the tool's result, so it can tell the customer why. Inside the caller's transaction."""
+    approval = settle(approval_id, ApprovalKind.APPROVAL, user, status=status, reason=reason)
+    approval.step.reject(reason)
+    requested = redact_fields(approval.requested_args, approval.hidden_fields)
+    resume_parked(approval.run_id, [decided_event(approval, user, str(status), requested=requested)])
+    return approval
+
+
+def expire_due_approvals(now: Any = None) -> int:
+    """Called by the sweeper: pending approvals past their expiry are rejected as "expired".
+
+    Runs in every sweeper at once without harm: each item is claimed by the compare-and-set.
+    """
+    now = now or timezone.now()
+    due = Approval.objects.filter(
+        status=ApprovalStatus.PENDING, kind=ApprovalKind.APPROVAL, expires_at__lte=now
+    ).values_list("id", flat=True)[:200]
+    expired = 0
+    for approval_id in list(due):
+        try:
+            with transaction.atomic():
+                reject_parked(approval_id, user=None, reason="expired", status=ApprovalStatus.EXPIRED)
+            expired += 1
+        except AlreadyDecided:
+            pass  # a person (or another sweeper) decided first
+    return expired
+

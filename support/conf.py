@@ -1,0 +1,23 @@
+"""The demo's settings (REFUND_*), typed and read once like the runtime's (agentruns/conf.py)."""
+
+from __future__ import annotations
+
+from agentruns.conf import Conf, Setting
+
+
+def _gateway_url() -> str:
+    from django.conf import settings
+
+    return settings.APP_BASE_URL.rstrip("/") + "/gateway"
+
+
+demo_conf = Conf(
+    (
+        Setting("REFUND_GATEWAY_URL", str, _gateway_url, "where `issue_refund` sends refunds"),
+        Setting("REFUND_GATEWAY_DELAY_MS", int, 0, "the gateway's simulated latency", 0),
+        Setting("REFUND_GATEWAY_FAIL", bool, False, "the gateway answers 503 to every refund"),
+        Setting("REFUND_GATEWAY_TIMEOUT_SECONDS", float, 10, "the tool's HTTP timeout", 0.1),
+        Setting("REFUND_APPROVAL_THRESHOLD_CENTS", int, 0, "refunds above it need approval", 0),
+    ),
+    prefix="REFUND_",
+)
