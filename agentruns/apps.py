@@ -3,6 +3,8 @@ from importlib import import_module
 from django.apps import AppConfig
 from django.utils.module_loading import autodiscover_modules
 
+from agentruns.conf import check_environment, conf, connect_reload
+
 
 class AgentRunsConfig(AppConfig):
     name = "agentruns"
@@ -10,8 +12,6 @@ class AgentRunsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from .conf import check_environment, conf, connect_reload
-
         connect_reload()
         conf.load_all()  # a bad value stops every process at start-up, not mid-run
         check_environment()

@@ -17,7 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+# importing django.conf is safe from config/settings.py: only attribute access loads settings
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
 
 PREFIX = "AGENTRUNS_"
 _TRUE = {"1", "true", "yes", "on"}
@@ -103,8 +106,6 @@ class Setting:
     minimum: float | None = None
 
     def read(self) -> Any:
-        from django.conf import settings
-
         raw = getattr(settings, self.name, None)
         if raw is None:
             raw = _env(self.name)
@@ -117,8 +118,6 @@ class Setting:
 
 
 def _q_timeout() -> float:
-    from django.conf import settings
-
     return float(settings.Q_CLUSTER.get("timeout") or 120)
 
 
@@ -159,8 +158,6 @@ SETTINGS: tuple[Setting, ...] = (
 
 
 def _base_dir() -> Any:
-    from django.conf import settings
-
     return settings.BASE_DIR
 
 
@@ -217,6 +214,4 @@ def _reload_on_change(*, setting: str, **_: Any) -> None:
 
 
 def connect_reload() -> None:
-    from django.core.signals import setting_changed
-
     setting_changed.connect(_reload_on_change, dispatch_uid="agentruns.conf.reload")

@@ -37,6 +37,7 @@ from prometheus_client.registry import Collector
 from agentruns.conf import conf
 from agentruns.models import Run, RunStatus, Step, StepAttempt, WorkerHeartbeat
 from agentruns.runtime.timestamps import iso
+from approvals.models import Approval
 
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 METRICS_CACHE_KEY = "agentruns:metrics:v1"
@@ -95,8 +96,6 @@ class RuntimeCollector(Collector):
         self.window = window
 
     def collect(self) -> Iterator:
-        from approvals.models import Approval
-
         now = timezone.now()
         started = time.perf_counter()
 

@@ -11,7 +11,7 @@ from django.utils.safestring import mark_safe
 
 from agentruns.runtime.redaction import redact_fields
 from approvals.models import Approval
-from approvals.services import args_diff
+from approvals.parking import args_diff
 
 
 def _pretty(value: object) -> str:

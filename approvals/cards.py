@@ -22,6 +22,7 @@ from agentruns.models import Step, StepAttempt, StepKind
 from agentruns.registry import UnknownTool, get_tool
 from agentruns.runtime.redaction import redact_fields
 from approvals.models import Approval, ApprovalKind
+from approvals.parking import args_diff
 
 # how many earlier steps of a run a card looks at (the customer facts and recent model text)
 CONTEXT_STEPS = 12
@@ -186,8 +187,6 @@ def _card(approval: Approval, earlier: list[Step], attempt: StepAttempt | None) 
         request_text = json.dumps(run_input, ensure_ascii=False)[:500]
     diff: dict = {}
     if approval.edited_args is not None:
-        from approvals.services import args_diff
-
         diff = args_diff(requested, redact_fields(approval.edited_args, hidden))
     return Card(
         approval=approval,

@@ -138,6 +138,14 @@ def _a(noun: str) -> str:
     return f"an {noun}" if noun[:1] in "aeiou" else f"a {noun}"
 
 
+def args_diff(before: dict, after: dict) -> dict:
+    return {
+        k: {"from": before.get(k), "to": after.get(k)}
+        for k in sorted(set(before) | set(after))
+        if before.get(k) != after.get(k)
+    }
+
+
 def decided_event(approval: Approval, user: Any, decision: str, **extra: Any) -> EventSpec:
     return (
         EventType.APPROVAL_DECIDED,

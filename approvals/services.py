@@ -29,6 +29,7 @@ from approvals.models import Approval, ApprovalKind, ApprovalStatus
 from approvals.parking import (
     AlreadyDecided,
     DecisionError,
+    args_diff,
     decided_event,
     refuse_if_decided,
     reject_parked,
@@ -70,14 +71,6 @@ def check_limit(user: Any, args: dict) -> None:
             f"{amount / 100:,.2f} is above your approval limit of {limit / 100:,.2f}: "
             "lower the amount or ask a lead to approve"
         )
-
-
-def args_diff(before: dict, after: dict) -> dict:
-    return {
-        k: {"from": before.get(k), "to": after.get(k)}
-        for k in sorted(set(before) | set(after))
-        if before.get(k) != after.get(k)
-    }
 
 
 def approve(

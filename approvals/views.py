@@ -21,6 +21,7 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
 from agentruns.registry import UnknownTool, all_agents, get_tool
+from agentruns.selectors.pagination import encode_cursor
 from approvals.cards import build_cards, card_for
 from approvals.models import Approval, ApprovalKind
 from approvals.selectors import AGES, InboxFilters, inbox_page
@@ -33,14 +34,12 @@ DECIDE_PERMISSION = "approvals.decide_approval"
 
 def _inbox_context(request: HttpRequest) -> dict[str, Any]:
     filters = InboxFilters.from_query(request.GET)
-    page = inbox_page(
-        filters, before=request.GET.get("before"), after=request.GET.get("after"), size=PAGE_SIZE
-    )
+    page = inbox_page(filters, older=request.GET.get("older"), newer=request.GET.get("newer"), size=PAGE_SIZE)
     filter_query = {k: v for k, v in (("kind", filters.kind), ("agent", filters.agent), ("age", filters.age)) if v}
     position = {}
     if not page.is_first and page.items:
         # the poll keeps showing this page: anchored just above its newest item
-        position = {"before": _cursor_above(page)}
+        position = {"older": _cursor_above(page)}
     can_decide = request.user.has_perm(DECIDE_PERMISSION)
     signature = page_signature(page, can_decide)
     if request.htmx and request.GET.get("sig") == signature:
@@ -60,11 +59,9 @@ def _inbox_context(request: HttpRequest) -> dict[str, Any]:
 
 
 def _cursor_above(page) -> str:
-    from approvals.selectors import encode_cursor
-
     first = page.items[0]
     micros, _, pk = encode_cursor(first).partition("-")
-    # "before (t, id+1)" includes the item itself; ids are unique so nothing else sneaks in
+    # "older than (t, id+1)" includes the item itself; ids are unique so nothing else sneaks in
     return f"{micros}-{int(pk) + 1}"
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from django.conf import settings
+
 from agentruns.conf import Conf, Setting
 
 
 def _gateway_url() -> str:
-    from django.conf import settings
-
     return settings.APP_BASE_URL.rstrip("/") + "/gateway"
 
 

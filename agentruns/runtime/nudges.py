@@ -14,6 +14,8 @@ import threading
 import uuid
 from typing import Any
 
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
 from django.db import transaction
 
 from agentruns.conf import conf
@@ -38,8 +40,6 @@ def _nudges_reach_viewers() -> bool:
 
 def _anyone_listens_here() -> bool:
     """In-memory layer: does any consumer of this process listen to any group at all?"""
-    from channels.layers import get_channel_layer
-
     groups = getattr(get_channel_layer(), "groups", None)
     return groups is None or bool(groups)
 
@@ -93,9 +93,6 @@ def _log_failed_nudge(future: concurrent.futures.Future) -> None:
 def send_nudge(run_id: uuid.UUID | None, seq: int = 0, *, inbox: bool = False) -> None:
     """Tell viewers "new events exist". At-most-once by design: losing one costs latency only."""
     try:
-        from asgiref.sync import async_to_sync
-        from channels.layers import get_channel_layer
-
         layer = get_channel_layer()
         if layer is None:
             return

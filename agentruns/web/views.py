@@ -16,7 +16,7 @@ from django.views.decorators.http import require_POST
 from agentruns import services
 from agentruns.models import Run, RunEvent, RunStatus, Step, StepAttempt
 from agentruns.registry import all_agents
-from agentruns.web.runlist import AGES, RunFilters, run_page
+from agentruns.selectors import AGES, RunFilters, live_turns, run_page
 from agentruns.web.timeline import legend, timeline_svg, view_steps
 
 
@@ -24,7 +24,7 @@ from agentruns.web.timeline import legend, timeline_svg, view_steps
 def run_list(request: HttpRequest) -> HttpResponse:
     """Newest first, filterable, keyset-paginated: constant queries per page at any table size."""
     filters = RunFilters.from_query(request.GET)
-    page = run_page(filters, after=request.GET.get("after", ""), before=request.GET.get("before", ""))
+    page = run_page(filters, older=request.GET.get("older", ""), newer=request.GET.get("newer", ""))
     context = {
         "page": page,
         "filters": filters.as_params(),
@@ -59,17 +59,11 @@ def run_detail(request: HttpRequest, run_id) -> HttpResponse:
             "events": events,
             "svg": timeline_svg(run, steps),
             "legend": legend(steps),
-            "live_text": live_text(run),
+            # the model text up to run.last_seq: the socket continues after it
+            "live_text": live_turns(run.id, run.last_seq),
             "can_operate": request.user.has_perm("agentruns.operate_run"),
         },
     )
-
-
-def live_text(run: Run) -> list:
-    """The model text up to run.last_seq, by the stream client's rules (fragments.live_turns)."""
-    from agentruns.stream.frames import live_turns
-
-    return live_turns(run.id, run.last_seq)
 
 
 @login_required

@@ -227,13 +227,13 @@ def test_keyset_pagination_walks_every_item_once_newest_first(client, approver):
     while url:
         html = client.get(url).content.decode()
         seen += [int(x) for x in re.findall(r'id="approval-(\d+)"', html)]
-        older = re.search(r'href="\?(before=[^"]+)" rel="next"', html)
+        older = re.search(r'href="\?(older=[^"]+)" rel="next"', html)
         url = INBOX + "?" + older.group(1) if older else None
     expected = [a.id for a in sorted(items, key=lambda a: (a.created_at, a.id), reverse=True)]
     assert seen == expected
     # and back: "newer" from the last page lands on the page before it
-    html = client.get(INBOX + "?" + re.search(r'href="\?(before=[^"]+)" rel="next"', client.get(INBOX).content.decode()).group(1)).content.decode()
-    newer = re.search(r'href="\?(after=[^"]+)"', html).group(1)
+    html = client.get(INBOX + "?" + re.search(r'href="\?(older=[^"]+)" rel="next"', client.get(INBOX).content.decode()).group(1)).content.decode()
+    newer = re.search(r'href="\?(newer=[^"]+)"', html).group(1)
     back = [int(x) for x in re.findall(r'id="approval-(\d+)"', client.get(INBOX + "?" + newer.replace("&amp;", "&")).content.decode())]
     assert back == expected[:25]
 
@@ -270,7 +270,7 @@ def test_query_count_with_10000_pending(client, approver):
     assert _queries(client, INBOX) == few
     html = client.get(INBOX).content.decode()
     assert re.search(r'id="pending-count">10000<', html)
-    deep = re.search(r'href="\?(before=[^"]+)" rel="next"', html).group(1)
+    deep = re.search(r'href="\?(older=[^"]+)" rel="next"', html).group(1)
     assert _queries(client, INBOX + "?" + deep) == few
     bulk_pending(1)  # beyond the bounded count: shown as "10000+"
     assert re.search(r'id="pending-count">10000\+<', client.get(INBOX).content.decode())

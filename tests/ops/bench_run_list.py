@@ -40,7 +40,7 @@ def main() -> None:
     from django.utils import timezone
 
     from agentruns.models import Run, Step, StepAttempt
-    from agentruns.web.runlist import RunFilters, run_page
+    from agentruns.selectors.run_list import RunFilters, run_page
 
     setup_test_environment()
     call_command("migrate", verbosity=0)
@@ -92,14 +92,14 @@ def main() -> None:
     deep_cursor = ""
     filters = RunFilters()
     for _ in range(40):  # 40 pages deep = 2,000 rows in
-        deep_cursor = run_page(filters, after=deep_cursor).older or ""
+        deep_cursor = run_page(filters, older=deep_cursor).older or ""
 
     middle = target_run.search_text.split()
     urls = {
         "first page": "/runs/",
         "status=failed": "/runs/?status=failed",
         "agent=triage&age=24h": "/runs/?agent=triage&age=24h",
-        "page 41 (keyset)": f"/runs/?after={deep_cursor}",
+        "page 41 (keyset)": f"/runs/?older={deep_cursor}",
         f"search order {middle[0]}": f"/runs/?q={middle[0]}",
         f"search ticket {middle[1]}": f"/runs/?q={middle[1]}",
         "search run id prefix (8)": f"/runs/?q={str(target_run.id)[:8]}",
@@ -141,9 +141,10 @@ def main() -> None:
         print(f"  {label:32} {took:7.1f} ms  {sql[:110]}")
 
     print("\nplans:")
-    from agentruns.web.runlist import decode_cursor, filtered_runs
+    from agentruns.selectors.pagination import decode_cursor, parse_uuid
+    from agentruns.selectors.run_list import filtered_runs
 
-    at, run_id = decode_cursor(deep_cursor)
+    at, run_id = decode_cursor(deep_cursor, parse_uuid)
     from django.db.models import Q
 
     plans = {

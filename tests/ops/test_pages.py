@@ -12,10 +12,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from agentruns import selectors
+from agentruns.selectors import runs as selectors
 from agentruns.models import Run, RunStatus, Step, StepStatus
 from agentruns.runtime.redaction import MASK
-from agentruns.web.runlist import PAGE_SIZE, RunFilters, id_prefix_range, run_page
+from agentruns.selectors.run_list import PAGE_SIZE, RunFilters, id_prefix_range, run_page
 from tests import testkit
 
 from .conftest import advance, script_run
@@ -128,7 +128,7 @@ def test_pagination_keeps_the_filters(client, operator):
 def test_a_garbled_cursor_is_the_first_page(client, operator):
     client.force_login(operator)
     make_runs(3)
-    assert len(row_ids(client.get("/runs/?after=%%%not-a-cursor"))) == 3
+    assert len(row_ids(client.get("/runs/?older=%%%not-a-cursor"))) == 3
 
 
 # ------------------------------------------------------------------ filters and search
@@ -173,7 +173,7 @@ def test_id_prefix_is_a_primary_key_range():
     assert high == uuid.UUID("1a2b3c4d-5eff-ffff-ffff-ffffffffffff")
     assert id_prefix_range("ORD-1001") is None
     page = run_page(RunFilters(q="zz"))
-    assert page.runs == []
+    assert page.items == []
 
 
 # ------------------------------------------------------------------ navigation counts

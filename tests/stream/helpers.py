@@ -38,8 +38,8 @@ def deltas(step: int, texts: list[str], attempt: int = 1) -> list[tuple[str, dic
 
 
 def expected_text(run_id: uuid.UUID) -> str:
-    """The run's model text by the client's rules, from the database (fragments.live_turns)."""
-    from agentruns.stream.frames import live_turns
+    """The run's model text by the client's rules, from the database (selectors.live_turns)."""
+    from agentruns.selectors import live_turns
 
     run = Run.objects.get(id=run_id)
     return "".join(t.text for t in live_turns(run.id, run.last_seq))

@@ -14,6 +14,7 @@ from agentruns.runtime.providers.base import (
 
 def get_provider(model: str) -> ModelProvider:
     """`scripted` or `openai/<model name>` (DESIGN.md 7)."""
+    # each provider is imported when first chosen: the OpenAI SDK alone takes a few hundred ms
     if model == "scripted" or model.startswith("scripted/"):
         from agentruns.runtime.providers.scripted import ScriptedProvider
 

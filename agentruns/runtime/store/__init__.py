@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from functools import cache
 
+from django.db import connections
+
 from agentruns.runtime.store.base import RunStore
 
 
 @cache
 def get_store() -> RunStore:
-    from django.db import connections
-
+    # only the backend in use is imported
     if connections["default"].vendor == "postgresql":
         from agentruns.runtime.store.postgres import PostgresStore
 

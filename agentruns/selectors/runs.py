@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import uuid
 
+from django.db import connection
+
 from agentruns.models import Run, RunEvent, Step
+from approvals.models import Approval
 
 
 def get_run(run_id: uuid.UUID | str) -> Run | None:
@@ -34,10 +37,6 @@ def nav_counts() -> dict:
     index), so the navigation costs the same on every page whether 10 or 10 million runs failed;
     a capped count shows as "999+".
     """
-    from django.db import connection
-
-    from approvals.models import Approval
-
     run_table = connection.ops.quote_name(Run._meta.db_table)
     approval_table = connection.ops.quote_name(Approval._meta.db_table)
     parts, params = [], []

@@ -1,24 +1,21 @@
-"""The runs list query: filters, search and keyset pagination.
+"""The runs list query: filters, search and keyset pagination (`pagination.py`).
 
-Keyset ("seek") pagination on (created_at, id) instead of OFFSET + COUNT: every page is one
-indexed range scan of PAGE_SIZE + 1 rows, whether the table holds 100 runs or 10 million, and the
-page costs the same number of queries. There is deliberately no total count (a COUNT over 100k
-rows per page view is the thing that gets slow); the navigation shows capped per-status counts.
+There is deliberately no total count (a COUNT over 100k rows per page view is the thing that
+gets slow); the navigation shows capped per-status counts.
 """
 
 from __future__ import annotations
 
-import base64
 import re
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db.models import Q, QuerySet
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
 from agentruns.models import Run, RunStatus
+from agentruns.selectors.pagination import KeysetPage, keyset_page, parse_uuid
 
 AGES: dict[str, timedelta] = {
     "1h": timedelta(hours=1),
@@ -102,61 +99,6 @@ def filtered_runs(filters: RunFilters, now: datetime | None = None) -> QuerySet[
     return runs
 
 
-def encode_cursor(run: Run) -> str:
-    raw = f"{run.created_at.isoformat()}|{run.id}".encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def decode_cursor(token: str) -> tuple[datetime, uuid.UUID] | None:
-    try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
-        stamp, run_id = raw.split("|", 1)
-        created = parse_datetime(stamp)
-        return (created, uuid.UUID(run_id)) if created else None
-    except (ValueError, UnicodeDecodeError):
-        return None
-
-
-@dataclass
-class RunPage:
-    runs: list[Run] = field(default_factory=list)
-    older: str | None = None  # cursor for the next (older) page
-    newer: str | None = None  # cursor for the previous (newer) page
-
-    @property
-    def has_other_pages(self) -> bool:
-        return bool(self.older or self.newer)
-
-
-def run_page(
-    filters: RunFilters, *, after: str = "", before: str = "", size: int = PAGE_SIZE
-) -> RunPage:
-    """One page, newest first. `after`: rows older than that cursor; `before`: newer rows.
-
-    One query. The redundant `created_at <=` bound is what lets PostgreSQL start the index scan
-    at the cursor (the OR alone would be a filter, and deep pages would scan every row before).
-    """
-    runs = filtered_runs(filters)
-    seek_after = decode_cursor(after) if after else None
-    seek_before = decode_cursor(before) if before and not seek_after else None
-    if seek_after:
-        at, run_id = seek_after
-        runs = runs.filter(created_at__lte=at).filter(Q(created_at__lt=at) | Q(id__lt=run_id))
-    elif seek_before:
-        at, run_id = seek_before
-        runs = runs.filter(created_at__gte=at).filter(Q(created_at__gt=at) | Q(id__gt=run_id))
-    if seek_before:
-        rows = list(runs.order_by("created_at", "id")[: size + 1])
-        more_newer = len(rows) > size
-        rows = rows[:size][::-1]
-        page = RunPage(rows)
-        page.newer = encode_cursor(rows[0]) if more_newer and rows else None
-        page.older = encode_cursor(rows[-1]) if rows else None
-        return page
-    rows = list(runs.order_by("-created_at", "-id")[: size + 1])
-    more_older = len(rows) > size
-    rows = rows[:size]
-    page = RunPage(rows)
-    page.older = encode_cursor(rows[-1]) if more_older else None
-    page.newer = encode_cursor(rows[0]) if seek_after and rows else None
-    return page
+def run_page(filters: RunFilters, *, older: str = "", newer: str = "", size: int = PAGE_SIZE) -> KeysetPage[Run]:
+    """One page of the filtered runs, newest first: one query (`pagination.keyset_page`)."""
+    return keyset_page(filtered_runs(filters), older=older, newer=newer, size=size, parse_pk=parse_uuid)
