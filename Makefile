@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 WEB_PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: venv run test lint fmt bench crashlab clean
+.PHONY: venv run passwords test lint format bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,13 @@ test: venv
 
 lint: venv
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-logo --no-cache
+	$(BIN)/python scripts/check_imports.py
+
+format: venv
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
 
 bench: venv
 	$(BIN)/pip install -q -e '.[dev,bench]'

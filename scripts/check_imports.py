@@ -1,0 +1,118 @@
+"""What import-linter's contracts cannot say, checked by `make lint`:
+
+1. no import cycle among the project's modules (migrations and tests aside), counting imports
+   inside functions too (grimp sees those);
+2. the runtime imports none of Django's HTTP, template, URL or view modules, nor Channels'
+   consumers (import-linter only sees external packages as a whole).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import grimp
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("agentruns", "approvals", "support", "config")
+RUNTIME = ("agentruns/runtime", "approvals/parking.py")
+FORBIDDEN_IN_RUNTIME = (
+    "django.http",
+    "django.shortcuts",
+    "django.template",
+    "django.views",
+    "django.urls",
+    "django.contrib.admin",
+    "channels.generic",
+    "channels.routing",
+    "channels.auth",
+)
+
+
+def cycles() -> list[list[str]]:
+    graph = grimp.build_graph(*PACKAGES)
+    modules = sorted(m for m in graph.modules if ".migrations" not in m)
+    edges = {
+        m: sorted(i for i in graph.find_modules_directly_imported_by(m) if i in modules)
+        for m in modules
+    }
+    # Tarjan's strongly connected components, iteratively
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for root in modules:
+        if root in index:
+            continue
+        work = [(root, 0)]
+        while work:
+            node, child = work.pop()
+            if child == 0:
+                index[node] = low[node] = counter
+                counter += 1
+                stack.append(node)
+                on_stack.add(node)
+            targets = edges[node]
+            if child < len(targets):
+                work.append((node, child + 1))
+                target = targets[child]
+                if target not in index:
+                    work.append((target, 0))
+                elif target in on_stack:
+                    low[node] = min(low[node], index[target])
+                continue
+            for target in targets:
+                if target in on_stack:
+                    low[node] = min(low[node], low[target])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1 or node in edges[node]:
+                    found.append(sorted(component))
+    return found
+
+
+def runtime_imports() -> list[str]:
+    problems = []
+    files = [
+        p
+        for spec in RUNTIME
+        for p in ([ROOT / spec] if spec.endswith(".py") else (ROOT / spec).rglob("*.py"))
+    ]
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            for name in names:
+                if any(name == f or name.startswith(f + ".") for f in FORBIDDEN_IN_RUNTIME):
+                    problems.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
+    return problems
+
+
+def main() -> int:
+    sys.path.insert(0, str(ROOT))
+    failed = False
+    for component in cycles():
+        print("import cycle:", " <-> ".join(component))
+        failed = True
+    for problem in runtime_imports():
+        print("runtime import:", problem)
+        failed = True
+    if not failed:
+        print("imports: no cycles among the project's modules; the runtime imports no web modules")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
