@@ -62,10 +62,26 @@ class StatusFinishedFilter(admin.SimpleListFilter):
 @admin.register(Run)
 class RunAdmin(ReadOnlyMixin, admin.ModelAdmin):
     list_display = (
-        "short_id", "agent", "status", "step_count", "search_text", "stop_reason", "error_excerpt",
-        "tokens", "created_at", "finished_at", "page_link",
+        "short_id",
+        "agent",
+        "status",
+        "step_count",
+        "search_text",
+        "stop_reason",
+        "error_excerpt",
+        "tokens",
+        "created_at",
+        "finished_at",
+        "page_link",
     )
-    list_filter = (StatusFinishedFilter, "status", "agent", "stop_reason", "cancel_requested", "created_at")
+    list_filter = (
+        StatusFinishedFilter,
+        "status",
+        "agent",
+        "stop_reason",
+        "cancel_requested",
+        "created_at",
+    )
     search_fields = ("=id", "search_text", "dedupe_key")
     date_hierarchy = "created_at"
     ordering = ("-created_at", "-id")
@@ -74,16 +90,43 @@ class RunAdmin(ReadOnlyMixin, admin.ModelAdmin):
     list_per_page = 50
     readonly_fields = ("page_link",)
     fieldsets = (
-        (None, {"fields": ("page_link", "id", "agent", "status", "input", "dedupe_key", "created_by")}),
+        (
+            None,
+            {"fields": ("page_link", "id", "agent", "status", "input", "dedupe_key", "created_by")},
+        ),
         ("Outcome", {"fields": ("output", "error", "stop_reason", "finished_at")}),
-        ("Limits and usage", {"fields": (
-            "model", "max_steps", "token_budget", "deadline_at", "step_count",
-            "prompt_tokens", "completion_tokens", "cost_usd",
-        )}),
-        ("Execution", {"classes": ("collapse",), "fields": (
-            "lease_owner", "lease_expires_at", "enqueued_at", "cancel_requested", "last_seq",
-            "tool_snapshot", "search_text", "started_at", "updated_at",
-        )}),
+        (
+            "Limits and usage",
+            {
+                "fields": (
+                    "model",
+                    "max_steps",
+                    "token_budget",
+                    "deadline_at",
+                    "step_count",
+                    "prompt_tokens",
+                    "completion_tokens",
+                    "cost_usd",
+                )
+            },
+        ),
+        (
+            "Execution",
+            {
+                "classes": ("collapse",),
+                "fields": (
+                    "lease_owner",
+                    "lease_expires_at",
+                    "enqueued_at",
+                    "cancel_requested",
+                    "last_seq",
+                    "tool_snapshot",
+                    "search_text",
+                    "started_at",
+                    "updated_at",
+                ),
+            },
+        ),
     )
 
     @admin.display(description="run", ordering="id")
@@ -116,7 +159,17 @@ class AttemptInline(ReadOnlyMixin, admin.TabularInline):
 
 @admin.register(Step)
 class StepAdmin(ReadOnlyMixin, admin.ModelAdmin):
-    list_display = ("run_link", "index", "kind", "tool", "status", "attempts", "next_attempt_at", "idempotency_key", "created_at")
+    list_display = (
+        "run_link",
+        "index",
+        "kind",
+        "tool",
+        "status",
+        "attempts",
+        "next_attempt_at",
+        "idempotency_key",
+        "created_at",
+    )
     list_filter = ("status", "kind", "tool")
     list_select_related = ("run",)
     search_fields = ("=run__id", "=idempotency_key", "=id")
@@ -150,13 +203,30 @@ class StepAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
 @admin.register(StepAttempt)
 class StepAttemptAdmin(ReadOnlyMixin, admin.ModelAdmin):
-    list_display = ("step", "number", "worker", "started_at", "duration", "outcome", "error_excerpt")
+    list_display = (
+        "step",
+        "number",
+        "worker",
+        "started_at",
+        "duration",
+        "outcome",
+        "error_excerpt",
+    )
     list_filter = ("outcome", "step__kind", "step__tool")
     list_select_related = ("step",)
     search_fields = ("=step__id", "=step__run__id", "worker")
     show_full_result_count = False
     ordering = ("-id",)
-    readonly_fields = ("step", "number", "worker", "started_at", "finished_at", "outcome", "error", "traceback")
+    readonly_fields = (
+        "step",
+        "number",
+        "worker",
+        "started_at",
+        "finished_at",
+        "outcome",
+        "error",
+        "traceback",
+    )
 
     @admin.display(description="duration")
     def duration(self, obj: StepAttempt) -> str:

@@ -36,7 +36,9 @@ def parse_bool(name: str, raw: Any) -> bool:
         return True
     if text in _FALSE:
         return False
-    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean (use 1/0, true/false, yes/no, on/off)")
+    raise ImproperlyConfigured(
+        f"{name}={raw!r} is not a boolean (use 1/0, true/false, yes/no, on/off)"
+    )
 
 
 def parse_int(name: str, raw: Any) -> int:
@@ -67,7 +69,10 @@ def parse_str(name: str, raw: Any) -> str:
 
 
 _PARSERS: dict[type, Callable[[str, Any], Any]] = {
-    bool: parse_bool, int: parse_int, float: parse_float, str: parse_str,
+    bool: parse_bool,
+    int: parse_int,
+    float: parse_float,
+    str: parse_str,
 }
 
 
@@ -129,30 +134,75 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("OPENAI_API_KEY", str, "", "its key (never logged)"),
     Setting("OPENAI_TIMEOUT_SECONDS", float, 60, "between bytes of a streamed answer", 0),
     Setting("OPENAI_MAX_RETRIES", int, 4, "the SDK's own retries inside one model attempt", 0),
-    Setting("OPENAI_REQUEST_OPTIONS", str, "", 'JSON merged into every request, e.g. {"temperature": 0}'),
-    Setting("AGENTRUNS_MODEL_PRICES", str, "", '"gpt-4o-mini=0.15/0.60,...": USD per million tokens'),
+    Setting(
+        "OPENAI_REQUEST_OPTIONS", str, "", 'JSON merged into every request, e.g. {"temperature": 0}'
+    ),
+    Setting(
+        "AGENTRUNS_MODEL_PRICES", str, "", '"gpt-4o-mini=0.15/0.60,...": USD per million tokens'
+    ),
     Setting("AGENTRUNS_MAX_COST_USD", float, 0, "a run's cost budget (0: none)", 0),
     # execution
-    Setting("AGENTRUNS_LEASE_TTL_SECONDS", float, 15, "run lease; a dead worker's run continues after it", 0.1),
-    Setting("AGENTRUNS_SWEEP_INTERVAL_SECONDS", float, 2, "the fast sweeper loop inside `qcluster`", 0.05),
-    Setting("AGENTRUNS_SLICE_SECONDS", float, lambda: _q_timeout() / 2,
-            "a run holding a worker this long re-enqueues itself (default: Q_TIMEOUT / 2)", 0.1),
-    Setting("AGENTRUNS_DEFAULT_MAX_STEPS", int, 25, "steps before a run stops (an agent may set its own)", 1),
-    Setting("AGENTRUNS_DELTA_FLUSH_MS", float, 50, "model text is batched into events this often", 0),
+    Setting(
+        "AGENTRUNS_LEASE_TTL_SECONDS",
+        float,
+        15,
+        "run lease; a dead worker's run continues after it",
+        0.1,
+    ),
+    Setting(
+        "AGENTRUNS_SWEEP_INTERVAL_SECONDS",
+        float,
+        2,
+        "the fast sweeper loop inside `qcluster`",
+        0.05,
+    ),
+    Setting(
+        "AGENTRUNS_SLICE_SECONDS",
+        float,
+        lambda: _q_timeout() / 2,
+        "a run holding a worker this long re-enqueues itself (default: Q_TIMEOUT / 2)",
+        0.1,
+    ),
+    Setting(
+        "AGENTRUNS_DEFAULT_MAX_STEPS",
+        int,
+        25,
+        "steps before a run stops (an agent may set its own)",
+        1,
+    ),
+    Setting(
+        "AGENTRUNS_DELTA_FLUSH_MS", float, 50, "model text is batched into events this often", 0
+    ),
     Setting("AGENTRUNS_DELTA_FLUSH_CHARS", int, 200, "... or at this many characters", 1),
     Setting("AGENTRUNS_FAILPOINTS", str, "", "e.g. `tool_returned:issue_refund=crash_once`"),
-    Setting("AGENTRUNS_FAILPOINT_DIR", str, lambda: str(_base_dir() / "var" / "failpoints"),
-            "where crash_once remembers what it crashed"),
+    Setting(
+        "AGENTRUNS_FAILPOINT_DIR",
+        str,
+        lambda: str(_base_dir() / "var" / "failpoints"),
+        "where crash_once remembers what it crashed",
+    ),
     Setting("AGENTRUNS_AGENT_MODULES", str, "", "extra modules that register agents (comma list)"),
     # streaming
     Setting("REDIS_URL", str, "", "channels_redis for the stream (unset: in-memory layer + poll)"),
-    Setting("AGENTRUNS_STREAM_POLL_SECONDS", float, 0.25, "database poll of the stream (covers lost nudges)", 0.01),
+    Setting(
+        "AGENTRUNS_STREAM_POLL_SECONDS",
+        float,
+        0.25,
+        "database poll of the stream (covers lost nudges)",
+        0.01,
+    ),
     # approvals
-    Setting("AGENTRUNS_APPROVAL_EXPIRY_SECONDS", float, 0, "pending approvals expire (0: never)", 0),
-    Setting("AGENTRUNS_APPROVER_LIMIT_CENTS", int, 0, "approvals above it need a superuser (0: none)", 0),
+    Setting(
+        "AGENTRUNS_APPROVAL_EXPIRY_SECONDS", float, 0, "pending approvals expire (0: never)", 0
+    ),
+    Setting(
+        "AGENTRUNS_APPROVER_LIMIT_CENTS", int, 0, "approvals above it need a superuser (0: none)", 0
+    ),
     # operations
     Setting("AGENTRUNS_WORKER_STALE_SECONDS", float, 30, "/healthz turns 503 past it", 1),
-    Setting("AGENTRUNS_METRICS_CACHE_SECONDS", float, 5, "/metrics is computed at most this often", 0),
+    Setting(
+        "AGENTRUNS_METRICS_CACHE_SECONDS", float, 5, "/metrics is computed at most this often", 0
+    ),
     Setting("AGENTRUNS_METRICS_WINDOW", int, 10_000, "step attempts in the duration histogram", 1),
 )
 
@@ -176,7 +226,9 @@ class Conf:
         try:
             setting = self._by_attr[attr]
         except KeyError:
-            raise AttributeError(f"no setting {attr!r} (known: {', '.join(sorted(self._by_attr))})") from None
+            raise AttributeError(
+                f"no setting {attr!r} (known: {', '.join(sorted(self._by_attr))})"
+            ) from None
         values = self.__dict__["_values"]
         if attr not in values:
             values[attr] = setting.read()

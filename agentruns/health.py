@@ -43,7 +43,6 @@ DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 METRICS_CACHE_KEY = "agentruns:metrics:v1"
 
 
-
 def healthz(request: HttpRequest) -> JsonResponse:
     """Healthy = the database answers, a worker heartbeat is fresh, the sweeper ran recently.
 
@@ -105,8 +104,11 @@ class RuntimeCollector(Collector):
         cost_usd = 0.0
         # one pass over the runs for the status counts, the token totals and the cost
         for status, n, prompt, completion, cost in (
-            Run.objects.order_by().values_list("status")
-            .annotate(n=Count("*"), p=Sum("prompt_tokens"), c=Sum("completion_tokens"), u=Sum("cost_usd"))
+            Run.objects.order_by()
+            .values_list("status")
+            .annotate(
+                n=Count("*"), p=Sum("prompt_tokens"), c=Sum("completion_tokens"), u=Sum("cost_usd")
+            )
         ):
             by_status[status] = n
             prompt_tokens += prompt or 0
@@ -145,8 +147,11 @@ class RuntimeCollector(Collector):
             value=(now - oldest).total_seconds() if oldest else 0.0,
         )
         pending = dict(
-            Approval.objects.filter(status="pending").order_by().values_list("kind")
-            .annotate(n=Count("*")).values_list("kind", "n")
+            Approval.objects.filter(status="pending")
+            .order_by()
+            .values_list("kind")
+            .annotate(n=Count("*"))
+            .values_list("kind", "n")
         )
         approvals = GaugeMetricFamily(
             "agentruns_pending_approvals", "Pending inbox items by kind", labels=["kind"]
@@ -155,20 +160,32 @@ class RuntimeCollector(Collector):
             approvals.add_metric([kind], pending.get(kind, 0))
         yield approvals
 
-        usage = GaugeMetricFamily("agentruns_model_tokens", "Model tokens used by all runs", labels=["kind"])
+        usage = GaugeMetricFamily(
+            "agentruns_model_tokens", "Model tokens used by all runs", labels=["kind"]
+        )
         usage.add_metric(["prompt"], prompt_tokens)
         usage.add_metric(["completion"], completion_tokens)
         yield usage
         yield GaugeMetricFamily(
-            "agentruns_model_cost_usd", "Model cost of all runs by AGENTRUNS_MODEL_PRICES", value=cost_usd
+            "agentruns_model_cost_usd",
+            "Model cost of all runs by AGENTRUNS_MODEL_PRICES",
+            value=cost_usd,
         )
 
-        beat = WorkerHeartbeat.objects.aggregate(seen=Max("last_seen_at"), swept=Max("last_sweep_at"))
+        beat = WorkerHeartbeat.objects.aggregate(
+            seen=Max("last_seen_at"), swept=Max("last_sweep_at")
+        )
         for name, doc, moment in (
-            ("agentruns_worker_heartbeat_age_seconds", "Seconds since the freshest worker heartbeat", beat["seen"]),
+            (
+                "agentruns_worker_heartbeat_age_seconds",
+                "Seconds since the freshest worker heartbeat",
+                beat["seen"],
+            ),
             ("agentruns_sweeper_age_seconds", "Seconds since the sweeper last ran", beat["swept"]),
         ):
-            yield GaugeMetricFamily(name, doc, value=(now - moment).total_seconds() if moment else float("inf"))
+            yield GaugeMetricFamily(
+                name, doc, value=(now - moment).total_seconds() if moment else float("inf")
+            )
 
         yield self.duration_histogram()
         yield GaugeMetricFamily(
@@ -191,7 +208,9 @@ class RuntimeCollector(Collector):
             labels=["kind", "outcome"],
         )
         top = StepAttempt.objects.aggregate(top=Max("id"))["top"] or 0
-        duration = ExpressionWrapper(F("finished_at") - F("started_at"), output_field=DurationField())
+        duration = ExpressionWrapper(
+            F("finished_at") - F("started_at"), output_field=DurationField()
+        )
         aggregates = {
             f"le_{i}": Count("id", filter=Q(took__lte=timedelta(seconds=bound)))
             for i, bound in enumerate(DURATION_BUCKETS)

@@ -206,7 +206,9 @@ class AttemptOutcome(models.TextChoices):
 
 class StepAttempt(models.Model):
     # (step, number) is unique and indexed: no second index to maintain on every attempt
-    step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="attempt_rows", db_index=False)
+    step = models.ForeignKey(
+        Step, on_delete=models.CASCADE, related_name="attempt_rows", db_index=False
+    )
     number = models.PositiveIntegerField()
     worker = models.CharField(max_length=200, blank=True, default="")
     started_at = models.DateTimeField()

@@ -141,18 +141,29 @@ class Tool:
             "idempotency": self.idempotency,
             "redact": list(self.redact),
             "retry": self.retry.describe(),
-            "approval": "predicate" if callable(self.requires_approval) else bool(self.requires_approval),
+            "approval": "predicate"
+            if callable(self.requires_approval)
+            else bool(self.requires_approval),
             "transactional": self.transactional,
         }
 
 
-_SIMPLE_SCHEMA_KEYS = {"type", "properties", "required", "additionalProperties", "title", "description"}
+_SIMPLE_SCHEMA_KEYS = {
+    "type",
+    "properties",
+    "required",
+    "additionalProperties",
+    "title",
+    "description",
+}
 _SIMPLE_PROPERTY_KEYS = {"type", "title", "description", "default"}  # default: an annotation
 _TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
     "string": lambda v: isinstance(v, str),
     "boolean": lambda v: isinstance(v, bool),
-    "integer": lambda v: (isinstance(v, int) and not isinstance(v, bool))
-    or (isinstance(v, float) and v.is_integer()),
+    "integer": lambda v: (
+        (isinstance(v, int) and not isinstance(v, bool))
+        or (isinstance(v, float) and v.is_integer())
+    ),
     "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
 }
 
@@ -354,4 +365,3 @@ def get_tool(name: str) -> Tool:
 
 def all_agents() -> dict[str, Agent]:
     return dict(_agents)
-

@@ -31,8 +31,14 @@ from agentruns.runtime.timestamps import iso
 from agentruns.runtime.transitions import ActionRefused
 
 __all__ = [
-    "ActionRefused", "StartResult", "cancel_run", "execute_inline", "fork_run", "resolve_step",
-    "retry_run", "start_run",
+    "ActionRefused",
+    "StartResult",
+    "cancel_run",
+    "execute_inline",
+    "fork_run",
+    "resolve_step",
+    "retry_run",
+    "start_run",
 ]
 
 
@@ -73,12 +79,16 @@ def start_run(
         tool_snapshot={t.name: t.policy() for t in agent.tool_objects()},
         max_steps=agent.max_steps or conf.DEFAULT_MAX_STEPS,
         token_budget=agent.token_budget,
-        deadline_at=now + timedelta(seconds=agent.deadline_seconds) if agent.deadline_seconds else None,
+        deadline_at=now + timedelta(seconds=agent.deadline_seconds)
+        if agent.deadline_seconds
+        else None,
         search_text=" ".join(str(run_input.get(f, "")) for f in agent.search_fields).strip()[:200],
         created_by=user if getattr(user, "is_authenticated", False) else None,
         enqueued_at=now,
     )
-    events = [(EventType.RUN_CREATED, {"agent": agent_name, "by": actor_name(user), "status": "queued"})]
+    events = [
+        (EventType.RUN_CREATED, {"agent": agent_name, "by": actor_name(user), "status": "queued"})
+    ]
     if claim_for is not None:
         enqueue_task = False
         started = transitions.started()
@@ -91,7 +101,9 @@ def start_run(
     try:
         # one statement needs no transaction of its own; inside the caller's, a savepoint keeps a
         # dedupe conflict from breaking it
-        single = store.create_is_one_statement and not enqueue_task and not connection.in_atomic_block
+        single = (
+            store.create_is_one_statement and not enqueue_task and not connection.in_atomic_block
+        )
         with nullcontext() if single else transaction.atomic():
             run.last_seq = store.create_run(run, events, owner=claim_for, now=now)
             if enqueue_task:  # False: the caller executes it in-process (benchmarks, scripts)
@@ -154,15 +166,31 @@ def retry_run(run_id: uuid.UUID | str, *, user: Any = None) -> Run:
         events: list[EventSpec] = []
         failed = _retryable_failed_step(run)
         if failed is not None:
-            failed.status, failed.finished_at, failed.next_attempt_at = StepStatus.PENDING, None, None
+            failed.status, failed.finished_at, failed.next_attempt_at = (
+                StepStatus.PENDING,
+                None,
+                None,
+            )
             failed.retry_base = failed.attempts  # a fresh automatic-retry budget from here
             failed.save(update_fields=["status", "finished_at", "next_attempt_at", "retry_base"])
-            events.append((EventType.STEP_RETRY_REQUESTED, step_event_data(
-                failed, next_attempt=failed.attempts + 1, idempotency_key=failed.idempotency_key, by=who,
-            )))
+            events.append(
+                (
+                    EventType.STEP_RETRY_REQUESTED,
+                    step_event_data(
+                        failed,
+                        next_attempt=failed.attempts + 1,
+                        idempotency_key=failed.idempotency_key,
+                        by=who,
+                    ),
+                )
+            )
         extended, limits = _extended_limits(run, now)
-        events.append((EventType.RUN_RETRIED, {"by": who, "step": failed.index if failed else None,
-                                               "extended": extended}))
+        events.append(
+            (
+                EventType.RUN_RETRIED,
+                {"by": who, "step": failed.index if failed else None, "extended": extended},
+            )
+        )
         change = transitions.requeued(now).after(*events)
         change.fields.update(limits)
         transitions.apply(run.id, change)
@@ -206,7 +234,9 @@ def resolve_step(step_id: uuid.UUID | str, result: Any, *, user: Any = None) -> 
         if step.attempts == 0:
             raise ActionRefused("this call never ran (bad arguments); the model was already told")
         if run.status != RunStatus.FAILED:
-            raise ActionRefused(f"the run is {run.status}; only steps of failed runs can be resolved")
+            raise ActionRefused(
+                f"the run is {run.status}; only steps of failed runs can be resolved"
+            )
         if not isinstance(result, dict):
             raise ActionRefused("the result must be a JSON object")
         now = timezone.now()
@@ -217,17 +247,35 @@ def resolve_step(step_id: uuid.UUID | str, result: Any, *, user: Any = None) -> 
         step.error = f"resolved by {who or 'operator'} (was: {previous_error})"[:2000]
         step.save()
         resolved = step_event_data(
-            step, by=who, result=redact_fields(result, run.redacted_fields(step.tool)), was=previous_error
+            step,
+            by=who,
+            result=redact_fields(result, run.redacted_fields(step.tool)),
+            was=previous_error,
         )
-        transitions.apply(run.id, transitions.requeued(now).after((EventType.STEP_RESOLVED, resolved)))
+        transitions.apply(
+            run.id, transitions.requeued(now).after((EventType.STEP_RESOLVED, resolved))
+        )
         enqueue(run.id)
     return step
 
 
 # the step fields a fork copies as history (ids, run and idempotency keys are new)
 _FORK_STEP_FIELDS = (
-    "index", "kind", "tool", "call_id", "arguments", "status", "approved", "result", "error",
-    "attempts", "text", "tool_calls", "prompt_tokens", "completion_tokens", "started_at",
+    "index",
+    "kind",
+    "tool",
+    "call_id",
+    "arguments",
+    "status",
+    "approved",
+    "result",
+    "error",
+    "attempts",
+    "text",
+    "tool_calls",
+    "prompt_tokens",
+    "completion_tokens",
+    "started_at",
     "finished_at",
 )
 
@@ -244,7 +292,9 @@ def fork_run(run_id: uuid.UUID | str, from_step: int, *, user: Any = None) -> Ru
         source = Run.objects.get(id=run_id)
         cut = Step.objects.filter(run=source, index=from_step).first()
         if cut is None or cut.kind != StepKind.MODEL:
-            raise ActionRefused("fork from a model step: the history must end with every tool call answered")
+            raise ActionRefused(
+                "fork from a model step: the history must end with every tool call answered"
+            )
         history = list(Step.objects.filter(run=source, index__lt=from_step).order_by("index"))
         unfinished = [s.index for s in history if not s.is_terminal]
         if unfinished:
@@ -273,16 +323,32 @@ def fork_run(run_id: uuid.UUID | str, from_step: int, *, user: Any = None) -> Ru
             new_id = uuid.uuid4()
             copies.append(
                 Step(
-                    id=new_id, run=fork, idempotency_key=step_key(fork.id, new_id),
+                    id=new_id,
+                    run=fork,
+                    idempotency_key=step_key(fork.id, new_id),
                     **{name: getattr(step, name) for name in _FORK_STEP_FIELDS},
                 )
             )
         Step.objects.bulk_create(copies)
         store = get_store()
-        store.append(fork.id, [(EventType.RUN_CREATED, {
-            "agent": fork.agent, "by": who, "status": "queued", "forked_from": str(source.id),
-            "from_step": from_step,
-        })])
-        store.append(source.id, [(EventType.RUN_FORKED, {"by": who, "into": str(fork.id), "from_step": from_step})])
+        store.append(
+            fork.id,
+            [
+                (
+                    EventType.RUN_CREATED,
+                    {
+                        "agent": fork.agent,
+                        "by": who,
+                        "status": "queued",
+                        "forked_from": str(source.id),
+                        "from_step": from_step,
+                    },
+                )
+            ],
+        )
+        store.append(
+            source.id,
+            [(EventType.RUN_FORKED, {"by": who, "into": str(fork.id), "from_step": from_step})],
+        )
         enqueue(fork.id)
     return fork

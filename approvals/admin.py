@@ -21,7 +21,15 @@ def _pretty(value: object) -> str:
 @admin.register(Approval)
 class ApprovalAdmin(admin.ModelAdmin):
     list_display = (
-        "id", "kind", "status", "agent", "tool", "amount", "edited", "decided_by", "decided_at",
+        "id",
+        "kind",
+        "status",
+        "agent",
+        "tool",
+        "amount",
+        "edited",
+        "decided_by",
+        "decided_at",
         "created_at",
     )
     list_filter = ("kind", "status", "agent", "tool", "resolution")
@@ -30,15 +38,32 @@ class ApprovalAdmin(admin.ModelAdmin):
     date_hierarchy = "created_at"
     fieldsets = (
         (None, {"fields": ("kind", "status", "agent", "tool", "run_link", "step_link")}),
-        ("Decision", {"fields": ("decided_by", "decided_at", "reason", "resolution", "expires_at")}),
+        (
+            "Decision",
+            {"fields": ("decided_by", "decided_at", "reason", "resolution", "expires_at")},
+        ),
         ("Arguments", {"fields": ("requested", "approved", "changes", "resolution_payload")}),
         ("Earlier decisions on this step", {"fields": ("earlier_decisions",)}),
         ("Timestamps", {"fields": ("created_at",)}),
     )
     readonly_fields = (
-        "kind", "status", "agent", "tool", "run_link", "step_link", "decided_by", "decided_at",
-        "reason", "resolution", "expires_at", "requested", "approved", "changes",
-        "resolution_payload", "earlier_decisions", "created_at",
+        "kind",
+        "status",
+        "agent",
+        "tool",
+        "run_link",
+        "step_link",
+        "decided_by",
+        "decided_at",
+        "reason",
+        "resolution",
+        "expires_at",
+        "requested",
+        "approved",
+        "changes",
+        "resolution_payload",
+        "earlier_decisions",
+        "created_at",
     )
 
     def has_add_permission(self, request) -> bool:
@@ -61,7 +86,9 @@ class ApprovalAdmin(admin.ModelAdmin):
             "{} {} by {} at {}{}",
             (
                 (
-                    entry.get("kind"), entry.get("status"), entry.get("decided_by") or "—",
+                    entry.get("kind"),
+                    entry.get("status"),
+                    entry.get("decided_by") or "—",
                     entry.get("decided_at") or "—",
                     f" ({entry['reason']})" if entry.get("reason") else "",
                 )
@@ -80,7 +107,9 @@ class ApprovalAdmin(admin.ModelAdmin):
 
     @admin.display(description="run")
     def run_link(self, obj: Approval):
-        return format_html('<a href="{}">{}</a>', reverse("run-detail", args=[obj.run_id]), obj.run_id)
+        return format_html(
+            '<a href="{}">{}</a>', reverse("run-detail", args=[obj.run_id]), obj.run_id
+        )
 
     @admin.display(description="step")
     def step_link(self, obj: Approval):
@@ -88,23 +117,33 @@ class ApprovalAdmin(admin.ModelAdmin):
 
     @admin.display(description="requested")
     def requested(self, obj: Approval):
-        return format_html("<pre>{}</pre>", _pretty(redact_fields(obj.requested_args, obj.hidden_fields)))
+        return format_html(
+            "<pre>{}</pre>", _pretty(redact_fields(obj.requested_args, obj.hidden_fields))
+        )
 
     @admin.display(description="approved")
     def approved(self, obj: Approval):
         if obj.status != "approved":
             return "—"
-        return format_html("<pre>{}</pre>", _pretty(redact_fields(obj.effective_args, obj.hidden_fields)))
+        return format_html(
+            "<pre>{}</pre>", _pretty(redact_fields(obj.effective_args, obj.hidden_fields))
+        )
 
     @admin.display(description="changes")
     def changes(self, obj: Approval):
         if obj.edited_args is None:
             return "none"
         hidden = obj.hidden_fields
-        diff = args_diff(redact_fields(obj.requested_args, hidden), redact_fields(obj.edited_args, hidden))
+        diff = args_diff(
+            redact_fields(obj.requested_args, hidden), redact_fields(obj.edited_args, hidden)
+        )
         return format_html(
             "<ul>{}</ul>",
-            format_html_join("", "<li><code>{}</code>: {} → {}</li>", ((k, v["from"], v["to"]) for k, v in diff.items())),
+            format_html_join(
+                "",
+                "<li><code>{}</code>: {} → {}</li>",
+                ((k, v["from"], v["to"]) for k, v in diff.items()),
+            ),
         )
 
     @admin.display(description="reconciliation result")

@@ -34,8 +34,11 @@ def approval_payload(approval: Approval, card: Card | None = None) -> dict:
         "expires_at": iso(approval.expires_at),
         "created_at": iso(approval.created_at),
         "history": [
-            {**entry, "requested_args": redact_fields(entry.get("requested_args"), hidden),
-             "edited_args": redact_fields(entry.get("edited_args"), hidden)}
+            {
+                **entry,
+                "requested_args": redact_fields(entry.get("requested_args"), hidden),
+                "edited_args": redact_fields(entry.get("edited_args"), hidden),
+            }
             for entry in approval.history
         ],
     }
@@ -67,7 +70,10 @@ def approval_list(request: HttpRequest) -> JsonResponse:
         raise BadRequest(f"age must be one of {', '.join(AGES)}")
     rows = list(
         approvals_query(
-            status=status, kind=request.GET.get("kind", ""), agent=request.GET.get("agent", ""), age=age
+            status=status,
+            kind=request.GET.get("kind", ""),
+            agent=request.GET.get("agent", ""),
+            age=age,
         )[:limit]
     )
     return JsonResponse(
@@ -77,7 +83,11 @@ def approval_list(request: HttpRequest) -> JsonResponse:
 
 @api_view(("POST",))
 def approval_decide(request: HttpRequest, approval_id: str) -> JsonResponse:
-    if not approval_id.isdigit() or len(approval_id) > 18 or not Approval.objects.filter(id=int(approval_id)).exists():
+    if (
+        not approval_id.isdigit()
+        or len(approval_id) > 18
+        or not Approval.objects.filter(id=int(approval_id)).exists()
+    ):
         return json_error("no such approval", 404)
     if not request.user.has_perm("approvals.decide_approval"):
         return json_error("permission denied: approvals.decide_approval is required", 403)
@@ -91,16 +101,23 @@ def approval_decide(request: HttpRequest, approval_id: str) -> JsonResponse:
         raise BadRequest("'args' must be a JSON object")
     try:
         if decision == "approve":
-            approval = services.approve(int(approval_id), user=request.user, edited_args=args, reason=reason)
+            approval = services.approve(
+                int(approval_id), user=request.user, edited_args=args, reason=reason
+            )
         elif decision == "reject":
             approval = services.reject(int(approval_id), user=request.user, reason=reason)
         elif decision in services.RESOLUTIONS:
             approval = services.reconcile(
-                int(approval_id), user=request.user, resolution=decision,
-                result=body.get("result"), reason=reason,
+                int(approval_id),
+                user=request.user,
+                resolution=decision,
+                result=body.get("result"),
+                reason=reason,
             )
         else:
-            raise BadRequest("'decision' must be 'approve' or 'reject' (or for reconciliation: 'happened', 'retry', 'abort')")
+            raise BadRequest(
+                "'decision' must be 'approve' or 'reject' (or for reconciliation: 'happened', 'retry', 'abort')"
+            )
     except services.AlreadyDecided as exc:
         payload = approval_payload(exc.approval)
         return JsonResponse(

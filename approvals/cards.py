@@ -100,7 +100,11 @@ def schema_fields(approval: Approval, args: dict, hidden: Iterable[str]) -> list
                 if key in prop:
                     attrs[attr] = prop[key]
         if kind == "string":
-            for key, attr in (("maxLength", "maxlength"), ("minLength", "minlength"), ("pattern", "pattern")):
+            for key, attr in (
+                ("maxLength", "maxlength"),
+                ("minLength", "minlength"),
+                ("pattern", "pattern"),
+            ):
                 if key in prop:
                     attrs[attr] = prop[key]
         fields.append(
@@ -135,7 +139,9 @@ def _context_steps(approvals: list[Approval]) -> dict[Any, list[Step]]:
         before |= Q(run_id=a.run_id, index__lt=a.step.index)
     rows = (
         Step.objects.filter(before)
-        .annotate(recent=Window(RowNumber(), partition_by=[F("run_id")], order_by=F("index").desc()))
+        .annotate(
+            recent=Window(RowNumber(), partition_by=[F("run_id")], order_by=F("index").desc())
+        )
         .filter(recent__lte=CONTEXT_STEPS)
         .only("run_id", "index", "kind", "tool", "text", "result", "status")
         .order_by("run_id", "-index")

@@ -23,11 +23,11 @@ class ApprovalStatus(models.TextChoices):
 
 
 class Approval(models.Model):
-    step = models.OneToOneField(
-        "agentruns.Step", on_delete=models.CASCADE, related_name="approval"
-    )
+    step = models.OneToOneField("agentruns.Step", on_delete=models.CASCADE, related_name="approval")
     run = models.ForeignKey("agentruns.Run", on_delete=models.CASCADE, related_name="approvals")
-    kind = models.CharField(max_length=16, choices=ApprovalKind.choices, default=ApprovalKind.APPROVAL)
+    kind = models.CharField(
+        max_length=16, choices=ApprovalKind.choices, default=ApprovalKind.APPROVAL
+    )
     status = models.CharField(
         max_length=16, choices=ApprovalStatus.choices, default=ApprovalStatus.PENDING
     )

@@ -101,10 +101,15 @@ def open_reconciliation(step: Step, agent: str) -> Approval:
 
 
 def withdraw_approvals(run: Run, *, reason: str) -> list[int]:
-    ids = list(Approval.objects.filter(run=run, status=ApprovalStatus.PENDING).values_list("id", flat=True))
+    ids = list(
+        Approval.objects.filter(run=run, status=ApprovalStatus.PENDING).values_list("id", flat=True)
+    )
     if ids:
         Approval.objects.filter(id__in=ids, status=ApprovalStatus.PENDING).update(
-            status=ApprovalStatus.RESOLVED, resolution="withdrawn", reason=reason, decided_at=timezone.now(),
+            status=ApprovalStatus.RESOLVED,
+            resolution="withdrawn",
+            reason=reason,
+            decided_at=timezone.now(),
         )
         nudge_on_commit(run.id, 0, inbox=True)
     return ids
@@ -119,7 +124,8 @@ def settle(approval_id: int, kind: str, user: Any, **changes: Any) -> Approval:
     """
     won = Approval.objects.filter(id=approval_id, kind=kind, status=ApprovalStatus.PENDING).update(
         decided_by=user if getattr(user, "is_authenticated", False) else None,
-        decided_at=timezone.now(), **changes,
+        decided_at=timezone.now(),
+        **changes,
     )
     approval = Approval.objects.select_related("step", "run", "decided_by").get(id=approval_id)
     if not won:
@@ -163,13 +169,17 @@ def decided_event(approval: Approval, user: Any, decision: str, **extra: Any) ->
     )
 
 
-def reject_parked(approval_id: int, *, user: Any, reason: str, status: str = ApprovalStatus.REJECTED) -> Approval:
+def reject_parked(
+    approval_id: int, *, user: Any, reason: str, status: str = ApprovalStatus.REJECTED
+) -> Approval:
     """Settle as rejected (or expired); the agent receives `{"error": "rejected", "reason": ...}`
     as the tool's result, so it can tell the customer why. Inside the caller's transaction."""
     approval = settle(approval_id, ApprovalKind.APPROVAL, user, status=status, reason=reason)
     approval.step.reject(reason)
     requested = redact_fields(approval.requested_args, approval.hidden_fields)
-    resume_parked(approval.run_id, [decided_event(approval, user, str(status), requested=requested)])
+    resume_parked(
+        approval.run_id, [decided_event(approval, user, str(status), requested=requested)]
+    )
     return approval
 
 
@@ -186,9 +196,10 @@ def expire_due_approvals(now: Any = None) -> int:
     for approval_id in list(due):
         try:
             with transaction.atomic():
-                reject_parked(approval_id, user=None, reason="expired", status=ApprovalStatus.EXPIRED)
+                reject_parked(
+                    approval_id, user=None, reason="expired", status=ApprovalStatus.EXPIRED
+                )
             expired += 1
         except AlreadyDecided:
             pass  # a person (or another sweeper) decided first
     return expired
-

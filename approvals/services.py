@@ -47,7 +47,9 @@ def validate_edited_args(approval: Approval, edited: dict) -> dict:
     try:
         tool = get_tool(approval.tool)
     except UnknownTool:
-        raise DecisionError(f"the tool {approval.tool} is no longer registered; cannot edit") from None
+        raise DecisionError(
+            f"the tool {approval.tool} is no longer registered; cannot edit"
+        ) from None
     merged = {**approval.requested_args, **edited}
     try:
         return tool.validate(merged)
@@ -91,8 +93,12 @@ def approve(
         check_limit(user, args)
         edited = args if args != current.requested_args else None
         approval = settle(
-            approval_id, ApprovalKind.APPROVAL, user,
-            status=ApprovalStatus.APPROVED, edited_args=edited, reason=reason.strip(),
+            approval_id,
+            ApprovalKind.APPROVAL,
+            user,
+            status=ApprovalStatus.APPROVED,
+            edited_args=edited,
+            reason=reason.strip(),
         )
         step = approval.step
         step.arguments, step.approved, step.status = args, True, StepStatus.PENDING
@@ -104,8 +110,11 @@ def approve(
             approval.run_id,
             [
                 decided_event(
-                    approval, user, "approved",
-                    requested=requested, approved=approved,
+                    approval,
+                    user,
+                    "approved",
+                    requested=requested,
+                    approved=approved,
                     diff=args_diff(requested, approved) if edited is not None else {},
                     edited=edited is not None,
                 )
@@ -136,15 +145,21 @@ def reconcile(
     who = actor_name(user) or "staff"
     with transaction.atomic():
         approval = settle(
-            approval_id, ApprovalKind.RECONCILIATION, user,
-            status=ApprovalStatus.RESOLVED, resolution=resolution,
-            resolution_result=result if resolution == "happened" else None, reason=reason.strip(),
+            approval_id,
+            ApprovalKind.RECONCILIATION,
+            user,
+            status=ApprovalStatus.RESOLVED,
+            resolution=resolution,
+            resolution_result=result if resolution == "happened" else None,
+            reason=reason.strip(),
         )
         step, now = approval.step, timezone.now()
         run = Run.objects.select_for_update().get(id=approval.run_id)
         events: list[EventSpec] = [
             decided_event(
-                approval, user, f"reconciled: {resolution}",
+                approval,
+                user,
+                f"reconciled: {resolution}",
                 resolution=resolution,
                 requested=redact_fields(approval.requested_args, approval.hidden_fields),
                 result=result if resolution == "happened" else None,
@@ -152,7 +167,9 @@ def reconcile(
         ]
         if resolution == "happened":
             step.status, step.finished_at = StepStatus.SUCCEEDED, now
-            step.result = result if result is not None else {"reconciled": True, "happened": True, "by": who}
+            step.result = (
+                result if result is not None else {"reconciled": True, "happened": True, "by": who}
+            )
             step.error = f"outcome unknown; {who} confirmed it happened"
         elif resolution == "retry":
             step.status, step.finished_at = StepStatus.PENDING, None
@@ -166,7 +183,8 @@ def reconcile(
             return approval
         # abort: the run ends here; steps planned after this one never run
         Step.objects.filter(
-            run=run, index__gt=step.index,
+            run=run,
+            index__gt=step.index,
             status__in=[StepStatus.PENDING, StepStatus.WAITING_APPROVAL, StepStatus.UNKNOWN],
         ).update(status=StepStatus.SKIPPED, finished_at=now)
         withdrawn = withdraw_approvals(run, reason=f"run aborted by {who}")

@@ -34,8 +34,14 @@ DECIDE_PERMISSION = "approvals.decide_approval"
 
 def _inbox_context(request: HttpRequest) -> dict[str, Any]:
     filters = InboxFilters.from_query(request.GET)
-    page = inbox_page(filters, older=request.GET.get("older"), newer=request.GET.get("newer"), size=PAGE_SIZE)
-    filter_query = {k: v for k, v in (("kind", filters.kind), ("agent", filters.agent), ("age", filters.age)) if v}
+    page = inbox_page(
+        filters, older=request.GET.get("older"), newer=request.GET.get("newer"), size=PAGE_SIZE
+    )
+    filter_query = {
+        k: v
+        for k, v in (("kind", filters.kind), ("agent", filters.agent), ("age", filters.age))
+        if v
+    }
     position = {}
     if not page.is_first and page.items:
         # the poll keeps showing this page: anchored just above its newest item
@@ -136,7 +142,9 @@ def _decide(request: HttpRequest, approval: Approval) -> tuple[str, str]:
     reason = request.POST.get("reason", "").strip()
     if action == "approve":
         edited = form_args(approval, request.POST)
-        decided = services.approve(approval.id, user=request.user, edited_args=edited, reason=reason)
+        decided = services.approve(
+            approval.id, user=request.user, edited_args=edited, reason=reason
+        )
         if decided.edited_args is not None:
             changes = ", ".join(
                 f"{k} {v['from']} → {v['to']}" for k, v in card_for(decided).diff.items()
@@ -156,7 +164,9 @@ def _decide(request: HttpRequest, approval: Approval) -> tuple[str, str]:
             result = json.loads(raw) if raw and action == "happened" else None
         except json.JSONDecodeError as exc:
             raise services.DecisionError(f"The result is not valid JSON: {exc}") from None
-        services.reconcile(approval.id, user=request.user, resolution=action, result=result, reason=reason)
+        services.reconcile(
+            approval.id, user=request.user, resolution=action, result=result, reason=reason
+        )
         return "success", {
             "happened": "Marked as happened; the run continues.",
             "retry": "Marked as not happened; the step runs again.",
@@ -174,7 +184,11 @@ def decide(request: HttpRequest, approval_id: int) -> HttpResponse:
     can_decide = request.user.has_perm(DECIDE_PERMISSION)
     status = 200
     if not can_decide:
-        level, note, status = "error", "You may look but not decide: ask a lead for the approver role.", 403
+        level, note, status = (
+            "error",
+            "You may look but not decide: ask a lead for the approver role.",
+            403,
+        )
     else:
         try:
             level, note = _decide(request, approval)
@@ -198,16 +212,20 @@ def decide(request: HttpRequest, approval_id: int) -> HttpResponse:
     }
     # htmx only swaps 2xx answers: a refused or late decision is still shown in place, with the
     # real status kept in a header for scripts and tests
-    response = render(request, "approvals/_decided.html", context, status=403 if status == 403 else 200)
+    response = render(
+        request, "approvals/_decided.html", context, status=403 if status == 403 else 200
+    )
     response["X-Decision-Status"] = str(status)
     response["HX-Trigger"] = "inbox-changed"
     return response
 
 
 def _human(exc: services.AlreadyDecided) -> str:
-    """"already approved by alice at 14:02:07 UTC" for people (the API keeps ISO 8601)."""
+    """ "already approved by alice at 14:02:07 UTC" for people (the API keeps ISO 8601)."""
     text = str(exc)
     if exc.when is not None:
         local = timezone.localtime(exc.when)
-        text = text.replace(exc.when.isoformat(timespec="seconds"), local.strftime("%H:%M:%S %Z on %Y-%m-%d"))
+        text = text.replace(
+            exc.when.isoformat(timespec="seconds"), local.strftime("%H:%M:%S %Z on %Y-%m-%d")
+        )
     return text

@@ -159,7 +159,9 @@ class LangGraphPeer:
         from langgraph.graph import END, START, StateGraph
         from psycopg.rows import dict_row
 
-        self.saver_conn = psycopg.connect(dsn, autocommit=True, prepare_threshold=0, row_factory=dict_row)
+        self.saver_conn = psycopg.connect(
+            dsn, autocommit=True, prepare_threshold=0, row_factory=dict_row
+        )
         saver = PostgresSaver(self.saver_conn)
         saver.setup()
         self.conn = psycopg.connect(dsn, autocommit=True)
@@ -190,8 +192,13 @@ class LangGraphPeer:
 
         graph = StateGraph(State)
         order = [
-            ("model0", model(0)), ("lookup", lookup_node), ("model1", model(1)),
-            ("refund", refund_node), ("model2", model(2)), ("reply", reply_node), ("model3", model(3)),
+            ("model0", model(0)),
+            ("lookup", lookup_node),
+            ("model1", model(1)),
+            ("refund", refund_node),
+            ("model2", model(2)),
+            ("reply", reply_node),
+            ("model3", model(3)),
         ]
         for name, fn in order:
             graph.add_node(name, fn)

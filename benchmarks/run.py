@@ -91,9 +91,13 @@ def side_by_side(runs: int, rounds: int) -> dict[str, dict]:
             per_round[system.name].append(runs / sum(lat))
             latencies[system.name].extend(lat)
         if (r + 1) % max(1, rounds // 5) == 0:
-            print(f"  round {r + 1}/{rounds}: " + ", ".join(
-                f"{n.split(' ')[0]} {statistics.median(v):.0f}/s" for n, v in per_round.items()
-            ), file=sys.stderr)
+            print(
+                f"  round {r + 1}/{rounds}: "
+                + ", ".join(
+                    f"{n.split(' ')[0]} {statistics.median(v):.0f}/s" for n, v in per_round.items()
+                ),
+                file=sys.stderr,
+            )
     for system in systems:
         system.close()
     return {
@@ -109,10 +113,19 @@ def side_by_side(runs: int, rounds: int) -> dict[str, dict]:
 
 def _worker(**env: object) -> subprocess.Popen:
     full = dict(os.environ)
-    full.update({"DATABASE_URL": dsn().replace("postgresql://", "postgres://"), **{k: str(v) for k, v in env.items()}})
+    full.update(
+        {
+            "DATABASE_URL": dsn().replace("postgresql://", "postgres://"),
+            **{k: str(v) for k, v in env.items()},
+        }
+    )
     return subprocess.Popen(
-        [sys.executable, "manage.py", "qcluster"], cwd=ROOT, env=full,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [sys.executable, "manage.py", "qcluster"],
+        cwd=ROOT,
+        env=full,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
 
 
@@ -130,7 +143,10 @@ def through_queue(runs: int) -> dict:
     time.sleep(3)
     try:
         started = time.perf_counter()
-        ids = [start_run("bench-refund", {"order_id": f"ORD-{1001 + i % 50}"}).run.id for i in range(runs)]
+        ids = [
+            start_run("bench-refund", {"order_id": f"ORD-{1001 + i % 50}"}).run.id
+            for i in range(runs)
+        ]
         deadline = time.monotonic() + 300
         while Run.objects.filter(id__in=ids, status="succeeded").count() < runs:
             if time.monotonic() > deadline:
@@ -140,8 +156,12 @@ def through_queue(runs: int) -> dict:
     finally:
         _stop(worker)
     lat = [(r.finished_at - r.created_at).total_seconds() for r in Run.objects.filter(id__in=ids)]
-    return {"runs_per_s": runs / elapsed, "steps_per_s": runs * STEPS_PER_RUN / elapsed,
-            "p50_ms": pct(lat, 50) * 1000, "p99_ms": pct(lat, 99) * 1000}
+    return {
+        "runs_per_s": runs / elapsed,
+        "steps_per_s": runs * STEPS_PER_RUN / elapsed,
+        "p50_ms": pct(lat, 50) * 1000,
+        "p99_ms": pct(lat, 99) * 1000,
+    }
 
 
 def run_length(lengths=(10, 100, 1000)) -> list[dict]:
@@ -157,7 +177,14 @@ def run_length(lengths=(10, 100, 1000)) -> list[dict]:
             actual = Run.objects.get(id=run.id).step_count
         per_step_ms = statistics.median(times) / actual * 1000
         # the last 10% of steps of the longest run: does a step get slower as history grows?
-        rows.append({"steps": actual, "runs": count, "run_ms": statistics.median(times) * 1000, "per_step_ms": per_step_ms})
+        rows.append(
+            {
+                "steps": actual,
+                "runs": count,
+                "run_ms": statistics.median(times) * 1000,
+                "per_step_ms": per_step_ms,
+            }
+        )
         print(f"  {actual} steps/run: {per_step_ms:.3f} ms per step", file=sys.stderr)
     return rows
 
@@ -165,8 +192,13 @@ def run_length(lengths=(10, 100, 1000)) -> list[dict]:
 def recovery(kills: int) -> dict:
     """SIGKILL the worker process executing a step; time until the step's next attempt starts."""
     ttl, sweep = 2.0, 0.5
-    worker = _worker(Q_WORKERS=1, Q_POLL=0.05, AGENTRUNS_LEASE_TTL_SECONDS=ttl, AGENTRUNS_SWEEP_INTERVAL_SECONDS=sweep,
-                     BENCH_SLOW_TOOL_SECONDS=30)
+    worker = _worker(
+        Q_WORKERS=1,
+        Q_POLL=0.05,
+        AGENTRUNS_LEASE_TTL_SECONDS=ttl,
+        AGENTRUNS_SWEEP_INTERVAL_SECONDS=sweep,
+        BENCH_SLOW_TOOL_SECONDS=30,
+    )
     time.sleep(3)
     samples = []
     try:
@@ -175,7 +207,9 @@ def recovery(kills: int) -> dict:
             deadline = time.monotonic() + 60
             attempt = None
             while attempt is None and time.monotonic() < deadline:
-                attempt = StepAttempt.objects.filter(step__run=run, step__tool="bench_sleep", number=1).first()
+                attempt = StepAttempt.objects.filter(
+                    step__run=run, step__tool="bench_sleep", number=1
+                ).first()
                 time.sleep(0.02)
             owner = Run.objects.get(id=run.id).lease_owner
             pid = int(owner.split(":")[1])
@@ -183,7 +217,9 @@ def recovery(kills: int) -> dict:
             os.kill(pid, signal.SIGKILL)
             second = None
             while second is None and time.monotonic() < deadline:
-                second = StepAttempt.objects.filter(step__run=run, step__tool="bench_sleep", number=2).first()
+                second = StepAttempt.objects.filter(
+                    step__run=run, step__tool="bench_sleep", number=2
+                ).first()
                 time.sleep(0.02)
             if second is None:
                 raise TimeoutError("the run did not continue after the kill")
@@ -191,8 +227,15 @@ def recovery(kills: int) -> dict:
             Run.objects.filter(id=run.id).update(cancel_requested=True)
     finally:
         _stop(worker)
-    return {"kills": kills, "p50_s": pct(samples, 50), "p99_s": pct(samples, 99), "max_s": max(samples),
-            "lease_ttl_s": ttl, "sweep_s": sweep, "bound_s": ttl + sweep + 1}
+    return {
+        "kills": kills,
+        "p50_s": pct(samples, 50),
+        "p99_s": pct(samples, 99),
+        "max_s": max(samples),
+        "lease_ttl_s": ttl,
+        "sweep_s": sweep,
+        "bound_s": ttl + sweep + 1,
+    }
 
 
 def chart(results: dict, lengths: list[dict], path: Path) -> None:
@@ -203,7 +246,10 @@ def chart(results: dict, lengths: list[dict], path: Path) -> None:
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     names = list(results)
-    colours = ["#2b6cb0" if n.startswith("ours") else "#718096" if n.startswith("floor") else "#b7791f" for n in names]
+    colours = [
+        "#2b6cb0" if n.startswith("ours") else "#718096" if n.startswith("floor") else "#b7791f"
+        for n in names
+    ]
     a.barh(names, [results[n]["runs_per_s"] for n in names], color=colours)
     a.set_xlabel("runs/s (7 durable steps per run)")
     a.set_title("Throughput, side by side")
@@ -222,7 +268,7 @@ def write_docs(section: str) -> None:
     text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
     block = f"{start}\n{section}\n{end}"
     if start in text and end in text:
-        text = text[: text.index(start)] + block + text[text.index(end) + len(end):]
+        text = text[: text.index(start)] + block + text[text.index(end) + len(end) :]
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     DOCS.write_text(text)
@@ -230,7 +276,9 @@ def write_docs(section: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true", help="fewer runs (a smoke test of the harness)")
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer runs (a smoke test of the harness)"
+    )
     parser.add_argument("--no-docs", action="store_true")
     args = parser.parse_args()
     # rounds long enough for each system to run warm (10-run rounds measured every system
@@ -253,13 +301,24 @@ def main() -> None:
     for peer in ("DBOS Transact", "LangGraph + PostgresSaver"):
         if peer in results:
             ratios[f"ours/{peer.split(' ')[0]}"] = ours / results[peer]["runs_per_s"]
-    lines = ["| system | runs/s | steps/s | p50 run (ms) | p99 run (ms) |", "|---|---:|---:|---:|---:|"]
+    lines = [
+        "| system | runs/s | steps/s | p50 run (ms) | p99 run (ms) |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for name, r in results.items():
-        lines.append(f"| {name} | {r['runs_per_s']:.1f} | {r['steps_per_s']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} |")
+        lines.append(
+            f"| {name} | {r['runs_per_s']:.1f} | {r['steps_per_s']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} |"
+        )
     table = "\n".join(lines)
     ratio_text = ", ".join(f"**{k} = {v:.2f}**" for k, v in ratios.items())
-    length_lines = ["| steps per run | runs | median run (ms) | ms per step |", "|---:|---:|---:|---:|"]
-    length_lines += [f"| {r['steps']} | {r['runs']} | {r['run_ms']:.1f} | {r['per_step_ms']:.3f} |" for r in lengths]
+    length_lines = [
+        "| steps per run | runs | median run (ms) | ms per step |",
+        "|---:|---:|---:|---:|",
+    ]
+    length_lines += [
+        f"| {r['steps']} | {r['runs']} | {r['run_ms']:.1f} | {r['per_step_ms']:.3f} |"
+        for r in lengths
+    ]
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, PostgreSQL (fsync on, local socket over TCP loopback)"
     print("\n" + table + "\n\nratios: " + ratio_text)
     print("\n".join(length_lines))
@@ -269,14 +328,14 @@ def main() -> None:
     chart(results, lengths, ROOT / "docs" / "benchmarks.png")
     write_docs(
         "## Engine: durable steps side by side\n\n"
-        "Command: `make bench` (= `PG_EXTRA_OPTS=\" \" scripts/with-postgres.sh .venv/bin/python -m benchmarks.run`).\n"
+        'Command: `make bench` (= `PG_EXTRA_OPTS=" " scripts/with-postgres.sh .venv/bin/python -m benchmarks.run`).\n'
         f"Machine: {machine}. Workload: the refund flow as seven durable steps "
         "(model, lookup, model, refund to the gateway ledger in the same database, model, reply, model), "
         "scripted model with no delay, runs executed one after another, "
         f"{rounds} interleaved rounds of {runs} runs per system (medians). "
         "Ours in-process: `engine.execute_inline` (the run is created already leased and executed in "
         "this process). Every step of every system is persisted before the next one starts: LangGraph "
-        "runs with `durability=\"sync\"`; its default, `\"async\"`, persists a checkpoint while the next "
+        'runs with `durability="sync"`; its default, `"async"`, persists a checkpoint while the next '
         "step already runs and is shown for reference only. The queue row is end to end: "
         "its latency includes waiting in the queue (all runs are enqueued at once for 2 workers).\n\n"
         f"{table}\n\nRatios: {ratio_text}.\n\n"

@@ -76,7 +76,9 @@ def writer_main(run_id: str, count: int, interval: float, out: str) -> None:
         with transaction.atomic():
             # registered before the store's nudge: runs first, right after COMMIT returns
             transaction.on_commit(lambda done=committed: done.append(time.monotonic_ns()))
-            seq = get_store().append(run_id, [("model.delta", {"step": 0, "attempt": 1, "text": f"tok{i} "})])
+            seq = get_store().append(
+                run_id, [("model.delta", {"step": 0, "attempt": 1, "text": f"tok{i} "})]
+            )
         lines.append(f"{seq} {committed[0]}")
         delay = next_at - time.monotonic()
         if delay > 0:
@@ -85,12 +87,25 @@ def writer_main(run_id: str, count: int, interval: float, out: str) -> None:
 
 
 # ---------------------------------------------------------------------------- viewers
-async def watch(url: str, origin: str, token: str, last_seq: int, received: list, ready: asyncio.Event,
-                counter: list) -> None:
+async def watch(
+    url: str,
+    origin: str,
+    token: str,
+    last_seq: int,
+    received: list,
+    ready: asyncio.Event,
+    counter: list,
+) -> None:
     from websockets.asyncio.client import connect
 
-    async with connect(url, origin=origin, additional_headers={"Authorization": f"Bearer {token}"},
-                       max_queue=None, open_timeout=60, ping_interval=None) as ws:
+    async with connect(
+        url,
+        origin=origin,
+        additional_headers={"Authorization": f"Bearer {token}"},
+        max_queue=None,
+        open_timeout=60,
+        ping_interval=None,
+    ) as ws:
         counter[0] += 1
         if counter[0] == counter[1]:
             ready.set()
@@ -99,20 +114,27 @@ async def watch(url: str, origin: str, token: str, last_seq: int, received: list
             now = time.monotonic_ns()
             # frames start with {"seq":N, (fragments.encode_frame): skip a full JSON parse, the
             # viewers share this machine with the server being measured
-            seq = int(raw[7 : raw.index(",")]) if raw.startswith('{"seq":') else json.loads(raw)["seq"]
+            seq = (
+                int(raw[7 : raw.index(",")])
+                if raw.startswith('{"seq":')
+                else json.loads(raw)["seq"]
+            )
             received.append((seq, now))
             if seq >= last_seq:
                 return
 
 
-async def run_viewers(base_url: str, run_id: str, token: str, n: int, last_seq: int,
-                      start_writer) -> list[list[tuple[int, int]]]:
+async def run_viewers(
+    base_url: str, run_id: str, token: str, n: int, last_seq: int, start_writer
+) -> list[list[tuple[int, int]]]:
     url = base_url.replace("http://", "ws://") + f"/ws/runs/{run_id}/?after=0"
     ready = asyncio.Event()
     counter = [0, n]
     results: list[list[tuple[int, int]]] = [[] for _ in range(n)]
-    tasks = [asyncio.create_task(watch(url, base_url, token, last_seq, results[i], ready, counter))
-             for i in range(n)]
+    tasks = [
+        asyncio.create_task(watch(url, base_url, token, last_seq, results[i], ready, counter))
+        for i in range(n)
+    ]
     await asyncio.wait_for(ready.wait(), timeout=120)
     await asyncio.sleep(1.0)  # let every consumer finish subscribing before the first commit
     writer = start_writer()
@@ -135,12 +157,23 @@ def latency_case(base_url: str, token: str, user, n: int, env: dict[str, str], t
 
     def start_writer() -> subprocess.Popen:
         return subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.stream_latency", "--writer", str(run.id),
-             str(EVENTS_PER_CASE), str(WRITE_INTERVAL_S), str(out)],
-            cwd=ROOT, env=env,
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.stream_latency",
+                "--writer",
+                str(run.id),
+                str(EVENTS_PER_CASE),
+                str(WRITE_INTERVAL_S),
+                str(out),
+            ],
+            cwd=ROOT,
+            env=env,
         )
 
-    results = asyncio.run(run_viewers(base_url, str(run.id), token, n, EVENTS_PER_CASE, start_writer))
+    results = asyncio.run(
+        run_viewers(base_url, str(run.id), token, n, EVENTS_PER_CASE, start_writer)
+    )
     committed = {}
     for line in out.read_text().splitlines():
         seq, t = line.split()
@@ -165,9 +198,21 @@ def start_redis(tmp: Path) -> tuple[subprocess.Popen, str]:
 
     port = free_port()
     proc = subprocess.Popen(
-        [shutil.which("redis-server") or "/usr/bin/redis-server", "--port", str(port), "--bind",
-         "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        [
+            shutil.which("redis-server") or "/usr/bin/redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
     )
     import redis
 
@@ -203,8 +248,11 @@ def latency_benchmarks(tmp: Path) -> list[dict]:
         try:
             for n in VIEWER_COUNTS:
                 row = {"mode": mode, **latency_case(base_url, token, user, n, writer_env, tmp)}
-                print(f"{mode:5} viewers={n:3}  p50={row['p50']:7.1f} ms  p99={row['p99']:7.1f} ms  "
-                      f"max={row['max']:7.1f} ms  ({row['frames']} frames)", flush=True)
+                print(
+                    f"{mode:5} viewers={n:3}  p50={row['p50']:7.1f} ms  p99={row['p99']:7.1f} ms  "
+                    f"max={row['max']:7.1f} ms  ({row['frames']} frames)",
+                    flush=True,
+                )
                 rows.append(row)
         finally:
             web.kill()
@@ -227,10 +275,13 @@ def persistence_benchmark() -> dict:
     connections.close_all()  # a fresh connection after the long latency phase
     nudges.IN_WORKER_PROCESS = True  # as in qcluster: with the in-memory layer it skips nudges
     words = 4000
-    register_agent(Agent(
-        name="bench-persist", instructions="Talk.",
-        scripted_policy=lambda messages: ScriptedTurn(text="word " * words),
-    ))
+    register_agent(
+        Agent(
+            name="bench-persist",
+            instructions="Talk.",
+            scripted_policy=lambda messages: ScriptedTurn(text="word " * words),
+        )
+    )
     results = {}
     for label, flush_chars in (("one commit per token", 1), ("default batching (200 chars)", 200)):
         with override_settings(SCRIPTED_MODEL_DELAY_MS=0, AGENTRUNS_DELTA_FLUSH_CHARS=flush_chars):
@@ -239,10 +290,16 @@ def persistence_benchmark() -> dict:
             RunExecutor(run.id).advance()
             elapsed = time.perf_counter() - started
         deltas = RunEvent.objects.filter(run=run, type="model.delta").count()
-        results[label] = {"deltas": deltas, "seconds": elapsed, "per_second": deltas / elapsed,
-                          "chars_per_second": words * 5 / elapsed}
-        print(f"persist {label}: {deltas} delta events in {elapsed:.2f} s = {deltas / elapsed:,.0f}/s",
-              flush=True)
+        results[label] = {
+            "deltas": deltas,
+            "seconds": elapsed,
+            "per_second": deltas / elapsed,
+            "chars_per_second": words * 5 / elapsed,
+        }
+        print(
+            f"persist {label}: {deltas} delta events in {elapsed:.2f} s = {deltas / elapsed:,.0f}/s",
+            flush=True,
+        )
     return results
 
 
@@ -272,10 +329,16 @@ def markdown(rows: list[dict], persist: dict, load: tuple[float, float]) -> str:
         "|---|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
-        target = "< 50 ms" if r["mode"] == "redis" else f"< {POLL_SECONDS * 1000 + 50:.0f} ms (poll + 50)"
+        target = (
+            "< 50 ms"
+            if r["mode"] == "redis"
+            else f"< {POLL_SECONDS * 1000 + 50:.0f} ms (poll + 50)"
+        )
         name = "Redis (channels_redis)" if r["mode"] == "redis" else "in-memory + DB poll"
-        lines.append(f"| {name} | {r['viewers']} | {r['p50']:.1f} | {r['p99']:.1f} | {r['max']:.1f} | "
-                     f"{r['frames']} | {target} |")
+        lines.append(
+            f"| {name} | {r['viewers']} | {r['p50']:.1f} | {r['p99']:.1f} | {r['max']:.1f} | "
+            f"{r['frames']} | {target} |"
+        )
     lines += [
         "",
         "| delta persistence | delta events | seconds | events/s |",

@@ -41,7 +41,7 @@ def bench_refund(ctx: ToolContext, order_id: str, amount_cents: int) -> dict:
 def bench_reply(ctx: ToolContext, order_id: str, message: str) -> dict:
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO support_outboxmessage (order_id, \"to\", body, run_id, step_id, created_at) "
+            'INSERT INTO support_outboxmessage (order_id, "to", body, run_id, step_id, created_at) '
             "SELECT id, customer_email, %s, %s, %s, now() FROM support_order WHERE order_id = %s",
             [message, ctx.run.id, ctx.step.id, order_id],
         )
@@ -55,9 +55,13 @@ def flow_policy(messages: list[dict]) -> ScriptedTurn:
         return ScriptedTurn("Looking up the order.", [("bench_lookup", {"order_id": order_id})])
     if turn == 1:
         amount = json.loads(messages[-1]["content"])["amount_cents"]
-        return ScriptedTurn("Refunding.", [("bench_refund", {"order_id": order_id, "amount_cents": amount})])
+        return ScriptedTurn(
+            "Refunding.", [("bench_refund", {"order_id": order_id, "amount_cents": amount})]
+        )
     if turn == 2:
-        return ScriptedTurn("Replying.", [("bench_reply", {"order_id": order_id, "message": "Refunded."})])
+        return ScriptedTurn(
+            "Replying.", [("bench_reply", {"order_id": order_id, "message": "Refunded."})]
+        )
     return ScriptedTurn("Done.")
 
 
@@ -70,12 +74,21 @@ def long_policy(messages: list[dict]) -> ScriptedTurn:
 
 
 register_agent(
-    Agent(name="bench-refund", instructions="Refund the order.", tools=["bench_lookup", "bench_refund", "bench_reply"],
-          scripted_policy=flow_policy)
+    Agent(
+        name="bench-refund",
+        instructions="Refund the order.",
+        tools=["bench_lookup", "bench_refund", "bench_reply"],
+        scripted_policy=flow_policy,
+    )
 )
 register_agent(
-    Agent(name="bench-long", instructions="Keep going.", tools=["bench_lookup"], scripted_policy=long_policy,
-          max_steps=5000)
+    Agent(
+        name="bench-long",
+        instructions="Keep going.",
+        tools=["bench_lookup"],
+        scripted_policy=long_policy,
+        max_steps=5000,
+    )
 )
 
 
@@ -96,4 +109,8 @@ def slow_policy(messages: list[dict]) -> ScriptedTurn:
     return ScriptedTurn("Sleeping.", [("bench_sleep", {})])
 
 
-register_agent(Agent(name="bench-slow", instructions="Sleep.", tools=["bench_sleep"], scripted_policy=slow_policy))
+register_agent(
+    Agent(
+        name="bench-slow", instructions="Sleep.", tools=["bench_sleep"], scripted_policy=slow_policy
+    )
+)

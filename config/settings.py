@@ -19,7 +19,9 @@ def database_from_url(url: str) -> dict:
     """Parse postgres://user:pass@host:port/name?options into a Django DATABASES entry."""
     parsed = urlparse(url)
     if parsed.scheme not in {"postgres", "postgresql", "pgsql"}:
-        raise ValueError(f"DATABASE_URL scheme {parsed.scheme!r} is not supported (use postgres://)")
+        raise ValueError(
+            f"DATABASE_URL scheme {parsed.scheme!r} is not supported (use postgres://)"
+        )
     query = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
     host = unquote(parsed.hostname or "") or query.pop("host", "")
     return {
@@ -38,7 +40,9 @@ def database_from_url(url: str) -> dict:
 
 SECRET_KEY = env_str("SECRET_KEY", "dev-insecure-change-me-0123456789abcdefghijklmnopqrstuvwxyz")
 DEBUG = env_bool("DEBUG", False)
-ALLOWED_HOSTS = [h for h in env_str("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",") if h]
+ALLOWED_HOSTS = [
+    h for h in env_str("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",") if h
+]
 CSRF_TRUSTED_ORIGINS = [o for o in env_str("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
 
 INSTALLED_APPS = [

@@ -15,7 +15,11 @@ api_patterns = [
     path("runs/<str:run_id>/cancel", runs_api.cancel_run, name="api-run-cancel"),
     path("runs/<str:run_id>/retry", runs_api.retry_run, name="api-run-retry"),
     path("runs/<str:run_id>/fork", runs_api.fork_run, name="api-run-fork"),
-    path("runs/<str:run_id>/steps/<int:index>/resolve", runs_api.resolve_step, name="api-step-resolve"),
+    path(
+        "runs/<str:run_id>/steps/<int:index>/resolve",
+        runs_api.resolve_step,
+        name="api-step-resolve",
+    ),
     path("approvals", approvals_api.approval_list, name="api-approvals"),
     path("approvals/<str:approval_id>", approvals_api.approval_decide, name="api-approval"),
 ]

@@ -205,7 +205,9 @@ class FakeOpenAI:
         return f"http://{self._server.server_address[0]}:{self.port}/v1"
 
     def start(self) -> FakeOpenAI:
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-openai", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="fake-openai", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -296,7 +298,14 @@ class _Handler(BaseHTTPRequestHandler):
             headers["Retry-After"] = f"{fail.retry_after:g}"
         self._json(
             fail.status,
-            {"error": {"message": message, "type": etype, "param": None, "code": fail.code or code}},
+            {
+                "error": {
+                    "message": message,
+                    "type": etype,
+                    "param": None,
+                    "code": fail.code or code,
+                }
+            },
             headers,
         )
 
@@ -309,9 +318,15 @@ class _Handler(BaseHTTPRequestHandler):
         fake = self.server_state
         fake._record(RecordedRequest("GET", self.path, _headers(self), None, time.monotonic()))
         if self.path.rstrip("/").endswith("/models"):
-            self._json(200, {"object": "list", "data": [
-                {"id": "fake-model", "object": "model", "created": 0, "owned_by": "fake"}
-            ]})
+            self._json(
+                200,
+                {
+                    "object": "list",
+                    "data": [
+                        {"id": "fake-model", "object": "model", "created": 0, "owned_by": "fake"}
+                    ],
+                },
+            )
         else:
             self._json(404, {"error": {"message": "not found", "type": "invalid_request_error"}})
 
@@ -325,10 +340,23 @@ class _Handler(BaseHTTPRequestHandler):
             body = raw.decode(errors="replace")
         fake._record(RecordedRequest("POST", self.path, _headers(self), body, time.monotonic()))
         if not self.path.rstrip("/").endswith("/chat/completions"):
-            self._json(404, {"error": {"message": f"unknown path {self.path}", "type": "invalid_request_error"}})
+            self._json(
+                404,
+                {
+                    "error": {
+                        "message": f"unknown path {self.path}",
+                        "type": "invalid_request_error",
+                    }
+                },
+            )
             return
-        if fake.api_key is not None and self.headers.get("Authorization") != f"Bearer {fake.api_key}":
-            self._error(Fail(401, "Incorrect API key provided. You can find your API key in your account."))
+        if (
+            fake.api_key is not None
+            and self.headers.get("Authorization") != f"Bearer {fake.api_key}"
+        ):
+            self._error(
+                Fail(401, "Incorrect API key provided. You can find your API key in your account.")
+            )
             return
         problem = conversation_problem(body)
         if problem:
@@ -357,8 +385,12 @@ class _Handler(BaseHTTPRequestHandler):
         if reply.usage is not None:
             usage = reply.usage
         else:
-            prompt = sum(estimate_tokens(str(m.get("content") or "")) for m in body.get("messages") or [])
-            completion = estimate_tokens(reply.text) + sum(estimate_tokens(c["arguments"]) for c in calls)
+            prompt = sum(
+                estimate_tokens(str(m.get("content") or "")) for m in body.get("messages") or []
+            )
+            completion = estimate_tokens(reply.text) + sum(
+                estimate_tokens(c["arguments"]) for c in calls
+            )
             usage = (prompt, completion)
         return calls, usage
 
@@ -367,18 +399,34 @@ class _Handler(BaseHTTPRequestHandler):
         message: dict[str, Any] = {"role": "assistant", "content": reply.text or None}
         if calls:
             message["tool_calls"] = [
-                {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                {
+                    "id": c["id"],
+                    "type": "function",
+                    "function": {"name": c["name"], "arguments": c["arguments"]},
+                }
                 for c in calls
             ]
-        self._json(200, {
-            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body["model"],
-            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}],
-            "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
-                      "total_tokens": prompt + completion},
-        })
+        self._json(
+            200,
+            {
+                "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": message,
+                        "finish_reason": "tool_calls" if calls else "stop",
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": prompt,
+                    "completion_tokens": completion,
+                    "total_tokens": prompt + completion,
+                },
+            },
+        )
 
     def _stream(self, body: dict, reply: Reply) -> None:
         fake = self.server_state
@@ -392,27 +440,58 @@ class _Handler(BaseHTTPRequestHandler):
         }
 
         def choice(delta: dict, finish: str | None = None) -> dict:
-            return {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+            return {
+                **base,
+                "choices": [
+                    {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                ],
+            }
 
         size = max(1, reply.chunk_chars)
         chunks: list[dict] = [choice({"role": "assistant", "content": ""})]
-        chunks += [choice({"content": reply.text[i : i + size]}) for i in range(0, len(reply.text), size)]
+        chunks += [
+            choice({"content": reply.text[i : i + size]}) for i in range(0, len(reply.text), size)
+        ]
         for index, call in enumerate(calls):
             # the first fragment names the call; the arguments follow in pieces
-            chunks.append(choice({"tool_calls": [{
-                "index": index, "id": call["id"], "type": "function",
-                "function": {"name": call["name"], "arguments": ""},
-            }]}))
+            chunks.append(
+                choice(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": index,
+                                "id": call["id"],
+                                "type": "function",
+                                "function": {"name": call["name"], "arguments": ""},
+                            }
+                        ]
+                    }
+                )
+            )
             args = call["arguments"]
             chunks += [
-                choice({"tool_calls": [{"index": index, "function": {"arguments": args[i : i + size]}}]})
+                choice(
+                    {
+                        "tool_calls": [
+                            {"index": index, "function": {"arguments": args[i : i + size]}}
+                        ]
+                    }
+                )
                 for i in range(0, len(args), size)
             ]
         chunks.append(choice({}, "tool_calls" if calls else "stop"))
         if (body.get("stream_options") or {}).get("include_usage"):
-            chunks.append({**base, "choices": [], "usage": {
-                "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            }})
+            chunks.append(
+                {
+                    **base,
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": prompt,
+                        "completion_tokens": completion,
+                        "total_tokens": prompt + completion,
+                    },
+                }
+            )
 
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
@@ -446,16 +525,31 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8100)
-    parser.add_argument("--mode", choices=MODES, default="refund",
-                        help="how to answer: refund (plays the demo refund agent), echo, error")
-    parser.add_argument("--delay-ms", type=float, default=40,
-                        help="pause between streamed chunks, so the stream is visible in the UI")
-    parser.add_argument("--api-key", default=None, help="require this bearer key (default: accept any)")
+    parser.add_argument(
+        "--mode",
+        choices=MODES,
+        default="refund",
+        help="how to answer: refund (plays the demo refund agent), echo, error",
+    )
+    parser.add_argument(
+        "--delay-ms",
+        type=float,
+        default=40,
+        help="pause between streamed chunks, so the stream is visible in the UI",
+    )
+    parser.add_argument(
+        "--api-key", default=None, help="require this bearer key (default: accept any)"
+    )
     args = parser.parse_args(argv)
-    fake = FakeOpenAI(args.host, args.port, mode=args.mode, delay=args.delay_ms / 1000, api_key=args.api_key)
+    fake = FakeOpenAI(
+        args.host, args.port, mode=args.mode, delay=args.delay_ms / 1000, api_key=args.api_key
+    )
     signal.signal(signal.SIGTERM, _interrupt)  # a process manager stops us with SIGTERM
     fake.start()
-    print(f"fake OpenAI-compatible server on {fake.url} (mode {args.mode}); Ctrl-C stops it", flush=True)
+    print(
+        f"fake OpenAI-compatible server on {fake.url} (mode {args.mode}); Ctrl-C stops it",
+        flush=True,
+    )
     try:
         while True:
             time.sleep(3600)

@@ -108,7 +108,9 @@ def add_ticket_note(ctx: ToolContext, order_id: str, note: str) -> dict:
     ticket = _ticket_for(order_id)
     try:
         with transaction.atomic():
-            row = TicketNote.objects.create(ticket=ticket, body=note, idempotency_key=ctx.idempotency_key)
+            row = TicketNote.objects.create(
+                ticket=ticket, body=note, idempotency_key=ctx.idempotency_key
+            )
     except IntegrityError:  # this step already wrote it before a crash: same note, once
         row = TicketNote.objects.get(idempotency_key=ctx.idempotency_key)
     return {"ticket_id": ticket.ticket_id, "note_id": row.pk}

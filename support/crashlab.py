@@ -59,7 +59,9 @@ def naive_turn(lab_run_id: str, order_id: str, message: str, gateway_url: str) -
     failpoints.hit("step_persisted", tool="issue_refund", step_id=lab_run_id)
     failpoints.hit("model_streaming", tool="refund", step_id=lab_run_id)
     OutboxMessage.objects.create(
-        order=order, to=order.customer_email, body="We refunded your order.",
+        order=order,
+        to=order.customer_email,
+        body="We refunded your order.",
         run_id=uuid.UUID(lab_run_id),
     )
     return key
@@ -96,7 +98,9 @@ def _env(**extra: object) -> dict[str, str]:
         env["SQLITE_PATH"] = str(db["NAME"])
     else:
         auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
-        env["DATABASE_URL"] = f"postgres://{auth}@{db['HOST'] or 'localhost'}:{db['PORT'] or 5432}/{db['NAME']}"
+        env["DATABASE_URL"] = (
+            f"postgres://{auth}@{db['HOST'] or 'localhost'}:{db['PORT'] or 5432}/{db['NAME']}"
+        )
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
@@ -105,7 +109,12 @@ class Process:
     def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
         self.log = open(log, "ab")
         self.popen = subprocess.Popen(
-            args, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+            args,
+            cwd=ROOT,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
     def kill(self) -> None:
@@ -145,8 +154,11 @@ class Row:
 def _lab_order(n: int) -> Order:
     order_id = f"ORD-{random.randint(10**7, 10**8 - 1)}"
     order = Order.objects.create(
-        order_id=order_id, customer_name=f"Lab Customer {n}", customer_email=f"lab{n}@example.com",
-        amount_cents=1000 + 100 * n, item="lab item",
+        order_id=order_id,
+        customer_name=f"Lab Customer {n}",
+        customer_email=f"lab{n}@example.com",
+        amount_cents=1000 + 100 * n,
+        item="lab item",
     )
     Ticket.objects.create(ticket_id=f"T-{order_id}", order=order, subject="lab", body="lab")
     return order
@@ -157,8 +169,18 @@ def run_lab(workdir: Path, timeout: float = 90, log=print) -> list[Row]:
     port = _free_port()
     gateway = f"http://127.0.0.1:{port}/gateway"
     web = Process(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
-        _env(), workdir / "web.log",
+        [
+            sys.executable,
+            "-m",
+            "daphne",
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "config.asgi:application",
+        ],
+        _env(),
+        workdir / "web.log",
     )
     rows: list[Row] = []
     try:
@@ -167,7 +189,17 @@ def run_lab(workdir: Path, timeout: float = 90, log=print) -> list[Row]:
         for n, (fault, point) in enumerate(FAULTS.items()):
             for group in ("A", "B"):
                 log(f"  {group} / {fault} ...")
-                rows.append(_scenario(group, fault, point, _lab_order(n * 2 + (group == "B")), gateway, workdir, timeout))
+                rows.append(
+                    _scenario(
+                        group,
+                        fault,
+                        point,
+                        _lab_order(n * 2 + (group == "B")),
+                        gateway,
+                        workdir,
+                        timeout,
+                    )
+                )
     finally:
         web.kill()
     return rows
@@ -181,7 +213,9 @@ def _reachable(url: str) -> bool:
         return False
 
 
-def _scenario(group: str, fault: str, point: str, order: Order, gateway: str, workdir: Path, timeout: float) -> Row:
+def _scenario(
+    group: str, fault: str, point: str, order: Order, gateway: str, workdir: Path, timeout: float
+) -> Row:
     marker_dir = workdir / f"failpoints-{group}-{fault}"
     worker = Process(
         [sys.executable, "manage.py", "qcluster"],
@@ -203,23 +237,41 @@ def _scenario(group: str, fault: str, point: str, order: Order, gateway: str, wo
             done = _wait(lambda: OutboxMessage.objects.filter(run_id=lab_id).exists(), timeout)
             refunds = GatewayRefund.objects.filter(order_id=order.order_id).order_by("id")
             return Row(
-                group="A", fault=fault, run_id=lab_id, step_id="-", attempt=refunds.count() or 1,
-                tool="issue_refund", operation_key=", ".join(r.idempotency_key[:18] for r in refunds) or "-",
-                step_status="(no step records)", refunds_executed=refunds.count(),
-                final_status="succeeded" if done else "incomplete", seconds=time.monotonic() - started,
+                group="A",
+                fault=fault,
+                run_id=lab_id,
+                step_id="-",
+                attempt=refunds.count() or 1,
+                tool="issue_refund",
+                operation_key=", ".join(r.idempotency_key[:18] for r in refunds) or "-",
+                step_status="(no step records)",
+                refunds_executed=refunds.count(),
+                final_status="succeeded" if done else "incomplete",
+                seconds=time.monotonic() - started,
             )
         from agentruns.services import start_run
 
         run = start_run("refund", {"order_id": order.order_id, "message": message}).run
-        _wait(lambda: Run.objects.filter(id=run.id, status__in=["succeeded", "failed", "waiting", "cancelled"]).exists(), timeout)
+        _wait(
+            lambda: Run.objects.filter(
+                id=run.id, status__in=["succeeded", "failed", "waiting", "cancelled"]
+            ).exists(),
+            timeout,
+        )
         run.refresh_from_db()
         step = Step.objects.filter(run=run, tool="issue_refund").first()
         return Row(
-            group="B", fault=fault, run_id=str(run.id), step_id=str(step.id) if step else "-",
-            attempt=step.attempts if step else 0, tool="issue_refund",
-            operation_key=step.idempotency_key if step else "-", step_status=step.status if step else "-",
+            group="B",
+            fault=fault,
+            run_id=str(run.id),
+            step_id=str(step.id) if step else "-",
+            attempt=step.attempts if step else 0,
+            tool="issue_refund",
+            operation_key=step.idempotency_key if step else "-",
+            step_status=step.status if step else "-",
             refunds_executed=GatewayRefund.objects.filter(order_id=order.order_id).count(),
-            final_status=run.status, seconds=time.monotonic() - started,
+            final_status=run.status,
+            seconds=time.monotonic() - started,
         )
     finally:
         worker.kill()
@@ -229,7 +281,9 @@ def verdict(rows: list[Row]) -> tuple[bool, list[str]]:
     problems = []
     for row in rows:
         if row.group == "B" and row.refunds_executed != 1:
-            problems.append(f"B/{row.fault}: {row.refunds_executed} refunds executed (must be exactly 1)")
+            problems.append(
+                f"B/{row.fault}: {row.refunds_executed} refunds executed (must be exactly 1)"
+            )
         if row.group == "B" and row.final_status != "succeeded":
             problems.append(f"B/{row.fault}: run ended {row.final_status}")
     return not problems, problems

@@ -43,7 +43,11 @@ def refunds(request: HttpRequest) -> JsonResponse:
         return _error(400, "body is not valid JSON")
     if not isinstance(body, dict):
         return _error(400, "body must be a JSON object")
-    order_id, amount, reason = body.get("order_id"), body.get("amount_cents"), body.get("reason", "")
+    order_id, amount, reason = (
+        body.get("order_id"),
+        body.get("amount_cents"),
+        body.get("reason", ""),
+    )
     if not isinstance(order_id, str) or not order_id:
         return _error(400, "order_id is required")
     if not isinstance(amount, int) or isinstance(amount, bool) or amount <= 0:
@@ -54,7 +58,10 @@ def refunds(request: HttpRequest) -> JsonResponse:
     try:
         with transaction.atomic():
             refund = GatewayRefund.objects.create(
-                order_id=order_id, amount_cents=amount, reason=str(reason)[:1000], idempotency_key=key
+                order_id=order_id,
+                amount_cents=amount,
+                reason=str(reason)[:1000],
+                idempotency_key=key,
             )
     except IntegrityError:  # a concurrent request with the same key won
         return _replay(GatewayRefund.objects.get(idempotency_key=key), order_id, amount)

@@ -60,7 +60,9 @@ def refund_policy(messages: list[dict]) -> ScriptedTurn:
 
     if "lookup_order" not in done or "error" in done["lookup_order"]:
         if "lookup_order" in done:  # the lookup failed: say so instead of looping
-            return ScriptedTurn(text=f"I could not look up order {order_id}: {done['lookup_order']['error']}")
+            return ScriptedTurn(
+                text=f"I could not look up order {order_id}: {done['lookup_order']['error']}"
+            )
         return ScriptedTurn(
             text=f"Let me look up order {order_id} first.",
             tool_calls=[("lookup_order", {"order_id": order_id})],

@@ -47,7 +47,8 @@ def lead(db, django_user_model):
 @pytest.fixture
 def approver(db, django_user_model):
     return make_user(
-        django_user_model, "approver",
+        django_user_model,
+        "approver",
         ["agentruns.view_run", "approvals.view_approval", "approvals.decide_approval"],
     )
 
@@ -104,8 +105,12 @@ def _reset_testkit():
 # Debian's chromium, never a downloaded browser; these flags keep it off the (closed) network
 CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
 ]
 
 

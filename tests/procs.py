@@ -63,7 +63,11 @@ class Proc:
     def start(self) -> Proc:
         self.log_file = open(self.log_path, "ab")
         self.popen = subprocess.Popen(
-            self.args, cwd=ROOT, env=self.env, stdout=self.log_file, stderr=subprocess.STDOUT,
+            self.args,
+            cwd=ROOT,
+            env=self.env,
+            stdout=self.log_file,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         return self
@@ -94,7 +98,16 @@ class Proc:
 def start_web(tmp_path: Path, port: int | None = None, **env: object) -> tuple[Proc, str]:
     port = port or free_port()
     proc = Proc(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
+        [
+            sys.executable,
+            "-m",
+            "daphne",
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "config.asgi:application",
+        ],
         base_env(**env),
         tmp_path / f"web-{port}.log",
     ).start()

@@ -38,7 +38,9 @@ def script_run(turns: list[dict]) -> Run:
 def test_no_token_is_401_json(client: Client):
     assert_json_error(client.get(f"/api/runs/{uuid.uuid4()}"), 401)
     response = client.post(
-        "/api/runs", json.dumps({"agent": "refund", "input": REFUND_INPUT}), content_type="application/json"
+        "/api/runs",
+        json.dumps({"agent": "refund", "input": REFUND_INPUT}),
+        content_type="application/json",
     )
     assert_json_error(response, 401)
     assert Run.objects.count() == 0
@@ -143,7 +145,10 @@ def test_wrong_method_is_405_json(api):
 def test_run_detail_shows_steps(api):
     run = script_run(
         [
-            {"text": "charging", "calls": [["t_echo", {"text": "hi"}], ["t_charge", {"amount": 5}]]},
+            {
+                "text": "charging",
+                "calls": [["t_echo", {"text": "hi"}], ["t_charge", {"amount": 5}]],
+            },
             {"text": "all done"},
         ]
     )
@@ -155,14 +160,26 @@ def test_run_detail_shows_steps(api):
     rows = {s.index: s for s in Step.objects.filter(run=run)}
     assert [s["index"] for s in body["steps"]] == [0, 1, 2, 3]
     for step in body["steps"]:
-        for field in ("index", "kind", "tool", "status", "attempts", "idempotency_key", "result", "error"):
+        for field in (
+            "index",
+            "kind",
+            "tool",
+            "status",
+            "attempts",
+            "idempotency_key",
+            "result",
+            "error",
+        ):
             assert field in step, field
         row = rows[step["index"]]
         assert step["idempotency_key"] == row.idempotency_key and step["idempotency_key"]
         assert step["attempts"] == row.attempts == 1
         assert step["status"] == "succeeded" and step["error"] is None
     assert [(s["kind"], s["tool"]) for s in body["steps"]] == [
-        ("model", None), ("tool", "t_echo"), ("tool", "t_charge"), ("model", None)
+        ("model", None),
+        ("tool", "t_echo"),
+        ("tool", "t_charge"),
+        ("model", None),
     ]
     charge = body["steps"][2]
     assert charge["result"] == {"charged": 5, "key": charge["idempotency_key"]}
@@ -187,7 +204,9 @@ def test_unknown_run_is_404_json(api, path):
 
 
 def test_events_after_seq_are_in_order(api):
-    run = script_run([{"text": "one two three", "calls": [["t_echo", {"text": "x"}]]}, {"text": "end"}])
+    run = script_run(
+        [{"text": "one two three", "calls": [["t_echo", {"text": "x"}]]}, {"text": "end"}]
+    )
     RunExecutor(run.id).advance()
     everything = api.get(f"/api/runs/{run.id}/events?after=0").json()["events"]
     seqs = [e["seq"] for e in everything]
@@ -291,9 +310,14 @@ def test_gateway_get_lists_what_it_executed(client: Client):
     gateway_post(client, {"order_id": "ORD-1001", "amount_cents": 500, "reason": "c"}, "k-c")
     listed = client.get("/gateway/refunds").json()["refunds"]
     assert [(r["order_id"], r["amount_cents"], r["idempotency_key"]) for r in listed] == [
-        ("ORD-1001", 1500, "k-a"), ("ORD-1002", 2500, "k-b"), ("ORD-1001", 500, "k-c")
+        ("ORD-1001", 1500, "k-a"),
+        ("ORD-1002", 2500, "k-b"),
+        ("ORD-1001", 500, "k-c"),
     ]
-    assert all({"id", "order_id", "amount_cents", "idempotency_key", "created_at"} <= set(r) for r in listed)
+    assert all(
+        {"id", "order_id", "amount_cents", "idempotency_key", "created_at"} <= set(r)
+        for r in listed
+    )
     only = client.get("/gateway/refunds?order_id=ORD-1001").json()["refunds"]
     assert [r["idempotency_key"] for r in only] == ["k-a", "k-c"]
     assert client.get("/gateway/refunds?order_id=ORD-9999").json() == {"refunds": []}

@@ -43,7 +43,10 @@ def assert_gapless(run: Run) -> None:
 def test_step_lifecycle_and_events():
     run = run_script(
         [
-            {"text": "echo then charge", "calls": [["t_echo", {"text": "hi"}], ["t_charge", {"amount": 5}]]},
+            {
+                "text": "echo then charge",
+                "calls": [["t_echo", {"text": "hi"}], ["t_charge", {"amount": 5}]],
+            },
             {"text": "all done"},
         ]
     )
@@ -196,18 +199,31 @@ def test_model_step_interrupted_is_superseded_and_rerun():
     run = run_script([{"text": "hello there"}])
     now = timezone.now()
     step = Step.objects.create(
-        run=run, index=0, kind="model", idempotency_key="k-model", status="running", attempts=1, started_at=now
+        run=run,
+        index=0,
+        kind="model",
+        idempotency_key="k-model",
+        status="running",
+        attempts=1,
+        started_at=now,
     )
     StepAttempt.objects.create(step=step, number=1, worker="dead:1", started_at=now)
-    Run.objects.filter(id=run.id).update(status="running", step_count=1, lease_owner="dead:1",
-                                         lease_expires_at=now - timedelta(seconds=1))
+    Run.objects.filter(id=run.id).update(
+        status="running",
+        step_count=1,
+        lease_owner="dead:1",
+        lease_expires_at=now - timedelta(seconds=1),
+    )
     run = advance(run)
     assert run.status == "succeeded" and run.output == "hello there"
     step.refresh_from_db()
     assert step.attempts == 2
     sup = RunEvent.objects.get(run=run, type="model.superseded")
     assert sup.data == {"step": 0, "attempt": 1}
-    texts = [e.data["text"] for e in RunEvent.objects.filter(run=run, type="model.delta", data__attempt=2)]
+    texts = [
+        e.data["text"]
+        for e in RunEvent.objects.filter(run=run, type="model.delta", data__attempt=2)
+    ]
     assert "".join(texts) == "hello there"
 
 
@@ -228,14 +244,19 @@ def test_small_amount_needs_no_approval():
 
 
 def test_stop_max_steps():
-    run = advance(run_script([{"calls": [["t_echo", {"text": "again"}]], "loop": True}], agent="script-short"))
+    run = advance(
+        run_script([{"calls": [["t_echo", {"text": "again"}]], "loop": True}], agent="script-short")
+    )
     assert run.status == "failed" and run.stop_reason == "max_steps"
     assert len(steps(run)) <= 6
 
 
 def test_stop_token_budget():
     run = advance(
-        run_script([{"text": "word " * 100, "calls": [["t_echo", {"text": "x"}]], "loop": True}], agent="script-budget")
+        run_script(
+            [{"text": "word " * 100, "calls": [["t_echo", {"text": "x"}]], "loop": True}],
+            agent="script-budget",
+        )
     )
     assert run.status == "failed" and run.stop_reason == "token_budget"
 
@@ -271,7 +292,10 @@ def test_sweeper_ignores_live_leases_and_parked_runs():
     run = run_script([{"text": "x"}])
     past = timezone.now() - timedelta(minutes=5)
     Run.objects.filter(id=run.id).update(
-        status="running", lease_owner="alive:1", lease_expires_at=timezone.now() + timedelta(minutes=1), enqueued_at=past
+        status="running",
+        lease_owner="alive:1",
+        lease_expires_at=timezone.now() + timedelta(minutes=1),
+        enqueued_at=past,
     )
     other = run_script([{"text": "y"}])
     Run.objects.filter(id=other.id).update(status="waiting", enqueued_at=past)
@@ -339,6 +363,7 @@ def test_cancel_during_retry_backoff_is_noticed():
         status="pending", approved=True, next_attempt_at=timezone.now() + timedelta(seconds=60)
     )
     Run.objects.filter(id=run.id).update(status="queued")
+
     def cancel_later():
         Run.objects.filter(id=run.id).update(cancel_requested=True)
         connection.close()
@@ -395,7 +420,9 @@ def test_a_worker_that_lost_its_lease_writes_nothing():
     executor = RunExecutor(run.id)
     assert executor.claim()
     Run.objects.filter(id=run.id).update(lease_owner="someone-else")  # the lease moved on
-    stray = Step(run_id=run.id, index=0, kind="model", idempotency_key="stray-key", status="running")
+    stray = Step(
+        run_id=run.id, index=0, kind="model", idempotency_key="stray-key", status="running"
+    )
     before = RunEvent.objects.filter(run=run).count()
     with pytest.raises(LeaseLost):
         executor.commit([("step.started", {"step": 0})], batch=WriteBatch().insert([stray]))
@@ -405,7 +432,12 @@ def test_a_worker_that_lost_its_lease_writes_nothing():
 
 def test_stop_per_agent_cost_budget(settings):
     settings.AGENTRUNS_MODEL_PRICES = "scripted=100000/100000"  # $0.10 per token
-    run = advance(run_script([{"text": "word " * 20, "calls": [["t_echo", {"text": "x"}]], "loop": True}], agent="script-cost"))
+    run = advance(
+        run_script(
+            [{"text": "word " * 20, "calls": [["t_echo", {"text": "x"}]], "loop": True}],
+            agent="script-cost",
+        )
+    )
     assert run.status == "failed" and run.stop_reason == "cost_budget"
     assert run.cost_usd >= 0.5
 
@@ -437,7 +469,9 @@ def test_transactional_tool_failure_undoes_its_writes():
 
 def test_transactional_tool_after_a_side_effect_commits_with_its_result():
     run = advance(
-        run_script([{"calls": [["t_charge", {"amount": 1}], ["t_tx", {"amount": 7}]]}, {"text": "ok"}])
+        run_script(
+            [{"calls": [["t_charge", {"amount": 1}], ["t_tx", {"amount": 7}]]}, {"text": "ok"}]
+        )
     )
     assert run.status == "succeeded", run.error
     tx = steps(run)[2]

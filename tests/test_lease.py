@@ -20,7 +20,9 @@ TTL = 0.6
 def _leased(owner: str) -> Run:
     run = start_run("script", {"script": []}, enqueue_task=False).run
     Run.objects.filter(id=run.id).update(
-        status="running", lease_owner=owner, lease_expires_at=timezone.now() + timedelta(seconds=TTL)
+        status="running",
+        lease_owner=owner,
+        lease_expires_at=timezone.now() + timedelta(seconds=TTL),
     )
     return run
 

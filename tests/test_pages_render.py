@@ -17,7 +17,13 @@ def test_pages_render_without_template_leaks(client, lead, seeded, settings):
     run = start_run("refund", {"order_id": "ORD-1001", "message": "broken <b>please</b>"}).run
     RunExecutor(run.id).advance()  # parks at issue_refund: the inbox has an item
     client.force_login(lead)
-    for path in ("/runs/", "/approvals/", f"/runs/{run.id}/", "/runs/new/", "/runs/?status=waiting"):
+    for path in (
+        "/runs/",
+        "/approvals/",
+        f"/runs/{run.id}/",
+        "/runs/new/",
+        "/runs/?status=waiting",
+    ):
         response = client.get(path)
         assert response.status_code == 200, path
         html = response.content.decode()

@@ -43,10 +43,19 @@ def test_rows_round_trip_exactly():
     run = _leased()
     now = timezone.now().replace(microsecond=123456)
     step = Step(
-        id=uuid.uuid4(), run_id=run.id, index=0, kind=StepKind.TOOL, tool="t_echo", call_id="c-1",
+        id=uuid.uuid4(),
+        run_id=run.id,
+        index=0,
+        kind=StepKind.TOOL,
+        tool="t_echo",
+        call_id="c-1",
         arguments={"text": "quote ' \" and \\ and ünïcode", "n": [1, 2.5, None]},
-        idempotency_key="k-round-trip", status="succeeded", result=None, text="line\nbreak",
-        started_at=now, finished_at=now + timedelta(microseconds=1),
+        idempotency_key="k-round-trip",
+        status="succeeded",
+        result=None,
+        text="line\nbreak",
+        started_at=now,
+        finished_at=now + timedelta(microseconds=1),
     )
     attempt = StepAttempt(step=step, number=1, worker="me:1:abc", started_at=now, finished_at=now)
     RunExecutor(run.id, owner="me:1:abc").commit(
@@ -63,7 +72,9 @@ def test_rows_round_trip_exactly():
 
 def test_a_lost_lease_writes_nothing():
     run = _leased(owner="other:2:def")
-    step = Step(id=uuid.uuid4(), run_id=run.id, index=0, kind=StepKind.MODEL, idempotency_key="k-lost")
+    step = Step(
+        id=uuid.uuid4(), run_id=run.id, index=0, kind=StepKind.MODEL, idempotency_key="k-lost"
+    )
     events_before = RunEvent.objects.filter(run=run).count()
     with pytest.raises(LeaseLost), transaction.atomic():  # (the test's own transaction survives)
         RunExecutor(run.id, owner="me:1:abc").commit([("x", {})], batch=WriteBatch().insert([step]))
@@ -77,7 +88,9 @@ def test_a_lost_lease_rolls_back_the_callers_transaction_too():
 
     run = _leased(owner="other:2:def")
     with pytest.raises(LeaseLost), transaction.atomic():
-        GatewayRefund.objects.create(order_id="ORD-X", amount_cents=1, idempotency_key="k-rolled-back")
+        GatewayRefund.objects.create(
+            order_id="ORD-X", amount_cents=1, idempotency_key="k-rolled-back"
+        )
         RunExecutor(run.id, owner="me:1:abc").commit([("x", {})], end_transaction=True)
     assert not GatewayRefund.objects.filter(idempotency_key="k-rolled-back").exists()
 
@@ -99,15 +112,17 @@ def test_the_commit_can_end_the_callers_transaction():
 
 
 def test_execute_inline_creates_the_run_leased_and_runs_it():
-    run, outcome = execute_inline("script", {"script": [{"calls": [["t_echo", {"text": "a"}]]}, {"text": "ok"}]})
+    run, outcome = execute_inline(
+        "script", {"script": [{"calls": [["t_echo", {"text": "a"}]]}, {"text": "ok"}]}
+    )
     assert outcome == "succeeded"
     run.refresh_from_db()
     assert run.status == "succeeded" and run.output == "ok" and run.lease_owner == ""
     types = list(RunEvent.objects.filter(run=run).order_by("seq").values_list("type", flat=True))
     assert types[:2] == ["run.created", "run.status"]
-    assert list(RunEvent.objects.filter(run=run).order_by("seq").values_list("seq", flat=True)) == list(
-        range(1, run.last_seq + 1)
-    )
+    assert list(
+        RunEvent.objects.filter(run=run).order_by("seq").values_list("seq", flat=True)
+    ) == list(range(1, run.last_seq + 1))
 
 
 def test_execute_inline_dedupes_on_the_key():
@@ -131,7 +146,13 @@ def test_an_inline_run_whose_process_died_is_handed_to_the_queue():
 def test_failing_transactional_call_after_an_eager_read_reruns_the_read_only():
     testkit.FAILS["t_tx"] = 1  # fails inside the model's transaction: everything rolls back
     run = start_run(
-        "script", {"script": [{"calls": [["t_echo", {"text": "a"}], ["t_tx", {"amount": 3}]]}, {"text": "ok"}]}
+        "script",
+        {
+            "script": [
+                {"calls": [["t_echo", {"text": "a"}], ["t_tx", {"amount": 3}]]},
+                {"text": "ok"},
+            ]
+        },
     ).run
     assert RunExecutor(run.id).advance() == "succeeded"
     echo, tx = Step.objects.filter(run=run, kind="tool").order_by("index")

@@ -34,7 +34,12 @@ def sqlite_env(db_path: Path, base_url: str) -> dict[str, object]:
 
 def manage(env: dict[str, str], *args: str) -> str:
     done = subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert done.returncode == 0, f"manage.py {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
     return done.stdout
@@ -72,7 +77,10 @@ def test_refund_run_completes_on_the_sqlite_default(tmp_path: Path, procs: list[
     with httpx.Client(base_url=base_url, headers=auth, timeout=30) as http:
         created = http.post(
             "/api/runs",
-            json={"agent": "refund", "input": {"order_id": ORDER_ID, "message": "It arrived broken."}},
+            json={
+                "agent": "refund",
+                "input": {"order_id": ORDER_ID, "message": "It arrived broken."},
+            },
             headers={"Idempotency-Key": "sqlite-smoke-1"},
         )
         assert created.status_code == 201, created.text
@@ -80,7 +88,9 @@ def test_refund_run_completes_on_the_sqlite_default(tmp_path: Path, procs: list[
 
         def finished() -> dict | None:
             body = http.get(f"/api/runs/{run_id}").json()
-            return body if body["status"] in {"succeeded", "failed", "cancelled", "waiting"} else None
+            return (
+                body if body["status"] in {"succeeded", "failed", "cancelled", "waiting"} else None
+            )
 
         try:
             run = wait_until(finished, timeout=120, interval=0.25, message="the run to finish")
@@ -99,12 +109,17 @@ def test_refund_run_completes_on_the_sqlite_default(tmp_path: Path, procs: list[
         # a repeated Idempotency-Key returns the same run, not a second refund
         again = http.post(
             "/api/runs",
-            json={"agent": "refund", "input": {"order_id": ORDER_ID, "message": "It arrived broken."}},
+            json={
+                "agent": "refund",
+                "input": {"order_id": ORDER_ID, "message": "It arrived broken."},
+            },
             headers={"Idempotency-Key": "sqlite-smoke-1"},
         )
         assert again.status_code == 200 and again.json()["id"] == run_id
 
-    ledger = httpx.get(f"{base_url}/gateway/refunds", params={"order_id": ORDER_ID}, timeout=10).json()
+    ledger = httpx.get(
+        f"{base_url}/gateway/refunds", params={"order_id": ORDER_ID}, timeout=10
+    ).json()
     assert len(ledger["refunds"]) == 1
     refund = ledger["refunds"][0]
     assert refund["idempotency_key"] == refund_step["idempotency_key"]

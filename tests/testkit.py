@@ -45,7 +45,11 @@ def t_echo(ctx: ToolContext, text: str, times: int = 1) -> dict:
     return {"echo": text * times}
 
 
-@tool(side_effect=True, idempotency="key", retry=RetryPolicy(max_attempts=3, backoff_seconds=0.01, jitter=0))
+@tool(
+    side_effect=True,
+    idempotency="key",
+    retry=RetryPolicy(max_attempts=3, backoff_seconds=0.01, jitter=0),
+)
 def t_charge(ctx: ToolContext, amount: int) -> dict:
     """Side effect with an idempotency key; fails transiently FAILS['t_charge'] times."""
     _record("t_charge", ctx, {"amount": amount})
@@ -88,7 +92,9 @@ def script_policy(messages: list[dict]) -> ScriptedTurn:
             return ScriptedTurn(text="done")
     else:
         turn = script[turn_no]
-    return ScriptedTurn(text=turn.get("text", ""), tool_calls=[(c[0], c[1]) for c in turn.get("calls", [])])
+    return ScriptedTurn(
+        text=turn.get("text", ""), tool_calls=[(c[0], c[1]) for c in turn.get("calls", [])]
+    )
 
 
 @tool(transactional=True, retry=RetryPolicy(max_attempts=3, backoff_seconds=0.01, jitter=0))
@@ -99,7 +105,9 @@ def t_tx(ctx: ToolContext, amount: int) -> dict:
     from support.models import GatewayRefund
 
     _record("t_tx", ctx, {"amount": amount})
-    GatewayRefund.objects.create(order_id="ORD-TX", amount_cents=amount, idempotency_key=f"tx-{uuid.uuid4()}")
+    GatewayRefund.objects.create(
+        order_id="ORD-TX", amount_cents=amount, idempotency_key=f"tx-{uuid.uuid4()}"
+    )
     if FAILS["t_tx"] > 0:
         FAILS["t_tx"] -= 1
         raise RetryableToolError("failed after writing")
@@ -108,15 +116,44 @@ def t_tx(ctx: ToolContext, amount: int) -> dict:
 
 TOOLS = ["t_echo", "t_charge", "t_email", "t_explode", "t_pay", "t_tx"]
 
-register_agent(Agent(name="script", instructions="Follow the script.", tools=TOOLS, scripted_policy=script_policy))
 register_agent(
-    Agent(name="script-budget", instructions="Follow the script.", tools=TOOLS, scripted_policy=script_policy, token_budget=60)
+    Agent(
+        name="script", instructions="Follow the script.", tools=TOOLS, scripted_policy=script_policy
+    )
 )
 register_agent(
-    Agent(name="script-deadline", instructions="Follow the script.", tools=TOOLS, scripted_policy=script_policy, deadline_seconds=0.001)
+    Agent(
+        name="script-budget",
+        instructions="Follow the script.",
+        tools=TOOLS,
+        scripted_policy=script_policy,
+        token_budget=60,
+    )
 )
-register_agent(Agent(name="script-short", instructions="Follow the script.", tools=TOOLS, scripted_policy=script_policy, max_steps=5))
 register_agent(
-    Agent(name="script-cost", instructions="Follow the script.", tools=TOOLS, scripted_policy=script_policy,
-          max_cost_usd=0.5)
+    Agent(
+        name="script-deadline",
+        instructions="Follow the script.",
+        tools=TOOLS,
+        scripted_policy=script_policy,
+        deadline_seconds=0.001,
+    )
+)
+register_agent(
+    Agent(
+        name="script-short",
+        instructions="Follow the script.",
+        tools=TOOLS,
+        scripted_policy=script_policy,
+        max_steps=5,
+    )
+)
+register_agent(
+    Agent(
+        name="script-cost",
+        instructions="Follow the script.",
+        tools=TOOLS,
+        scripted_policy=script_policy,
+        max_cost_usd=0.5,
+    )
 )

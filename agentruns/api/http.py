@@ -44,10 +44,17 @@ def api_view(methods: tuple[str, ...]) -> Callable:
                 return json_error(f"method {request.method} not allowed", 405)
             raw = bearer_from_header(request.headers.get("Authorization"))
             user = user_for_token(raw) if raw else None
-            if user is None and not raw and request.method == "GET" and request.user.is_authenticated:
+            if (
+                user is None
+                and not raw
+                and request.method == "GET"
+                and request.user.is_authenticated
+            ):
                 user = request.user
             if user is None:
-                return json_error("authentication required: send 'Authorization: Bearer <token>'", 401)
+                return json_error(
+                    "authentication required: send 'Authorization: Bearer <token>'", 401
+                )
             request.user = user
             try:
                 return view(request, *args, **kwargs)

@@ -29,11 +29,16 @@ def cancel_run(run_id: uuid.UUID | str, *, who: str | None = None, reason: str =
         run = Run.objects.select_for_update().get(id=run_id)
         if run.is_terminal:
             raise ActionRefused(f"run is already {run.status}")
-        requested = (EventType.RUN_CANCEL_REQUESTED, {"by": who, "reason": reason, "status": run.status})
+        requested = (
+            EventType.RUN_CANCEL_REQUESTED,
+            {"by": who, "reason": reason, "status": run.status},
+        )
         lease_live = run.lease_expires_at is not None and run.lease_expires_at > timezone.now()
         if run.status != RunStatus.WAITING and lease_live:
             if run.cancel_requested:
-                raise ActionRefused("cancel was already requested; the worker stops at the next step")
+                raise ActionRefused(
+                    "cancel was already requested; the worker stops at the next step"
+                )
             flag = RunChange({"cancel_requested": True}, [requested])
             apply(run.id, flag)
             flag.apply_to(run)
@@ -49,19 +54,28 @@ def _end_idle_run(run: Run, *, who: str | None, reason: str, requested: EventSpe
     is closed as crashed; a side effect's outcome stays "unknown")."""
     now = timezone.now()
     withdrawn = withdraw_approvals(run, reason=f"run cancelled by {who or 'system'}")
-    Step.objects.filter(run=run, status__in=[StepStatus.PENDING, StepStatus.WAITING_APPROVAL]).update(
-        status=StepStatus.SKIPPED, finished_at=now, next_attempt_at=None
-    )
+    Step.objects.filter(
+        run=run, status__in=[StepStatus.PENDING, StepStatus.WAITING_APPROVAL]
+    ).update(status=StepStatus.SKIPPED, finished_at=now, next_attempt_at=None)
     for step in Step.objects.filter(run=run, status=StepStatus.RUNNING):
         StepAttempt.objects.filter(step=step, finished_at__isnull=True).update(
-            finished_at=now, outcome=AttemptOutcome.CRASHED, error="run cancelled after the worker died"
+            finished_at=now,
+            outcome=AttemptOutcome.CRASHED,
+            error="run cancelled after the worker died",
         )
-        step.status = StepStatus.UNKNOWN if run.tool_policy(step.tool).get("side_effect") else StepStatus.SKIPPED
+        step.status = (
+            StepStatus.UNKNOWN
+            if run.tool_policy(step.tool).get("side_effect")
+            else StepStatus.SKIPPED
+        )
         step.finished_at = now
         step.save(update_fields=["status", "finished_at"])
     change = cancelled(reason or f"cancelled by {who or 'system'}").after(
         requested,
-        *[(EventType.APPROVAL_WITHDRAWN, {"approval": a, "by": who, "reason": "run cancelled"}) for a in withdrawn],
+        *[
+            (EventType.APPROVAL_WITHDRAWN, {"approval": a, "by": who, "reason": "run cancelled"})
+            for a in withdrawn
+        ],
     )
     apply(run.id, change)
     change.apply_to(run)

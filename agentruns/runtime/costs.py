@@ -21,7 +21,10 @@ def parse_model_prices(spec: str) -> dict[str, tuple[Decimal, Decimal]]:
         name, _, pair = item.partition("=")
         prompt, _, completion = pair.partition("/")
         try:
-            prices[name.strip()] = (Decimal(prompt.strip()), Decimal((completion or prompt).strip()))
+            prices[name.strip()] = (
+                Decimal(prompt.strip()),
+                Decimal((completion or prompt).strip()),
+            )
         except InvalidOperation:
             log.warning("AGENTRUNS_MODEL_PRICES: ignoring malformed entry %r", item)
     return prices
@@ -34,5 +37,7 @@ def model_cost_usd(model: str, usage: Usage) -> Decimal:
     price = prices.get(model) or prices.get(model.split("/", 1)[-1])
     if price is None:
         return Decimal(0)
-    cost = (usage.prompt_tokens * price[0] + usage.completion_tokens * price[1]) / Decimal(1_000_000)
+    cost = (usage.prompt_tokens * price[0] + usage.completion_tokens * price[1]) / Decimal(
+        1_000_000
+    )
     return cost.quantize(Decimal("0.000001"))

@@ -62,7 +62,9 @@ class RunExecutor(ModelSteps, ToolSteps):
     def claim(self) -> bool:
         now = timezone.now()
         lease = {"lease_owner": self.owner, "lease_expires_at": now + timedelta(seconds=self.ttl)}
-        return self.store.claim(self.run_id, self.owner, transitions.started().events, lease=lease, now=now)
+        return self.store.claim(
+            self.run_id, self.owner, transitions.started().events, lease=lease, now=now
+        )
 
     def commit(
         self,
@@ -83,8 +85,14 @@ class RunExecutor(ModelSteps, ToolSteps):
         if "lease_owner" not in fields:
             fields["lease_expires_at"] = now + timedelta(seconds=self.ttl)
         last_seq, self.cancel_requested = self.store.commit(
-            self.run_id, self.owner, events, now=now, set_fields=fields, incr_fields=incr_fields,
-            batch=batch, end_transaction=end_transaction,
+            self.run_id,
+            self.owner,
+            events,
+            now=now,
+            set_fields=fields,
+            incr_fields=incr_fields,
+            batch=batch,
+            end_transaction=end_transaction,
         )
         return last_seq
 
@@ -147,9 +155,13 @@ class RunExecutor(ModelSteps, ToolSteps):
             while self.cursor < len(self.steps) and self.steps[self.cursor].is_terminal:
                 self.cursor += 1
             if self.cancel_requested:
-                return self.finish(RunStatus.CANCELLED, stop_reason="cancelled", error="cancelled on request")
+                return self.finish(
+                    RunStatus.CANCELLED, stop_reason="cancelled", error="cancelled on request"
+                )
             if self.run.deadline_at and timezone.now() >= self.run.deadline_at:
-                return self.finish(RunStatus.FAILED, stop_reason="deadline", error="the run's deadline passed")
+                return self.finish(
+                    RunStatus.FAILED, stop_reason="deadline", error="the run's deadline passed"
+                )
             if time.monotonic() >= slice_ends:
                 return self.yield_slice()
 
@@ -179,7 +191,10 @@ class RunExecutor(ModelSteps, ToolSteps):
 
     def stop_condition(self) -> tuple[str, str] | None:
         if len(self.steps) >= self.run.max_steps:
-            return "max_steps", f"stopped after {len(self.steps)} steps (max_steps={self.run.max_steps})"
+            return (
+                "max_steps",
+                f"stopped after {len(self.steps)} steps (max_steps={self.run.max_steps})",
+            )
         budget = self.run.token_budget
         if budget and self.run.total_tokens >= budget:
             return "token_budget", f"token budget exhausted ({self.run.total_tokens} of {budget})"
@@ -190,14 +205,20 @@ class RunExecutor(ModelSteps, ToolSteps):
         return None
 
     # ---------------------------------------------------------------- status changes
-    def apply(self, change: RunChange, *, events_before: list[EventSpec] = (), **commit: Any) -> int:
+    def apply(
+        self, change: RunChange, *, events_before: list[EventSpec] = (), **commit: Any
+    ) -> int:
         """Commit a change of the run's status (transitions.py), after `events_before`."""
         return self.commit([*events_before, *change.events], set_fields=change.fields, **commit)
 
     # atomic(savepoint=False): one transaction of its own, or part of the caller's (no savepoint)
-    def finish(self, status: str, *, output: str = "", error: str = "", stop_reason: str = "") -> str:
+    def finish(
+        self, status: str, *, output: str = "", error: str = "", stop_reason: str = ""
+    ) -> str:
         with transaction.atomic(savepoint=False):
-            self.apply(transitions.finished(status, output=output, error=error, stop_reason=stop_reason))
+            self.apply(
+                transitions.finished(status, output=output, error=error, stop_reason=stop_reason)
+            )
         return status
 
     def park(self, *, events_before: list[EventSpec] = ()) -> str:
@@ -231,7 +252,9 @@ class RunExecutor(ModelSteps, ToolSteps):
                 self._close_attempt(step, AttemptOutcome.CRASHED, "worker died mid-stream", now)
                 step.status = StepStatus.PENDING
                 step.save(update_fields=["status"])
-                self.commit([(EventType.MODEL_SUPERSEDED, {"step": step.index, "attempt": step.attempts})])
+                self.commit(
+                    [(EventType.MODEL_SUPERSEDED, {"step": step.index, "attempt": step.attempts})]
+                )
             return None
         policy = self.run.tool_policy(step.tool)
         if policy.get("side_effect") and policy.get("idempotency") == "none":
@@ -240,10 +263,15 @@ class RunExecutor(ModelSteps, ToolSteps):
                 step.status = StepStatus.UNKNOWN
                 step.save(update_fields=["status"])
                 open_reconciliation(step, self.run.agent)
-                return self.park(events_before=[
-                    (EventType.STEP_UNKNOWN, step_event_data(step)),
-                    (EventType.APPROVAL_REQUESTED, {"step": step.index, "kind": "reconciliation"}),
-                ])
+                return self.park(
+                    events_before=[
+                        (EventType.STEP_UNKNOWN, step_event_data(step)),
+                        (
+                            EventType.APPROVAL_REQUESTED,
+                            {"step": step.index, "kind": "reconciliation"},
+                        ),
+                    ]
+                )
         with transaction.atomic():
             self._close_attempt(step, AttemptOutcome.CRASHED, "worker died mid-call", now)
             step.status = StepStatus.PENDING
@@ -252,6 +280,6 @@ class RunExecutor(ModelSteps, ToolSteps):
         return None
 
     def _close_attempt(self, step: Step, outcome: str, error: str, now: Any) -> None:
-        StepAttempt.objects.filter(step=step, number=step.attempts, finished_at__isnull=True).update(
-            outcome=outcome, error=error, finished_at=now
-        )
+        StepAttempt.objects.filter(
+            step=step, number=step.attempts, finished_at__isnull=True
+        ).update(outcome=outcome, error=error, finished_at=now)

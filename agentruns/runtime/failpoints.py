@@ -25,7 +25,9 @@ def _parse(spec: str) -> dict[tuple[str, str | None], str]:
         target, _, action = item.partition("=")
         point, _, tool = target.partition(":")
         if point not in POINTS or action not in ACTIONS:
-            raise ValueError(f"bad failpoint {item!r}: points {sorted(POINTS)}, actions {sorted(ACTIONS)}")
+            raise ValueError(
+                f"bad failpoint {item!r}: points {sorted(POINTS)}, actions {sorted(ACTIONS)}"
+            )
         table[(point, tool or None)] = action
     return table
 

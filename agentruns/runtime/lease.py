@@ -38,7 +38,9 @@ class Heartbeat:
 
     def renew(self) -> None:
         expires = timezone.now() + timedelta(seconds=self.ttl)
-        held = Run.objects.filter(id=self.run_id, lease_owner=self.owner).update(lease_expires_at=expires)
+        held = Run.objects.filter(id=self.run_id, lease_owner=self.owner).update(
+            lease_expires_at=expires
+        )
         if not held:
             self.lost.set()
 
@@ -89,7 +91,8 @@ class _LeaseKeeper(threading.Thread):
             with self.lock:
                 # at most IDLE_POLL_SECONDS, so that registering a run rarely has to wake us
                 self.sleeps_until = min(
-                    [b.due for b in self.beats if not b.lost.is_set()] + [time.monotonic() + IDLE_POLL_SECONDS]
+                    [b.due for b in self.beats if not b.lost.is_set()]
+                    + [time.monotonic() + IDLE_POLL_SECONDS]
                 )
             self.wake.wait(max(0.0, self.sleeps_until - time.monotonic()))
 

@@ -23,7 +23,15 @@ from agentruns.runtime.providers import ModelError, ModelRequest, TextDelta, Too
 from agentruns.runtime.store.rows import WriteBatch, build
 
 MODEL_MAX_ATTEMPTS = 3
-MODEL_STEP_FIELDS = ["status", "text", "tool_calls", "prompt_tokens", "completion_tokens", "finished_at", "error"]
+MODEL_STEP_FIELDS = [
+    "status",
+    "text",
+    "tool_calls",
+    "prompt_tokens",
+    "completion_tokens",
+    "finished_at",
+    "error",
+]
 
 
 class RunFailed(Exception):
@@ -94,7 +102,9 @@ class ModelSteps:
                 calls.append(chunk)
             elif isinstance(chunk, Usage):
                 usage = chunk
-        return self._complete_model_step(step, attempt, "".join(text), pending, calls, usage, started)
+        return self._complete_model_step(
+            step, attempt, "".join(text), pending, calls, usage, started
+        )
 
     def _begin_attempt(self, step: Step, attempt: int, started: Any, status: str) -> None:
         """Persist the step (first time: insert) as running with a fresh attempt row."""
@@ -111,7 +121,9 @@ class ModelSteps:
             if step._state.adding or step.attempts < attempt:
                 self._begin_attempt(step, attempt, started, StepStatus.RUNNING)
                 events.append((EventType.STEP_STARTED, step_event_data(step)))
-            events.append((EventType.MODEL_DELTA, {"step": step.index, "attempt": attempt, "text": text}))
+            events.append(
+                (EventType.MODEL_DELTA, {"step": step.index, "attempt": attempt, "text": text})
+            )
             self.commit(events)
         self.check_lease()
 
@@ -138,7 +150,16 @@ class ModelSteps:
                 with transaction.atomic() if in_txn else nullcontext():
                     eager = self._run_eager_prefix(head, in_txn)
                     final, begun = self._commit_model_step(
-                        step, attempt, text, tail, calls, usage, started, now, planned, eager,
+                        step,
+                        attempt,
+                        text,
+                        tail,
+                        calls,
+                        usage,
+                        started,
+                        now,
+                        planned,
+                        eager,
                         end_transaction=in_txn,
                     )
                 break
@@ -146,7 +167,11 @@ class ModelSteps:
                 # rolled back with every eager call's writes: this time stop before the failed
                 # call, which then runs on the normal path with its retry policy
                 for eager_step in head:
-                    eager_step.status, eager_step.result, eager_step.attempts = StepStatus.PENDING, None, 0
+                    eager_step.status, eager_step.result, eager_step.attempts = (
+                        StepStatus.PENDING,
+                        None,
+                        0,
+                    )
                     eager_step.started_at = eager_step.finished_at = None
                 limit = failed.position
         for eager_step, _ in eager:
@@ -190,25 +215,42 @@ class ModelSteps:
                 new_rows.append(step)
             else:  # a re-run of a step a dead worker left behind
                 batch.update(step, MODEL_STEP_FIELDS + ["attempts", "started_at"])
-            new_attempts.append(build(
-                StepAttempt, {"step": step}, step_id=step.id, number=attempt, worker=self.owner,
-                started_at=started, finished_at=now, outcome=AttemptOutcome.SUCCEEDED,
-            ))
-            events.append((EventType.STEP_STARTED, step_event_data(step, status=StepStatus.RUNNING)))
+            new_attempts.append(
+                build(
+                    StepAttempt,
+                    {"step": step},
+                    step_id=step.id,
+                    number=attempt,
+                    worker=self.owner,
+                    started_at=started,
+                    finished_at=now,
+                    outcome=AttemptOutcome.SUCCEEDED,
+                )
+            )
+            events.append(
+                (EventType.STEP_STARTED, step_event_data(step, status=StepStatus.RUNNING))
+            )
         else:
             batch.update(step, MODEL_STEP_FIELDS)
             batch.update(
-                StepAttempt(step=step, number=attempt, finished_at=now, outcome=AttemptOutcome.SUCCEEDED),
-                ["finished_at", "outcome"], where={"step": step.id, "number": attempt},
+                StepAttempt(
+                    step=step, number=attempt, finished_at=now, outcome=AttemptOutcome.SUCCEEDED
+                ),
+                ["finished_at", "outcome"],
+                where={"step": step.id, "number": attempt},
             )
         if tail:
-            events.append((EventType.MODEL_DELTA, {"step": step.index, "attempt": attempt, "text": tail}))
+            events.append(
+                (EventType.MODEL_DELTA, {"step": step.index, "attempt": attempt, "text": tail})
+            )
         events.append((EventType.STEP_SUCCEEDED, step_event_data(step)))
         begun = self._begin_next_side_effect(planned, eager, now)
         batch.insert(new_rows + planned)
         batch.insert(new_attempts + [row for _, row in eager] + begun)
         for planned_step in planned:
-            events.append((EventType.STEP_PLANNED, step_event_data(planned_step, status=StepStatus.PENDING)))
+            events.append(
+                (EventType.STEP_PLANNED, step_event_data(planned_step, status=StepStatus.PENDING))
+            )
             if planned_step.status == StepStatus.SUCCEEDED:
                 events.append((EventType.STEP_SUCCEEDED, step_event_data(planned_step)))
             elif planned_step.status == StepStatus.RUNNING:
@@ -254,7 +296,9 @@ class ModelSteps:
             tool = get_tool(step.tool)
             started = timezone.now()
             failpoints.hit("step_started", tool=step.tool, step_id=step.id)
-            ctx = ToolContext(run=self.run, step=step, attempt=1, idempotency_key=step.idempotency_key)
+            ctx = ToolContext(
+                run=self.run, step=step, attempt=1, idempotency_key=step.idempotency_key
+            )
             try:
                 result = json.loads(json.dumps(tool.func(ctx, **step.arguments), default=str))
             except Exception as exc:
@@ -265,8 +309,21 @@ class ModelSteps:
             now = timezone.now()
             step.status, step.result, step.attempts = StepStatus.SUCCEEDED, result, 1
             step.started_at, step.finished_at = started, now
-            done.append((step, build(StepAttempt, {"step": step}, step_id=step.id, number=1, worker=self.owner,
-                                     started_at=started, finished_at=now, outcome=AttemptOutcome.SUCCEEDED)))
+            done.append(
+                (
+                    step,
+                    build(
+                        StepAttempt,
+                        {"step": step},
+                        step_id=step.id,
+                        number=1,
+                        worker=self.owner,
+                        started_at=started,
+                        finished_at=now,
+                        outcome=AttemptOutcome.SUCCEEDED,
+                    ),
+                )
+            )
         return done
 
     def _begin_next_side_effect(
@@ -283,7 +340,16 @@ class ModelSteps:
                 return []
             step.status, step.attempts, step.started_at = StepStatus.RUNNING, 1, now
             self.begun_here.add(step.id)
-            return [build(StepAttempt, {"step": step}, step_id=step.id, number=1, worker=self.owner, started_at=now)]
+            return [
+                build(
+                    StepAttempt,
+                    {"step": step},
+                    step_id=step.id,
+                    number=1,
+                    worker=self.owner,
+                    started_at=now,
+                )
+            ]
         return []
 
     def _plan_tool_steps(self, calls: list[ToolCall], now: Any) -> list[Step]:
@@ -322,7 +388,9 @@ class ModelSteps:
             raise ToolArgumentsError(f"{call.name}: arguments are not valid JSON ({exc})") from None
         return get_tool(call.name).validate(arguments)
 
-    def _record_model_failure(self, step: Step, attempt: int, exc: ModelError, *, final: bool) -> None:
+    def _record_model_failure(
+        self, step: Step, attempt: int, exc: ModelError, *, final: bool
+    ) -> None:
         now = timezone.now()
         with transaction.atomic():
             # deltas of this attempt were already flushed: a retry must not merge with them
@@ -342,5 +410,7 @@ class ModelSteps:
             etype = EventType.STEP_FAILED if final else EventType.STEP_RETRY_SCHEDULED
             events = [(etype, step_event_data(step))]
             if streamed and not final:  # the next attempt re-streams the turn from scratch
-                events.append((EventType.MODEL_SUPERSEDED, {"step": step.index, "attempt": attempt}))
+                events.append(
+                    (EventType.MODEL_SUPERSEDED, {"step": step.index, "attempt": attempt})
+                )
             self.commit(events)

@@ -99,7 +99,9 @@ def send_nudge(run_id: uuid.UUID | None, seq: int = 0, *, inbox: bool = False) -
         sends = _messages(run_id, seq, inbox)
         if conf.REDIS_URL:
             # cross-process layer: fire and forget on the background loop (never blocks a commit)
-            future = asyncio.run_coroutine_threadsafe(_group_send_all(layer, sends), _nudge_sender_loop())
+            future = asyncio.run_coroutine_threadsafe(
+                _group_send_all(layer, sends), _nudge_sender_loop()
+            )
             future.add_done_callback(_log_failed_nudge)
             return
         # in-memory layer: deliver on the caller's (the web server's) loop, where its consumers

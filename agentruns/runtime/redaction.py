@@ -23,9 +23,7 @@ def redact_fields(value: Any, fields: Iterable[str]) -> Any:
     if not names:
         return value
     if isinstance(value, dict):
-        return {
-            k: (MASK if k in names else redact_fields(v, names)) for k, v in value.items()
-        }
+        return {k: (MASK if k in names else redact_fields(v, names)) for k, v in value.items()}
     if isinstance(value, list):
         return [redact_fields(v, names) for v in value]
     return value

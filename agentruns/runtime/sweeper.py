@@ -41,7 +41,9 @@ def sweep(now: datetime | None = None) -> int:
     stale = (
         Run.objects.filter(status__in=[RunStatus.QUEUED, RunStatus.RUNNING])
         .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
-        .filter(Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=now - resweep) | claimed_since_doorbell)
+        .filter(
+            Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=now - resweep) | claimed_since_doorbell
+        )
         .values_list("id", "enqueued_at")[:500]
     )
     rung = 0
@@ -71,7 +73,10 @@ def ensure_schedule() -> None:
     Schedule.objects.update_or_create(
         name=SWEEP_SCHEDULE_NAME,
         defaults={
-            "func": SWEEP_TASK, "schedule_type": Schedule.MINUTES, "minutes": 1, "repeats": -1,
+            "func": SWEEP_TASK,
+            "schedule_type": Schedule.MINUTES,
+            "minutes": 1,
+            "repeats": -1,
         },
     )
 

@@ -20,7 +20,15 @@ from agentruns.runtime.store.rows import WriteBatch
 from agentruns.runtime.timestamps import iso
 from approvals.parking import open_approval
 
-TOOL_RESULT_FIELDS = ["status", "result", "error", "attempts", "started_at", "finished_at", "next_attempt_at"]
+TOOL_RESULT_FIELDS = [
+    "status",
+    "result",
+    "error",
+    "attempts",
+    "started_at",
+    "finished_at",
+    "next_attempt_at",
+]
 
 
 class _CallFailed(Exception):
@@ -38,13 +46,24 @@ class ToolSteps:
                 step.status = StepStatus.WAITING_APPROVAL
                 step.save(update_fields=["status"])
                 approval = open_approval(step, self.run.agent)
-                return self.park(events_before=[
-                    (EventType.STEP_WAITING_APPROVAL, step_event_data(step)),
-                    (EventType.APPROVAL_REQUESTED,
-                     {"step": step.index, "approval": approval.id, "kind": "approval", "tool": step.tool}),
-                ])
+                return self.park(
+                    events_before=[
+                        (EventType.STEP_WAITING_APPROVAL, step_event_data(step)),
+                        (
+                            EventType.APPROVAL_REQUESTED,
+                            {
+                                "step": step.index,
+                                "approval": approval.id,
+                                "kind": "approval",
+                                "tool": step.tool,
+                            },
+                        ),
+                    ]
+                )
         if step.next_attempt_at and not self._wait_for_retry(step.next_attempt_at):
-            return self.finish(RunStatus.CANCELLED, stop_reason="cancelled", error="cancelled on request")
+            return self.finish(
+                RunStatus.CANCELLED, stop_reason="cancelled", error="cancelled on request"
+            )
         return self._execute(step, tool)
 
     def _wait_for_retry(self, due: Any) -> bool:
@@ -68,10 +87,14 @@ class ToolSteps:
                 step.status, step.attempts = StepStatus.RUNNING, attempt
                 step.started_at = step.started_at or started
                 batch = WriteBatch().update(step, ["status", "attempts", "started_at"])
-                batch.insert([StepAttempt(step=step, number=attempt, worker=self.owner, started_at=started)])
+                batch.insert(
+                    [StepAttempt(step=step, number=attempt, worker=self.owner, started_at=started)]
+                )
                 self.commit([(EventType.STEP_STARTED, step_event_data(step))], batch=batch)
             failpoints.hit("step_started", tool=step.tool, step_id=step.id)
-        ctx = ToolContext(run=self.run, step=step, attempt=attempt, idempotency_key=step.idempotency_key)
+        ctx = ToolContext(
+            run=self.run, step=step, attempt=attempt, idempotency_key=step.idempotency_key
+        )
         failure: Exception | None = None
         failure_tb = ""
         # a transactional tool's writes and its result commit together (or not at all): a failing
@@ -84,7 +107,9 @@ class ToolSteps:
                     failure, failure_tb = exc, traceback.format_exc()
                     raise _CallFailed from exc
                 failpoints.hit("tool_returned", tool=step.tool, step_id=step.id)
-                self._record_result(step, tool, attempt, started, result, end_transaction=tool.transactional)
+                self._record_result(
+                    step, tool, attempt, started, result, end_transaction=tool.transactional
+                )
         except _CallFailed:
             pass
         if failure is not None:
@@ -93,25 +118,47 @@ class ToolSteps:
         return None
 
     def _record_result(
-        self, step: Step, tool: Tool, attempt: int, started: Any, result: Any, *, end_transaction: bool = False
+        self,
+        step: Step,
+        tool: Tool,
+        attempt: int,
+        started: Any,
+        result: Any,
+        *,
+        end_transaction: bool = False,
     ) -> None:
         now = timezone.now()
         batch = WriteBatch()
         if not tool.commits_before_call:
             step.started_at = started
-            batch.insert([StepAttempt(
-                step=step, number=attempt, worker=self.owner, started_at=started,
-                finished_at=now, outcome=AttemptOutcome.SUCCEEDED,
-            )])
+            batch.insert(
+                [
+                    StepAttempt(
+                        step=step,
+                        number=attempt,
+                        worker=self.owner,
+                        started_at=started,
+                        finished_at=now,
+                        outcome=AttemptOutcome.SUCCEEDED,
+                    )
+                ]
+            )
         else:
             batch.update(
-                StepAttempt(step=step, number=attempt, finished_at=now, outcome=AttemptOutcome.SUCCEEDED),
-                ["finished_at", "outcome"], where={"step": step.id, "number": attempt},
+                StepAttempt(
+                    step=step, number=attempt, finished_at=now, outcome=AttemptOutcome.SUCCEEDED
+                ),
+                ["finished_at", "outcome"],
+                where={"step": step.id, "number": attempt},
             )
         step.status, step.result, step.error = StepStatus.SUCCEEDED, result, ""
         step.attempts, step.finished_at, step.next_attempt_at = attempt, now, None
         batch.update(step, TOOL_RESULT_FIELDS)
-        self.commit([(EventType.STEP_SUCCEEDED, step_event_data(step))], batch=batch, end_transaction=end_transaction)
+        self.commit(
+            [(EventType.STEP_SUCCEEDED, step_event_data(step))],
+            batch=batch,
+            end_transaction=end_transaction,
+        )
 
     def _tool_failed(
         self, step: Step, tool: Tool, attempt: int, started: Any, exc: Exception, tb: str = ""
@@ -120,18 +167,26 @@ class ToolSteps:
         retry = tool.retry.is_retryable(exc) and attempt - step.retry_base < tool.retry.max_attempts
         outcome = AttemptOutcome.RETRYING if retry else AttemptOutcome.FAILED
         with transaction.atomic():
-            fields = dict(finished_at=now, outcome=outcome, error=str(exc)[:2000],
-                          traceback=(tb or traceback.format_exc())[-8000:])
+            fields = dict(
+                finished_at=now,
+                outcome=outcome,
+                error=str(exc)[:2000],
+                traceback=(tb or traceback.format_exc())[-8000:],
+            )
             if tool.commits_before_call:
                 StepAttempt.objects.filter(step=step, number=attempt).update(**fields)
             else:
-                StepAttempt.objects.create(step=step, number=attempt, worker=self.owner,
-                                           started_at=started, **fields)
+                StepAttempt.objects.create(
+                    step=step, number=attempt, worker=self.owner, started_at=started, **fields
+                )
             step.attempts, step.error = attempt, f"{type(exc).__name__}: {exc}"
             step.started_at = step.started_at or started
             if retry:
                 delay = tool.retry.delay_for(attempt)
-                step.status, step.next_attempt_at = StepStatus.PENDING, now + timedelta(seconds=delay)
+                step.status, step.next_attempt_at = (
+                    StepStatus.PENDING,
+                    now + timedelta(seconds=delay),
+                )
                 step.save()
                 data = step_event_data(step, next_attempt_at=iso(step.next_attempt_at))
                 self.commit([(EventType.STEP_RETRY_SCHEDULED, data)])

@@ -63,8 +63,13 @@ def finished(status: str, *, output: str = "", error: str = "", stop_reason: str
     events: list[EventSpec] = [(EventType.RUN_OUTPUT, {"text": output})] if output else []
     events.append(_status_event(status, error=error, stop_reason=stop_reason))
     fields = {
-        "status": status, "output": output, "error": error, "stop_reason": stop_reason,
-        "finished_at": timezone.now(), "cancel_requested": False, **RELEASED,
+        "status": status,
+        "output": output,
+        "error": error,
+        "stop_reason": stop_reason,
+        "finished_at": timezone.now(),
+        "cancel_requested": False,
+        **RELEASED,
     }
     return RunChange(fields, events)
 
@@ -86,8 +91,13 @@ def requeued(now: datetime) -> RunChange:
     """failed -> queued (retry, a resolved step): the run continues where it stopped."""
     return RunChange(
         {
-            "status": RunStatus.QUEUED, "error": "", "stop_reason": "", "finished_at": None,
-            "cancel_requested": False, "enqueued_at": now, **RELEASED,
+            "status": RunStatus.QUEUED,
+            "error": "",
+            "stop_reason": "",
+            "finished_at": None,
+            "cancel_requested": False,
+            "enqueued_at": now,
+            **RELEASED,
         },
         [_status_event(RunStatus.QUEUED)],
     )

@@ -5,6 +5,14 @@ from agentruns.selectors.run_list import AGES, RunFilters, run_page
 from agentruns.selectors.runs import events_after, get_run, nav_counts, run_step, run_steps
 
 __all__ = [
-    "AGES", "RunFilters", "Turn", "events_after", "get_run", "live_turns", "nav_counts", "run_page",
-    "run_step", "run_steps",
+    "AGES",
+    "RunFilters",
+    "Turn",
+    "events_after",
+    "get_run",
+    "live_turns",
+    "nav_counts",
+    "run_page",
+    "run_step",
+    "run_steps",
 ]

@@ -28,7 +28,9 @@ def live_turns(run_id: uuid.UUID | str, upto_seq: int) -> list[Turn]:
     newest: dict[int, int] = {}  # step -> newest attempt seen streaming
     rows = (
         RunEvent.objects.filter(
-            run_id=run_id, seq__lte=upto_seq, type__in=[EventType.MODEL_DELTA, EventType.MODEL_SUPERSEDED]
+            run_id=run_id,
+            seq__lte=upto_seq,
+            type__in=[EventType.MODEL_DELTA, EventType.MODEL_SUPERSEDED],
         )
         .order_by("seq")
         .values_list("type", "data")

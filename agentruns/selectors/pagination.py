@@ -25,7 +25,9 @@ def encode_cursor(row: Model) -> str:
     return f"{micros}-{row.pk}"
 
 
-def decode_cursor(raw: str | None, parse_pk: Callable[[str], Any] = int) -> tuple[datetime, Any] | None:
+def decode_cursor(
+    raw: str | None, parse_pk: Callable[[str], Any] = int
+) -> tuple[datetime, Any] | None:
     """(created_at, pk) of a cursor; None for anything that is not one (a garbled link)."""
     micros, _, pk = (raw or "").partition("-")
     if not micros.isdigit() or len(micros) > 18 or not pk:
@@ -56,7 +58,11 @@ class KeysetPage(Generic[T]):
 
 
 def keyset_page(
-    rows: QuerySet[T], *, older: str | None = None, newer: str | None = None, size: int,
+    rows: QuerySet[T],
+    *,
+    older: str | None = None,
+    newer: str | None = None,
+    size: int,
     parse_pk: Callable[[str], Any] = int,
 ) -> KeysetPage[T]:
     """One page of `rows`, newest first. `older`: the rows older than that cursor; `newer`: the
@@ -69,7 +75,8 @@ def keyset_page(
     if seek_newer is not None:
         at, pk = seek_newer
         ascending = list(
-            rows.filter(created_at__gte=at).filter(Q(created_at__gt=at) | Q(created_at=at, pk__gt=pk))
+            rows.filter(created_at__gte=at)
+            .filter(Q(created_at__gt=at) | Q(created_at=at, pk__gt=pk))
             .order_by("created_at", "pk")[: size + 1]
         )
         if len(ascending) <= size:  # this is the first page: show it whole
@@ -78,7 +85,9 @@ def keyset_page(
         return KeysetPage(items, older=encode_cursor(items[-1]), newer=encode_cursor(items[0]))
     if seek_older is not None:
         at, pk = seek_older
-        rows = rows.filter(created_at__lte=at).filter(Q(created_at__lt=at) | Q(created_at=at, pk__lt=pk))
+        rows = rows.filter(created_at__lte=at).filter(
+            Q(created_at__lt=at) | Q(created_at=at, pk__lt=pk)
+        )
     found = list(rows.order_by("-created_at", "-pk")[: size + 1])
     items = found[:size]
     page = KeysetPage(items)

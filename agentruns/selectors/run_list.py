@@ -25,8 +25,16 @@ AGES: dict[str, timedelta] = {
 }
 PAGE_SIZE = 50
 LIST_FIELDS = (
-    "id", "agent", "status", "error", "stop_reason", "step_count", "created_at", "finished_at",
-    "search_text", "cancel_requested",
+    "id",
+    "agent",
+    "status",
+    "error",
+    "stop_reason",
+    "step_count",
+    "created_at",
+    "finished_at",
+    "search_text",
+    "cancel_requested",
 )
 _HEX = re.compile(r"^[0-9a-f]{1,32}$")
 
@@ -99,6 +107,10 @@ def filtered_runs(filters: RunFilters, now: datetime | None = None) -> QuerySet[
     return runs
 
 
-def run_page(filters: RunFilters, *, older: str = "", newer: str = "", size: int = PAGE_SIZE) -> KeysetPage[Run]:
+def run_page(
+    filters: RunFilters, *, older: str = "", newer: str = "", size: int = PAGE_SIZE
+) -> KeysetPage[Run]:
     """One page of the filtered runs, newest first: one query (`pagination.keyset_page`)."""
-    return keyset_page(filtered_runs(filters), older=older, newer=newer, size=size, parse_pk=parse_uuid)
+    return keyset_page(
+        filtered_runs(filters), older=older, newer=newer, size=size, parse_pk=parse_uuid
+    )

@@ -11,7 +11,9 @@ from agentruns.tokens import bearer_from_header, user_for_token
 
 class BearerTokenMiddleware(BaseMiddleware):
     async def __call__(self, scope, receive, send):
-        headers = {k.decode("latin1").lower(): v.decode("latin1") for k, v in scope.get("headers", [])}
+        headers = {
+            k.decode("latin1").lower(): v.decode("latin1") for k, v in scope.get("headers", [])
+        }
         raw = bearer_from_header(headers.get("authorization"))
         if raw:
             user = await database_sync_to_async(user_for_token)(raw)

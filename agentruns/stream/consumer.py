@@ -99,7 +99,9 @@ async def _open_feed(run_id: str) -> RunFeed:
             await layer.group_add(run_group(run_id), feed.channel)
             feed.tasks.append(asyncio.create_task(_listen(feed, layer)))
         except Exception:  # no layer (Redis down): the poll alone keeps the stream whole
-            log.warning("run %s: no channel-layer subscription, polling only", run_id, exc_info=True)
+            log.warning(
+                "run %s: no channel-layer subscription, polling only", run_id, exc_info=True
+            )
             feed.channel = None
     feed.tasks.append(asyncio.create_task(_follow(feed)))
     return feed
@@ -147,7 +149,9 @@ async def _follow(feed: RunFeed) -> None:
         feed.wake.clear()
         tick = loop.time()  # fixed-rate ticks: the read's own time does not stretch the interval
         try:
-            frames = await database_sync_to_async(encoded_frames_after)(feed.run_id, feed.head, BATCH)
+            frames = await database_sync_to_async(encoded_frames_after)(
+                feed.run_id, feed.head, BATCH
+            )
         except asyncio.CancelledError:
             raise
         except Exception:  # a database blip: keep the feed alive, try again on the next tick

@@ -90,7 +90,9 @@ def _redacted_calls(run: Run, step: Step) -> list[dict]:
         raw = call.get("arguments") or "{}"
         try:
             args: Any = json.loads(raw) if isinstance(raw, str) else raw
-            shown = json.dumps(redact_fields(args, run.redacted_fields(name)), ensure_ascii=False, sort_keys=True)
+            shown = json.dumps(
+                redact_fields(args, run.redacted_fields(name)), ensure_ascii=False, sort_keys=True
+            )
         except (json.JSONDecodeError, TypeError):
             shown = redact_text(str(raw))
         calls.append({"name": name, "arguments": shown})

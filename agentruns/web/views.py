@@ -48,7 +48,9 @@ def run_detail(request: HttpRequest, run_id) -> HttpResponse:
     )
     # every read below stops at the last_seq read with the run: the socket resumes after it
     events = list(
-        RunEvent.objects.filter(run=run, seq__lte=run.last_seq).exclude(type="model.delta").order_by("seq")
+        RunEvent.objects.filter(run=run, seq__lte=run.last_seq)
+        .exclude(type="model.delta")
+        .order_by("seq")
     )
     return render(
         request,
@@ -75,10 +77,21 @@ def run_new(request: HttpRequest) -> HttpResponse:
             result = services.start_run(agent, run_input, user=request.user)
         except (ValueError, LookupError) as exc:
             messages.error(request, f"Could not start the run: {exc}")
-            return render(request, "agentruns/run_new.html", {"agents": sorted(all_agents()), "form": request.POST}, status=400)
+            return render(
+                request,
+                "agentruns/run_new.html",
+                {"agents": sorted(all_agents()), "form": request.POST},
+                status=400,
+            )
         return redirect("run-detail", run_id=result.run.id)
-    example = json.dumps({"order_id": "ORD-1001", "message": "The blender arrived broken, please refund."}, indent=2)
-    return render(request, "agentruns/run_new.html", {"agents": sorted(all_agents()), "form": {"input": example, "agent": "refund"}})
+    example = json.dumps(
+        {"order_id": "ORD-1001", "message": "The blender arrived broken, please refund."}, indent=2
+    )
+    return render(
+        request,
+        "agentruns/run_new.html",
+        {"agents": sorted(all_agents()), "form": {"input": example, "agent": "refund"}},
+    )
 
 
 def _action(request: HttpRequest, run_id, action, done: str, **kwargs) -> HttpResponse:
@@ -96,7 +109,9 @@ def _action(request: HttpRequest, run_id, action, done: str, **kwargs) -> HttpRe
 @permission_required("agentruns.operate_run", raise_exception=True)
 def run_retry(request: HttpRequest, run_id) -> HttpResponse:
     return _action(
-        request, run_id, services.retry_run,
+        request,
+        run_id,
+        services.retry_run,
         "Retry queued: the failed step runs again as a new attempt with the same idempotency key.",
     )
 
@@ -107,8 +122,11 @@ def run_retry(request: HttpRequest, run_id) -> HttpResponse:
 def run_cancel(request: HttpRequest, run_id) -> HttpResponse:
     reason = request.POST.get("reason", "").strip()[:500]
     return _action(
-        request, run_id, services.cancel_run,
-        "Cancel requested: a running run stops at its next step boundary.", reason=reason,
+        request,
+        run_id,
+        services.cancel_run,
+        "Cancel requested: a running run stops at its next step boundary.",
+        reason=reason,
     )
 
 
@@ -126,7 +144,8 @@ def run_fork(request: HttpRequest, run_id) -> HttpResponse:
         messages.error(request, str(exc))
     else:
         messages.success(
-            request, f"Forked from step #{from_step}: this run continues from there, its history copied."
+            request,
+            f"Forked from step #{from_step}: this run continues from there, its history copied.",
         )
         return redirect("run-detail", run_id=fork.id)
     return redirect("run-detail", run_id=run.id)

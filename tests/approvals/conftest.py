@@ -32,7 +32,12 @@ class SimulatedCrash(BaseException):
 @tool
 def ap_lookup(ctx: ToolContext, order_id: str) -> dict:
     """Read-only: the facts a human needs (customer, currency)."""
-    return {"order_id": order_id, "customer_name": "Ada Lovelace", "currency": "EUR", "amount_cents": 4599}
+    return {
+        "order_id": order_id,
+        "customer_name": "Ada Lovelace",
+        "currency": "EUR",
+        "amount_cents": 4599,
+    }
 
 
 @tool(
@@ -52,9 +57,16 @@ def ap_lookup(ctx: ToolContext, order_id: str) -> dict:
         "additionalProperties": False,
     },
 )
-def ap_refund(ctx: ToolContext, order_id: str, amount_cents: int, reason: str, card_token: str = "") -> dict:
+def ap_refund(
+    ctx: ToolContext, order_id: str, amount_cents: int, reason: str, card_token: str = ""
+) -> dict:
     """Refund-like side effect that always needs approval."""
-    CALLS["ap_refund"].append((ctx.idempotency_key, {"order_id": order_id, "amount_cents": amount_cents, "card_token": card_token}))
+    CALLS["ap_refund"].append(
+        (
+            ctx.idempotency_key,
+            {"order_id": order_id, "amount_cents": amount_cents, "card_token": card_token},
+        )
+    )
     return {"refund_id": f"rf-{len(CALLS['ap_refund'])}", "amount_cents": amount_cents}
 
 
@@ -82,10 +94,23 @@ SECRET = "tok_live_SECRET123"
 
 def refund_script(amount: int = 4599, reason: str = "The blender arrived broken") -> list[dict]:
     return [
-        {"text": "Let me look up order ORD-1001 first.", "calls": [["ap_lookup", {"order_id": "ORD-1001"}]]},
+        {
+            "text": "Let me look up order ORD-1001 first.",
+            "calls": [["ap_lookup", {"order_id": "ORD-1001"}]],
+        },
         {
             "text": "The customer is owed 45.99 EUR, so I will issue that refund.",
-            "calls": [["ap_refund", {"order_id": "ORD-1001", "amount_cents": amount, "reason": reason, "card_token": SECRET}]],
+            "calls": [
+                [
+                    "ap_refund",
+                    {
+                        "order_id": "ORD-1001",
+                        "amount_cents": amount,
+                        "reason": reason,
+                        "card_token": SECRET,
+                    },
+                ]
+            ],
         },
         {"text": "Refund handled."},
     ]
@@ -105,7 +130,9 @@ def advance(run: Run) -> Run:
     return run
 
 
-def parked_approval(amount: int = 4599, reason: str = "The blender arrived broken", message: str = "please refund") -> Approval:
+def parked_approval(
+    amount: int = 4599, reason: str = "The blender arrived broken", message: str = "please refund"
+) -> Approval:
     """A real run, driven by the real engine until it parks on ap_refund."""
     run = start_run("ap-script", {"script": refund_script(amount, reason), "message": message}).run
     run = advance(run)
@@ -117,7 +144,15 @@ def unknown_step_approval(message: str = "your refund is on its way") -> Approva
     """A real run whose non-idempotent step died mid-call and went to reconciliation."""
     run = start_run(
         "ap-script",
-        {"script": [{"text": "Telling the customer.", "calls": [["ap_notify", {"to": "ada@example.com", "message": message}]]}, {"text": "All done."}]},
+        {
+            "script": [
+                {
+                    "text": "Telling the customer.",
+                    "calls": [["ap_notify", {"to": "ada@example.com", "message": message}]],
+                },
+                {"text": "All done."},
+            ]
+        },
     ).run
     CRASH_NEXT["ap_notify"] = True
     with pytest.raises(SimulatedCrash):
@@ -126,30 +161,81 @@ def unknown_step_approval(message: str = "your refund is on its way") -> Approva
     Run.objects.filter(id=run.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     run = advance(run)
     assert run.status == RunStatus.WAITING
-    return Approval.objects.select_related("run", "step").get(run=run, kind=ApprovalKind.RECONCILIATION)
+    return Approval.objects.select_related("run", "step").get(
+        run=run, kind=ApprovalKind.RECONCILIATION
+    )
 
 
-def bulk_pending(n: int, *, agent: str = "ap-script", kind: str = ApprovalKind.APPROVAL, age: timedelta = timedelta(0)) -> list[Approval]:
+def bulk_pending(
+    n: int,
+    *,
+    agent: str = "ap-script",
+    kind: str = ApprovalKind.APPROVAL,
+    age: timedelta = timedelta(0),
+) -> list[Approval]:
     """n parked runs written directly (the engine would take minutes for 10,000): each has a
     model step with text, a lookup result with customer facts and a waiting refund step."""
     now = timezone.now() - age
     snapshot = {"ap_refund": {"side_effect": True, "idempotency": "key", "redact": ["card_token"]}}
     runs, steps, approvals = [], [], []
     for i in range(n):
-        run = Run(agent=agent, input={"message": f"refund please #{i}"}, status=RunStatus.WAITING, tool_snapshot=snapshot, step_count=3)
+        run = Run(
+            agent=agent,
+            input={"message": f"refund please #{i}"},
+            status=RunStatus.WAITING,
+            tool_snapshot=snapshot,
+            step_count=3,
+        )
         runs.append(run)
-        args = {"order_id": f"ORD-{2000 + i}", "amount_cents": 1000 + i, "reason": f"broken #{i}", "card_token": SECRET}
+        args = {
+            "order_id": f"ORD-{2000 + i}",
+            "amount_cents": 1000 + i,
+            "reason": f"broken #{i}",
+            "card_token": SECRET,
+        }
         steps += [
-            Step(run=run, index=0, kind="model", text=f"Looking up ORD-{2000 + i}.", status=StepStatus.SUCCEEDED, idempotency_key=uuid.uuid4().hex),
-            Step(run=run, index=1, kind="tool", tool="ap_lookup", status=StepStatus.SUCCEEDED, idempotency_key=uuid.uuid4().hex,
-                 result={"customer_name": f"Customer {i}", "currency": "EUR"}),
-            Step(run=run, index=2, kind="tool", tool="ap_refund", arguments=args, status=StepStatus.WAITING_APPROVAL if kind == ApprovalKind.APPROVAL else StepStatus.UNKNOWN,
-                 idempotency_key=uuid.uuid4().hex),
+            Step(
+                run=run,
+                index=0,
+                kind="model",
+                text=f"Looking up ORD-{2000 + i}.",
+                status=StepStatus.SUCCEEDED,
+                idempotency_key=uuid.uuid4().hex,
+            ),
+            Step(
+                run=run,
+                index=1,
+                kind="tool",
+                tool="ap_lookup",
+                status=StepStatus.SUCCEEDED,
+                idempotency_key=uuid.uuid4().hex,
+                result={"customer_name": f"Customer {i}", "currency": "EUR"},
+            ),
+            Step(
+                run=run,
+                index=2,
+                kind="tool",
+                tool="ap_refund",
+                arguments=args,
+                status=StepStatus.WAITING_APPROVAL
+                if kind == ApprovalKind.APPROVAL
+                else StepStatus.UNKNOWN,
+                idempotency_key=uuid.uuid4().hex,
+            ),
         ]
     Run.objects.bulk_create(runs, batch_size=2000)
     Step.objects.bulk_create(steps, batch_size=2000)
     for i, run in enumerate(runs):
-        approvals.append(Approval(step=steps[3 * i + 2], run=run, kind=kind, agent=agent, tool="ap_refund", requested_args=steps[3 * i + 2].arguments))
+        approvals.append(
+            Approval(
+                step=steps[3 * i + 2],
+                run=run,
+                kind=kind,
+                agent=agent,
+                tool="ap_refund",
+                requested_args=steps[3 * i + 2].arguments,
+            )
+        )
     Approval.objects.bulk_create(approvals, batch_size=2000)
     if age:
         Approval.objects.filter(id__in=[a.id for a in approvals]).update(created_at=now)

@@ -29,7 +29,10 @@ def test_list_pending_with_the_card_summary(approver):
     row = rows[0]
     assert row["status"] == "pending" and row["kind"] == "approval" and row["tool"] == "ap_refund"
     assert row["run_id"] == str(approval.run_id)
-    assert row["requested_args"]["card_token"] != SECRET and row["requested_args"]["amount_cents"] == 4599
+    assert (
+        row["requested_args"]["card_token"] != SECRET
+        and row["requested_args"]["amount_cents"] == 4599
+    )
     assert row["summary"]["customer"] == "Ada Lovelace"
     assert row["summary"]["amount_cents"] == 4599 and row["summary"]["currency"] == "EUR"
     approved = api.get("/api/approvals?status=approved").json()["approvals"]
@@ -43,10 +46,15 @@ def test_list_errors_are_json(client, approver):
     assert response.status_code == 400 and "status must be" in response.json()["error"]
 
 
-def test_approve_with_edited_args_then_409_for_the_second(approver, lead, django_capture_on_commit_callbacks):
+def test_approve_with_edited_args_then_409_for_the_second(
+    approver, lead, django_capture_on_commit_callbacks
+):
     approval = parked_approval()
     with django_capture_on_commit_callbacks(execute=True):
-        response = ApiClient(approver).post(url(approval), {"decision": "approve", "args": {"amount_cents": 2000}, "reason": "partial"})
+        response = ApiClient(approver).post(
+            url(approval),
+            {"decision": "approve", "args": {"amount_cents": 2000}, "reason": "partial"},
+        )
     assert response.status_code == 200, response.content
     body = response.json()
     assert body["status"] == "approved" and body["edited_args"]["amount_cents"] == 2000
@@ -62,9 +70,14 @@ def test_approve_with_edited_args_then_409_for_the_second(approver, lead, django
 
 def test_reject_with_reason(approver):
     approval = parked_approval()
-    response = ApiClient(approver).post(url(approval), {"decision": "reject", "reason": "fraud suspected"})
+    response = ApiClient(approver).post(
+        url(approval), {"decision": "reject", "reason": "fraud suspected"}
+    )
     assert response.status_code == 200 and response.json()["reason"] == "fraud suspected"
-    assert Step.objects.get(id=approval.step_id).result == {"error": "rejected", "reason": "fraud suspected"}
+    assert Step.objects.get(id=approval.step_id).result == {
+        "error": "rejected",
+        "reason": "fraud suspected",
+    }
 
 
 def test_viewer_cannot_decide_via_api(viewer):
@@ -94,7 +107,11 @@ def test_bad_decisions_are_json_errors(approver, body, status, message):
 
 def test_unknown_or_malformed_ids_are_404(approver):
     api = ApiClient(approver)
-    for path in ("/api/approvals/999999", "/api/approvals/abc", "/api/approvals/99999999999999999999999"):
+    for path in (
+        "/api/approvals/999999",
+        "/api/approvals/abc",
+        "/api/approvals/99999999999999999999999",
+    ):
         response = api.post(path, {"decision": "approve"})
         assert response.status_code == 404 and response.json()["error"]
     assert api.post("/api/approvals/1", raw="{nope").status_code in (400, 404)
@@ -105,14 +122,19 @@ def test_approver_limit_via_api(approver, settings):
     approval = parked_approval(amount=4599)
     response = ApiClient(approver).post(url(approval), {"decision": "approve"})
     assert response.status_code == 422 and "above your approval limit" in response.json()["error"]
-    response = ApiClient(approver).post(url(approval), {"decision": "approve", "args": {"amount_cents": 2999}})
+    response = ApiClient(approver).post(
+        url(approval), {"decision": "approve", "args": {"amount_cents": 2999}}
+    )
     assert response.status_code == 200
 
 
 @pytest.mark.parametrize("decision", ["happened", "retry", "abort"])
 def test_reconciliation_via_api(approver, decision):
     approval = unknown_step_approval()
-    response = ApiClient(approver).post(url(approval), {"decision": decision, "result": {"sent": "checked"} if decision == "happened" else None})
+    response = ApiClient(approver).post(
+        url(approval),
+        {"decision": decision, "result": {"sent": "checked"} if decision == "happened" else None},
+    )
     assert response.status_code == 200 and response.json()["resolution"] == decision
     expected = RunStatus.FAILED if decision == "abort" else RunStatus.QUEUED
     assert Run.objects.get(id=approval.run_id).status == expected

@@ -51,14 +51,17 @@ def worker(tmp_path, web):
 def staff_api(web, seeded, django_user_model):
     # the seeded demo approver: may decide approvals, is not a superuser
     token = create_token(django_user_model.objects.get(username="approver"))
-    with httpx.Client(base_url=web, headers={"Authorization": f"Bearer {token}"}, timeout=30) as client:
+    with httpx.Client(
+        base_url=web, headers={"Authorization": f"Bearer {token}"}, timeout=30
+    ) as client:
         yield client
 
 
 def pending_item(run: Run, kind: str = ApprovalKind.APPROVAL) -> Approval:
     return wait_until(
         lambda: Approval.objects.filter(run=run, kind=kind, status=ApprovalStatus.PENDING).first(),
-        timeout=WAIT, message=f"a pending {kind} for run {run.id}",
+        timeout=WAIT,
+        message=f"a pending {kind} for run {run.id}",
     )
 
 
@@ -71,13 +74,17 @@ def finished(run: Run) -> Run:
 
 
 def ledger(web: str, order_id: str) -> list[dict]:
-    return httpx.get(f"{web}/gateway/refunds", params={"order_id": order_id}, timeout=10).json()["refunds"]
+    return httpx.get(f"{web}/gateway/refunds", params={"order_id": order_id}, timeout=10).json()[
+        "refunds"
+    ]
 
 
 def test_approve_with_a_lowered_amount_refunds_exactly_that_once(seeded, web, worker, staff_api):
     worker()
     order = Order.objects.get(order_id="ORD-1003")
-    run = start_run("refund", {"order_id": order.order_id, "message": "The kettle arrived broken"}).run
+    run = start_run(
+        "refund", {"order_id": order.order_id, "message": "The kettle arrived broken"}
+    ).run
     approval = pending_item(run)
     assert approval.requested_args["amount_cents"] == order.amount_cents
     lowered = order.amount_cents - 1000
@@ -86,7 +93,10 @@ def test_approve_with_a_lowered_amount_refunds_exactly_that_once(seeded, web, wo
     row = next(r for r in listed if r["id"] == approval.id)
     assert row["summary"]["customer"] == order.customer_name and row["summary"]["currency"] == "USD"
 
-    response = staff_api.post(f"/api/approvals/{approval.id}", json={"decision": "approve", "args": {"amount_cents": lowered}, "reason": "partial refund"})
+    response = staff_api.post(
+        f"/api/approvals/{approval.id}",
+        json={"decision": "approve", "args": {"amount_cents": lowered}, "reason": "partial refund"},
+    )
     assert response.status_code == 200, response.text
     again = staff_api.post(f"/api/approvals/{approval.id}", json={"decision": "approve"})
     assert again.status_code == 409 and again.json()["decided_by"] == "approver"
@@ -110,7 +120,9 @@ def test_rejection_refunds_nothing_and_tells_the_customer_why(seeded, web, worke
     run = start_run("refund", {"order_id": "ORD-1004", "message": "I changed my mind"}).run
     approval = pending_item(run)
     why = "the return window closed 30 days after delivery"
-    response = staff_api.post(f"/api/approvals/{approval.id}", json={"decision": "reject", "reason": why})
+    response = staff_api.post(
+        f"/api/approvals/{approval.id}", json={"decision": "reject", "reason": why}
+    )
     assert response.status_code == 200, response.text
     run = finished(run)
     assert run.status == RunStatus.SUCCEEDED, run.error
@@ -155,7 +167,10 @@ def test_reconciliation_of_an_interrupted_customer_reply(
     assert OutboxMessage.objects.filter(run_id=run.id).count() == sent_before
     body: dict = {"decision": decision, "reason": "checked the mail log"}
     if decision == "happened":
-        body["result"] = {"outbox_id": OutboxMessage.objects.get(run_id=run.id).pk, "to": "customer"}
+        body["result"] = {
+            "outbox_id": OutboxMessage.objects.get(run_id=run.id).pk,
+            "to": "customer",
+        }
     response = staff_api.post(f"/api/approvals/{item.id}", json=body)
     assert response.status_code == 200, response.text
     run = finished(run)

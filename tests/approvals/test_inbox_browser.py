@@ -17,7 +17,12 @@ from approvals.models import Approval, ApprovalStatus
 from support.models import Order, OutboxMessage
 from tests.procs import start_web, start_worker, wait_until
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.timeout(600),
+]
 
 WAIT_MS = 90_000
 
@@ -28,15 +33,21 @@ document.addEventListener("htmx:afterSwap", (e) => { if (e.target.id === "inbox-
 """
 
 
-def test_approve_with_a_lowered_amount_and_reject_in_the_inbox(tmp_path, seeded, browser, settings, django_user_model):
+def test_approve_with_a_lowered_amount_and_reject_in_the_inbox(
+    tmp_path, seeded, browser, settings, django_user_model
+):
     from django.conf import global_settings
 
-    settings.PASSWORD_HASHERS = global_settings.PASSWORD_HASHERS  # the server only knows real hashers
+    settings.PASSWORD_HASHERS = (
+        global_settings.PASSWORD_HASHERS
+    )  # the server only knows real hashers
     approver = django_user_model.objects.get(username="approver")
     approver.set_password("browser-pw")
     approver.save()
     web, url = start_web(tmp_path)
-    worker = start_worker(tmp_path, REFUND_GATEWAY_URL=url + "/gateway", REFUND_APPROVAL_THRESHOLD_CENTS=0)
+    worker = start_worker(
+        tmp_path, REFUND_GATEWAY_URL=url + "/gateway", REFUND_APPROVAL_THRESHOLD_CENTS=0
+    )
     try:
         page = browser.new_page()
         page.add_init_script(SWAP_COUNTER)
@@ -48,14 +59,24 @@ def test_approve_with_a_lowered_amount_and_reject_in_the_inbox(tmp_path, seeded,
         assert page.locator("#nav-pending").inner_text() == "0"
 
         # two refund runs start while the page is open: they appear without a reload
-        first = start_run("refund", {"order_id": "ORD-1010", "message": "The lamp arrived broken"}).run
+        first = start_run(
+            "refund", {"order_id": "ORD-1010", "message": "The lamp arrived broken"}
+        ).run
         second = start_run("refund", {"order_id": "ORD-1011", "message": "It never arrived"}).run
-        a1 = wait_until(lambda: Approval.objects.filter(run=first).first(), timeout=90, message="first approval")
-        a2 = wait_until(lambda: Approval.objects.filter(run=second).first(), timeout=90, message="second approval")
+        a1 = wait_until(
+            lambda: Approval.objects.filter(run=first).first(), timeout=90, message="first approval"
+        )
+        a2 = wait_until(
+            lambda: Approval.objects.filter(run=second).first(),
+            timeout=90,
+            message="second approval",
+        )
         card1, card2 = page.locator(f"#approval-{a1.id}"), page.locator(f"#approval-{a2.id}")
         card1.wait_for(timeout=WAIT_MS)
         card2.wait_for(timeout=WAIT_MS)
-        page.wait_for_function("document.getElementById('nav-pending').textContent.trim() === '2'", timeout=WAIT_MS)
+        page.wait_for_function(
+            "document.getElementById('nav-pending').textContent.trim() === '2'", timeout=WAIT_MS
+        )
         order = Order.objects.get(order_id="ORD-1010")
         assert order.customer_name in card1.inner_text()
         assert f"{order.amount_cents / 100:,.2f} USD" in card1.inner_text()
@@ -71,24 +92,35 @@ def test_approve_with_a_lowered_amount_and_reject_in_the_inbox(tmp_path, seeded,
         assert "Will approve with: amount_cents" in card1.locator(".diff-preview").inner_text()
         swaps = page.evaluate("window.__swaps")
         third = start_run("refund", {"order_id": "ORD-1012", "message": "Wrong colour"}).run
-        a3 = wait_until(lambda: Approval.objects.filter(run=third).first(), timeout=90, message="third approval")
+        a3 = wait_until(
+            lambda: Approval.objects.filter(run=third).first(), timeout=90, message="third approval"
+        )
         page.locator(f"#approval-{a3.id}").wait_for(timeout=WAIT_MS)
         assert page.evaluate("window.__swaps") > swaps
-        assert page.locator(f"#approval-{a1.id} input[name=arg_amount_cents]").input_value() == str(lowered)
-        assert "Will approve with: amount_cents" in page.locator(f"#approval-{a1.id} .diff-preview").inner_text()
+        assert page.locator(f"#approval-{a1.id} input[name=arg_amount_cents]").input_value() == str(
+            lowered
+        )
+        assert (
+            "Will approve with: amount_cents"
+            in page.locator(f"#approval-{a1.id} .diff-preview").inner_text()
+        )
 
         page.locator(f"#approval-{a1.id} button[value=approve]").click()
         log = page.locator("#decision-log")
         log.locator("li").first.wait_for(timeout=WAIT_MS)
         assert f"amount_cents {order.amount_cents} → {lowered}" in log.inner_text()
         page.locator(f"#approval-{a1.id}").wait_for(state="detached", timeout=WAIT_MS)
-        page.wait_for_function("document.getElementById('nav-pending').textContent.trim() === '2'", timeout=WAIT_MS)
+        page.wait_for_function(
+            "document.getElementById('nav-pending').textContent.trim() === '2'", timeout=WAIT_MS
+        )
 
         why = "the parcel is still on its way"
         page.locator(f"#approval-{a2.id} input[name=reason]").fill(why)
         page.locator(f"#approval-{a2.id} button[value=reject]").click()
         page.locator(f"#approval-{a2.id}").wait_for(state="detached", timeout=WAIT_MS)
-        page.wait_for_function("document.getElementById('nav-pending').textContent.trim() === '1'", timeout=WAIT_MS)
+        page.wait_for_function(
+            "document.getElementById('nav-pending').textContent.trim() === '1'", timeout=WAIT_MS
+        )
         assert page.locator(f"#approval-{a3.id}").is_visible()
         assert "Rejected" in log.inner_text()
 
@@ -99,9 +131,14 @@ def test_approve_with_a_lowered_amount_and_reject_in_the_inbox(tmp_path, seeded,
         wait_until(lambda: done(first) and done(second), timeout=120, message="both runs to finish")
         assert first.status == RunStatus.SUCCEEDED and second.status == RunStatus.SUCCEEDED
         assert Approval.objects.get(id=a1.id).status == ApprovalStatus.APPROVED
-        refunds = httpx.get(url + "/gateway/refunds", params={"order_id": "ORD-1010"}).json()["refunds"]
+        refunds = httpx.get(url + "/gateway/refunds", params={"order_id": "ORD-1010"}).json()[
+            "refunds"
+        ]
         assert [r["amount_cents"] for r in refunds] == [lowered]
-        assert httpx.get(url + "/gateway/refunds", params={"order_id": "ORD-1011"}).json()["refunds"] == []
+        assert (
+            httpx.get(url + "/gateway/refunds", params={"order_id": "ORD-1011"}).json()["refunds"]
+            == []
+        )
         assert why in OutboxMessage.objects.get(run_id=second.id).body
     finally:
         worker.stop()

@@ -31,11 +31,15 @@ def decided_events(run_id) -> list[RunEvent]:
 
 
 def assert_gapless(run_id) -> None:
-    seqs = list(RunEvent.objects.filter(run_id=run_id).order_by("seq").values_list("seq", flat=True))
+    seqs = list(
+        RunEvent.objects.filter(run_id=run_id).order_by("seq").values_list("seq", flat=True)
+    )
     assert seqs == list(range(1, len(seqs) + 1))
 
 
-def test_approve_resumes_the_run_with_the_requested_args(approver, django_capture_on_commit_callbacks):
+def test_approve_resumes_the_run_with_the_requested_args(
+    approver, django_capture_on_commit_callbacks
+):
     approval = parked_approval()
     before = queued_tasks_for(approval.run_id)
     with django_capture_on_commit_callbacks(execute=True):
@@ -51,21 +55,38 @@ def test_approve_resumes_the_run_with_the_requested_args(approver, django_captur
     assert event.data["decision"] == "approved" and event.data["by"] == "approver"
     assert event.data["at"] and event.data["diff"] == {} and event.data["edited"] is False
     # the timeline never shows the secret argument
-    assert event.data["requested"]["card_token"] != SECRET and event.data["approved"]["card_token"] != SECRET
+    assert (
+        event.data["requested"]["card_token"] != SECRET
+        and event.data["approved"]["card_token"] != SECRET
+    )
     run = advance(run)
     assert run.status == RunStatus.SUCCEEDED
     step = Step.objects.get(id=approval.step_id)
-    assert CALLS["ap_refund"] == [(step.idempotency_key, {"order_id": "ORD-1001", "amount_cents": 4599, "card_token": SECRET})]
+    assert CALLS["ap_refund"] == [
+        (step.idempotency_key, {"order_id": "ORD-1001", "amount_cents": 4599, "card_token": SECRET})
+    ]
     assert_gapless(run.id)
 
 
-def test_approve_with_edited_args_validates_stores_and_audits_the_diff(approver, django_capture_on_commit_callbacks):
+def test_approve_with_edited_args_validates_stores_and_audits_the_diff(
+    approver, django_capture_on_commit_callbacks
+):
     approval = parked_approval(amount=4599)
     with django_capture_on_commit_callbacks(execute=True):
-        services.approve(approval.id, user=approver, edited_args={"amount_cents": 2500}, reason="partial: only the lid")
+        services.approve(
+            approval.id,
+            user=approver,
+            edited_args={"amount_cents": 2500},
+            reason="partial: only the lid",
+        )
     approval.refresh_from_db()
     assert approval.requested_args["amount_cents"] == 4599
-    assert approval.edited_args == {"order_id": "ORD-1001", "amount_cents": 2500, "reason": "The blender arrived broken", "card_token": SECRET}
+    assert approval.edited_args == {
+        "order_id": "ORD-1001",
+        "amount_cents": 2500,
+        "reason": "The blender arrived broken",
+        "card_token": SECRET,
+    }
     (event,) = decided_events(approval.run_id)
     assert event.data["diff"] == {"amount_cents": {"from": 4599, "to": 2500}}
     assert event.data["reason"] == "partial: only the lid"
@@ -109,10 +130,14 @@ def test_reject_feeds_the_reason_back_to_the_agent(approver, django_capture_on_c
 
     assert "outside the 30-day window" in tool_result_content(step)
     (event,) = decided_events(run.id)
-    assert event.data["decision"] == "rejected" and event.data["reason"] == "outside the 30-day window"
+    assert (
+        event.data["decision"] == "rejected" and event.data["reason"] == "outside the 30-day window"
+    )
 
 
-def test_second_decision_changes_nothing_and_names_the_winner(approver, lead, django_capture_on_commit_callbacks):
+def test_second_decision_changes_nothing_and_names_the_winner(
+    approver, lead, django_capture_on_commit_callbacks
+):
     approval = parked_approval()
     with django_capture_on_commit_callbacks(execute=True):
         services.approve(approval.id, user=approver)
@@ -123,7 +148,9 @@ def test_second_decision_changes_nothing_and_names_the_winner(approver, lead, dj
         lambda: services.approve(approval.id, user=lead),
         lambda: services.approve(approval.id, user=lead, edited_args={"amount_cents": "invalid"}),
     ):
-        with pytest.raises(services.AlreadyDecided, match=r"already approved by approver at \d{4}-"):
+        with pytest.raises(
+            services.AlreadyDecided, match=r"already approved by approver at \d{4}-"
+        ):
             attempt()
     approval.refresh_from_db()
     assert approval.status == ApprovalStatus.APPROVED and approval.decided_by.username == "approver"
@@ -144,7 +171,9 @@ def test_approver_limit_refuses_above_and_allows_lowered_or_lead(approver, lead,
     assert Approval.objects.get(id=other.id).status == ApprovalStatus.APPROVED
 
 
-def test_expiry_through_the_sweeper_rejects_with_reason_expired(settings, django_capture_on_commit_callbacks):
+def test_expiry_through_the_sweeper_rejects_with_reason_expired(
+    settings, django_capture_on_commit_callbacks
+):
     settings.AGENTRUNS_APPROVAL_EXPIRY_SECONDS = 60
     approval = parked_approval()
     assert approval.expires_at is not None
@@ -155,7 +184,10 @@ def test_expiry_through_the_sweeper_rejects_with_reason_expired(settings, django
     assert approval.status == ApprovalStatus.EXPIRED and approval.reason == "expired"
     assert approval.decided_by is None
     step = Step.objects.get(id=approval.step_id)
-    assert step.status == StepStatus.REJECTED and step.result == {"error": "rejected", "reason": "expired"}
+    assert step.status == StepStatus.REJECTED and step.result == {
+        "error": "rejected",
+        "reason": "expired",
+    }
     run = advance(Run.objects.get(id=approval.run_id))
     assert run.status == RunStatus.SUCCEEDED and CALLS["ap_refund"] == []
     with pytest.raises(services.AlreadyDecided, match="already expired by the system"):
@@ -169,11 +201,18 @@ def test_cancelled_run_withdraws_and_a_late_decision_is_told(approver):
         services.approve(approval.id, user=approver)
 
 
-def test_reconcile_happened_keeps_the_single_send_and_continues(approver, django_capture_on_commit_callbacks):
+def test_reconcile_happened_keeps_the_single_send_and_continues(
+    approver, django_capture_on_commit_callbacks
+):
     approval = unknown_step_approval()
     assert len(CALLS["ap_notify"]) == 1
     with django_capture_on_commit_callbacks(execute=True):
-        services.reconcile(approval.id, user=approver, resolution="happened", result={"sent": "ada@example.com", "checked": "mail log"})
+        services.reconcile(
+            approval.id,
+            user=approver,
+            resolution="happened",
+            result={"sent": "ada@example.com", "checked": "mail log"},
+        )
     step = Step.objects.get(id=approval.step_id)
     assert step.status == StepStatus.SUCCEEDED and step.result["checked"] == "mail log"
     run = advance(Run.objects.get(id=approval.run_id))
@@ -184,7 +223,9 @@ def test_reconcile_happened_keeps_the_single_send_and_continues(approver, django
     assert decided_events(run.id)[0].data["decision"] == "reconciled: happened"
 
 
-def test_reconcile_retry_runs_the_step_again_with_the_same_key(approver, django_capture_on_commit_callbacks):
+def test_reconcile_retry_runs_the_step_again_with_the_same_key(
+    approver, django_capture_on_commit_callbacks
+):
     approval = unknown_step_approval()
     with django_capture_on_commit_callbacks(execute=True):
         services.reconcile(approval.id, user=approver, resolution="retry")
@@ -192,12 +233,17 @@ def test_reconcile_retry_runs_the_step_again_with_the_same_key(approver, django_
     assert run.status == RunStatus.SUCCEEDED
     step = Step.objects.get(id=approval.step_id)
     assert step.status == StepStatus.SUCCEEDED and step.result == {"sent": "ada@example.com"}
-    assert [(key, attempt) for key, attempt, _ in CALLS["ap_notify"]] == [(step.idempotency_key, 1), (step.idempotency_key, 2)]
+    assert [(key, attempt) for key, attempt, _ in CALLS["ap_notify"]] == [
+        (step.idempotency_key, 1),
+        (step.idempotency_key, 2),
+    ]
 
 
 def test_reconcile_abort_ends_the_run(approver):
     approval = unknown_step_approval()
-    services.reconcile(approval.id, user=approver, resolution="abort", reason="mail server says maybe")
+    services.reconcile(
+        approval.id, user=approver, resolution="abort", reason="mail server says maybe"
+    )
     run = Run.objects.get(id=approval.run_id)
     assert run.status == RunStatus.FAILED and run.stop_reason == "aborted"
     assert "aborted by approver" in run.error
@@ -238,24 +284,35 @@ def test_race_two_deciders_exactly_one_wins_and_the_run_is_enqueued_once(approve
             connection.close()
 
     actions = {
-        "approve": lambda u: services.approve(approval.id, user=u, edited_args={"amount_cents": 1234}),
+        "approve": lambda u: services.approve(
+            approval.id, user=u, edited_args={"amount_cents": 1234}
+        ),
         "reject": lambda u: services.reject(approval.id, user=u, reason="duplicate request"),
     }
     threads = [
-        threading.Thread(target=decide, args=("a", approver, lambda u: services.approve(approval.id, user=u))),
+        threading.Thread(
+            target=decide, args=("a", approver, lambda u: services.approve(approval.id, user=u))
+        ),
         threading.Thread(target=decide, args=("b", lead, actions[second])),
     ]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
-    assert sorted(str(type(v).__name__) if not isinstance(v, str) else v for v in outcomes.values()) == ["AlreadyDecided", "won"], outcomes
+    assert sorted(
+        str(type(v).__name__) if not isinstance(v, str) else v for v in outcomes.values()
+    ) == ["AlreadyDecided", "won"], outcomes
     loser = next(v for v in outcomes.values() if isinstance(v, services.AlreadyDecided))
     approval.refresh_from_db()
     assert approval.status in (ApprovalStatus.APPROVED, ApprovalStatus.REJECTED)
     assert loser.approval.decided_by_id == approval.decided_by_id
     assert len(decided_events(approval.run_id)) == 1
-    assert RunEvent.objects.filter(run_id=approval.run_id, type="run.status", data__status="queued").count() == 1  # resumed once
+    assert (
+        RunEvent.objects.filter(
+            run_id=approval.run_id, type="run.status", data__status="queued"
+        ).count()
+        == 1
+    )  # resumed once
     assert queued_tasks_for(approval.run_id) == tasks_before + 1
     assert_gapless(approval.run_id)
 
@@ -282,12 +339,20 @@ def ap_wire(ctx: ToolContext, account: str, amount_cents: int) -> dict:
     return {"wired": amount_cents}
 
 
-register_agent(Agent(name="ap-wire", instructions="Wire.", tools=["ap_wire"], scripted_policy=script_policy))
+register_agent(
+    Agent(name="ap-wire", instructions="Wire.", tools=["ap_wire"], scripted_policy=script_policy)
+)
 
 
 def test_reconciling_an_approved_call_keeps_who_approved_it(approver, lead):
     run = start_run(
-        "ap-wire", {"script": [{"calls": [["ap_wire", {"account": "DE00-SECRET", "amount_cents": 700}]]}, {"text": "ok"}]}
+        "ap-wire",
+        {
+            "script": [
+                {"calls": [["ap_wire", {"account": "DE00-SECRET", "amount_cents": 700}]]},
+                {"text": "ok"},
+            ]
+        },
     ).run
     run = advance(run)
     approval = Approval.objects.get(run=run)
@@ -300,7 +365,10 @@ def test_reconciling_an_approved_call_keeps_who_approved_it(approver, lead):
     assert run.status == RunStatus.WAITING
     reconciliation = Approval.objects.get(run=run)  # the same row: one per step
     assert reconciliation.id == approval.id
-    assert reconciliation.kind == ApprovalKind.RECONCILIATION and reconciliation.status == ApprovalStatus.PENDING
+    assert (
+        reconciliation.kind == ApprovalKind.RECONCILIATION
+        and reconciliation.status == ApprovalStatus.PENDING
+    )
     assert reconciliation.decided_by is None
     [earlier] = reconciliation.history
     assert earlier["kind"] == "approval" and earlier["status"] == "approved"
@@ -321,9 +389,14 @@ def test_reconciling_an_approved_call_keeps_who_approved_it(approver, lead):
     inbox = Client()
     inbox.force_login(approver)
     page = inbox.get("/approvals/?kind=reconciliation").content.decode()
-    assert f"Before the call: approved by {approver.username}" in page and "checked the invoice" in page
+    assert (
+        f"Before the call: approved by {approver.username}" in page
+        and "checked the invoice" in page
+    )
 
-    services.reconcile(reconciliation.id, user=approver, resolution="happened", result={"wired": 700})
+    services.reconcile(
+        reconciliation.id, user=approver, resolution="happened", result={"wired": 700}
+    )
     run = advance(run)
     assert run.status == RunStatus.SUCCEEDED
     assert CALLS["ap_wire"] == [(1, 700)]  # never sent twice

@@ -53,7 +53,9 @@ def test_card_shows_what_a_person_needs_to_decide(client, approver):
     assert "ORD-1001" in html
     assert "45.99 EUR" in html  # amount and currency
     assert "The blender arrived broken" in html  # the agent's stated reason
-    assert "The customer is owed 45.99 EUR, so I will issue that refund." in html  # recent model text
+    assert (
+        "The customer is owed 45.99 EUR, so I will issue that refund." in html
+    )  # recent model text
     assert "Let me look up order ORD-1001 first." in html
     assert "please refund" in html  # the request
     assert "ap_refund" in html
@@ -71,7 +73,9 @@ def test_viewer_sees_but_cannot_decide_in_the_ui(approver, viewer):
     html = client.get(INBOX).content.decode()
     assert "ORD-1001" in html and f'id="decide-{approval.id}"' not in html
     for extra in ({}, HX):
-        response = client.post(decide_url(approval), {"action": "approve", "csrfmiddlewaretoken": token}, **extra)
+        response = client.post(
+            decide_url(approval), {"action": "approve", "csrfmiddlewaretoken": token}, **extra
+        )
         assert response.status_code == 403
     assert Approval.objects.get(id=approval.id).status == ApprovalStatus.PENDING
     assert Run.objects.get(id=approval.run_id).status == RunStatus.WAITING
@@ -83,7 +87,9 @@ def test_post_without_csrf_token_is_refused(approver):
     response = client.post(decide_url(approval), {"action": "approve"}, **HX)
     assert response.status_code == 403
     assert Approval.objects.get(id=approval.id).status == ApprovalStatus.PENDING
-    response = client.post(decide_url(approval), {"action": "approve"}, HTTP_X_CSRFTOKEN=token, **HX)
+    response = client.post(
+        decide_url(approval), {"action": "approve"}, HTTP_X_CSRFTOKEN=token, **HX
+    )
     assert response.status_code == 200
     assert Approval.objects.get(id=approval.id).status == ApprovalStatus.APPROVED
 
@@ -92,7 +98,9 @@ def test_htmx_approve_swaps_the_card_and_updates_the_nav_count(approver):
     approval, other = parked_approval(), parked_approval()
     client, token = csrf_client(approver)
     assert re.search(r'id="nav-pending">2<', client.get(INBOX).content.decode())
-    response = client.post(decide_url(approval), {"action": "approve", "csrfmiddlewaretoken": token}, **HX)
+    response = client.post(
+        decide_url(approval), {"action": "approve", "csrfmiddlewaretoken": token}, **HX
+    )
     html = response.content.decode()
     assert response.status_code == 200 and response["HX-Trigger"] == "inbox-changed"
     assert "Approved; the run continues." in html
@@ -101,7 +109,9 @@ def test_htmx_approve_swaps_the_card_and_updates_the_nav_count(approver):
     assert Run.objects.get(id=approval.run_id).status == RunStatus.QUEUED
     # decided items leave the list; the poll fragment says so
     fragment = client.get(INBOX + "?fragment=items", **HX).content.decode()
-    assert f'id="approval-{approval.id}"' not in fragment and f'id="approval-{other.id}"' in fragment
+    assert (
+        f'id="approval-{approval.id}"' not in fragment and f'id="approval-{other.id}"' in fragment
+    )
     assert re.search(r'id="pending-count">1<', fragment)
 
 
@@ -110,14 +120,22 @@ def test_edit_form_approves_with_changed_args_and_shows_the_diff(approver):
     client, token = csrf_client(approver)
     response = client.post(
         decide_url(approval),
-        {"action": "approve", "csrfmiddlewaretoken": token, "arg_order_id": "ORD-1001", "arg_amount_cents": "2500",
-         "arg_reason": "The blender arrived broken", "reason": "only the lid"},
+        {
+            "action": "approve",
+            "csrfmiddlewaretoken": token,
+            "arg_order_id": "ORD-1001",
+            "arg_amount_cents": "2500",
+            "arg_reason": "The blender arrived broken",
+            "reason": "only the lid",
+        },
         **HX,
     )
     html = response.content.decode()
     assert "amount_cents 4599 → 2500" in html
     approval.refresh_from_db()
-    assert approval.status == ApprovalStatus.APPROVED and approval.edited_args["amount_cents"] == 2500
+    assert (
+        approval.status == ApprovalStatus.APPROVED and approval.edited_args["amount_cents"] == 2500
+    )
     assert approval.edited_args["card_token"] == SECRET  # the hidden field kept its requested value
     assert Step.objects.get(id=approval.step_id).arguments["amount_cents"] == 2500
 
@@ -133,7 +151,9 @@ def test_edit_form_approves_with_changed_args_and_shows_the_diff(approver):
 def test_invalid_edits_are_explained_and_nothing_changes(approver, fields, message):
     approval = parked_approval()
     client, token = csrf_client(approver)
-    response = client.post(decide_url(approval), {"action": "approve", "csrfmiddlewaretoken": token, **fields}, **HX)
+    response = client.post(
+        decide_url(approval), {"action": "approve", "csrfmiddlewaretoken": token, **fields}, **HX
+    )
     assert message in response.content.decode()
     assert response["X-Decision-Status"] == "422"
     assert Approval.objects.get(id=approval.id).status == ApprovalStatus.PENDING
@@ -142,10 +162,16 @@ def test_invalid_edits_are_explained_and_nothing_changes(approver, fields, messa
 def test_reject_needs_a_reason_in_the_ui(approver):
     approval = parked_approval()
     client, token = csrf_client(approver)
-    response = client.post(decide_url(approval), {"action": "reject", "csrfmiddlewaretoken": token}, **HX)
+    response = client.post(
+        decide_url(approval), {"action": "reject", "csrfmiddlewaretoken": token}, **HX
+    )
     assert "Give a reason" in response.content.decode()
     assert Approval.objects.get(id=approval.id).status == ApprovalStatus.PENDING
-    client.post(decide_url(approval), {"action": "reject", "reason": "already refunded", "csrfmiddlewaretoken": token}, **HX)
+    client.post(
+        decide_url(approval),
+        {"action": "reject", "reason": "already refunded", "csrfmiddlewaretoken": token},
+        **HX,
+    )
     step = Step.objects.get(id=approval.step_id)
     assert step.result == {"error": "rejected", "reason": "already refunded"}
 
@@ -154,13 +180,25 @@ def test_second_decision_tells_the_loser_who_decided_and_when(approver, lead):
     approval = parked_approval()
     first, first_token = csrf_client(approver)
     second, second_token = csrf_client(lead)
-    first.post(decide_url(approval), {"action": "approve", "csrfmiddlewaretoken": first_token}, **HX)
-    response = second.post(decide_url(approval), {"action": "reject", "reason": "x", "csrfmiddlewaretoken": second_token}, **HX)
+    first.post(
+        decide_url(approval), {"action": "approve", "csrfmiddlewaretoken": first_token}, **HX
+    )
+    response = second.post(
+        decide_url(approval),
+        {"action": "reject", "reason": "x", "csrfmiddlewaretoken": second_token},
+        **HX,
+    )
     html = response.content.decode()
     assert response["X-Decision-Status"] == "409"
-    assert re.search(r"Nothing changed: this item was already approved by approver at \d\d:\d\d:\d\d", html)
+    assert re.search(
+        r"Nothing changed: this item was already approved by approver at \d\d:\d\d:\d\d", html
+    )
     # without JavaScript: redirected back to the inbox with the same message
-    response = second.post(decide_url(approval), {"action": "approve", "csrfmiddlewaretoken": second_token}, follow=True)
+    response = second.post(
+        decide_url(approval),
+        {"action": "approve", "csrfmiddlewaretoken": second_token},
+        follow=True,
+    )
     assert "already approved by approver" in response.content.decode()
     assert Approval.objects.get(id=approval.id).decided_by.username == "approver"
 
@@ -169,12 +207,17 @@ def test_approver_limit_message_in_the_ui(approver, settings):
     settings.AGENTRUNS_APPROVER_LIMIT_CENTS = 3000
     approval = parked_approval(amount=4599)
     client, token = csrf_client(approver)
-    response = client.post(decide_url(approval), {"action": "approve", "csrfmiddlewaretoken": token}, **HX)
+    response = client.post(
+        decide_url(approval), {"action": "approve", "csrfmiddlewaretoken": token}, **HX
+    )
     assert "45.99 is above your approval limit of 30.00" in response.content.decode()
     assert Approval.objects.get(id=approval.id).status == ApprovalStatus.PENDING
 
 
-@pytest.mark.parametrize("action, run_status", [("happened", RunStatus.QUEUED), ("retry", RunStatus.QUEUED), ("abort", RunStatus.FAILED)])
+@pytest.mark.parametrize(
+    "action, run_status",
+    [("happened", RunStatus.QUEUED), ("retry", RunStatus.QUEUED), ("abort", RunStatus.FAILED)],
+)
 def test_reconciliation_choices_in_the_ui(approver, action, run_status):
     approval = unknown_step_approval()
     client, token = csrf_client(approver)
@@ -196,7 +239,11 @@ def test_reconciliation_choices_in_the_ui(approver, action, run_status):
 def test_reconciliation_result_must_be_json(approver):
     approval = unknown_step_approval()
     client, token = csrf_client(approver)
-    response = client.post(decide_url(approval), {"action": "happened", "result": "{not json", "csrfmiddlewaretoken": token}, **HX)
+    response = client.post(
+        decide_url(approval),
+        {"action": "happened", "result": "{not json", "csrfmiddlewaretoken": token},
+        **HX,
+    )
     assert "not valid JSON" in response.content.decode()
     assert Approval.objects.get(id=approval.id).status == ApprovalStatus.PENDING
 
@@ -232,9 +279,21 @@ def test_keyset_pagination_walks_every_item_once_newest_first(client, approver):
     expected = [a.id for a in sorted(items, key=lambda a: (a.created_at, a.id), reverse=True)]
     assert seen == expected
     # and back: "newer" from the last page lands on the page before it
-    html = client.get(INBOX + "?" + re.search(r'href="\?(older=[^"]+)" rel="next"', client.get(INBOX).content.decode()).group(1)).content.decode()
+    html = client.get(
+        INBOX
+        + "?"
+        + re.search(r'href="\?(older=[^"]+)" rel="next"', client.get(INBOX).content.decode()).group(
+            1
+        )
+    ).content.decode()
     newer = re.search(r'href="\?(newer=[^"]+)"', html).group(1)
-    back = [int(x) for x in re.findall(r'id="approval-(\d+)"', client.get(INBOX + "?" + newer.replace("&amp;", "&")).content.decode())]
+    back = [
+        int(x)
+        for x in re.findall(
+            r'id="approval-(\d+)"',
+            client.get(INBOX + "?" + newer.replace("&amp;", "&")).content.decode(),
+        )
+    ]
     assert back == expected[:25]
 
 
@@ -245,7 +304,10 @@ def _queries(client: Client, url: str, **extra) -> int:
     return len(ctx.captured_queries)
 
 
-@pytest.mark.parametrize("extra, url", [({}, INBOX), (HX, INBOX + "?fragment=items"), ({}, INBOX + "?kind=approval&age=lt1h")])
+@pytest.mark.parametrize(
+    "extra, url",
+    [({}, INBOX), (HX, INBOX + "?fragment=items"), ({}, INBOX + "?kind=approval&age=lt1h")],
+)
 def test_query_count_is_constant_per_page(client, approver, extra, url):
     login(client, approver)
     # both kinds on the page each time: a page with reconciliations also reads their attempts

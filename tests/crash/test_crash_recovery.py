@@ -54,7 +54,9 @@ def lease_settings() -> str:
 
 def record_gap(label: str, seconds: float) -> None:
     MEASURED.append((label, seconds))
-    print(f"[crash-timing] {label}: {seconds:.2f}s from SIGKILL to the next attempt ({lease_settings()})")
+    print(
+        f"[crash-timing] {label}: {seconds:.2f}s from SIGKILL to the next attempt ({lease_settings()})"
+    )
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -117,7 +119,9 @@ def start_refunds(orders: list[tuple[str, str, int | None]]) -> dict[str, tuple[
     """Start one refund run per order; returns order_id -> (run, the amount it must refund)."""
     started = {}
     for order_id, message, partial in orders:
-        amount = partial if partial is not None else Order.objects.get(order_id=order_id).amount_cents
+        amount = (
+            partial if partial is not None else Order.objects.get(order_id=order_id).amount_cents
+        )
         run = start_run("refund", {"order_id": order_id, "message": message}).run
         started[order_id] = (run, amount)
     return started
@@ -161,7 +165,9 @@ def assert_refunded_exactly_once(url: str, order_id: str, amount: int, run: Run)
 
 
 def attempt_outcomes(step: Step) -> list[tuple[int, str]]:
-    return list(StepAttempt.objects.filter(step=step).order_by("number").values_list("number", "outcome"))
+    return list(
+        StepAttempt.objects.filter(step=step).order_by("number").values_list("number", "outcome")
+    )
 
 
 def marker_time(marker: Path) -> datetime:
@@ -187,10 +193,17 @@ FAILPOINTS = [
 def test_failpoint_crash_once_refunds_exactly_once(tmp_path, procs, gateway, seeded, point, tool):
     spec = f"{point}:{tool}=crash_once" if tool else f"{point}=crash_once"
     failpoint_dir = tmp_path / "failpoints"
-    env: dict[str, object] = {"AGENTRUNS_FAILPOINTS": spec, "AGENTRUNS_FAILPOINT_DIR": failpoint_dir}
+    env: dict[str, object] = {
+        "AGENTRUNS_FAILPOINTS": spec,
+        "AGENTRUNS_FAILPOINT_DIR": failpoint_dir,
+    }
     if point == "model_streaming":
         # tokens arrive slowly enough that a delta batch is flushed (and the failpoint hit) mid-stream
-        env.update(SCRIPTED_MODEL_DELAY_MS=3, AGENTRUNS_DELTA_FLUSH_MS=5, AGENTRUNS_DELTA_FLUSH_CHARS=10_000)
+        env.update(
+            SCRIPTED_MODEL_DELAY_MS=3,
+            AGENTRUNS_DELTA_FLUSH_MS=5,
+            AGENTRUNS_DELTA_FLUSH_CHARS=10_000,
+        )
     w = worker(tmp_path, procs, gateway, f"worker-{point}", **env)
     runs = start_refunds(REQUESTS)
 
@@ -218,43 +231,73 @@ def test_failpoint_crash_once_refunds_exactly_once(tmp_path, procs, gateway, see
             assert attempt_outcomes(refund_step) == [(1, AttemptOutcome.SUCCEEDED)]
             later = StepAttempt.objects.filter(step__run=run, step__index__gt=refund_step.index)
             first_after = later.order_by("started_at").first()
-            record_gap(f"{point} {order_id} (next step)", (first_after.started_at - marker_time(marker)).total_seconds())
+            record_gap(
+                f"{point} {order_id} (next step)",
+                (first_after.started_at - marker_time(marker)).total_seconds(),
+            )
             continue
         # interrupted mid-call: attempt 1 crashed, attempt 2 resent the same key
         assert refund_step.attempts == 2
-        assert attempt_outcomes(refund_step) == [(1, AttemptOutcome.CRASHED), (2, AttemptOutcome.SUCCEEDED)]
+        assert attempt_outcomes(refund_step) == [
+            (1, AttemptOutcome.CRASHED),
+            (2, AttemptOutcome.SUCCEEDED),
+        ]
         second = StepAttempt.objects.get(step=refund_step, number=2)
         record_gap(f"{point} {order_id}", (second.started_at - marker_time(marker)).total_seconds())
-        assert RunEvent.objects.filter(run=run, type="step.recovered", data__step=refund_step.index).count() == 1
+        assert (
+            RunEvent.objects.filter(
+                run=run, type="step.recovered", data__step=refund_step.index
+            ).count()
+            == 1
+        )
 
 
 def check_model_streaming_recovery(run: Run, failpoint_dir: Path) -> None:
     """Each model step that streamed in batches was killed once mid-stream: its partial text was
     superseded, the re-request's text is the step's text, and the final output appears once."""
     model_steps = list(Step.objects.filter(run=run, kind="model").order_by("index"))
-    interrupted = [s for s in model_steps if (failpoint_dir / f"model_streaming-refund-{s.id}").exists()]
+    interrupted = [
+        s for s in model_steps if (failpoint_dir / f"model_streaming-refund-{s.id}").exists()
+    ]
     assert interrupted, "the model_streaming failpoint never fired"
     for step in interrupted:
         assert step.attempts == 2
-        assert attempt_outcomes(step) == [(1, AttemptOutcome.CRASHED), (2, AttemptOutcome.SUCCEEDED)]
-        assert RunEvent.objects.filter(run=run, type="model.superseded", data__step=step.index).exists()
+        assert attempt_outcomes(step) == [
+            (1, AttemptOutcome.CRASHED),
+            (2, AttemptOutcome.SUCCEEDED),
+        ]
+        assert RunEvent.objects.filter(
+            run=run, type="model.superseded", data__step=step.index
+        ).exists()
         marker = failpoint_dir / f"model_streaming-refund-{step.id}"
         second = StepAttempt.objects.get(step=step, number=2)
-        record_gap(f"model_streaming step #{step.index}", (second.started_at - marker_time(marker)).total_seconds())
+        record_gap(
+            f"model_streaming step #{step.index}",
+            (second.started_at - marker_time(marker)).total_seconds(),
+        )
     for step in model_steps:
-        deltas = RunEvent.objects.filter(run=run, type="model.delta", data__step=step.index).order_by("seq")
+        deltas = RunEvent.objects.filter(
+            run=run, type="model.delta", data__step=step.index
+        ).order_by("seq")
         final_text = "".join(e.data["text"] for e in deltas if e.data["attempt"] == step.attempts)
         assert final_text == step.text, f"step #{step.index}: streamed text of the accepted attempt"
-    outputs = list(RunEvent.objects.filter(run=run, type="run.output").values_list("data", flat=True))
+    outputs = list(
+        RunEvent.objects.filter(run=run, type="run.output").values_list("data", flat=True)
+    )
     assert outputs == [{"text": run.output}]
     assert run.output == model_steps[-1].text and run.output.startswith("Done: refunded")
     assert run.output.count("Done: refunded") == 1
 
 
 # ------------------------------------------------------------------ a reply interrupted after step_started
-def test_reply_interrupted_after_step_started_is_unknown_never_resent(tmp_path, procs, gateway, seeded):
+def test_reply_interrupted_after_step_started_is_unknown_never_resent(
+    tmp_path, procs, gateway, seeded
+):
     w = worker(
-        tmp_path, procs, gateway, "worker-reply",
+        tmp_path,
+        procs,
+        gateway,
+        "worker-reply",
         AGENTRUNS_FAILPOINTS="step_started:send_customer_reply=crash_once",
         AGENTRUNS_FAILPOINT_DIR=tmp_path / "failpoints",
     )
@@ -270,7 +313,10 @@ def test_reply_interrupted_after_step_started_is_unknown_never_resent(tmp_path, 
         assert reply.status == StepStatus.UNKNOWN
         assert attempt_outcomes(reply) == [(1, AttemptOutcome.UNKNOWN)]
         approval = Approval.objects.get(step=reply)
-        assert approval.kind == ApprovalKind.RECONCILIATION and approval.status == ApprovalStatus.PENDING
+        assert (
+            approval.kind == ApprovalKind.RECONCILIATION
+            and approval.status == ApprovalStatus.PENDING
+        )
         assert approval.run_id == run.id
         # the crash came before the call: nothing was sent, and nothing was re-sent
         assert OutboxMessage.objects.filter(step_id=reply.id).count() == 0
@@ -291,8 +337,11 @@ def test_sigkill_whole_worker_at_random_moments(tmp_path, procs, seeded):
     web, gateway = start_web(tmp_path, REFUND_GATEWAY_DELAY_MS=400)
     procs.append(web)
     orders = [
-        (f"ORD-{n}", "Item arrived broken, please refund." if n % 3 else "Please refund $12.50 of it.",
-         None if n % 3 else 1250)
+        (
+            f"ORD-{n}",
+            "Item arrived broken, please refund." if n % 3 else "Please refund $12.50 of it.",
+            None if n % 3 else 1250,
+        )
         for n in range(1011, 1023)
     ]
     runs = start_refunds(orders)
@@ -313,21 +362,33 @@ def test_sigkill_whole_worker_at_random_moments(tmp_path, procs, seeded):
         # wait for this cluster to be doing real work, then kill it at a random moment
         try:
             wait_until(
-                lambda since=started_at: all_settled(run_ids)
-                or StepAttempt.objects.filter(step__run_id__in=run_ids, started_at__gt=since).exists(),
-                timeout=90, interval=0.05, message="the new worker to start a step",
+                lambda since=started_at: (
+                    all_settled(run_ids)
+                    or StepAttempt.objects.filter(
+                        step__run_id__in=run_ids, started_at__gt=since
+                    ).exists()
+                ),
+                timeout=90,
+                interval=0.05,
+                message="the new worker to start a step",
             )
         except TimeoutError:
             raise AssertionError(f"worker round {round_no} did nothing:\n{w.log()}") from None
         if all_settled(run_ids):
             break
         time.sleep(rng.uniform(0.05, 0.8))  # the random moment (not a correctness condition)
-        in_flight = set(Run.objects.filter(id__in=run_ids, status=RunStatus.RUNNING).values_list("id", flat=True))
+        in_flight = set(
+            Run.objects.filter(id__in=run_ids, status=RunStatus.RUNNING).values_list(
+                "id", flat=True
+            )
+        )
         killed_at = timezone.now()
         w.kill()
         cut = StepAttempt.objects.filter(step__run_id__in=run_ids, finished_at__isnull=True).count()
-        print(f"[crash] round {round_no}: SIGKILL of the whole qcluster with {len(in_flight)} run(s) "
-              f"running, {cut} step attempt(s) cut mid-step")
+        print(
+            f"[crash] round {round_no}: SIGKILL of the whole qcluster with {len(in_flight)} run(s) "
+            f"running, {cut} step attempt(s) cut mid-step"
+        )
         pending_kill = (in_flight, killed_at, round_no) if in_flight else None
 
     statuses = wait_settled(run_ids, workers, timeout=180)
@@ -342,7 +403,10 @@ def test_sigkill_whole_worker_at_random_moments(tmp_path, procs, seeded):
             reply = Step.objects.get(run=run, tool="send_customer_reply")
             assert reply.status == StepStatus.UNKNOWN, (order_id, reply.status)
             approval = Approval.objects.get(step=reply)
-            assert approval.kind == ApprovalKind.RECONCILIATION and approval.status == ApprovalStatus.PENDING
+            assert (
+                approval.kind == ApprovalKind.RECONCILIATION
+                and approval.status == ApprovalStatus.PENDING
+            )
             assert OutboxMessage.objects.filter(step_id=reply.id).count() <= 1
             # it waits after the refund: that happened exactly once
             assert_refunded_exactly_once(gateway, order_id, amount, run)
@@ -357,13 +421,19 @@ def test_sigkill_whole_worker_at_random_moments(tmp_path, procs, seeded):
         assert TicketNote.objects.filter(ticket__order__order_id=order_id).count() == 1
         assert_events_gapless(run)
     total_attempts = StepAttempt.objects.filter(step__run_id__in=run_ids).count()
-    crashed = StepAttempt.objects.filter(step__run_id__in=run_ids, outcome=AttemptOutcome.CRASHED).count()
-    print(f"[crash] {len(runs)} runs: {len(runs) - len(waiting)} succeeded, {len(waiting)} waiting on a "
-          f"reconciliation; {total_attempts} step attempts, {crashed} cut by a kill")
+    crashed = StepAttempt.objects.filter(
+        step__run_id__in=run_ids, outcome=AttemptOutcome.CRASHED
+    ).count()
+    print(
+        f"[crash] {len(runs)} runs: {len(runs) - len(waiting)} succeeded, {len(waiting)} waiting on a "
+        f"reconciliation; {total_attempts} step attempts, {crashed} cut by a kill"
+    )
 
 
 def all_settled(run_ids: list) -> bool:
-    return all(s in SETTLED for s in Run.objects.filter(id__in=run_ids).values_list("status", flat=True))
+    return all(
+        s in SETTLED for s in Run.objects.filter(id__in=run_ids).values_list("status", flat=True)
+    )
 
 
 def measure_continuation(w: Proc, in_flight: set, killed_at: datetime, round_no: int) -> None:
@@ -372,7 +442,9 @@ def measure_continuation(w: Proc, in_flight: set, killed_at: datetime, round_no:
     def next_attempt() -> datetime | None:
         return (
             StepAttempt.objects.filter(step__run_id__in=in_flight, started_at__gt=killed_at)
-            .order_by("started_at").values_list("started_at", flat=True).first()
+            .order_by("started_at")
+            .values_list("started_at", flat=True)
+            .first()
         )
 
     # the new cluster's sweeper loop writes a heartbeat named after the qcluster pid: "up";
@@ -381,12 +453,17 @@ def measure_continuation(w: Proc, in_flight: set, killed_at: datetime, round_no:
     reenqueued: list[datetime] = []
 
     def continued() -> datetime | None:
-        if not cluster_up and WorkerHeartbeat.objects.filter(worker__endswith=f":{w.popen.pid}").exists():
+        if (
+            not cluster_up
+            and WorkerHeartbeat.objects.filter(worker__endswith=f":{w.popen.pid}").exists()
+        ):
             cluster_up.append(timezone.now())
         if not reenqueued:
             rung = (
                 Run.objects.filter(id__in=in_flight, enqueued_at__gt=killed_at)
-                .order_by("enqueued_at").values_list("enqueued_at", flat=True).first()
+                .order_by("enqueued_at")
+                .values_list("enqueued_at", flat=True)
+                .first()
             )
             if rung:
                 reenqueued.append(rung)
@@ -423,18 +500,24 @@ def test_sweeper_rerings_a_dead_workers_run_as_soon_as_its_lease_expires(setting
     live = start_run("refund", {"order_id": "ORD-1003"}).run
     # taken at now-2.5s (lease renewed after the doorbell at now-3s), expired 0.5 s ago
     Run.objects.filter(id=taken.id).update(
-        status=RunStatus.RUNNING, enqueued_at=now - timedelta(seconds=3),
-        lease_owner="dead-worker", lease_expires_at=now - timedelta(seconds=0.5),
+        status=RunStatus.RUNNING,
+        enqueued_at=now - timedelta(seconds=3),
+        lease_owner="dead-worker",
+        lease_expires_at=now - timedelta(seconds=0.5),
     )
     # re-enqueued 1 s ago after an older lease expired: its task has not been picked up yet
     Run.objects.filter(id=in_queue.id).update(
-        status=RunStatus.RUNNING, enqueued_at=now - timedelta(seconds=1),
-        lease_owner="dead-worker", lease_expires_at=now - timedelta(seconds=1.5),
+        status=RunStatus.RUNNING,
+        enqueued_at=now - timedelta(seconds=1),
+        lease_owner="dead-worker",
+        lease_expires_at=now - timedelta(seconds=1.5),
     )
     # a live lease is never touched
     Run.objects.filter(id=live.id).update(
-        status=RunStatus.RUNNING, enqueued_at=now - timedelta(seconds=30),
-        lease_owner="live-worker", lease_expires_at=now + timedelta(seconds=1),
+        status=RunStatus.RUNNING,
+        enqueued_at=now - timedelta(seconds=30),
+        lease_owner="live-worker",
+        lease_expires_at=now + timedelta(seconds=1),
     )
     assert sweep(now) == 1
     assert Run.objects.get(id=taken.id).enqueued_at == now

@@ -15,7 +15,12 @@ def test_crashlab_durable_group_refunds_once_naive_group_duplicates(tmp_path, ca
     report = json.loads(capsys.readouterr().out)
     rows = {(r["group"], r["fault"]): r for r in report["rows"]}
     assert report["ok"], report["problems"]
-    for fault in ("before_refund_call", "after_remote_success", "after_persisted", "while_reply_streams"):
+    for fault in (
+        "before_refund_call",
+        "after_remote_success",
+        "after_persisted",
+        "while_reply_streams",
+    ):
         durable = rows[("B", fault)]
         assert durable["refunds_executed"] == 1 and durable["final_status"] == "succeeded"
     # the refund step was interrupted mid-call: a second attempt with the same key

@@ -19,10 +19,22 @@ from scripts.fake_openai_server import Fail, Reply
 from tests.openai.conftest import API_KEY, MODEL
 
 TOOLS = [
-    {"type": "function", "function": {"name": "lookup_order", "description": "Look up an order.",
-                                      "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}}}},
-    {"type": "function", "function": {"name": "t_echo", "description": "Echo.",
-                                      "parameters": {"type": "object", "properties": {"text": {"type": "string"}}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup_order",
+            "description": "Look up an order.",
+            "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "t_echo",
+            "description": "Echo.",
+            "parameters": {"type": "object", "properties": {"text": {"type": "string"}}},
+        },
+    },
 ]
 MESSAGES = [
     {"role": "system", "content": "You are a test."},
@@ -32,7 +44,9 @@ MESSAGES = [
 
 def collect(messages: list[dict] | None = None) -> list:
     provider = get_provider(MODEL)
-    return list(provider.stream(ModelRequest(model=MODEL, messages=messages or MESSAGES, tools=TOOLS)))
+    return list(
+        provider.stream(ModelRequest(model=MODEL, messages=messages or MESSAGES, tools=TOOLS))
+    )
 
 
 def test_streams_text_then_assembles_split_tool_calls_then_usage(openai_settings, fake):
@@ -130,9 +144,19 @@ def test_quota_exhausted_is_not_retried(openai_settings, fake):
 
 def test_invalid_request_fails_without_retry(openai_settings, fake):
     # a tool call nobody answered: the (fake, like the real) API rejects the conversation
-    broken = MESSAGES + [{"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_x", "type": "function", "function": {"name": "t_echo", "arguments": "{}"}}
-    ]}]
+    broken = MESSAGES + [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_x",
+                    "type": "function",
+                    "function": {"name": "t_echo", "arguments": "{}"},
+                }
+            ],
+        }
+    ]
     with pytest.raises(ModelError) as info:
         collect(broken)
     assert info.value.retryable is False
@@ -141,7 +165,9 @@ def test_invalid_request_fails_without_retry(openai_settings, fake):
 
 
 def test_stream_broken_midway_is_retryable_after_partial_text(openai_settings, fake):
-    fake.script(Reply(text="this answer will be cut off halfway through", chunk_chars=4, drop_after=4))
+    fake.script(
+        Reply(text="this answer will be cut off halfway through", chunk_chars=4, drop_after=4)
+    )
     provider = get_provider(MODEL)
     received: list[str] = []
     with pytest.raises(ModelError) as info:
@@ -149,7 +175,11 @@ def test_stream_broken_midway_is_retryable_after_partial_text(openai_settings, f
             if isinstance(item, TextDelta):
                 received.append(item.text)
     assert info.value.retryable is True
-    assert received and "".join(received) == "this answer will be cut off halfway through"[: len("".join(received))]
+    assert (
+        received
+        and "".join(received)
+        == "this answer will be cut off halfway through"[: len("".join(received))]
+    )
 
 
 def test_unreachable_endpoint_is_retryable(openai_settings):

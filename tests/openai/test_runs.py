@@ -19,7 +19,14 @@ from tests.openai.conftest import API_KEY
 pytestmark = pytest.mark.django_db
 
 # an agent that pins its own model, whatever AGENTRUNS_MODEL says
-register_agent(Agent(name="openai-pinned", instructions="Be brief.", tools=["t_echo"], model="openai/pinned-model"))
+register_agent(
+    Agent(
+        name="openai-pinned",
+        instructions="Be brief.",
+        tools=["t_echo"],
+        model="openai/pinned-model",
+    )
+)
 
 
 def start(agent: str = "script", run_input: dict | None = None) -> Run:
@@ -64,7 +71,9 @@ def test_parallel_tool_calls_with_split_arguments(openai_settings, fake):
         ("model", "", "succeeded"),
     ]
     assert rows[1].arguments == {"text": "first"} and rows[1].result == {"echo": "first"}
-    assert rows[2].arguments == {"text": "second", "times": 2} and rows[2].result == {"echo": "secondsecond"}
+    assert rows[2].arguments == {"text": "second", "times": 2} and rows[2].result == {
+        "echo": "secondsecond"
+    }
     assert (rows[0].prompt_tokens, rows[0].completion_tokens) == (40, 12)
     assert (run.prompt_tokens, run.completion_tokens) == (100, 17)
 
@@ -91,9 +100,12 @@ def test_malformed_arguments_are_fed_back_and_the_model_recovers(openai_settings
     assert run.status == "succeeded" and run.output == "Fixed it."
     rows = steps(run)
     assert [(s.kind, s.status) for s in rows] == [
-        ("model", "succeeded"), ("tool", "failed"),
-        ("model", "succeeded"), ("tool", "failed"),
-        ("model", "succeeded"), ("tool", "succeeded"),
+        ("model", "succeeded"),
+        ("tool", "failed"),
+        ("model", "succeeded"),
+        ("tool", "failed"),
+        ("model", "succeeded"),
+        ("tool", "succeeded"),
         ("model", "succeeded"),
     ]
     assert "not valid JSON" in rows[1].error
@@ -126,7 +138,9 @@ def test_server_errors_beyond_sdk_retries_become_a_new_attempt(openai_settings, 
     assert run.status == "succeeded" and run.output == "Back again."
     (step,) = steps(run)
     assert step.attempts == 2
-    outcomes = list(StepAttempt.objects.filter(step=step).order_by("number").values_list("outcome", flat=True))
+    outcomes = list(
+        StepAttempt.objects.filter(step=step).order_by("number").values_list("outcome", flat=True)
+    )
     assert outcomes == [AttemptOutcome.RETRYING, AttemptOutcome.SUCCEEDED]
     types = event_types(run)
     assert "step.retry_scheduled" in types

@@ -53,13 +53,17 @@ def wait_finished(run_id: str, worker, timeout: float = 120) -> Run:
         return run if run.status in TERMINAL else None
 
     try:
-        return wait_until(finished, timeout=timeout, interval=0.2, message=f"run {run_id} to finish")
+        return wait_until(
+            finished, timeout=timeout, interval=0.2, message=f"run {run_id} to finish"
+        )
     except TimeoutError:
         raise AssertionError(f"run did not finish; worker log:\n{worker.log()}") from None
 
 
 def gateway_refunds(url: str, order_id: str) -> list[dict]:
-    return httpx.get(url + "/gateway/refunds", params={"order_id": order_id}, timeout=30).json()["refunds"]
+    return httpx.get(url + "/gateway/refunds", params={"order_id": order_id}, timeout=30).json()[
+        "refunds"
+    ]
 
 
 def model_steps(run: Run) -> list[Step]:
@@ -71,12 +75,19 @@ def test_refund_run_end_to_end_over_the_openai_provider(tmp_path: Path, seeded):
         env = model_env(fake)
         web, url = start_web(tmp_path, **env)
         # DEBUG logging everywhere: the key must still never reach the log
-        worker = start_worker(tmp_path, REFUND_GATEWAY_URL=url + "/gateway", LOG_LEVEL="DEBUG", **env)
+        worker = start_worker(
+            tmp_path, REFUND_GATEWAY_URL=url + "/gateway", LOG_LEVEL="DEBUG", **env
+        )
         try:
             token = create_token(User.objects.get(username="lead"))  # seed_demo's lead
-            run_id = create_run(url, token, {
-                "order_id": "ORD-1001", "message": "The blender arrived broken, please refund $40",
-            })
+            run_id = create_run(
+                url,
+                token,
+                {
+                    "order_id": "ORD-1001",
+                    "message": "The blender arrived broken, please refund $40",
+                },
+            )
             run = wait_finished(run_id, worker)
             ledger = gateway_refunds(url, "ORD-1001")  # what the gateway says it executed
         finally:
@@ -90,14 +101,20 @@ def test_refund_run_end_to_end_over_the_openai_provider(tmp_path: Path, seeded):
         # the outside world: exactly one refund, of the amount the customer asked for
         assert [(r["amount_cents"], r["order_id"]) for r in ledger] == [(4000, "ORD-1001")]
         (refund,) = GatewayRefund.objects.filter(order_id="ORD-1001")
-        tools = list(Step.objects.filter(run=run, kind="tool").order_by("index").values_list("tool", "status"))
+        tools = list(
+            Step.objects.filter(run=run, kind="tool")
+            .order_by("index")
+            .values_list("tool", "status")
+        )
         assert tools == [
             ("lookup_order", "succeeded"),
             ("issue_refund", "succeeded"),
             ("add_ticket_note", "succeeded"),
             ("send_customer_reply", "succeeded"),
         ]
-        assert refund.idempotency_key == Step.objects.get(run=run, tool="issue_refund").idempotency_key
+        assert (
+            refund.idempotency_key == Step.objects.get(run=run, tool="issue_refund").idempotency_key
+        )
 
         # the model server saw four streamed turns, authenticated, with the tools declared
         requests = fake.chat_requests()
@@ -105,7 +122,10 @@ def test_refund_run_end_to_end_over_the_openai_provider(tmp_path: Path, seeded):
         assert all(r.headers["authorization"] == f"Bearer {API_KEY}" for r in requests)
         assert all(r.body["model"] == "fake-model" and r.body["stream"] for r in requests)
         assert {t["function"]["name"] for t in requests[0].body["tools"]} == {
-            "lookup_order", "issue_refund", "add_ticket_note", "send_customer_reply",
+            "lookup_order",
+            "issue_refund",
+            "add_ticket_note",
+            "send_customer_reply",
         }
         # a redacted field (customer_email) is hidden from people but sent to the model in full
         email = Order.objects.get(order_id="ORD-1001").customer_email
@@ -134,7 +154,9 @@ def normalized(body: dict) -> dict:
     return json.loads(re.sub(r"rf_\d+", "rf_<id>", json.dumps(body)))
 
 
-def test_crash_mid_stream_resumes_with_a_new_attempt_and_the_same_conversation(tmp_path: Path, seeded):
+def test_crash_mid_stream_resumes_with_a_new_attempt_and_the_same_conversation(
+    tmp_path: Path, seeded
+):
     """Every model step of the second run is killed (SIGKILL by failpoint) after a delta batch
     was persisted; each is re-requested as attempt 2 with exactly the request an uninterrupted
     run sends, the dead attempt's text is superseded, and the output has the text once."""
@@ -145,7 +167,9 @@ def test_crash_mid_stream_resumes_with_a_new_attempt_and_the_same_conversation(t
         try:
             token = create_token(User.objects.get(username="lead"))  # seed_demo's lead
 
-            clean_worker = start_worker(tmp_path, "clean-worker", REFUND_GATEWAY_URL=url + "/gateway", **env)
+            clean_worker = start_worker(
+                tmp_path, "clean-worker", REFUND_GATEWAY_URL=url + "/gateway", **env
+            )
             try:
                 clean = wait_finished(create_run(url, token, run_input), clean_worker)
             finally:
@@ -154,7 +178,8 @@ def test_crash_mid_stream_resumes_with_a_new_attempt_and_the_same_conversation(t
             fake.clear()
 
             crashing_worker = start_worker(
-                tmp_path, "crashing-worker",
+                tmp_path,
+                "crashing-worker",
                 REFUND_GATEWAY_URL=url + "/gateway",
                 AGENTRUNS_FAILPOINTS="model_streaming=crash_once",
                 AGENTRUNS_FAILPOINT_DIR=tmp_path / "failpoints",
@@ -162,7 +187,9 @@ def test_crash_mid_stream_resumes_with_a_new_attempt_and_the_same_conversation(t
                 **env,
             )
             try:
-                resumed = wait_finished(create_run(url, token, run_input), crashing_worker, timeout=240)
+                resumed = wait_finished(
+                    create_run(url, token, run_input), crashing_worker, timeout=240
+                )
             finally:
                 crashing_worker.stop()
         finally:
@@ -177,13 +204,23 @@ def test_crash_mid_stream_resumes_with_a_new_attempt_and_the_same_conversation(t
     # every model step died once mid-stream and was re-requested as a second attempt
     for step in steps:
         assert step.attempts == 2
-        outcomes = list(StepAttempt.objects.filter(step=step).order_by("number").values_list("outcome", flat=True))
+        outcomes = list(
+            StepAttempt.objects.filter(step=step)
+            .order_by("number")
+            .values_list("outcome", flat=True)
+        )
         assert outcomes == [AttemptOutcome.CRASHED, AttemptOutcome.SUCCEEDED]
-        dead = RunEvent.objects.filter(run=resumed, type="model.delta", data__step=step.index, data__attempt=1)
+        dead = RunEvent.objects.filter(
+            run=resumed, type="model.delta", data__step=step.index, data__attempt=1
+        )
         assert dead.exists()  # the crash came after text had been persisted
-        superseded = RunEvent.objects.get(run=resumed, type="model.superseded", data__step=step.index)
+        superseded = RunEvent.objects.get(
+            run=resumed, type="model.superseded", data__step=step.index
+        )
         assert superseded.data["attempt"] == 1
-        live = RunEvent.objects.filter(run=resumed, type="model.delta", data__step=step.index, data__attempt=2)
+        live = RunEvent.objects.filter(
+            run=resumed, type="model.delta", data__step=step.index, data__attempt=2
+        )
         assert "".join(e.data["text"] for e in live.order_by("seq")) == step.text
 
     # the final output contains the text once, and is what the uninterrupted run said

@@ -46,7 +46,13 @@ def main() -> None:
     call_command("migrate", verbosity=0)
     rng = random.Random(5)
     now = timezone.now()
-    statuses = ["succeeded"] * 80 + ["failed"] * 10 + ["waiting"] * 4 + ["cancelled"] * 4 + ["running", "queued"]
+    statuses = (
+        ["succeeded"] * 80
+        + ["failed"] * 10
+        + ["waiting"] * 4
+        + ["cancelled"] * 4
+        + ["running", "queued"]
+    )
     agents = ["refund", "refund", "triage", "billing"]
     Run._meta.get_field("created_at").auto_now_add = False  # keep our spread of history
     Step._meta.get_field("created_at").auto_now_add = False
@@ -60,30 +66,50 @@ def main() -> None:
             created = now - timedelta(seconds=rng.uniform(0, 30 * 86400))
             status = rng.choice(statuses)
             run = Run(
-                id=uuid.uuid4(), agent=rng.choice(agents), status=status, input={"order_id": f"ORD-{i}"},
-                search_text=f"ORD-{i} T-{i}", created_at=created, step_count=2,
-                error="step #1 issue_refund failed: gateway answered 503" if status == "failed" else "",
+                id=uuid.uuid4(),
+                agent=rng.choice(agents),
+                status=status,
+                input={"order_id": f"ORD-{i}"},
+                search_text=f"ORD-{i} T-{i}",
+                created_at=created,
+                step_count=2,
+                error="step #1 issue_refund failed: gateway answered 503"
+                if status == "failed"
+                else "",
             )
             runs.append(run)
             for index in range(2):
                 step = Step(
-                    id=uuid.uuid4(), run=run, index=index, kind="tool", tool="issue_refund",
-                    idempotency_key=uuid.uuid4().hex, created_at=created,
-                    status="failed" if status == "failed" and index == 1 else "succeeded", attempts=1,
+                    id=uuid.uuid4(),
+                    run=run,
+                    index=index,
+                    kind="tool",
+                    tool="issue_refund",
+                    idempotency_key=uuid.uuid4().hex,
+                    created_at=created,
+                    status="failed" if status == "failed" and index == 1 else "succeeded",
+                    attempts=1,
                 )
                 steps.append(step)
-                attempts.append(StepAttempt(
-                    step=step, number=1, worker="bench", started_at=created,
-                    finished_at=created + timedelta(milliseconds=rng.expovariate(1 / 120)),
-                    outcome="failed" if step.status == "failed" else "succeeded",
-                ))
+                attempts.append(
+                    StepAttempt(
+                        step=step,
+                        number=1,
+                        worker="bench",
+                        started_at=created,
+                        finished_at=created + timedelta(milliseconds=rng.expovariate(1 / 120)),
+                        outcome="failed" if step.status == "failed" else "succeeded",
+                    )
+                )
         Run.objects.bulk_create(runs)
         Step.objects.bulk_create(steps)
         StepAttempt.objects.bulk_create(attempts)
         target_run = target_run or runs[len(runs) // 2]
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")
-    print(f"inserted {args.runs} runs, {2 * args.runs} steps and attempts in {time.perf_counter() - started:.1f} s")
+    print(
+        f"inserted {args.runs} runs, {2 * args.runs} steps and attempts in {time.perf_counter() - started:.1f} s"
+    )
 
     user = get_user_model().objects.create_superuser("bench", password="bench-pw-1")
     client = Client()
@@ -148,9 +174,13 @@ def main() -> None:
     from django.db.models import Q
 
     plans = {
-        "page 41": filtered_runs(RunFilters()).filter(created_at__lte=at)
-        .filter(Q(created_at__lt=at) | Q(id__lt=run_id)).order_by("-created_at", "-id")[:51],
-        "status=failed": filtered_runs(RunFilters(status="failed")).order_by("-created_at", "-id")[:51],
+        "page 41": filtered_runs(RunFilters())
+        .filter(created_at__lte=at)
+        .filter(Q(created_at__lt=at) | Q(id__lt=run_id))
+        .order_by("-created_at", "-id")[:51],
+        "status=failed": filtered_runs(RunFilters(status="failed")).order_by("-created_at", "-id")[
+            :51
+        ],
         "search ticket": filtered_runs(RunFilters(q=middle[1])).order_by("-created_at", "-id")[:51],
     }
     for label, qs in plans.items():

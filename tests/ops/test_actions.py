@@ -53,8 +53,13 @@ def step_at(run: Run, index: int) -> Step:
 def test_retry_reruns_only_the_failed_step_with_the_same_key(operator):
     testkit.FAILS["t_charge"] = 3  # exactly the tool's max_attempts: the step fails for good
     run = script_run(
-        [{"text": "echo then charge", "calls": [["t_echo", {"text": "hi"}], ["t_charge", {"amount": 9}]]},
-         {"text": "charged"}]
+        [
+            {
+                "text": "echo then charge",
+                "calls": [["t_echo", {"text": "hi"}], ["t_charge", {"amount": 9}]],
+            },
+            {"text": "charged"},
+        ]
     )
     run = advance(run)
     assert run.status == RunStatus.FAILED
@@ -91,7 +96,9 @@ def test_retry_reruns_only_the_failed_step_with_the_same_key(operator):
 @pytest.mark.django_db
 def test_retry_after_a_stop_condition_extends_the_limit_and_continues(operator, settings):
     settings.AGENTRUNS_DEFAULT_MAX_STEPS = 4
-    run = script_run([{"calls": [["t_echo", {"text": "again"}]], "loop": True}], agent="script-short")
+    run = script_run(
+        [{"calls": [["t_echo", {"text": "again"}]], "loop": True}], agent="script-short"
+    )
     run = advance(run)
     assert run.status == RunStatus.FAILED and run.stop_reason == "max_steps"
     first_steps = list(Step.objects.filter(run=run).values_list("id", "attempts"))
@@ -154,8 +161,11 @@ def test_cancel_a_running_run_stops_at_the_next_step_boundary(operator):
     worker.start()
     try:
         wait_until(
-            lambda: Step.objects.filter(run=run, tool="t_charge", status=StepStatus.RUNNING).exists(),
-            timeout=60, message="t_charge running",
+            lambda: Step.objects.filter(
+                run=run, tool="t_charge", status=StepStatus.RUNNING
+            ).exists(),
+            timeout=60,
+            message="t_charge running",
         )
         flagged = cancel_run(run.id, user=operator, reason="wrong customer")
         assert flagged.cancel_requested and flagged.status == RunStatus.RUNNING
@@ -173,7 +183,9 @@ def test_cancel_a_running_run_stops_at_the_next_step_boundary(operator):
     charge = Step.objects.get(run=run, tool="t_charge")
     assert charge.status == StepStatus.SUCCEEDED
     assert Step.objects.filter(run=run).count() == 2
-    assert "must never be said" not in "".join(Step.objects.filter(run=run).values_list("text", flat=True))
+    assert "must never be said" not in "".join(
+        Step.objects.filter(run=run).values_list("text", flat=True)
+    )
     requested = events(run, "run.cancel_requested")[0]
     final = events(run)[-1]
     assert requested.data["status"] == "running" and requested.data["by"] == "operator"
@@ -220,8 +232,16 @@ def test_cancel_a_running_run_whose_worker_died(operator):
         status=RunStatus.RUNNING, lease_owner="dead-worker", lease_expires_at=past
     )
     step = Step.objects.create(
-        id=step_id, run=run, index=0, kind=StepKind.TOOL, tool="t_charge", arguments={"amount": 1},
-        idempotency_key=step_key(run.id, step_id), status=StepStatus.RUNNING, attempts=1, started_at=past,
+        id=step_id,
+        run=run,
+        index=0,
+        kind=StepKind.TOOL,
+        tool="t_charge",
+        arguments={"amount": 1},
+        idempotency_key=step_key(run.id, step_id),
+        status=StepStatus.RUNNING,
+        attempts=1,
+        started_at=past,
     )
     StepAttempt.objects.create(step=step, number=1, worker="dead-worker", started_at=past)
 
@@ -251,7 +271,9 @@ def test_resolve_a_failed_side_effect_step_continues_the_run(operator):
     assert "resolved by operator" in ship.error and "carrier rejected" in ship.error
     assert run.status == RunStatus.QUEUED
     resolved = events(run, "step.resolved")[0]
-    assert resolved.data["by"] == "operator" and resolved.data["result"] == {"tracking": "TRK-BYHAND"}
+    assert resolved.data["by"] == "operator" and resolved.data["result"] == {
+        "tracking": "TRK-BYHAND"
+    }
     # the attempt history stays true: the one real attempt failed
     assert list(ship.attempt_rows.values_list("outcome", flat=True)) == ["failed"]
 
@@ -288,7 +310,11 @@ def test_resolve_refusals(operator):
 def test_fork_from_a_model_step_copies_history_and_continues(operator, client):
     source = advance(
         script_run(
-            [{"calls": [["t_echo", {"text": "a"}]]}, {"calls": [["t_charge", {"amount": 2}]]}, {"text": "done"}]
+            [
+                {"calls": [["t_echo", {"text": "a"}]]},
+                {"calls": [["t_charge", {"amount": 2}]]},
+                {"text": "done"},
+            ]
         )
     )
     assert source.status == RunStatus.SUCCEEDED
@@ -308,7 +334,11 @@ def test_fork_from_a_model_step_copies_history_and_continues(operator, client):
     assert {s.id for s in copied}.isdisjoint(s.id for s in source_steps)
     assert {s.idempotency_key for s in copied}.isdisjoint(s.idempotency_key for s in source_steps)
     assert copied[1].result == source_steps[1].result
-    assert events(source, "run.forked")[0].data == {"by": "operator", "into": str(fork.id), "from_step": 2}
+    assert events(source, "run.forked")[0].data == {
+        "by": "operator",
+        "into": str(fork.id),
+        "from_step": 2,
+    }
     assert events(fork, "run.created")[0].data["forked_from"] == str(source.id)
 
     fork = advance(fork)

@@ -17,7 +17,9 @@ pytestmark = pytest.mark.django_db
 
 def _failed_shipping() -> Run:
     opskit.FAILS["ops_ship_fatal"] = 1
-    run = advance(script_run([{"calls": [["ops_ship", {"parcel": "P-1"}]]}, {"text": "shipped by hand"}]))
+    run = advance(
+        script_run([{"calls": [["ops_ship", {"parcel": "P-1"}]]}, {"text": "shipped by hand"}])
+    )
     assert run.status == RunStatus.FAILED
     return run
 
@@ -25,7 +27,9 @@ def _failed_shipping() -> Run:
 def test_resolve_through_the_api_continues_the_run(api):
     run = _failed_shipping()
     index = Step.objects.get(run=run, tool="ops_ship").index
-    response = api.post(f"/api/runs/{run.id}/steps/{index}/resolve", {"result": {"tracking": "TRK-API"}})
+    response = api.post(
+        f"/api/runs/{run.id}/steps/{index}/resolve", {"result": {"tracking": "TRK-API"}}
+    )
     assert response.status_code == 200, response.content
     body = response.json()
     assert body["status"] == "queued"
@@ -45,7 +49,9 @@ def test_resolve_refusals_through_the_api(api, viewer):
     assert_json_error(api.post(url, {"result": ["not", "an", "object"]}), 400)
     assert_json_error(api.post(url, {}), 400)
     assert_json_error(api.post(f"/api/runs/{run.id}/steps/99/resolve", {"result": {}}), 404)
-    assert_json_error(api.post(f"/api/runs/{run.id}/steps/0/resolve", {"result": {}}), 409)  # a model step
+    assert_json_error(
+        api.post(f"/api/runs/{run.id}/steps/0/resolve", {"result": {}}), 409
+    )  # a model step
     assert_json_error(api.get(url), 405)
     assert Step.objects.get(run=run, index=index).status == StepStatus.FAILED  # nothing changed
     assert Run.objects.get(id=run.id).status == RunStatus.FAILED
@@ -53,7 +59,13 @@ def test_resolve_refusals_through_the_api(api, viewer):
 
 def test_fork_through_the_api(api, viewer):
     source = advance(
-        script_run([{"calls": [["t_echo", {"text": "a"}]]}, {"calls": [["t_charge", {"amount": 2}]]}, {"text": "done"}])
+        script_run(
+            [
+                {"calls": [["t_echo", {"text": "a"}]]},
+                {"calls": [["t_charge", {"amount": 2}]]},
+                {"text": "done"},
+            ]
+        )
     )
     url = f"/api/runs/{source.id}/fork"
     assert_json_error(ApiClient(viewer).post(url, {"from_step": 2}), 403)

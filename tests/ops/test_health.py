@@ -28,7 +28,9 @@ def test_healthz_is_unhealthy_without_any_worker(client):
     body = response.json()
     assert body["status"] == "unhealthy"
     assert body["checks"]["database"]["ok"] is True
-    assert body["checks"]["worker"]["ok"] is False and body["checks"]["worker"]["last_seen_at"] is None
+    assert (
+        body["checks"]["worker"]["ok"] is False and body["checks"]["worker"]["last_seen_at"] is None
+    )
 
 
 def test_healthz_follows_the_worker_heartbeat(client, settings):
@@ -55,7 +57,8 @@ def test_healthz_follows_the_worker_heartbeat(client, settings):
 def test_healthz_needs_the_sweeper_too(client):
     # a worker seen recently whose sweeper has not run (only the heartbeat, no sweep)
     WorkerHeartbeat.objects.create(
-        worker="qcluster@test:2", last_seen_at=timezone.now(),
+        worker="qcluster@test:2",
+        last_seen_at=timezone.now(),
         last_sweep_at=timezone.now() - timedelta(hours=1),
     )
     response = client.get("/healthz")
@@ -81,7 +84,11 @@ def samples(family, name: str | None = None) -> dict:
 
 def test_metrics_parse_and_count(client):
     testkit.FAILS["t_charge"] = 1
-    ok = advance(script_run([{"calls": [["t_echo", {"text": "a"}], ["t_charge", {"amount": 1}]]}, {"text": "ok"}]))
+    ok = advance(
+        script_run(
+            [{"calls": [["t_echo", {"text": "a"}], ["t_charge", {"amount": 1}]]}, {"text": "ok"}]
+        )
+    )
     assert ok.status == RunStatus.SUCCEEDED
     waiting = advance(script_run([{"calls": [["t_pay", {"amount": 500}]]}]))
     assert waiting.status == RunStatus.WAITING
@@ -105,13 +112,16 @@ def test_metrics_parse_and_count(client):
     assert histogram.type == "histogram"
     buckets = [s for s in histogram.samples if s.name.endswith("_bucket")]
     inf = {
-        (s.labels["kind"], s.labels["outcome"]): s.value for s in buckets if s.labels["le"] == "+Inf"
+        (s.labels["kind"], s.labels["outcome"]): s.value
+        for s in buckets
+        if s.labels["le"] == "+Inf"
     }
     # 3 model turns, echo, the charge's retried attempt and its success (t_pay never ran)
     assert inf == {("model", "succeeded"): 3, ("tool", "succeeded"): 2, ("tool", "retrying"): 1}
     for (kind, outcome), total in inf.items():
         series = sorted(
-            (float(s.labels["le"]), s.value) for s in buckets
+            (float(s.labels["le"]), s.value)
+            for s in buckets
             if s.labels["kind"] == kind and s.labels["outcome"] == outcome
         )
         counts = [v for _, v in series]

@@ -27,18 +27,26 @@ def test_outage_then_retry_finishes_with_one_refund(seeded, operator, client, tm
         client.force_login(operator)
         created = client.post(
             "/runs/new/",
-            {"agent": "refund", "input": json.dumps({"order_id": "ORD-1002", "message": "It broke, refund $25"})},
+            {
+                "agent": "refund",
+                "input": json.dumps({"order_id": "ORD-1002", "message": "It broke, refund $25"}),
+            },
         )
         assert created.status_code == 302
         run = Run.objects.get(agent="refund", input__order_id="ORD-1002")
-        wait_until(lambda: run_status(run.id) == RunStatus.FAILED, timeout=120, message="run failed")
+        wait_until(
+            lambda: run_status(run.id) == RunStatus.FAILED, timeout=120, message="run failed"
+        )
 
         # the morning view: the failed run, its error, in the failed list
         listing = client.get("/runs/?status=failed").content.decode()
         assert str(run.id) in listing and "gateway answered 503" in listing
         refund = Step.objects.get(run=run, tool="issue_refund")
         assert refund.status == StepStatus.FAILED and refund.attempts == 3
-        assert httpx.get(url + "/gateway/refunds", params={"order_id": "ORD-1002"}).json()["refunds"] == []
+        assert (
+            httpx.get(url + "/gateway/refunds", params={"order_id": "ORD-1002"}).json()["refunds"]
+            == []
+        )
 
         # the outage ends (the gateway restarts healthy on the same address), then: retry
         web.stop()
@@ -47,11 +55,15 @@ def test_outage_then_retry_finishes_with_one_refund(seeded, operator, client, tm
         assert same_url == url
         response = client.post(f"/runs/{run.id}/retry/", follow=True)
         assert b"Retry queued" in response.content
-        wait_until(lambda: run_status(run.id) == RunStatus.SUCCEEDED, timeout=120, message="run succeeded")
+        wait_until(
+            lambda: run_status(run.id) == RunStatus.SUCCEEDED, timeout=120, message="run succeeded"
+        )
 
         refund.refresh_from_db()
         assert refund.status == StepStatus.SUCCEEDED and refund.attempts == 4
-        ledger = httpx.get(url + "/gateway/refunds", params={"order_id": "ORD-1002"}).json()["refunds"]
+        ledger = httpx.get(url + "/gateway/refunds", params={"order_id": "ORD-1002"}).json()[
+            "refunds"
+        ]
         assert len(ledger) == 1
         assert ledger[0]["idempotency_key"] == refund.idempotency_key
         assert ledger[0]["amount_cents"] == 2500

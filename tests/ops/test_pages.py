@@ -12,9 +12,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from agentruns.selectors import runs as selectors
 from agentruns.models import Run, RunStatus, Step, StepStatus
 from agentruns.runtime.redaction import MASK
+from agentruns.selectors import runs as selectors
 from agentruns.selectors.run_list import PAGE_SIZE, RunFilters, id_prefix_range, run_page
 from tests import testkit
 
@@ -23,13 +23,24 @@ from .conftest import advance, script_run
 pytestmark = pytest.mark.django_db
 
 
-def make_runs(n: int, *, start: int = 0, status: str = RunStatus.SUCCEEDED, agent: str = "ops-script",
-              age: timedelta = timedelta(0)) -> list[Run]:
+def make_runs(
+    n: int,
+    *,
+    start: int = 0,
+    status: str = RunStatus.SUCCEEDED,
+    agent: str = "ops-script",
+    age: timedelta = timedelta(0),
+) -> list[Run]:
     """Rows straight into the table (the list only reads them), newest first by index."""
     now = timezone.now() - age
     rows = [
-        Run(agent=agent, status=status, input={}, search_text=f"ORD-{5000 + i} T-{5000 + i}",
-            error="boom" if status == RunStatus.FAILED else "")
+        Run(
+            agent=agent,
+            status=status,
+            input={},
+            search_text=f"ORD-{5000 + i} T-{5000 + i}",
+            error="boom" if status == RunStatus.FAILED else "",
+        )
         for i in range(start, start + n)
     ]
     Run.objects.bulk_create(rows)
@@ -56,7 +67,8 @@ def list_queries(client, url: str) -> int:
 
 
 @pytest.mark.parametrize(
-    "query", ["", "?status=failed", "?agent=ops-script&age=24h", "?q=ORD-5003", "?q=T-5004&status=failed"]
+    "query",
+    ["", "?status=failed", "?agent=ops-script&age=24h", "?q=ORD-5003", "?q=T-5004&status=failed"],
 )
 def test_list_query_count_is_constant(client, operator, query):
     client.force_login(operator)
@@ -197,8 +209,15 @@ def test_detail_shows_attempts_policy_redaction_and_svg(client, operator):
     testkit.FAILS["t_charge"] = 3
     run = advance(
         script_run(
-            [{"text": "looking up", "calls": [["ops_lookup", {"customer": "ann", "api_key": "hunter2-ann"}],
-                                             ["t_charge", {"amount": 4}]]}]
+            [
+                {
+                    "text": "looking up",
+                    "calls": [
+                        ["ops_lookup", {"customer": "ann", "api_key": "hunter2-ann"}],
+                        ["t_charge", {"amount": 4}],
+                    ],
+                }
+            ]
         )
     )
     assert run.status == RunStatus.FAILED
@@ -207,11 +226,11 @@ def test_detail_shows_attempts_policy_redaction_and_svg(client, operator):
     charge = steps[2]
     # redacted by the snapshot's list, in the arguments, the result and the model's tool call
     # (the script itself, the run's input, carries the secret: look at the timeline and steps)
-    timeline = page[page.index("<h2>Timeline</h2>"):]
+    timeline = page[page.index("<h2>Timeline</h2>") :]
     timeline = timeline[: timeline.index("<h2>Events</h2>")]
     assert "hunter2-ann" not in timeline and "ann@example.com" not in timeline
     assert timeline.count(MASK) >= 3
-    assert '&quot;customer&quot;: &quot;ann&quot;' in timeline and "gold" in timeline
+    assert "&quot;customer&quot;: &quot;ann&quot;" in timeline and "gold" in timeline
     # every step, its key, attempts with outcome, worker and error; tracebacks collapsible
     for step in steps:
         assert f'id="step-{step.index}"' in page and step.idempotency_key in page
@@ -221,7 +240,9 @@ def test_detail_shows_attempts_policy_redaction_and_svg(client, operator):
     assert "RetryableToolError" in page and "temporary outage" in page
     # the retry policy from the snapshot, and model usage
     assert "up to 3 attempts" in page and "RetryableToolError" in page
-    assert f"{steps[0].prompt_tokens} prompt + {steps[0].completion_tokens} completion tokens" in page
+    assert (
+        f"{steps[0].prompt_tokens} prompt + {steps[0].completion_tokens} completion tokens" in page
+    )
     # one bar per attempt, coloured by outcome
     attempts_total = sum(s.attempts for s in steps)
     assert page.count('<rect class="attempt ') == attempts_total
@@ -235,7 +256,9 @@ def test_detail_shows_attempts_policy_redaction_and_svg(client, operator):
 def test_detail_shows_the_stop_reason_and_next_retry(client, operator, settings):
     client.force_login(operator)
     settings.AGENTRUNS_DEFAULT_MAX_STEPS = 3
-    run = advance(script_run([{"calls": [["t_echo", {"text": "x"}]], "loop": True}], agent="script-short"))
+    run = advance(
+        script_run([{"calls": [["t_echo", {"text": "x"}]], "loop": True}], agent="script-short")
+    )
     assert run.stop_reason == "max_steps"
     page = client.get(f"/runs/{run.id}/").content.decode()
     assert 'id="stop-reason"' in page and "max_steps" in page
@@ -244,9 +267,16 @@ def test_detail_shows_the_stop_reason_and_next_retry(client, operator, settings)
     waiting = script_run([{"calls": [["t_charge", {"amount": 1}]]}])
     when = timezone.now() + timedelta(seconds=42)
     step = Step.objects.create(
-        run=waiting, index=0, kind="tool", tool="t_charge", arguments={"amount": 1},
-        idempotency_key=f"k-{uuid.uuid4().hex}", status=StepStatus.PENDING, attempts=1,
-        next_attempt_at=when, error="RetryableToolError: temporary outage",
+        run=waiting,
+        index=0,
+        kind="tool",
+        tool="t_charge",
+        arguments={"amount": 1},
+        idempotency_key=f"k-{uuid.uuid4().hex}",
+        status=StepStatus.PENDING,
+        attempts=1,
+        next_attempt_at=when,
+        error="RetryableToolError: temporary outage",
     )
     page = client.get(f"/runs/{waiting.id}/").content.decode()
     assert "next try at" in page and timezone.localtime(when).strftime("%H:%M:%S") in page

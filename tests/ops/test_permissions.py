@@ -52,13 +52,17 @@ def test_operator_operates_from_the_page(client, operator):
 
     ship = Step.objects.get(run=run, tool="ops_ship")
     response = client.post(f"/runs/steps/{ship.id}/resolve/", {"result": '{"tracking": "T-1"}'})
-    assert response.status_code == 302 and response["Location"].endswith(f"/runs/{run.id}/#step-{ship.index}")
+    assert response.status_code == 302 and response["Location"].endswith(
+        f"/runs/{run.id}/#step-{ship.index}"
+    )
     run.refresh_from_db()
     assert run.status == RunStatus.QUEUED
     assert "step.resolved" in audit_types(run)
 
     queued = script_run([{"text": "x"}])
-    response = client.post(f"/runs/{queued.id}/cancel/", {"reason": "duplicate ticket"}, follow=True)
+    response = client.post(
+        f"/runs/{queued.id}/cancel/", {"reason": "duplicate ticket"}, follow=True
+    )
     assert response.status_code == 200 and b"Cancel requested" in response.content
     queued.refresh_from_db()
     assert queued.status == RunStatus.CANCELLED and queued.error == "duplicate ticket"

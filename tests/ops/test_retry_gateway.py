@@ -36,9 +36,12 @@ def slow_gateway(tmp_path, settings, monkeypatch):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_retried_refund_reaches_the_ledger_once(seeded, operator, slow_gateway, settings, monkeypatch):
+def test_retried_refund_reaches_the_ledger_once(
+    seeded, operator, slow_gateway, settings, monkeypatch
+):
     run = start_run(
-        "refund", {"order_id": "ORD-1001", "message": "The blender arrived broken, refund $40 please"}
+        "refund",
+        {"order_id": "ORD-1001", "message": "The blender arrived broken, refund $40 please"},
     ).run
     RunExecutor(run.id).advance()
     run.refresh_from_db()
@@ -50,7 +53,8 @@ def test_retried_refund_reaches_the_ledger_once(seeded, operator, slow_gateway, 
     # the engine never saw an answer, but the gateway executed the first attempt
     wait_until(
         lambda: GatewayRefund.objects.filter(idempotency_key=key).exists(),
-        timeout=60, message="the timed-out attempt to land in the gateway ledger",
+        timeout=60,
+        message="the timed-out attempt to land in the gateway ledger",
     )
 
     # the fix: give the gateway enough time to answer; then retry the failed run
@@ -64,7 +68,9 @@ def test_retried_refund_reaches_the_ledger_once(seeded, operator, slow_gateway, 
     assert refund_step.status == StepStatus.SUCCEEDED and refund_step.attempts == 4
     assert refund_step.idempotency_key == key
 
-    ledger = httpx.get(slow_gateway + "/gateway/refunds", params={"order_id": "ORD-1001"}, timeout=30)
+    ledger = httpx.get(
+        slow_gateway + "/gateway/refunds", params={"order_id": "ORD-1001"}, timeout=30
+    )
     refunds = ledger.json()["refunds"]
     assert len(refunds) == 1, refunds
     assert refunds[0]["idempotency_key"] == key and refunds[0]["amount_cents"] == 4000

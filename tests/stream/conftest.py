@@ -28,9 +28,22 @@ def redis_server(tmp_path) -> Iterator[RedisServer]:
     binary = shutil.which("redis-server") or "/usr/bin/redis-server"
     port = free_port()
     popen = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(tmp_path)],
-        stdout=open(tmp_path / "redis.log", "ab"), stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp_path),
+        ],
+        stdout=open(tmp_path / "redis.log", "ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     server = RedisServer(port, popen)
     deadline = time.monotonic() + 30

@@ -25,7 +25,9 @@ ORIGIN = (b"origin", b"http://testserver")
 db = database_sync_to_async
 
 
-def communicator(run_id, after: int | None = None, headers: list | None = None) -> WebsocketCommunicator:
+def communicator(
+    run_id, after: int | None = None, headers: list | None = None
+) -> WebsocketCommunicator:
     path = f"/ws/runs/{run_id}/" + (f"?after={after}" if after is not None else "")
     return WebsocketCommunicator(application, path, headers=[ORIGIN, *(headers or [])])
 
@@ -68,7 +70,9 @@ def test_refused_with_a_bad_bearer_token():
     run = make_run()
 
     async def body():
-        return await expect_close(communicator(run.id, headers=[(b"authorization", b"Bearer art_nope")]))
+        return await expect_close(
+            communicator(run.id, headers=[(b"authorization", b"Bearer art_nope")])
+        )
 
     closed = async_to_sync(body)()
     assert (closed["code"], closed["reason"]) == (4401, "invalid token")
@@ -96,7 +100,9 @@ def test_unknown_run_and_bad_after_are_refused(viewer):
     async def body():
         missing = await expect_close(communicator(uuid.uuid4(), headers=[cookie]))
         bad = await expect_close(
-            WebsocketCommunicator(application, f"/ws/runs/{run.id}/?after=abc", headers=[ORIGIN, cookie])
+            WebsocketCommunicator(
+                application, f"/ws/runs/{run.id}/?after=abc", headers=[ORIGIN, cookie]
+            )
         )
         return missing, bad
 
@@ -111,7 +117,9 @@ def test_foreign_origin_is_rejected_at_the_handshake(viewer):
 
     async def body():
         comm = WebsocketCommunicator(
-            application, f"/ws/runs/{run.id}/", headers=[(b"origin", b"http://evil.example"), cookie]
+            application,
+            f"/ws/runs/{run.id}/",
+            headers=[(b"origin", b"http://evil.example"), cookie],
         )
         connected, _ = await comm.connect(timeout=20)
         return connected
@@ -121,10 +129,17 @@ def test_foreign_origin_is_rejected_at_the_handshake(viewer):
 
 def test_replay_from_after_matches_the_events_api(viewer):
     run = make_run()
-    add_events(run.id, [("step.started", {"step": 0, "kind": "model", "status": "running", "attempts": 1})])
+    add_events(
+        run.id, [("step.started", {"step": 0, "kind": "model", "status": "running", "attempts": 1})]
+    )
     add_events(run.id, deltas(0, ["Hello ", "there, ", "world."]))
-    add_events(run.id, [("step.succeeded", {"step": 0, "kind": "model", "status": "succeeded", "attempts": 1}),
-                        ("run.status", {"status": "succeeded", "error": "", "stop_reason": ""})])
+    add_events(
+        run.id,
+        [
+            ("step.succeeded", {"step": 0, "kind": "model", "status": "succeeded", "attempts": 1}),
+            ("run.status", {"status": "succeeded", "error": "", "stop_reason": ""}),
+        ],
+    )
     token_header = bearer(viewer)
 
     async def body():

@@ -53,7 +53,9 @@ class ResumingViewer:
 
     @property
     def finished(self) -> bool:
-        return any(f["type"] == "run.status" and f["data"]["status"] in TERMINAL for f in self.frames)
+        return any(
+            f["type"] == "run.status" and f["data"]["status"] in TERMINAL for f in self.frames
+        )
 
     @property
     def delta_count(self) -> int:
@@ -93,7 +95,9 @@ class ResumingViewer:
 
 def assert_stream_is_the_log(viewer: ResumingViewer, run: Run, base_url: str, token: str) -> None:
     seqs = [f["seq"] for f in viewer.frames]
-    assert seqs == list(range(1, run.last_seq + 1)), "frames must be seq 1..last: no gap, no duplicate"
+    assert seqs == list(range(1, run.last_seq + 1)), (
+        "frames must be seq 1..last: no gap, no duplicate"
+    )
     db_events = [event_payload(e) for e in RunEvent.objects.filter(run=run).order_by("seq")]
     assert [{k: v for k, v in f.items() if k != "html"} for f in viewer.frames] == db_events
     assert all("html" in f for f in viewer.frames)
@@ -108,7 +112,9 @@ def assert_stream_is_the_log(viewer: ResumingViewer, run: Run, base_url: str, to
     assert model_text.endswith(run.output) and run.output
 
 
-def run_stream_scenario(tmp_path, lead, extra_env: dict[str, str], seed: int) -> list[ResumingViewer]:
+def run_stream_scenario(
+    tmp_path, lead, extra_env: dict[str, str], seed: int
+) -> list[ResumingViewer]:
     rng = random.Random(seed)
     token = create_token(lead)
     web_port, gateway_port = free_port(), free_port()
@@ -152,20 +158,25 @@ def run_stream_scenario(tmp_path, lead, extra_env: dict[str, str], seed: int) ->
                 viewer.on_frame = restart_web_mid_stream
             deadline = time.monotonic() + 180
             while not viewer.finished:
-                assert time.monotonic() < deadline, f"stream did not finish; web log:\n{webs[-1].log()}"
+                assert time.monotonic() < deadline, (
+                    f"stream did not finish; web log:\n{webs[-1].log()}"
+                )
                 viewer.one_connection()
             if n == 0:
                 assert restarts, "the web process was restarted mid-run"
                 wait_until(lambda: len(webs) == 2, timeout=60, message="restarted web is up")
             run = wait_until(
                 lambda run_id=run_id: Run.objects.filter(id=run_id, status="succeeded").first(),
-                timeout=60, message="run row succeeded",
+                timeout=60,
+                message="run row succeeded",
             )
             assert_stream_is_the_log(viewer, run, base_url, token)
             refunds = httpx.get(f"{gateway_url}/gateway/refunds?order_id={order}").json()["refunds"]
             assert len(refunds) == 1  # the stream's restarts never touch the side effects
             assert viewer.connections >= 10, "the scenario must reconnect many times"
-            print(f"run {n}: {viewer.connections} connections, {viewer.failed_connects} failed, {len(viewer.frames)} frames, {viewer.delta_count} deltas")
+            print(
+                f"run {n}: {viewer.connections} connections, {viewer.failed_connects} failed, {len(viewer.frames)} frames, {viewer.delta_count} deltas"
+            )
             viewers.append(viewer)
     finally:
         worker.stop()
@@ -189,7 +200,9 @@ def test_resume_across_random_disconnects_and_a_restart_with_memory_layer(tmp_pa
         assert any(f["type"] == "model.superseded" for f in viewer.frames)
 
 
-def test_resume_across_random_disconnects_and_a_restart_with_redis(tmp_path, lead, seeded, redis_server):
+def test_resume_across_random_disconnects_and_a_restart_with_redis(
+    tmp_path, lead, seeded, redis_server
+):
     env = {
         "REDIS_URL": redis_server.url,
         # the safety-net poll is far slower than the stream: delivery rides on Redis nudges

@@ -127,7 +127,9 @@ def test_run_page_streams_and_survives_a_server_restart(tmp_path, lead, seeded, 
         page.goto(f"{base_url}/runs/{run_id}/")
         page.wait_for_selector("#conn[data-state=live]", timeout=60_000)
         # the text grows while we watch
-        page.wait_for_function("document.getElementById('live-text').textContent.length > 30", timeout=120_000)
+        page.wait_for_function(
+            "document.getElementById('live-text').textContent.length > 30", timeout=120_000
+        )
 
         # restart the web process mid-run: kill now, start again in the background
         webs[0].kill()
@@ -142,7 +144,8 @@ def test_run_page_streams_and_survives_a_server_restart(tmp_path, lead, seeded, 
 
         page.wait_for_selector("#conn[data-state=finished]", timeout=180_000)
         run = wait_until(
-            lambda: Run.objects.filter(id=run_id, status="succeeded").first(), timeout=60,
+            lambda: Run.objects.filter(id=run_id, status="succeeded").first(),
+            timeout=60,
             message="run succeeded",
         )
         assert_page_shows_the_run(page, run)
@@ -165,17 +168,22 @@ def test_run_page_streams_and_survives_a_server_restart(tmp_path, lead, seeded, 
         connections.close_all()
 
 
-def test_approval_card_and_superseded_text_on_the_live_page(tmp_path, lead, seeded, browser, settings):
+def test_approval_card_and_superseded_text_on_the_live_page(
+    tmp_path, lead, seeded, browser, settings
+):
     """The run parks for approval: the card appears live and goes when decided. The worker also
     dies mid-stream once in every model step: the page drops that attempt's partial text."""
     set_browser_password(lead, settings)
     token = create_token(lead)
     port = free_port()
-    env = {"SCRIPTED_MODEL_DELAY_MS": "20", "REFUND_APPROVAL_THRESHOLD_CENTS": "0",
-           "AGENTRUNS_STREAM_POLL_SECONDS": "0.1",
-           "REFUND_GATEWAY_URL": f"http://127.0.0.1:{port}/gateway",
-           "AGENTRUNS_FAILPOINTS": "model_streaming:refund=crash_once",
-           "AGENTRUNS_FAILPOINT_DIR": str(tmp_path / "failpoints")}
+    env = {
+        "SCRIPTED_MODEL_DELAY_MS": "20",
+        "REFUND_APPROVAL_THRESHOLD_CENTS": "0",
+        "AGENTRUNS_STREAM_POLL_SECONDS": "0.1",
+        "REFUND_GATEWAY_URL": f"http://127.0.0.1:{port}/gateway",
+        "AGENTRUNS_FAILPOINTS": "model_streaming:refund=crash_once",
+        "AGENTRUNS_FAILPOINT_DIR": str(tmp_path / "failpoints"),
+    }
     web, base_url = start_web(tmp_path, port=port, **env)
     worker = start_worker(tmp_path, **env)
     try:
@@ -188,17 +196,26 @@ def test_approval_card_and_superseded_text_on_the_live_page(tmp_path, lead, seed
         page.wait_for_selector("#run-status.s-waiting", timeout=60_000)
         assert page.get_attribute("#conn", "data-state") == "live"  # waiting is not finished
 
-        pending = httpx.get(f"{base_url}/api/approvals?status=pending",
-                            headers={"Authorization": f"Bearer {token}"}).json()["approvals"]
+        pending = httpx.get(
+            f"{base_url}/api/approvals?status=pending", headers={"Authorization": f"Bearer {token}"}
+        ).json()["approvals"]
         approval = next(a for a in pending if a["run_id"] == run_id)
-        decided = httpx.post(f"{base_url}/api/approvals/{approval['id']}", json={"decision": "approve"},
-                             headers={"Authorization": f"Bearer {token}"})
+        decided = httpx.post(
+            f"{base_url}/api/approvals/{approval['id']}",
+            json={"decision": "approve"},
+            headers={"Authorization": f"Bearer {token}"},
+        )
         assert decided.status_code == 200, decided.text
 
         page.wait_for_selector("#conn[data-state=finished]", timeout=180_000)
-        page.wait_for_function("!document.querySelector('#approval-card .approval-card')", timeout=60_000)
-        run = wait_until(lambda: Run.objects.filter(id=run_id, status="succeeded").first(), timeout=60,
-                         message="run succeeded")
+        page.wait_for_function(
+            "!document.querySelector('#approval-card .approval-card')", timeout=60_000
+        )
+        run = wait_until(
+            lambda: Run.objects.filter(id=run_id, status="succeeded").first(),
+            timeout=60,
+            message="run succeeded",
+        )
         assert_page_shows_the_run(page, run)  # no superseded text left, nothing doubled
         assert RunEvent.objects.filter(run=run, type="model.superseded").count() >= 2
         lengths = page.evaluate("window.__textLengths")

@@ -5,7 +5,9 @@ from agentruns.tokens import create_token
 
 
 class Command(BaseCommand):
-    help = "Create a bearer token for the JSON API and the socket; prints it alone on the last line."
+    help = (
+        "Create a bearer token for the JSON API and the socket; prints it alone on the last line."
+    )
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("username")

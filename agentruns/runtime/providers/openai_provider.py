@@ -80,7 +80,9 @@ def request_options() -> dict[str, Any]:
     try:
         options = json.loads(raw)
     except json.JSONDecodeError as exc:
-        raise ModelError(f"OPENAI_REQUEST_OPTIONS is not valid JSON: {exc}", retryable=False) from None
+        raise ModelError(
+            f"OPENAI_REQUEST_OPTIONS is not valid JSON: {exc}", retryable=False
+        ) from None
     if not isinstance(options, dict):
         raise ModelError("OPENAI_REQUEST_OPTIONS must be a JSON object", retryable=False)
     # the provider owns these: the conversation, the tools and the streaming protocol
@@ -129,15 +131,19 @@ def model_error(exc: openai.OpenAIError) -> ModelError:
     """Classify an SDK error: retrying helps (rate limit, server, network) or it does not."""
     if isinstance(exc, openai.APITimeoutError):
         return ModelError(
-            scrub(f"model endpoint {_endpoint()} timed out (OPENAI_TIMEOUT_SECONDS="
-                  f"{conf.OPENAI_TIMEOUT_SECONDS:g})"),
+            scrub(
+                f"model endpoint {_endpoint()} timed out (OPENAI_TIMEOUT_SECONDS="
+                f"{conf.OPENAI_TIMEOUT_SECONDS:g})"
+            ),
             retryable=True,
         )
     if isinstance(exc, openai.APIConnectionError):
         cause = exc.__cause__ or exc
         return ModelError(
-            scrub(f"model endpoint {_endpoint()} unreachable or the stream broke: "
-                  f"{type(cause).__name__}: {cause}"),
+            scrub(
+                f"model endpoint {_endpoint()} unreachable or the stream broke: "
+                f"{type(cause).__name__}: {cause}"
+            ),
             retryable=True,
         )
     if isinstance(exc, openai.APIStatusError):
@@ -146,21 +152,33 @@ def model_error(exc: openai.OpenAIError) -> ModelError:
         if status in (401, 403):
             hint = " (OPENAI_API_KEY is not set)" if not conf.OPENAI_API_KEY else ""
             return ModelError(
-                scrub(f"authentication failed (HTTP {status}) at {_endpoint()}: {detail}{hint}; "
-                      "check OPENAI_API_KEY and OPENAI_BASE_URL"),
+                scrub(
+                    f"authentication failed (HTTP {status}) at {_endpoint()}: {detail}{hint}; "
+                    "check OPENAI_API_KEY and OPENAI_BASE_URL"
+                ),
                 retryable=False,
             )
         if status == 429 and _error_code(exc) == "insufficient_quota":
-            return ModelError(scrub(f"quota exhausted (HTTP 429) at {_endpoint()}: {detail}"), retryable=False)
+            return ModelError(
+                scrub(f"quota exhausted (HTTP 429) at {_endpoint()}: {detail}"), retryable=False
+            )
         if status == 429:
-            return ModelError(scrub(f"rate limited (HTTP 429) at {_endpoint()}: {detail}"), retryable=True)
+            return ModelError(
+                scrub(f"rate limited (HTTP 429) at {_endpoint()}: {detail}"), retryable=True
+            )
         if status >= 500 or status in (408, 409):
-            return ModelError(scrub(f"model server error (HTTP {status}) at {_endpoint()}: {detail}"),
-                              retryable=True)
+            return ModelError(
+                scrub(f"model server error (HTTP {status}) at {_endpoint()}: {detail}"),
+                retryable=True,
+            )
         what = "model not found or wrong OPENAI_BASE_URL" if status == 404 else "invalid request"
-        return ModelError(scrub(f"{what} (HTTP {status}) at {_endpoint()}: {detail}"), retryable=False)
+        return ModelError(
+            scrub(f"{what} (HTTP {status}) at {_endpoint()}: {detail}"), retryable=False
+        )
     if isinstance(exc, openai.APIError):  # an `error` event inside the stream
-        return ModelError(scrub(f"the model stream reported an error: {_server_message(exc)}"), retryable=True)
+        return ModelError(
+            scrub(f"the model stream reported an error: {_server_message(exc)}"), retryable=True
+        )
     return ModelError(scrub(f"model client error: {exc}"), retryable=False)
 
 
@@ -222,11 +240,15 @@ class OpenAIProvider:
                 # a call without a name cannot be executed; the engine records it as failed
                 # and tells the model, instead of crashing the turn
                 call.name = "(unnamed tool call)"
-            yield ToolCall(id=call.id or f"call_{position}_{index}", name=call.name, arguments=call.arguments)
+            yield ToolCall(
+                id=call.id or f"call_{position}_{index}", name=call.name, arguments=call.arguments
+            )
         if usage is None:
             # the server ignored stream_options.include_usage: estimate so budgets still work
             usage = Usage(
-                prompt_tokens=sum(_estimate_tokens(str(m.get("content") or "")) for m in request.messages),
+                prompt_tokens=sum(
+                    _estimate_tokens(str(m.get("content") or "")) for m in request.messages
+                ),
                 completion_tokens=_estimate_tokens("".join(text))
                 + sum(_estimate_tokens(c.arguments) for c in calls.values()),
             )

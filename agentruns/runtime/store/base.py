@@ -66,7 +66,9 @@ class RunStore(ABC):
         inside `transaction.atomic()`; viewers are nudged on commit. Returns the last seq."""
 
     @abstractmethod
-    def create_run(self, run: Run, events: list[EventSpec], *, owner: str | None, now: datetime) -> int:
+    def create_run(
+        self, run: Run, events: list[EventSpec], *, owner: str | None, now: datetime
+    ) -> int:
         """Insert `run` (already leased by `owner` when given) with its first events."""
 
     def claim(

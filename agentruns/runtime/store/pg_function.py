@@ -27,8 +27,17 @@ FUNCTION = "agentruns_commit"
 LEASE_LOST_SQLSTATE = "AR001"
 # the run columns an engine commit may set (`set_fields`) and add to (`incr_fields`)
 RUN_SET_FIELDS = [
-    "status", "lease_owner", "lease_expires_at", "enqueued_at", "cancel_requested", "step_count",
-    "output", "error", "stop_reason", "started_at", "finished_at",
+    "status",
+    "lease_owner",
+    "lease_expires_at",
+    "enqueued_at",
+    "cancel_requested",
+    "step_count",
+    "output",
+    "error",
+    "stop_reason",
+    "started_at",
+    "finished_at",
 ]
 RUN_INCR_FIELDS = ["prompt_tokens", "completion_tokens", "cost_usd"]
 
@@ -49,7 +58,8 @@ def _assign(target: str, source: str, column: str, db_type: str) -> str:
 
 def _fields(model: type[models.Model], conn: Any, exclude: set[str]) -> list[tuple[str, str]]:
     return [
-        _column(f, conn) for f in model._meta.concrete_fields
+        _column(f, conn)
+        for f in model._meta.concrete_fields
         if f.column not in exclude and not isinstance(f, models.AutoField | models.BigAutoField)
     ]
 

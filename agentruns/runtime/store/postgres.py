@@ -43,7 +43,9 @@ def dumps(payload: Any) -> str:
 
 
 # ---------------------------------------------------------------- rows as JSON objects
-_SPECS: dict[type[models.Model], tuple[list[tuple[str, str]], list[tuple[str, str, Any]], list[str]]] = {}
+_SPECS: dict[
+    type[models.Model], tuple[list[tuple[str, str]], list[tuple[str, str, Any]], list[str]]
+] = {}
 
 
 def _text(value: Any) -> Any:
@@ -54,7 +56,9 @@ def _iso(value: Any) -> Any:
     return value.isoformat()
 
 
-def _spec(model: type[models.Model]) -> tuple[list[tuple[str, str]], list[tuple[str, str, Any]], list[str]]:
+def _spec(
+    model: type[models.Model],
+) -> tuple[list[tuple[str, str]], list[tuple[str, str, Any]], list[str]]:
     """How `row` reads a model: (column, attname) of values JSON takes as they are, (column,
     attname, to-JSON) of the others, and the attnames stamped with `now` when empty. Converting
     here keeps the JSON encoder on its C fast path."""
@@ -106,19 +110,36 @@ def patch(obj: models.Model, fields: list[str], key: dict[str, Any]) -> dict[str
 
 def batch_rows(batch: WriteBatch, now: datetime) -> dict[str, list[dict[str, Any]]]:
     """The batch as the function takes it: steps, attempts, step_updates, attempt_updates."""
-    out: dict[str, list[dict[str, Any]]] = {"steps": [], "attempts": [], "step_updates": [], "attempt_updates": []}
+    out: dict[str, list[dict[str, Any]]] = {
+        "steps": [],
+        "attempts": [],
+        "step_updates": [],
+        "attempt_updates": [],
+    }
     for obj in batch.inserts:
-        kind = "steps" if isinstance(obj, Step) else "attempts" if isinstance(obj, StepAttempt) else None
+        kind = (
+            "steps"
+            if isinstance(obj, Step)
+            else "attempts"
+            if isinstance(obj, StepAttempt)
+            else None
+        )
         if kind is None:
             raise TypeError(f"WriteBatch cannot insert {type(obj).__name__} on PostgreSQL")
         out[kind].append(row(obj, now))
     for obj, fields, where in batch.updates:
         if isinstance(obj, Step) and where is None:
             out["step_updates"].append(patch(obj, fields, {"id": obj.pk}))
-        elif isinstance(obj, StepAttempt) and where is not None and set(where) == {"step", "number"}:
-            out["attempt_updates"].append(patch(obj, fields, {"step_id": where["step"], "number": where["number"]}))
+        elif (
+            isinstance(obj, StepAttempt) and where is not None and set(where) == {"step", "number"}
+        ):
+            out["attempt_updates"].append(
+                patch(obj, fields, {"step_id": where["step"], "number": where["number"]})
+            )
         else:
-            raise TypeError(f"WriteBatch cannot update {type(obj).__name__} by {where} on PostgreSQL")
+            raise TypeError(
+                f"WriteBatch cannot update {type(obj).__name__} by {where} on PostgreSQL"
+            )
     return {k: v for k, v in out.items() if v}
 
 
@@ -184,8 +205,13 @@ def record_statement(
     """The run UPDATE and the event INSERT as ONE statement (a data-modifying CTE). Its rows are
     `(seq, cancel_requested)`, none when the run (or the lease) is gone or `where` does not hold."""
     update, params = run_update_sql(
-        run_id, len(events), lease_owner=lease_owner, set_fields=set_fields,
-        incr_fields=incr_fields, default_fields=default_fields, where=where,
+        run_id,
+        len(events),
+        lease_owner=lease_owner,
+        set_fields=set_fields,
+        incr_fields=incr_fields,
+        default_fields=default_fields,
+        where=where,
     )
     values = ", ".join(["(%s::int, %s::text, %s::jsonb)"] * len(events))
     for i, (etype, data) in enumerate(events):
@@ -203,11 +229,26 @@ def record_statement(
 class PostgresStore(RunStore):
     create_is_one_statement = True
 
-    def commit(self, run_id, owner, events, *, now, set_fields=None, incr_fields=None, batch=None,
-               end_transaction=False) -> tuple[int, bool]:
+    def commit(
+        self,
+        run_id,
+        owner,
+        events,
+        *,
+        now,
+        set_fields=None,
+        incr_fields=None,
+        batch=None,
+        end_transaction=False,
+    ) -> tuple[int, bool]:
         db = connections[DEFAULT_DB_ALIAS]  # one lookup through the thread-local proxy, not five
         return call_function(
-            run_id, owner, events, now=now, set_fields=set_fields, incr_fields=incr_fields,
+            run_id,
+            owner,
+            events,
+            now=now,
+            set_fields=set_fields,
+            incr_fields=incr_fields,
             rows=batch_rows(batch, now) if batch is not None else None,
             end_transaction=end_transaction and _outermost_atomic(db),
         )
@@ -216,7 +257,9 @@ class PostgresStore(RunStore):
         if not events:
             sql, params = run_update_sql(run_id, 0, set_fields=set_fields, incr_fields=incr_fields)
         else:
-            sql, params = record_statement(run_id, events, set_fields=set_fields, incr_fields=incr_fields)
+            sql, params = record_statement(
+                run_id, events, set_fields=set_fields, incr_fields=incr_fields
+            )
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             rows = cursor.fetchall()
@@ -236,10 +279,14 @@ class PostgresStore(RunStore):
             return super().claim(run_id, owner, events, lease=lease, now=now)
         # the common case in one round trip: queued -> running, the lease, and its event
         sql, params = record_statement(
-            run_id, events,
-            set_fields={"status": RunStatus.RUNNING, **lease}, default_fields={"started_at": now},
-            where=("status = %s AND (lease_expires_at IS NULL OR lease_expires_at < %s)",
-                   [RunStatus.QUEUED, now]),
+            run_id,
+            events,
+            set_fields={"status": RunStatus.RUNNING, **lease},
+            default_fields={"started_at": now},
+            where=(
+                "status = %s AND (lease_expires_at IS NULL OR lease_expires_at < %s)",
+                [RunStatus.QUEUED, now],
+            ),
         )
         with connection.cursor() as cursor:
             cursor.execute(sql, params)

@@ -67,6 +67,8 @@ class WriteBatch:
         self.inserts.extend(objs)
         return self
 
-    def update(self, obj: models.Model, fields: Sequence[str], where: dict[str, Any] | None = None) -> WriteBatch:
+    def update(
+        self, obj: models.Model, fields: Sequence[str], where: dict[str, Any] | None = None
+    ) -> WriteBatch:
         self.updates.append((obj, list(fields), where))
         return self

@@ -19,7 +19,8 @@ from agentruns.runtime.events import EventSpec
 
 def _fields(model: type[models.Model]) -> list[models.Field]:
     return [
-        f for f in model._meta.concrete_fields
+        f
+        for f in model._meta.concrete_fields
         if not (f.primary_key and isinstance(f, models.AutoField | models.BigAutoField))
     ]
 
@@ -35,10 +36,15 @@ def insert_sql(objs: Sequence[models.Model]) -> tuple[str, list[Any]]:
             params.append(field.get_db_prep_save(field.pre_save(obj, add=True), connection))
         obj._state.adding = False
         obj._state.db = connection.alias
-    return f"INSERT INTO {model._meta.db_table} ({columns}) VALUES {', '.join([row] * len(objs))}", params
+    return (
+        f"INSERT INTO {model._meta.db_table} ({columns}) VALUES {', '.join([row] * len(objs))}",
+        params,
+    )
 
 
-def update_sql(obj: models.Model, fields: Sequence[str], where: dict[str, Any] | None = None) -> tuple[str, list[Any]]:
+def update_sql(
+    obj: models.Model, fields: Sequence[str], where: dict[str, Any] | None = None
+) -> tuple[str, list[Any]]:
     """UPDATE of `fields` of one row, by primary key (or by `where` columns)."""
     meta = obj._meta
     sets, params = [], []
@@ -103,7 +109,9 @@ def run_update_sql(
     return sql, params
 
 
-def events_insert_sql(run_id: uuid.UUID | str, last_seq: int, events: Sequence[EventSpec]) -> tuple[str, list[Any]]:
+def events_insert_sql(
+    run_id: uuid.UUID | str, last_seq: int, events: Sequence[EventSpec]
+) -> tuple[str, list[Any]]:
     """INSERT of events whose seqs end at `last_seq` (allocated by the run UPDATE)."""
     first = last_seq - len(events) + 1
     now = run_value("updated_at", timezone.now())
@@ -112,4 +120,7 @@ def events_insert_sql(run_id: uuid.UUID | str, last_seq: int, events: Sequence[E
     params: list[Any] = []
     for i, (etype, data) in enumerate(events):
         params += [run, first + i, str(etype), json.dumps(data, cls=DjangoJSONEncoder), now]
-    return f"INSERT INTO {RunEvent._meta.db_table} (run_id, seq, type, data, created_at) VALUES {rows}", params
+    return (
+        f"INSERT INTO {RunEvent._meta.db_table} (run_id, seq, type, data, created_at) VALUES {rows}",
+        params,
+    )

@@ -32,8 +32,12 @@ def _execute_batch(batch: WriteBatch) -> None:
 
 
 def _record(
-    run_id: Any, events: Sequence[tuple[str, dict]], *, lease_owner: str | None = None,
-    set_fields: dict[str, Any] | None = None, incr_fields: dict[str, Any] | None = None,
+    run_id: Any,
+    events: Sequence[tuple[str, dict]],
+    *,
+    lease_owner: str | None = None,
+    set_fields: dict[str, Any] | None = None,
+    incr_fields: dict[str, Any] | None = None,
 ) -> tuple[int, bool]:
     sql, params = run_update_sql(
         run_id, len(events), lease_owner=lease_owner, set_fields=set_fields, incr_fields=incr_fields
@@ -42,7 +46,9 @@ def _record(
         cursor.execute(sql, params)
         row = cursor.fetchone()
         if row is None:
-            raise LeaseLost(str(run_id)) if lease_owner is not None else Run.DoesNotExist(str(run_id))
+            raise (
+                LeaseLost(str(run_id)) if lease_owner is not None else Run.DoesNotExist(str(run_id))
+            )
         last_seq = int(row[0])
         if events:
             cursor.execute(*events_insert_sql(run_id, last_seq, events))
@@ -52,12 +58,24 @@ def _record(
 
 
 class SqliteStore(RunStore):
-    def commit(self, run_id, owner, events, *, now, set_fields=None, incr_fields=None, batch=None,
-               end_transaction=False) -> tuple[int, bool]:
+    def commit(
+        self,
+        run_id,
+        owner,
+        events,
+        *,
+        now,
+        set_fields=None,
+        incr_fields=None,
+        batch=None,
+        end_transaction=False,
+    ) -> tuple[int, bool]:
         with transaction.atomic():
             if batch is not None:
                 _execute_batch(batch)
-            return _record(run_id, events, lease_owner=owner, set_fields=set_fields, incr_fields=incr_fields)
+            return _record(
+                run_id, events, lease_owner=owner, set_fields=set_fields, incr_fields=incr_fields
+            )
 
     def append(self, run_id, events, *, set_fields=None, incr_fields=None) -> int:
         last_seq, _ = _record(run_id, events, set_fields=set_fields, incr_fields=incr_fields)

@@ -11,8 +11,16 @@ from django.core.management.base import BaseCommand
 from support.crashlab import as_json, run_lab, verdict
 
 COLUMNS = [
-    ("group", 5), ("fault", 20), ("run_id", 10), ("step_id", 10), ("attempt", 7), ("tool", 12),
-    ("operation_key", 30), ("step_status", 17), ("refunds_executed", 8), ("final_status", 10),
+    ("group", 5),
+    ("fault", 20),
+    ("run_id", 10),
+    ("step_id", 10),
+    ("attempt", 7),
+    ("tool", 12),
+    ("operation_key", 30),
+    ("step_status", 17),
+    ("refunds_executed", 8),
+    ("final_status", 10),
 ]
 HEADERS = {"refunds_executed": "refunds", "final_status": "run", "operation_key": "operation key"}
 
@@ -22,7 +30,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--json", action="store_true", help="print the rows as JSON")
-        parser.add_argument("--timeout", type=float, default=90, help="seconds to wait for each run")
+        parser.add_argument(
+            "--timeout", type=float, default=90, help="seconds to wait for each run"
+        )
         parser.add_argument("--workdir", default="", help="where logs and failpoint markers go")
 
     def handle(self, *args, **options) -> None:
@@ -39,8 +49,17 @@ class Command(BaseCommand):
             self.stdout.write("")
             for group, label in (("A", "naive task"), ("B", "durable engine")):
                 dupes = [r.fault for r in rows if r.group == group and r.refunds_executed > 1]
-                self.stdout.write(f"group {group} ({label}): duplicate refunds at {', '.join(dupes) or 'no fault point'}")
-            self.stdout.write("verdict: " + ("OK, the engine refunded exactly once everywhere" if ok else "FAILED: " + "; ".join(problems)))
+                self.stdout.write(
+                    f"group {group} ({label}): duplicate refunds at {', '.join(dupes) or 'no fault point'}"
+                )
+            self.stdout.write(
+                "verdict: "
+                + (
+                    "OK, the engine refunded exactly once everywhere"
+                    if ok
+                    else "FAILED: " + "; ".join(problems)
+                )
+            )
         if not ok:
             sys.exit(1)
 

@@ -13,8 +13,18 @@ from support.models import Order, Ticket
 
 FIRST = ["Ada", "Ben", "Chloe", "Dev", "Elena", "Farah", "Gus", "Hana", "Ivan", "Jun"]
 LAST = ["Lovelace", "Okafor", "Martin", "Patel", "Rossi", "Haddad", "Berg", "Sato", "Petrov", "Kim"]
-ITEMS = ["blender", "desk lamp", "rain jacket", "headphones", "coffee grinder", "backpack",
-         "running shoes", "kettle", "monitor stand", "yoga mat"]
+ITEMS = [
+    "blender",
+    "desk lamp",
+    "rain jacket",
+    "headphones",
+    "coffee grinder",
+    "backpack",
+    "running shoes",
+    "kettle",
+    "monitor stand",
+    "yoga mat",
+]
 COMPLAINTS = [
     "arrived broken",
     "never arrived",
@@ -39,7 +49,11 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--orders", type=int, default=50)
-        parser.add_argument("--reset-passwords", action="store_true", help="Give the demo users new passwords (printed).")
+        parser.add_argument(
+            "--reset-passwords",
+            action="store_true",
+            help="Give the demo users new passwords (printed).",
+        )
 
     @transaction.atomic
     def handle(self, *args, **options) -> None:
@@ -66,7 +80,9 @@ class Command(BaseCommand):
                     "body": f"Hello, my {order.item} {COMPLAINTS[i % len(COMPLAINTS)]}. Please refund.",
                 },
             )
-        self.stdout.write(f"orders: {Order.objects.count()} ({created_orders} new), open tickets: {Ticket.objects.filter(status='open').count()}")
+        self.stdout.write(
+            f"orders: {Order.objects.count()} ({created_orders} new), open tickets: {Ticket.objects.filter(status='open').count()}"
+        )
 
         for role, perms in ROLES.items():
             group, _ = Group.objects.get_or_create(name=role)
@@ -74,7 +90,9 @@ class Command(BaseCommand):
 
         User = get_user_model()
         for username in ("lead", "approver", "viewer"):
-            user, created = User.objects.get_or_create(username=username, defaults={"email": f"{username}@example.com"})
+            user, created = User.objects.get_or_create(
+                username=username, defaults={"email": f"{username}@example.com"}
+            )
             if username == "lead":
                 user.is_staff = user.is_superuser = True
             else:
@@ -84,7 +102,9 @@ class Command(BaseCommand):
                 user.set_password(password)
                 self.stdout.write(f"user {username:<9} password {password}")
             else:
-                self.stdout.write(f"user {username:<9} exists (password unchanged; --reset-passwords prints new ones)")
+                self.stdout.write(
+                    f"user {username:<9} exists (password unchanged; --reset-passwords prints new ones)"
+                )
             user.save()
 
     @staticmethod
