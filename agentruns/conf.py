@@ -198,6 +198,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "AGENTRUNS_APPROVER_LIMIT_CENTS", int, 0, "approvals above it need a superuser (0: none)", 0
     ),
+    # the API
+    Setting("AGENTRUNS_API_MAX_BODY_BYTES", int, 1_000_000, "larger request bodies get 413", 1024),
     # operations
     Setting("AGENTRUNS_WORKER_STALE_SECONDS", float, 30, "/healthz turns 503 past it", 1),
     Setting(

@@ -117,9 +117,7 @@ class Tool:
     def _validator(self) -> Any:
         # built once per tool: jsonschema.validate() re-checks the schema itself on every call
         if self._compiled is None:
-            cls = jsonschema.validators.validator_for(self.parameters)
-            cls.check_schema(self.parameters)
-            self._compiled = cls(self.parameters)
+            self._compiled = strict_validator(self.parameters)
             self._simple = _simple_plan(self.parameters)
         return self._compiled
 
@@ -148,6 +146,23 @@ class Tool:
         }
 
 
+def _strict_integer(checker: Any, instance: Any) -> bool:
+    # JSON Schema counts 5.0 as an integer; an amount of 5.0 cents is a model's or a client's
+    # mistake, not a value to store, and `true` is never a number
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+def strict_validator(schema: dict) -> Any:
+    """A jsonschema validator for `schema` (its own draft, 2020-12 when it names none) whose
+    "integer" takes only integers and which checks formats (uuid, date-time, ...)."""
+    base = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    base.check_schema(schema)
+    strict = jsonschema.validators.extend(
+        base, type_checker=base.TYPE_CHECKER.redefine("integer", _strict_integer)
+    )
+    return strict(schema, format_checker=base.FORMAT_CHECKER)
+
+
 _SIMPLE_SCHEMA_KEYS = {
     "type",
     "properties",
@@ -160,10 +175,7 @@ _SIMPLE_PROPERTY_KEYS = {"type", "title", "description", "default"}  # default: 
 _TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
     "string": lambda v: isinstance(v, str),
     "boolean": lambda v: isinstance(v, bool),
-    "integer": lambda v: (
-        (isinstance(v, int) and not isinstance(v, bool))
-        or (isinstance(v, float) and v.is_integer())
-    ),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
     "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
 }
 
@@ -324,9 +336,7 @@ class Agent:
         if self.input_schema is None:
             return run_input
         if self._input_validator is None:
-            cls = jsonschema.validators.validator_for(self.input_schema)
-            cls.check_schema(self.input_schema)
-            self._input_validator = cls(self.input_schema)
+            self._input_validator = strict_validator(self.input_schema)
         error = jsonschema.exceptions.best_match(self._input_validator.iter_errors(run_input))
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path) or "input"

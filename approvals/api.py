@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest
 
-from agentruns.api.http import BadRequest, api_view, json_body, json_error
+from agentruns.api.endpoint import INT_ID, endpoint
+from agentruns.api.parsing import BadRequest
 from agentruns.runtime.redaction import redact_fields
 from agentruns.runtime.timestamps import iso
+from approvals import services
 from approvals.cards import Card, build_cards
-from approvals.models import Approval, ApprovalStatus
+from approvals.models import Approval, ApprovalKind, ApprovalStatus
 from approvals.selectors import AGES, approvals_query
-
-from . import services
 
 
 def approval_payload(approval: Approval, card: Card | None = None) -> dict:
@@ -25,6 +25,7 @@ def approval_payload(approval: Approval, card: Card | None = None) -> dict:
         "step_index": approval.step.index,
         "agent": approval.agent,
         "tool": approval.tool,
+        "args": redact_fields(approval.effective_args, hidden),
         "requested_args": redact_fields(approval.requested_args, hidden),
         "edited_args": redact_fields(approval.edited_args, hidden),
         "resolution": approval.resolution or None,
@@ -56,57 +57,68 @@ def approval_payload(approval: Approval, card: Card | None = None) -> dict:
     return payload
 
 
-@api_view(("GET",))
-def approval_list(request: HttpRequest) -> JsonResponse:
-    status = request.GET.get("status", ApprovalStatus.PENDING)
-    if status and status not in ApprovalStatus.values:
-        raise BadRequest(f"status must be one of {', '.join(ApprovalStatus.values)}")
-    try:
-        limit = min(max(int(request.GET.get("limit", "100")), 1), 500)
-    except ValueError:
-        raise BadRequest("limit must be an integer") from None
-    age = request.GET.get("age", "")
-    if age and age not in AGES:
-        raise BadRequest(f"age must be one of {', '.join(AGES)}")
-    rows = list(
-        approvals_query(
-            status=status,
-            kind=request.GET.get("kind", ""),
-            agent=request.GET.get("agent", ""),
-            age=age,
-        )[:limit]
-    )
-    return JsonResponse(
-        {"approvals": [approval_payload(card.approval, card) for card in build_cards(rows)]}
-    )
+@endpoint(
+    "GET",
+    "/approvals",
+    summary="Inbox items, newest first",
+    permission="approvals.view_approval",
+    query={
+        "status": {"type": "string", "enum": ["", *ApprovalStatus.values]},
+        "kind": {"type": "string", "enum": ApprovalKind.values},
+        "agent": {"type": "string", "maxLength": 100},
+        "age": {"type": "string", "enum": list(AGES)},
+        "limit": {"type": "integer", "minimum": 1, "maximum": 500},
+    },
+    tags=("approvals",),
+)
+def approval_list(
+    request: HttpRequest,
+    status: str = ApprovalStatus.PENDING,
+    kind: str = "",
+    agent: str = "",
+    age: str = "",
+    limit: int = 100,
+) -> dict:
+    rows = list(approvals_query(status=status, kind=kind, agent=agent, age=age)[:limit])
+    return {"approvals": [approval_payload(card.approval, card) for card in build_cards(rows)]}
 
 
-@api_view(("POST",))
-def approval_decide(request: HttpRequest, approval_id: str) -> JsonResponse:
-    if (
-        not approval_id.isdigit()
-        or len(approval_id) > 18
-        or not Approval.objects.filter(id=int(approval_id)).exists()
-    ):
-        return json_error("no such approval", 404)
-    if not request.user.has_perm("approvals.decide_approval"):
-        return json_error("permission denied: approvals.decide_approval is required", 403)
-    body = json_body(request)
-    decision = body.get("decision")
-    reason = body.get("reason") or ""
-    args = body.get("args")
-    if not isinstance(reason, str):
-        raise BadRequest("'reason' must be a string")
-    if args is not None and not isinstance(args, dict):
-        raise BadRequest("'args' must be a JSON object")
+DECISIONS = ["approve", "reject", *services.RESOLUTIONS]
+
+
+@endpoint(
+    "POST",
+    "/approvals/{approval_id}",
+    summary="Decide: approve (optionally with edited args) or reject; reconcile an unknown outcome",
+    permission="approvals.decide_approval",
+    path_params={"approval_id": INT_ID},
+    body={
+        "decision": {"type": "string", "enum": DECISIONS},
+        "reason": {"type": "string", "maxLength": 2000},
+        "args": {"type": "object"},
+        "result": {},
+    },
+    required=("decision",),
+    responses={
+        200: "decided",
+        403: "no right to decide",
+        409: "already decided",
+        422: "not acceptable",
+    },
+    tags=("approvals",),
+)
+def approval_decide(request: HttpRequest, approval_id: str, body: dict) -> dict | tuple[dict, int]:
+    if not Approval.objects.filter(id=int(approval_id)).exists():
+        raise BadRequest("no such approval", 404)
+    decision, reason = body["decision"], body.get("reason", "")
     try:
         if decision == "approve":
             approval = services.approve(
-                int(approval_id), user=request.user, edited_args=args, reason=reason
+                int(approval_id), user=request.user, edited_args=body.get("args"), reason=reason
             )
         elif decision == "reject":
             approval = services.reject(int(approval_id), user=request.user, reason=reason)
-        elif decision in services.RESOLUTIONS:
+        else:
             approval = services.reconcile(
                 int(approval_id),
                 user=request.user,
@@ -114,22 +126,16 @@ def approval_decide(request: HttpRequest, approval_id: str) -> JsonResponse:
                 result=body.get("result"),
                 reason=reason,
             )
-        else:
-            raise BadRequest(
-                "'decision' must be 'approve' or 'reject' (or for reconciliation: 'happened', 'retry', 'abort')"
-            )
     except services.AlreadyDecided as exc:
         payload = approval_payload(exc.approval)
-        return JsonResponse(
-            {
-                "error": str(exc),
-                "decided_by": payload["decided_by"],
-                "decided_at": payload["decided_at"],
-                "status": payload["status"],
-                "approval": payload,
-            },
-            status=409,
-        )
+        raise BadRequest(
+            str(exc),
+            409,
+            decided_by=payload["decided_by"],
+            decided_at=payload["decided_at"],
+            status=payload["status"],
+            approval=payload,
+        ) from None
     except services.DecisionError as exc:
-        return json_error(str(exc), 422)
-    return JsonResponse(approval_payload(approval))
+        raise BadRequest(str(exc), 422) from None
+    return approval_payload(approval)

@@ -22,11 +22,10 @@ from django.views.decorators.http import require_GET, require_POST
 
 from agentruns.registry import UnknownTool, all_agents, get_tool
 from agentruns.selectors.pagination import encode_cursor
+from approvals import services
 from approvals.cards import build_cards, card_for
 from approvals.models import Approval, ApprovalKind
 from approvals.selectors import AGES, InboxFilters, inbox_page
-
-from . import services
 
 PAGE_SIZE = 25
 DECIDE_PERMISSION = "approvals.decide_approval"

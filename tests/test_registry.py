@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import itertools
 
-import jsonschema
 import pytest
 
-from agentruns.registry import Tool, ToolArgumentsError, _simple_plan, tool
+from agentruns.registry import Tool, ToolArgumentsError, _simple_plan, strict_validator, tool
 
 SCHEMA = {
     "type": "object",
@@ -33,7 +32,7 @@ def test_fast_path_agrees_with_jsonschema(extra_allowed):
     schema = {**SCHEMA, "additionalProperties": extra_allowed}
     checker = _tool(schema)
     assert _simple_plan(schema) is not None
-    reference = jsonschema.validators.validator_for(schema)(schema)
+    reference = strict_validator(schema)  # jsonschema, with integers that are integers
     keys = ["order_id", "amount_cents", "ratio", "notify", "other"]
     for chosen in itertools.chain.from_iterable(itertools.combinations(keys, n) for n in range(4)):
         for values in itertools.product(VALUES[:4], repeat=len(chosen)):
@@ -45,6 +44,24 @@ def test_fast_path_agrees_with_jsonschema(extra_allowed):
             except ToolArgumentsError:
                 ok = False
             assert ok == expected, arguments
+
+
+def test_integers_are_strict_on_both_paths():
+    simple = _tool(SCHEMA)
+    with_bounds = _tool(
+        {
+            **SCHEMA,
+            "properties": {
+                **SCHEMA["properties"],
+                "amount_cents": {"type": "integer", "minimum": 1},
+            },
+        }
+    )
+    for checker in (simple, with_bounds):
+        checker.validate({"order_id": "A", "amount_cents": 5})
+        for bad in (5.0, True, "5", 5.5):
+            with pytest.raises(ToolArgumentsError, match="amount_cents"):
+                checker.validate({"order_id": "A", "amount_cents": bad})
 
 
 def test_schemas_with_more_keywords_go_to_jsonschema():

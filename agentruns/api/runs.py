@@ -1,132 +1,163 @@
-"""JSON API for runs and events (DESIGN.md 6). Views stay thin: services write, selectors read."""
+"""The JSON API for runs and their events (DESIGN.md 6): services write, selectors read."""
 
 from __future__ import annotations
 
-import uuid
+from typing import Any
 
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest
 
 from agentruns import selectors, services
-from agentruns.api.http import BadRequest, api_view, json_body, json_error
+from agentruns.api.endpoint import RUN_ID, endpoint
+from agentruns.api.parsing import BadRequest
 from agentruns.api.serializers import run_payload
+from agentruns.models import Run
 from agentruns.registry import UnknownAgent
 from agentruns.runtime.events import event_payload
 
+VIEW = "agentruns.view_run"
+OPERATE = "agentruns.operate_run"
+RUN = {"run_id": RUN_ID}
+REASON = {"type": "string", "maxLength": 500}
 
-def _run_or_404(run_id: str):
-    try:
-        uuid.UUID(str(run_id))
-    except ValueError:
-        raise BadRequest("no such run", 404) from None
+
+def run_or_404(run_id: str) -> Run:
     run = selectors.get_run(run_id)
     if run is None:
         raise BadRequest("no such run", 404)
     return run
 
 
-def _require_view(request: HttpRequest) -> None:
-    if not request.user.has_perm("agentruns.view_run"):
-        raise BadRequest("permission denied: agentruns.view_run is required", 403)
-
-
-@api_view(("POST",))
-def create_run(request: HttpRequest) -> JsonResponse:
-    body = json_body(request)
-    agent = body.get("agent")
-    run_input = body.get("input", {})
-    if not isinstance(agent, str) or not agent:
-        raise BadRequest("'agent' is required")
-    if not isinstance(run_input, dict):
-        raise BadRequest("'input' must be a JSON object")
+def idempotency_key(request: HttpRequest) -> str | None:
     key = request.headers.get("Idempotency-Key") or None
-    if key is not None and len(key) > 200:
-        raise BadRequest("Idempotency-Key is longer than 200 characters")
+    if key is not None and (len(key) > 200 or not key.isprintable()):
+        raise BadRequest("Idempotency-Key must be at most 200 printable characters")
+    return key
+
+
+@endpoint(
+    "POST",
+    "/runs",
+    summary="Start a run (a repeated Idempotency-Key returns the same run)",
+    body={
+        "agent": {"type": "string", "minLength": 1, "maxLength": 100},
+        "input": {"type": "object"},
+    },
+    required=("agent",),
+    responses={201: "created", 200: "the run of this Idempotency-Key"},
+    tags=("runs",),
+)
+def create_run(request: HttpRequest, body: dict) -> tuple[dict, int]:
     try:
-        result = services.start_run(agent, run_input, dedupe_key=key, user=request.user)
+        result = services.start_run(
+            body["agent"],
+            body.get("input", {}),
+            dedupe_key=idempotency_key(request),
+            user=request.user,
+        )
     except UnknownAgent as exc:
         raise BadRequest(str(exc)) from None
     except ValueError as exc:
         raise BadRequest(f"invalid input: {exc}") from None
-    return JsonResponse(run_payload(result.run, []), status=201 if result.created else 200)
+    return run_payload(result.run, []), 201 if result.created else 200
 
 
-@api_view(("GET",))
-def run_detail(request: HttpRequest, run_id: str) -> JsonResponse:
-    _require_view(request)
-    run = _run_or_404(run_id)
-    return JsonResponse(run_payload(run, selectors.run_steps(run)))
+@endpoint(
+    "GET",
+    "/runs/{run_id}",
+    summary="A run with its steps",
+    permission=VIEW,
+    path_params=RUN,
+    tags=("runs",),
+)
+def run_detail(request: HttpRequest, run_id: str) -> dict:
+    run = run_or_404(run_id)
+    return run_payload(run, selectors.run_steps(run))
 
 
-@api_view(("GET",))
-def run_events(request: HttpRequest, run_id: str) -> JsonResponse:
-    _require_view(request)  # the same rule as the socket
-    run = _run_or_404(run_id)
-    try:
-        after = int(request.GET.get("after", "0"))
-        limit = min(max(int(request.GET.get("limit", "1000")), 1), 5000)
-    except ValueError:
-        raise BadRequest("'after' and 'limit' must be integers") from None
+@endpoint(
+    "GET",
+    "/runs/{run_id}/events",
+    summary="A run's events after a seq, in seq order",
+    permission=VIEW,
+    path_params=RUN,
+    query={
+        "after": {"type": "integer", "minimum": 0},
+        "limit": {"type": "integer", "minimum": 1, "maximum": 5000},
+    },
+    tags=("runs",),
+)
+def run_events(request: HttpRequest, run_id: str, after: int = 0, limit: int = 1000) -> dict:
+    run = run_or_404(run_id)
     events = selectors.events_after(run.id, after, limit)
-    return JsonResponse({"events": [event_payload(e) for e in events], "last_seq": run.last_seq})
+    return {"events": [event_payload(e) for e in events], "last_seq": run.last_seq}
 
 
-def _operate(request: HttpRequest, run_id: str, action, **kwargs) -> JsonResponse:
-    """The same service functions, permission and refusals as the run page's buttons."""
-    if not request.user.has_perm("agentruns.operate_run"):
-        return json_error("permission denied: agentruns.operate_run is required", 403)
-    run = _run_or_404(run_id)
-    try:
-        run = action(run.id, user=request.user, **kwargs)
-    except services.ActionRefused as exc:
-        return json_error(str(exc), 409)
+def _operated(run: Run) -> dict[str, Any]:
     run.refresh_from_db()
-    return JsonResponse(run_payload(run))
+    return run_payload(run)
 
 
-@api_view(("POST",))
-def cancel_run(request: HttpRequest, run_id: str) -> JsonResponse:
-    reason = json_body(request).get("reason", "")
-    if not isinstance(reason, str) or len(reason) > 500:
-        raise BadRequest("'reason' must be a string of at most 500 characters")
-    return _operate(request, run_id, services.cancel_run, reason=reason)
+@endpoint(
+    "POST",
+    "/runs/{run_id}/cancel",
+    summary="Cancel a run (at the next step boundary if running)",
+    permission=OPERATE,
+    path_params=RUN,
+    body={"reason": REASON},
+    responses={200: "OK", 409: "refused"},
+    tags=("runs",),
+)
+def cancel_run(request: HttpRequest, run_id: str, body: dict) -> dict:
+    run = run_or_404(run_id)
+    return _operated(services.cancel_run(run.id, user=request.user, reason=body.get("reason", "")))
 
 
-@api_view(("POST",))
-def retry_run(request: HttpRequest, run_id: str) -> JsonResponse:
-    return _operate(request, run_id, services.retry_run)
+@endpoint(
+    "POST",
+    "/runs/{run_id}/retry",
+    summary="Retry a failed run from its failed step (same idempotency key)",
+    permission=OPERATE,
+    path_params=RUN,
+    body={},
+    responses={200: "OK", 409: "refused"},
+    tags=("runs",),
+)
+def retry_run(request: HttpRequest, run_id: str, body: dict) -> dict:
+    return _operated(services.retry_run(run_or_404(run_id).id, user=request.user))
 
 
-@api_view(("POST",))
-def fork_run(request: HttpRequest, run_id: str) -> JsonResponse:
-    """`{"from_step": N}` (a model step) -> 201 with the new run, which continues from there."""
-    if not request.user.has_perm("agentruns.operate_run"):
-        return json_error("permission denied: agentruns.operate_run is required", 403)
-    run = _run_or_404(run_id)
-    from_step = json_body(request).get("from_step")
-    if not isinstance(from_step, int) or isinstance(from_step, bool) or from_step < 0:
-        raise BadRequest("'from_step' must be the index of a model step (an integer)")
-    try:
-        fork = services.fork_run(run.id, from_step, user=request.user)
-    except services.ActionRefused as exc:
-        return json_error(str(exc), 409)
-    return JsonResponse(run_payload(fork, selectors.run_steps(fork)), status=201)
+@endpoint(
+    "POST",
+    "/runs/{run_id}/fork",
+    summary="A new run with this one's history before a model step",
+    permission=OPERATE,
+    path_params=RUN,
+    body={"from_step": {"type": "integer", "minimum": 0, "maximum": 100_000}},
+    required=("from_step",),
+    responses={201: "the new run", 409: "refused"},
+    tags=("runs",),
+)
+def fork_run(request: HttpRequest, run_id: str, body: dict) -> tuple[dict, int]:
+    fork = services.fork_run(run_or_404(run_id).id, body["from_step"], user=request.user)
+    return run_payload(fork, selectors.run_steps(fork)), 201
 
 
-@api_view(("POST",))
-def resolve_step(request: HttpRequest, run_id: str, index: int) -> JsonResponse:
-    """`{"result": {...}}`: a failed side-effect step is done by hand; the failed run continues."""
-    if not request.user.has_perm("agentruns.operate_run"):
-        return json_error("permission denied: agentruns.operate_run is required", 403)
-    run = _run_or_404(run_id)
-    result = json_body(request).get("result")
-    if not isinstance(result, dict):
-        raise BadRequest("'result' must be a JSON object (what the tool would have returned)")
-    step = selectors.run_step(run, index)
+@endpoint(
+    "POST",
+    "/runs/{run_id}/steps/{index}/resolve",
+    summary="A failed side-effect step was done by hand: record its result, the run continues",
+    permission=OPERATE,
+    path_params={**RUN, "index": {"type": "string", "pattern": "^[0-9]{1,9}$"}},
+    body={"result": {"type": "object"}},
+    required=("result",),
+    responses={200: "OK", 409: "refused"},
+    tags=("runs",),
+)
+def resolve_step(request: HttpRequest, run_id: str, index: str, body: dict) -> dict:
+    run = run_or_404(run_id)
+    step = selectors.run_step(run, int(index))
     if step is None:
         raise BadRequest(f"the run has no step #{index}", 404)
-    try:
-        services.resolve_step(step.id, result, user=request.user)
-    except services.ActionRefused as exc:
-        return json_error(str(exc), 409)
+    services.resolve_step(step.id, body["result"], user=request.user)
     run.refresh_from_db()
-    return JsonResponse(run_payload(run, selectors.run_steps(run)))
+    return run_payload(run, selectors.run_steps(run))

@@ -1,0 +1,259 @@
+"""One typed-endpoint decorator for the whole JSON API (DESIGN.md 6).
+
+    @endpoint("POST", "/runs/{run_id}/cancel", summary="Cancel a run", permission="agentruns.operate_run",
+              path={"run_id": RUN_ID}, body={"reason": {"type": "string", "maxLength": 500}})
+    def cancel_run(request, run_id, body):
+        return run_payload(services.cancel_run(run_id, user=request.user, reason=body.get("reason", "")))
+
+The decorator authenticates (bearer token; a session for reads, or for writes with a CSRF token),
+checks the permission, parses the body through `api/parsing.py` (size, content type, hostile
+JSON), validates path, query and body against their JSON schemas (strict types), and turns every
+refusal into `{"error": ...}` with a 4xx status. The same declarations build the routes
+(`api/urls.py`) and the OpenAPI description (`api/openapi.py`), so the three cannot drift.
+
+A view returns a dict (200), `(dict, status)`, or an HttpResponse (streams).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import wraps
+from typing import Any
+
+from django.core.exceptions import ObjectDoesNotExist
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.middleware.csrf import CsrfViewMiddleware
+
+from agentruns.api.parsing import BadRequest, json_error, parse_json_body
+from agentruns.registry import strict_validator
+from agentruns.runtime.transitions import ActionRefused
+from agentruns.tokens import bearer_from_header, user_for_token
+
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+
+# reusable parameter schemas
+RUN_ID = {
+    "type": "string",
+    "format": "uuid",
+    "pattern": "^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$",
+}
+INT_ID = {"type": "string", "pattern": "^[0-9]{1,18}$"}
+
+
+@dataclass
+class Endpoint:
+    method: str
+    path: str  # OpenAPI style, under /api: "/runs/{run_id}"
+    view: Callable[..., Any]
+    summary: str
+    permission: str | None
+    path_params: dict[str, dict]
+    query: dict[str, dict]
+    body: dict | None  # the body's JSON schema (an object), None: no body
+    responses: dict[int, str]
+    session_writes: bool
+    description: str = ""
+    tags: list[str] = field(default_factory=list)
+
+    def route(self) -> str:
+        """The Django route: every parameter as <str:...>, so a malformed one reaches our JSON
+        error instead of Django's HTML 404."""
+        return re.sub(r"\{(\w+)\}", r"<str:\1>", self.path.lstrip("/"))
+
+
+ENDPOINTS: list[Endpoint] = []
+
+
+class _Validated:
+    """Compiled validators of one endpoint's parameters."""
+
+    def __init__(self, path: dict[str, dict], query: dict[str, dict], body: dict | None) -> None:
+        self.path = {name: strict_validator(schema) for name, schema in path.items()}
+        self.query = {name: strict_validator(schema) for name, schema in query.items()}
+        self.body = strict_validator(body) if body is not None else None
+
+
+_TYPE_WORDS = {
+    "object": "a JSON object",
+    "array": "a list",
+    "string": "a string",
+    "integer": "an integer",
+    "number": "a number",
+    "boolean": "true or false",
+    "null": "null",
+}
+
+
+def _check(validator: Any, value: Any, where: str, *, not_found: bool = False) -> None:
+    """Raise BadRequest naming the field (`'input.order_id' must be a string`) for the first
+    problem the schema finds; a malformed id is a 404, the same answer as an unknown one."""
+    error = next(iter(sorted(validator.iter_errors(value), key=lambda e: list(e.path))), None)
+    if error is None:
+        return
+    if not_found:
+        raise BadRequest(f"no such {where.removesuffix('_id')}", 404)
+    path = [str(p) for p in error.absolute_path]
+    if error.validator == "required":
+        missing = error.message.split("'")[1] if "'" in error.message else "?"
+        path.append(missing)
+    if error.validator == "additionalProperties":
+        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        path.append(extra[0] if extra else "?")
+    # a body field is quoted as its JSON key; a query parameter by its name
+    name = f"'{'.'.join(path)}'" if where == "body" and path else ".".join([where, *path])
+    if error.validator == "required":
+        raise BadRequest(f"{name} is required")
+    if error.validator == "additionalProperties":
+        raise BadRequest(f"{name} is not a known field")
+    if error.validator == "enum":
+        raise BadRequest(f"{name} must be one of {', '.join(map(str, error.validator_value))}")
+    if error.validator == "type":
+        kinds = (
+            error.validator_value
+            if isinstance(error.validator_value, list)
+            else [error.validator_value]
+        )
+        raise BadRequest(f"{name} must be {' or '.join(_TYPE_WORDS.get(k, k) for k in kinds)}")
+    raise BadRequest(f"{name}: {error.message}")
+
+
+def _coerce_query(raw: str, schema: dict) -> Any:
+    kind = schema.get("type")
+    if kind == "integer":
+        if not re.fullmatch(r"-?[0-9]{1,18}", raw):
+            return raw  # the schema check names the problem
+        return int(raw)
+    if kind == "boolean":
+        return {"true": True, "1": True, "false": False, "0": False}.get(raw.lower(), raw)
+    return raw
+
+
+def authenticate(request: HttpRequest, *, session_writes: bool) -> HttpResponse | None:
+    """Bearer token, or the session (reads; writes only with a valid CSRF token, where the
+    endpoint allows browser writes). Sets request.user; returns a refusal or None."""
+    raw = bearer_from_header(request.headers.get("Authorization"))
+    if raw:
+        user = user_for_token(raw)
+        if user is None:
+            return json_error("invalid, revoked or expired token", 401)
+        request.user = user
+        return None
+    if request.headers.get("Authorization"):
+        return json_error("authentication required: send 'Authorization: Bearer <token>'", 401)
+    user = getattr(request, "user", None)
+    if user is None or not user.is_authenticated:
+        return json_error("authentication required: send 'Authorization: Bearer <token>'", 401)
+    if request.method in SAFE_METHODS:
+        return None
+    if not session_writes:
+        return json_error("authentication required: send 'Authorization: Bearer <token>'", 401)
+    refused = CsrfViewMiddleware(lambda r: HttpResponse()).process_view(request, None, (), {})
+    if refused is not None:
+        return json_error(
+            "CSRF token missing or incorrect (send X-CSRFToken with the session)", 403
+        )
+    return None
+
+
+def endpoint(
+    method: str,
+    path: str,
+    *,
+    summary: str,
+    permission: str | None = None,
+    path_params: dict[str, dict] | None = None,
+    query: dict[str, dict] | None = None,
+    body: dict[str, dict] | dict | None = None,
+    required: tuple[str, ...] = (),
+    responses: dict[int, str] | None = None,
+    session_writes: bool = False,
+    tags: tuple[str, ...] = (),
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Declare a JSON endpoint. `body`: the properties of the JSON object the body must be (or a
+    whole schema with "type"), `required` its required names; `path_params` and `query`: a
+    schema per parameter."""
+    path_params = path_params or {}
+    query = query or {}
+    if body is not None and body.get("type") != "object":
+        body = {
+            "type": "object",
+            "properties": body,
+            "required": list(required),
+            "additionalProperties": False,
+        }
+
+    def decorate(view: Callable[..., Any]) -> Callable[..., Any]:
+        checks = _Validated(path_params, query, body)
+
+        @wraps(view)
+        def handle(request: HttpRequest, **kwargs: str) -> HttpResponse:
+            refused = authenticate(request, session_writes=session_writes)
+            if refused is not None:
+                return refused
+            if permission and not request.user.has_perm(permission):
+                return json_error(f"permission denied: {permission} is required", 403)
+            try:
+                args: dict[str, Any] = {}
+                for name, validator in checks.path.items():
+                    _check(validator, kwargs[name], name, not_found=True)
+                    args[name] = kwargs[name]
+                for name, validator in checks.query.items():
+                    if name in request.GET:
+                        value = _coerce_query(request.GET[name], query[name])
+                        _check(validator, value, name)
+                        args[name] = value
+                if checks.body is not None:
+                    data = parse_json_body(request)
+                    _check(checks.body, data, "body")
+                    args["body"] = data
+                result = view(request, **args)
+            except BadRequest as exc:
+                return json_error(str(exc), exc.status, **exc.extra)
+            except ActionRefused as exc:
+                return json_error(str(exc), 409)
+            except ObjectDoesNotExist:
+                return json_error("not found", 404)
+            if isinstance(result, HttpResponse):
+                return result
+            payload, status = result if isinstance(result, tuple) else (result, 200)
+            return JsonResponse(payload, status=status, json_dumps_params={"ensure_ascii": False})
+
+        handle.csrf_exempt = True  # type: ignore[attr-defined]  # bearer: not ambient; sessions: checked above
+        ENDPOINTS.append(
+            Endpoint(
+                method=method,
+                path=path,
+                view=handle,
+                summary=summary,
+                permission=permission,
+                path_params=path_params,
+                query=query,
+                body=body,
+                responses=responses or {200: "OK"},
+                session_writes=session_writes,
+                description=(view.__doc__ or "").strip(),
+                tags=list(tags),
+            )
+        )
+        return handle
+
+    return decorate
+
+
+def method_router(views: dict[str, Callable[..., HttpResponse]]) -> Callable[..., HttpResponse]:
+    """One URL, its endpoints by method; any other method is a JSON 405 with `Allow`."""
+
+    def route(request: HttpRequest, **kwargs: str) -> HttpResponse:
+        view = views.get(request.method or "")
+        if view is None and request.method == "HEAD":
+            view = views.get("GET")
+        if view is None:
+            response = json_error(f"method {request.method} not allowed", 405)
+            response["Allow"] = ", ".join(sorted(views))
+            return response
+        return view(request, **kwargs)
+
+    route.csrf_exempt = True  # type: ignore[attr-defined]
+    return route

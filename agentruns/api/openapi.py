@@ -1,0 +1,85 @@
+"""The OpenAPI 3.1 description of the JSON API, built from the endpoint declarations
+(`api/endpoint.py`), served at /api/openapi.json."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentruns.api.endpoint import ENDPOINTS, Endpoint
+
+ERROR = {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
+STANDARD_ERRORS = {
+    400: "bad request (the message names the field)",
+    401: "no or bad credentials",
+    403: "permission denied",
+    404: "not found",
+    413: "body too large",
+    415: "body is not JSON",
+}
+
+
+def _responses(point: Endpoint) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for status, text in sorted({**STANDARD_ERRORS, **point.responses}.items()):
+        content = {"application/json": {"schema": {"type": "object"} if status < 400 else ERROR}}
+        out[str(status)] = {"description": text, "content": content}
+    if point.method == "GET" and point.path.endswith("/stream"):
+        out["200"]["content"] = {"text/event-stream": {"schema": {"type": "string"}}}
+    return out
+
+
+def _operation(point: Endpoint) -> dict[str, Any]:
+    parameters = [
+        {"name": name, "in": "path", "required": True, "schema": schema}
+        for name, schema in point.path_params.items()
+    ] + [
+        {"name": name, "in": "query", "required": False, "schema": schema}
+        for name, schema in point.query.items()
+    ]
+    operation: dict[str, Any] = {
+        "operationId": point.view.__name__,
+        "summary": point.summary,
+        "tags": point.tags,
+        "parameters": parameters,
+        "responses": _responses(point),
+        "security": [{"bearer": []}, {"session": []}]
+        if point.method == "GET" or point.session_writes
+        else [{"bearer": []}],
+    }
+    if point.description:
+        operation["description"] = point.description
+    if point.permission:
+        operation["description"] = (
+            operation.get("description", "") + f"\n\nNeeds `{point.permission}`."
+        ).strip()
+    if point.body is not None:
+        operation["requestBody"] = {
+            "required": False,
+            "content": {"application/json": {"schema": point.body}},
+        }
+    return operation
+
+
+def openapi_document() -> dict[str, Any]:
+    paths: dict[str, dict[str, Any]] = {}
+    for point in ENDPOINTS:
+        paths.setdefault("/api" + point.path, {})[point.method.lower()] = _operation(point)
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Agent runs",
+            "version": "1",
+            "description": "Durable agent runs with an approval inbox.",
+        },
+        "paths": dict(sorted(paths.items())),
+        "components": {
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "`manage.py create_api_token <user>`",
+                },
+                "session": {"type": "apiKey", "in": "cookie", "name": "sessionid"},
+            }
+        },
+    }

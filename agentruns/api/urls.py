@@ -1,0 +1,36 @@
+"""The API's routes, built from the endpoint declarations; anything else under /api/ is a JSON 404."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from django.http import HttpRequest, JsonResponse
+from django.urls import path, re_path
+
+import approvals.api  # noqa: F401  (its endpoints register themselves)
+from agentruns.api import runs  # noqa: F401
+from agentruns.api.endpoint import ENDPOINTS, method_router
+from agentruns.api.openapi import openapi_document
+from agentruns.api.parsing import json_error
+
+
+def openapi_json(request: HttpRequest) -> JsonResponse:
+    return JsonResponse(openapi_document())
+
+
+def not_found(request: HttpRequest, rest: str = "") -> JsonResponse:
+    return json_error(f"no API route {request.path}", 404)
+
+
+def _patterns() -> list:
+    by_route: dict[str, dict] = defaultdict(dict)
+    for point in ENDPOINTS:
+        by_route[point.route()][point.method] = point.view
+    return [path(route, method_router(views)) for route, views in by_route.items()]
+
+
+urlpatterns = [
+    path("openapi.json", openapi_json, name="api-openapi"),
+    *_patterns(),
+    re_path(r"^(?P<rest>.*)$", not_found),
+]
