@@ -16,28 +16,13 @@ from agentruns.runtime.sweeper import sweep
 from agentruns.services import start_run
 from approvals.models import Approval
 from tests import testkit
+from tests.helpers import advance, assert_gapless, steps
 
 pytestmark = pytest.mark.django_db
 
 
 def run_script(turns: list[dict], agent: str = "script") -> Run:
     return start_run(agent, {"script": turns}).run
-
-
-def advance(run: Run) -> Run:
-    RunExecutor(run.id).advance()
-    run.refresh_from_db()
-    return run
-
-
-def steps(run: Run) -> list[Step]:
-    return list(Step.objects.filter(run=run).order_by("index"))
-
-
-def assert_gapless(run: Run) -> None:
-    seqs = list(RunEvent.objects.filter(run=run).order_by("seq").values_list("seq", flat=True))
-    assert seqs == list(range(1, len(seqs) + 1))
-    assert run.last_seq == len(seqs)
 
 
 def test_step_lifecycle_and_events():

@@ -19,6 +19,7 @@ from agentruns.registry import Agent, ToolContext, register_agent, tool
 from agentruns.runtime.executor import RunExecutor
 from agentruns.services import start_run
 from approvals.models import Approval, ApprovalKind
+from tests.helpers import advance
 from tests.testkit import script_policy
 
 CALLS: dict[str, list] = defaultdict(list)
@@ -122,12 +123,6 @@ def _reset_calls():
     CRASH_NEXT["ap_notify"] = False
     yield
     CALLS.clear()
-
-
-def advance(run: Run) -> Run:
-    RunExecutor(run.id).advance()
-    run.refresh_from_db()
-    return run
 
 
 def parked_approval(

@@ -15,6 +15,7 @@ from agentruns.runtime.sweeper import sweep
 from agentruns.services import cancel_run
 from approvals import parking, services
 from approvals.models import Approval, ApprovalStatus
+from tests.helpers import assert_gapless
 
 from .conftest import CALLS, SECRET, advance, parked_approval, unknown_step_approval
 
@@ -28,13 +29,6 @@ def queued_tasks_for(run_id) -> int:
 
 def decided_events(run_id) -> list[RunEvent]:
     return list(RunEvent.objects.filter(run_id=run_id, type="approval.decided").order_by("seq"))
-
-
-def assert_gapless(run_id) -> None:
-    seqs = list(
-        RunEvent.objects.filter(run_id=run_id).order_by("seq").values_list("seq", flat=True)
-    )
-    assert seqs == list(range(1, len(seqs) + 1))
 
 
 def test_approve_resumes_the_run_with_the_requested_args(

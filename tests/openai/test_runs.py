@@ -9,11 +9,11 @@ from decimal import Decimal
 
 import pytest
 
-from agentruns.models import AttemptOutcome, Run, RunEvent, Step, StepAttempt
+from agentruns.models import AttemptOutcome, Run, RunEvent, StepAttempt
 from agentruns.registry import Agent, register_agent
-from agentruns.runtime.executor import RunExecutor
 from agentruns.services import start_run
 from scripts.fake_openai_server import Fail, Reply
+from tests.helpers import advance, steps
 from tests.openai.conftest import API_KEY
 
 pytestmark = pytest.mark.django_db
@@ -31,16 +31,6 @@ register_agent(
 
 def start(agent: str = "script", run_input: dict | None = None) -> Run:
     return start_run(agent, run_input or {"case": "openai"}).run
-
-
-def advance(run: Run) -> Run:
-    RunExecutor(run.id).advance()
-    run.refresh_from_db()
-    return run
-
-
-def steps(run: Run) -> list[Step]:
-    return list(Step.objects.filter(run=run).order_by("index"))
 
 
 def bodies(fake) -> list[dict]:

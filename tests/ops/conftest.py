@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from agentruns.models import Run
-from agentruns.runtime.executor import RunExecutor
 from agentruns.services import start_run
 from tests.conftest import make_user
+from tests.helpers import advance  # noqa: F401  (the ops tests import it from here)
 
 from . import opskit
 
@@ -29,9 +29,3 @@ def operator(db, django_user_model):
 
 def script_run(turns: list[dict], agent: str = "ops-script", **run_input) -> Run:
     return start_run(agent, {"script": turns, **run_input}).run
-
-
-def advance(run: Run) -> Run:
-    RunExecutor(run.id).advance()
-    run.refresh_from_db()
-    return run

@@ -13,7 +13,6 @@ from django.utils import timezone
 from agentruns.models import (
     AttemptOutcome,
     Run,
-    RunEvent,
     RunStatus,
     Step,
     StepAttempt,
@@ -27,21 +26,11 @@ from approvals.models import Approval, ApprovalStatus
 from approvals.selectors import approvals_query
 from approvals.services import AlreadyDecided, approve
 from tests import testkit
+from tests.helpers import assert_gapless, events
 from tests.procs import wait_until
 
 from . import opskit
 from .conftest import advance, script_run
-
-
-def events(run: Run, *types: str) -> list[RunEvent]:
-    rows = RunEvent.objects.filter(run=run).order_by("seq")
-    return list(rows.filter(type__in=types) if types else rows)
-
-
-def assert_gapless(run: Run) -> None:
-    run.refresh_from_db()
-    seqs = list(RunEvent.objects.filter(run=run).order_by("seq").values_list("seq", flat=True))
-    assert seqs == list(range(1, run.last_seq + 1))
 
 
 def step_at(run: Run, index: int) -> Step:

@@ -1,0 +1,35 @@
+"""Helpers every kind of test uses: drive a run in-process, read its steps and events."""
+
+from __future__ import annotations
+
+import uuid
+
+from agentruns.models import Run, RunEvent, Step
+from agentruns.runtime.executor import RunExecutor
+
+
+def advance(run: Run) -> Run:
+    """Execute the run in this process (as a worker would) until it finishes, parks or yields."""
+    RunExecutor(run.id).advance()
+    run.refresh_from_db()
+    return run
+
+
+def steps(run: Run) -> list[Step]:
+    return list(Step.objects.filter(run=run).order_by("index"))
+
+
+def events(run: Run, *types: str) -> list[RunEvent]:
+    rows = RunEvent.objects.filter(run=run).order_by("seq")
+    return list(rows.filter(type__in=types) if types else rows)
+
+
+def assert_gapless(run: Run | uuid.UUID | str) -> None:
+    """The run's events are seq 1..last_seq: no hole, no duplicate."""
+    run_id = run.id if isinstance(run, Run) else run
+    last_seq = Run.objects.values_list("last_seq", flat=True).get(id=run_id)
+    seqs = list(
+        RunEvent.objects.filter(run_id=run_id).order_by("seq").values_list("seq", flat=True)
+    )
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert last_seq == len(seqs)
