@@ -333,7 +333,7 @@ def main() -> None:
         "(model, lookup, model, refund to the gateway ledger in the same database, model, reply, model), "
         "scripted model with no delay, runs executed one after another, "
         f"{rounds} interleaved rounds of {runs} runs per system (medians). "
-        "Ours in-process: `engine.execute_inline` (the run is created already leased and executed in "
+        "Ours in-process: `services.execute_inline` (the run is created already leased and executed in "
         "this process). Every step of every system is persisted before the next one starts: LangGraph "
         'runs with `durability="sync"`; its default, `"async"`, persists a checkpoint while the next '
         "step already runs and is shown for reference only. The queue row is end to end: "

@@ -112,7 +112,7 @@ async def watch(
         while True:
             raw = await ws.recv()
             now = time.monotonic_ns()
-            # frames start with {"seq":N, (fragments.encode_frame): skip a full JSON parse, the
+            # frames start with {"seq":N, (stream.frames.encode_frame): skip a full JSON parse, the
             # viewers share this machine with the server being measured
             seq = (
                 int(raw[7 : raw.index(",")])

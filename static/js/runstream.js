@@ -5,7 +5,7 @@
 // order; a hole in the seqs means something went wrong on the way, so the client reconnects with
 // after=<last applied> rather than show a gap. Any close that is not a refusal (4400-4499) is
 // retried with capped exponential backoff and jitter. Model text follows the same rules as the
-// server's first render (fragments.live_turns): text per (step, attempt); an attempt is dropped
+// server's first render (selectors.live_turns): text per (step, attempt); an attempt is dropped
 // when a model.superseded event names it or a newer attempt of that step starts streaming.
 (function () {
   "use strict";
