@@ -58,6 +58,12 @@ def viewer(db, django_user_model):
     return make_user(django_user_model, "viewer", ["agentruns.view_run", "approvals.view_approval"])
 
 
+@pytest.fixture
+def operator(db, django_user_model):
+    """May look and operate runs, nothing else (no superuser shortcut)."""
+    return make_user(django_user_model, "operator", ["agentruns.view_run", "agentruns.operate_run"])
+
+
 class ApiClient:
     """A Django test client that sends a real bearer token on every request."""
 

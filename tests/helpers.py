@@ -6,6 +6,12 @@ import uuid
 
 from agentruns.models import Run, RunEvent, Step
 from agentruns.runtime.executor import RunExecutor
+from agentruns.services import start_run
+
+
+def script_run(turns: list[dict], agent: str = "script", **run_input: object) -> Run:
+    """Start (queue) a run of a scripted test agent (tests/testkit.py) that plays `turns`."""
+    return start_run(agent, {"script": turns, **run_input}).run
 
 
 def advance(run: Run) -> Run:

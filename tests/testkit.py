@@ -1,7 +1,10 @@
-"""Agents and tools for engine tests, registered through the public registry like any app's.
+"""Agents and tools the tests share, registered through the public registry like any app's.
 
 The `script` agent plays the turns listed in its input: {"script": [{"text": ..., "calls":
 [[tool, args], ...]}, ...]}; turn i is played when the conversation holds i assistant messages.
+The `ops-script` and `ops-other` agents add the run-operations tools (`ops_lookup` with secrets
+to redact, `ops_ship` that fails on demand) and search fields, for the pages and the API.
+Tools and agents only one directory uses live in that directory's `kit.py`.
 """
 
 from __future__ import annotations
@@ -157,3 +160,43 @@ register_agent(
         max_cost_usd=0.5,
     )
 )
+
+
+@tool(redact=("api_key", "customer_email"))
+def ops_lookup(ctx: ToolContext, customer: str, api_key: str) -> dict:
+    """Read-only, with secrets in both its arguments and its result."""
+    _record("ops_lookup", ctx, {"customer": customer})
+    return {"customer": customer, "customer_email": f"{customer}@example.com", "tier": "gold"}
+
+
+@tool(
+    side_effect=True,
+    idempotency="key",
+    retry=RetryPolicy(max_attempts=2, backoff_seconds=0.01, backoff_max_seconds=0.05, jitter=0.1),
+)
+def ops_ship(ctx: ToolContext, parcel: str) -> dict:
+    """A side effect that fails transiently FAILS['ops_ship'] times, fatally FAILS['ops_ship_fatal']
+    times (first)."""
+    _record("ops_ship", ctx, {"parcel": parcel})
+    if FAILS["ops_ship_fatal"] > 0:
+        FAILS["ops_ship_fatal"] -= 1
+        raise FatalToolError("carrier rejected the label")
+    if FAILS["ops_ship"] > 0:
+        FAILS["ops_ship"] -= 1
+        raise RetryableToolError("carrier timeout")
+    return {"shipped": parcel, "tracking": f"TRK-{ctx.idempotency_key[-6:]}"}
+
+
+OPS_AGENT = "ops-script"
+OPS_TOOLS = [*TOOLS, "ops_lookup", "ops_ship"]
+
+for ops_agent in (OPS_AGENT, "ops-other"):
+    register_agent(
+        Agent(
+            name=ops_agent,
+            instructions="Follow the script.",
+            tools=OPS_TOOLS,
+            scripted_policy=script_policy,
+            search_fields=("order_id", "ticket_id"),
+        )
+    )

@@ -6,19 +6,21 @@ import pytest
 
 from agentruns.models import Run, RunStatus, Step, StepStatus
 from tests import testkit
+from tests.api.test_runs import assert_json_error
 from tests.conftest import ApiClient
-from tests.test_api import assert_json_error
-
-from . import opskit
-from .conftest import advance, script_run
+from tests.helpers import advance, script_run
+from tests.testkit import OPS_AGENT
 
 pytestmark = pytest.mark.django_db
 
 
 def _failed_shipping() -> Run:
-    opskit.FAILS["ops_ship_fatal"] = 1
+    testkit.FAILS["ops_ship_fatal"] = 1
     run = advance(
-        script_run([{"calls": [["ops_ship", {"parcel": "P-1"}]]}, {"text": "shipped by hand"}])
+        script_run(
+            [{"calls": [["ops_ship", {"parcel": "P-1"}]]}, {"text": "shipped by hand"}],
+            agent=OPS_AGENT,
+        )
     )
     assert run.status == RunStatus.FAILED
     return run
@@ -36,7 +38,7 @@ def test_resolve_through_the_api_continues_the_run(api):
     step = next(s for s in body["steps"] if s["index"] == index)
     assert step["status"] == StepStatus.SUCCEEDED and step["result"] == {"tracking": "TRK-API"}
     run = advance(Run.objects.get(id=run.id))
-    assert run.status == RunStatus.SUCCEEDED and len(opskit.CALLS["ops_ship"]) == 1
+    assert run.status == RunStatus.SUCCEEDED and len(testkit.CALLS["ops_ship"]) == 1
     # resolving it again is a conflict, not a 500
     assert_json_error(api.post(f"/api/runs/{run.id}/steps/{index}/resolve", {"result": {}}), 409)
 
@@ -64,7 +66,8 @@ def test_fork_through_the_api(api, viewer):
                 {"calls": [["t_echo", {"text": "a"}]]},
                 {"calls": [["t_charge", {"amount": 2}]]},
                 {"text": "done"},
-            ]
+            ],
+            agent=OPS_AGENT,
         )
     )
     url = f"/api/runs/{source.id}/fork"

@@ -12,9 +12,9 @@ from django.test import Client
 
 from agentruns.models import Run, RunStatus, Step
 from agentruns.runtime.executor import RunExecutor
-from agentruns.services import start_run
 from support.models import GatewayRefund
 from tests.conftest import ApiClient
+from tests.helpers import script_run
 
 pytestmark = pytest.mark.django_db
 
@@ -28,10 +28,6 @@ def assert_json_error(response, status: int) -> dict:
     body = response.json()
     assert isinstance(body.get("error"), str) and body["error"]
     return body
-
-
-def script_run(turns: list[dict]) -> Run:
-    return start_run("script", {"script": turns}).run
 
 
 # ------------------------------------------------------------------ authentication

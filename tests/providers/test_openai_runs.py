@@ -14,7 +14,7 @@ from agentruns.registry import Agent, register_agent
 from agentruns.services import start_run
 from scripts.fake_openai_server import Fail, Reply
 from tests.helpers import advance, steps
-from tests.openai.conftest import API_KEY
+from tests.providers.conftest import API_KEY
 
 pytestmark = pytest.mark.django_db
 

@@ -29,7 +29,7 @@ from agentruns.runtime.events import event_payload
 from agentruns.tokens import create_token
 from tests.procs import free_port, start_web, start_worker, wait_until
 
-from .helpers import expected_text, text_from_frames
+from .kit import expected_text, text_from_frames
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.timeout(600)]
 TERMINAL = {"succeeded", "failed", "cancelled"}

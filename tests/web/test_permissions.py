@@ -7,17 +7,21 @@ import json
 import pytest
 
 from agentruns.models import Run, RunEvent, RunStatus, Step
+from tests import testkit
 from tests.conftest import ApiClient
-
-from . import opskit
-from .conftest import advance, script_run
+from tests.helpers import advance, script_run
+from tests.testkit import OPS_AGENT
 
 pytestmark = pytest.mark.django_db
 
 
 def failed_run() -> Run:
-    opskit.FAILS["ops_ship_fatal"] = 1
-    run = advance(script_run([{"calls": [["ops_ship", {"parcel": "P-9"}]]}, {"text": "done"}]))
+    testkit.FAILS["ops_ship_fatal"] = 1
+    run = advance(
+        script_run(
+            [{"calls": [["ops_ship", {"parcel": "P-9"}]]}, {"text": "done"}], agent=OPS_AGENT
+        )
+    )
     assert run.status == RunStatus.FAILED
     return run
 
@@ -28,7 +32,7 @@ def audit_types(run: Run) -> list[str]:
 
 def test_viewer_cannot_operate_from_the_page(client, viewer, approver):
     run = failed_run()
-    queued = script_run([{"text": "x"}])
+    queued = script_run([{"text": "x"}], agent=OPS_AGENT)
     ship = Step.objects.get(run=run, tool="ops_ship")
     before = audit_types(run)
     for user in (viewer, approver):  # deciding approvals is not operating runs
@@ -59,7 +63,7 @@ def test_operator_operates_from_the_page(client, operator):
     assert run.status == RunStatus.QUEUED
     assert "step.resolved" in audit_types(run)
 
-    queued = script_run([{"text": "x"}])
+    queued = script_run([{"text": "x"}], agent=OPS_AGENT)
     response = client.post(
         f"/runs/{queued.id}/cancel/", {"reason": "duplicate ticket"}, follow=True
     )
@@ -94,7 +98,7 @@ def test_actions_need_post_and_login(client, operator):
 
 def test_viewer_cannot_operate_through_the_api(viewer):
     run = failed_run()
-    queued = script_run([{"text": "x"}])
+    queued = script_run([{"text": "x"}], agent=OPS_AGENT)
     api = ApiClient(viewer)
     for path in (f"/api/runs/{run.id}/retry", f"/api/runs/{queued.id}/cancel"):
         response = api.post(path)
@@ -115,7 +119,7 @@ def test_operator_retries_and_cancels_through_the_api(operator):
     run = advance(Run.objects.get(id=run.id))
     assert run.status == RunStatus.SUCCEEDED
 
-    queued = script_run([{"text": "x"}])
+    queued = script_run([{"text": "x"}], agent=OPS_AGENT)
     response = api.post(f"/api/runs/{queued.id}/cancel", {"reason": "test"})
     assert response.status_code == 200
     body = response.json()

@@ -17,8 +17,8 @@ from agentruns.runtime.redaction import MASK
 from agentruns.selectors import runs as selectors
 from agentruns.selectors.run_list import PAGE_SIZE, RunFilters, id_prefix_range, run_page
 from tests import testkit
-
-from .conftest import advance, script_run
+from tests.helpers import advance, script_run
+from tests.testkit import OPS_AGENT
 
 pytestmark = pytest.mark.django_db
 
@@ -217,7 +217,8 @@ def test_detail_shows_attempts_policy_redaction_and_svg(client, operator):
                         ["t_charge", {"amount": 4}],
                     ],
                 }
-            ]
+            ],
+            agent=OPS_AGENT,
         )
     )
     assert run.status == RunStatus.FAILED
@@ -264,7 +265,7 @@ def test_detail_shows_the_stop_reason_and_next_retry(client, operator, settings)
     assert 'id="stop-reason"' in page and "max_steps" in page
 
     # a step between automatic attempts (what the engine leaves while it backs off)
-    waiting = script_run([{"calls": [["t_charge", {"amount": 1}]]}])
+    waiting = script_run([{"calls": [["t_charge", {"amount": 1}]]}], agent=OPS_AGENT)
     when = timezone.now() + timedelta(seconds=42)
     step = Step.objects.create(
         run=waiting,
@@ -286,8 +287,12 @@ def test_detail_shows_the_stop_reason_and_next_retry(client, operator, settings)
 
 def test_detail_query_count_does_not_grow_with_steps(client, operator):
     client.force_login(operator)
-    small = advance(script_run([{"calls": [["t_echo", {"text": "a"}]]}, {"text": "done"}]))
+    small = advance(
+        script_run([{"calls": [["t_echo", {"text": "a"}]]}, {"text": "done"}], agent=OPS_AGENT)
+    )
     calls = [["t_echo", {"text": str(i)}] for i in range(8)]
-    big = advance(script_run([{"calls": calls}, {"calls": calls}, {"text": "done"}]))
+    big = advance(
+        script_run([{"calls": calls}, {"calls": calls}, {"text": "done"}], agent=OPS_AGENT)
+    )
     assert Step.objects.filter(run=big).count() > 3 * Step.objects.filter(run=small).count()
     assert list_queries(client, f"/runs/{small.id}/") == list_queries(client, f"/runs/{big.id}/")
