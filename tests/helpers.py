@@ -39,3 +39,12 @@ def assert_gapless(run: Run | uuid.UUID | str) -> None:
     )
     assert seqs == list(range(1, len(seqs) + 1))
     assert last_seq == len(seqs)
+
+
+def assert_json_error(response, status: int) -> dict:
+    """Every API error is JSON `{"error": ...}` with the given 4xx status."""
+    assert response.status_code == status, response.content[:500]
+    assert response["Content-Type"].startswith("application/json"), response["Content-Type"]
+    body = response.json()
+    assert isinstance(body.get("error"), str) and body["error"]
+    return body

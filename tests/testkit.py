@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 
+from agentruns.models import Run, RunStatus
 from agentruns.registry import (
     Agent,
     FatalToolError,
@@ -22,6 +23,7 @@ from agentruns.registry import (
     register_agent,
     tool,
 )
+from tests.helpers import advance, script_run
 
 CALLS: dict[str, list] = defaultdict(list)  # tool name -> [(key, attempt, args)]
 FAILS: dict[str, int] = defaultdict(int)  # tool name -> transient failures still to produce
@@ -200,3 +202,15 @@ for ops_agent in (OPS_AGENT, "ops-other"):
             search_fields=("order_id", "ticket_id"),
         )
     )
+
+
+def failed_shipping_run(parcel: str = "P-1", final_text: str = "shipped by hand") -> Run:
+    """A run whose `ops_ship` step failed fatally: the run failed, ready to retry or resolve."""
+    FAILS["ops_ship_fatal"] = 1
+    run = advance(
+        script_run(
+            [{"calls": [["ops_ship", {"parcel": parcel}]]}, {"text": final_text}], agent=OPS_AGENT
+        )
+    )
+    assert run.status == RunStatus.FAILED
+    return run

@@ -6,28 +6,15 @@ import pytest
 
 from agentruns.models import Run, RunStatus, Step, StepStatus
 from tests import testkit
-from tests.api.test_runs import assert_json_error
 from tests.conftest import ApiClient
-from tests.helpers import advance, script_run
-from tests.testkit import OPS_AGENT
+from tests.helpers import advance, assert_json_error, script_run
+from tests.testkit import OPS_AGENT, failed_shipping_run
 
 pytestmark = pytest.mark.django_db
 
 
-def _failed_shipping() -> Run:
-    testkit.FAILS["ops_ship_fatal"] = 1
-    run = advance(
-        script_run(
-            [{"calls": [["ops_ship", {"parcel": "P-1"}]]}, {"text": "shipped by hand"}],
-            agent=OPS_AGENT,
-        )
-    )
-    assert run.status == RunStatus.FAILED
-    return run
-
-
 def test_resolve_through_the_api_continues_the_run(api):
-    run = _failed_shipping()
+    run = failed_shipping_run()
     index = Step.objects.get(run=run, tool="ops_ship").index
     response = api.post(
         f"/api/runs/{run.id}/steps/{index}/resolve", {"result": {"tracking": "TRK-API"}}
@@ -44,7 +31,7 @@ def test_resolve_through_the_api_continues_the_run(api):
 
 
 def test_resolve_refusals_through_the_api(api, viewer):
-    run = _failed_shipping()
+    run = failed_shipping_run()
     index = Step.objects.get(run=run, tool="ops_ship").index
     url = f"/api/runs/{run.id}/steps/{index}/resolve"
     assert_json_error(ApiClient(viewer).post(url, {"result": {"x": 1}}), 403)

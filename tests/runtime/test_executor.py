@@ -8,11 +8,9 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 from django.utils import timezone
-from django_q.models import OrmQ
 
 from agentruns.models import AttemptOutcome, Run, RunEvent, Step, StepAttempt, StepStatus
 from agentruns.runtime.executor import RunExecutor
-from agentruns.runtime.sweeper import sweep
 from agentruns.services import start_run
 from approvals.models import Approval
 from tests import testkit
@@ -255,34 +253,6 @@ def test_cancel_requested_is_honoured_at_step_boundary():
     assert run.status == "cancelled" and run.stop_reason == "cancelled"
 
 
-def test_sweeper_reenqueues_expired_lease_and_run_continues():
-    run = script_run([{"calls": [["t_echo", {"text": "x"}]]}, {"text": "ok"}])
-    past = timezone.now() - timedelta(minutes=5)
-    Run.objects.filter(id=run.id).update(
-        status="running", lease_owner="dead:1", lease_expires_at=past, enqueued_at=past
-    )
-    before = OrmQ.objects.count()
-    assert sweep() == 1
-    assert OrmQ.objects.count() == before + 1
-    assert sweep() == 0  # rung once, not on every pass
-    run = advance(run)
-    assert run.status == "succeeded"
-
-
-def test_sweeper_ignores_live_leases_and_parked_runs():
-    run = script_run([{"text": "x"}])
-    past = timezone.now() - timedelta(minutes=5)
-    Run.objects.filter(id=run.id).update(
-        status="running",
-        lease_owner="alive:1",
-        lease_expires_at=timezone.now() + timedelta(minutes=1),
-        enqueued_at=past,
-    )
-    other = script_run([{"text": "y"}])
-    Run.objects.filter(id=other.id).update(status="waiting", enqueued_at=past)
-    assert sweep() == 0
-
-
 def test_engine_error_fails_run_not_stuck(monkeypatch):
     run = script_run([{"text": "x"}])
     Run.objects.filter(id=run.id).update(agent="vanished")
@@ -421,40 +391,3 @@ def test_stop_per_agent_cost_budget(settings):
     )
     assert run.status == "failed" and run.stop_reason == "cost_budget"
     assert run.cost_usd >= 0.5
-
-
-def _ledger_rows() -> int:
-    from support.models import GatewayRefund
-
-    return GatewayRefund.objects.filter(order_id="ORD-TX").count()
-
-
-def test_transactional_tool_runs_inside_the_model_commit():
-    run = advance(script_run([{"calls": [["t_tx", {"amount": 5}]]}, {"text": "ok"}]))
-    assert run.status == "succeeded"
-    step = steps(run)[1]
-    assert step.status == "succeeded" and step.attempts == 1 and step.result == {"written": 5}
-    assert _ledger_rows() == 1
-    assert not RunEvent.objects.filter(run=run, type="step.started", data__step=1).exists()
-
-
-def test_transactional_tool_failure_undoes_its_writes():
-    testkit.FAILS["t_tx"] = 2  # the eager try and the first attempt fail after writing
-    run = advance(script_run([{"calls": [["t_tx", {"amount": 5}]]}, {"text": "ok"}]))
-    assert run.status == "succeeded", run.error
-    assert len(testkit.CALLS["t_tx"]) == 3
-    assert _ledger_rows() == 1  # only the write of the call that succeeded is committed
-    failed = steps(run)[1].attempt_rows.get(number=1)
-    assert failed.outcome == "retrying" and "failed after writing" in failed.traceback
-
-
-def test_transactional_tool_after_a_side_effect_commits_with_its_result():
-    run = advance(
-        script_run(
-            [{"calls": [["t_charge", {"amount": 1}], ["t_tx", {"amount": 7}]]}, {"text": "ok"}]
-        )
-    )
-    assert run.status == "succeeded", run.error
-    tx = steps(run)[2]
-    assert tx.tool == "t_tx" and tx.status == "succeeded" and tx.attempts == 1
-    assert _ledger_rows() == 1

@@ -28,7 +28,7 @@ from approvals.services import AlreadyDecided, approve
 from tests import testkit
 from tests.helpers import advance, assert_gapless, events, script_run
 from tests.procs import wait_until
-from tests.testkit import OPS_AGENT
+from tests.testkit import OPS_AGENT, failed_shipping_run
 
 
 def step_at(run: Run, index: int) -> Step:
@@ -247,11 +247,7 @@ def test_cancel_a_running_run_whose_worker_died(operator):
 # ------------------------------------------------------------------ mark step resolved
 @pytest.mark.django_db
 def test_resolve_a_failed_side_effect_step_continues_the_run(operator):
-    testkit.FAILS["ops_ship_fatal"] = 1
-    run = script_run(
-        [{"calls": [["ops_ship", {"parcel": "P-1"}]]}, {"text": "shipped by hand"}], agent=OPS_AGENT
-    )
-    run = advance(run)
+    run = failed_shipping_run(parcel="P-1", final_text="shipped by hand")
     assert run.status == RunStatus.FAILED
     ship = Step.objects.get(run=run, tool="ops_ship")
     assert ship.status == StepStatus.FAILED and "carrier rejected" in ship.error
