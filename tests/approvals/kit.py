@@ -1,7 +1,9 @@
-"""Fixtures for the approval inbox tests: a small agent with an approval-gated, amount-carrying
-tool, a lookup that gathers customer facts, and a non-idempotent tool that can "die" mid-call.
+"""The approval tests' own agents and runs: an approval-gated, amount-carrying refund tool, a
+lookup that gathers customer facts, and two non-idempotent tools that can "die" mid-call (one of
+them approval-gated too); runs parked on them by the real engine, or written in bulk.
 
-The tools register through the public registry, like any app's (tests/testkit.py does the same).
+The tools register through the public registry, like any app's (tests/testkit.py does the same);
+tests/approvals/conftest.py resets their state around every test.
 """
 
 from __future__ import annotations
@@ -23,7 +25,13 @@ from tests.helpers import advance
 from tests.testkit import script_policy
 
 CALLS: dict[str, list] = defaultdict(list)
-CRASH_NEXT = {"ap_notify": False}
+CRASH_NEXT = {"ap_notify": False, "ap_wire": False}  # tool -> "die" inside its next call
+
+
+def reset() -> None:
+    CALLS.clear()
+    for name in CRASH_NEXT:
+        CRASH_NEXT[name] = False
 
 
 class SimulatedCrash(BaseException):
@@ -81,6 +89,16 @@ def ap_notify(ctx: ToolContext, to: str, message: str) -> dict:
     return {"sent": to}
 
 
+@tool(side_effect=True, idempotency="none", requires_approval=True, redact=("account",))
+def ap_wire(ctx: ToolContext, account: str, amount_cents: int) -> dict:
+    """Needs approval and has no idempotency key: an interrupted call must be reconciled."""
+    CALLS["ap_wire"].append((ctx.attempt, amount_cents))
+    if CRASH_NEXT["ap_wire"]:
+        CRASH_NEXT["ap_wire"] = False
+        raise SimulatedCrash("worker died mid-call")
+    return {"wired": amount_cents}
+
+
 register_agent(
     Agent(
         name="ap-script",
@@ -88,6 +106,9 @@ register_agent(
         tools=["ap_lookup", "ap_refund", "ap_notify"],
         scripted_policy=script_policy,
     )
+)
+register_agent(
+    Agent(name="ap-wire", instructions="Wire.", tools=["ap_wire"], scripted_policy=script_policy)
 )
 
 SECRET = "tok_live_SECRET123"
@@ -117,14 +138,6 @@ def refund_script(amount: int = 4599, reason: str = "The blender arrived broken"
     ]
 
 
-@pytest.fixture(autouse=True)
-def _reset_calls():
-    CALLS.clear()
-    CRASH_NEXT["ap_notify"] = False
-    yield
-    CALLS.clear()
-
-
 def parked_approval(
     amount: int = 4599, reason: str = "The blender arrived broken", message: str = "please refund"
 ) -> Approval:
@@ -133,6 +146,15 @@ def parked_approval(
     run = advance(run)
     assert run.status == RunStatus.WAITING, run.error
     return Approval.objects.select_related("run", "step").get(run=run, kind=ApprovalKind.APPROVAL)
+
+
+def die_mid_call_then_recover(run: Run) -> Run:
+    """Advance `run` until a tool told by CRASH_NEXT "dies" inside its call; then the dead
+    worker's lease runs out and the next executor recovers the step by its class."""
+    with pytest.raises(SimulatedCrash):
+        RunExecutor(run.id).advance()
+    Run.objects.filter(id=run.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    return advance(run)
 
 
 def unknown_step_approval(message: str = "your refund is on its way") -> Approval:
@@ -150,11 +172,7 @@ def unknown_step_approval(message: str = "your refund is on its way") -> Approva
         },
     ).run
     CRASH_NEXT["ap_notify"] = True
-    with pytest.raises(SimulatedCrash):
-        RunExecutor(run.id).advance()
-    # the dead worker's lease runs out; the next executor recovers the step by its class
-    Run.objects.filter(id=run.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
-    run = advance(run)
+    run = die_mid_call_then_recover(run)
     assert run.status == RunStatus.WAITING
     return Approval.objects.select_related("run", "step").get(
         run=run, kind=ApprovalKind.RECONCILIATION

@@ -8,7 +8,7 @@ from agentruns.models import Run, RunStatus, Step
 from approvals.models import Approval, ApprovalStatus
 from tests.conftest import ApiClient
 
-from .conftest import SECRET, parked_approval, unknown_step_approval
+from .kit import SECRET, parked_approval, unknown_step_approval
 
 pytestmark = pytest.mark.django_db
 

@@ -7,17 +7,26 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.test import Client
 from django.utils import timezone
 from django_q.models import OrmQ
 
 from agentruns.models import Run, RunEvent, RunStatus, Step, StepStatus
 from agentruns.runtime.sweeper import sweep
-from agentruns.services import cancel_run
+from agentruns.services import cancel_run, start_run
 from approvals import parking, services
-from approvals.models import Approval, ApprovalStatus
-from tests.helpers import assert_gapless
+from approvals.models import Approval, ApprovalKind, ApprovalStatus
+from tests.conftest import ApiClient
+from tests.helpers import advance, assert_gapless
 
-from .conftest import CALLS, SECRET, advance, parked_approval, unknown_step_approval
+from .kit import (
+    CALLS,
+    CRASH_NEXT,
+    SECRET,
+    die_mid_call_then_recover,
+    parked_approval,
+    unknown_step_approval,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -312,32 +321,6 @@ def test_race_two_deciders_exactly_one_wins_and_the_run_is_enqueued_once(approve
 
 
 # ------------------------------------------------------------------ approved, then interrupted
-from agentruns.registry import Agent, ToolContext, register_agent, tool  # noqa: E402
-from agentruns.runtime.executor import RunExecutor  # noqa: E402
-from agentruns.services import start_run  # noqa: E402
-from approvals.models import ApprovalKind  # noqa: E402
-from tests.testkit import script_policy  # noqa: E402
-
-from .conftest import SimulatedCrash  # noqa: E402
-
-WIRE_CRASH = {"next": False}
-
-
-@tool(side_effect=True, idempotency="none", requires_approval=True, redact=("account",))
-def ap_wire(ctx: ToolContext, account: str, amount_cents: int) -> dict:
-    """Needs approval and has no idempotency key: an interrupted call must be reconciled."""
-    CALLS["ap_wire"].append((ctx.attempt, amount_cents))
-    if WIRE_CRASH["next"]:
-        WIRE_CRASH["next"] = False
-        raise SimulatedCrash("worker died mid-call")
-    return {"wired": amount_cents}
-
-
-register_agent(
-    Agent(name="ap-wire", instructions="Wire.", tools=["ap_wire"], scripted_policy=script_policy)
-)
-
-
 def test_reconciling_an_approved_call_keeps_who_approved_it(approver, lead):
     run = start_run(
         "ap-wire",
@@ -351,11 +334,8 @@ def test_reconciling_an_approved_call_keeps_who_approved_it(approver, lead):
     run = advance(run)
     approval = Approval.objects.get(run=run)
     services.approve(approval.id, user=approver, reason="checked the invoice")
-    WIRE_CRASH["next"] = True
-    with pytest.raises(SimulatedCrash):
-        RunExecutor(run.id).advance()
-    Run.objects.filter(id=run.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
-    run = advance(run)
+    CRASH_NEXT["ap_wire"] = True
+    run = die_mid_call_then_recover(run)
     assert run.status == RunStatus.WAITING
     reconciliation = Approval.objects.get(run=run)  # the same row: one per step
     assert reconciliation.id == approval.id
@@ -369,16 +349,12 @@ def test_reconciling_an_approved_call_keeps_who_approved_it(approver, lead):
     assert earlier["decided_by"] == approver.username and earlier["reason"] == "checked the invoice"
     assert earlier["decided_at"]
 
-    from tests.conftest import ApiClient
-
     listed = ApiClient(lead).get("/api/approvals?status=pending").json()
     [item] = [a for a in listed["approvals"] if a["id"] == approval.id]
     assert item["history"][0]["decided_by"] == approver.username
     # redacted in the history as in the args (the run's own input, shown as the request, holds
     # the script here, so only these fields are checked)
     assert "DE00-SECRET" not in str(item["history"]) + str(item["requested_args"])
-
-    from django.test import Client
 
     inbox = Client()
     inbox.force_login(approver)
