@@ -10,23 +10,12 @@ from decimal import Decimal
 import pytest
 
 from agentruns.models import AttemptOutcome, Run, RunEvent, StepAttempt
-from agentruns.registry import Agent, register_agent
 from agentruns.services import start_run
 from scripts.fake_openai_server import Fail, Reply
 from tests.helpers import advance, steps
-from tests.providers.conftest import API_KEY
+from tests.providers.kit import API_KEY
 
 pytestmark = pytest.mark.django_db
-
-# an agent that pins its own model, whatever AGENTRUNS_MODEL says
-register_agent(
-    Agent(
-        name="openai-pinned",
-        instructions="Be brief.",
-        tools=["t_echo"],
-        model="openai/pinned-model",
-    )
-)
 
 
 def start(agent: str = "script", run_input: dict | None = None) -> Run:

@@ -18,7 +18,7 @@ from agentruns.tokens import create_token
 from scripts.fake_openai_server import FakeOpenAI
 from support.models import GatewayRefund, Order
 from tests.procs import start_web, start_worker, wait_until
-from tests.providers.conftest import API_KEY, MODEL
+from tests.providers.kit import API_KEY, MODEL
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
