@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
+
+from django.utils import timezone
 
 from agentruns.models import Run, RunEvent, Step
 from agentruns.runtime.executor import RunExecutor
@@ -14,6 +17,18 @@ def script_run(turns: list[dict], agent: str = "script", **run_input: object) ->
     return start_run(agent, {"script": turns, **run_input}).run
 
 
+def leased_run(owner: str = "me:1:abc", ttl_seconds: float = 30) -> Run:
+    """A run of the `script` agent (never enqueued) as a worker holds it: running, leased to
+    `owner` for `ttl_seconds`."""
+    run = start_run("script", {"script": []}, enqueue_task=False).run
+    Run.objects.filter(id=run.id).update(
+        status="running",
+        lease_owner=owner,
+        lease_expires_at=timezone.now() + timedelta(seconds=ttl_seconds),
+    )
+    return Run.objects.get(id=run.id)
+
+
 def advance(run: Run) -> Run:
     """Execute the run in this process (as a worker would) until it finishes, parks or yields."""
     RunExecutor(run.id).advance()
@@ -21,18 +36,29 @@ def advance(run: Run) -> Run:
     return run
 
 
-def steps(run: Run) -> list[Step]:
-    return list(Step.objects.filter(run=run).order_by("index"))
+def _run_id(run: Run | uuid.UUID | str) -> uuid.UUID | str:
+    return run.id if isinstance(run, Run) else run
 
 
-def events(run: Run, *types: str) -> list[RunEvent]:
-    rows = RunEvent.objects.filter(run=run).order_by("seq")
+def steps(run: Run | uuid.UUID | str, kind: str = "") -> list[Step]:
+    """The run's steps in order; only those of `kind` ("model" or "tool") if given."""
+    rows = Step.objects.filter(run_id=_run_id(run)).order_by("index")
+    return list(rows.filter(kind=kind) if kind else rows)
+
+
+def events(run: Run | uuid.UUID | str, *types: str) -> list[RunEvent]:
+    """The run's events in seq order; only those of `types` if given."""
+    rows = RunEvent.objects.filter(run_id=_run_id(run)).order_by("seq")
     return list(rows.filter(type__in=types) if types else rows)
+
+
+def event_types(run: Run | uuid.UUID | str) -> list[str]:
+    return [event.type for event in events(run)]
 
 
 def assert_gapless(run: Run | uuid.UUID | str) -> None:
     """The run's events are seq 1..last_seq: no hole, no duplicate."""
-    run_id = run.id if isinstance(run, Run) else run
+    run_id = _run_id(run)
     last_seq = Run.objects.values_list("last_seq", flat=True).get(id=run_id)
     seqs = list(
         RunEvent.objects.filter(run_id=run_id).order_by("seq").values_list("seq", flat=True)

@@ -12,8 +12,8 @@ from django.test import Client
 
 from agentruns.models import Run, RunStatus, Step
 from agentruns.runtime.executor import RunExecutor
-from tests.conftest import ApiClient
-from tests.helpers import assert_json_error, script_run
+from tests.conftest import ApiClient, make_user
+from tests.helpers import advance, assert_json_error, script_run
 
 pytestmark = pytest.mark.django_db
 
@@ -138,7 +138,7 @@ def test_run_detail_shows_steps(api):
             {"text": "all done"},
         ]
     )
-    RunExecutor(run.id).advance()
+    advance(run)
     response = api.get(f"/api/runs/{run.id}")
     assert response.status_code == 200
     body = response.json()
@@ -173,7 +173,7 @@ def test_run_detail_shows_steps(api):
 
 def test_failed_step_error_is_in_the_detail(api):
     run = script_run([{"calls": [["t_explode", {}]]}])
-    RunExecutor(run.id).advance()
+    advance(run)
     body = api.get(f"/api/runs/{run.id}").json()
     assert body["status"] == "failed"
     explode = body["steps"][1]
@@ -193,7 +193,7 @@ def test_events_after_seq_are_in_order(api):
     run = script_run(
         [{"text": "one two three", "calls": [["t_echo", {"text": "x"}]]}, {"text": "end"}]
     )
-    RunExecutor(run.id).advance()
+    advance(run)
     everything = api.get(f"/api/runs/{run.id}/events?after=0").json()["events"]
     seqs = [e["seq"] for e in everything]
     assert seqs == list(range(1, len(seqs) + 1)) and len(seqs) >= 5
@@ -236,13 +236,13 @@ def test_retry_of_a_run_that_did_not_fail_is_409(api):
     queued = script_run([{"text": "x"}])
     assert_json_error(api.post(f"/api/runs/{queued.id}/retry"), 409)
     done = script_run([{"text": "ok"}])
-    RunExecutor(done.id).advance()
+    advance(done)
     assert_json_error(api.post(f"/api/runs/{done.id}/retry"), 409)
 
 
 def test_retry_of_a_failed_run_requeues_it(api):
     run = script_run([{"calls": [["t_explode", {}]]}])
-    RunExecutor(run.id).advance()
+    advance(run)
     response = api.post(f"/api/runs/{run.id}/retry")
     assert response.status_code == 200
     assert response.json()["status"] == "queued"
@@ -258,8 +258,6 @@ def test_cancel_and_retry_need_post(api):
 
 
 def test_reading_runs_needs_view_permission(db, django_user_model):
-    from tests.conftest import ApiClient, make_user
-
     nobody = ApiClient(make_user(django_user_model, "nobody"))
     viewer = ApiClient(make_user(django_user_model, "looker", ["agentruns.view_run"]))
     run = viewer.post("/api/runs", {"agent": "script", "input": {"script": []}}).json()

@@ -17,7 +17,7 @@ from agentruns.services import cancel_run, start_run
 from approvals import parking, services
 from approvals.models import Approval, ApprovalKind, ApprovalStatus
 from tests.conftest import ApiClient
-from tests.helpers import advance, assert_gapless
+from tests.helpers import advance, assert_gapless, event_types, events
 
 from .kit import (
     CALLS,
@@ -36,10 +36,6 @@ def queued_tasks_for(run_id) -> int:
     return sum(1 for row in OrmQ.objects.all() if row.task.get("args") == (str(run_id),))
 
 
-def decided_events(run_id) -> list[RunEvent]:
-    return list(RunEvent.objects.filter(run_id=run_id, type="approval.decided").order_by("seq"))
-
-
 def test_approve_resumes_the_run_with_the_requested_args(
     approver, django_capture_on_commit_callbacks
 ):
@@ -54,7 +50,7 @@ def test_approve_resumes_the_run_with_the_requested_args(
     run = Run.objects.get(id=approval.run_id)
     assert run.status == RunStatus.QUEUED
     assert queued_tasks_for(run.id) == before + 1
-    (event,) = decided_events(run.id)
+    (event,) = events(run.id, "approval.decided")
     assert event.data["decision"] == "approved" and event.data["by"] == "approver"
     assert event.data["at"] and event.data["diff"] == {} and event.data["edited"] is False
     # the timeline never shows the secret argument
@@ -90,7 +86,7 @@ def test_approve_with_edited_args_validates_stores_and_audits_the_diff(
         "reason": "The blender arrived broken",
         "card_token": SECRET,
     }
-    (event,) = decided_events(approval.run_id)
+    (event,) = events(approval.run_id, "approval.decided")
     assert event.data["diff"] == {"amount_cents": {"from": 4599, "to": 2500}}
     assert event.data["reason"] == "partial: only the lid"
     run = advance(Run.objects.get(id=approval.run_id))
@@ -132,7 +128,7 @@ def test_reject_feeds_the_reason_back_to_the_agent(approver, django_capture_on_c
     from agentruns.runtime.conversation import tool_result_content
 
     assert "outside the 30-day window" in tool_result_content(step)
-    (event,) = decided_events(run.id)
+    (event,) = events(run.id, "approval.decided")
     assert (
         event.data["decision"] == "rejected" and event.data["reason"] == "outside the 30-day window"
     )
@@ -223,7 +219,7 @@ def test_reconcile_happened_keeps_the_single_send_and_continues(
     assert len(CALLS["ap_notify"]) == 1  # never sent twice
     approval.refresh_from_db()
     assert approval.status == ApprovalStatus.RESOLVED and approval.resolution == "happened"
-    assert decided_events(run.id)[0].data["decision"] == "reconciled: happened"
+    assert events(run.id, "approval.decided")[0].data["decision"] == "reconciled: happened"
 
 
 def test_reconcile_retry_runs_the_step_again_with_the_same_key(
@@ -252,7 +248,7 @@ def test_reconcile_abort_ends_the_run(approver):
     assert "aborted by approver" in run.error
     assert Step.objects.get(id=approval.step_id).status == StepStatus.FAILED
     assert queued_tasks_for(run.id) == 0 or Run.objects.get(id=run.id).status == RunStatus.FAILED
-    types = list(RunEvent.objects.filter(run=run).order_by("seq").values_list("type", flat=True))
+    types = event_types(run)
     assert types[-2:] == ["approval.decided", "run.status"]
     with pytest.raises(services.AlreadyDecided):
         services.reconcile(approval.id, user=approver, resolution="retry")
@@ -309,7 +305,7 @@ def test_race_two_deciders_exactly_one_wins_and_the_run_is_enqueued_once(approve
     approval.refresh_from_db()
     assert approval.status in (ApprovalStatus.APPROVED, ApprovalStatus.REJECTED)
     assert loser.approval.decided_by_id == approval.decided_by_id
-    assert len(decided_events(approval.run_id)) == 1
+    assert len(events(approval.run_id, "approval.decided")) == 1
     assert (
         RunEvent.objects.filter(
             run_id=approval.run_id, type="run.status", data__status="queued"

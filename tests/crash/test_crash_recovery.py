@@ -32,6 +32,7 @@ from agentruns.models import (
 from agentruns.services import start_run
 from approvals.models import Approval, ApprovalKind, ApprovalStatus
 from support.models import GatewayRefund, Order, OutboxMessage, TicketNote
+from tests.helpers import assert_gapless, steps
 from tests.procs import Proc, base_env, start_web, start_worker, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.crash]
@@ -175,11 +176,6 @@ def marker_time(marker: Path) -> datetime:
     return datetime.fromtimestamp(marker.stat().st_mtime, tz=UTC)
 
 
-def assert_events_gapless(run: Run) -> None:
-    seqs = list(RunEvent.objects.filter(run=run).order_by("seq").values_list("seq", flat=True))
-    assert seqs == list(range(1, len(seqs) + 1))
-
-
 # ------------------------------------------------------------------ failpoints, crash_once
 FAILPOINTS = [
     ("step_started", "issue_refund"),
@@ -218,7 +214,7 @@ def test_failpoint_crash_once_refunds_exactly_once(tmp_path, procs, gateway, see
         assert TicketNote.objects.filter(ticket__order__order_id=order_id).count() == 1
         assert OutboxMessage.objects.filter(run_id=run.id).count() == 1
         assert not Step.objects.filter(run=run).exclude(status=StepStatus.SUCCEEDED).exists()
-        assert_events_gapless(run)
+        assert_gapless(run)
 
         if point == "model_streaming":
             check_model_streaming_recovery(run, failpoint_dir)
@@ -255,7 +251,7 @@ def test_failpoint_crash_once_refunds_exactly_once(tmp_path, procs, gateway, see
 def check_model_streaming_recovery(run: Run, failpoint_dir: Path) -> None:
     """Each model step that streamed in batches was killed once mid-stream: its partial text was
     superseded, the re-request's text is the step's text, and the final output appears once."""
-    model_steps = list(Step.objects.filter(run=run, kind="model").order_by("index"))
+    model_steps = steps(run, kind="model")
     interrupted = [
         s for s in model_steps if (failpoint_dir / f"model_streaming-refund-{s.id}").exists()
     ]
@@ -324,7 +320,7 @@ def test_reply_interrupted_after_step_started_is_unknown_never_resent(
         # the run is parked: no lease, no further steps
         assert run.lease_owner == "" and run.lease_expires_at is None
         assert not Step.objects.filter(run=run, index__gt=reply.index).exists()
-        assert_events_gapless(run)
+        assert_gapless(run)
 
 
 # ------------------------------------------------------------------ SIGKILL of the whole worker
@@ -419,7 +415,7 @@ def test_sigkill_whole_worker_at_random_moments(tmp_path, procs, seeded):
         assert all(o == AttemptOutcome.CRASHED for _, o in outcomes[:-1]), outcomes
         assert OutboxMessage.objects.filter(run_id=run.id).count() == 1
         assert TicketNote.objects.filter(ticket__order__order_id=order_id).count() == 1
-        assert_events_gapless(run)
+        assert_gapless(run)
     total_attempts = StepAttempt.objects.filter(step__run_id__in=run_ids).count()
     crashed = StepAttempt.objects.filter(
         step__run_id__in=run_ids, outcome=AttemptOutcome.CRASHED

@@ -12,7 +12,7 @@ import pytest
 from agentruns.models import AttemptOutcome, Run, RunEvent, StepAttempt
 from agentruns.services import start_run
 from scripts.fake_openai_server import Fail, Reply
-from tests.helpers import advance, steps
+from tests.helpers import advance, event_types, steps
 from tests.providers.kit import API_KEY
 
 pytestmark = pytest.mark.django_db
@@ -24,10 +24,6 @@ def start(agent: str = "script", run_input: dict | None = None) -> Run:
 
 def bodies(fake) -> list[dict]:
     return [r.body for r in fake.chat_requests()]
-
-
-def event_types(run: Run) -> list[str]:
-    return list(RunEvent.objects.filter(run=run).order_by("seq").values_list("type", flat=True))
 
 
 def test_parallel_tool_calls_with_split_arguments(openai_settings, fake):

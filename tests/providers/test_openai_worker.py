@@ -17,6 +17,7 @@ from agentruns.models import AttemptOutcome, Run, RunEvent, Step, StepAttempt
 from agentruns.tokens import create_token
 from scripts.fake_openai_server import FakeOpenAI
 from support.models import GatewayRefund, Order
+from tests.helpers import steps
 from tests.procs import start_web, start_worker, wait_until
 from tests.providers.kit import API_KEY, MODEL
 
@@ -64,10 +65,6 @@ def gateway_refunds(url: str, order_id: str) -> list[dict]:
     return httpx.get(url + "/gateway/refunds", params={"order_id": order_id}, timeout=30).json()[
         "refunds"
     ]
-
-
-def model_steps(run: Run) -> list[Step]:
-    return list(Step.objects.filter(run=run, kind="model").order_by("index"))
 
 
 def test_refund_run_end_to_end_over_the_openai_provider(tmp_path: Path, seeded):
@@ -134,7 +131,7 @@ def test_refund_run_end_to_end_over_the_openai_provider(tmp_path: Path, seeded):
 
         # usage summed on the run, text streamed into events
         assert run.prompt_tokens > 0 and run.completion_tokens > 0
-        assert run.prompt_tokens == sum(s.prompt_tokens for s in model_steps(run))
+        assert run.prompt_tokens == sum(s.prompt_tokens for s in steps(run, kind="model"))
         assert RunEvent.objects.filter(run=run, type="model.delta").count() >= 4
         assert API_KEY not in (tmp_path / "worker.log").read_text(errors="replace")
 
@@ -198,11 +195,11 @@ def test_crash_mid_stream_resumes_with_a_new_attempt_and_the_same_conversation(
 
     assert clean.status == "succeeded", clean.error
     assert resumed.status == "succeeded", resumed.error
-    steps = model_steps(resumed)
-    assert len(steps) == 4
+    model_steps = steps(resumed, kind="model")
+    assert len(model_steps) == 4
 
     # every model step died once mid-stream and was re-requested as a second attempt
-    for step in steps:
+    for step in model_steps:
         assert step.attempts == 2
         outcomes = list(
             StepAttempt.objects.filter(step=step)
@@ -224,7 +221,7 @@ def test_crash_mid_stream_resumes_with_a_new_attempt_and_the_same_conversation(
         assert "".join(e.data["text"] for e in live.order_by("seq")) == step.text
 
     # the final output contains the text once, and is what the uninterrupted run said
-    assert resumed.output == clean.output == steps[-1].text
+    assert resumed.output == clean.output == model_steps[-1].text
     assert resumed.output.count("Done: refunded") == 1
 
     # one refund per run, with that run's key: the crashes never repeated a side effect

@@ -5,22 +5,18 @@ from __future__ import annotations
 
 import pytest
 
-from agentruns.models import Run, RunEvent, RunStatus, Step
-from tests.helpers import script_run
+from agentruns.models import RunStatus, Step
+from tests.helpers import event_types, script_run
 from tests.testkit import OPS_AGENT, failed_shipping_run
 
 pytestmark = pytest.mark.django_db
-
-
-def audit_types(run: Run) -> list[str]:
-    return list(RunEvent.objects.filter(run=run).values_list("type", flat=True))
 
 
 def test_viewer_cannot_operate_from_the_page(client, viewer, approver):
     run = failed_shipping_run(parcel="P-9", final_text="done")
     queued = script_run([{"text": "x"}], agent=OPS_AGENT)
     ship = Step.objects.get(run=run, tool="ops_ship")
-    before = audit_types(run)
+    before = event_types(run)
     for user in (viewer, approver):  # deciding approvals is not operating runs
         client.force_login(user)
         page = client.get(f"/runs/{run.id}/").content.decode()
@@ -31,7 +27,7 @@ def test_viewer_cannot_operate_from_the_page(client, viewer, approver):
     run.refresh_from_db()
     queued.refresh_from_db()
     assert run.status == RunStatus.FAILED and queued.status == RunStatus.QUEUED
-    assert audit_types(run) == before
+    assert event_types(run) == before
 
 
 def test_operator_operates_from_the_page(client, operator):
@@ -47,7 +43,7 @@ def test_operator_operates_from_the_page(client, operator):
     )
     run.refresh_from_db()
     assert run.status == RunStatus.QUEUED
-    assert "step.resolved" in audit_types(run)
+    assert "step.resolved" in event_types(run)
 
     queued = script_run([{"text": "x"}], agent=OPS_AGENT)
     response = client.post(
@@ -69,7 +65,7 @@ def test_resolve_with_bad_json_changes_nothing(client, operator):
     response = client.post(f"/runs/steps/{ship.id}/resolve/", {"result": "{not json"}, follow=True)
     assert b"not valid JSON" in response.content
     run.refresh_from_db()
-    assert run.status == RunStatus.FAILED and "step.resolved" not in audit_types(run)
+    assert run.status == RunStatus.FAILED and "step.resolved" not in event_types(run)
 
 
 def test_actions_need_post_and_login(client, operator):

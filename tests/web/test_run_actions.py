@@ -26,7 +26,7 @@ from approvals.models import Approval, ApprovalStatus
 from approvals.selectors import approvals_query
 from approvals.services import AlreadyDecided, approve
 from tests import testkit
-from tests.helpers import advance, assert_gapless, events, script_run
+from tests.helpers import advance, assert_gapless, events, script_run, steps
 from tests.procs import wait_until
 from tests.testkit import OPS_AGENT, failed_shipping_run
 
@@ -309,7 +309,7 @@ def test_fork_from_a_model_step_copies_history_and_continues(operator, client):
         )
     )
     assert source.status == RunStatus.SUCCEEDED
-    source_steps = list(Step.objects.filter(run=source).order_by("index"))
+    source_steps = steps(source)
     assert [s.kind for s in source_steps] == ["model", "tool", "model", "tool", "model"]
 
     with pytest.raises(ActionRefused, match="model step"):
@@ -318,7 +318,7 @@ def test_fork_from_a_model_step_copies_history_and_continues(operator, client):
     response = client.post(f"/runs/{source.id}/fork/", {"from_step": 2})
     fork = Run.objects.exclude(id=source.id).get()
     assert response.status_code == 302 and response["Location"] == f"/runs/{fork.id}/"
-    copied = list(Step.objects.filter(run=fork).order_by("index"))
+    copied = steps(fork)
     assert [(s.index, s.kind, s.tool, s.status) for s in copied] == [
         (s.index, s.kind, s.tool, s.status) for s in source_steps[:2]
     ]

@@ -17,7 +17,7 @@ from agentruns.runtime.redaction import MASK
 from agentruns.selectors import runs as selectors
 from agentruns.selectors.run_list import PAGE_SIZE, RunFilters, id_prefix_range, run_page
 from tests import testkit
-from tests.helpers import advance, script_run
+from tests.helpers import advance, script_run, steps
 from tests.testkit import OPS_AGENT
 
 pytestmark = pytest.mark.django_db
@@ -223,8 +223,8 @@ def test_detail_shows_attempts_policy_redaction_and_svg(client, operator):
     )
     assert run.status == RunStatus.FAILED
     page = client.get(f"/runs/{run.id}/").content.decode()
-    steps = list(Step.objects.filter(run=run).order_by("index"))
-    charge = steps[2]
+    run_steps = steps(run)
+    charge = run_steps[2]
     # redacted by the snapshot's list, in the arguments, the result and the model's tool call
     # (the script itself, the run's input, carries the secret: look at the timeline and steps)
     timeline = page[page.index("<h2>Timeline</h2>") :]
@@ -233,7 +233,7 @@ def test_detail_shows_attempts_policy_redaction_and_svg(client, operator):
     assert timeline.count(MASK) >= 3
     assert "&quot;customer&quot;: &quot;ann&quot;" in timeline and "gold" in timeline
     # every step, its key, attempts with outcome, worker and error; tracebacks collapsible
-    for step in steps:
+    for step in run_steps:
         assert f'id="step-{step.index}"' in page and step.idempotency_key in page
     assert page.count('class="attempt-row o-retrying"') == 2
     assert page.count('class="attempt-row o-failed"') == 1
@@ -242,10 +242,11 @@ def test_detail_shows_attempts_policy_redaction_and_svg(client, operator):
     # the retry policy from the snapshot, and model usage
     assert "up to 3 attempts" in page and "RetryableToolError" in page
     assert (
-        f"{steps[0].prompt_tokens} prompt + {steps[0].completion_tokens} completion tokens" in page
+        f"{run_steps[0].prompt_tokens} prompt + {run_steps[0].completion_tokens} completion tokens"
+        in page
     )
     # one bar per attempt, coloured by outcome
-    attempts_total = sum(s.attempts for s in steps)
+    attempts_total = sum(s.attempts for s in run_steps)
     assert page.count('<rect class="attempt ') == attempts_total
     assert page.count('class="attempt o-retrying"') == 2
     assert 'class="attempt o-failed"' in page and 'fill="#c53030"' in page
