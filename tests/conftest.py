@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
 from django.contrib.auth.models import Group, Permission
 from django.core.management import call_command
 from django.test import Client
+
+from agentruns.tokens import create_token
+from tests import testkit  # (registers the shared test agents and tools)
+from tests.procs import Proc
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
@@ -26,7 +31,8 @@ def _fast_settings(settings, tmp_path):
 
 @pytest.fixture
 def seeded(db):
-    call_command("seed_demo", stdout=open(os.devnull, "w"))
+    with open(os.devnull, "w") as devnull:
+        call_command("seed_demo", stdout=devnull)
 
 
 def make_user(django_user_model, username: str, perms: list[str] = (), superuser: bool = False):
@@ -68,8 +74,6 @@ class ApiClient:
     """A Django test client that sends a real bearer token on every request."""
 
     def __init__(self, user) -> None:
-        from agentruns.tokens import create_token
-
         self.token = create_token(user)
         self.client = Client()
         self.user = user
@@ -81,8 +85,6 @@ class ApiClient:
         return self.client.get(path, **self._headers(extra))
 
     def post(self, path: str, data=None, raw: str | None = None, **extra):
-        import json
-
         body = raw if raw is not None else json.dumps(data if data is not None else {})
         return self.client.post(path, body, content_type="application/json", **self._headers(extra))
 
@@ -98,14 +100,21 @@ def group_roles(db):
         Group.objects.get_or_create(name=name)
 
 
-import tests.testkit as testkit  # noqa: E402  (registers the test agents)
-
-
 @pytest.fixture(autouse=True)
 def _reset_testkit():
     testkit.reset()
     yield
     testkit.reset()
+
+
+@pytest.fixture
+def procs():
+    """Every process a test starts (append them); all are SIGKILLed (by their own process group)
+    afterwards, before pytest-django truncates the tables they use."""
+    started: list[Proc] = []
+    yield started
+    for proc in started:
+        proc.kill()
 
 
 # Debian's chromium, never a downloaded browser; these flags keep it off the (closed) network

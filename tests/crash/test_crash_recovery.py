@@ -14,9 +14,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-import httpx
 import pytest
-from django.core.management import call_command
 from django.utils import timezone
 
 from agentruns.models import (
@@ -33,7 +31,7 @@ from agentruns.services import start_run
 from approvals.models import Approval, ApprovalKind, ApprovalStatus
 from support.models import GatewayRefund, Order, OutboxMessage, TicketNote
 from tests.helpers import assert_gapless, steps
-from tests.procs import Proc, base_env, start_web, start_worker, wait_until
+from tests.procs import Proc, base_env, gateway_refunds, start_web, start_worker, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.crash]
 
@@ -73,27 +71,11 @@ def _report_measurements():
 
 # ------------------------------------------------------------------ processes
 @pytest.fixture
-def procs():
-    """Every process a test starts; all are SIGKILLed (by their own process group) afterwards,
-    before pytest-django truncates the tables they use."""
-    started: list[Proc] = []
-    yield started
-    for proc in started:
-        proc.kill()
-
-
-@pytest.fixture
 def gateway(tmp_path, procs) -> str:
     """A real daphne serving the app, whose /gateway is the refund service the workers call."""
     proc, url = start_web(tmp_path, REFUND_GATEWAY_DELAY_MS=GATEWAY_DELAY_MS)
     procs.append(proc)
     return url
-
-
-@pytest.fixture
-def seeded(transactional_db):
-    with open(os.devnull, "w") as devnull:
-        call_command("seed_demo", stdout=devnull)
 
 
 def worker(tmp_path: Path, procs: list[Proc], gateway: str, name: str, **env: object) -> Proc:
@@ -141,12 +123,6 @@ def wait_settled(run_ids: list, workers: list[Proc], timeout: float = 150) -> di
         raise AssertionError(f"runs did not finish: {statuses}\n{logs}") from None
 
 
-def gateway_ledger(url: str, order_id: str) -> list[dict]:
-    response = httpx.get(f"{url}/gateway/refunds", params={"order_id": order_id}, timeout=10)
-    response.raise_for_status()
-    return response.json()["refunds"]
-
-
 def assert_refunded_exactly_once(url: str, order_id: str, amount: int, run: Run) -> Step:
     """The gateway's own ledger (its table and its HTTP listing) shows one refund of `amount`,
     made with the idempotency key of the run's single issue_refund step."""
@@ -155,7 +131,7 @@ def assert_refunded_exactly_once(url: str, order_id: str, amount: int, run: Run)
     assert len(rows) == 1, f"{order_id}: {len(rows)} refunds in the ledger"
     assert rows[0].amount_cents == amount
     assert rows[0].idempotency_key == refund_step.idempotency_key
-    listed = gateway_ledger(url, order_id)
+    listed = gateway_refunds(url, order_id)
     assert [(r["amount_cents"], r["idempotency_key"]) for r in listed] == [
         (amount, refund_step.idempotency_key)
     ]

@@ -8,14 +8,13 @@ from __future__ import annotations
 import os
 import re
 
-import httpx
 import pytest
 
-from agentruns.models import Run, RunStatus
+from agentruns.models import RunStatus
 from agentruns.services import start_run
 from approvals.models import Approval, ApprovalStatus
 from support.models import Order, OutboxMessage
-from tests.procs import start_web, start_worker, wait_until
+from tests.procs import gateway_refunds, start_web, start_worker, wait_finished, wait_until
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -124,21 +123,12 @@ def test_approve_with_a_lowered_amount_and_reject_in_the_inbox(
         assert page.locator(f"#approval-{a3.id}").is_visible()
         assert "Rejected" in log.inner_text()
 
-        def done(run: Run):
-            run.refresh_from_db()
-            return run.is_terminal
-
-        wait_until(lambda: done(first) and done(second), timeout=120, message="both runs to finish")
+        first, second = wait_finished(first, worker), wait_finished(second, worker)
         assert first.status == RunStatus.SUCCEEDED and second.status == RunStatus.SUCCEEDED
         assert Approval.objects.get(id=a1.id).status == ApprovalStatus.APPROVED
-        refunds = httpx.get(url + "/gateway/refunds", params={"order_id": "ORD-1010"}).json()[
-            "refunds"
-        ]
+        refunds = gateway_refunds(url, "ORD-1010")
         assert [r["amount_cents"] for r in refunds] == [lowered]
-        assert (
-            httpx.get(url + "/gateway/refunds", params={"order_id": "ORD-1011"}).json()["refunds"]
-            == []
-        )
+        assert gateway_refunds(url, "ORD-1011") == []
         assert why in OutboxMessage.objects.get(run_id=second.id).body
     finally:
         worker.stop()

@@ -16,7 +16,7 @@ from django.db import connections
 
 from agentruns.models import Run, RunEvent, Step
 from agentruns.tokens import create_token
-from tests.procs import free_port, start_web, start_worker, wait_until
+from tests.procs import free_port, start_run_over_http, start_web, start_worker, wait_until
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -70,17 +70,6 @@ def logged_in_page(browser, base_url: str):
     return page
 
 
-def start_run_api(base_url: str, token: str, order: str, message: str) -> str:
-    created = httpx.post(
-        f"{base_url}/api/runs",
-        json={"agent": "refund", "input": {"order_id": order, "message": message}},
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=30,
-    )
-    assert created.status_code == 201, created.text
-    return created.json()["id"]
-
-
 def assert_page_shows_the_run(page, run: Run) -> None:
     turns = page.eval_on_selector_all("#live-text .turn", "els => els.map(e => e.textContent)")
     model_texts = list(
@@ -123,7 +112,9 @@ def test_run_page_streams_and_survives_a_server_restart(tmp_path, lead, seeded, 
     try:
         page = logged_in_page(browser, base_url)
 
-        run_id = start_run_api(base_url, token, "ORD-1007", "Never arrived.")
+        run_id = start_run_over_http(
+            base_url, token, {"order_id": "ORD-1007", "message": "Never arrived."}
+        )
         page.goto(f"{base_url}/runs/{run_id}/")
         page.wait_for_selector("#conn[data-state=live]", timeout=60_000)
         # the text grows while we watch
@@ -188,7 +179,9 @@ def test_approval_card_and_superseded_text_on_the_live_page(
     worker = start_worker(tmp_path, **env)
     try:
         page = logged_in_page(browser, base_url)
-        run_id = start_run_api(base_url, token, "ORD-1011", "Wrong size.")
+        run_id = start_run_over_http(
+            base_url, token, {"order_id": "ORD-1011", "message": "Wrong size."}
+        )
         page.goto(f"{base_url}/runs/{run_id}/")
         # no reload: the card arrives through the stream when the run parks
         page.wait_for_selector("#approval-card .approval-card", timeout=120_000)
