@@ -6,7 +6,6 @@ count follows, and the gateway ledger agrees.
 from __future__ import annotations
 
 import os
-import re
 
 import pytest
 
@@ -14,6 +13,7 @@ from agentruns.models import RunStatus
 from agentruns.services import start_run
 from approvals.models import Approval, ApprovalStatus
 from support.models import Order, OutboxMessage
+from tests.e2e.kit import logged_in_page, set_browser_password
 from tests.procs import gateway_refunds, start_web, start_worker, wait_finished, wait_until
 
 pytestmark = [
@@ -35,26 +35,13 @@ document.addEventListener("htmx:afterSwap", (e) => { if (e.target.id === "inbox-
 def test_approve_with_a_lowered_amount_and_reject_in_the_inbox(
     tmp_path, seeded, browser, settings, django_user_model
 ):
-    from django.conf import global_settings
-
-    settings.PASSWORD_HASHERS = (
-        global_settings.PASSWORD_HASHERS
-    )  # the server only knows real hashers
-    approver = django_user_model.objects.get(username="approver")
-    approver.set_password("browser-pw")
-    approver.save()
+    set_browser_password(django_user_model.objects.get(username="approver"), settings)
     web, url = start_web(tmp_path)
     worker = start_worker(
         tmp_path, REFUND_GATEWAY_URL=url + "/gateway", REFUND_APPROVAL_THRESHOLD_CENTS=0
     )
     try:
-        page = browser.new_page()
-        page.add_init_script(SWAP_COUNTER)
-        page.goto(url + "/accounts/login/?next=/approvals/")
-        page.fill("input[name=username]", "approver")
-        page.fill("input[name=password]", "browser-pw")
-        page.click("button[type=submit]")
-        page.wait_for_url(re.compile(r"/approvals/$"))
+        page = logged_in_page(browser, url, "approver", SWAP_COUNTER, next_path="/approvals/")
         assert page.locator("#nav-pending").inner_text() == "0"
 
         # two refund runs start while the page is open: they appear without a reload
