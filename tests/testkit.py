@@ -3,13 +3,16 @@
 The `script` agent plays the turns listed in its input: {"script": [{"text": ..., "calls":
 [[tool, args], ...]}, ...]}; turn i is played when the conversation holds i assistant messages.
 The `ops-script` and `ops-other` agents add the run-operations tools (`ops_lookup` with secrets
-to redact, `ops_ship` that fails on demand) and search fields, for the pages and the API.
-Tools and agents only one directory uses live in that directory's `kit.py`.
+to redact, `ops_ship` that fails on demand) and search fields, for the pages and the API; at the
+end, the runs on them that tests in several directories start from. Tools, agents and runs only
+one directory uses live in that directory's `kit.py`.
 """
 
 from __future__ import annotations
 
+import json
 import threading
+import uuid
 from collections import defaultdict
 
 from agentruns.models import Run, RunStatus
@@ -23,6 +26,7 @@ from agentruns.registry import (
     register_agent,
     tool,
 )
+from support.models import GatewayRefund
 from tests.helpers import advance, script_run
 
 CALLS: dict[str, list] = defaultdict(list)  # tool name -> [(key, attempt, args)]
@@ -86,8 +90,6 @@ def t_pay(ctx: ToolContext, amount: int) -> dict:
 
 
 def script_policy(messages: list[dict]) -> ScriptedTurn:
-    import json
-
     script = json.loads(messages[1]["content"]).get("script", [])
     turn_no = sum(1 for m in messages if m["role"] == "assistant")
     if turn_no >= len(script):
@@ -105,10 +107,6 @@ def script_policy(messages: list[dict]) -> ScriptedTurn:
 @tool(transactional=True, retry=RetryPolicy(max_attempts=3, backoff_seconds=0.01, jitter=0))
 def t_tx(ctx: ToolContext, amount: int) -> dict:
     """Writes a ledger row in this database; fails (after writing) FAILS['t_tx'] times."""
-    import uuid
-
-    from support.models import GatewayRefund
-
     _record("t_tx", ctx, {"amount": amount})
     GatewayRefund.objects.create(
         order_id="ORD-TX", amount_cents=amount, idempotency_key=f"tx-{uuid.uuid4()}"
@@ -214,3 +212,17 @@ def failed_shipping_run(parcel: str = "P-1", final_text: str = "shipped by hand"
     )
     assert run.status == RunStatus.FAILED
     return run
+
+
+def succeeded_run_to_fork() -> Run:
+    """A succeeded run of five steps: model, t_echo("a"), model, t_charge(2), model ("done")."""
+    return advance(
+        script_run(
+            [
+                {"calls": [["t_echo", {"text": "a"}]]},
+                {"calls": [["t_charge", {"amount": 2}]]},
+                {"text": "done"},
+            ],
+            agent=OPS_AGENT,
+        )
+    )

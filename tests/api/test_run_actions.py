@@ -7,8 +7,8 @@ import pytest
 from agentruns.models import Run, RunStatus, Step, StepStatus
 from tests import testkit
 from tests.conftest import ApiClient
-from tests.helpers import advance, assert_json_error, script_run
-from tests.testkit import OPS_AGENT, failed_shipping_run
+from tests.helpers import advance, assert_json_error
+from tests.testkit import failed_shipping_run, succeeded_run_to_fork
 
 pytestmark = pytest.mark.django_db
 
@@ -47,16 +47,7 @@ def test_resolve_refusals_through_the_api(api, viewer):
 
 
 def test_fork_through_the_api(api, viewer):
-    source = advance(
-        script_run(
-            [
-                {"calls": [["t_echo", {"text": "a"}]]},
-                {"calls": [["t_charge", {"amount": 2}]]},
-                {"text": "done"},
-            ],
-            agent=OPS_AGENT,
-        )
-    )
+    source = succeeded_run_to_fork()
     url = f"/api/runs/{source.id}/fork"
     assert_json_error(ApiClient(viewer).post(url, {"from_step": 2}), 403)
     assert_json_error(api.post(url, {"from_step": 1}), 409)  # a tool step

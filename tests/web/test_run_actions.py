@@ -28,7 +28,7 @@ from approvals.services import AlreadyDecided, approve
 from tests import testkit
 from tests.helpers import advance, assert_gapless, events, script_run, steps
 from tests.procs import wait_until
-from tests.testkit import OPS_AGENT, failed_shipping_run
+from tests.testkit import OPS_AGENT, failed_shipping_run, succeeded_run_to_fork
 
 
 def step_at(run: Run, index: int) -> Step:
@@ -298,16 +298,7 @@ def test_resolve_refusals(operator):
 # ------------------------------------------------------------------ fork
 @pytest.mark.django_db
 def test_fork_from_a_model_step_copies_history_and_continues(operator, client):
-    source = advance(
-        script_run(
-            [
-                {"calls": [["t_echo", {"text": "a"}]]},
-                {"calls": [["t_charge", {"amount": 2}]]},
-                {"text": "done"},
-            ],
-            agent=OPS_AGENT,
-        )
-    )
+    source = succeeded_run_to_fork()
     assert source.status == RunStatus.SUCCEEDED
     source_steps = steps(source)
     assert [s.kind for s in source_steps] == ["model", "tool", "model", "tool", "model"]
