@@ -1,25 +1,19 @@
-"""Shared fixtures: users with the three demo roles, API clients, and real server processes."""
+"""Shared fixtures: users with the demo roles and an operator, an API client, the demo data, the
+state of the shared test tools, and real server processes."""
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
-from django.contrib.auth.models import Group, Permission
+from django.contrib.auth.models import Group
 from django.core.management import call_command
-from django.test import Client
 
-from agentruns.tokens import create_token
 from tests import testkit  # (registers the shared test agents and tools)
+from tests.helpers import ApiClient, make_user  # (importable from here too, as older tests do)
 from tests.procs import Proc
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-
-
-def _perm(dotted: str) -> Permission:
-    app_label, codename = dotted.split(".")
-    return Permission.objects.get(content_type__app_label=app_label, codename=codename)
 
 
 @pytest.fixture(autouse=True)
@@ -33,16 +27,6 @@ def _fast_settings(settings, tmp_path):
 def seeded(db):
     with open(os.devnull, "w") as devnull:
         call_command("seed_demo", stdout=devnull)
-
-
-def make_user(django_user_model, username: str, perms: list[str] = (), superuser: bool = False):
-    user = django_user_model.objects.create_user(username=username, password="pw-" + username)
-    if superuser:
-        user.is_superuser = user.is_staff = True
-        user.save()
-    for p in perms:
-        user.user_permissions.add(_perm(p))
-    return django_user_model.objects.get(pk=user.pk)
 
 
 @pytest.fixture
@@ -68,25 +52,6 @@ def viewer(db, django_user_model):
 def operator(db, django_user_model):
     """May look and operate runs, nothing else (no superuser shortcut)."""
     return make_user(django_user_model, "operator", ["agentruns.view_run", "agentruns.operate_run"])
-
-
-class ApiClient:
-    """A Django test client that sends a real bearer token on every request."""
-
-    def __init__(self, user) -> None:
-        self.token = create_token(user)
-        self.client = Client()
-        self.user = user
-
-    def _headers(self, extra: dict | None) -> dict:
-        return {"HTTP_AUTHORIZATION": f"Bearer {self.token}", **(extra or {})}
-
-    def get(self, path: str, **extra):
-        return self.client.get(path, **self._headers(extra))
-
-    def post(self, path: str, data=None, raw: str | None = None, **extra):
-        body = raw if raw is not None else json.dumps(data if data is not None else {})
-        return self.client.post(path, body, content_type="application/json", **self._headers(extra))
 
 
 @pytest.fixture

@@ -1,15 +1,54 @@
-"""Helpers every kind of test uses: drive a run in-process, read its steps and events."""
+"""Helpers every kind of test uses: users and an API client, drive a run in-process, read its steps
+and events, check an API error."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import timedelta
 
+from django.contrib.auth.models import Permission
+from django.test import Client
 from django.utils import timezone
 
 from agentruns.models import Run, RunEvent, Step
 from agentruns.runtime.executor import RunExecutor
 from agentruns.services import start_run
+from agentruns.tokens import create_token
+
+
+def _perm(dotted: str) -> Permission:
+    app_label, codename = dotted.split(".")
+    return Permission.objects.get(content_type__app_label=app_label, codename=codename)
+
+
+def make_user(django_user_model, username: str, perms: list[str] = (), superuser: bool = False):
+    user = django_user_model.objects.create_user(username=username, password="pw-" + username)
+    if superuser:
+        user.is_superuser = user.is_staff = True
+        user.save()
+    for p in perms:
+        user.user_permissions.add(_perm(p))
+    return django_user_model.objects.get(pk=user.pk)
+
+
+class ApiClient:
+    """A Django test client that sends a real bearer token on every request."""
+
+    def __init__(self, user) -> None:
+        self.token = create_token(user)
+        self.client = Client()
+        self.user = user
+
+    def _headers(self, extra: dict | None) -> dict:
+        return {"HTTP_AUTHORIZATION": f"Bearer {self.token}", **(extra or {})}
+
+    def get(self, path: str, **extra):
+        return self.client.get(path, **self._headers(extra))
+
+    def post(self, path: str, data=None, raw: str | None = None, **extra):
+        body = raw if raw is not None else json.dumps(data if data is not None else {})
+        return self.client.post(path, body, content_type="application/json", **self._headers(extra))
 
 
 def script_run(turns: list[dict], agent: str = "script", **run_input: object) -> Run:

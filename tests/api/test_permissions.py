@@ -8,8 +8,7 @@ import json
 import pytest
 
 from agentruns.models import Run, RunStatus
-from tests.conftest import ApiClient
-from tests.helpers import advance, script_run
+from tests.helpers import ApiClient, advance, script_run
 from tests.testkit import OPS_AGENT, failed_shipping_run
 
 pytestmark = pytest.mark.django_db

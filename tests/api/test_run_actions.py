@@ -6,8 +6,7 @@ import pytest
 
 from agentruns.models import Run, RunStatus, Step, StepStatus
 from tests import testkit
-from tests.conftest import ApiClient
-from tests.helpers import advance, assert_json_error
+from tests.helpers import ApiClient, advance, assert_json_error
 from tests.testkit import failed_shipping_run, succeeded_run_to_fork
 
 pytestmark = pytest.mark.django_db

@@ -12,8 +12,7 @@ from django.test import Client
 
 from agentruns.models import Run, RunStatus, Step
 from agentruns.runtime.executor import RunExecutor
-from tests.conftest import ApiClient, make_user
-from tests.helpers import advance, assert_json_error, script_run
+from tests.helpers import ApiClient, advance, assert_json_error, make_user, script_run
 
 pytestmark = pytest.mark.django_db
 

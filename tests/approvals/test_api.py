@@ -6,7 +6,7 @@ import pytest
 
 from agentruns.models import Run, RunStatus, Step
 from approvals.models import Approval, ApprovalStatus
-from tests.conftest import ApiClient
+from tests.helpers import ApiClient
 
 from .kit import SECRET, parked_approval, unknown_step_approval
 

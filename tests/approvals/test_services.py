@@ -16,8 +16,7 @@ from agentruns.runtime.sweeper import sweep
 from agentruns.services import cancel_run, start_run
 from approvals import parking, services
 from approvals.models import Approval, ApprovalKind, ApprovalStatus
-from tests.conftest import ApiClient
-from tests.helpers import advance, assert_gapless, event_types, events
+from tests.helpers import ApiClient, advance, assert_gapless, event_types, events
 
 from .kit import (
     CALLS,

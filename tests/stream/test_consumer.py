@@ -16,7 +16,7 @@ from django.test import Client
 
 from agentruns.tokens import create_token
 from config.asgi import application
-from tests.conftest import ApiClient, make_user
+from tests.helpers import ApiClient, make_user
 
 from .kit import add_events, add_events_without_nudge, deltas, make_run
 
