@@ -1,20 +1,19 @@
-"""Shared fixtures: users with the three demo roles, API clients, and real server processes."""
+"""Shared fixtures: users with the demo roles and an operator, an API client, the demo data, the
+state of the shared test tools, and real server processes."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
-from django.contrib.auth.models import Group, Permission
+from django.contrib.auth.models import Group
 from django.core.management import call_command
-from django.test import Client
+
+from tests import testkit  # (registers the shared test agents and tools)
+from tests.helpers import ApiClient, make_user  # (importable from here too, as older tests do)
+from tests.procs import Proc
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-
-
-def _perm(dotted: str) -> Permission:
-    app_label, codename = dotted.split(".")
-    return Permission.objects.get(content_type__app_label=app_label, codename=codename)
 
 
 @pytest.fixture(autouse=True)
@@ -26,17 +25,8 @@ def _fast_settings(settings, tmp_path):
 
 @pytest.fixture
 def seeded(db):
-    call_command("seed_demo", stdout=open(os.devnull, "w"))
-
-
-def make_user(django_user_model, username: str, perms: list[str] = (), superuser: bool = False):
-    user = django_user_model.objects.create_user(username=username, password="pw-" + username)
-    if superuser:
-        user.is_superuser = user.is_staff = True
-        user.save()
-    for p in perms:
-        user.user_permissions.add(_perm(p))
-    return django_user_model.objects.get(pk=user.pk)
+    with open(os.devnull, "w") as devnull:
+        call_command("seed_demo", stdout=devnull)
 
 
 @pytest.fixture
@@ -58,27 +48,10 @@ def viewer(db, django_user_model):
     return make_user(django_user_model, "viewer", ["agentruns.view_run", "approvals.view_approval"])
 
 
-class ApiClient:
-    """A Django test client that sends a real bearer token on every request."""
-
-    def __init__(self, user) -> None:
-        from agentruns.tokens import create_token
-
-        self.token = create_token(user)
-        self.client = Client()
-        self.user = user
-
-    def _headers(self, extra: dict | None) -> dict:
-        return {"HTTP_AUTHORIZATION": f"Bearer {self.token}", **(extra or {})}
-
-    def get(self, path: str, **extra):
-        return self.client.get(path, **self._headers(extra))
-
-    def post(self, path: str, data=None, raw: str | None = None, **extra):
-        import json
-
-        body = raw if raw is not None else json.dumps(data if data is not None else {})
-        return self.client.post(path, body, content_type="application/json", **self._headers(extra))
+@pytest.fixture
+def operator(db, django_user_model):
+    """May look and operate runs, nothing else (no superuser shortcut)."""
+    return make_user(django_user_model, "operator", ["agentruns.view_run", "agentruns.operate_run"])
 
 
 @pytest.fixture
@@ -92,9 +65,6 @@ def group_roles(db):
         Group.objects.get_or_create(name=name)
 
 
-import tests.testkit as testkit  # noqa: E402  (registers the test agents)
-
-
 @pytest.fixture(autouse=True)
 def _reset_testkit():
     testkit.reset()
@@ -102,24 +72,11 @@ def _reset_testkit():
     testkit.reset()
 
 
-# Debian's chromium, never a downloaded browser; these flags keep it off the (closed) network
-CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-
-
 @pytest.fixture
-def browser():
-    """A real headless Chromium driven by Playwright's sync API."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
+def procs():
+    """Every process a test starts (append them); all are SIGKILLed (by their own process group)
+    afterwards, before pytest-django truncates the tables they use."""
+    started: list[Proc] = []
+    yield started
+    for proc in started:
+        proc.kill()

@@ -1,11 +1,71 @@
-"""Helpers every kind of test uses: drive a run in-process, read its steps and events."""
+"""Helpers every kind of test uses: users and an API client, drive a run in-process, read its steps
+and events, check an API error."""
 
 from __future__ import annotations
 
+import json
 import uuid
+from datetime import timedelta
+
+from django.contrib.auth.models import Permission
+from django.test import Client
+from django.utils import timezone
 
 from agentruns.models import Run, RunEvent, Step
 from agentruns.runtime.executor import RunExecutor
+from agentruns.services import start_run
+from agentruns.tokens import create_token
+
+
+def _perm(dotted: str) -> Permission:
+    app_label, codename = dotted.split(".")
+    return Permission.objects.get(content_type__app_label=app_label, codename=codename)
+
+
+def make_user(django_user_model, username: str, perms: list[str] = (), superuser: bool = False):
+    user = django_user_model.objects.create_user(username=username, password="pw-" + username)
+    if superuser:
+        user.is_superuser = user.is_staff = True
+        user.save()
+    for p in perms:
+        user.user_permissions.add(_perm(p))
+    return django_user_model.objects.get(pk=user.pk)
+
+
+class ApiClient:
+    """A Django test client that sends a real bearer token on every request."""
+
+    def __init__(self, user) -> None:
+        self.token = create_token(user)
+        self.client = Client()
+        self.user = user
+
+    def _headers(self, extra: dict | None) -> dict:
+        return {"HTTP_AUTHORIZATION": f"Bearer {self.token}", **(extra or {})}
+
+    def get(self, path: str, **extra):
+        return self.client.get(path, **self._headers(extra))
+
+    def post(self, path: str, data=None, raw: str | None = None, **extra):
+        body = raw if raw is not None else json.dumps(data if data is not None else {})
+        return self.client.post(path, body, content_type="application/json", **self._headers(extra))
+
+
+def script_run(turns: list[dict], agent: str = "script", **run_input: object) -> Run:
+    """Start (queue) a run of a scripted test agent (tests/testkit.py) that plays `turns`."""
+    return start_run(agent, {"script": turns, **run_input}).run
+
+
+def leased_run(owner: str = "me:1:abc", ttl_seconds: float = 30) -> Run:
+    """A run of the `script` agent (never enqueued) as a worker holds it: running, leased to
+    `owner` for `ttl_seconds`."""
+    run = start_run("script", {"script": []}, enqueue_task=False).run
+    Run.objects.filter(id=run.id).update(
+        status="running",
+        lease_owner=owner,
+        lease_expires_at=timezone.now() + timedelta(seconds=ttl_seconds),
+    )
+    return Run.objects.get(id=run.id)
 
 
 def advance(run: Run) -> Run:
@@ -15,21 +75,41 @@ def advance(run: Run) -> Run:
     return run
 
 
-def steps(run: Run) -> list[Step]:
-    return list(Step.objects.filter(run=run).order_by("index"))
+def _run_id(run: Run | uuid.UUID | str) -> uuid.UUID | str:
+    return run.id if isinstance(run, Run) else run
 
 
-def events(run: Run, *types: str) -> list[RunEvent]:
-    rows = RunEvent.objects.filter(run=run).order_by("seq")
+def steps(run: Run | uuid.UUID | str, kind: str = "") -> list[Step]:
+    """The run's steps in order; only those of `kind` ("model" or "tool") if given."""
+    rows = Step.objects.filter(run_id=_run_id(run)).order_by("index")
+    return list(rows.filter(kind=kind) if kind else rows)
+
+
+def events(run: Run | uuid.UUID | str, *types: str) -> list[RunEvent]:
+    """The run's events in seq order; only those of `types` if given."""
+    rows = RunEvent.objects.filter(run_id=_run_id(run)).order_by("seq")
     return list(rows.filter(type__in=types) if types else rows)
+
+
+def event_types(run: Run | uuid.UUID | str) -> list[str]:
+    return [event.type for event in events(run)]
 
 
 def assert_gapless(run: Run | uuid.UUID | str) -> None:
     """The run's events are seq 1..last_seq: no hole, no duplicate."""
-    run_id = run.id if isinstance(run, Run) else run
+    run_id = _run_id(run)
     last_seq = Run.objects.values_list("last_seq", flat=True).get(id=run_id)
     seqs = list(
         RunEvent.objects.filter(run_id=run_id).order_by("seq").values_list("seq", flat=True)
     )
     assert seqs == list(range(1, len(seqs) + 1))
     assert last_seq == len(seqs)
+
+
+def assert_json_error(response, status: int) -> dict:
+    """Every API error is JSON `{"error": ...}` with the given 4xx status."""
+    assert response.status_code == status, response.content[:500]
+    assert response["Content-Type"].startswith("application/json"), response["Content-Type"]
+    body = response.json()
+    assert isinstance(body.get("error"), str) and body["error"]
+    return body

@@ -1,4 +1,5 @@
-"""Real processes for tests: the ASGI server (daphne) and the worker (qcluster).
+"""Real processes for tests: the ASGI server (daphne) and the worker (qcluster), and what a test
+does with them over HTTP (start a run, read the refund gateway's ledger) or waits for.
 
 Both run against the test database pytest-django created, so tests that use them must be
 `@pytest.mark.django_db(transaction=True)` (the processes only see committed rows).
@@ -12,10 +13,13 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import httpx
 from django.db import connection
+
+from agentruns.models import Run
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -143,3 +147,40 @@ def wait_until(predicate, timeout: float = 60, interval: float = 0.1, message: s
             return value
         time.sleep(interval)
     raise TimeoutError(f"timed out after {timeout}s waiting for {message}")
+
+
+def wait_finished(run: Run | uuid.UUID | str, *procs: Proc, timeout: float = 120) -> Run:
+    """Wait until the run is terminal and return its row; on timeout, fail with `procs`' logs."""
+    run_id = run.id if isinstance(run, Run) else run
+
+    def finished() -> Run | None:
+        row = Run.objects.get(id=run_id)
+        return row if row.is_terminal else None
+
+    try:
+        return wait_until(
+            finished, timeout=timeout, interval=0.2, message=f"run {run_id} to finish"
+        )
+    except TimeoutError:
+        logs = "\n".join(f"--- {proc.log_path.name}\n{proc.log()}" for proc in procs)
+        raise AssertionError(f"run {run_id} did not finish\n{logs}") from None
+
+
+def start_run_over_http(base_url: str, token: str, run_input: dict, agent: str = "refund") -> str:
+    """Start a run through the JSON API of the server at `base_url`, as a client would: its id."""
+    response = httpx.post(
+        f"{base_url}/api/runs",
+        json={"agent": agent, "input": run_input},
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+    )
+    assert response.status_code == 201, response.text
+    return response.json()["id"]
+
+
+def gateway_refunds(base_url: str, order_id: str | None = None) -> list[dict]:
+    """The refunds the real gateway served at `base_url` says it executed (for `order_id`)."""
+    params = {"order_id": order_id} if order_id is not None else {}
+    response = httpx.get(f"{base_url}/gateway/refunds", params=params, timeout=30)
+    response.raise_for_status()
+    return response.json()["refunds"]

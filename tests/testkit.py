@@ -1,14 +1,21 @@
-"""Agents and tools for engine tests, registered through the public registry like any app's.
+"""Agents and tools the tests share, registered through the public registry like any app's.
 
 The `script` agent plays the turns listed in its input: {"script": [{"text": ..., "calls":
 [[tool, args], ...]}, ...]}; turn i is played when the conversation holds i assistant messages.
+The `ops-script` and `ops-other` agents add the run-operations tools (`ops_lookup` with secrets
+to redact, `ops_ship` that fails on demand) and search fields, for the pages and the API; at the
+end, the runs on them that tests in several directories start from. Tools, agents and runs only
+one directory uses live in that directory's `kit.py`.
 """
 
 from __future__ import annotations
 
+import json
 import threading
+import uuid
 from collections import defaultdict
 
+from agentruns.models import Run, RunStatus
 from agentruns.registry import (
     Agent,
     FatalToolError,
@@ -19,6 +26,8 @@ from agentruns.registry import (
     register_agent,
     tool,
 )
+from support.models import GatewayRefund
+from tests.helpers import advance, script_run
 
 CALLS: dict[str, list] = defaultdict(list)  # tool name -> [(key, attempt, args)]
 FAILS: dict[str, int] = defaultdict(int)  # tool name -> transient failures still to produce
@@ -81,8 +90,6 @@ def t_pay(ctx: ToolContext, amount: int) -> dict:
 
 
 def script_policy(messages: list[dict]) -> ScriptedTurn:
-    import json
-
     script = json.loads(messages[1]["content"]).get("script", [])
     turn_no = sum(1 for m in messages if m["role"] == "assistant")
     if turn_no >= len(script):
@@ -100,10 +107,6 @@ def script_policy(messages: list[dict]) -> ScriptedTurn:
 @tool(transactional=True, retry=RetryPolicy(max_attempts=3, backoff_seconds=0.01, jitter=0))
 def t_tx(ctx: ToolContext, amount: int) -> dict:
     """Writes a ledger row in this database; fails (after writing) FAILS['t_tx'] times."""
-    import uuid
-
-    from support.models import GatewayRefund
-
     _record("t_tx", ctx, {"amount": amount})
     GatewayRefund.objects.create(
         order_id="ORD-TX", amount_cents=amount, idempotency_key=f"tx-{uuid.uuid4()}"
@@ -157,3 +160,69 @@ register_agent(
         max_cost_usd=0.5,
     )
 )
+
+
+@tool(redact=("api_key", "customer_email"))
+def ops_lookup(ctx: ToolContext, customer: str, api_key: str) -> dict:
+    """Read-only, with secrets in both its arguments and its result."""
+    _record("ops_lookup", ctx, {"customer": customer})
+    return {"customer": customer, "customer_email": f"{customer}@example.com", "tier": "gold"}
+
+
+@tool(
+    side_effect=True,
+    idempotency="key",
+    retry=RetryPolicy(max_attempts=2, backoff_seconds=0.01, backoff_max_seconds=0.05, jitter=0.1),
+)
+def ops_ship(ctx: ToolContext, parcel: str) -> dict:
+    """A side effect that fails transiently FAILS['ops_ship'] times, fatally FAILS['ops_ship_fatal']
+    times (first)."""
+    _record("ops_ship", ctx, {"parcel": parcel})
+    if FAILS["ops_ship_fatal"] > 0:
+        FAILS["ops_ship_fatal"] -= 1
+        raise FatalToolError("carrier rejected the label")
+    if FAILS["ops_ship"] > 0:
+        FAILS["ops_ship"] -= 1
+        raise RetryableToolError("carrier timeout")
+    return {"shipped": parcel, "tracking": f"TRK-{ctx.idempotency_key[-6:]}"}
+
+
+OPS_AGENT = "ops-script"
+OPS_TOOLS = [*TOOLS, "ops_lookup", "ops_ship"]
+
+for ops_agent in (OPS_AGENT, "ops-other"):
+    register_agent(
+        Agent(
+            name=ops_agent,
+            instructions="Follow the script.",
+            tools=OPS_TOOLS,
+            scripted_policy=script_policy,
+            search_fields=("order_id", "ticket_id"),
+        )
+    )
+
+
+def failed_shipping_run(parcel: str = "P-1", final_text: str = "shipped by hand") -> Run:
+    """A run whose `ops_ship` step failed fatally: the run failed, ready to retry or resolve."""
+    FAILS["ops_ship_fatal"] = 1
+    run = advance(
+        script_run(
+            [{"calls": [["ops_ship", {"parcel": parcel}]]}, {"text": final_text}], agent=OPS_AGENT
+        )
+    )
+    assert run.status == RunStatus.FAILED
+    return run
+
+
+def succeeded_run_to_fork() -> Run:
+    """A succeeded run of five steps: model, t_echo("a"), model, t_charge(2), model ("done")."""
+    return advance(
+        script_run(
+            [
+                {"calls": [["t_echo", {"text": "a"}]]},
+                {"calls": [["t_charge", {"amount": 2}]]},
+                {"text": "done"},
+            ],
+            agent=OPS_AGENT,
+        )
+    )

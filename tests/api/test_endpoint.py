@@ -7,34 +7,25 @@ import uuid
 import pytest
 
 from agentruns.models import Run
-from tests.conftest import ApiClient
-
-
-@pytest.fixture
-def api_lead(lead):
-    return ApiClient(lead)
-
-
-def _error(response, status: int) -> str:
-    assert response.status_code == status, response.content[:300]
-    assert response["Content-Type"].startswith("application/json")
-    return response.json()["error"]
+from tests.helpers import assert_json_error
 
 
 @pytest.mark.django_db
-def test_unknown_api_paths_and_methods_are_json(api_lead):
-    assert "no API route" in _error(api_lead.get("/api/nope"), 404)
-    assert "no API route" in _error(api_lead.get("/api/runs/x/y/z/w"), 404)
-    response = api_lead.client.delete("/api/runs", HTTP_AUTHORIZATION=f"Bearer {api_lead.token}")
-    assert "not allowed" in _error(response, 405) and response["Allow"] == "POST"
-
-
-@pytest.mark.django_db
-def test_a_malformed_id_is_a_json_404_before_any_query(api_lead, django_assert_max_num_queries):
-    with django_assert_max_num_queries(3):  # the token lookup and its last-used stamp only
-        assert _error(api_lead.get("/api/runs/not-a-uuid"), 404) == "no such run"
+def test_unknown_api_paths_and_methods_are_json(api):
+    assert "no API route" in assert_json_error(api.get("/api/nope"), 404)["error"]
+    assert "no API route" in assert_json_error(api.get("/api/runs/x/y/z/w"), 404)["error"]
+    response = api.client.delete("/api/runs", HTTP_AUTHORIZATION=f"Bearer {api.token}")
     assert (
-        _error(api_lead.post("/api/approvals/١٢", {"decision": "approve"}), 404)
+        "not allowed" in assert_json_error(response, 405)["error"] and response["Allow"] == "POST"
+    )
+
+
+@pytest.mark.django_db
+def test_a_malformed_id_is_a_json_404_before_any_query(api, django_assert_max_num_queries):
+    with django_assert_max_num_queries(3):  # the token lookup and its last-used stamp only
+        assert assert_json_error(api.get("/api/runs/not-a-uuid"), 404)["error"] == "no such run"
+    assert (
+        assert_json_error(api.post("/api/approvals/١٢", {"decision": "approve"}), 404)["error"]
         == "no such approval"
     )
 
@@ -57,31 +48,31 @@ def test_a_malformed_id_is_a_json_404_before_any_query(api_lead, django_assert_m
         ("{", "malformed JSON"),
     ],
 )
-def test_hostile_json_is_a_400_naming_the_problem(api_lead, raw, fragment):
-    assert fragment in _error(api_lead.post("/api/runs", raw=raw), 400)
+def test_hostile_json_is_a_400_naming_the_problem(api, raw, fragment):
+    assert fragment in assert_json_error(api.post("/api/runs", raw=raw), 400)["error"]
     assert not Run.objects.exists()
 
 
 @pytest.mark.django_db
-def test_size_and_content_type(api_lead, settings):
+def test_size_and_content_type(api, settings):
     settings.AGENTRUNS_API_MAX_BODY_BYTES = 2048
     big = '{"agent": "refund", "input": {"t": "' + "x" * 4000 + '"}}'
-    assert "larger than" in _error(api_lead.post("/api/runs", raw=big), 413)
-    response = api_lead.client.post(
+    assert "larger than" in assert_json_error(api.post("/api/runs", raw=big), 413)["error"]
+    response = api.client.post(
         "/api/runs",
         "agent=refund",
         content_type="application/x-www-form-urlencoded",
-        HTTP_AUTHORIZATION=f"Bearer {api_lead.token}",
+        HTTP_AUTHORIZATION=f"Bearer {api.token}",
     )
-    assert "application/json" in _error(response, 415)
+    assert "application/json" in assert_json_error(response, 415)["error"]
 
 
 @pytest.mark.django_db
 def test_session_writes_need_a_bearer_token(client, lead):
     client.force_login(lead)
-    assert _error(
+    assert assert_json_error(
         client.post(f"/api/runs/{uuid.uuid4()}/cancel", {}, content_type="application/json"), 401
-    )
+    )["error"]
 
 
 @pytest.mark.django_db

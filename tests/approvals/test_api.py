@@ -6,9 +6,9 @@ import pytest
 
 from agentruns.models import Run, RunStatus, Step
 from approvals.models import Approval, ApprovalStatus
-from tests.conftest import ApiClient
+from tests.helpers import ApiClient
 
-from .conftest import SECRET, parked_approval, unknown_step_approval
+from .kit import SECRET, parked_approval, unknown_step_approval
 
 pytestmark = pytest.mark.django_db
 

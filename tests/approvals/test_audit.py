@@ -7,7 +7,7 @@ from django.urls import reverse
 
 from approvals import services
 
-from .conftest import SECRET, login, parked_approval, unknown_step_approval
+from .kit import SECRET, login, parked_approval, unknown_step_approval
 
 pytestmark = pytest.mark.django_db
 

@@ -7,17 +7,25 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.test import Client
 from django.utils import timezone
 from django_q.models import OrmQ
 
 from agentruns.models import Run, RunEvent, RunStatus, Step, StepStatus
 from agentruns.runtime.sweeper import sweep
-from agentruns.services import cancel_run
+from agentruns.services import cancel_run, start_run
 from approvals import parking, services
-from approvals.models import Approval, ApprovalStatus
-from tests.helpers import assert_gapless
+from approvals.models import Approval, ApprovalKind, ApprovalStatus
+from tests.helpers import ApiClient, advance, assert_gapless, event_types, events
 
-from .conftest import CALLS, SECRET, advance, parked_approval, unknown_step_approval
+from .kit import (
+    CALLS,
+    CRASH_NEXT,
+    SECRET,
+    die_mid_call_then_recover,
+    parked_approval,
+    unknown_step_approval,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -25,10 +33,6 @@ pytestmark = pytest.mark.django_db
 def queued_tasks_for(run_id) -> int:
     """django-q2 ORM broker rows that would advance this run (the worker's doorbell)."""
     return sum(1 for row in OrmQ.objects.all() if row.task.get("args") == (str(run_id),))
-
-
-def decided_events(run_id) -> list[RunEvent]:
-    return list(RunEvent.objects.filter(run_id=run_id, type="approval.decided").order_by("seq"))
 
 
 def test_approve_resumes_the_run_with_the_requested_args(
@@ -45,7 +49,7 @@ def test_approve_resumes_the_run_with_the_requested_args(
     run = Run.objects.get(id=approval.run_id)
     assert run.status == RunStatus.QUEUED
     assert queued_tasks_for(run.id) == before + 1
-    (event,) = decided_events(run.id)
+    (event,) = events(run.id, "approval.decided")
     assert event.data["decision"] == "approved" and event.data["by"] == "approver"
     assert event.data["at"] and event.data["diff"] == {} and event.data["edited"] is False
     # the timeline never shows the secret argument
@@ -81,7 +85,7 @@ def test_approve_with_edited_args_validates_stores_and_audits_the_diff(
         "reason": "The blender arrived broken",
         "card_token": SECRET,
     }
-    (event,) = decided_events(approval.run_id)
+    (event,) = events(approval.run_id, "approval.decided")
     assert event.data["diff"] == {"amount_cents": {"from": 4599, "to": 2500}}
     assert event.data["reason"] == "partial: only the lid"
     run = advance(Run.objects.get(id=approval.run_id))
@@ -123,7 +127,7 @@ def test_reject_feeds_the_reason_back_to_the_agent(approver, django_capture_on_c
     from agentruns.runtime.conversation import tool_result_content
 
     assert "outside the 30-day window" in tool_result_content(step)
-    (event,) = decided_events(run.id)
+    (event,) = events(run.id, "approval.decided")
     assert (
         event.data["decision"] == "rejected" and event.data["reason"] == "outside the 30-day window"
     )
@@ -214,7 +218,7 @@ def test_reconcile_happened_keeps_the_single_send_and_continues(
     assert len(CALLS["ap_notify"]) == 1  # never sent twice
     approval.refresh_from_db()
     assert approval.status == ApprovalStatus.RESOLVED and approval.resolution == "happened"
-    assert decided_events(run.id)[0].data["decision"] == "reconciled: happened"
+    assert events(run.id, "approval.decided")[0].data["decision"] == "reconciled: happened"
 
 
 def test_reconcile_retry_runs_the_step_again_with_the_same_key(
@@ -243,7 +247,7 @@ def test_reconcile_abort_ends_the_run(approver):
     assert "aborted by approver" in run.error
     assert Step.objects.get(id=approval.step_id).status == StepStatus.FAILED
     assert queued_tasks_for(run.id) == 0 or Run.objects.get(id=run.id).status == RunStatus.FAILED
-    types = list(RunEvent.objects.filter(run=run).order_by("seq").values_list("type", flat=True))
+    types = event_types(run)
     assert types[-2:] == ["approval.decided", "run.status"]
     with pytest.raises(services.AlreadyDecided):
         services.reconcile(approval.id, user=approver, resolution="retry")
@@ -300,7 +304,7 @@ def test_race_two_deciders_exactly_one_wins_and_the_run_is_enqueued_once(approve
     approval.refresh_from_db()
     assert approval.status in (ApprovalStatus.APPROVED, ApprovalStatus.REJECTED)
     assert loser.approval.decided_by_id == approval.decided_by_id
-    assert len(decided_events(approval.run_id)) == 1
+    assert len(events(approval.run_id, "approval.decided")) == 1
     assert (
         RunEvent.objects.filter(
             run_id=approval.run_id, type="run.status", data__status="queued"
@@ -312,32 +316,6 @@ def test_race_two_deciders_exactly_one_wins_and_the_run_is_enqueued_once(approve
 
 
 # ------------------------------------------------------------------ approved, then interrupted
-from agentruns.registry import Agent, ToolContext, register_agent, tool  # noqa: E402
-from agentruns.runtime.executor import RunExecutor  # noqa: E402
-from agentruns.services import start_run  # noqa: E402
-from approvals.models import ApprovalKind  # noqa: E402
-from tests.testkit import script_policy  # noqa: E402
-
-from .conftest import SimulatedCrash  # noqa: E402
-
-WIRE_CRASH = {"next": False}
-
-
-@tool(side_effect=True, idempotency="none", requires_approval=True, redact=("account",))
-def ap_wire(ctx: ToolContext, account: str, amount_cents: int) -> dict:
-    """Needs approval and has no idempotency key: an interrupted call must be reconciled."""
-    CALLS["ap_wire"].append((ctx.attempt, amount_cents))
-    if WIRE_CRASH["next"]:
-        WIRE_CRASH["next"] = False
-        raise SimulatedCrash("worker died mid-call")
-    return {"wired": amount_cents}
-
-
-register_agent(
-    Agent(name="ap-wire", instructions="Wire.", tools=["ap_wire"], scripted_policy=script_policy)
-)
-
-
 def test_reconciling_an_approved_call_keeps_who_approved_it(approver, lead):
     run = start_run(
         "ap-wire",
@@ -351,11 +329,8 @@ def test_reconciling_an_approved_call_keeps_who_approved_it(approver, lead):
     run = advance(run)
     approval = Approval.objects.get(run=run)
     services.approve(approval.id, user=approver, reason="checked the invoice")
-    WIRE_CRASH["next"] = True
-    with pytest.raises(SimulatedCrash):
-        RunExecutor(run.id).advance()
-    Run.objects.filter(id=run.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
-    run = advance(run)
+    CRASH_NEXT["ap_wire"] = True
+    run = die_mid_call_then_recover(run)
     assert run.status == RunStatus.WAITING
     reconciliation = Approval.objects.get(run=run)  # the same row: one per step
     assert reconciliation.id == approval.id
@@ -369,16 +344,12 @@ def test_reconciling_an_approved_call_keeps_who_approved_it(approver, lead):
     assert earlier["decided_by"] == approver.username and earlier["reason"] == "checked the invoice"
     assert earlier["decided_at"]
 
-    from tests.conftest import ApiClient
-
     listed = ApiClient(lead).get("/api/approvals?status=pending").json()
     [item] = [a for a in listed["approvals"] if a["id"] == approval.id]
     assert item["history"][0]["decided_by"] == approver.username
     # redacted in the history as in the args (the run's own input, shown as the request, holds
     # the script here, so only these fields are checked)
     assert "DE00-SECRET" not in str(item["history"]) + str(item["requested_args"])
-
-    from django.test import Client
 
     inbox = Client()
     inbox.force_login(approver)

@@ -15,7 +15,7 @@ from django.urls import reverse
 from agentruns.models import Run, RunStatus, Step
 from approvals.models import Approval, ApprovalKind, ApprovalStatus
 
-from .conftest import SECRET, bulk_pending, login, parked_approval, unknown_step_approval
+from .kit import SECRET, bulk_pending, login, parked_approval, unknown_step_approval
 
 pytestmark = pytest.mark.django_db
 

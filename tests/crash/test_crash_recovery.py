@@ -14,9 +14,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-import httpx
 import pytest
-from django.core.management import call_command
 from django.utils import timezone
 
 from agentruns.models import (
@@ -32,7 +30,8 @@ from agentruns.models import (
 from agentruns.services import start_run
 from approvals.models import Approval, ApprovalKind, ApprovalStatus
 from support.models import GatewayRefund, Order, OutboxMessage, TicketNote
-from tests.procs import Proc, base_env, start_web, start_worker, wait_until
+from tests.helpers import assert_gapless, steps
+from tests.procs import Proc, base_env, gateway_refunds, start_web, start_worker, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.crash]
 
@@ -72,27 +71,11 @@ def _report_measurements():
 
 # ------------------------------------------------------------------ processes
 @pytest.fixture
-def procs():
-    """Every process a test starts; all are SIGKILLed (by their own process group) afterwards,
-    before pytest-django truncates the tables they use."""
-    started: list[Proc] = []
-    yield started
-    for proc in started:
-        proc.kill()
-
-
-@pytest.fixture
 def gateway(tmp_path, procs) -> str:
     """A real daphne serving the app, whose /gateway is the refund service the workers call."""
     proc, url = start_web(tmp_path, REFUND_GATEWAY_DELAY_MS=GATEWAY_DELAY_MS)
     procs.append(proc)
     return url
-
-
-@pytest.fixture
-def seeded(transactional_db):
-    with open(os.devnull, "w") as devnull:
-        call_command("seed_demo", stdout=devnull)
 
 
 def worker(tmp_path: Path, procs: list[Proc], gateway: str, name: str, **env: object) -> Proc:
@@ -140,12 +123,6 @@ def wait_settled(run_ids: list, workers: list[Proc], timeout: float = 150) -> di
         raise AssertionError(f"runs did not finish: {statuses}\n{logs}") from None
 
 
-def gateway_ledger(url: str, order_id: str) -> list[dict]:
-    response = httpx.get(f"{url}/gateway/refunds", params={"order_id": order_id}, timeout=10)
-    response.raise_for_status()
-    return response.json()["refunds"]
-
-
 def assert_refunded_exactly_once(url: str, order_id: str, amount: int, run: Run) -> Step:
     """The gateway's own ledger (its table and its HTTP listing) shows one refund of `amount`,
     made with the idempotency key of the run's single issue_refund step."""
@@ -154,7 +131,7 @@ def assert_refunded_exactly_once(url: str, order_id: str, amount: int, run: Run)
     assert len(rows) == 1, f"{order_id}: {len(rows)} refunds in the ledger"
     assert rows[0].amount_cents == amount
     assert rows[0].idempotency_key == refund_step.idempotency_key
-    listed = gateway_ledger(url, order_id)
+    listed = gateway_refunds(url, order_id)
     assert [(r["amount_cents"], r["idempotency_key"]) for r in listed] == [
         (amount, refund_step.idempotency_key)
     ]
@@ -173,11 +150,6 @@ def attempt_outcomes(step: Step) -> list[tuple[int, str]]:
 def marker_time(marker: Path) -> datetime:
     """The failpoint writes its marker right before SIGKILL: its mtime is the kill time."""
     return datetime.fromtimestamp(marker.stat().st_mtime, tz=UTC)
-
-
-def assert_events_gapless(run: Run) -> None:
-    seqs = list(RunEvent.objects.filter(run=run).order_by("seq").values_list("seq", flat=True))
-    assert seqs == list(range(1, len(seqs) + 1))
 
 
 # ------------------------------------------------------------------ failpoints, crash_once
@@ -218,7 +190,7 @@ def test_failpoint_crash_once_refunds_exactly_once(tmp_path, procs, gateway, see
         assert TicketNote.objects.filter(ticket__order__order_id=order_id).count() == 1
         assert OutboxMessage.objects.filter(run_id=run.id).count() == 1
         assert not Step.objects.filter(run=run).exclude(status=StepStatus.SUCCEEDED).exists()
-        assert_events_gapless(run)
+        assert_gapless(run)
 
         if point == "model_streaming":
             check_model_streaming_recovery(run, failpoint_dir)
@@ -255,7 +227,7 @@ def test_failpoint_crash_once_refunds_exactly_once(tmp_path, procs, gateway, see
 def check_model_streaming_recovery(run: Run, failpoint_dir: Path) -> None:
     """Each model step that streamed in batches was killed once mid-stream: its partial text was
     superseded, the re-request's text is the step's text, and the final output appears once."""
-    model_steps = list(Step.objects.filter(run=run, kind="model").order_by("index"))
+    model_steps = steps(run, kind="model")
     interrupted = [
         s for s in model_steps if (failpoint_dir / f"model_streaming-refund-{s.id}").exists()
     ]
@@ -324,7 +296,7 @@ def test_reply_interrupted_after_step_started_is_unknown_never_resent(
         # the run is parked: no lease, no further steps
         assert run.lease_owner == "" and run.lease_expires_at is None
         assert not Step.objects.filter(run=run, index__gt=reply.index).exists()
-        assert_events_gapless(run)
+        assert_gapless(run)
 
 
 # ------------------------------------------------------------------ SIGKILL of the whole worker
@@ -419,7 +391,7 @@ def test_sigkill_whole_worker_at_random_moments(tmp_path, procs, seeded):
         assert all(o == AttemptOutcome.CRASHED for _, o in outcomes[:-1]), outcomes
         assert OutboxMessage.objects.filter(run_id=run.id).count() == 1
         assert TicketNote.objects.filter(ticket__order__order_id=order_id).count() == 1
-        assert_events_gapless(run)
+        assert_gapless(run)
     total_attempts = StepAttempt.objects.filter(step__run_id__in=run_ids).count()
     crashed = StepAttempt.objects.filter(
         step__run_id__in=run_ids, outcome=AttemptOutcome.CRASHED

@@ -16,9 +16,9 @@ from django.test import Client
 
 from agentruns.tokens import create_token
 from config.asgi import application
-from tests.conftest import ApiClient, make_user
+from tests.helpers import ApiClient, make_user
 
-from .helpers import add_events, add_events_without_nudge, deltas, make_run
+from .kit import add_events, add_events_without_nudge, deltas, make_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ORIGIN = (b"origin", b"http://testserver")
@@ -230,7 +230,7 @@ def test_viewers_share_a_feed_and_a_late_viewer_replays(viewer, settings):
 
 
 def test_superseded_attempt_text_is_dropped_by_page_and_stream_alike(viewer, settings):
-    from .helpers import expected_text, text_from_frames
+    from .kit import expected_text, text_from_frames
 
     run = make_run()
     add_events(run.id, deltas(0, ["partial "]))

@@ -27,9 +27,16 @@ from websockets.sync.client import connect
 from agentruns.models import Run, RunEvent, Step
 from agentruns.runtime.events import event_payload
 from agentruns.tokens import create_token
-from tests.procs import free_port, start_web, start_worker, wait_until
+from tests.procs import (
+    free_port,
+    gateway_refunds,
+    start_run_over_http,
+    start_web,
+    start_worker,
+    wait_until,
+)
 
-from .helpers import expected_text, text_from_frames
+from .kit import expected_text, text_from_frames
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.timeout(600)]
 TERMINAL = {"succeeded", "failed", "cancelled"}
@@ -145,14 +152,9 @@ def run_stream_scenario(
 
     try:
         for n, order in enumerate(["ORD-1003", "ORD-1004"]):
-            created = httpx.post(
-                f"{base_url}/api/runs",
-                json={"agent": "refund", "input": {"order_id": order, "message": "It broke."}},
-                headers={"Authorization": f"Bearer {token}"},
-                timeout=30,
+            run_id = start_run_over_http(
+                base_url, token, {"order_id": order, "message": "It broke."}
             )
-            assert created.status_code == 201, created.text
-            run_id = created.json()["id"]
             viewer = ResumingViewer(base_url, run_id, token, rng)
             if n == 0:  # the first run sees the restart
                 viewer.on_frame = restart_web_mid_stream
@@ -171,7 +173,7 @@ def run_stream_scenario(
                 message="run row succeeded",
             )
             assert_stream_is_the_log(viewer, run, base_url, token)
-            refunds = httpx.get(f"{gateway_url}/gateway/refunds?order_id={order}").json()["refunds"]
+            refunds = gateway_refunds(gateway_url, order)
             assert len(refunds) == 1  # the stream's restarts never touch the side effects
             assert viewer.connections >= 10, "the scenario must reconnect many times"
             print(

@@ -16,7 +16,7 @@ from agentruns.runtime.providers import (
     get_provider,
 )
 from scripts.fake_openai_server import Fail, Reply
-from tests.openai.conftest import API_KEY, MODEL
+from tests.providers.kit import API_KEY, MODEL
 
 TOOLS = [
     {

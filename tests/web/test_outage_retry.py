@@ -6,15 +6,10 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import pytest
 
 from agentruns.models import Run, RunStatus, Step, StepStatus
-from tests.procs import start_web, start_worker, wait_until
-
-
-def run_status(run_id) -> str:
-    return Run.objects.filter(id=run_id).values_list("status", flat=True).first() or ""
+from tests.procs import gateway_refunds, start_web, start_worker, wait_finished
 
 
 @pytest.mark.django_db(transaction=True)
@@ -34,19 +29,15 @@ def test_outage_then_retry_finishes_with_one_refund(seeded, operator, client, tm
         )
         assert created.status_code == 302
         run = Run.objects.get(agent="refund", input__order_id="ORD-1002")
-        wait_until(
-            lambda: run_status(run.id) == RunStatus.FAILED, timeout=120, message="run failed"
-        )
+        run = wait_finished(run, worker)
+        assert run.status == RunStatus.FAILED, run.error
 
         # the morning view: the failed run, its error, in the failed list
         listing = client.get("/runs/?status=failed").content.decode()
         assert str(run.id) in listing and "gateway answered 503" in listing
         refund = Step.objects.get(run=run, tool="issue_refund")
         assert refund.status == StepStatus.FAILED and refund.attempts == 3
-        assert (
-            httpx.get(url + "/gateway/refunds", params={"order_id": "ORD-1002"}).json()["refunds"]
-            == []
-        )
+        assert gateway_refunds(url, "ORD-1002") == []
 
         # the outage ends (the gateway restarts healthy on the same address), then: retry
         web.stop()
@@ -55,15 +46,12 @@ def test_outage_then_retry_finishes_with_one_refund(seeded, operator, client, tm
         assert same_url == url
         response = client.post(f"/runs/{run.id}/retry/", follow=True)
         assert b"Retry queued" in response.content
-        wait_until(
-            lambda: run_status(run.id) == RunStatus.SUCCEEDED, timeout=120, message="run succeeded"
-        )
+        run = wait_finished(run, worker)
+        assert run.status == RunStatus.SUCCEEDED, run.error
 
         refund.refresh_from_db()
         assert refund.status == StepStatus.SUCCEEDED and refund.attempts == 4
-        ledger = httpx.get(url + "/gateway/refunds", params={"order_id": "ORD-1002"}).json()[
-            "refunds"
-        ]
+        ledger = gateway_refunds(url, "ORD-1002")
         assert len(ledger) == 1
         assert ledger[0]["idempotency_key"] == refund.idempotency_key
         assert ledger[0]["amount_cents"] == 2500

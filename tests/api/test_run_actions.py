@@ -6,26 +6,14 @@ import pytest
 
 from agentruns.models import Run, RunStatus, Step, StepStatus
 from tests import testkit
-from tests.conftest import ApiClient
-from tests.test_api import assert_json_error
-
-from . import opskit
-from .conftest import advance, script_run
+from tests.helpers import ApiClient, advance, assert_json_error
+from tests.testkit import failed_shipping_run, succeeded_run_to_fork
 
 pytestmark = pytest.mark.django_db
 
 
-def _failed_shipping() -> Run:
-    opskit.FAILS["ops_ship_fatal"] = 1
-    run = advance(
-        script_run([{"calls": [["ops_ship", {"parcel": "P-1"}]]}, {"text": "shipped by hand"}])
-    )
-    assert run.status == RunStatus.FAILED
-    return run
-
-
 def test_resolve_through_the_api_continues_the_run(api):
-    run = _failed_shipping()
+    run = failed_shipping_run()
     index = Step.objects.get(run=run, tool="ops_ship").index
     response = api.post(
         f"/api/runs/{run.id}/steps/{index}/resolve", {"result": {"tracking": "TRK-API"}}
@@ -36,13 +24,13 @@ def test_resolve_through_the_api_continues_the_run(api):
     step = next(s for s in body["steps"] if s["index"] == index)
     assert step["status"] == StepStatus.SUCCEEDED and step["result"] == {"tracking": "TRK-API"}
     run = advance(Run.objects.get(id=run.id))
-    assert run.status == RunStatus.SUCCEEDED and len(opskit.CALLS["ops_ship"]) == 1
+    assert run.status == RunStatus.SUCCEEDED and len(testkit.CALLS["ops_ship"]) == 1
     # resolving it again is a conflict, not a 500
     assert_json_error(api.post(f"/api/runs/{run.id}/steps/{index}/resolve", {"result": {}}), 409)
 
 
 def test_resolve_refusals_through_the_api(api, viewer):
-    run = _failed_shipping()
+    run = failed_shipping_run()
     index = Step.objects.get(run=run, tool="ops_ship").index
     url = f"/api/runs/{run.id}/steps/{index}/resolve"
     assert_json_error(ApiClient(viewer).post(url, {"result": {"x": 1}}), 403)
@@ -58,15 +46,7 @@ def test_resolve_refusals_through_the_api(api, viewer):
 
 
 def test_fork_through_the_api(api, viewer):
-    source = advance(
-        script_run(
-            [
-                {"calls": [["t_echo", {"text": "a"}]]},
-                {"calls": [["t_charge", {"amount": 2}]]},
-                {"text": "done"},
-            ]
-        )
-    )
+    source = succeeded_run_to_fork()
     url = f"/api/runs/{source.id}/fork"
     assert_json_error(ApiClient(viewer).post(url, {"from_step": 2}), 403)
     assert_json_error(api.post(url, {"from_step": 1}), 409)  # a tool step

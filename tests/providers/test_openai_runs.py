@@ -10,23 +10,12 @@ from decimal import Decimal
 import pytest
 
 from agentruns.models import AttemptOutcome, Run, RunEvent, StepAttempt
-from agentruns.registry import Agent, register_agent
 from agentruns.services import start_run
 from scripts.fake_openai_server import Fail, Reply
-from tests.helpers import advance, steps
-from tests.openai.conftest import API_KEY
+from tests.helpers import advance, event_types, steps
+from tests.providers.kit import API_KEY
 
 pytestmark = pytest.mark.django_db
-
-# an agent that pins its own model, whatever AGENTRUNS_MODEL says
-register_agent(
-    Agent(
-        name="openai-pinned",
-        instructions="Be brief.",
-        tools=["t_echo"],
-        model="openai/pinned-model",
-    )
-)
 
 
 def start(agent: str = "script", run_input: dict | None = None) -> Run:
@@ -35,10 +24,6 @@ def start(agent: str = "script", run_input: dict | None = None) -> Run:
 
 def bodies(fake) -> list[dict]:
     return [r.body for r in fake.chat_requests()]
-
-
-def event_types(run: Run) -> list[str]:
-    return list(RunEvent.objects.filter(run=run).order_by("seq").values_list("type", flat=True))
 
 
 def test_parallel_tool_calls_with_split_arguments(openai_settings, fake):

@@ -1,6 +1,6 @@
-"""JSON API (DESIGN.md 6): bearer auth, JSON errors with a 4xx (never HTML, never a 500), run
-creation and its Idempotency-Key, run detail with steps, events after a seq, cancel/retry, and
-the refund gateway's own endpoint."""
+"""JSON API of runs (DESIGN.md 6): bearer auth, JSON errors with a 4xx (never HTML, never a 500),
+run creation and its Idempotency-Key, run detail with steps, events after a seq, cancel/retry.
+(The refund gateway's own endpoint: tests/support/test_gateway.py.)"""
 
 from __future__ import annotations
 
@@ -12,26 +12,11 @@ from django.test import Client
 
 from agentruns.models import Run, RunStatus, Step
 from agentruns.runtime.executor import RunExecutor
-from agentruns.services import start_run
-from support.models import GatewayRefund
-from tests.conftest import ApiClient
+from tests.helpers import ApiClient, advance, assert_json_error, make_user, script_run
 
 pytestmark = pytest.mark.django_db
 
 REFUND_INPUT = {"order_id": "ORD-1001", "message": "The blender arrived broken"}
-
-
-def assert_json_error(response, status: int) -> dict:
-    """Every API error is JSON `{"error": ...}` with the given 4xx status."""
-    assert response.status_code == status, response.content[:500]
-    assert response["Content-Type"].startswith("application/json"), response["Content-Type"]
-    body = response.json()
-    assert isinstance(body.get("error"), str) and body["error"]
-    return body
-
-
-def script_run(turns: list[dict]) -> Run:
-    return start_run("script", {"script": turns}).run
 
 
 # ------------------------------------------------------------------ authentication
@@ -152,7 +137,7 @@ def test_run_detail_shows_steps(api):
             {"text": "all done"},
         ]
     )
-    RunExecutor(run.id).advance()
+    advance(run)
     response = api.get(f"/api/runs/{run.id}")
     assert response.status_code == 200
     body = response.json()
@@ -187,7 +172,7 @@ def test_run_detail_shows_steps(api):
 
 def test_failed_step_error_is_in_the_detail(api):
     run = script_run([{"calls": [["t_explode", {}]]}])
-    RunExecutor(run.id).advance()
+    advance(run)
     body = api.get(f"/api/runs/{run.id}").json()
     assert body["status"] == "failed"
     explode = body["steps"][1]
@@ -207,7 +192,7 @@ def test_events_after_seq_are_in_order(api):
     run = script_run(
         [{"text": "one two three", "calls": [["t_echo", {"text": "x"}]]}, {"text": "end"}]
     )
-    RunExecutor(run.id).advance()
+    advance(run)
     everything = api.get(f"/api/runs/{run.id}/events?after=0").json()["events"]
     seqs = [e["seq"] for e in everything]
     assert seqs == list(range(1, len(seqs) + 1)) and len(seqs) >= 5
@@ -250,13 +235,13 @@ def test_retry_of_a_run_that_did_not_fail_is_409(api):
     queued = script_run([{"text": "x"}])
     assert_json_error(api.post(f"/api/runs/{queued.id}/retry"), 409)
     done = script_run([{"text": "ok"}])
-    RunExecutor(done.id).advance()
+    advance(done)
     assert_json_error(api.post(f"/api/runs/{done.id}/retry"), 409)
 
 
 def test_retry_of_a_failed_run_requeues_it(api):
     run = script_run([{"calls": [["t_explode", {}]]}])
-    RunExecutor(run.id).advance()
+    advance(run)
     response = api.post(f"/api/runs/{run.id}/retry")
     assert response.status_code == 200
     assert response.json()["status"] == "queued"
@@ -268,64 +253,10 @@ def test_cancel_and_retry_need_post(api):
     assert_json_error(api.get(f"/api/runs/{run.id}/retry"), 405)
 
 
-# ------------------------------------------------------------------ the refund gateway
-def gateway_post(client: Client, body: dict | str, key: str | None):
-    headers = {"HTTP_IDEMPOTENCY_KEY": key} if key is not None else {}
-    raw = body if isinstance(body, str) else json.dumps(body)
-    return client.post("/gateway/refunds", raw, content_type="application/json", **headers)
-
-
-def test_gateway_requires_an_idempotency_key(client: Client):
-    body = {"order_id": "ORD-1001", "amount_cents": 1500, "reason": "broken"}
-    assert_json_error(gateway_post(client, body, None), 400)
-    assert_json_error(gateway_post(client, body, "   "), 400)
-    assert GatewayRefund.objects.count() == 0
-
-
-def test_gateway_rejects_bad_bodies(client: Client):
-    assert_json_error(gateway_post(client, "{not json", "k-1"), 400)
-    assert_json_error(gateway_post(client, "[1, 2]", "k-2"), 400)
-    assert_json_error(gateway_post(client, {"amount_cents": 5}, "k-3"), 400)
-    assert_json_error(gateway_post(client, {"order_id": "ORD-1", "amount_cents": -5}, "k-4"), 400)
-    assert_json_error(gateway_post(client, {"order_id": "ORD-1", "amount_cents": "5"}, "k-5"), 400)
-    assert GatewayRefund.objects.count() == 0
-
-
-def test_gateway_repeated_key_returns_the_same_body_and_one_row(client: Client):
-    body = {"order_id": "ORD-1001", "amount_cents": 1500, "reason": "broken"}
-    first = gateway_post(client, body, "step-abc")
-    again = gateway_post(client, body, "step-abc")
-    assert first.status_code == 201 and again.status_code == 200
-    assert again.json() == first.json()
-    assert first.json()["idempotency_key"] == "step-abc" and first.json()["amount_cents"] == 1500
-    assert GatewayRefund.objects.filter(idempotency_key="step-abc").count() == 1
-    # the same key with other parameters is refused, not executed
-    assert_json_error(gateway_post(client, {**body, "amount_cents": 9999}, "step-abc"), 422)
-    assert GatewayRefund.objects.count() == 1
-
-
-def test_gateway_get_lists_what_it_executed(client: Client):
-    gateway_post(client, {"order_id": "ORD-1001", "amount_cents": 1500, "reason": "a"}, "k-a")
-    gateway_post(client, {"order_id": "ORD-1002", "amount_cents": 2500, "reason": "b"}, "k-b")
-    gateway_post(client, {"order_id": "ORD-1001", "amount_cents": 500, "reason": "c"}, "k-c")
-    listed = client.get("/gateway/refunds").json()["refunds"]
-    assert [(r["order_id"], r["amount_cents"], r["idempotency_key"]) for r in listed] == [
-        ("ORD-1001", 1500, "k-a"),
-        ("ORD-1002", 2500, "k-b"),
-        ("ORD-1001", 500, "k-c"),
-    ]
-    assert all(
-        {"id", "order_id", "amount_cents", "idempotency_key", "created_at"} <= set(r)
-        for r in listed
-    )
-    only = client.get("/gateway/refunds?order_id=ORD-1001").json()["refunds"]
-    assert [r["idempotency_key"] for r in only] == ["k-a", "k-c"]
-    assert client.get("/gateway/refunds?order_id=ORD-9999").json() == {"refunds": []}
+# ------------------------------------------------------------------ permissions
 
 
 def test_reading_runs_needs_view_permission(db, django_user_model):
-    from tests.conftest import ApiClient, make_user
-
     nobody = ApiClient(make_user(django_user_model, "nobody"))
     viewer = ApiClient(make_user(django_user_model, "looker", ["agentruns.view_run"]))
     run = viewer.post("/api/runs", {"agent": "script", "input": {"script": []}}).json()

@@ -16,8 +16,8 @@ from agentruns.models import RunStatus, WorkerHeartbeat
 from agentruns.runtime.sweeper import record_heartbeat
 from approvals.models import Approval
 from tests import testkit
-
-from .conftest import advance, script_run
+from tests.helpers import advance, script_run
+from tests.testkit import OPS_AGENT
 
 pytestmark = pytest.mark.django_db
 
@@ -86,13 +86,14 @@ def test_metrics_parse_and_count(client):
     testkit.FAILS["t_charge"] = 1
     ok = advance(
         script_run(
-            [{"calls": [["t_echo", {"text": "a"}], ["t_charge", {"amount": 1}]]}, {"text": "ok"}]
+            [{"calls": [["t_echo", {"text": "a"}], ["t_charge", {"amount": 1}]]}, {"text": "ok"}],
+            agent=OPS_AGENT,
         )
     )
     assert ok.status == RunStatus.SUCCEEDED
-    waiting = advance(script_run([{"calls": [["t_pay", {"amount": 500}]]}]))
+    waiting = advance(script_run([{"calls": [["t_pay", {"amount": 500}]]}], agent=OPS_AGENT))
     assert waiting.status == RunStatus.WAITING
-    script_run([{"text": "queued"}])
+    script_run([{"text": "queued"}], agent=OPS_AGENT)
     Approval.objects.update(created_at=timezone.now() - timedelta(seconds=90))
 
     parsed = families(client)
@@ -130,11 +131,17 @@ def test_metrics_parse_and_count(client):
 
 def test_metrics_cost_a_fixed_number_of_queries_and_are_cached(client, settings):
     for _ in range(3):
-        advance(script_run([{"calls": [["t_echo", {"text": "a"}]]}, {"text": "ok"}]))
+        advance(
+            script_run([{"calls": [["t_echo", {"text": "a"}]]}, {"text": "ok"}], agent=OPS_AGENT)
+        )
     with CaptureQueriesContext(connection) as few:
         families(client)
     for _ in range(10):
-        advance(script_run([{"calls": [["t_echo", {"text": "a"}]] * 3}, {"text": "ok"}]))
+        advance(
+            script_run(
+                [{"calls": [["t_echo", {"text": "a"}]] * 3}, {"text": "ok"}], agent=OPS_AGENT
+            )
+        )
     with CaptureQueriesContext(connection) as many:
         families(client)
     assert len(few.captured_queries) == len(many.captured_queries) <= 12

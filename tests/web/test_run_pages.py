@@ -17,8 +17,8 @@ from agentruns.runtime.redaction import MASK
 from agentruns.selectors import runs as selectors
 from agentruns.selectors.run_list import PAGE_SIZE, RunFilters, id_prefix_range, run_page
 from tests import testkit
-
-from .conftest import advance, script_run
+from tests.helpers import advance, script_run, steps
+from tests.testkit import OPS_AGENT
 
 pytestmark = pytest.mark.django_db
 
@@ -217,13 +217,14 @@ def test_detail_shows_attempts_policy_redaction_and_svg(client, operator):
                         ["t_charge", {"amount": 4}],
                     ],
                 }
-            ]
+            ],
+            agent=OPS_AGENT,
         )
     )
     assert run.status == RunStatus.FAILED
     page = client.get(f"/runs/{run.id}/").content.decode()
-    steps = list(Step.objects.filter(run=run).order_by("index"))
-    charge = steps[2]
+    run_steps = steps(run)
+    charge = run_steps[2]
     # redacted by the snapshot's list, in the arguments, the result and the model's tool call
     # (the script itself, the run's input, carries the secret: look at the timeline and steps)
     timeline = page[page.index("<h2>Timeline</h2>") :]
@@ -232,7 +233,7 @@ def test_detail_shows_attempts_policy_redaction_and_svg(client, operator):
     assert timeline.count(MASK) >= 3
     assert "&quot;customer&quot;: &quot;ann&quot;" in timeline and "gold" in timeline
     # every step, its key, attempts with outcome, worker and error; tracebacks collapsible
-    for step in steps:
+    for step in run_steps:
         assert f'id="step-{step.index}"' in page and step.idempotency_key in page
     assert page.count('class="attempt-row o-retrying"') == 2
     assert page.count('class="attempt-row o-failed"') == 1
@@ -241,10 +242,11 @@ def test_detail_shows_attempts_policy_redaction_and_svg(client, operator):
     # the retry policy from the snapshot, and model usage
     assert "up to 3 attempts" in page and "RetryableToolError" in page
     assert (
-        f"{steps[0].prompt_tokens} prompt + {steps[0].completion_tokens} completion tokens" in page
+        f"{run_steps[0].prompt_tokens} prompt + {run_steps[0].completion_tokens} completion tokens"
+        in page
     )
     # one bar per attempt, coloured by outcome
-    attempts_total = sum(s.attempts for s in steps)
+    attempts_total = sum(s.attempts for s in run_steps)
     assert page.count('<rect class="attempt ') == attempts_total
     assert page.count('class="attempt o-retrying"') == 2
     assert 'class="attempt o-failed"' in page and 'fill="#c53030"' in page
@@ -264,7 +266,7 @@ def test_detail_shows_the_stop_reason_and_next_retry(client, operator, settings)
     assert 'id="stop-reason"' in page and "max_steps" in page
 
     # a step between automatic attempts (what the engine leaves while it backs off)
-    waiting = script_run([{"calls": [["t_charge", {"amount": 1}]]}])
+    waiting = script_run([{"calls": [["t_charge", {"amount": 1}]]}], agent=OPS_AGENT)
     when = timezone.now() + timedelta(seconds=42)
     step = Step.objects.create(
         run=waiting,
@@ -286,8 +288,12 @@ def test_detail_shows_the_stop_reason_and_next_retry(client, operator, settings)
 
 def test_detail_query_count_does_not_grow_with_steps(client, operator):
     client.force_login(operator)
-    small = advance(script_run([{"calls": [["t_echo", {"text": "a"}]]}, {"text": "done"}]))
+    small = advance(
+        script_run([{"calls": [["t_echo", {"text": "a"}]]}, {"text": "done"}], agent=OPS_AGENT)
+    )
     calls = [["t_echo", {"text": str(i)}] for i in range(8)]
-    big = advance(script_run([{"calls": calls}, {"calls": calls}, {"text": "done"}]))
+    big = advance(
+        script_run([{"calls": calls}, {"calls": calls}, {"text": "done"}], agent=OPS_AGENT)
+    )
     assert Step.objects.filter(run=big).count() > 3 * Step.objects.filter(run=small).count()
     assert list_queries(client, f"/runs/{small.id}/") == list_queries(client, f"/runs/{big.id}/")

@@ -9,15 +9,14 @@ already made, and its ledger shows exactly one refund.
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 from agentruns.models import Run, RunStatus, Step, StepStatus
-from agentruns.runtime.executor import RunExecutor
 from agentruns.services import retry_run, start_run
 from support import agents as support_agents
 from support.models import GatewayRefund
-from tests.procs import start_web, wait_until
+from tests.helpers import advance
+from tests.procs import gateway_refunds, start_web, wait_until
 
 GATEWAY_DELAY_MS = 1500
 SHORT_TIMEOUT_S = 0.4
@@ -43,8 +42,7 @@ def test_retried_refund_reaches_the_ledger_once(
         "refund",
         {"order_id": "ORD-1001", "message": "The blender arrived broken, refund $40 please"},
     ).run
-    RunExecutor(run.id).advance()
-    run.refresh_from_db()
+    run = advance(run)
     assert run.status == RunStatus.FAILED, run.error
     refund_step = Step.objects.get(run=run, tool="issue_refund")
     key = refund_step.idempotency_key
@@ -61,17 +59,13 @@ def test_retried_refund_reaches_the_ledger_once(
     settings.REFUND_GATEWAY_TIMEOUT_SECONDS = 10
     monkeypatch.setattr(support_agents, "_client", None)
     retry_run(run.id, user=operator)
-    RunExecutor(run.id).advance()
-    run.refresh_from_db()
+    run = advance(run)
     refund_step.refresh_from_db()
     assert run.status == RunStatus.SUCCEEDED, run.error
     assert refund_step.status == StepStatus.SUCCEEDED and refund_step.attempts == 4
     assert refund_step.idempotency_key == key
 
-    ledger = httpx.get(
-        slow_gateway + "/gateway/refunds", params={"order_id": "ORD-1001"}, timeout=30
-    )
-    refunds = ledger.json()["refunds"]
+    refunds = gateway_refunds(slow_gateway, "ORD-1001")
     assert len(refunds) == 1, refunds
     assert refunds[0]["idempotency_key"] == key and refunds[0]["amount_cents"] == 4000
     assert GatewayRefund.objects.filter(idempotency_key=key).count() == 1

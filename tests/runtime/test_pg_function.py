@@ -17,17 +17,11 @@ from agentruns.runtime.store import pg_function as pgcommit
 from agentruns.runtime.store.rows import WriteBatch
 from agentruns.runtime.sweeper import sweep
 from agentruns.services import execute_inline, start_run
+from support.models import GatewayRefund
 from tests import testkit
+from tests.helpers import assert_gapless, event_types, leased_run, steps
 
 pytestmark = pytest.mark.django_db
-
-
-def _leased(owner: str = "me:1:abc") -> Run:
-    run = start_run("script", {"script": []}, enqueue_task=False).run
-    Run.objects.filter(id=run.id).update(
-        status="running", lease_owner=owner, lease_expires_at=timezone.now() + timedelta(seconds=30)
-    )
-    return Run.objects.get(id=run.id)
 
 
 def test_installed_function_matches_the_models():
@@ -40,7 +34,7 @@ def test_installed_function_matches_the_models():
 
 
 def test_rows_round_trip_exactly():
-    run = _leased()
+    run = leased_run()
     now = timezone.now().replace(microsecond=123456)
     step = Step(
         id=uuid.uuid4(),
@@ -71,7 +65,7 @@ def test_rows_round_trip_exactly():
 
 
 def test_a_lost_lease_writes_nothing():
-    run = _leased(owner="other:2:def")
+    run = leased_run(owner="other:2:def")
     step = Step(
         id=uuid.uuid4(), run_id=run.id, index=0, kind=StepKind.MODEL, idempotency_key="k-lost"
     )
@@ -84,9 +78,7 @@ def test_a_lost_lease_writes_nothing():
 
 
 def test_a_lost_lease_rolls_back_the_callers_transaction_too():
-    from support.models import GatewayRefund
-
-    run = _leased(owner="other:2:def")
+    run = leased_run(owner="other:2:def")
     with pytest.raises(LeaseLost), transaction.atomic():
         GatewayRefund.objects.create(
             order_id="ORD-X", amount_cents=1, idempotency_key="k-rolled-back"
@@ -97,9 +89,7 @@ def test_a_lost_lease_rolls_back_the_callers_transaction_too():
 
 @pytest.mark.django_db(transaction=True)
 def test_the_commit_can_end_the_callers_transaction():
-    from support.models import GatewayRefund
-
-    run = _leased()
+    run = leased_run()
     hooks = []
     with transaction.atomic():
         GatewayRefund.objects.create(order_id="ORD-X", amount_cents=1, idempotency_key="k-folded")
@@ -118,11 +108,8 @@ def test_execute_inline_creates_the_run_leased_and_runs_it():
     assert outcome == "succeeded"
     run.refresh_from_db()
     assert run.status == "succeeded" and run.output == "ok" and run.lease_owner == ""
-    types = list(RunEvent.objects.filter(run=run).order_by("seq").values_list("type", flat=True))
-    assert types[:2] == ["run.created", "run.status"]
-    assert list(
-        RunEvent.objects.filter(run=run).order_by("seq").values_list("seq", flat=True)
-    ) == list(range(1, run.last_seq + 1))
+    assert event_types(run)[:2] == ["run.created", "run.status"]
+    assert_gapless(run)
 
 
 def test_execute_inline_dedupes_on_the_key():
@@ -155,11 +142,9 @@ def test_failing_transactional_call_after_an_eager_read_reruns_the_read_only():
         },
     ).run
     assert RunExecutor(run.id).advance() == "succeeded"
-    echo, tx = Step.objects.filter(run=run, kind="tool").order_by("index")
+    echo, tx = steps(run, kind="tool")
     assert echo.status == "succeeded" and echo.attempts == 1
     assert tx.status == "succeeded" and tx.attempts == 1  # its eager try left no attempt behind
-    from support.models import GatewayRefund
-
     assert GatewayRefund.objects.filter(order_id="ORD-TX").count() == 1
     assert len(testkit.CALLS["t_tx"]) == 2
 

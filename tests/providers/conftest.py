@@ -6,8 +6,7 @@ import pytest
 
 from scripts.fake_openai_server import FakeOpenAI
 
-API_KEY = "sk-test-abcdefghijklmnop1234"
-MODEL = "openai/fake-model"
+from .kit import API_KEY, MODEL
 
 
 @pytest.fixture

@@ -1,36 +1,22 @@
-"""agentruns.operate_run guards every action, on the page and in the API alike."""
+"""agentruns.operate_run guards every action on the run page (the API:
+tests/api/test_permissions.py)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from agentruns.models import Run, RunEvent, RunStatus, Step
-from tests.conftest import ApiClient
-
-from . import opskit
-from .conftest import advance, script_run
+from agentruns.models import RunStatus, Step
+from tests.helpers import event_types, script_run
+from tests.testkit import OPS_AGENT, failed_shipping_run
 
 pytestmark = pytest.mark.django_db
 
 
-def failed_run() -> Run:
-    opskit.FAILS["ops_ship_fatal"] = 1
-    run = advance(script_run([{"calls": [["ops_ship", {"parcel": "P-9"}]]}, {"text": "done"}]))
-    assert run.status == RunStatus.FAILED
-    return run
-
-
-def audit_types(run: Run) -> list[str]:
-    return list(RunEvent.objects.filter(run=run).values_list("type", flat=True))
-
-
 def test_viewer_cannot_operate_from_the_page(client, viewer, approver):
-    run = failed_run()
-    queued = script_run([{"text": "x"}])
+    run = failed_shipping_run(parcel="P-9", final_text="done")
+    queued = script_run([{"text": "x"}], agent=OPS_AGENT)
     ship = Step.objects.get(run=run, tool="ops_ship")
-    before = audit_types(run)
+    before = event_types(run)
     for user in (viewer, approver):  # deciding approvals is not operating runs
         client.force_login(user)
         page = client.get(f"/runs/{run.id}/").content.decode()
@@ -41,12 +27,12 @@ def test_viewer_cannot_operate_from_the_page(client, viewer, approver):
     run.refresh_from_db()
     queued.refresh_from_db()
     assert run.status == RunStatus.FAILED and queued.status == RunStatus.QUEUED
-    assert audit_types(run) == before
+    assert event_types(run) == before
 
 
 def test_operator_operates_from_the_page(client, operator):
     client.force_login(operator)
-    run = failed_run()
+    run = failed_shipping_run(parcel="P-9", final_text="done")
     page = client.get(f"/runs/{run.id}/").content.decode()
     assert "Retry from failed step" in page and "Mark step resolved" in page
 
@@ -57,9 +43,9 @@ def test_operator_operates_from_the_page(client, operator):
     )
     run.refresh_from_db()
     assert run.status == RunStatus.QUEUED
-    assert "step.resolved" in audit_types(run)
+    assert "step.resolved" in event_types(run)
 
-    queued = script_run([{"text": "x"}])
+    queued = script_run([{"text": "x"}], agent=OPS_AGENT)
     response = client.post(
         f"/runs/{queued.id}/cancel/", {"reason": "duplicate ticket"}, follow=True
     )
@@ -74,53 +60,19 @@ def test_operator_operates_from_the_page(client, operator):
 
 def test_resolve_with_bad_json_changes_nothing(client, operator):
     client.force_login(operator)
-    run = failed_run()
+    run = failed_shipping_run(parcel="P-9", final_text="done")
     ship = Step.objects.get(run=run, tool="ops_ship")
     response = client.post(f"/runs/steps/{ship.id}/resolve/", {"result": "{not json"}, follow=True)
     assert b"not valid JSON" in response.content
     run.refresh_from_db()
-    assert run.status == RunStatus.FAILED and "step.resolved" not in audit_types(run)
+    assert run.status == RunStatus.FAILED and "step.resolved" not in event_types(run)
 
 
 def test_actions_need_post_and_login(client, operator):
-    run = failed_run()
+    run = failed_shipping_run(parcel="P-9", final_text="done")
     assert client.post(f"/runs/{run.id}/retry/").status_code == 302  # to the login page
     client.force_login(operator)
     assert client.get(f"/runs/{run.id}/retry/").status_code == 405
     assert client.get(f"/runs/{run.id}/cancel/").status_code == 405
     run.refresh_from_db()
     assert run.status == RunStatus.FAILED
-
-
-def test_viewer_cannot_operate_through_the_api(viewer):
-    run = failed_run()
-    queued = script_run([{"text": "x"}])
-    api = ApiClient(viewer)
-    for path in (f"/api/runs/{run.id}/retry", f"/api/runs/{queued.id}/cancel"):
-        response = api.post(path)
-        assert response.status_code == 403
-        assert response["Content-Type"] == "application/json"
-        assert "operate_run" in response.json()["error"]
-    run.refresh_from_db()
-    queued.refresh_from_db()
-    assert run.status == RunStatus.FAILED and queued.status == RunStatus.QUEUED
-
-
-def test_operator_retries_and_cancels_through_the_api(operator):
-    api = ApiClient(operator)
-    run = failed_run()
-    response = api.post(f"/api/runs/{run.id}/retry")
-    assert response.status_code == 200 and response.json()["status"] == "queued"
-    assert api.post(f"/api/runs/{run.id}/retry").status_code == 409  # queued now: not failed
-    run = advance(Run.objects.get(id=run.id))
-    assert run.status == RunStatus.SUCCEEDED
-
-    queued = script_run([{"text": "x"}])
-    response = api.post(f"/api/runs/{queued.id}/cancel", {"reason": "test"})
-    assert response.status_code == 200
-    body = response.json()
-    assert body["status"] == "cancelled" and body["error"] == "test"
-    conflict = api.post(f"/api/runs/{queued.id}/cancel")
-    assert conflict.status_code == 409 and "already cancelled" in conflict.json()["error"]
-    bad = api.post(f"/api/runs/{queued.id}/cancel", raw="{nope")
-    assert bad.status_code == 400 and "error" in json.loads(bad.content)

@@ -9,20 +9,18 @@ import json
 import re
 from pathlib import Path
 
-import httpx
 import pytest
 from django.contrib.auth.models import User
 
-from agentruns.models import AttemptOutcome, Run, RunEvent, Step, StepAttempt
+from agentruns.models import AttemptOutcome, RunEvent, Step, StepAttempt
 from agentruns.tokens import create_token
 from scripts.fake_openai_server import FakeOpenAI
 from support.models import GatewayRefund, Order
-from tests.openai.conftest import API_KEY, MODEL
-from tests.procs import start_web, start_worker, wait_until
+from tests.helpers import steps
+from tests.procs import gateway_refunds, start_run_over_http, start_web, start_worker, wait_finished
+from tests.providers.kit import API_KEY, MODEL
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
 def model_env(fake: FakeOpenAI, **extra: object) -> dict[str, object]:
@@ -36,40 +34,6 @@ def model_env(fake: FakeOpenAI, **extra: object) -> dict[str, object]:
     }
 
 
-def create_run(url: str, token: str, run_input: dict) -> str:
-    response = httpx.post(
-        url + "/api/runs",
-        json={"agent": "refund", "input": run_input},
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=30,
-    )
-    assert response.status_code == 201, response.text
-    return response.json()["id"]
-
-
-def wait_finished(run_id: str, worker, timeout: float = 120) -> Run:
-    def finished():
-        run = Run.objects.get(id=run_id)
-        return run if run.status in TERMINAL else None
-
-    try:
-        return wait_until(
-            finished, timeout=timeout, interval=0.2, message=f"run {run_id} to finish"
-        )
-    except TimeoutError:
-        raise AssertionError(f"run did not finish; worker log:\n{worker.log()}") from None
-
-
-def gateway_refunds(url: str, order_id: str) -> list[dict]:
-    return httpx.get(url + "/gateway/refunds", params={"order_id": order_id}, timeout=30).json()[
-        "refunds"
-    ]
-
-
-def model_steps(run: Run) -> list[Step]:
-    return list(Step.objects.filter(run=run, kind="model").order_by("index"))
-
-
 def test_refund_run_end_to_end_over_the_openai_provider(tmp_path: Path, seeded):
     with FakeOpenAI(mode="refund", delay=0.005, api_key=API_KEY) as fake:
         env = model_env(fake)
@@ -80,7 +44,7 @@ def test_refund_run_end_to_end_over_the_openai_provider(tmp_path: Path, seeded):
         )
         try:
             token = create_token(User.objects.get(username="lead"))  # seed_demo's lead
-            run_id = create_run(
+            run_id = start_run_over_http(
                 url,
                 token,
                 {
@@ -134,7 +98,7 @@ def test_refund_run_end_to_end_over_the_openai_provider(tmp_path: Path, seeded):
 
         # usage summed on the run, text streamed into events
         assert run.prompt_tokens > 0 and run.completion_tokens > 0
-        assert run.prompt_tokens == sum(s.prompt_tokens for s in model_steps(run))
+        assert run.prompt_tokens == sum(s.prompt_tokens for s in steps(run, kind="model"))
         assert RunEvent.objects.filter(run=run, type="model.delta").count() >= 4
         assert API_KEY not in (tmp_path / "worker.log").read_text(errors="replace")
 
@@ -171,7 +135,7 @@ def test_crash_mid_stream_resumes_with_a_new_attempt_and_the_same_conversation(
                 tmp_path, "clean-worker", REFUND_GATEWAY_URL=url + "/gateway", **env
             )
             try:
-                clean = wait_finished(create_run(url, token, run_input), clean_worker)
+                clean = wait_finished(start_run_over_http(url, token, run_input), clean_worker)
             finally:
                 clean_worker.stop()
             clean_bodies = [r.body for r in fake.chat_requests()]
@@ -188,7 +152,7 @@ def test_crash_mid_stream_resumes_with_a_new_attempt_and_the_same_conversation(
             )
             try:
                 resumed = wait_finished(
-                    create_run(url, token, run_input), crashing_worker, timeout=240
+                    start_run_over_http(url, token, run_input), crashing_worker, timeout=240
                 )
             finally:
                 crashing_worker.stop()
@@ -198,11 +162,11 @@ def test_crash_mid_stream_resumes_with_a_new_attempt_and_the_same_conversation(
 
     assert clean.status == "succeeded", clean.error
     assert resumed.status == "succeeded", resumed.error
-    steps = model_steps(resumed)
-    assert len(steps) == 4
+    model_steps = steps(resumed, kind="model")
+    assert len(model_steps) == 4
 
     # every model step died once mid-stream and was re-requested as a second attempt
-    for step in steps:
+    for step in model_steps:
         assert step.attempts == 2
         outcomes = list(
             StepAttempt.objects.filter(step=step)
@@ -224,7 +188,7 @@ def test_crash_mid_stream_resumes_with_a_new_attempt_and_the_same_conversation(
         assert "".join(e.data["text"] for e in live.order_by("seq")) == step.text
 
     # the final output contains the text once, and is what the uninterrupted run said
-    assert resumed.output == clean.output == steps[-1].text
+    assert resumed.output == clean.output == model_steps[-1].text
     assert resumed.output.count("Done: refunded") == 1
 
     # one refund per run, with that run's key: the crashes never repeated a side effect

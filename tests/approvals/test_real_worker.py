@@ -13,7 +13,7 @@ from agentruns.services import start_run
 from agentruns.tokens import create_token
 from approvals.models import Approval, ApprovalKind, ApprovalStatus
 from support.models import GatewayRefund, Order, OutboxMessage
-from tests.procs import start_web, start_worker, wait_until
+from tests.procs import gateway_refunds, start_web, start_worker, wait_finished, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -65,20 +65,6 @@ def pending_item(run: Run, kind: str = ApprovalKind.APPROVAL) -> Approval:
     )
 
 
-def finished(run: Run) -> Run:
-    def done():
-        run.refresh_from_db()
-        return run if run.is_terminal else None
-
-    return wait_until(done, timeout=WAIT, message=f"run {run.id} to finish")
-
-
-def ledger(web: str, order_id: str) -> list[dict]:
-    return httpx.get(f"{web}/gateway/refunds", params={"order_id": order_id}, timeout=10).json()[
-        "refunds"
-    ]
-
-
 def test_approve_with_a_lowered_amount_refunds_exactly_that_once(seeded, web, worker, staff_api):
     worker()
     order = Order.objects.get(order_id="ORD-1003")
@@ -101,9 +87,9 @@ def test_approve_with_a_lowered_amount_refunds_exactly_that_once(seeded, web, wo
     again = staff_api.post(f"/api/approvals/{approval.id}", json={"decision": "approve"})
     assert again.status_code == 409 and again.json()["decided_by"] == "approver"
 
-    run = finished(run)
+    run = wait_finished(run, timeout=WAIT)
     assert run.status == RunStatus.SUCCEEDED, run.error
-    refunds = ledger(web, order.order_id)
+    refunds = gateway_refunds(web, order.order_id)
     assert [r["amount_cents"] for r in refunds] == [lowered]
     step = Step.objects.get(id=approval.step_id)
     assert refunds[0]["idempotency_key"] == step.idempotency_key
@@ -124,9 +110,9 @@ def test_rejection_refunds_nothing_and_tells_the_customer_why(seeded, web, worke
         f"/api/approvals/{approval.id}", json={"decision": "reject", "reason": why}
     )
     assert response.status_code == 200, response.text
-    run = finished(run)
+    run = wait_finished(run, timeout=WAIT)
     assert run.status == RunStatus.SUCCEEDED, run.error
-    assert ledger(web, "ORD-1004") == []
+    assert gateway_refunds(web, "ORD-1004") == []
     reply = OutboxMessage.objects.get(run_id=run.id)
     assert why in reply.body and "could not approve a refund" in reply.body
 
@@ -136,11 +122,11 @@ def test_an_unanswered_approval_expires_and_the_customer_is_told(seeded, web, wo
     run = start_run("refund", {"order_id": "ORD-1005", "message": "Where is my refund?"}).run
     approval = pending_item(run)
     assert approval.expires_at is not None
-    run = finished(run)  # nobody decides: the worker's sweeper expires it
+    run = wait_finished(run, timeout=WAIT)  # nobody decides: the worker's sweeper expires it
     approval.refresh_from_db()
     assert approval.status == ApprovalStatus.EXPIRED and approval.reason == "expired"
     assert run.status == RunStatus.SUCCEEDED, run.error
-    assert ledger(web, "ORD-1005") == []
+    assert gateway_refunds(web, "ORD-1005") == []
     assert "expired" in OutboxMessage.objects.get(run_id=run.id).body
 
 
@@ -173,9 +159,9 @@ def test_reconciliation_of_an_interrupted_customer_reply(
         }
     response = staff_api.post(f"/api/approvals/{item.id}", json=body)
     assert response.status_code == 200, response.text
-    run = finished(run)
+    run = wait_finished(run, timeout=WAIT)
     assert run.status == run_status, run.error
     if decision == "abort":
         assert run.stop_reason == "aborted"
     assert OutboxMessage.objects.filter(run_id=run.id).count() == sent_after
-    assert len(ledger(web, "ORD-1006")) == 1  # the refund before it happened exactly once
+    assert len(gateway_refunds(web, "ORD-1006")) == 1  # the refund before it happened exactly once

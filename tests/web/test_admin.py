@@ -7,8 +7,8 @@ from django.urls import reverse
 
 from agentruns.models import Run, RunEvent, Step, StepAttempt
 from tests import testkit
-
-from .conftest import advance, script_run
+from tests.helpers import advance, script_run
+from tests.testkit import OPS_AGENT
 
 pytestmark = pytest.mark.django_db
 
@@ -26,7 +26,8 @@ def history():
                     ]
                 },
                 {"text": "ok"},
-            ]
+            ],
+            agent=OPS_AGENT,
         )
     )
 

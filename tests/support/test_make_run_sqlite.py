@@ -12,10 +12,18 @@ import sys
 from pathlib import Path
 
 import httpx
-import pytest
 
 from support.management.commands.seed_demo import amount_for
-from tests.procs import ROOT, Proc, base_env, free_port, start_web, start_worker, wait_until
+from tests.procs import (
+    ROOT,
+    Proc,
+    base_env,
+    free_port,
+    gateway_refunds,
+    start_web,
+    start_worker,
+    wait_until,
+)
 
 ORDER_ID = "ORD-1007"
 
@@ -43,14 +51,6 @@ def manage(env: dict[str, str], *args: str) -> str:
     )
     assert done.returncode == 0, f"manage.py {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
     return done.stdout
-
-
-@pytest.fixture
-def procs():
-    started: list[Proc] = []
-    yield started
-    for proc in started:
-        proc.kill()
 
 
 def test_refund_run_completes_on_the_sqlite_default(tmp_path: Path, procs: list[Proc]):
@@ -117,12 +117,10 @@ def test_refund_run_completes_on_the_sqlite_default(tmp_path: Path, procs: list[
         )
         assert again.status_code == 200 and again.json()["id"] == run_id
 
-    ledger = httpx.get(
-        f"{base_url}/gateway/refunds", params={"order_id": ORDER_ID}, timeout=10
-    ).json()
-    assert len(ledger["refunds"]) == 1
-    refund = ledger["refunds"][0]
+    ledger = gateway_refunds(base_url, ORDER_ID)
+    assert len(ledger) == 1
+    refund = ledger[0]
     assert refund["idempotency_key"] == refund_step["idempotency_key"]
     # nothing in the message names a smaller amount: the whole order is refunded
     assert refund["amount_cents"] == refund_step["result"]["amount_cents"] == amount_for(1007)
-    assert httpx.get(f"{base_url}/gateway/refunds", timeout=10).json()["refunds"] == [refund]
+    assert gateway_refunds(base_url) == [refund]

@@ -26,11 +26,9 @@ from approvals.models import Approval, ApprovalStatus
 from approvals.selectors import approvals_query
 from approvals.services import AlreadyDecided, approve
 from tests import testkit
-from tests.helpers import assert_gapless, events
+from tests.helpers import advance, assert_gapless, events, script_run, steps
 from tests.procs import wait_until
-
-from . import opskit
-from .conftest import advance, script_run
+from tests.testkit import OPS_AGENT, failed_shipping_run, succeeded_run_to_fork
 
 
 def step_at(run: Run, index: int) -> Step:
@@ -48,7 +46,8 @@ def test_retry_reruns_only_the_failed_step_with_the_same_key(operator):
                 "calls": [["t_echo", {"text": "hi"}], ["t_charge", {"amount": 9}]],
             },
             {"text": "charged"},
-        ]
+        ],
+        agent=OPS_AGENT,
     )
     run = advance(run)
     assert run.status == RunStatus.FAILED
@@ -108,7 +107,7 @@ def test_retry_after_a_stop_condition_extends_the_limit_and_continues(operator, 
 @pytest.mark.django_db
 @pytest.mark.parametrize("status", [RunStatus.QUEUED, RunStatus.SUCCEEDED, RunStatus.CANCELLED])
 def test_retry_is_refused_unless_the_run_failed(operator, status):
-    run = script_run([{"text": "x"}])
+    run = script_run([{"text": "x"}], agent=OPS_AGENT)
     Run.objects.filter(id=run.id).update(status=status)
     with pytest.raises(ActionRefused, match="only failed runs"):
         retry_run(run.id, user=operator)
@@ -118,7 +117,7 @@ def test_retry_is_refused_unless_the_run_failed(operator, status):
 # ------------------------------------------------------------------ cancel, per status
 @pytest.mark.django_db
 def test_cancel_a_queued_run_before_any_worker_claims_it(operator):
-    run = script_run([{"text": "never"}])
+    run = script_run([{"text": "never"}], agent=OPS_AGENT)
     cancel_run(run.id, user=operator, reason="customer withdrew")
     run.refresh_from_db()
     assert run.status == RunStatus.CANCELLED and run.stop_reason == "cancelled"
@@ -138,7 +137,9 @@ def test_cancel_a_queued_run_before_any_worker_claims_it(operator):
 @pytest.mark.django_db(transaction=True)
 def test_cancel_a_running_run_stops_at_the_next_step_boundary(operator):
     testkit.GATE.clear()  # t_charge blocks inside its call until released
-    run = script_run([{"calls": [["t_charge", {"amount": 3}]]}, {"text": "must never be said"}])
+    run = script_run(
+        [{"calls": [["t_charge", {"amount": 3}]]}, {"text": "must never be said"}], agent=OPS_AGENT
+    )
 
     def work() -> None:
         try:
@@ -185,7 +186,7 @@ def test_cancel_a_running_run_stops_at_the_next_step_boundary(operator):
 
 @pytest.mark.django_db
 def test_cancel_a_waiting_run_withdraws_its_approval(operator, approver):
-    run = script_run([{"calls": [["t_pay", {"amount": 500}]]}, {"text": "paid"}])
+    run = script_run([{"calls": [["t_pay", {"amount": 500}]]}, {"text": "paid"}], agent=OPS_AGENT)
     run = advance(run)
     assert run.status == RunStatus.WAITING
     approval = Approval.objects.get(run=run)
@@ -214,7 +215,7 @@ def test_cancel_a_waiting_run_withdraws_its_approval(operator, approver):
 @pytest.mark.django_db
 def test_cancel_a_running_run_whose_worker_died(operator):
     """Lease expired, a side-effect call in flight: cancelled now, the call's outcome is unknown."""
-    run = script_run([{"calls": [["t_charge", {"amount": 1}]]}])
+    run = script_run([{"calls": [["t_charge", {"amount": 1}]]}], agent=OPS_AGENT)
     step_id = uuid.uuid4()
     past = timezone.now() - timedelta(minutes=5)
     Run.objects.filter(id=run.id).update(
@@ -246,9 +247,7 @@ def test_cancel_a_running_run_whose_worker_died(operator):
 # ------------------------------------------------------------------ mark step resolved
 @pytest.mark.django_db
 def test_resolve_a_failed_side_effect_step_continues_the_run(operator):
-    opskit.FAILS["ops_ship_fatal"] = 1
-    run = script_run([{"calls": [["ops_ship", {"parcel": "P-1"}]]}, {"text": "shipped by hand"}])
-    run = advance(run)
+    run = failed_shipping_run(parcel="P-1", final_text="shipped by hand")
     assert run.status == RunStatus.FAILED
     ship = Step.objects.get(run=run, tool="ops_ship")
     assert ship.status == StepStatus.FAILED and "carrier rejected" in ship.error
@@ -268,14 +267,16 @@ def test_resolve_a_failed_side_effect_step_continues_the_run(operator):
 
     run = advance(run)
     assert run.status == RunStatus.SUCCEEDED and run.output == "shipped by hand"
-    assert len(opskit.CALLS["ops_ship"]) == 1  # the operator's result stands; no second call
+    assert len(testkit.CALLS["ops_ship"]) == 1  # the operator's result stands; no second call
     assert_gapless(run)
 
 
 @pytest.mark.django_db
 def test_resolve_refusals(operator):
     # a bad-arguments step (never ran, fed back to the model) in a run that then succeeded
-    run = advance(script_run([{"calls": [["ops_ship", {"nope": 1}]]}, {"text": "ok"}]))
+    run = advance(
+        script_run([{"calls": [["ops_ship", {"nope": 1}]]}, {"text": "ok"}], agent=OPS_AGENT)
+    )
     bad = Step.objects.get(run=run, tool="ops_ship")
     assert bad.status == StepStatus.FAILED and bad.attempts == 0
     with pytest.raises(ActionRefused):
@@ -284,8 +285,8 @@ def test_resolve_refusals(operator):
     with pytest.raises(ActionRefused, match="only a failed tool step"):
         resolve_step(model.id, {"x": 1}, user=operator)
 
-    opskit.FAILS["ops_ship_fatal"] = 1
-    failed = advance(script_run([{"calls": [["ops_ship", {"parcel": "P-2"}]]}]))
+    testkit.FAILS["ops_ship_fatal"] = 1
+    failed = advance(script_run([{"calls": [["ops_ship", {"parcel": "P-2"}]]}], agent=OPS_AGENT))
     ship = Step.objects.get(run=failed, tool="ops_ship")
     with pytest.raises(ActionRefused, match="JSON object"):
         resolve_step(ship.id, ["not", "an", "object"], user=operator)
@@ -297,17 +298,9 @@ def test_resolve_refusals(operator):
 # ------------------------------------------------------------------ fork
 @pytest.mark.django_db
 def test_fork_from_a_model_step_copies_history_and_continues(operator, client):
-    source = advance(
-        script_run(
-            [
-                {"calls": [["t_echo", {"text": "a"}]]},
-                {"calls": [["t_charge", {"amount": 2}]]},
-                {"text": "done"},
-            ]
-        )
-    )
+    source = succeeded_run_to_fork()
     assert source.status == RunStatus.SUCCEEDED
-    source_steps = list(Step.objects.filter(run=source).order_by("index"))
+    source_steps = steps(source)
     assert [s.kind for s in source_steps] == ["model", "tool", "model", "tool", "model"]
 
     with pytest.raises(ActionRefused, match="model step"):
@@ -316,7 +309,7 @@ def test_fork_from_a_model_step_copies_history_and_continues(operator, client):
     response = client.post(f"/runs/{source.id}/fork/", {"from_step": 2})
     fork = Run.objects.exclude(id=source.id).get()
     assert response.status_code == 302 and response["Location"] == f"/runs/{fork.id}/"
-    copied = list(Step.objects.filter(run=fork).order_by("index"))
+    copied = steps(fork)
     assert [(s.index, s.kind, s.tool, s.status) for s in copied] == [
         (s.index, s.kind, s.tool, s.status) for s in source_steps[:2]
     ]
@@ -344,7 +337,7 @@ def test_fork_from_a_model_step_copies_history_and_continues(operator, client):
 def test_cancel_flag_left_on_a_parked_run_can_be_completed(operator, client):
     """A cancel that raced the engine parking the run: the flag is set on a waiting run. The
     button stays available and cancelling then withdraws the approval as usual."""
-    run = advance(script_run([{"calls": [["t_pay", {"amount": 500}]]}]))
+    run = advance(script_run([{"calls": [["t_pay", {"amount": 500}]]}], agent=OPS_AGENT))
     assert run.status == RunStatus.WAITING
     Run.objects.filter(id=run.id).update(cancel_requested=True)
     client.force_login(operator)

@@ -6,16 +6,15 @@ count follows, and the gateway ledger agrees.
 from __future__ import annotations
 
 import os
-import re
 
-import httpx
 import pytest
 
-from agentruns.models import Run, RunStatus
+from agentruns.models import RunStatus
 from agentruns.services import start_run
 from approvals.models import Approval, ApprovalStatus
 from support.models import Order, OutboxMessage
-from tests.procs import start_web, start_worker, wait_until
+from tests.e2e.kit import logged_in_page, set_browser_password
+from tests.procs import gateway_refunds, start_web, start_worker, wait_finished, wait_until
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -36,26 +35,13 @@ document.addEventListener("htmx:afterSwap", (e) => { if (e.target.id === "inbox-
 def test_approve_with_a_lowered_amount_and_reject_in_the_inbox(
     tmp_path, seeded, browser, settings, django_user_model
 ):
-    from django.conf import global_settings
-
-    settings.PASSWORD_HASHERS = (
-        global_settings.PASSWORD_HASHERS
-    )  # the server only knows real hashers
-    approver = django_user_model.objects.get(username="approver")
-    approver.set_password("browser-pw")
-    approver.save()
+    set_browser_password(django_user_model.objects.get(username="approver"), settings)
     web, url = start_web(tmp_path)
     worker = start_worker(
         tmp_path, REFUND_GATEWAY_URL=url + "/gateway", REFUND_APPROVAL_THRESHOLD_CENTS=0
     )
     try:
-        page = browser.new_page()
-        page.add_init_script(SWAP_COUNTER)
-        page.goto(url + "/accounts/login/?next=/approvals/")
-        page.fill("input[name=username]", "approver")
-        page.fill("input[name=password]", "browser-pw")
-        page.click("button[type=submit]")
-        page.wait_for_url(re.compile(r"/approvals/$"))
+        page = logged_in_page(browser, url, "approver", SWAP_COUNTER, next_path="/approvals/")
         assert page.locator("#nav-pending").inner_text() == "0"
 
         # two refund runs start while the page is open: they appear without a reload
@@ -124,21 +110,12 @@ def test_approve_with_a_lowered_amount_and_reject_in_the_inbox(
         assert page.locator(f"#approval-{a3.id}").is_visible()
         assert "Rejected" in log.inner_text()
 
-        def done(run: Run):
-            run.refresh_from_db()
-            return run.is_terminal
-
-        wait_until(lambda: done(first) and done(second), timeout=120, message="both runs to finish")
+        first, second = wait_finished(first, worker), wait_finished(second, worker)
         assert first.status == RunStatus.SUCCEEDED and second.status == RunStatus.SUCCEEDED
         assert Approval.objects.get(id=a1.id).status == ApprovalStatus.APPROVED
-        refunds = httpx.get(url + "/gateway/refunds", params={"order_id": "ORD-1010"}).json()[
-            "refunds"
-        ]
+        refunds = gateway_refunds(url, "ORD-1010")
         assert [r["amount_cents"] for r in refunds] == [lowered]
-        assert (
-            httpx.get(url + "/gateway/refunds", params={"order_id": "ORD-1011"}).json()["refunds"]
-            == []
-        )
+        assert gateway_refunds(url, "ORD-1011") == []
         assert why in OutboxMessage.objects.get(run_id=second.id).body
     finally:
         worker.stop()

@@ -16,7 +16,8 @@ from django.db import connections
 
 from agentruns.models import Run, RunEvent, Step
 from agentruns.tokens import create_token
-from tests.procs import free_port, start_web, start_worker, wait_until
+from tests.e2e.kit import logged_in_page, set_browser_password
+from tests.procs import free_port, start_run_over_http, start_web, start_worker, wait_until
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -48,37 +49,6 @@ document.addEventListener("DOMContentLoaded", () => {
   new MutationObserver(note).observe(conn, {attributes: true, childList: true, characterData: true});
 });
 """
-
-
-def set_browser_password(user, settings) -> None:
-    # the suite hashes with MD5 for speed; the server process only knows the real hashers
-    from django.conf import global_settings
-
-    settings.PASSWORD_HASHERS = global_settings.PASSWORD_HASHERS
-    user.set_password("browser-pw")
-    user.save()
-
-
-def logged_in_page(browser, base_url: str):
-    page = browser.new_page()
-    page.add_init_script(RECORDER)
-    page.goto(f"{base_url}/accounts/login/")
-    page.fill("input[name=username]", "lead")
-    page.fill("input[name=password]", "browser-pw")
-    page.click("button[type=submit]")
-    page.wait_for_url(lambda url: "/accounts/login" not in url, timeout=60_000)
-    return page
-
-
-def start_run_api(base_url: str, token: str, order: str, message: str) -> str:
-    created = httpx.post(
-        f"{base_url}/api/runs",
-        json={"agent": "refund", "input": {"order_id": order, "message": message}},
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=30,
-    )
-    assert created.status_code == 201, created.text
-    return created.json()["id"]
 
 
 def assert_page_shows_the_run(page, run: Run) -> None:
@@ -121,9 +91,11 @@ def test_run_page_streams_and_survives_a_server_restart(tmp_path, lead, seeded, 
     webs = [web]
     worker = start_worker(tmp_path, **env)
     try:
-        page = logged_in_page(browser, base_url)
+        page = logged_in_page(browser, base_url, "lead", RECORDER)
 
-        run_id = start_run_api(base_url, token, "ORD-1007", "Never arrived.")
+        run_id = start_run_over_http(
+            base_url, token, {"order_id": "ORD-1007", "message": "Never arrived."}
+        )
         page.goto(f"{base_url}/runs/{run_id}/")
         page.wait_for_selector("#conn[data-state=live]", timeout=60_000)
         # the text grows while we watch
@@ -187,8 +159,10 @@ def test_approval_card_and_superseded_text_on_the_live_page(
     web, base_url = start_web(tmp_path, port=port, **env)
     worker = start_worker(tmp_path, **env)
     try:
-        page = logged_in_page(browser, base_url)
-        run_id = start_run_api(base_url, token, "ORD-1011", "Wrong size.")
+        page = logged_in_page(browser, base_url, "lead", RECORDER)
+        run_id = start_run_over_http(
+            base_url, token, {"order_id": "ORD-1011", "message": "Wrong size."}
+        )
         page.goto(f"{base_url}/runs/{run_id}/")
         # no reload: the card arrives through the stream when the run parks
         page.wait_for_selector("#approval-card .approval-card", timeout=120_000)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agentruns.runtime.executor import RunExecutor
 from agentruns.services import start_run
+from tests.helpers import advance
 
 pytestmark = pytest.mark.django_db
 
@@ -15,7 +15,7 @@ LEAKS = ("{#", "#}", "{%", "%}", "{{")
 def test_pages_render_without_template_leaks(client, lead, seeded, settings):
     settings.REFUND_APPROVAL_THRESHOLD_CENTS = 0
     run = start_run("refund", {"order_id": "ORD-1001", "message": "broken <b>please</b>"}).run
-    RunExecutor(run.id).advance()  # parks at issue_refund: the inbox has an item
+    advance(run)  # parks at issue_refund: the inbox has an item
     client.force_login(lead)
     for path in (
         "/runs/",

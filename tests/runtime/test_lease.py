@@ -3,28 +3,17 @@
 from __future__ import annotations
 
 import time
-from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
 from agentruns.models import Run
 from agentruns.runtime.lease import Heartbeat
-from agentruns.services import start_run
+from tests.helpers import leased_run
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the keeper has its own connection
 
 TTL = 0.6
-
-
-def _leased(owner: str) -> Run:
-    run = start_run("script", {"script": []}, enqueue_task=False).run
-    Run.objects.filter(id=run.id).update(
-        status="running",
-        lease_owner=owner,
-        lease_expires_at=timezone.now() + timedelta(seconds=TTL),
-    )
-    return run
 
 
 def _expires(run: Run):
@@ -32,7 +21,7 @@ def _expires(run: Run):
 
 
 def test_a_long_step_keeps_its_lease_and_a_stopped_beat_lets_it_go():
-    run = _leased("me:1:a")
+    run = leased_run("me:1:a", ttl_seconds=TTL)
     beat = Heartbeat(run.id, "me:1:a", TTL)
     beat.start()
     try:
@@ -46,7 +35,7 @@ def test_a_long_step_keeps_its_lease_and_a_stopped_beat_lets_it_go():
 
 
 def test_beats_of_several_runs_share_the_keeper():
-    runs = [_leased(f"me:1:{i}") for i in range(3)]
+    runs = [leased_run(f"me:1:{i}", ttl_seconds=TTL) for i in range(3)]
     beats = [Heartbeat(r.id, f"me:1:{i}", TTL) for i, r in enumerate(runs)]
     for beat in beats:
         beat.start()
@@ -59,7 +48,7 @@ def test_beats_of_several_runs_share_the_keeper():
 
 
 def test_a_stolen_lease_is_noticed():
-    run = _leased("me:1:a")
+    run = leased_run("me:1:a", ttl_seconds=TTL)
     beat = Heartbeat(run.id, "me:1:a", TTL)
     beat.start()
     try:

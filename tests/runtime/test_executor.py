@@ -8,25 +8,19 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 from django.utils import timezone
-from django_q.models import OrmQ
 
 from agentruns.models import AttemptOutcome, Run, RunEvent, Step, StepAttempt, StepStatus
 from agentruns.runtime.executor import RunExecutor
-from agentruns.runtime.sweeper import sweep
 from agentruns.services import start_run
 from approvals.models import Approval
 from tests import testkit
-from tests.helpers import advance, assert_gapless, steps
+from tests.helpers import advance, assert_gapless, script_run, steps
 
 pytestmark = pytest.mark.django_db
 
 
-def run_script(turns: list[dict], agent: str = "script") -> Run:
-    return start_run(agent, {"script": turns}).run
-
-
 def test_step_lifecycle_and_events():
-    run = run_script(
+    run = script_run(
         [
             {
                 "text": "echo then charge",
@@ -58,7 +52,7 @@ def test_step_lifecycle_and_events():
 
 def test_idempotency_key_stable_across_retries():
     testkit.FAILS["t_charge"] = 2
-    run = advance(run_script([{"calls": [["t_charge", {"amount": 7}]]}, {"text": "ok"}]))
+    run = advance(script_run([{"calls": [["t_charge", {"amount": 7}]]}, {"text": "ok"}]))
     assert run.status == "succeeded"
     keys = {key for key, _, _ in testkit.CALLS["t_charge"]}
     attempts = [attempt for _, attempt, _ in testkit.CALLS["t_charge"]]
@@ -72,7 +66,7 @@ def test_idempotency_key_stable_across_retries():
 
 def test_retries_exhausted_fail_step_and_run_with_error_kept():
     testkit.FAILS["t_charge"] = 5
-    run = advance(run_script([{"calls": [["t_charge", {"amount": 7}]]}]))
+    run = advance(script_run([{"calls": [["t_charge", {"amount": 7}]]}]))
     assert run.status == "failed"
     assert "temporary outage" in run.error
     step = steps(run)[1]
@@ -80,7 +74,7 @@ def test_retries_exhausted_fail_step_and_run_with_error_kept():
 
 
 def test_fatal_tool_error_fails_run():
-    run = advance(run_script([{"calls": [["t_explode", {}]]}, {"text": "never"}]))
+    run = advance(script_run([{"calls": [["t_explode", {}]]}, {"text": "never"}]))
     assert run.status == "failed"
     assert "card declined" in run.error
     assert steps(run)[1].status == "failed"
@@ -97,7 +91,7 @@ def test_fatal_tool_error_fails_run():
     ],
 )
 def test_bad_model_output_is_a_failed_step_fed_back(call, error):
-    run = advance(run_script([{"calls": [call]}, {"text": "sorry, I will stop"}]))
+    run = advance(script_run([{"calls": [call]}, {"text": "sorry, I will stop"}]))
     assert run.status == "succeeded", run.error
     bad = steps(run)[1]
     assert bad.status == "failed" and error in bad.error
@@ -105,7 +99,7 @@ def test_bad_model_output_is_a_failed_step_fed_back(call, error):
 
 
 def test_tool_outside_snapshot_is_refused(monkeypatch):
-    run = run_script([{"calls": [["t_echo", {"text": "x"}]]}, {"text": "ok"}])
+    run = script_run([{"calls": [["t_echo", {"text": "x"}]]}, {"text": "ok"}])
     Run.objects.filter(id=run.id).update(tool_snapshot={"t_charge": {}})
     run = advance(run)
     assert steps(run)[1].status == "failed"
@@ -116,7 +110,7 @@ def test_tool_outside_snapshot_is_refused(monkeypatch):
 @pytest.mark.django_db(transaction=True)
 def test_lease_contention_one_worker_executes():
     testkit.GATE.clear()
-    run = run_script([{"calls": [["t_charge", {"amount": 1}]]}, {"text": "ok"}])
+    run = script_run([{"calls": [["t_charge", {"amount": 1}]]}, {"text": "ok"}])
     results = []
 
     def worker():
@@ -149,7 +143,7 @@ def _simulate_dead_worker(step: Step) -> None:
 
 
 def test_recovery_reruns_key_tool_with_same_key():
-    run = run_script([{"calls": [["t_pay", {"amount": 500}]]}, {"text": "ok"}])
+    run = script_run([{"calls": [["t_pay", {"amount": 500}]]}, {"text": "ok"}])
     run = advance(run)  # parks on approval: the step exists, not yet executed
     step = steps(run)[1]
     Step.objects.filter(id=step.id).update(approved=True)
@@ -163,7 +157,7 @@ def test_recovery_reruns_key_tool_with_same_key():
 
 
 def test_recovery_of_non_idempotent_tool_goes_to_reconciliation():
-    run = run_script([{"calls": [["t_pay", {"amount": 500}]]}, {"text": "ok"}])
+    run = script_run([{"calls": [["t_pay", {"amount": 500}]]}, {"text": "ok"}])
     run = advance(run)
     step = steps(run)[1]
     # re-point the parked step at the non-idempotent tool to simulate a crash mid-send
@@ -181,7 +175,7 @@ def test_recovery_of_non_idempotent_tool_goes_to_reconciliation():
 
 
 def test_model_step_interrupted_is_superseded_and_rerun():
-    run = run_script([{"text": "hello there"}])
+    run = script_run([{"text": "hello there"}])
     now = timezone.now()
     step = Step.objects.create(
         run=run,
@@ -213,7 +207,7 @@ def test_model_step_interrupted_is_superseded_and_rerun():
 
 
 def test_parking_for_approval():
-    run = advance(run_script([{"calls": [["t_pay", {"amount": 500}]]}, {"text": "ok"}]))
+    run = advance(script_run([{"calls": [["t_pay", {"amount": 500}]]}, {"text": "ok"}]))
     assert run.status == "waiting"
     step = steps(run)[1]
     assert step.status == "waiting_approval"
@@ -224,13 +218,13 @@ def test_parking_for_approval():
 
 
 def test_small_amount_needs_no_approval():
-    run = advance(run_script([{"calls": [["t_pay", {"amount": 50}]]}, {"text": "ok"}]))
+    run = advance(script_run([{"calls": [["t_pay", {"amount": 50}]]}, {"text": "ok"}]))
     assert run.status == "succeeded"
 
 
 def test_stop_max_steps():
     run = advance(
-        run_script([{"calls": [["t_echo", {"text": "again"}]], "loop": True}], agent="script-short")
+        script_run([{"calls": [["t_echo", {"text": "again"}]], "loop": True}], agent="script-short")
     )
     assert run.status == "failed" and run.stop_reason == "max_steps"
     assert len(steps(run)) <= 6
@@ -238,7 +232,7 @@ def test_stop_max_steps():
 
 def test_stop_token_budget():
     run = advance(
-        run_script(
+        script_run(
             [{"text": "word " * 100, "calls": [["t_echo", {"text": "x"}]], "loop": True}],
             agent="script-budget",
         )
@@ -247,48 +241,20 @@ def test_stop_token_budget():
 
 
 def test_stop_deadline():
-    run = run_script([{"text": "hi"}], agent="script-deadline")
+    run = script_run([{"text": "hi"}], agent="script-deadline")
     run = advance(run)
     assert run.status == "failed" and run.stop_reason == "deadline"
 
 
 def test_cancel_requested_is_honoured_at_step_boundary():
-    run = run_script([{"calls": [["t_echo", {"text": "x"}]]}, {"text": "never"}])
+    run = script_run([{"calls": [["t_echo", {"text": "x"}]]}, {"text": "never"}])
     Run.objects.filter(id=run.id).update(cancel_requested=True)
     run = advance(run)
     assert run.status == "cancelled" and run.stop_reason == "cancelled"
 
 
-def test_sweeper_reenqueues_expired_lease_and_run_continues():
-    run = run_script([{"calls": [["t_echo", {"text": "x"}]]}, {"text": "ok"}])
-    past = timezone.now() - timedelta(minutes=5)
-    Run.objects.filter(id=run.id).update(
-        status="running", lease_owner="dead:1", lease_expires_at=past, enqueued_at=past
-    )
-    before = OrmQ.objects.count()
-    assert sweep() == 1
-    assert OrmQ.objects.count() == before + 1
-    assert sweep() == 0  # rung once, not on every pass
-    run = advance(run)
-    assert run.status == "succeeded"
-
-
-def test_sweeper_ignores_live_leases_and_parked_runs():
-    run = run_script([{"text": "x"}])
-    past = timezone.now() - timedelta(minutes=5)
-    Run.objects.filter(id=run.id).update(
-        status="running",
-        lease_owner="alive:1",
-        lease_expires_at=timezone.now() + timedelta(minutes=1),
-        enqueued_at=past,
-    )
-    other = run_script([{"text": "y"}])
-    Run.objects.filter(id=other.id).update(status="waiting", enqueued_at=past)
-    assert sweep() == 0
-
-
 def test_engine_error_fails_run_not_stuck(monkeypatch):
-    run = run_script([{"text": "x"}])
+    run = script_run([{"text": "x"}])
     Run.objects.filter(id=run.id).update(agent="vanished")
     run = advance(run)
     assert run.status == "failed" and "unknown agent" in run.error
@@ -319,7 +285,7 @@ def test_concurrent_event_writers_keep_seq_gapless():
 
     from agentruns.runtime.store import get_store
 
-    run = run_script([{"text": "x"}])
+    run = script_run([{"text": "x"}])
     barrier = threading.Barrier(4)
 
     def writer():
@@ -341,7 +307,7 @@ def test_concurrent_event_writers_keep_seq_gapless():
 
 @pytest.mark.django_db(transaction=True)
 def test_cancel_during_retry_backoff_is_noticed():
-    run = advance(run_script([{"calls": [["t_pay", {"amount": 500}]]}, {"text": "ok"}]))
+    run = advance(script_run([{"calls": [["t_pay", {"amount": 500}]]}, {"text": "ok"}]))
     step = steps(run)[1]
     Approval.objects.filter(step=step).delete()
     Step.objects.filter(id=step.id).update(
@@ -376,7 +342,7 @@ def test_cancel_arriving_while_parking_cancels_the_parked_run(monkeypatch):
         return approval
 
     monkeypatch.setattr(tool_steps, "open_approval", open_and_get_cancelled)
-    run = advance(run_script([{"calls": [["t_pay", {"amount": 500}]]}, {"text": "ok"}]))
+    run = advance(script_run([{"calls": [["t_pay", {"amount": 500}]]}, {"text": "ok"}]))
     assert run.status == "cancelled"
     assert Approval.objects.get(step=steps(run)[1]).status != "pending"
 
@@ -385,7 +351,7 @@ def test_manual_retry_gets_a_fresh_automatic_retry_budget():
     from agentruns.services import retry_run
 
     testkit.FAILS["t_charge"] = 5  # 3 attempts fail the run, then 2 more failures after retry
-    run = advance(run_script([{"calls": [["t_charge", {"amount": 3}]]}, {"text": "ok"}]))
+    run = advance(script_run([{"calls": [["t_charge", {"amount": 3}]]}, {"text": "ok"}]))
     assert run.status == "failed"
     retry_run(run.id)
     run = advance(run)
@@ -401,7 +367,7 @@ def test_a_worker_that_lost_its_lease_writes_nothing():
     from agentruns.runtime.events import LeaseLost
     from agentruns.runtime.store.rows import WriteBatch
 
-    run = run_script([{"text": "x"}])
+    run = script_run([{"text": "x"}])
     executor = RunExecutor(run.id)
     assert executor.claim()
     Run.objects.filter(id=run.id).update(lease_owner="someone-else")  # the lease moved on
@@ -418,47 +384,10 @@ def test_a_worker_that_lost_its_lease_writes_nothing():
 def test_stop_per_agent_cost_budget(settings):
     settings.AGENTRUNS_MODEL_PRICES = "scripted=100000/100000"  # $0.10 per token
     run = advance(
-        run_script(
+        script_run(
             [{"text": "word " * 20, "calls": [["t_echo", {"text": "x"}]], "loop": True}],
             agent="script-cost",
         )
     )
     assert run.status == "failed" and run.stop_reason == "cost_budget"
     assert run.cost_usd >= 0.5
-
-
-def _ledger_rows() -> int:
-    from support.models import GatewayRefund
-
-    return GatewayRefund.objects.filter(order_id="ORD-TX").count()
-
-
-def test_transactional_tool_runs_inside_the_model_commit():
-    run = advance(run_script([{"calls": [["t_tx", {"amount": 5}]]}, {"text": "ok"}]))
-    assert run.status == "succeeded"
-    step = steps(run)[1]
-    assert step.status == "succeeded" and step.attempts == 1 and step.result == {"written": 5}
-    assert _ledger_rows() == 1
-    assert not RunEvent.objects.filter(run=run, type="step.started", data__step=1).exists()
-
-
-def test_transactional_tool_failure_undoes_its_writes():
-    testkit.FAILS["t_tx"] = 2  # the eager try and the first attempt fail after writing
-    run = advance(run_script([{"calls": [["t_tx", {"amount": 5}]]}, {"text": "ok"}]))
-    assert run.status == "succeeded", run.error
-    assert len(testkit.CALLS["t_tx"]) == 3
-    assert _ledger_rows() == 1  # only the write of the call that succeeded is committed
-    failed = steps(run)[1].attempt_rows.get(number=1)
-    assert failed.outcome == "retrying" and "failed after writing" in failed.traceback
-
-
-def test_transactional_tool_after_a_side_effect_commits_with_its_result():
-    run = advance(
-        run_script(
-            [{"calls": [["t_charge", {"amount": 1}], ["t_tx", {"amount": 7}]]}, {"text": "ok"}]
-        )
-    )
-    assert run.status == "succeeded", run.error
-    tx = steps(run)[2]
-    assert tx.tool == "t_tx" and tx.status == "succeeded" and tx.attempts == 1
-    assert _ledger_rows() == 1

@@ -1,6 +1,6 @@
 """One-off measurement: the runs list, run search, navigation and /metrics at 100,000 runs.
 
-    scripts/with-postgres.sh .venv/bin/python -m tests.ops.bench_run_list [--runs 100000]
+    scripts/with-postgres.sh .venv/bin/python -m benchmarks.run_list [--runs 100000]
 
 Migrates a throwaway database, bulk-inserts runs (status mix of a busy support team, three
 agents, 30 days of history, "ORD-n T-n" search keys) with two tool steps and attempts each, runs
