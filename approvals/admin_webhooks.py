@@ -41,7 +41,8 @@ class WebhookEndpointForm(forms.ModelForm):
                 secret_bytes(secret)
             except BadSecret as exc:
                 raise forms.ValidationError(str(exc)) from None
-        return secret
+        # empty: keep the current one (a new endpoint gets one generated when saved)
+        return secret or self.instance.secret
 
 
 @admin.register(WebhookEndpoint)
@@ -60,10 +61,7 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
         return masked(obj.secret)
 
     def save_model(self, request, obj: WebhookEndpoint, form, change: bool) -> None:
-        typed = form.cleaned_data.get("secret")
-        if typed:
-            obj.secret = typed
-        elif not obj.secret:
+        if not obj.secret:
             obj.secret = new_secret()
             # the only time it is shown: the receiver needs it to verify signatures
             self.message_user(
