@@ -65,9 +65,12 @@ def test_a_claim_lapses_and_a_decided_item_cannot_be_claimed(approver, second, s
     ApiClient(second).post(f"/api/approvals/{approval.id}", {"decision": "approve"})
     response = ApiClient(approver).post(f"/api/approvals/{approval.id}/claim")
     assert response.status_code == 409 and response.json()["status"] == "approved"
-    assert ApiClient(approver).get(f"/api/approvals?status=approved").json()["approvals"][0][
-        "claimed_by"
-    ] is None
+    assert (
+        ApiClient(approver)
+        .get(f"/api/approvals?status=approved")
+        .json()["approvals"][0]["claimed_by"]
+        is None
+    )
 
 
 @pytest.mark.django_db(transaction=True)
@@ -106,7 +109,9 @@ def test_the_inbox_shows_who_holds_an_item_and_asks_before_deciding_it(approver,
     theirs = login(Client(), second)
     html = theirs.get("/approvals/").content.decode()
     assert 'data-claimed-by="approver"' in html and "taken by <strong" in html
-    assert "I&#x27;m on it" not in html.split(f'id="approval-{approval.id}"')[1].split("</header>")[0]
+    assert (
+        "I&#x27;m on it" not in html.split(f'id="approval-{approval.id}"')[1].split("</header>")[0]
+    )
     refused = theirs.post(
         f"/approvals/{approval.id}/decide/", {"action": "approve", "override_claim": ""}, **HX
     )

@@ -124,7 +124,9 @@ def test_racing_sweepers_escalate_each_item_exactly_once(hook):
         t.join(60)
     assert sum(counts) == 12, counts
     for approval in items:
-        assert RunEvent.objects.filter(run_id=approval.run_id, type="approval.escalated").count() == 1
+        assert (
+            RunEvent.objects.filter(run_id=approval.run_id, type="approval.escalated").count() == 1
+        )
         assert (
             WebhookDelivery.objects.filter(
                 approval_id=approval.id, event_type="approval.escalated"
