@@ -67,7 +67,7 @@ def test_a_claim_lapses_and_a_decided_item_cannot_be_claimed(approver, second, s
     assert response.status_code == 409 and response.json()["status"] == "approved"
     assert (
         ApiClient(approver)
-        .get(f"/api/approvals?status=approved")
+        .get("/api/approvals?status=approved")
         .json()["approvals"][0]["claimed_by"]
         is None
     )
