@@ -97,6 +97,19 @@ def approval_list(
     return {"approvals": [approval_payload(card.approval, card) for card in build_cards(rows)]}
 
 
+def already_decided(exc: services.AlreadyDecided) -> BadRequest:
+    """The 409 of a late decision (or claim): who decided, when, and the item as it is."""
+    payload = approval_payload(exc.approval)
+    return BadRequest(
+        str(exc),
+        409,
+        decided_by=payload["decided_by"],
+        decided_at=payload["decided_at"],
+        status=payload["status"],
+        approval=payload,
+    )
+
+
 DECISIONS = ["approve", "reject", *services.RESOLUTIONS]
 
 
@@ -141,15 +154,7 @@ def approval_decide(request: HttpRequest, approval_id: str, body: dict) -> dict 
                 reason=reason,
             )
     except services.AlreadyDecided as exc:
-        payload = approval_payload(exc.approval)
-        raise BadRequest(
-            str(exc),
-            409,
-            decided_by=payload["decided_by"],
-            decided_at=payload["decided_at"],
-            status=payload["status"],
-            approval=payload,
-        ) from None
+        raise already_decided(exc) from None
     except services.DecisionError as exc:
         raise BadRequest(str(exc), 422) from None
     return approval_payload(approval)

@@ -8,7 +8,7 @@ from agentruns.api.endpoint import INT_ID, endpoint
 from agentruns.api.parsing import BadRequest
 from agentruns.runtime.timestamps import iso
 from approvals import bulk, claims, services
-from approvals.api import approval_payload
+from approvals.api import already_decided, approval_payload
 from approvals.models import Approval
 
 
@@ -20,18 +20,6 @@ def _claimed_by_other(exc: claims.ClaimedByOther) -> BadRequest:
         claimed_at=iso(exc.since),
         claim_expires_at=iso(exc.until),
         approval=approval_payload(exc.approval),
-    )
-
-
-def _already_decided(exc: services.AlreadyDecided) -> BadRequest:
-    payload = approval_payload(exc.approval)
-    return BadRequest(
-        str(exc),
-        409,
-        decided_by=payload["decided_by"],
-        decided_at=payload["decided_at"],
-        status=payload["status"],
-        approval=payload,
     )
 
 
@@ -60,7 +48,7 @@ def approval_claim(request: HttpRequest, approval_id: str) -> dict:
     except claims.ClaimedByOther as exc:
         raise _claimed_by_other(exc) from None
     except services.AlreadyDecided as exc:
-        raise _already_decided(exc) from None
+        raise already_decided(exc) from None
 
 
 @endpoint(
