@@ -66,12 +66,14 @@ def claim_due(owner: str, limit: int, now: datetime | None = None) -> list[Webho
     """Lease up to `limit` due deliveries for `owner` (skipping rows another worker is
     claiming right now, and rows whose lease is still live)."""
     now = now or timezone.now()
+    due = WebhookDelivery.objects.filter(
+        status=DeliveryStatus.PENDING, next_attempt_at__lte=now
+    ).filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
+    if not due.exists():
+        return []  # the common case, without a transaction (SQLite takes its write lock at BEGIN)
     with transaction.atomic():
         rows = list(
-            WebhookDelivery.objects.select_for_update(skip_locked=True)
-            .filter(status=DeliveryStatus.PENDING, next_attempt_at__lte=now)
-            .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
-            .order_by("next_attempt_at", "id")[:limit]
+            due.select_for_update(skip_locked=True).order_by("next_attempt_at", "id")[:limit]
         )
         if not rows:
             return []
