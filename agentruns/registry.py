@@ -89,6 +89,9 @@ class Tool:
     requires_approval: bool | Callable[[dict], bool] = False
     redact: Sequence[str] = ()
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    # seconds a pending approval of this tool may wait before it escalates (None: the
+    # AGENTRUNS_APPROVAL_ESCALATE_SECONDS default; 0: never)
+    escalate_after: float | None = None
     _compiled: Any = field(default=None, repr=False, compare=False)
     _simple: Any = field(default=None, repr=False, compare=False)
 
@@ -143,6 +146,7 @@ class Tool:
             if callable(self.requires_approval)
             else bool(self.requires_approval),
             "transactional": self.transactional,
+            "escalate_after": self.escalate_after,
         }
 
 
@@ -275,10 +279,13 @@ def tool(
     requires_approval: bool | Callable[[dict], bool] = False,
     redact: Sequence[str] = (),
     retry: RetryPolicy | None = None,
+    escalate_after: float | None = None,
 ):
     """Register a function as a tool. Usable bare (`@tool`) or with options."""
     if idempotency not in ("key", "none"):
         raise ValueError("idempotency must be 'key' or 'none'")
+    if escalate_after is not None and (isinstance(escalate_after, bool) or escalate_after < 0):
+        raise ValueError("escalate_after must be a number of seconds >= 0 (0: never)")
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         t = Tool(
@@ -292,6 +299,7 @@ def tool(
             requires_approval=requires_approval,
             redact=tuple(redact),
             retry=retry or RetryPolicy(),
+            escalate_after=escalate_after,
         )
         _tools[t.name] = t
         fn.tool = t  # type: ignore[attr-defined]

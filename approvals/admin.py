@@ -42,6 +42,7 @@ class ApprovalAdmin(admin.ModelAdmin):
             "Decision",
             {"fields": ("decided_by", "decided_at", "reason", "resolution", "expires_at")},
         ),
+        ("Claim and due time", {"fields": ("claimed_by", "claimed_at", "due_at", "escalated_at")}),
         ("Arguments", {"fields": ("requested", "approved", "changes", "resolution_payload")}),
         ("Earlier decisions on this step", {"fields": ("earlier_decisions",)}),
         ("Timestamps", {"fields": ("created_at",)}),
@@ -58,6 +59,10 @@ class ApprovalAdmin(admin.ModelAdmin):
         "reason",
         "resolution",
         "expires_at",
+        "claimed_by",
+        "claimed_at",
+        "due_at",
+        "escalated_at",
         "requested",
         "approved",
         "changes",
@@ -151,3 +156,7 @@ class ApprovalAdmin(admin.ModelAdmin):
         if obj.resolution_result is None:
             return "—"
         return format_html("<pre>{}</pre>", _pretty(obj.resolution_result))
+
+
+# the webhook endpoints and the outbox's deliveries
+import approvals.admin_webhooks  # noqa: E402, F401

@@ -14,6 +14,16 @@ from approvals.models import Approval, ApprovalKind, ApprovalStatus
 from approvals.selectors import AGES, approvals_query
 
 
+def claim_payload(approval: Approval) -> dict:
+    """Who is on the item right now (nobody once the claim lapsed or the item is decided)."""
+    holder = approval.claimant()
+    return {
+        "claimed_by": holder.get_username() if holder else None,
+        "claimed_at": iso(approval.claimed_at) if holder else None,
+        "claim_expires_at": iso(approval.claim_expires_at) if holder else None,
+    }
+
+
 def approval_payload(approval: Approval, card: Card | None = None) -> dict:
     hidden = approval.hidden_fields
     payload = {
@@ -34,6 +44,10 @@ def approval_payload(approval: Approval, card: Card | None = None) -> dict:
         "reason": approval.reason,
         "expires_at": iso(approval.expires_at),
         "created_at": iso(approval.created_at),
+        **claim_payload(approval),
+        "due_at": iso(approval.due_at),
+        "escalated_at": iso(approval.escalated_at),
+        "overdue": approval.is_overdue,
         "history": [
             {
                 **entry,
@@ -83,6 +97,19 @@ def approval_list(
     return {"approvals": [approval_payload(card.approval, card) for card in build_cards(rows)]}
 
 
+def already_decided(exc: services.AlreadyDecided) -> BadRequest:
+    """The 409 of a late decision (or claim): who decided, when, and the item as it is."""
+    payload = approval_payload(exc.approval)
+    return BadRequest(
+        str(exc),
+        409,
+        decided_by=payload["decided_by"],
+        decided_at=payload["decided_at"],
+        status=payload["status"],
+        approval=payload,
+    )
+
+
 DECISIONS = ["approve", "reject", *services.RESOLUTIONS]
 
 
@@ -127,15 +154,7 @@ def approval_decide(request: HttpRequest, approval_id: str, body: dict) -> dict 
                 reason=reason,
             )
     except services.AlreadyDecided as exc:
-        payload = approval_payload(exc.approval)
-        raise BadRequest(
-            str(exc),
-            409,
-            decided_by=payload["decided_by"],
-            decided_at=payload["decided_at"],
-            status=payload["status"],
-            approval=payload,
-        ) from None
+        raise already_decided(exc) from None
     except services.DecisionError as exc:
         raise BadRequest(str(exc), 422) from None
     return approval_payload(approval)

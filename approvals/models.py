@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
+
+from agentruns.conf import conf
 
 
 class ApprovalKind(models.TextChoices):
@@ -48,6 +51,14 @@ class Approval(models.Model):
     # earlier decisions on this step, oldest first: the row (one per step) is reused when an
     # approved call is interrupted and its outcome must be reconciled; who approved it stays here
     history = models.JSONField(default=list, blank=True)
+    # "I'm on it": who took the item and when; the claim lapses AGENTRUNS_CLAIM_SECONDS later
+    claimed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    # past `due_at` a pending item escalates, once: the sweeper stamps `escalated_at`
+    due_at = models.DateTimeField(null=True, blank=True)
+    escalated_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -57,6 +68,12 @@ class Approval(models.Model):
                 fields=["expires_at"],
                 condition=Q(status="pending", expires_at__isnull=False),
                 name="approval_expiry_idx",
+            ),
+            # the sweeper's escalation scan: pending items that have not escalated yet
+            models.Index(
+                fields=["due_at"],
+                condition=Q(status="pending", due_at__isnull=False, escalated_at__isnull=True),
+                name="approval_due_idx",
             ),
         ]
         permissions = [("decide_approval", "Can approve, reject and reconcile")]
@@ -82,3 +99,132 @@ class Approval(models.Model):
     @property
     def effective_args(self) -> dict:
         return self.edited_args if self.edited_args is not None else self.requested_args
+
+    # ---------------------------------------------------------------- claims and due times
+    @property
+    def claim_expires_at(self) -> datetime | None:
+        if self.claimed_at is None:
+            return None
+        return self.claimed_at + timedelta(seconds=conf.CLAIM_SECONDS)
+
+    def claimant(self, now: datetime | None = None):
+        """Who holds the item right now (None: nobody, the claim lapsed, or it is decided)."""
+        if self.status != ApprovalStatus.PENDING or self.claimed_by_id is None:
+            return None
+        expires = self.claim_expires_at
+        if expires is None or expires <= (now or timezone.now()):
+            return None
+        return self.claimed_by
+
+    @property
+    def is_overdue(self) -> bool:
+        return (
+            self.status == ApprovalStatus.PENDING
+            and self.due_at is not None
+            and self.due_at <= timezone.now()
+        )
+
+
+# ------------------------------------------------------------------ notifications (outbox)
+class WebhookEndpoint(models.Model):
+    """A receiver of signed webhooks, configured in the admin (the one of AGENTRUNS_WEBHOOK_URL
+    needs no row: a delivery with no endpoint goes there)."""
+
+    url = models.URLField(max_length=500)
+    # `whsec_<base64>` (Standard Webhooks); never shown again after it is set
+    secret = models.CharField(max_length=300)
+    # the event types it receives; empty: all of them
+    event_types = models.JSONField(default=list, blank=True)
+    active = models.BooleanField(default=True)
+    description = models.CharField(max_length=200, blank=True, default="")
+    # why delivery stopped by itself (the receiver answered 410 Gone)
+    disabled_reason = models.CharField(max_length=300, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return self.description or self.url
+
+    def wants(self, event_type: str) -> bool:
+        return self.active and (not self.event_types or event_type in self.event_types)
+
+
+class DeliveryStatus(models.TextChoices):
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    FAILED = "failed"
+
+
+class WebhookDelivery(models.Model):
+    """One event for one endpoint, written in the transaction of the change it reports, and
+    sent (at least once) by the worker's delivery loop. `body` is the exact JSON that is signed
+    and sent on every try, always with the same `webhook_id`."""
+
+    webhook_id = models.CharField(max_length=64, db_index=True)
+    event_type = models.CharField(max_length=40)
+    body = models.TextField()
+    # None: the endpoint of AGENTRUNS_WEBHOOK_URL
+    endpoint = models.ForeignKey(
+        WebhookEndpoint, null=True, blank=True, on_delete=models.CASCADE, related_name="deliveries"
+    )
+    run_id = models.UUIDField(null=True, blank=True, db_index=True)
+    approval_id = models.BigIntegerField(null=True, blank=True, db_index=True)
+    status = models.CharField(
+        max_length=16, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING
+    )
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(default=timezone.now)
+    # the worker sending it right now; an expired lease (the worker died) is taken over
+    lease_owner = models.CharField(max_length=200, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    last_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_status_code = models.PositiveIntegerField(null=True, blank=True)
+    last_response = models.TextField(blank=True, default="")
+    last_error = models.TextField(blank=True, default="")
+    # one entry per try: {"at", "status", "error", "ms", "by"} (the last 50)
+    attempt_log = models.JSONField(default=list, blank=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name_plural = "webhook deliveries"
+        indexes = [
+            models.Index(
+                fields=["next_attempt_at"],
+                condition=Q(status="pending"),
+                name="delivery_due_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event_type} {self.webhook_id} ({self.status})"
+
+
+class MailNotice(models.Model):
+    """An item somebody should hear about by email; the mailer sends what accumulated as one
+    mail per person (written with the change, like a webhook delivery)."""
+
+    class Kind(models.TextChoices):
+        REQUESTED = "requested"
+        ESCALATED = "escalated"
+
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    approval = models.ForeignKey(Approval, on_delete=models.CASCADE, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    lease_owner = models.CharField(max_length=200, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [
+            models.Index(
+                fields=["created_at"], condition=Q(sent_at__isnull=True), name="mail_unsent_idx"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} #{self.approval_id}"

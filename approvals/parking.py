@@ -21,7 +21,9 @@ from agentruns.runtime.nudges import nudge_on_commit
 from agentruns.runtime.redaction import redact_fields
 from agentruns.runtime.timestamps import iso
 from agentruns.runtime.transitions import resume_parked
-from approvals.models import Approval, ApprovalKind, ApprovalStatus
+from approvals.escalation import due_at_for
+from approvals.models import Approval, ApprovalKind, ApprovalStatus, MailNotice
+from approvals.notifications import outbox
 
 
 class AlreadyDecided(Exception):
@@ -42,23 +44,37 @@ class AlreadyDecided(Exception):
 
 
 class DecisionError(Exception):
-    """The decision is not acceptable as given (bad arguments, over the approver's limit)."""
+    """The decision is not acceptable as given (bad arguments, over the approver's limit).
+    `code` names the reason for scripts (the bulk API's per-item results)."""
+
+    def __init__(self, message: str, code: str = "not_acceptable") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 # ------------------------------------------------------------------ opened by the engine
 def open_approval(step: Step, agent: str) -> Approval:
-    expiry = conf.APPROVAL_EXPIRY_SECONDS
+    expiry, now = conf.APPROVAL_EXPIRY_SECONDS, timezone.now()
+    run = Run.objects.get(id=step.run_id)
     approval = Approval.objects.create(
         step=step,
-        run_id=step.run_id,
+        run=run,
         kind=ApprovalKind.APPROVAL,
         agent=agent,
         tool=step.tool,
         requested_args=step.arguments,
-        expires_at=timezone.now() + timedelta(seconds=expiry) if expiry > 0 else None,
+        expires_at=now + timedelta(seconds=expiry) if expiry > 0 else None,
+        due_at=due_at_for(run, step.tool, now),
     )
-    nudge_on_commit(step.run_id, 0, inbox=True)
+    _announce_opened(approval)
     return approval
+
+
+def _announce_opened(approval: Approval) -> None:
+    """The item is in the inbox: viewers, webhooks and (batched) email hear of it on commit."""
+    outbox.record(outbox.APPROVAL_REQUESTED, approval=approval)
+    outbox.queue_mail(approval, MailNotice.Kind.REQUESTED)
+    nudge_on_commit(approval.run_id, 0, inbox=True)
 
 
 def _decision_record(approval: Approval) -> dict:
@@ -80,11 +96,12 @@ def open_reconciliation(step: Step, agent: str) -> Approval:
     decision on it (who approved the call before it was interrupted) moves to its history."""
     earlier = Approval.objects.select_related("decided_by").filter(step=step).first()
     history = [*earlier.history, _decision_record(earlier)] if earlier is not None else []
+    run = Run.objects.get(id=step.run_id)
     approval, _ = Approval.objects.update_or_create(
         step=step,
         defaults={
             "history": history,
-            "run_id": step.run_id,
+            "run": run,
             "kind": ApprovalKind.RECONCILIATION,
             "status": ApprovalStatus.PENDING,
             "agent": agent,
@@ -94,9 +111,14 @@ def open_reconciliation(step: Step, agent: str) -> Approval:
             "decided_at": None,
             "resolution": "",
             "expires_at": None,
+            # a new item: its own due time, nobody on it yet
+            "due_at": due_at_for(run, step.tool),
+            "escalated_at": None,
+            "claimed_by": None,
+            "claimed_at": None,
         },
     )
-    nudge_on_commit(step.run_id, 0, inbox=True)
+    _announce_opened(approval)
     return approval
 
 
@@ -111,6 +133,9 @@ def withdraw_approvals(run: Run, *, reason: str) -> list[int]:
             reason=reason,
             decided_at=timezone.now(),
         )
+        for approval in Approval.objects.select_related("decided_by").filter(id__in=ids):
+            approval.run = run
+            outbox.record(outbox.APPROVAL_WITHDRAWN, approval=approval, run=run)
         nudge_on_commit(run.id, 0, inbox=True)
     return ids
 
@@ -130,6 +155,7 @@ def settle(approval_id: int, kind: str, user: Any, **changes: Any) -> Approval:
     approval = Approval.objects.select_related("step", "run", "decided_by").get(id=approval_id)
     if not won:
         refuse_if_decided(approval, kind)
+    outbox.record(outbox.APPROVAL_DECIDED, approval=approval)
     return approval
 
 
@@ -137,7 +163,7 @@ def refuse_if_decided(approval: Approval, kind: str) -> None:
     if approval.status != ApprovalStatus.PENDING:
         raise AlreadyDecided(approval)
     if approval.kind != kind:
-        raise DecisionError(f"this item is {_a(approval.kind)}, not {_a(kind)}")
+        raise DecisionError(f"this item is {_a(approval.kind)}, not {_a(kind)}", code="wrong_kind")
 
 
 def _a(noun: str) -> str:

@@ -7,10 +7,10 @@ the batched side reads in `cards.build_cards`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from agentruns.selectors.pagination import KeysetPage, keyset_page
@@ -29,6 +29,7 @@ class InboxFilters:
     kind: str = ""
     agent: str = ""
     age: str = ""
+    overdue: bool = False  # only items past their due time
 
     @classmethod
     def from_query(cls, params) -> InboxFilters:
@@ -38,18 +39,21 @@ class InboxFilters:
             kind=kind if kind in ApprovalKind.values else "",
             agent=params.get("agent", "").strip()[:100],
             age=age if age in AGES else "",
+            overdue=params.get("overdue", "") in ("1", "on", "true"),
         )
 
     @property
     def active(self) -> bool:
-        return bool(self.kind or self.agent or self.age)
+        return bool(self.kind or self.agent or self.age or self.overdue)
 
 
 def approvals_query(
     status: str = ApprovalStatus.PENDING, kind: str = "", agent: str = "", age: str = ""
 ) -> QuerySet[Approval]:
     """Approvals newest first, with everything a card or the API payload reads joined in."""
-    qs = Approval.objects.select_related("run", "step", "decided_by").order_by("-created_at", "-id")
+    qs = Approval.objects.select_related("run", "step", "decided_by", "claimed_by").order_by(
+        "-created_at", "-id"
+    )
     if status:
         qs = qs.filter(status=status)
     if kind:
@@ -67,27 +71,52 @@ def approvals_query(
 
 
 COUNT_CAP = 10_000
+# overdue items shown above the first page; beyond it "N more overdue" links to the filter
+OVERDUE_CAP = 50
 
 
 @dataclass
 class InboxPage(KeysetPage[Approval]):
     total: int = 0  # COUNT_CAP + 1 means "more than COUNT_CAP"
+    # items past their due time, most overdue first, pinned above the page
+    overdue: list[Approval] = field(default_factory=list)
+    more_overdue: bool = False
 
     @property
     def total_label(self) -> str:
         return f"{COUNT_CAP}+" if self.total > COUNT_CAP else str(self.total)
+
+    @property
+    def shown(self) -> list[Approval]:
+        return [*self.overdue, *self.items]
 
 
 def inbox_page(
     filters: InboxFilters, *, older: str | None = None, newer: str | None = None, size: int = 25
 ) -> InboxPage:
     """One page of pending items, newest first (keyset pagination: the database walks the
-    (status, -created_at) index from the cursor, so a deep page is as cheap as the first)."""
+    (status, -created_at) index from the cursor, so a deep page is as cheap as the first).
+
+    Overdue items come first: every page leads with up to OVERDUE_CAP of them, most overdue
+    first, and the pages list the others (`?overdue=1` lists only the overdue ones)."""
     qs = approvals_query(
         status=ApprovalStatus.PENDING, kind=filters.kind, agent=filters.agent, age=filters.age
     )
     # a bounded count: exact up to COUNT_CAP, "10000+" beyond, so the header costs the same at
     # a million pending items (measured: 1.8 ms at 10,000 on PostgreSQL)
     total = qs.order_by()[: COUNT_CAP + 1].count()
-    page = keyset_page(qs, older=older, newer=newer, size=size)
-    return InboxPage(page.items, page.older, page.newer, total=total)
+    due = Q(due_at__lte=timezone.now())
+    if filters.overdue:
+        page = keyset_page(qs.filter(due), older=older, newer=newer, size=size)
+        return InboxPage(page.items, page.older, page.newer, total=total)
+    page = keyset_page(qs.exclude(due), older=older, newer=newer, size=size)
+    # pinned above every page (the pages list the others): what is late is never out of sight
+    overdue = list(qs.filter(due).order_by("due_at", "id")[: OVERDUE_CAP + 1])
+    return InboxPage(
+        page.items,
+        page.older,
+        page.newer,
+        total=total,
+        overdue=overdue[:OVERDUE_CAP],
+        more_overdue=len(overdue) > OVERDUE_CAP,
+    )

@@ -71,7 +71,8 @@ def check_limit(user: Any, args: dict) -> None:
     if limit is not None and isinstance(amount, int) and amount > limit:
         raise DecisionError(
             f"{amount / 100:,.2f} is above your approval limit of {limit / 100:,.2f}: "
-            "lower the amount or ask a lead to approve"
+            "lower the amount or ask a lead to approve",
+            code="above_limit",
         )
 
 

@@ -1,8 +1,12 @@
 from django.urls import path
 
-from approvals import views
+from approvals import inbox_actions, views
 
 urlpatterns = [
     path("", views.inbox, name="approval-inbox"),
+    path("bulk/", inbox_actions.bulk_decide, name="approval-bulk"),
+    path("<int:approval_id>/", inbox_actions.item, name="approval-item"),
     path("<int:approval_id>/decide/", views.decide, name="approval-decide"),
+    path("<int:approval_id>/claim/", inbox_actions.claim, name="approval-claim"),
+    path("<int:approval_id>/release/", inbox_actions.release, name="approval-release"),
 ]

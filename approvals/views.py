@@ -24,6 +24,7 @@ from agentruns.registry import UnknownTool, all_agents, get_tool
 from agentruns.selectors.pagination import encode_cursor
 from approvals import services
 from approvals.cards import build_cards, card_for
+from approvals.claims import held_by_other
 from approvals.models import Approval, ApprovalKind
 from approvals.selectors import AGES, InboxFilters, inbox_page
 
@@ -38,7 +39,12 @@ def _inbox_context(request: HttpRequest) -> dict[str, Any]:
     )
     filter_query = {
         k: v
-        for k, v in (("kind", filters.kind), ("agent", filters.agent), ("age", filters.age))
+        for k, v in (
+            ("kind", filters.kind),
+            ("agent", filters.agent),
+            ("age", filters.age),
+            ("overdue", "1" if filters.overdue else ""),
+        )
         if v
     }
     position = {}
@@ -49,10 +55,12 @@ def _inbox_context(request: HttpRequest) -> dict[str, Any]:
     signature = page_signature(page, can_decide)
     if request.htmx and request.GET.get("sig") == signature:
         return {"signature": signature}  # the caller answers 204: skip the card reads
+    cards = build_cards(page.shown)
     return {
         "signature": signature,
         "page": page,
-        "cards": build_cards(page.items),
+        "overdue_cards": cards[: len(page.overdue)],
+        "cards": cards[len(page.overdue) :],
         "filters": filters,
         "filter_query": urlencode(filter_query),
         "poll_query": urlencode({**filter_query, **position, "fragment": "items"}),
@@ -71,11 +79,14 @@ def _cursor_above(page) -> str:
 
 
 def page_signature(page, can_decide: bool) -> str:
-    """What the list shows, cheaply: items, their state, the total, and the minute (so the
-    "waiting for" labels still move). The poll sends back the one it has; same -> 204."""
-    minute = int(timezone.now().timestamp() // 60)
-    parts = [str(page.total), str(minute), str(int(can_decide))]
-    parts += [f"{a.id}:{a.status}" for a in page.items]
+    """What the list shows, cheaply: items, their state (who holds them, overdue or not), the
+    total, and the minute (so the "waiting for" labels still move). The poll sends back the one
+    it has; same -> 204. A claim taken or lapsed changes it, so everyone sees "taken by" live."""
+    now = timezone.now()
+    parts = [str(page.total), str(int(now.timestamp() // 60)), str(int(can_decide))]
+    for a in page.shown:
+        holder = a.claimant(now)
+        parts.append(f"{a.id}:{a.status}:{holder.pk if holder else ''}:{int(a.is_overdue)}")
     return hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
 
 
@@ -178,7 +189,7 @@ def _decide(request: HttpRequest, approval: Approval) -> tuple[str, str]:
 @login_required
 def decide(request: HttpRequest, approval_id: int) -> HttpResponse:
     approval = get_object_or_404(
-        Approval.objects.select_related("run", "step", "decided_by"), id=approval_id
+        Approval.objects.select_related("run", "step", "decided_by", "claimed_by"), id=approval_id
     )
     can_decide = request.user.has_perm(DECIDE_PERMISSION)
     status = 200
@@ -187,6 +198,17 @@ def decide(request: HttpRequest, approval_id: int) -> HttpResponse:
             "error",
             "You may look but not decide: ask a lead for the approver role.",
             403,
+        )
+    elif (holder := held_by_other(approval, request.user)) and not request.POST.get(
+        "override_claim"
+    ):
+        # the inbox asks "decide anyway?" first; a form without that answer changes nothing
+        since = timezone.localtime(approval.claimed_at).strftime("%H:%M:%S %Z")
+        level, note, status = (
+            "warning",
+            f"Nothing changed: {holder.get_username()} is on this item (since {since}). "
+            "Confirm to decide it anyway.",
+            409,
         )
     else:
         try:
@@ -201,7 +223,9 @@ def decide(request: HttpRequest, approval_id: int) -> HttpResponse:
         if status == 403:
             return HttpResponse(note, status=403, content_type="text/plain; charset=utf-8")
         return redirect(reverse("approval-inbox"), permanent=False)
-    approval = Approval.objects.select_related("run", "step", "decided_by").get(id=approval.id)
+    approval = Approval.objects.select_related("run", "step", "decided_by", "claimed_by").get(
+        id=approval.id
+    )
     context = {
         "card": card_for(approval),
         "note": note,

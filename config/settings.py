@@ -169,6 +169,22 @@ Q_CLUSTER = {
 # name defined here) and refuse values they cannot parse.
 APP_BASE_URL = env_str("APP_BASE_URL", "http://127.0.0.1:8000")
 
+# --- email (approvals mail who may decide, batched): the console for `make run`, SMTP when
+# EMAIL_HOST is set ------------------------------------------------------------------------
+EMAIL_HOST = env_str("EMAIL_HOST")
+EMAIL_BACKEND = env_str(
+    "EMAIL_BACKEND",
+    "django.core.mail.backends.smtp.EmailBackend"
+    if EMAIL_HOST
+    else "django.core.mail.backends.console.EmailBackend",
+)
+EMAIL_PORT = env_int("EMAIL_PORT", 587)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", bool(EMAIL_HOST))
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 20)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "agentruns@localhost")
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

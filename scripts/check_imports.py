@@ -16,7 +16,12 @@ import grimp
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("agentruns", "approvals", "support", "config")
-RUNTIME = ("agentruns/runtime", "approvals/parking.py")
+RUNTIME = (
+    "agentruns/runtime",
+    "approvals/parking.py",
+    "approvals/escalation.py",
+    "approvals/notifications/outbox.py",
+)
 FORBIDDEN_IN_RUNTIME = (
     "django.http",
     "django.shortcuts",

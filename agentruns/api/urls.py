@@ -8,6 +8,7 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import path, re_path
 
 import approvals.api  # noqa: F401  (its endpoints register themselves)
+import approvals.api_actions  # noqa: F401
 from agentruns.api import runs  # noqa: F401
 from agentruns.api.endpoint import ENDPOINTS, method_router
 from agentruns.api.openapi import openapi_document
@@ -26,7 +27,10 @@ def _patterns() -> list:
     by_route: dict[str, dict] = defaultdict(dict)
     for point in ENDPOINTS:
         by_route[point.route()][point.method] = point.view
-    return [path(route, method_router(views)) for route, views in by_route.items()]
+    # routes with fewer parameters first, so `approvals/bulk` is not taken for an approval id
+    # whichever module declared its endpoint first (the sort keeps declaration order otherwise)
+    routes = sorted(by_route.items(), key=lambda item: item[0].count("<"))
+    return [path(route, method_router(views)) for route, views in routes]
 
 
 urlpatterns = [

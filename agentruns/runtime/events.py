@@ -40,6 +40,7 @@ class EventType(StrEnum):
     APPROVAL_REQUESTED = "approval.requested"
     APPROVAL_DECIDED = "approval.decided"
     APPROVAL_WITHDRAWN = "approval.withdrawn"
+    APPROVAL_ESCALATED = "approval.escalated"  # waited past its due time
 
 
 # (type, data): what the store appends

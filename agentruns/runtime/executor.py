@@ -209,6 +209,7 @@ class RunExecutor(ModelSteps, ToolSteps):
         self, change: RunChange, *, events_before: list[EventSpec] = (), **commit: Any
     ) -> int:
         """Commit a change of the run's status (transitions.py), after `events_before`."""
+        transitions.announce(self.run_id, change)  # rolled back with the commit if it fails
         return self.commit([*events_before, *change.events], set_fields=change.fields, **commit)
 
     # atomic(savepoint=False): one transaction of its own, or part of the caller's (no savepoint)

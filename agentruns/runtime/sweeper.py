@@ -19,6 +19,7 @@ from agentruns.conf import conf
 from agentruns.models import Run, RunStatus, WorkerHeartbeat
 from agentruns.runtime.ids import worker_name
 from agentruns.runtime.queue import enqueue
+from approvals.escalation import escalate_due_approvals
 from approvals.parking import expire_due_approvals
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,8 @@ SWEEP_TASK = "agentruns.tasks.scheduled_sweep"
 
 def sweep(now: datetime | None = None) -> int:
     """Re-enqueue live runs whose lease expired (their worker died) or whose task was lost,
-    and expire overdue approvals. Returns how many runs were rung."""
+    expire approvals past their expiry and escalate those past their due time. Returns how many
+    runs were rung."""
     now = now or timezone.now()
     ttl = timedelta(seconds=conf.LEASE_TTL_SECONDS)
     resweep = max(ttl, timedelta(seconds=5))
@@ -54,8 +56,14 @@ def sweep(now: datetime | None = None) -> int:
                 enqueue(run_id)
                 rung += 1
     expired = expire_due_approvals(now)
-    if rung or expired:
-        log.info("sweeper: re-enqueued %d run(s), expired %d approval(s)", rung, expired)
+    escalated = escalate_due_approvals(now)
+    if rung or expired or escalated:
+        log.info(
+            "sweeper: re-enqueued %d run(s), expired %d and escalated %d approval(s)",
+            rung,
+            expired,
+            escalated,
+        )
     return rung
 
 

@@ -21,6 +21,7 @@ from agentruns.runtime.events import EventSpec, EventType
 from agentruns.runtime.nudges import nudge_on_commit
 from agentruns.runtime.queue import enqueue
 from agentruns.runtime.store import get_store
+from approvals.notifications import outbox
 
 
 class ActionRefused(Exception):
@@ -112,9 +113,17 @@ def aborted(error: str) -> RunChange:
     return finished(RunStatus.FAILED, error=error, stop_reason="aborted")
 
 
-# ------------------------------------------------------------------ applying them (no lease)
+# ------------------------------------------------------------------ applying them
+def announce(run_id: uuid.UUID | str, change: RunChange) -> None:
+    """What the outside world hears of the change (a failing run's webhook), written in the
+    transaction that writes the change: every writer of a RunChange calls this with it."""
+    if change.fields.get("status") == RunStatus.FAILED:
+        outbox.run_failed(run_id, change.fields)
+
+
 def apply(run_id: uuid.UUID | str, change: RunChange) -> int:
     """Write `change` for a writer that holds no lease (inside its transaction)."""
+    announce(run_id, change)
     return get_store().append(run_id, change.events, set_fields=change.fields)
 
 

@@ -1,4 +1,5 @@
-"""`python manage.py qcluster`: django-q2's worker, plus the recovery sweeper.
+"""`python manage.py qcluster`: django-q2's worker, plus the recovery sweeper and the outbox's
+delivery loop (webhooks, email).
 
 Wraps django-q2's command (agentruns is listed before django_q, so this one wins): a sweep pass
 and the sweeper schedule at start, then a fast sweeper loop in this process, because q2
@@ -17,6 +18,7 @@ from django_q.management.commands.qcluster import Command as QClusterCommand
 
 from agentruns.runtime import nudges
 from agentruns.runtime.sweeper import SweeperLoop, ensure_schedule, sweep
+from approvals.notifications.loop import DeliveryLoop
 
 
 class Command(QClusterCommand):
@@ -26,6 +28,9 @@ class Command(QClusterCommand):
         super().add_arguments(parser)
         parser.add_argument(
             "--no-sweeper", action="store_true", help="Do not run the fast sweeper loop."
+        )
+        parser.add_argument(
+            "--no-deliveries", action="store_true", help="Do not send webhooks and email."
         )
 
     def handle(self, *args, **options):
@@ -46,9 +51,14 @@ class Command(QClusterCommand):
         loop = None if options.get("no_sweeper") else SweeperLoop()
         if loop:
             loop.start()
+        deliveries = None if options.get("no_deliveries") else DeliveryLoop()
+        if deliveries:
+            deliveries.start()
         try:
             while cluster.sentinel.is_alive():
                 time.sleep(0.5)
         finally:
             if loop:
                 loop.stopped.set()
+            if deliveries:
+                deliveries.stopped.set()

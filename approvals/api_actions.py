@@ -1,0 +1,98 @@
+"""`POST /api/approvals/<id>/claim`, `/release` and `POST /api/approvals/bulk` (DESIGN.md 6)."""
+
+from __future__ import annotations
+
+from django.http import HttpRequest
+
+from agentruns.api.endpoint import INT_ID, endpoint
+from agentruns.api.parsing import BadRequest
+from agentruns.runtime.timestamps import iso
+from approvals import bulk, claims, services
+from approvals.api import already_decided, approval_payload
+from approvals.models import Approval
+
+
+def _claimed_by_other(exc: claims.ClaimedByOther) -> BadRequest:
+    return BadRequest(
+        str(exc),
+        409,
+        claimed_by=exc.holder,
+        claimed_at=iso(exc.since),
+        claim_expires_at=iso(exc.until),
+        approval=approval_payload(exc.approval),
+    )
+
+
+CLAIM_RESPONSES = {
+    200: "the approval, with claimed_by",
+    403: "no right to decide",
+    404: "no such approval",
+    409: "claimed by someone else (who, since when) or already decided",
+}
+
+
+@endpoint(
+    "POST",
+    "/approvals/{approval_id}/claim",
+    summary='Claim an item ("I\'m on it"); claiming your own again renews it',
+    permission="approvals.decide_approval",
+    path_params={"approval_id": INT_ID},
+    responses=CLAIM_RESPONSES,
+    tags=("approvals",),
+)
+def approval_claim(request: HttpRequest, approval_id: str) -> dict:
+    try:
+        return approval_payload(claims.claim(int(approval_id), user=request.user))
+    except Approval.DoesNotExist:
+        raise BadRequest("no such approval", 404) from None
+    except claims.ClaimedByOther as exc:
+        raise _claimed_by_other(exc) from None
+    except services.AlreadyDecided as exc:
+        raise already_decided(exc) from None
+
+
+@endpoint(
+    "POST",
+    "/approvals/{approval_id}/release",
+    summary="Release your claim on an item (a no-op when nobody holds it)",
+    permission="approvals.decide_approval",
+    path_params={"approval_id": INT_ID},
+    responses=CLAIM_RESPONSES,
+    tags=("approvals",),
+)
+def approval_release(request: HttpRequest, approval_id: str) -> dict:
+    try:
+        return approval_payload(claims.release(int(approval_id), user=request.user))
+    except Approval.DoesNotExist:
+        raise BadRequest("no such approval", 404) from None
+    except claims.ClaimedByOther as exc:
+        raise _claimed_by_other(exc) from None
+
+
+@endpoint(
+    "POST",
+    "/approvals/bulk",
+    summary="Approve or reject many items with one reason: one result per id",
+    permission="approvals.decide_approval",
+    body={
+        "ids": {
+            "type": "array",
+            "items": {"type": "integer", "minimum": 1},
+            "minItems": 1,
+            "maxItems": bulk.MAX_ITEMS,
+        },
+        "decision": {"type": "string", "enum": list(bulk.DECISIONS)},
+        "reason": {"type": "string", "maxLength": 2000},
+    },
+    required=("ids", "decision"),
+    responses={200: "a result per id (ok, or code and error)", 403: "no right to decide"},
+    tags=("approvals",),
+)
+def approval_bulk(request: HttpRequest, body: dict) -> dict:
+    """Each item is its own decision (its own compare-and-set and limit check); no edits.
+    Codes: already_decided, above_limit, wrong_kind (a reconciliation), not_found,
+    needs_second_approver (recorded, waiting for another approver)."""
+    results = bulk.decide_many(
+        body["ids"], decision=body["decision"], user=request.user, reason=body.get("reason", "")
+    )
+    return {"results": results, "summary": bulk.summary(results)}

@@ -1,0 +1,69 @@
+"""Bulk decisions: approve or reject many items with one reason, each its own decision.
+
+Every item goes through the same service as a single decision (`services.approve` /
+`services.reject`: its own transaction and compare-and-set, its own limit check, its own audit
+event), so one item that cannot be decided never blocks or undoes the others. No edits in bulk:
+the requested arguments are approved as they are. The answer is one result per id, in the
+order given: what happened, or the error and a code for scripts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentruns.runtime.timestamps import iso
+from approvals import services
+from approvals.models import Approval, ApprovalStatus
+
+MAX_ITEMS = 200
+DECISIONS = ("approve", "reject")
+
+
+def decide_one(approval_id: int, *, decision: str, user: Any, reason: str) -> dict:
+    result: dict[str, Any] = {"id": approval_id}
+    try:
+        if decision == "approve":
+            approval = services.approve(approval_id, user=user, reason=reason)
+        else:
+            approval = services.reject(approval_id, user=user, reason=reason)
+    except Approval.DoesNotExist:
+        return {**result, "ok": False, "code": "not_found", "error": "no such approval"}
+    except services.AlreadyDecided as exc:
+        return {
+            **result,
+            "ok": False,
+            "code": "already_decided",
+            "error": str(exc),
+            "status": exc.approval.status,
+            "decided_by": exc.who,
+            "decided_at": iso(exc.when),
+        }
+    except services.DecisionError as exc:
+        return {**result, "ok": False, "code": exc.code, "error": str(exc)}
+    result.update(ok=True, status=approval.status)
+    if approval.status == ApprovalStatus.PENDING:
+        # a two-person item: this approval is recorded, the item waits for another approver
+        result.update(result="recorded", code="needs_second_approver")
+    else:
+        result["result"] = "approved" if decision == "approve" else "rejected"
+    return result
+
+
+def decide_many(ids: list[int], *, decision: str, user: Any, reason: str = "") -> list[dict]:
+    """One result per distinct id, in the order given."""
+    if decision not in DECISIONS:
+        raise services.DecisionError(f"decision must be one of {', '.join(DECISIONS)}")
+    unique = list(dict.fromkeys(ids))
+    if len(unique) > MAX_ITEMS:
+        raise services.DecisionError(f"at most {MAX_ITEMS} items at once", code="too_many")
+    return [
+        decide_one(approval_id, decision=decision, user=user, reason=reason)
+        for approval_id in unique
+    ]
+
+
+def summary(results: list[dict]) -> dict[str, int]:
+    counts = {"approved": 0, "rejected": 0, "recorded": 0, "failed": 0}
+    for r in results:
+        counts[r["result"] if r["ok"] else "failed"] += 1
+    return counts

@@ -1,0 +1,146 @@
+"""The inbox's other actions: claim and release an item, decide many at once, one item's page.
+
+Same rules as the JSON API (`approvals/api_actions.py`): the services in `claims.py` and
+`bulk.py` decide. Deciding in bulk here skips items someone else holds unless the person
+confirmed (the inbox asks first), like a single decision does.
+"""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+
+from approvals import bulk, claims, services
+from approvals.cards import card_for
+from approvals.models import Approval
+from approvals.views import DECIDE_PERMISSION
+
+CARD_RELATED = ("run", "step", "decided_by", "claimed_by")
+
+
+def _card_response(
+    request: HttpRequest, approval_id: int, note: str, level: str, status: int
+) -> HttpResponse:
+    if not request.htmx:
+        getattr(messages, level)(request, f"#{approval_id}: {note}")
+        return redirect(reverse("approval-inbox"), permanent=False)
+    approval = Approval.objects.select_related(*CARD_RELATED).get(id=approval_id)
+    context = {
+        "card": card_for(approval),
+        "note": note,
+        "note_level": level,
+        "can_decide": request.user.has_perm(DECIDE_PERMISSION),
+    }
+    # a 2xx so htmx swaps the card in; the real status is in a header
+    response = render(request, "approvals/_item.html", context)
+    response["X-Claim-Status"] = str(status)
+    response["HX-Trigger"] = "inbox-changed"
+    return response
+
+
+def _since(moment) -> str:
+    return timezone.localtime(moment).strftime("%H:%M:%S %Z") if moment else "earlier"
+
+
+@require_POST
+@login_required
+def claim(request: HttpRequest, approval_id: int) -> HttpResponse:
+    get_object_or_404(Approval, id=approval_id)
+    if not request.user.has_perm(DECIDE_PERMISSION):
+        return HttpResponse("You may look but not decide.", status=403)
+    try:
+        claims.claim(approval_id, user=request.user)
+    except claims.ClaimedByOther as exc:
+        note = f"{exc.holder} is already on this item (since {_since(exc.since)})."
+        return _card_response(request, approval_id, note, "warning", 409)
+    except services.AlreadyDecided as exc:
+        return _card_response(request, approval_id, f"Already decided: {exc}", "warning", 409)
+    return _card_response(request, approval_id, "You are on it.", "success", 200)
+
+
+@require_POST
+@login_required
+def release(request: HttpRequest, approval_id: int) -> HttpResponse:
+    get_object_or_404(Approval, id=approval_id)
+    if not request.user.has_perm(DECIDE_PERMISSION):
+        return HttpResponse("You may look but not decide.", status=403)
+    try:
+        claims.release(approval_id, user=request.user)
+    except claims.ClaimedByOther as exc:
+        note = f"{exc.holder} holds this item (since {_since(exc.since)}), not you."
+        return _card_response(request, approval_id, note, "warning", 409)
+    return _card_response(request, approval_id, "Released: anyone may take it.", "success", 200)
+
+
+def _ids(request: HttpRequest) -> list[int]:
+    return [int(raw) for raw in request.POST.getlist("ids") if raw.isdigit() and len(raw) < 19]
+
+
+@require_POST
+@login_required
+def bulk_decide(request: HttpRequest) -> HttpResponse:
+    if not request.user.has_perm(DECIDE_PERMISSION):
+        return HttpResponse("You may look but not decide.", status=403)
+    decision = request.POST.get("action", "")
+    reason = request.POST.get("reason", "").strip()[:2000]
+    ids = _ids(request)
+    results: list[dict] = []
+    if decision not in bulk.DECISIONS:
+        results = [{"id": None, "ok": False, "code": "bad_request", "error": "Unknown action."}]
+    elif not ids:
+        results = [{"id": None, "ok": False, "code": "bad_request", "error": "Select items first."}]
+    elif decision == "reject" and not reason:
+        error = "Give a reason for the rejection: the agent passes it on to the customer."
+        results = [{"id": None, "ok": False, "code": "bad_request", "error": error}]
+    else:
+        held = {}
+        if not request.POST.get("override_claim"):
+            rows = Approval.objects.select_related("claimed_by").filter(id__in=ids)
+            held = {a.id: h for a in rows if (h := claims.held_by_other(a, request.user))}
+        for approval_id in list(dict.fromkeys(ids))[: bulk.MAX_ITEMS]:
+            if approval_id in held:
+                holder = held[approval_id].get_username()
+                error = f"{holder} is on this item; left as it is"
+                results.append({"id": approval_id, "ok": False, "code": "claimed", "error": error})
+                continue
+            results.append(
+                bulk.decide_one(approval_id, decision=decision, user=request.user, reason=reason)
+            )
+    if not request.htmx:
+        for r in results:
+            level = "success" if r["ok"] else "warning"
+            getattr(messages, level)(request, _line(r))
+        return redirect(reverse("approval-inbox"), permanent=False)
+    response = render(
+        request,
+        "approvals/_bulk_results.html",
+        {"results": [{**r, "text": _line(r)} for r in results], "summary": bulk.summary(results)},
+    )
+    response["HX-Trigger"] = "inbox-changed"
+    return response
+
+
+def _line(result: dict) -> str:
+    where = f"#{result['id']}: " if result.get("id") else ""
+    if result["ok"]:
+        if result.get("code") == "needs_second_approver":
+            return f"{where}your approval is recorded; it needs a second approver."
+        return f"{where}{result['result']}."
+    return f"{where}{result['error']}"
+
+
+@require_GET
+@login_required
+def item(request: HttpRequest, approval_id: int) -> HttpResponse:
+    """One item, whatever its state: the link in webhooks and mails (seen like the inbox)."""
+    approval = get_object_or_404(Approval.objects.select_related(*CARD_RELATED), id=approval_id)
+    return render(
+        request,
+        "approvals/item.html",
+        {"card": card_for(approval), "can_decide": request.user.has_perm(DECIDE_PERMISSION)},
+    )

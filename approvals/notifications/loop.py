@@ -1,0 +1,51 @@
+"""The delivery loop: a thread in every `qcluster` process, beside the sweeper.
+
+Every AGENTRUNS_WEBHOOK_POLL_SECONDS it sends what is due from the outbox (several at once) and
+the mail digests that are ready. Any number of workers may run it: deliveries and notices are
+claimed with leases and SKIP LOCKED, so two workers never send the same one at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+from django.db import close_old_connections, connection
+
+from agentruns.conf import conf
+from agentruns.runtime.ids import worker_id
+from approvals.notifications.delivery import deliver_due
+from approvals.notifications.mail import send_due_digests
+
+log = logging.getLogger(__name__)
+
+
+class DeliveryLoop(threading.Thread):
+    def __init__(self) -> None:
+        super().__init__(name="agentruns-deliveries", daemon=True)
+        self.owner = f"deliveries@{worker_id()}"
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        # no redirects: a 3xx is a failure (Standard Webhooks: fix the URL instead)
+        client = httpx.Client(follow_redirects=False)
+        pool = ThreadPoolExecutor(conf.WEBHOOK_CONCURRENCY, thread_name_prefix="webhook-send")
+        try:
+            while not self.stopped.is_set():
+                busy = False
+                try:
+                    close_old_connections()
+                    # a full batch: more may be due, go again without waiting
+                    busy = deliver_due(self.owner, client, pool) >= conf.WEBHOOK_CONCURRENCY
+                    send_due_digests(self.owner)
+                except Exception:
+                    log.warning("delivery pass failed", exc_info=True)
+                    connection.close()
+                if not busy:
+                    self.stopped.wait(conf.WEBHOOK_POLL_SECONDS)
+        finally:
+            pool.shutdown(wait=False)
+            client.close()
+            connection.close()

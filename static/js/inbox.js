@@ -1,0 +1,225 @@
+// The approval inbox: live diff of edits, claims, bulk selection and the keyboard.
+// No inline script or style anywhere (the Content Security Policy allows only static files).
+(function () {
+  "use strict";
+
+  // ---------------------------------------------------------------- the list's poll
+  // The poll sends the signature of what it shows; the server answers 204 when it is current.
+  document.addEventListener("htmx:configRequest", function (event) {
+    if (event.detail.elt.id !== "inbox-items") return;
+    const state = document.getElementById("inbox-state");
+    event.detail.parameters.sig = state ? state.dataset.signature || "" : "";
+  });
+
+  // ---------------------------------------------------------------- live diff of edits
+  document.addEventListener("input", function (event) {
+    const form = event.target.closest("form.decide");
+    if (!form) return;
+    const changes = [];
+    form.querySelectorAll("[data-original]").forEach(function (field) {
+      const now = field.type === "checkbox" ? String(field.checked) : field.value;
+      if (now !== field.dataset.original) {
+        changes.push(field.name.replace(/^arg_/, "") + ": " + field.dataset.original + " → " + now);
+      }
+    });
+    const preview = form.querySelector(".diff-preview");
+    if (preview) preview.textContent = changes.length ? "Will approve with: " + changes.join(", ") : "";
+    const approve = form.querySelector("button[value=approve]");
+    if (approve) approve.textContent = changes.length ? "Approve with changes" : "Approve";
+  });
+
+  // ---------------------------------------------------------------- claims: decide anyway?
+  function heldByOther(card) {
+    return card && card.dataset.claimedBy && card.dataset.claimMine !== "1" ? card.dataset.claimedBy : "";
+  }
+
+  function setOverride(form, on) {
+    const field = form.querySelector("input[name=override_claim]");
+    if (field) field.value = on ? "1" : "";
+  }
+
+  document.addEventListener("htmx:confirm", function (event) {
+    const elt = event.detail.elt;
+    if (elt.matches("form.decide")) {
+      const holder = heldByOther(elt.closest("article.card"));
+      if (holder && !window.confirm(holder + " is on this item. Decide it anyway?")) {
+        event.preventDefault();
+        return;
+      }
+      setOverride(elt, Boolean(holder));
+    } else if (elt.id === "bulk-form") {
+      const picked = selectedCards();
+      const submitter = event.detail.triggeringEvent && event.detail.triggeringEvent.submitter;
+      const reason = elt.querySelector("input[name=reason]");
+      if (!picked.length) {
+        event.preventDefault();
+        window.alert("Select items first (x, or the boxes).");
+        return;
+      }
+      if (submitter && submitter.value === "reject" && reason && !reason.value.trim()) {
+        event.preventDefault();
+        reason.focus();
+        reason.placeholder = "a reason is required to reject: the agent tells the customer";
+        return;
+      }
+      const held = picked.map(heldByOther).filter(Boolean);
+      if (held.length) {
+        const ask = held.length + " of the selected items are taken by " +
+          Array.from(new Set(held)).join(", ") + ". Decide those too?";
+        setOverride(elt, window.confirm(ask));
+      } else {
+        setOverride(elt, false);
+      }
+    }
+  });
+
+  // ---------------------------------------------------------------- bulk selection
+  function selectedCards() {
+    return Array.from(document.querySelectorAll("input.select-item:checked")).map(function (box) {
+      return box.closest("article.card");
+    }).filter(Boolean);
+  }
+
+  function updateCount() {
+    const label = document.querySelector("#bulk-form .bulk-count");
+    if (!label) return;
+    const n = document.querySelectorAll("input.select-item:checked").length;
+    label.textContent = n ? n + " selected" : "none selected";
+  }
+
+  document.addEventListener("change", function (event) {
+    if (event.target.matches("input.select-all")) {
+      document.querySelectorAll("input.select-item").forEach(function (box) {
+        box.checked = event.target.checked;
+      });
+    }
+    if (event.target.matches("input.select-item, input.select-all")) updateCount();
+  });
+
+  document.addEventListener("htmx:afterRequest", function (event) {
+    if (event.detail.elt.id === "bulk-form" && event.detail.successful) {
+      document.querySelectorAll("input.select-item:checked, input.select-all").forEach(function (box) {
+        box.checked = false;
+      });
+      updateCount();
+    }
+  });
+
+  // ---------------------------------------------------------------- the keyboard
+  let current = null; // the focused item's approval id (survives the list's refreshes)
+
+  function cards() {
+    return Array.from(document.querySelectorAll("article.card[data-approval]"));
+  }
+
+  function currentCard() {
+    return current ? document.getElementById("approval-" + current) : null;
+  }
+
+  function focusCard(card) {
+    cards().forEach(function (c) { c.classList.remove("focused"); });
+    if (!card) { current = null; return; }
+    current = card.dataset.approval;
+    card.classList.add("focused");
+    card.focus({ preventScroll: true });
+    card.scrollIntoView({ block: "nearest" });
+  }
+
+  function move(step) {
+    const list = cards();
+    if (!list.length) return;
+    const at = list.indexOf(currentCard());
+    const next = at < 0 ? (step > 0 ? 0 : list.length - 1) : Math.min(list.length - 1, Math.max(0, at + step));
+    focusCard(list[next]);
+  }
+
+  document.addEventListener("htmx:afterSettle", function () {
+    // the list was re-rendered: keep the focus mark on the same item (or the next one)
+    const card = currentCard();
+    if (card) card.classList.add("focused");
+    updateCount();
+  });
+
+  function help() {
+    const dialog = document.getElementById("shortcut-help");
+    if (!dialog) return;
+    if (dialog.open) dialog.close(); else dialog.showModal();
+  }
+
+  document.addEventListener("click", function (event) {
+    if (event.target.closest(".help-open")) help();
+    const card = event.target.closest("article.card[data-approval]");
+    if (card && !event.target.closest("a, button, input, select, textarea, summary")) focusCard(card);
+  });
+
+  function typing(target) {
+    return target.closest("input, textarea, select, [contenteditable=true]") !== null;
+  }
+
+  // Enter in a reason field after "r" rejects (a plain Enter would submit the first button)
+  document.addEventListener("keydown", function (event) {
+    const field = event.target;
+    if (event.key === "Escape" && typing(field)) {
+      const form = field.closest("form.decide");
+      if (form) delete form.dataset.intent;
+      field.blur();
+      const card = field.closest("article.card");
+      if (card) focusCard(card);
+      return;
+    }
+    if (event.key === "Enter" && field.matches("form.decide input[name=reason]")) {
+      const form = field.closest("form.decide");
+      if (form.dataset.intent === "reject") {
+        event.preventDefault();
+        delete form.dataset.intent;
+        form.querySelector("button[value=reject]").click();
+      }
+    }
+  });
+
+  const KEYS = {
+    j: function () { move(1); },
+    k: function () { move(-1); },
+    a: function (card) { click(card, "form.decide button[value=approve]"); },
+    r: function (card) {
+      const form = card.querySelector("form.decide");
+      const reason = form && form.querySelector("input[name=reason]");
+      if (!reason || !form.querySelector("button[value=reject]")) return;
+      form.dataset.intent = "reject";
+      reason.focus();
+    },
+    e: function (card) {
+      const details = card.querySelector("details.edit");
+      if (!details) return;
+      details.open = true;
+      const first = details.querySelector("input:not([type=hidden]), select, textarea");
+      if (first) first.focus();
+    },
+    c: function (card) { click(card, ".claim-button"); },
+    x: function (card) {
+      const box = card.querySelector("input.select-item");
+      if (box) { box.checked = !box.checked; updateCount(); }
+    },
+  };
+
+  function click(card, selector) {
+    const target = card.querySelector(selector);
+    if (target) target.click();
+  }
+
+  document.addEventListener("keydown", function (event) {
+    if (event.ctrlKey || event.metaKey || event.altKey || typing(event.target)) return;
+    const dialog = document.getElementById("shortcut-help");
+    if (event.key === "?") { event.preventDefault(); help(); return; }
+    if (dialog && dialog.open) return;
+    const action = KEYS[event.key];
+    if (!action) return;
+    event.preventDefault();
+    const card = currentCard();
+    if (!card && event.key !== "j" && event.key !== "k") {
+      move(1); // nothing acts on an item the person has not seen marked: mark the first one
+      return;
+    }
+    action(card);
+  });
+})();
