@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
@@ -142,6 +143,8 @@ def decide(request: HttpRequest, run: Run, answers: list[tuple[int, bool, str]])
                 pass  # decided first elsewhere (or a repeated POST): the stream shows the outcome
             except approval_services.DecisionError as exc:
                 raise BadRequest(str(exc), 422) from None
+            except PermissionDenied as exc:  # a rule of who may decide (e.g. not the starter)
+                raise BadRequest(str(exc) or "you may not decide this approval", 403) from None
     fold = chunks_until_now(run)
     starts = [fold.continuation_index(approval_id) for approval_id, _, _ in answers]
     known = [index for index in starts if index is not None]
