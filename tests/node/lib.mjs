@@ -39,8 +39,10 @@ export function resumeChat(agent, id, startIndex, user = "chatter") {
 }
 
 /** Chunks of a response, each parsed with the package's own parser and chunk schema.
- * `limit`: stop (and hang up) after that many; `ended`: the server closed the stream. */
-export async function readChunks(response, { limit = Infinity } = {}) {
+ * `limit`: stop (and hang up) after that many; `onChunk(chunk, count)`: called for each;
+ * `ended`: the server closed the stream; `dropped`: the connection broke (with
+ * `tolerateDrop`, else that throws). */
+export async function readChunks(response, { limit = Infinity, onChunk, tolerateDrop = false } = {}) {
   assert.equal(response.status, 200, await peek(response));
   const reader = parseJsonEventStream({
     stream: response.body,
@@ -48,11 +50,19 @@ export async function readChunks(response, { limit = Infinity } = {}) {
   }).getReader();
   const chunks = [];
   while (chunks.length < limit) {
-    const { done, value } = await reader.read();
+    let next;
+    try {
+      next = await reader.read();
+    } catch (error) {
+      if (!tolerateDrop) throw error;
+      return { chunks, ended: false, dropped: error };
+    }
+    const { done, value } = next;
     if (done) return { chunks, ended: true };
     assert.ok(value.success, `chunk failed uiMessageChunkSchema: ${JSON.stringify(value.rawValue)}`);
     assert.deepEqual(value.value, value.rawValue, "the schema changed a chunk");
     chunks.push(value.value);
+    onChunk?.(value.value, chunks.length);
   }
   await reader.cancel();
   return { chunks, ended: false };

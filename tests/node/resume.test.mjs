@@ -61,9 +61,17 @@ test("a reader cut at random chunk counts and resumed gets exactly the uninterru
 
 test("a web server restart mid-stream loses nothing", async () => {
   const { id, response, runId } = await startChat("restart");
-  const got = (await readChunks(response, { limit: 12 })).chunks;
-  await restartWebServer();
-  // a connection that was open when the server died just ends: resume from what we have
+  let restarted;
+  const first = await readChunks(response, {
+    tolerateDrop: true,
+    onChunk: (chunk, count) => {
+      if (count === 12) restarted = restartWebServer(); // kills the server under this reader
+    },
+  });
+  assert.ok(first.dropped && !first.ended, "the connection outlived the server");
+  await restarted;
+  // resume from what we have, on the new server process
+  const got = first.chunks;
   await resumeUntilDone(id, got, { maxPerConnection: 50 });
   const fresh = await readChunks(await resumeChat("script", id, 0));
   assert.deepEqual(got, fresh.chunks);
