@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 WEB_PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: venv run passwords test lint format bench clean
+.PHONY: venv run passwords test lint format bench clean example node-deps
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,15 +15,25 @@ $(BIN)/.installed: pyproject.toml
 venv: $(BIN)/.installed
 
 run: venv
+	@[ -f examples/chat/dist/chat.js ] || ! command -v npm >/dev/null || $(MAKE) example
 	@mkdir -p var
 	$(BIN)/python manage.py migrate --noinput -v0
 	$(BIN)/python manage.py seed_demo
 	@echo
 	@echo "  Open http://127.0.0.1:$(WEB_PORT)/  and sign in with a user printed above"
 	@echo "  (passwords are printed once; 'make passwords' prints new ones)."
+	@echo "  The AI SDK chat example: http://127.0.0.1:$(WEB_PORT)/examples/chat/ (make example builds it)"
 	@echo "  API: TOKEN=\$$($(BIN)/python manage.py create_api_token lead | tail -n1)"
 	@echo
 	WEB_PORT=$(WEB_PORT) APP_BASE_URL=http://127.0.0.1:$(WEB_PORT) $(BIN)/honcho start -f Procfile
+
+# the AI SDK chat example's bundle (examples/chat/dist/chat.js): Node.js and npm, pinned lock file
+example:
+	cd examples/chat && npm ci --no-audit --no-fund && npm run build
+
+# the Node tests' pinned `ai` package (tests/node, run by tests/stream/test_ai_sdk_client.py)
+node-deps:
+	cd tests/node && npm ci --no-audit --no-fund
 
 passwords: venv
 	$(BIN)/python manage.py seed_demo --reset-passwords

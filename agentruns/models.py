@@ -114,7 +114,10 @@ class Run(models.Model):
             models.Index(fields=["agent", "-created_at"], name="run_agent_created_idx"),
             models.Index(fields=["search_text"], name="run_search_idx"),
         ]
-        permissions = [("operate_run", "Can retry, cancel and resolve runs")]
+        permissions = [
+            ("operate_run", "Can retry, cancel and resolve runs"),
+            ("start_run", "Can start runs"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.agent} run {self.id}"

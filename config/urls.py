@@ -4,6 +4,7 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 
 from agentruns import health
+from agentruns.web import examples
 from support import gateway
 
 urlpatterns = [
@@ -17,4 +18,6 @@ urlpatterns = [
     path("metrics", health.metrics, name="metrics"),
     path("runs/", include("agentruns.urls")),
     path("approvals/", include("approvals.urls")),
+    path("examples/chat/", examples.chat_page, name="example-chat"),
+    path("examples/chat/chat.js", examples.chat_bundle, name="example-chat-bundle"),
 ]

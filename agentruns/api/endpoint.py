@@ -23,7 +23,7 @@ from functools import wraps
 from typing import Any
 
 from django.core.exceptions import ObjectDoesNotExist
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 
 from agentruns.api.parsing import BadRequest, json_error, parse_json_body
@@ -188,7 +188,7 @@ def endpoint(
         checks = _Validated(path_params, query, body)
 
         @wraps(view)
-        def handle(request: HttpRequest, **kwargs: str) -> HttpResponse:
+        def handle(request: HttpRequest, **kwargs: str) -> HttpResponseBase:
             refused = authenticate(request, session_writes=session_writes)
             if refused is not None:
                 return refused
@@ -215,7 +215,7 @@ def endpoint(
                 return json_error(str(exc), 409)
             except ObjectDoesNotExist:
                 return json_error("not found", 404)
-            if isinstance(result, HttpResponse):
+            if isinstance(result, HttpResponseBase):  # streams too
                 return result
             payload, status = result if isinstance(result, tuple) else (result, 200)
             return JsonResponse(payload, status=status, json_dumps_params={"ensure_ascii": False})

@@ -10,7 +10,8 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from agentruns.models import RunEvent, Step
+from agentruns.models import Run, RunEvent, Step
+from agentruns.runtime.redaction import redact_fields
 from agentruns.runtime.timestamps import iso
 
 
@@ -63,6 +64,21 @@ def step_event_data(step: Step, **extra: Any) -> dict:
         "error": step.error,
         **extra,
     }
+
+
+def planned_event_data(run: Run, step: Step) -> dict:
+    """`step.planned` of a tool call: its arguments as the model asked for them (redacted), so
+    the AI SDK stream (`stream/ui_chunks.py`) can show the call from the events alone."""
+    return step_event_data(
+        step,
+        status="pending",
+        arguments=redact_fields(step.arguments, run.redacted_fields(step.tool)),
+    )
+
+
+def succeeded_event_data(run: Run, step: Step) -> dict:
+    """`step.succeeded` of a tool call: with its result (redacted), for the same reason."""
+    return step_event_data(step, result=redact_fields(step.result, run.redacted_fields(step.tool)))
 
 
 def event_payload(event: RunEvent) -> dict:

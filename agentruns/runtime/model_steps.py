@@ -17,7 +17,12 @@ from agentruns.models import AttemptOutcome, RunStatus, Step, StepAttempt, StepK
 from agentruns.registry import ToolArgumentsError, ToolContext, UnknownTool, get_tool
 from agentruns.runtime import failpoints, transitions
 from agentruns.runtime.costs import model_cost_usd
-from agentruns.runtime.events import EventType, step_event_data
+from agentruns.runtime.events import (
+    EventType,
+    planned_event_data,
+    step_event_data,
+    succeeded_event_data,
+)
 from agentruns.runtime.ids import step_key
 from agentruns.runtime.providers import ModelError, ModelRequest, TextDelta, ToolCall, Usage
 from agentruns.runtime.store.rows import WriteBatch, build
@@ -248,11 +253,11 @@ class ModelSteps:
         batch.insert(new_rows + planned)
         batch.insert(new_attempts + [row for _, row in eager] + begun)
         for planned_step in planned:
-            events.append(
-                (EventType.STEP_PLANNED, step_event_data(planned_step, status=StepStatus.PENDING))
-            )
+            events.append((EventType.STEP_PLANNED, planned_event_data(self.run, planned_step)))
             if planned_step.status == StepStatus.SUCCEEDED:
-                events.append((EventType.STEP_SUCCEEDED, step_event_data(planned_step)))
+                events.append(
+                    (EventType.STEP_SUCCEEDED, succeeded_event_data(self.run, planned_step))
+                )
             elif planned_step.status == StepStatus.RUNNING:
                 events.append((EventType.STEP_STARTED, step_event_data(planned_step)))
         self.run.prompt_tokens += usage.prompt_tokens

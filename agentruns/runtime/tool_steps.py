@@ -15,7 +15,7 @@ from django.utils import timezone
 from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepStatus
 from agentruns.registry import Tool, ToolContext, get_tool
 from agentruns.runtime import failpoints
-from agentruns.runtime.events import EventType, step_event_data
+from agentruns.runtime.events import EventType, step_event_data, succeeded_event_data
 from agentruns.runtime.store.rows import WriteBatch
 from agentruns.runtime.timestamps import iso
 from approvals.parking import open_approval
@@ -155,7 +155,7 @@ class ToolSteps:
         step.attempts, step.finished_at, step.next_attempt_at = attempt, now, None
         batch.update(step, TOOL_RESULT_FIELDS)
         self.commit(
-            [(EventType.STEP_SUCCEEDED, step_event_data(step))],
+            [(EventType.STEP_SUCCEEDED, succeeded_event_data(self.run, step))],
             batch=batch,
             end_transaction=end_transaction,
         )

@@ -2,7 +2,14 @@
 
 from agentruns.selectors.conversation import Turn, live_turns
 from agentruns.selectors.run_list import AGES, RunFilters, run_page
-from agentruns.selectors.runs import events_after, get_run, nav_counts, run_step, run_steps
+from agentruns.selectors.runs import (
+    events_after,
+    get_run,
+    nav_counts,
+    run_by_dedupe_key,
+    run_step,
+    run_steps,
+)
 
 __all__ = [
     "AGES",
@@ -12,6 +19,7 @@ __all__ = [
     "get_run",
     "live_turns",
     "nav_counts",
+    "run_by_dedupe_key",
     "run_page",
     "run_step",
     "run_steps",

@@ -14,6 +14,11 @@ def get_run(run_id: uuid.UUID | str) -> Run | None:
     return Run.objects.filter(id=run_id).first()
 
 
+def run_by_dedupe_key(agent: str, dedupe_key: str) -> Run | None:
+    """The run started for (agent, dedupe_key), if any: the unique constraint makes it one."""
+    return Run.objects.filter(agent=agent, dedupe_key=dedupe_key).first()
+
+
 def run_steps(run: Run) -> list[Step]:
     return list(Step.objects.filter(run=run).order_by("index"))
 

@@ -80,7 +80,7 @@ class RunFeed:
 _FEEDS: dict[tuple[int, str], RunFeed] = {}
 
 
-async def _open_feed(run_id: str) -> RunFeed:
+async def open_feed(run_id: str) -> RunFeed:
     """The process's feed for a run (created on first viewer): subscribed before its first read."""
     key = (id(asyncio.get_running_loop()), run_id)
     feed = _FEEDS.get(key)
@@ -107,7 +107,7 @@ async def _open_feed(run_id: str) -> RunFeed:
     return feed
 
 
-async def _close_feed_if_idle(run_id: str, feed: RunFeed) -> None:
+async def close_feed_if_idle(run_id: str, feed: RunFeed) -> None:
     if feed.viewers:
         return
     key = (id(asyncio.get_running_loop()), run_id)
@@ -210,7 +210,7 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
         if refusal is not None:
             await self.close(code=refusal[0], reason=refusal[1])
             return
-        self.feed = await _open_feed(self.run_id)
+        self.feed = await open_feed(self.run_id)
         self.feed.viewers.add(self.wakeup)
         self.sender = asyncio.create_task(self.pump())
 
@@ -237,7 +237,7 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
             self.sender.cancel()
         if self.feed is not None:
             self.feed.viewers.discard(self.wakeup)
-            await _close_feed_if_idle(self.run_id, self.feed)
+            await close_feed_if_idle(self.run_id, self.feed)
             self.feed = None
 
     async def receive(self, text_data=None, bytes_data=None) -> None:

@@ -1,0 +1,229 @@
+"""The AI SDK chat endpoint (DESIGN.md 5 and 6): any `useChat` front end drives durable runs.
+
+    POST /api/chat/<agent>                      the AI SDK chat request -> the UI message stream
+    GET  /api/chat/<agent>/<chat id>/stream     resume (?startIndex=N); 204 when no run
+
+One chat id is one run (`dedupe_key` "chat:<id>"): the first POST starts it with the last user
+message's text as the agent's `message` (over the request's `input` object); a repeated POST
+(double submit, a retry after a dropped connection, `regenerate-message`) streams the same run
+from its first chunk. A POST whose last assistant message holds tool parts in state
+`approval-responded` decides those approvals as the caller, through the inbox's own services
+(permission, limits, "already decided"), and streams the continuation of the same assistant
+message: the chunks after the stop that asked for them. If somebody else decided first, the
+continuation shows what they decided (`tool-approval-response`, then the output or
+`tool-output-denied`) instead of an error: the chat then agrees with the inbox.
+
+Who may do what: watching a chat's run needs `agentruns.view_run` (as the run page and its
+socket do), starting one `agentruns.start_run` as well, answering an approval
+`approvals.decide_approval` as well. Session callers send the CSRF token; scripts a bearer
+token. Unknown extra fields of the request body are ignored (front ends add their own).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
+
+from agentruns import selectors, services
+from agentruns.api.endpoint import endpoint
+from agentruns.api.parsing import BadRequest
+from agentruns.models import Run
+from agentruns.registry import UnknownAgent, get_agent
+from agentruns.stream.ui_stream import chunks_until_now, ui_message_stream_response
+from approvals import services as approval_services
+from approvals.models import Approval, ApprovalKind
+
+VIEW = "agentruns.view_run"
+START = "agentruns.start_run"
+DECIDE = "approvals.decide_approval"
+MAX_MESSAGE_CHARS = 5000
+
+AGENT = {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,100}$"}
+# the AI SDK's generateId() and UUIDs; "." and ".." can never be path segments
+CHAT_ID = {"type": "string", "pattern": "^[A-Za-z0-9_-][A-Za-z0-9_.:-]{0,127}$"}
+PART = {
+    "type": "object",
+    "properties": {"type": {"type": "string", "maxLength": 200}},
+    "required": ["type"],
+}
+UI_MESSAGE = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string", "maxLength": 200},
+        "role": {"type": "string", "enum": ["system", "user", "assistant"]},
+        "parts": {"type": "array", "maxItems": 1000, "items": PART},
+    },
+    "required": ["role", "parts"],
+}
+CHAT_REQUEST = {
+    "type": "object",
+    "properties": {
+        "id": CHAT_ID,
+        "messages": {"type": "array", "minItems": 1, "maxItems": 1000, "items": UI_MESSAGE},
+        "trigger": {"type": "string", "enum": ["submit-message", "regenerate-message"]},
+        "messageId": {"type": ["string", "null"], "maxLength": 200},
+        "input": {"type": "object"},
+    },
+    "required": ["id", "messages"],
+    "additionalProperties": True,
+}
+
+
+def chat_dedupe_key(chat_id: str) -> str:
+    return f"chat:{chat_id}"
+
+
+def require(request: HttpRequest, *permissions: str) -> None:
+    for permission in permissions:
+        if not request.user.has_perm(permission):
+            raise BadRequest(f"permission denied: {permission} is required", 403)
+
+
+def last_user_text(messages: list[dict]) -> str:
+    """The text parts of the last user message, joined (what the agent gets as `message`)."""
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            texts = [
+                p["text"]
+                for p in message["parts"]
+                if p.get("type") == "text" and isinstance(p.get("text"), str)
+            ]
+            return "\n".join(texts).strip()
+    return ""
+
+
+def approval_responses(messages: list[dict]) -> list[tuple[int, bool, str]]:
+    """(approval id, approved, reason) of the tool parts in state `approval-responded` of the
+    last assistant message, in order; a malformed one is a 400 naming the part."""
+    last = next((m for m in reversed(messages) if m.get("role") == "assistant"), None)
+    if last is None:
+        return []
+    answers = []
+    for position, part in enumerate(last["parts"]):
+        kind = str(part.get("type", ""))
+        if not (kind.startswith("tool-") or kind == "dynamic-tool"):
+            continue
+        if part.get("state") != "approval-responded":
+            continue
+        approval = part.get("approval")
+        where = f"the assistant message's part {position} ({kind})"
+        if not isinstance(approval, dict) or not isinstance(approval.get("approved"), bool):
+            raise BadRequest(f"{where}: approval.approved must be true or false")
+        approval_id, reason = approval.get("id"), approval.get("reason") or ""
+        if not isinstance(approval_id, str) or not approval_id.isdigit() or len(approval_id) > 18:
+            raise BadRequest(f"{where}: approval.id {approval_id!r} is not one of this app's")
+        if not isinstance(reason, str) or len(reason) > 2000:
+            raise BadRequest(f"{where}: approval.reason must be a string of at most 2000")
+        answers.append((int(approval_id), approval["approved"], reason))
+    return answers
+
+
+def decide(request: HttpRequest, run: Run, answers: list[tuple[int, bool, str]]) -> int:
+    """Apply the chat's answers as the caller's decisions, all or none; returns the chunk index
+    the continuation starts at."""
+    require(request, DECIDE)
+    with transaction.atomic():
+        for approval_id, approved, reason in answers:
+            approval = Approval.objects.filter(id=approval_id, run=run).first()
+            if approval is None:
+                raise BadRequest(f"approval {approval_id} is not part of this chat's run", 404)
+            if approval.kind != ApprovalKind.APPROVAL:
+                raise BadRequest(
+                    f"approval {approval_id} is a reconciliation: decide it in the inbox", 409
+                )
+            try:
+                if approved:
+                    approval_services.approve(approval_id, user=request.user, reason=reason)
+                else:
+                    approval_services.reject(approval_id, user=request.user, reason=reason)
+            except approval_services.AlreadyDecided:
+                pass  # decided first elsewhere (or a repeated POST): the stream shows the outcome
+            except approval_services.DecisionError as exc:
+                raise BadRequest(str(exc), 422) from None
+            except PermissionDenied as exc:  # a rule of who may decide (e.g. not the starter)
+                raise BadRequest(str(exc) or "you may not decide this approval", 403) from None
+    fold = chunks_until_now(run)
+    starts = [fold.continuation_index(approval_id) for approval_id, _, _ in answers]
+    known = [index for index in starts if index is not None]
+    return max(known) if known else fold.count
+
+
+@endpoint(
+    "POST",
+    "/chat/{agent}",
+    summary="The AI SDK chat request: start (or continue) the chat's run, stream its UI messages",
+    path_params={"agent": AGENT},
+    body=CHAT_REQUEST,
+    session_writes=True,
+    responses={
+        200: "the UI message stream (text/event-stream), header x-run-id",
+        400: "bad request",
+        403: "no right to start, watch or decide",
+        404: "no such agent or approval",
+        409: "this chat's run was started for another message",
+        422: "the decision is not acceptable",
+    },
+    tags=("chat",),
+)
+def chat(request: HttpRequest, agent: str, body: dict) -> HttpResponseBase:
+    require(request, VIEW)
+    messages: list[dict[str, Any]] = body["messages"]
+    answers = approval_responses(messages)
+    run = selectors.run_by_dedupe_key(agent, chat_dedupe_key(body["id"]))
+    if run is not None and answers:
+        return ui_message_stream_response(run, decide(request, run, answers))
+    if answers:
+        raise BadRequest("this chat has no run: there is no approval to answer", 404)
+    text = last_user_text(messages)
+    if run is not None:
+        if text and text != str(run.input.get("message", text)):
+            raise BadRequest(
+                "this chat already has its run (one chat id is one run): start a new chat "
+                "for a new request",
+                409,
+                run_id=str(run.id),
+            )
+        return ui_message_stream_response(run, 0)
+    require(request, START)
+    if not text:
+        raise BadRequest("the chat needs a user message with text")
+    if len(text) > MAX_MESSAGE_CHARS:
+        raise BadRequest(f"the message is longer than {MAX_MESSAGE_CHARS} characters")
+    try:
+        get_agent(agent)
+        started = services.start_run(
+            agent,
+            {**body.get("input", {}), "message": text},
+            dedupe_key=chat_dedupe_key(body["id"]),
+            user=request.user,
+        )
+    except UnknownAgent as exc:
+        raise BadRequest(str(exc), 404) from None
+    except ValueError as exc:
+        raise BadRequest(f"invalid input: {exc}") from None
+    return ui_message_stream_response(started.run, 0)
+
+
+@endpoint(
+    "GET",
+    "/chat/{agent}/{chat_id}/stream",
+    summary="Resume a chat's UI message stream from chunk startIndex (204: the chat has no run)",
+    permission=VIEW,
+    path_params={"agent": AGENT, "chat_id": CHAT_ID},
+    query={"startIndex": {"type": "integer", "minimum": 0}},
+    responses={200: "the UI message stream from startIndex on", 204: "the chat has no run"},
+    tags=("chat",),
+)
+def chat_stream(
+    request: HttpRequest,
+    agent: str,
+    chat_id: str,
+    startIndex: int = 0,  # noqa: N803  (the AI SDK's name for it)
+) -> HttpResponseBase:
+    run = selectors.run_by_dedupe_key(agent, chat_dedupe_key(chat_id))
+    if run is None:
+        return HttpResponse(status=204)
+    return ui_message_stream_response(run, startIndex)

@@ -1,0 +1,148 @@
+// A chat page on the AI SDK's own client (`ai` 7): AbstractChat + DefaultChatTransport against
+// POST /api/chat/<agent>, which runs the agent durably. No framework: a small ChatState that
+// re-renders on every change. What it shows:
+//   - the assistant message as the UI message stream builds it (text, tool calls, outputs);
+//   - approvals: a tool part in state approval-requested gets Approve / Reject; the answer goes
+//     back with addToolApprovalResponse and is sent automatically
+//     (lastAssistantMessageIsCompleteWithApprovalResponses);
+//   - resume: the chat id is kept in sessionStorage, so a reload (or a dropped connection)
+//     resumes with resumeStream(): GET /api/chat/<agent>/<id>/stream, a replay of the message.
+import {
+  AbstractChat,
+  DefaultChatTransport,
+  lastAssistantMessageIsCompleteWithApprovalResponses,
+} from "ai";
+
+const root = document.getElementById("chat-example");
+const agent = root.dataset.agent;
+const csrfToken = root.dataset.csrf;
+const log = document.getElementById("chat-log");
+const form = document.getElementById("chat-form");
+const statusLine = document.getElementById("chat-status");
+const STORE = "agentruns-example-chat";
+
+class RenderingState {
+  constructor(messages, onChange) {
+    this.status = "ready";
+    this.error = undefined;
+    this.messages = messages;
+    this.onChange = onChange;
+  }
+  set(name, value) { this[name] = value; this.onChange(); }
+  pushMessage = (message) => { this.messages = [...this.messages, message]; this.onChange(); };
+  popMessage = () => { this.messages = this.messages.slice(0, -1); this.onChange(); };
+  replaceMessage = (index, message) => {
+    this.messages = this.messages.map((m, i) => (i === index ? message : m));
+    this.onChange();
+  };
+  snapshot = (thing) => structuredClone(thing);
+}
+
+class PageChat extends AbstractChat {
+  constructor({ id, input, messages }) {
+    const state = new RenderingState(messages, () => render(this));
+    super({
+      id,
+      state,
+      transport: new DefaultChatTransport({
+        api: `/api/chat/${agent}`,
+        headers: { "X-CSRFToken": csrfToken },
+        credentials: "same-origin",
+        body: { input },
+      }),
+      sendAutomaticallyWhen: lastAssistantMessageIsCompleteWithApprovalResponses,
+      onError: () => render(this),
+    });
+    this.pageState = state;
+  }
+  // AbstractChat reports status changes through setStatus; repaint on each
+  setStatus(change) { super.setStatus(change); render(this); }
+}
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs)) {
+    if (name === "class") node.className = value;
+    else node.setAttribute(name, value);
+  }
+  for (const child of children) node.append(child); // text nodes: never parsed as HTML
+  return node;
+}
+
+const json = (value) => JSON.stringify(value, null, 2);
+
+function toolPart(chat, part) {
+  const name = part.type.slice("tool-".length);
+  const box = el("div", { class: `chat-tool state-${part.state}`, "data-tool": name },
+    el("div", { class: "chat-tool-head" }, el("code", {}, name), " ", el("span", { class: "chip" }, part.state)));
+  if (part.input !== undefined) box.append(el("pre", { class: "chat-input" }, json(part.input)));
+  if (part.state === "approval-requested") {
+    const reason = el("input", { type: "text", placeholder: "reason (optional)", class: "chat-reason" });
+    const answer = (approved) => () =>
+      chat.addToolApprovalResponse({ id: part.approval.id, approved, reason: reason.value || undefined });
+    const yes = el("button", { type: "button", class: "ok" }, "Approve");
+    const no = el("button", { type: "button", class: "danger" }, "Reject");
+    yes.addEventListener("click", answer(true));
+    no.addEventListener("click", answer(false));
+    box.append(el("div", { class: "chat-approval" }, "Needs your approval: ", yes, " ", no, " ", reason));
+  }
+  if (part.approval?.reason) box.append(el("div", { class: "muted" }, part.approval.reason));
+  if (part.state === "output-available") box.append(el("pre", { class: "chat-output" }, json(part.output)));
+  if (part.state === "output-error") box.append(el("div", { class: "err" }, part.errorText));
+  if (part.state === "output-denied") box.append(el("div", { class: "err" }, "not run: denied"));
+  return box;
+}
+
+function render(chat) {
+  if (!chat.pageState) return; // during construction
+  log.replaceChildren(...chat.messages.map((message) => {
+    const item = el("li", { class: `chat-msg role-${message.role}` });
+    for (const part of message.parts) {
+      if (part.type === "text") item.append(el("p", { class: "chat-text" }, part.text));
+      else if (part.type.startsWith("tool-")) item.append(toolPart(chat, part));
+    }
+    const runId = message.metadata?.runId;
+    if (runId) {
+      item.append(el("a", { href: `/runs/${runId}/`, class: "muted" }, `run ${runId}`),
+        " ", el("span", { class: "chip chat-run-status" }, message.metadata.status || "running"));
+    }
+    return item;
+  }));
+  const error = chat.error ? ` — ${chat.error.message}` : "";
+  statusLine.textContent = `${chat.status}${error}`;
+  statusLine.dataset.status = chat.status;
+  form.querySelector("button[type=submit]").disabled = chat.status === "streaming" || chat.status === "submitted";
+}
+
+function saved() {
+  try { return JSON.parse(sessionStorage.getItem(STORE) || "null"); } catch { return null; }
+}
+
+let chat = null;
+const previous = saved();
+if (previous) {
+  // a reload: the user's message is ours to keep; the assistant's comes back from the server
+  const user = { id: `${previous.id}-user`, role: "user", parts: [{ type: "text", text: previous.text }] };
+  chat = new PageChat({ id: previous.id, input: previous.input, messages: [user] });
+  render(chat);
+  chat.resumeStream();
+}
+
+form.addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const data = new FormData(form);
+  const text = String(data.get("message") || "").trim();
+  if (!text) return;
+  const input = { order_id: String(data.get("order_id") || "").trim() };
+  chat = new PageChat({ id: crypto.randomUUID(), input, messages: [] });
+  sessionStorage.setItem(STORE, JSON.stringify({ id: chat.id, input, text }));
+  render(chat);
+  await chat.sendMessage({ text });
+});
+
+document.getElementById("chat-new").addEventListener("click", () => {
+  sessionStorage.removeItem(STORE);
+  chat = null;
+  log.replaceChildren();
+  statusLine.textContent = "ready";
+});
