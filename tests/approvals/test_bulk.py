@@ -12,11 +12,10 @@ from agentruns.services import start_run
 from approvals import services
 from approvals.models import Approval, ApprovalStatus
 from support.models import Order
+from tests.approvals.kit import bulk_pending, unknown_step_approval
 from tests.conftest import ApiClient
 from tests.helpers import advance
 from tests.procs import start_web
-
-from .conftest import bulk_pending, unknown_step_approval
 
 
 def refund_item(order_id: str) -> Approval:
@@ -122,8 +121,7 @@ def test_bulk_refuses_what_it_cannot_do(approver, viewer):
 @pytest.mark.django_db
 def test_bulk_in_the_inbox_skips_items_others_hold_unless_confirmed(client, approver, lead):
     from approvals import claims
-
-    from .conftest import login
+    from tests.approvals.kit import login
 
     a, b = bulk_pending(2)
     claims.claim(b.id, user=lead)

@@ -12,9 +12,8 @@ from django.test import Client
 
 from approvals import claims
 from approvals.models import Approval, ApprovalStatus
+from tests.approvals.kit import login, parked_approval
 from tests.conftest import ApiClient, make_user
-
-from .conftest import login, parked_approval
 
 pytestmark = pytest.mark.django_db
 

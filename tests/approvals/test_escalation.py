@@ -20,11 +20,10 @@ from approvals import services
 from approvals.escalation import escalate_due_approvals
 from approvals.models import Approval, MailNotice, WebhookDelivery
 from approvals.notifications.signing import new_secret
+from tests.approvals.kit import bulk_pending, login, parked_approval
 from tests.conftest import ApiClient
 from tests.helpers import advance
 from tests.testkit import script_policy
-
-from .conftest import bulk_pending, login, parked_approval
 
 pytestmark = pytest.mark.django_db
 

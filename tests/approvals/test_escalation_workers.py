@@ -13,10 +13,9 @@ from django.utils import timezone
 from agentruns.models import RunEvent, WorkerHeartbeat
 from approvals.models import Approval, DeliveryStatus, MailNotice, WebhookDelivery
 from approvals.notifications.signing import new_secret
+from tests.approvals.kit import bulk_pending
 from tests.procs import start_worker, wait_until
 from tests.webhook_receiver import Receiver
-
-from .conftest import bulk_pending
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

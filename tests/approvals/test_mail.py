@@ -14,9 +14,8 @@ from approvals import services
 from approvals.models import MailNotice
 from approvals.notifications import outbox
 from approvals.notifications.mail import send_due_digests
+from tests.approvals.kit import bulk_pending, parked_approval
 from tests.conftest import make_user
-
-from .conftest import bulk_pending, parked_approval
 
 pytestmark = pytest.mark.django_db
 

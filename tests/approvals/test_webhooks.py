@@ -21,10 +21,9 @@ from approvals import services
 from approvals.models import DeliveryStatus, WebhookDelivery, WebhookEndpoint
 from approvals.notifications import delivery, outbox
 from approvals.notifications.signing import new_secret
+from tests.approvals.kit import SECRET, parked_approval, unknown_step_approval
 from tests.helpers import advance
 from tests.webhook_receiver import Receiver
-
-from .conftest import SECRET, parked_approval, unknown_step_approval
 
 pytestmark = pytest.mark.django_db
 
