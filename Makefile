@@ -4,6 +4,9 @@ BIN := $(VENV)/bin
 WEB_PORT ?= 8000
 PYTEST_ARGS ?=
 
+NODE_TESTS := tests/node/node_modules/.installed
+EXAMPLE := examples/chat/dist/chat.js
+
 .PHONY: venv run passwords test lint format bench clean example node-deps
 
 $(BIN)/.installed: pyproject.toml
@@ -27,18 +30,22 @@ run: venv
 	@echo
 	WEB_PORT=$(WEB_PORT) APP_BASE_URL=http://127.0.0.1:$(WEB_PORT) $(BIN)/honcho start -f Procfile
 
-# the AI SDK chat example's bundle (examples/chat/dist/chat.js): Node.js and npm, pinned lock file
-example:
+# the AI SDK chat example's bundle: Node.js and npm, pinned lock file
+$(EXAMPLE): examples/chat/package-lock.json examples/chat/src/chat.js
 	cd examples/chat && npm ci --no-audit --no-fund && npm run build
 
+example: $(EXAMPLE)
+
 # the Node tests' pinned `ai` package (tests/node, run by tests/stream/test_ai_sdk_client.py)
-node-deps:
-	cd tests/node && npm ci --no-audit --no-fund
+$(NODE_TESTS): tests/node/package-lock.json
+	cd tests/node && npm ci --no-audit --no-fund && touch node_modules/.installed
+
+node-deps: $(NODE_TESTS)
 
 passwords: venv
 	$(BIN)/python manage.py seed_demo --reset-passwords
 
-test: venv
+test: venv $(NODE_TESTS) $(EXAMPLE)
 	scripts/with-postgres.sh $(BIN)/pytest $(PYTEST_ARGS)
 
 lint: venv
