@@ -48,6 +48,12 @@ class Approval(models.Model):
     # earlier decisions on this step, oldest first: the row (one per step) is reused when an
     # approved call is interrupted and its outcome must be reconciled; who approved it stays here
     history = models.JSONField(default=list, blank=True)
+    # the two-person rule (approvals/decisions.py): approved when `approvals_required` distinct
+    # people approved the same arguments; an edit starts a new `round` (the count starts again
+    # from the editor); `approvals_given` counts this round's approvals (one ApprovalDecision each)
+    approvals_required = models.PositiveSmallIntegerField(default=1)
+    approvals_given = models.PositiveSmallIntegerField(default=0)
+    round = models.PositiveSmallIntegerField(default=1)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -82,3 +88,44 @@ class Approval(models.Model):
     @property
     def effective_args(self) -> dict:
         return self.edited_args if self.edited_args is not None else self.requested_args
+
+    @property
+    def is_multi(self) -> bool:
+        """More than one approver needed: the run's starter may not approve it."""
+        return self.approvals_required > 1
+
+
+class DecisionKind(models.TextChoices):
+    APPROVE = "approve"
+    REJECT = "reject"
+
+
+class ApprovalDecision(models.Model):
+    """One person's decision on an approval: who, when, which arguments (DESIGN.md 3)."""
+
+    approval = models.ForeignKey(Approval, on_delete=models.CASCADE, related_name="decisions")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    username = models.CharField(max_length=150)  # kept if the user is deleted
+    decision = models.CharField(max_length=8, choices=DecisionKind.choices)
+    round = models.PositiveSmallIntegerField()
+    # approve: the full arguments this person approved (not redacted: they are what runs)
+    args = models.JSONField(null=True, blank=True)
+    edited = models.BooleanField(default=False)  # changed the arguments (started a new round)
+    reason = models.TextField(blank=True, default="")
+    decided_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["approval", "decided_at", "id"]
+        constraints = [
+            # the same person never counts twice in a round (the database says so, too)
+            models.UniqueConstraint(
+                fields=["approval", "round", "user"],
+                condition=Q(decision="approve"),
+                name="decision_one_approval_per_user_round",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.username} {self.decision} #{self.approval_id} (round {self.round})"

@@ -327,7 +327,9 @@ def test_reading_runs_needs_view_permission(db, django_user_model):
     from tests.conftest import ApiClient, make_user
 
     nobody = ApiClient(make_user(django_user_model, "nobody"))
-    viewer = ApiClient(make_user(django_user_model, "looker", ["agentruns.view_run"]))
+    viewer = ApiClient(
+        make_user(django_user_model, "looker", ["agentruns.view_run", "agentruns.start_run"])
+    )
     run = viewer.post("/api/runs", {"agent": "script", "input": {"script": []}}).json()
     for path in (f"/api/runs/{run['id']}", f"/api/runs/{run['id']}/events?after=0"):
         refused = nobody.get(path)

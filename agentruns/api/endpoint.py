@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from functools import wraps
 from typing import Any
 
-from django.core.exceptions import ObjectDoesNotExist
+from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 
@@ -213,6 +213,8 @@ def endpoint(
                 return json_error(str(exc), exc.status, **exc.extra)
             except ActionRefused as exc:
                 return json_error(str(exc), 409)
+            except PermissionDenied as exc:  # a service's own check (start_run for a fork, ...)
+                return json_error(str(exc) or "permission denied", 403)
             except ObjectDoesNotExist:
                 return json_error("not found", 404)
             if isinstance(result, HttpResponse):
