@@ -7,6 +7,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.contrib.auth.models import Permission
 from django.db import connection
 from django.utils import timezone
 
@@ -297,6 +298,8 @@ def test_resolve_refusals(operator):
 # ------------------------------------------------------------------ fork
 @pytest.mark.django_db
 def test_fork_from_a_model_step_copies_history_and_continues(operator, client):
+    # forking starts a run: it needs start_run besides operate_run
+    operator.user_permissions.add(Permission.objects.get(codename="start_run"))
     source = advance(
         script_run(
             [
