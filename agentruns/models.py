@@ -151,7 +151,7 @@ class Run(models.Model):
 
     @property
     def allowed_tools(self) -> list[str]:
-        """The tools the model is offered, in the agent's order."""
+        """The tools the model is offered (the tool snapshot's, as far as permissions allow)."""
         return [name for name in self.tool_snapshot if self.tool_allowed(name)]
 
 
