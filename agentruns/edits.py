@@ -139,6 +139,8 @@ def check_edit(
     properties = parameters.get("properties", {})
     for name in changed_fields(requested, proposed):
         edit = editable.get(name)
+        if name not in properties:
+            raise EditRefused(name, "unknown", f"{name} is not an argument of this tool")
         if edit is None:
             raise EditRefused(name, "fixed", f"{name} may not be changed: the tool fixes it")
         value = proposed.get(name)

@@ -112,7 +112,7 @@ def _parse_value(name: str, kind: str, raw: str) -> Any:
             return json.loads(raw)
     except (ValueError, json.JSONDecodeError):
         wanted = _KINDS.get(kind, f"a valid {kind}")
-        message = f"edit refused: {name} must be {wanted} (got {raw!r})"
+        message = f"edit refused: {name} must be {wanted} (got {raw})"  # as the API says it
         raise policy.EditNotAllowed(name, "type", message) from None
     if kind == "boolean":
         return raw in ("1", "true", "on")
