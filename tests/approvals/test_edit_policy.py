@@ -57,9 +57,7 @@ def approver(seeded, settings, django_user_model):
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("edit, field, rule", REFUSED)
-def test_every_edit_outside_the_policy_is_a_400_and_changes_nothing(
-    approver, edit, field, rule
-):
+def test_every_edit_outside_the_policy_is_a_400_and_changes_nothing(approver, edit, field, rule):
     approval = parked_refund()
     requested = approval.requested_args["amount_cents"]
     assert requested == Order.objects.get(order_id=ORDER).amount_cents
