@@ -20,19 +20,10 @@ from typing import Any, Literal
 
 import jsonschema
 
-from agentruns.schemas import strict_validator
+from agentruns.schemas import strict_validator, type_words
 
 EditRule = Literal["free", "at_most_requested", "at_least_requested"]
 NUMERIC = ("integer", "number")
-_TYPE_WORDS = {
-    "object": "a JSON object",
-    "array": "a list",
-    "string": "a string",
-    "integer": "an integer",
-    "number": "a number",
-    "boolean": "true or false",
-    "null": "null",
-}
 
 
 @dataclass(frozen=True)
@@ -123,10 +114,7 @@ def changed_fields(requested: Mapping[str, Any], proposed: Mapping[str, Any]) ->
 
 
 def _type_error(field: str, schema: dict, value: Any) -> str:
-    kinds = schema.get("type")
-    kinds = kinds if isinstance(kinds, list) else [kinds]
-    wanted = " or ".join(_TYPE_WORDS.get(k, str(k)) for k in kinds if k)
-    return f"{field} must be {wanted} (got {json.dumps(value)})"
+    return f"{field} must be {type_words(schema.get('type'))} (got {json.dumps(value)})"
 
 
 def check_edit(

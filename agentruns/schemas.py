@@ -12,6 +12,23 @@ from typing import Any, Literal
 
 import jsonschema
 
+# how a refusal names what a schema type wants: "'amount_cents' must be an integer"
+TYPE_WORDS = {
+    "object": "a JSON object",
+    "array": "a list",
+    "string": "a string",
+    "integer": "an integer",
+    "number": "a number",
+    "boolean": "true or false",
+    "null": "null",
+}
+
+
+def type_words(kinds: Any) -> str:
+    """ "an integer or null" for a schema's `type` (a name or a list of names)."""
+    kinds = kinds if isinstance(kinds, list) else [kinds]
+    return " or ".join(TYPE_WORDS.get(k, str(k)) for k in kinds if k)
+
 
 def _strict_integer(checker: Any, instance: Any) -> bool:
     # JSON Schema counts 5.0 as an integer; an amount of 5.0 cents is a model's or a client's

@@ -23,6 +23,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from agentruns.edits import same_value
 from agentruns.registry import UnknownTool, all_agents, get_tool
+from agentruns.schemas import type_words
 from agentruns.selectors.pagination import encode_cursor
 from approvals import policy, services
 from approvals.cards import build_cards, card_for
@@ -96,9 +97,6 @@ def inbox(request: HttpRequest) -> HttpResponse:
     return render(request, "approvals/inbox.html", context)
 
 
-_KINDS = {"integer": "an integer", "number": "a number", "object": "a JSON object"}
-
-
 def _parse_value(name: str, kind: str, raw: str) -> Any:
     """A form field's text as the JSON type the schema wants; refusals read like the API's."""
     if raw == "" and kind not in ("string", "boolean"):
@@ -111,8 +109,7 @@ def _parse_value(name: str, kind: str, raw: str) -> Any:
         if kind in ("object", "array"):
             return json.loads(raw)
     except (ValueError, json.JSONDecodeError):
-        wanted = _KINDS.get(kind, f"a valid {kind}")
-        message = f"edit refused: {name} must be {wanted} (got {raw})"  # as the API says it
+        message = f"edit refused: {name} must be {type_words(kind)} (got {raw})"  # as the API says
         raise policy.EditNotAllowed(name, "type", message) from None
     if kind == "boolean":
         return raw in ("1", "true", "on")
