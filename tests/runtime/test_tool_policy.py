@@ -222,6 +222,36 @@ def test_approver_limits_by_group_replace_the_single_setting(seeded, settings, d
     assert Approval.objects.get(id=approval.id).status == ApprovalStatus.APPROVED
 
 
+@pytest.mark.django_db
+def test_a_lead_edits_a_policy_in_the_admin_and_the_next_run_follows_it(
+    lead, client, django_user_model
+):
+    interns = Group.objects.create(name="interns")
+    intern = member(django_user_model, "intern", "interns")
+    client.force_login(lead)
+    form = client.get("/admin/agentruns/toolpolicy/add/").content.decode()
+    assert '<option value="issue_refund">' in form  # the registered tools to choose from
+    response = client.post(
+        "/admin/agentruns/toolpolicy/add/",
+        {
+            "group": interns.id,
+            "other_tools_allowed": "on",
+            "note": "no charges",
+            "rules-TOTAL_FORMS": "1",
+            "rules-INITIAL_FORMS": "0",
+            "rules-MIN_NUM_FORMS": "0",
+            "rules-MAX_NUM_FORMS": "1000",
+            "rules-0-tool": "t_charge",
+            "rules-0-approval": "tool",
+            "rules-0-approver_limit": "",
+        },
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert "t_charge: not allowed" in client.get("/admin/agentruns/toolpolicy/").content.decode()
+    snapshot = tools_of(start_run("policy-probe", {}, user=intern).run)
+    assert snapshot["t_charge"]["allowed"] is False and snapshot["t_echo"]["allowed"] is True
+
+
 # ------------------------------------------------------------------ on a real worker
 def ledger(web: str, order_id: str) -> list[dict]:
     response = httpx.get(f"{web}/gateway/refunds", params={"order_id": order_id}, timeout=10)
