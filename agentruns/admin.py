@@ -2,17 +2,30 @@
 
 The admin is for looking things up, never for changing the durable record: runs, steps, attempts
 and events change only through the engine and the audited services (retry, cancel, resolve).
+Tool policies are the exception: they are configuration, edited here, and apply to runs started
+after the change (each run keeps the permission snapshot it started with).
 Every list avoids COUNT(*) over big tables (`show_full_result_count = False`) and pulls related
 rows in the same query.
 """
 
 from __future__ import annotations
 
+from django import forms
 from django.contrib import admin
 from django.urls import reverse
 from django.utils.html import format_html
 
-from agentruns.models import ApiToken, Run, RunEvent, Step, StepAttempt, WorkerHeartbeat
+from agentruns.models import (
+    ApiToken,
+    Run,
+    RunEvent,
+    Step,
+    StepAttempt,
+    ToolPolicy,
+    ToolRule,
+    WorkerHeartbeat,
+)
+from agentruns.registry import all_agents
 from agentruns.runtime.redaction import redact_fields
 
 
@@ -121,6 +134,7 @@ class RunAdmin(ReadOnlyMixin, admin.ModelAdmin):
                     "cancel_requested",
                     "last_seq",
                     "tool_snapshot",
+                    "permissions",
                     "search_text",
                     "started_at",
                     "updated_at",
@@ -267,3 +281,44 @@ class ApiTokenAdmin(admin.ModelAdmin):
 class WorkerHeartbeatAdmin(ReadOnlyMixin, admin.ModelAdmin):
     list_display = ("worker", "last_seen_at", "last_sweep_at")
     ordering = ("-last_seen_at",)
+
+
+def _tool_choices() -> list[tuple[str, str]]:
+    names = sorted({name for agent in all_agents().values() for name in agent.tools})
+    return [(name, name) for name in names]
+
+
+class ToolRuleForm(forms.ModelForm):
+    # the registered tools (a typo would silently match nothing)
+    tool = forms.ChoiceField(choices=_tool_choices)
+
+    class Meta:
+        model = ToolRule
+        fields = ("tool", "allowed", "approval", "approver_limit")
+
+
+class ToolRuleInline(admin.TabularInline):
+    model = ToolRule
+    form = ToolRuleForm
+    extra = 1
+
+
+@admin.register(ToolPolicy)
+class ToolPolicyAdmin(admin.ModelAdmin):
+    list_display = ("group", "other_tools_allowed", "rule_summary", "note", "updated_at")
+    list_select_related = ("group",)
+    search_fields = ("group__name", "note")
+    fields = ("group", "other_tools_allowed", "note")
+    inlines = [ToolRuleInline]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).prefetch_related("rules")
+
+    @admin.display(description="rules")
+    def rule_summary(self, obj: ToolPolicy) -> str:
+        return "; ".join(
+            f"{r.tool}: {'allowed' if r.allowed else 'not allowed'}"
+            + (", always approved" if r.approval == "always" else "")
+            + (f", approvers up to {r.approver_limit}" if r.approver_limit is not None else "")
+            for r in obj.rules.all()
+        )

@@ -60,6 +60,9 @@ class Run(models.Model):
     model = models.CharField(max_length=200, blank=True, default="")
     # the tools (name -> policy) the run may call, frozen at start
     tool_snapshot = models.JSONField(default=dict)
+    # who started it, their groups, and per tool: allowed, approval rule, approvers' limits;
+    # frozen at start by `runtime.permissions.snapshot` (retry and resume keep it)
+    permissions = models.JSONField(default=dict, blank=True)
     max_steps = models.PositiveIntegerField(default=25)
     token_budget = models.PositiveIntegerField(null=True, blank=True)
     deadline_at = models.DateTimeField(null=True, blank=True)
@@ -116,7 +119,7 @@ class Run(models.Model):
         ]
         permissions = [
             ("operate_run", "Can retry, cancel and resolve runs"),
-            ("start_run", "Can start runs"),
+            ("start_run", "Can start runs (the form, the API, fork, chat)"),
         ]
 
     def __str__(self) -> str:
@@ -137,6 +140,19 @@ class Run(models.Model):
     def redacted_fields(self, tool: str) -> list[str]:
         """The argument and result keys of `tool` that people never see (by the snapshot)."""
         return list(self.tool_policy(tool).get("redact", []))
+
+    def tool_permission(self, tool: str) -> dict:
+        """What the permission snapshot says about `tool` ({} for runs from before snapshots,
+        which had every tool of their agent as the tool declares it)."""
+        return ((self.permissions or {}).get("tools") or {}).get(tool) or {}
+
+    def tool_allowed(self, tool: str) -> bool:
+        return tool in self.tool_snapshot and self.tool_permission(tool).get("allowed", True)
+
+    @property
+    def allowed_tools(self) -> list[str]:
+        """The tools the model is offered (the tool snapshot's, as far as permissions allow)."""
+        return [name for name in self.tool_snapshot if self.tool_allowed(name)]
 
 
 class Step(models.Model):
@@ -268,6 +284,64 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.user})"
+
+
+class ApprovalOverride(models.TextChoices):
+    TOOL = "tool", "as the tool says"
+    ALWAYS = "always", "always"
+
+
+class ToolPolicy(models.Model):
+    """Which tools a group's members' runs may use (DESIGN.md 3), edited in the admin.
+
+    A user's effective policy combines the policies of all their groups: a tool is allowed when
+    any of them allows it, an approval override or a limit applies when any of them sets one.
+    A user in no group with a policy gets the agent's tools unchanged. Runs freeze the result
+    when they start (`Run.permissions`): an edit here applies to runs started afterwards.
+    """
+
+    group = models.OneToOneField("auth.Group", on_delete=models.CASCADE, related_name="tool_policy")
+    other_tools_allowed = models.BooleanField(
+        default=False,
+        help_text="Tools without a rule below: allowed (a blacklist) or not (a whitelist).",
+    )
+    note = models.CharField(max_length=200, blank=True, default="")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "tool policies"
+
+    def __str__(self) -> str:
+        return f"tool policy of {self.group}"
+
+
+class ToolRule(models.Model):
+    """One tool in a group's policy: may the group's runs call it, how it is approved, and the
+    most an approver of this group may approve (in the tool's `amount_arg` unit)."""
+
+    policy = models.ForeignKey(ToolPolicy, on_delete=models.CASCADE, related_name="rules")
+    tool = models.CharField(max_length=100)
+    allowed = models.BooleanField(default=True)
+    approval = models.CharField(
+        max_length=8,
+        choices=ApprovalOverride.choices,
+        default=ApprovalOverride.TOOL,
+        help_text="Policies only add approval requirements: 'always' parks every call.",
+    )
+    approver_limit = models.PositiveBigIntegerField(
+        null=True,
+        blank=True,
+        help_text="The most this group's approvers may approve (the tool's amount, e.g. cents); "
+        "empty: AGENTRUNS_APPROVER_LIMIT_CENTS.",
+    )
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["policy", "tool"], name="toolrule_unique_policy_tool")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool}: {'allowed' if self.allowed else 'not allowed'}"
 
 
 class WorkerHeartbeat(models.Model):

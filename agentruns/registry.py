@@ -2,7 +2,10 @@
 
 Apps declare their tools and agents in `<app>/agents.py` (autodiscovered like `admin.py`):
 
-    @tool(side_effect=True, idempotency="key", requires_approval=lambda a: a["amount_cents"] > 0)
+    @tool(side_effect=True, idempotency="key", requires_approval=lambda a: a["amount_cents"] > 0,
+          approvals_required=lambda a: 2 if a["amount_cents"] > 50_000 else 1,
+          editable={"amount_cents": Edit.at_most_requested(minimum=1), "reason": Edit.free()},
+          amount_arg="amount_cents")
     def issue_refund(ctx: ToolContext, order_id: str, amount_cents: int, reason: str) -> dict: ...
 
     register_agent(Agent(name="refund", instructions="...", tools=["lookup_order", "issue_refund"]))
@@ -14,13 +17,17 @@ from __future__ import annotations
 
 import inspect
 import random
-import types
-import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import jsonschema
+
+from agentruns.edits import Edit, EditRefused, check_declaration, check_edit
+from agentruns.schemas import _simple_plan, _simple_valid, schema_from_signature, strict_validator
+
+# the edit policy (agentruns.edits) and the strict validator are part of the plug-in API
+__all__ = ["Edit", "EditRefused", "_simple_plan", "schema_from_signature", "strict_validator"]
 
 
 class ToolError(Exception):
@@ -92,6 +99,13 @@ class Tool:
     # seconds a pending approval of this tool may wait before it escalates (None: the
     # AGENTRUNS_APPROVAL_ESCALATE_SECONDS default; 0: never)
     escalate_after: float | None = None
+    # what an approver may change (agentruns.edits); an argument not named here is fixed
+    editable: Mapping[str, Edit] = field(default_factory=dict)
+    # how many distinct people must approve a call that needs approval (a number, or a function
+    # of the arguments); above 1 the run's starter never counts
+    approvals_required: int | Callable[[dict], int] = 1
+    # the argument that is this tool's amount, checked against approvers' limits
+    amount_arg: str | None = None
     _compiled: Any = field(default=None, repr=False, compare=False)
     _simple: Any = field(default=None, repr=False, compare=False)
 
@@ -104,6 +118,20 @@ class Tool:
         if callable(self.requires_approval):
             return bool(self.requires_approval(arguments))
         return bool(self.requires_approval)
+
+    def approvals_for(self, arguments: dict) -> int:
+        """How many approvals this call needs (when it needs approval at all): at least 1."""
+        wanted = self.approvals_required
+        return max(1, int(wanted(arguments) if callable(wanted) else wanted))
+
+    def check_edit(self, requested: dict, proposed: dict) -> dict:
+        """`proposed` (an approver's version of `requested`) against the edit policy and the
+        schema; EditRefused names the field and the rule."""
+        check_edit(self.parameters, self.editable, requested, proposed)
+        try:
+            return self.validate(proposed)
+        except ToolArgumentsError as exc:
+            raise EditRefused("arguments", "schema", str(exc)) from None
 
     def validate(self, arguments: Any) -> dict:
         if not isinstance(arguments, dict):
@@ -147,120 +175,12 @@ class Tool:
             else bool(self.requires_approval),
             "transactional": self.transactional,
             "escalate_after": self.escalate_after,
+            "approvals": "predicate"
+            if callable(self.approvals_required)
+            else self.approvals_required,
+            "amount_arg": self.amount_arg,
+            "editable": {name: edit.describe() for name, edit in self.editable.items()},
         }
-
-
-def _strict_integer(checker: Any, instance: Any) -> bool:
-    # JSON Schema counts 5.0 as an integer; an amount of 5.0 cents is a model's or a client's
-    # mistake, not a value to store, and `true` is never a number
-    return isinstance(instance, int) and not isinstance(instance, bool)
-
-
-def strict_validator(schema: dict) -> Any:
-    """A jsonschema validator for `schema` (its own draft, 2020-12 when it names none) whose
-    "integer" takes only integers and which checks formats (uuid, date-time, ...)."""
-    base = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    base.check_schema(schema)
-    strict = jsonschema.validators.extend(
-        base, type_checker=base.TYPE_CHECKER.redefine("integer", _strict_integer)
-    )
-    return strict(schema, format_checker=base.FORMAT_CHECKER)
-
-
-_SIMPLE_SCHEMA_KEYS = {
-    "type",
-    "properties",
-    "required",
-    "additionalProperties",
-    "title",
-    "description",
-}
-_SIMPLE_PROPERTY_KEYS = {"type", "title", "description", "default"}  # default: an annotation
-_TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
-    "string": lambda v: isinstance(v, str),
-    "boolean": lambda v: isinstance(v, bool),
-    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
-}
-
-
-def _simple_plan(schema: dict) -> tuple[dict, frozenset, bool] | None:
-    """For the common schema (an object of typed scalar properties, nothing else): what a
-    hand-written check needs. jsonschema costs ~70 us per call; this a few. None: not simple."""
-    if schema.get("type") != "object" or not set(schema) <= _SIMPLE_SCHEMA_KEYS:
-        return None
-    checks = {}
-    for name, prop in (schema.get("properties") or {}).items():
-        if not isinstance(prop, dict) or not set(prop) <= _SIMPLE_PROPERTY_KEYS:
-            return None
-        check = _TYPE_CHECKS.get(prop.get("type"))  # type: ignore[arg-type]
-        if check is None:
-            return None
-        checks[name] = check
-    extra = schema.get("additionalProperties", True)
-    if not isinstance(extra, bool):
-        return None
-    return checks, frozenset(schema.get("required") or ()), extra
-
-
-def _simple_valid(plan: tuple[dict, frozenset, bool], arguments: dict) -> bool:
-    checks, required, extra_allowed = plan
-    if not required <= arguments.keys():
-        return False
-    for key, value in arguments.items():
-        check = checks.get(key)
-        if check is None:
-            if not extra_allowed:
-                return False
-        elif not check(value):
-            return False
-    return True
-
-
-_JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
-
-
-def _schema_for(annotation: Any) -> dict:
-    origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
-    if annotation in _JSON_TYPES:
-        return {"type": _JSON_TYPES[annotation]}
-    if origin is Literal:
-        return {"enum": list(args)}
-    if origin in (typing.Union, types.UnionType):
-        non_null = [a for a in args if a is not type(None)]
-        if len(non_null) == 1:
-            inner = _schema_for(non_null[0])
-            if "type" in inner:
-                return {**inner, "type": [inner["type"], "null"]}
-            return inner
-        return {"anyOf": [_schema_for(a) for a in non_null]}
-    if annotation is list or origin is list:
-        return {"type": "array", "items": _schema_for(args[0])} if args else {"type": "array"}
-    if annotation is dict or origin is dict:
-        return {"type": "object"}
-    return {}
-
-
-def schema_from_signature(func: Callable[..., Any]) -> dict:
-    """JSON schema of a tool's arguments from its type hints (first parameter is the context)."""
-    hints = typing.get_type_hints(func)
-    params = list(inspect.signature(func).parameters.values())[1:]
-    properties: dict[str, dict] = {}
-    required: list[str] = []
-    for param in params:
-        prop = _schema_for(hints.get(param.name, Any))
-        if param.default is inspect.Parameter.empty:
-            required.append(param.name)
-        else:
-            prop["default"] = param.default
-        properties[param.name] = prop
-    return {
-        "type": "object",
-        "properties": properties,
-        "required": required,
-        "additionalProperties": False,
-    }
 
 
 _tools: dict[str, Tool] = {}
@@ -280,6 +200,9 @@ def tool(
     redact: Sequence[str] = (),
     retry: RetryPolicy | None = None,
     escalate_after: float | None = None,
+    editable: Mapping[str, Edit] | None = None,
+    approvals_required: int | Callable[[dict], int] = 1,
+    amount_arg: str | None = None,
 ):
     """Register a function as a tool. Usable bare (`@tool`) or with options."""
     if idempotency not in ("key", "none"):
@@ -300,7 +223,13 @@ def tool(
             redact=tuple(redact),
             retry=retry or RetryPolicy(),
             escalate_after=escalate_after,
+            editable=dict(editable or {}),
+            approvals_required=approvals_required,
+            amount_arg=amount_arg,
         )
+        check_declaration(t.name, t.parameters, t.editable, t.redact, amount_arg)
+        if not callable(approvals_required) and int(approvals_required) < 1:
+            raise ValueError(f"{t.name}: approvals_required must be at least 1")
         _tools[t.name] = t
         fn.tool = t  # type: ignore[attr-defined]
         return fn
@@ -327,8 +256,9 @@ class Agent:
     token_budget: int | None = None
     max_cost_usd: float | None = None  # None: conf.MAX_COST_USD (0: no limit)
     deadline_seconds: float | None = None
-    # for the offline `scripted` provider: decides the next turn from the conversation
-    scripted_policy: Callable[[list[dict]], ScriptedTurn] | None = None
+    # for the offline `scripted` provider: decides the next turn from the conversation (and, if
+    # it takes a `tools` keyword, from the names of the tools this run offers)
+    scripted_policy: Callable[..., ScriptedTurn] | None = None
     # input keys copied into Run.search_text (order id, ticket id) for the runs list search
     search_fields: Sequence[str] = ()
     input_schema: dict | None = None

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -19,7 +20,7 @@ from django.utils import timezone
 from agentruns.conf import conf
 from agentruns.models import Run, RunStatus, Step, StepKind, StepStatus
 from agentruns.registry import get_agent
-from agentruns.runtime import transitions
+from agentruns.runtime import permissions, transitions
 from agentruns.runtime.cancel import cancel_run as _cancel_run
 from agentruns.runtime.events import EventSpec, EventType, step_event_data
 from agentruns.runtime.executor import RunExecutor
@@ -32,6 +33,7 @@ from agentruns.runtime.transitions import ActionRefused
 
 __all__ = [
     "ActionRefused",
+    "KeyInUse",
     "StartResult",
     "cancel_run",
     "execute_inline",
@@ -42,10 +44,34 @@ __all__ = [
 ]
 
 
+START_PERMISSION = "agentruns.start_run"
+VIEW_PERMISSION = "agentruns.view_run"
+
+
+class KeyInUse(ActionRefused):
+    """A repeated dedupe key (Idempotency-Key) names a run this user may not see."""
+
+
 @dataclass
 class StartResult:
     run: Run
     created: bool
+
+
+def check_may_start(user: Any) -> None:
+    """Every way a person starts a run (the API, the form, fork, chat) passes here.
+
+    `user=None` is a trusted in-process caller (scripts, benchmarks, crashlab), never a request:
+    views always pass `request.user`, and an anonymous one has no permission."""
+    if user is not None and not user.has_perm(START_PERMISSION):
+        raise PermissionDenied(f"permission denied: {START_PERMISSION} is required to start runs")
+
+
+def _deduplicated(run: Run, user: Any) -> StartResult:
+    """The run a repeated key names, only for someone who may see it: its starter or a viewer."""
+    if user is None or run.created_by_id == user.pk or user.has_perm(VIEW_PERMISSION):
+        return StartResult(run, False)
+    raise KeyInUse("this Idempotency-Key already names another user's run, which you may not view")
 
 
 def start_run(
@@ -64,12 +90,13 @@ def start_run(
     `claim_for`: create it already running under that worker's lease instead of enqueueing it
     (`execute_inline`); if that worker dies, the sweeper hands the run to the queue.
     """
+    check_may_start(user)
     agent = get_agent(agent_name)
     agent.validate_input(run_input)
     if dedupe_key is not None:
         existing = Run.objects.filter(agent=agent_name, dedupe_key=dedupe_key).first()
         if existing is not None:
-            return StartResult(existing, False)
+            return _deduplicated(existing, user)
     now = timezone.now()
     run = Run(
         agent=agent_name,
@@ -77,6 +104,7 @@ def start_run(
         dedupe_key=dedupe_key,
         model=model or agent.model or conf.MODEL,
         tool_snapshot={t.name: t.policy() for t in agent.tool_objects()},
+        permissions=permissions.snapshot(user, agent.tools),
         max_steps=agent.max_steps or conf.DEFAULT_MAX_STEPS,
         token_budget=agent.token_budget,
         deadline_at=now + timedelta(seconds=agent.deadline_seconds)
@@ -111,7 +139,7 @@ def start_run(
     except IntegrityError:
         if dedupe_key is None:
             raise
-        return StartResult(Run.objects.get(agent=agent_name, dedupe_key=dedupe_key), False)
+        return _deduplicated(Run.objects.get(agent=agent_name, dedupe_key=dedupe_key), user)
     return StartResult(run, True)
 
 
@@ -287,7 +315,10 @@ def fork_run(run_id: uuid.UUID | str, from_step: int, *, user: Any = None) -> Ru
     turn whose tool results are missing is not a valid conversation). Copied steps are history,
     never executed: they keep their results but get new ids and new idempotency keys (the unique
     key belongs to the source step), and the new run's model turn N is asked afresh.
+    Forking starts a run: it needs `start_run`, and the fork's permissions are the forking
+    user's (a trainee's fork of a lead's run gets a trainee's tools).
     """
+    check_may_start(user)
     with transaction.atomic():
         source = Run.objects.get(id=run_id)
         cut = Step.objects.filter(run=source, index=from_step).first()
@@ -306,6 +337,7 @@ def fork_run(run_id: uuid.UUID | str, from_step: int, *, user: Any = None) -> Ru
             input=source.input,
             model=source.model,
             tool_snapshot=source.tool_snapshot,
+            permissions=permissions.snapshot(user, source.tool_snapshot),
             max_steps=max(source.max_steps, from_step + conf.DEFAULT_MAX_STEPS),
             token_budget=source.token_budget,
             deadline_at=(

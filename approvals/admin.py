@@ -43,6 +43,10 @@ class ApprovalAdmin(admin.ModelAdmin):
             {"fields": ("decided_by", "decided_at", "reason", "resolution", "expires_at")},
         ),
         ("Claim and due time", {"fields": ("claimed_by", "claimed_at", "due_at", "escalated_at")}),
+        (
+            "Approvers (one row per person's decision)",
+            {"fields": ("approvals_required", "approvals_given", "round", "decision_rows")},
+        ),
         ("Arguments", {"fields": ("requested", "approved", "changes", "resolution_payload")}),
         ("Earlier decisions on this step", {"fields": ("earlier_decisions",)}),
         ("Timestamps", {"fields": ("created_at",)}),
@@ -69,6 +73,10 @@ class ApprovalAdmin(admin.ModelAdmin):
         "resolution_payload",
         "earlier_decisions",
         "created_at",
+        "approvals_required",
+        "approvals_given",
+        "round",
+        "decision_rows",
     )
 
     def has_add_permission(self, request) -> bool:
@@ -98,6 +106,28 @@ class ApprovalAdmin(admin.ModelAdmin):
                     f" ({entry['reason']})" if entry.get("reason") else "",
                 )
                 for entry in obj.history
+            ),
+        )
+
+    @admin.display(description="decisions")
+    def decision_rows(self, obj: Approval):
+        rows = list(obj.decisions.all())
+        if not rows:
+            return "—"
+        hidden = obj.hidden_fields
+        return format_html_join(
+            mark_safe("<br>"),
+            "round {}: {} {} at {}{}{}",
+            (
+                (
+                    d.round,
+                    d.username or "the system",
+                    d.decision,
+                    d.decided_at.isoformat(timespec="seconds"),
+                    f" with {_pretty(redact_fields(d.args, hidden))}" if d.edited else "",
+                    f" ({d.reason})" if d.reason else "",
+                )
+                for d in rows
             ),
         )
 

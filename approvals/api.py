@@ -8,7 +8,7 @@ from agentruns.api.endpoint import INT_ID, endpoint
 from agentruns.api.parsing import BadRequest
 from agentruns.runtime.redaction import redact_fields
 from agentruns.runtime.timestamps import iso
-from approvals import services
+from approvals import decisions, policy, services
 from approvals.cards import Card, build_cards
 from approvals.models import Approval, ApprovalKind, ApprovalStatus
 from approvals.selectors import AGES, approvals_query
@@ -56,6 +56,8 @@ def approval_payload(approval: Approval, card: Card | None = None) -> dict:
             }
             for entry in approval.history
         ],
+        # the two-person rule: still `pending` until approvals_given reaches approvals_required
+        **decisions.payload(approval),
     }
     if card is not None:
         # what the inbox card shows, for scripts that triage without opening the run
@@ -127,10 +129,11 @@ DECISIONS = ["approve", "reject", *services.RESOLUTIONS]
     },
     required=("decision",),
     responses={
-        200: "decided",
-        403: "no right to decide",
-        409: "already decided",
-        422: "not acceptable",
+        200: "the approval (still pending while more approvals are required)",
+        400: "an edit outside the tool's edit policy (names the field and the rule)",
+        403: "no right to decide this (permission, the run's starter, above your limit)",
+        409: "already decided, or already approved by you",
+        422: "not acceptable (e.g. a reconciliation answer for an approval)",
     },
     tags=("approvals",),
 )
@@ -156,5 +159,12 @@ def approval_decide(request: HttpRequest, approval_id: str, body: dict) -> dict 
     except services.AlreadyDecided as exc:
         raise already_decided(exc) from None
     except services.DecisionError as exc:
-        raise BadRequest(str(exc), 422) from None
-    return approval_payload(approval)
+        extra = policy.error_details(exc)
+        if isinstance(exc, services.AlreadyGiven):
+            extra["approval"] = approval_payload(_reloaded(approval_id))
+        raise BadRequest(str(exc), policy.status_of(exc), **extra) from None
+    return approval_payload(_reloaded(approval.id))
+
+
+def _reloaded(approval_id: int | str) -> Approval:
+    return approvals_query(status="").get(id=int(approval_id))

@@ -21,8 +21,9 @@ from django.utils import timezone
 from agentruns.models import Step, StepAttempt, StepKind
 from agentruns.registry import UnknownTool, get_tool
 from agentruns.runtime.redaction import redact_fields
-from approvals.models import Approval, ApprovalKind
+from approvals.models import Approval, ApprovalDecision, ApprovalKind
 from approvals.parking import args_diff
+from approvals.policy import current_approvals, waiting_for
 
 # how many earlier steps of a run a card looks at (the customer facts and recent model text)
 CONTEXT_STEPS = 12
@@ -45,6 +46,7 @@ class FormField:
     required: bool
     attrs: dict = field(default_factory=dict)
     choices: list = field(default_factory=list)
+    hint: str = ""  # the edit policy in words ("may only be lowered: from 1 up to 4599 ...")
 
     @property
     def input_value(self) -> str:
@@ -71,6 +73,13 @@ class Card:
     recent_text: list[str]  # the model's recent messages before it parked
     attempt: StepAttempt | None = None  # reconciliation: the attempt whose outcome is unknown
     diff: dict = field(default_factory=dict)  # decided with edits: name -> {from, to}
+    # the two-person rule: this round's approvals, and who may still decide, in words
+    given: list[ApprovalDecision] = field(default_factory=list)
+    waiting_for: str = ""
+
+    @property
+    def given_user_ids(self) -> list[int]:
+        return [d.user_id for d in self.given if d.user_id]
 
     @property
     def is_reconciliation(self) -> bool:
@@ -82,10 +91,13 @@ def format_money(cents: int, currency: str) -> str:
 
 
 def schema_fields(approval: Approval, args: dict, hidden: Iterable[str]) -> list[FormField]:
+    """The form's inputs for `args` (the current proposal, redacted): editable are the fields
+    the tool's edit policy declares (and the approver can see), bounded by their rule."""
     try:
-        schema = get_tool(approval.tool).parameters
+        tool = get_tool(approval.tool)
     except UnknownTool:
         return []
+    schema = tool.parameters
     hidden = set(hidden)
     required = set(schema.get("required", []))
     fields = []
@@ -94,11 +106,15 @@ def schema_fields(approval: Approval, args: dict, hidden: Iterable[str]) -> list
         if isinstance(kind, list):  # ["integer", "null"]: edit as the non-null type
             kind = next((k for k in kind if k != "null"), "string")
         attrs: dict[str, Any] = {}
+        edit = tool.editable.get(name)
         if kind in ("integer", "number"):
             attrs["step"] = "1" if kind == "integer" else "any"
-            for key, attr in (("minimum", "min"), ("maximum", "max")):
-                if key in prop:
-                    attrs[attr] = prop[key]
+            low, high = prop.get("minimum"), prop.get("maximum")
+            if edit is not None:  # the edit policy's bound, where it is tighter than the schema
+                bound_low, bound_high = edit.limits(approval.requested_args.get(name))
+                low = max((v for v in (low, bound_low) if v is not None), default=None)
+                high = min((v for v in (high, bound_high) if v is not None), default=None)
+            attrs.update({k: v for k, v in (("min", low), ("max", high)) if v is not None})
         if kind == "string":
             for key, attr in (
                 ("maxLength", "maxlength"),
@@ -112,10 +128,11 @@ def schema_fields(approval: Approval, args: dict, hidden: Iterable[str]) -> list
                 name=name,
                 type=kind,
                 value=args.get(name, prop.get("default", "")),
-                editable=name not in hidden,
+                editable=name not in hidden and edit is not None,
                 required=name in required,
                 attrs=attrs,
                 choices=list(prop.get("enum", [])),
+                hint=edit.human(approval.requested_args.get(name)) if edit is not None else "",
             )
         )
     return fields
@@ -192,12 +209,14 @@ def _card(approval: Approval, earlier: list[Step], attempt: StepAttempt | None) 
     if not request_text and run_input:
         request_text = json.dumps(run_input, ensure_ascii=False)[:500]
     diff: dict = {}
+    proposal = requested
     if approval.edited_args is not None:
-        diff = args_diff(requested, redact_fields(approval.edited_args, hidden))
+        proposal = redact_fields(approval.edited_args, hidden)
+        diff = args_diff(requested, proposal)
     return Card(
         approval=approval,
         args=requested,
-        fields=schema_fields(approval, requested, hidden),
+        fields=schema_fields(approval, proposal, hidden),
         waited_seconds=(timezone.now() - approval.created_at).total_seconds(),
         reason_given=str(approval.requested_args.get("reason", "")),
         amount=format_money(amount_cents, currency) if amount_cents is not None else None,
@@ -209,4 +228,6 @@ def _card(approval: Approval, earlier: list[Step], attempt: StepAttempt | None) 
         recent_text=list(reversed(texts[:RECENT_MODEL_TEXTS])),
         attempt=attempt,
         diff=diff,
+        given=current_approvals(approval) if approval.is_multi else [],
+        waiting_for=waiting_for(approval) if approval.status == "pending" else "",
     )

@@ -59,6 +59,12 @@ class Approval(models.Model):
     # past `due_at` a pending item escalates, once: the sweeper stamps `escalated_at`
     due_at = models.DateTimeField(null=True, blank=True)
     escalated_at = models.DateTimeField(null=True, blank=True)
+    # the two-person rule (approvals/decisions.py): approved when `approvals_required` distinct
+    # people approved the same arguments; an edit starts a new `round` (the count starts again
+    # from the editor); `approvals_given` counts this round's approvals (one ApprovalDecision each)
+    approvals_required = models.PositiveSmallIntegerField(default=1)
+    approvals_given = models.PositiveSmallIntegerField(default=0)
+    round = models.PositiveSmallIntegerField(default=1)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -123,6 +129,47 @@ class Approval(models.Model):
             and self.due_at is not None
             and self.due_at <= timezone.now()
         )
+
+    @property
+    def is_multi(self) -> bool:
+        """More than one approver needed: the run's starter may not approve it."""
+        return self.approvals_required > 1
+
+
+class DecisionKind(models.TextChoices):
+    APPROVE = "approve"
+    REJECT = "reject"
+
+
+class ApprovalDecision(models.Model):
+    """One person's decision on an approval: who, when, which arguments (DESIGN.md 3)."""
+
+    approval = models.ForeignKey(Approval, on_delete=models.CASCADE, related_name="decisions")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    username = models.CharField(max_length=150)  # kept if the user is deleted
+    decision = models.CharField(max_length=8, choices=DecisionKind.choices)
+    round = models.PositiveSmallIntegerField()
+    # approve: the full arguments this person approved (not redacted: they are what runs)
+    args = models.JSONField(null=True, blank=True)
+    edited = models.BooleanField(default=False)  # changed the arguments (started a new round)
+    reason = models.TextField(blank=True, default="")
+    decided_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["approval", "decided_at", "id"]
+        constraints = [
+            # the same person never counts twice in a round (the database says so, too)
+            models.UniqueConstraint(
+                fields=["approval", "round", "user"],
+                condition=Q(decision="approve"),
+                name="decision_one_approval_per_user_round",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.username} {self.decision} #{self.approval_id} (round {self.round})"
 
 
 # ------------------------------------------------------------------ notifications (outbox)

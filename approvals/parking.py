@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from agentruns.conf import conf
 from agentruns.models import Run, Step
+from agentruns.registry import UnknownTool, get_tool
 from agentruns.runtime.events import EventSpec, EventType
 from agentruns.runtime.ids import actor_name
 from agentruns.runtime.nudges import nudge_on_commit
@@ -53,10 +54,19 @@ class DecisionError(Exception):
 
 
 # ------------------------------------------------------------------ opened by the engine
+def approvals_required(step: Step) -> int:
+    """How many people must approve this call (the tool's `approvals_required`), fixed now."""
+    try:
+        return get_tool(step.tool).approvals_for(step.arguments)
+    except UnknownTool:
+        return 1
+
+
 def open_approval(step: Step, agent: str) -> Approval:
     expiry, now = conf.APPROVAL_EXPIRY_SECONDS, timezone.now()
     run = Run.objects.get(id=step.run_id)
     approval = Approval.objects.create(
+        approvals_required=approvals_required(step),
         step=step,
         run=run,
         kind=ApprovalKind.APPROVAL,
@@ -88,6 +98,10 @@ def _decision_record(approval: Approval) -> dict:
         "edited_args": approval.edited_args,
         "resolution": approval.resolution,
         "resolution_result": approval.resolution_result,
+        "approvals": [
+            {"by": d.username, "at": iso(d.decided_at)}
+            for d in approval.decisions.filter(decision="approve", round=approval.round)
+        ],
     }
 
 
@@ -116,6 +130,9 @@ def open_reconciliation(step: Step, agent: str) -> Approval:
             "escalated_at": None,
             "claimed_by": None,
             "claimed_at": None,
+            # one person reconciles, whatever the call needed to be approved
+            "approvals_required": 1,
+            "approvals_given": 0,
         },
     )
     _announce_opened(approval)

@@ -51,8 +51,12 @@ def approvals_query(
     status: str = ApprovalStatus.PENDING, kind: str = "", agent: str = "", age: str = ""
 ) -> QuerySet[Approval]:
     """Approvals newest first, with everything a card or the API payload reads joined in."""
-    qs = Approval.objects.select_related("run", "step", "decided_by", "claimed_by").order_by(
-        "-created_at", "-id"
+    qs = (
+        Approval.objects.select_related(
+            "run", "run__created_by", "step", "decided_by", "claimed_by"
+        )
+        .prefetch_related("decisions")
+        .order_by("-created_at", "-id")
     )
     if status:
         qs = qs.filter(status=status)

@@ -17,14 +17,13 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from agentruns.conf import conf
 from agentruns.models import Run, RunStatus, Step, StepStatus
-from agentruns.registry import ToolArgumentsError, UnknownTool, get_tool
 from agentruns.runtime.events import EventSpec, EventType
 from agentruns.runtime.ids import actor_name
 from agentruns.runtime.nudges import nudge_on_commit
 from agentruns.runtime.redaction import redact_fields
 from agentruns.runtime.transitions import RunChange, aborted, apply, resume_parked
+from approvals import decisions, policy
 from approvals.models import Approval, ApprovalKind, ApprovalStatus
 from approvals.parking import (
     AlreadyDecided,
@@ -36,63 +35,53 @@ from approvals.parking import (
     settle,
     withdraw_approvals,
 )
+from approvals.policy import AlreadyGiven, EditNotAllowed, NotAllowed
 
-__all__ = ["AlreadyDecided", "DecisionError", "approve", "reconcile", "reject"]
-
-
-def validate_edited_args(approval: Approval, edited: dict) -> dict:
-    """The requested arguments with `edited` laid over them, checked against the tool's schema."""
-    if not isinstance(edited, dict):
-        raise DecisionError("edited arguments must be a JSON object")
-    try:
-        tool = get_tool(approval.tool)
-    except UnknownTool:
-        raise DecisionError(
-            f"the tool {approval.tool} is no longer registered; cannot edit"
-        ) from None
-    merged = {**approval.requested_args, **edited}
-    try:
-        return tool.validate(merged)
-    except ToolArgumentsError as exc:
-        raise DecisionError(f"the edited arguments are not valid: {exc}") from None
+__all__ = [
+    "AlreadyDecided",
+    "AlreadyGiven",
+    "DecisionError",
+    "EditNotAllowed",
+    "NotAllowed",
+    "approve",
+    "reconcile",
+    "reject",
+]
 
 
-def approver_limit_cents(user: Any) -> int | None:
-    """The most this user may approve (None: no limit). Superusers (leads) have none."""
-    limit = conf.APPROVER_LIMIT_CENTS
-    if limit <= 0 or getattr(user, "is_superuser", False):
-        return None
-    return limit
-
-
-def check_limit(user: Any, args: dict) -> None:
-    limit = approver_limit_cents(user)
-    amount = args.get("amount_cents")
-    if limit is not None and isinstance(amount, int) and amount > limit:
-        raise DecisionError(
-            f"{amount / 100:,.2f} is above your approval limit of {limit / 100:,.2f}: "
-            "lower the amount or ask a lead to approve",
-            code="above_limit",
-        )
+def _locked(approval_id: int) -> Approval:
+    """The approval row, locked until the decision commits: concurrent deciders queue here, so
+    counting approvals (the two-person rule) and "first decision wins" are one serial story."""
+    return (
+        Approval.objects.select_for_update(of=("self",))
+        .select_related("run", "run__created_by", "step", "decided_by")
+        .get(id=approval_id)
+    )
 
 
 def approve(
     approval_id: int, *, user: Any, edited_args: dict | None = None, reason: str = ""
 ) -> Approval:
-    """Approve, optionally with edited arguments (validated against the tool's schema).
+    """Approve, optionally with edited arguments (the tool's edit policy and schema apply).
 
-    The step keeps its idempotency key and runs with the approved arguments; the requested ones
-    stay on the approval, the full approved set goes to `edited_args` when it differs.
+    An item needing several approvers stays pending until that many distinct people approved
+    the same arguments (approvals/decisions.py; who may: approvals/policy.py), and the run stays
+    parked meanwhile. The step keeps its idempotency key and runs with the approved arguments;
+    the requested ones stay on the approval, the full approved set goes to `edited_args` when it
+    differs.
     """
     with transaction.atomic():
-        current = Approval.objects.select_related("run", "step", "decided_by").get(id=approval_id)
+        current = _locked(approval_id)
         # a late click must learn who decided, not that its edits are invalid
         refuse_if_decided(current, ApprovalKind.APPROVAL)
-        args = current.requested_args
-        if edited_args:
-            args = validate_edited_args(current, edited_args)
-        check_limit(user, args)
-        edited = args if args != current.requested_args else None
+        policy.check_may_approve(current, user)
+        args = policy.proposed_args(current, edited_args)
+        policy.check_limit(current, user, args)
+        progress = decisions.record_approval(current, user, args, reason.strip())
+        if not progress.complete:
+            decisions.announce_progress(current, user, progress)
+            return current
+        edited = current.edited_args
         approval = settle(
             approval_id,
             ApprovalKind.APPROVAL,
@@ -118,6 +107,7 @@ def approve(
                     approved=approved,
                     diff=args_diff(requested, approved) if edited is not None else {},
                     edited=edited is not None,
+                    approvals=decisions.approvers(approval),
                 )
             ],
         )
@@ -125,9 +115,14 @@ def approve(
 
 
 def reject(approval_id: int, *, user: Any, reason: str = "") -> Approval:
-    """Reject; the agent receives `{"error": "rejected", "reason": ...}` as the tool's result."""
+    """Reject; the agent receives `{"error": "rejected", "reason": ...}` as the tool's result.
+    One rejection by anyone who may decide ends the item, however many approvals it had."""
+    reason = reason.strip() or "rejected by staff"
     with transaction.atomic():
-        return reject_parked(approval_id, user=user, reason=reason.strip() or "rejected by staff")
+        refuse_if_decided(_locked(approval_id), ApprovalKind.APPROVAL)
+        approval = reject_parked(approval_id, user=user, reason=reason)
+        decisions.record_rejection(approval, user, reason)
+        return approval
 
 
 RESOLUTIONS = ("happened", "retry", "abort")

@@ -1,8 +1,9 @@
 """The HTMX inbox: pending items newest first, decided in place.
 
-Viewing needs a login; deciding needs `approvals.decide_approval`. Decisions go through the same
-service functions as the JSON API, so the rules (limits, schema validation, "already decided")
-are identical. Every page and fragment costs a constant number of queries (see selectors/cards).
+Viewing needs `approvals.view_approval` (as the API does); deciding needs
+`approvals.decide_approval`. Decisions go through the same service functions as the JSON API, so
+the rules (limits, edit policies, the two-person rule, "already decided") and their messages are
+identical; the real status of a refusal rides in `X-Decision-Status`. Every page and fragment costs a constant number of queries (see selectors/cards).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 from typing import Any
 
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
+from django.contrib.auth.decorators import login_required, permission_required
 from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -20,16 +21,19 @@ from django.utils import timezone
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
+from agentruns.edits import same_value
 from agentruns.registry import UnknownTool, all_agents, get_tool
+from agentruns.schemas import type_words
 from agentruns.selectors.pagination import encode_cursor
-from approvals import services
+from approvals import policy, services
 from approvals.cards import build_cards, card_for
 from approvals.claims import held_by_other
 from approvals.models import Approval, ApprovalKind
-from approvals.selectors import AGES, InboxFilters, inbox_page
+from approvals.selectors import AGES, InboxFilters, approvals_query, inbox_page
 
 PAGE_SIZE = 25
 DECIDE_PERMISSION = "approvals.decide_approval"
+VIEW_PERMISSION = "approvals.view_approval"
 
 
 def _inbox_context(request: HttpRequest) -> dict[str, Any]:
@@ -86,12 +90,15 @@ def page_signature(page, can_decide: bool) -> str:
     parts = [str(page.total), str(int(now.timestamp() // 60)), str(int(can_decide))]
     for a in page.shown:
         holder = a.claimant(now)
-        parts.append(f"{a.id}:{a.status}:{holder.pk if holder else ''}:{int(a.is_overdue)}")
+        parts.append(
+            f"{a.id}:{a.status}:{a.round}:{a.approvals_given}:{holder.pk if holder else ''}:{int(a.is_overdue)}"
+        )
     return hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
 
 
 @require_GET
 @login_required
+@permission_required(VIEW_PERMISSION, raise_exception=True)
 def inbox(request: HttpRequest) -> HttpResponse:
     context = _inbox_context(request)
     if request.htmx and request.GET.get("fragment") == "items":
@@ -104,28 +111,36 @@ def inbox(request: HttpRequest) -> HttpResponse:
 
 
 def _parse_value(name: str, kind: str, raw: str) -> Any:
-    if kind == "integer":
-        return int(raw)
-    if kind == "number":
-        return float(raw)
+    """A form field's text as the JSON type the schema wants; refusals read like the API's."""
+    if raw == "" and kind not in ("string", "boolean"):
+        raise policy.EditNotAllowed(name, "required", f"edit refused: {name}: a value is required")
+    try:
+        if kind == "integer":
+            return int(raw)
+        if kind == "number":
+            return float(raw)
+        if kind in ("object", "array"):
+            return json.loads(raw)
+    except (ValueError, json.JSONDecodeError):
+        message = f"edit refused: {name} must be {type_words(kind)} (got {raw})"  # as the API says
+        raise policy.EditNotAllowed(name, "type", message) from None
     if kind == "boolean":
         return raw in ("1", "true", "on")
-    if kind in ("object", "array"):
-        return json.loads(raw)
     return raw
 
 
 def form_args(approval: Approval, post: QueryDict) -> dict | None:
-    """Edited arguments from the form generated from the tool's schema (changed fields only).
-
-    Fields the tool redacts are never in the form (the approver never saw their values), so they
-    keep what the agent asked for.
-    """
+    """Edited arguments from the form generated from the tool's schema: the fields whose value
+    differs from the proposal the card showed (what the agent asked for, or an earlier
+    approver's edit). Only fields the tool's edit policy declares are in the form; fields the
+    tool redacts never are (the approver never saw their values)."""
     try:
-        properties = get_tool(approval.tool).parameters.get("properties", {})
+        tool = get_tool(approval.tool)
     except UnknownTool:
         return None
+    properties = tool.parameters.get("properties", {})
     hidden = set(approval.hidden_fields)
+    shown = approval.effective_args
     edited: dict = {}
     for name, prop in properties.items():
         field = f"arg_{name}"
@@ -134,14 +149,8 @@ def form_args(approval: Approval, post: QueryDict) -> dict | None:
         kind = prop.get("type", "string")
         if isinstance(kind, list):
             kind = next((k for k in kind if k != "null"), "string")
-        raw = post.get(field, "").strip()
-        if raw == "" and kind not in ("string", "boolean"):
-            raise services.DecisionError(f"{name}: a value is required")
-        try:
-            value = _parse_value(name, kind, raw)
-        except (ValueError, json.JSONDecodeError):
-            raise services.DecisionError(f"{name}: {raw!r} is not a valid {kind}") from None
-        if approval.requested_args.get(name) != value:
+        value = _parse_value(name, kind, post.get(field, "").strip())
+        if name not in shown or not same_value(shown.get(name), value):
             edited[name] = value
     return edited or None
 
@@ -155,6 +164,12 @@ def _decide(request: HttpRequest, approval: Approval) -> tuple[str, str]:
         decided = services.approve(
             approval.id, user=request.user, edited_args=edited, reason=reason
         )
+        if decided.status == "pending":
+            return "success", (
+                f"Your approval is {decided.approvals_given} of {decided.approvals_required}"
+                f"{' (your edits started a new round)' if edited and decided.round > 1 else ''}; "
+                "the run waits for another approver."
+            )
         if decided.edited_args is not None:
             changes = ", ".join(
                 f"{k} {v['from']} → {v['to']}" for k, v in card_for(decided).diff.items()
@@ -216,16 +231,14 @@ def decide(request: HttpRequest, approval_id: int) -> HttpResponse:
         except services.AlreadyDecided as exc:
             level, note, status = "warning", f"Nothing changed: this item was {_human(exc)}.", 409
         except services.DecisionError as exc:
-            level, note, status = "error", str(exc), 422
+            level, note, status = "error", str(exc), policy.status_of(exc)
     if not request.htmx:
         # plain form post (no JavaScript): the message survives the redirect back to the inbox
         getattr(messages, level)(request, f"#{approval.id} {approval.tool}: {note}")
-        if status == 403:
+        if not can_decide:
             return HttpResponse(note, status=403, content_type="text/plain; charset=utf-8")
         return redirect(reverse("approval-inbox"), permanent=False)
-    approval = Approval.objects.select_related("run", "step", "decided_by", "claimed_by").get(
-        id=approval.id
-    )
+    approval = approvals_query(status="").get(id=approval.id)
     context = {
         "card": card_for(approval),
         "note": note,
@@ -236,7 +249,7 @@ def decide(request: HttpRequest, approval_id: int) -> HttpResponse:
     # htmx only swaps 2xx answers: a refused or late decision is still shown in place, with the
     # real status kept in a header for scripts and tests
     response = render(
-        request, "approvals/_decided.html", context, status=403 if status == 403 else 200
+        request, "approvals/_decided.html", context, status=200 if can_decide else 403
     )
     response["X-Decision-Status"] = str(status)
     response["HX-Trigger"] = "inbox-changed"

@@ -9,6 +9,7 @@ from django.db import IntegrityError, transaction
 
 from agentruns.registry import (
     Agent,
+    Edit,
     FatalToolError,
     RetryableToolError,
     RetryPolicy,
@@ -31,8 +32,19 @@ def gateway_client() -> httpx.Client:
     return _client[1]
 
 
+def _two_person(amount_cents: int) -> bool:
+    limit = demo_conf.TWO_PERSON_CENTS
+    return limit > 0 and amount_cents > limit
+
+
 def needs_refund_approval(arguments: dict) -> bool:
-    return int(arguments.get("amount_cents", 0)) > demo_conf.APPROVAL_THRESHOLD_CENTS
+    amount = int(arguments.get("amount_cents", 0))
+    return amount > demo_conf.APPROVAL_THRESHOLD_CENTS or _two_person(amount)
+
+
+def refund_approvers(arguments: dict) -> int:
+    """REFUND_TWO_PERSON_CENTS: refunds above it need two approvers (neither the starter)."""
+    return 2 if _two_person(int(arguments.get("amount_cents", 0))) else 1
 
 
 @tool(redact=("customer_email",))
@@ -59,6 +71,10 @@ def lookup_order(ctx: ToolContext, order_id: str) -> dict:
     side_effect=True,
     idempotency="key",
     requires_approval=needs_refund_approval,
+    approvals_required=refund_approvers,
+    # approvers may lower the amount, never raise it or change the order
+    editable={"amount_cents": Edit.at_most_requested(minimum=1), "reason": Edit.free()},
+    amount_arg="amount_cents",
     retry=RetryPolicy(max_attempts=3, backoff_seconds=0.5, backoff_max_seconds=5),
     parameters={
         "type": "object",
@@ -134,7 +150,9 @@ register_agent(
         instructions=(
             "You are a support agent for an online shop. Look up the order, refund the amount "
             "the customer is owed (the order amount unless they ask for less), note it on the "
-            "ticket and reply to the customer. If a refund is rejected, tell the customer why."
+            "ticket and reply to the customer. If a refund is rejected, tell the customer why. "
+            "If you have no refund tool, tell the customer a colleague will take over and note "
+            "the hand-over on the ticket."
         ),
         tools=["lookup_order", "issue_refund", "add_ticket_note", "send_customer_reply"],
         scripted_policy=refund_policy,

@@ -18,6 +18,13 @@ demo_conf = Conf(
         Setting("REFUND_GATEWAY_FAIL", bool, False, "the gateway answers 503 to every refund"),
         Setting("REFUND_GATEWAY_TIMEOUT_SECONDS", float, 10, "the tool's HTTP timeout", 0.1),
         Setting("REFUND_APPROVAL_THRESHOLD_CENTS", int, 0, "refunds above it need approval", 0),
+        Setting(
+            "REFUND_TWO_PERSON_CENTS",
+            int,
+            0,
+            "refunds above it need two approvers, neither the run's starter (0: off)",
+            0,
+        ),
     ),
     prefix="REFUND_",
 )

@@ -1,7 +1,10 @@
 """What the offline `scripted` model does for the refund agent.
 
-It reads only the conversation (as a real model would), so a resumed run and an uninterrupted
-one get the same turns. Flow: look up the order -> refund -> note + reply -> summary.
+It reads only the conversation and the tools it is offered (as a real model would), so a
+resumed run and an uninterrupted one get the same turns. Flow: look up the order -> refund ->
+note + reply -> summary. Without `issue_refund` (a trainee's run: the tool policy of the
+starter's groups leaves it out) it hands over instead: it tells the customer a colleague will
+take over, notes that on the ticket, and finishes.
 """
 
 from __future__ import annotations
@@ -49,7 +52,32 @@ def _results(messages: list[dict]) -> dict[str, dict]:
     return results
 
 
-def refund_policy(messages: list[dict]) -> ScriptedTurn:
+def _hand_over(order_id: str, name: str, amount: str, done: dict) -> ScriptedTurn:
+    if "send_customer_reply" not in done:
+        note = (
+            f"Hand-over: the customer asks for a refund of {amount}; this run may not issue "
+            "refunds, so a colleague must take over."
+        )
+        reply = (
+            f"Hi {name}, thank you for your message about order {order_id}. A colleague will "
+            "take over your refund request and get back to you shortly."
+        )
+        return ScriptedTurn(
+            text="I may not issue refunds here, so I will hand this over to a colleague.",
+            tool_calls=[
+                ("add_ticket_note", {"order_id": order_id, "note": note}),
+                ("send_customer_reply", {"order_id": order_id, "message": reply}),
+            ],
+        )
+    return ScriptedTurn(
+        text=(
+            f"Handed over: a colleague will take over the refund for order {order_id}; the "
+            "customer has been told and the ticket noted."
+        )
+    )
+
+
+def refund_policy(messages: list[dict], tools: list[str] | None = None) -> ScriptedTurn:
     try:
         request = json.loads(messages[1]["content"])
     except (IndexError, KeyError, json.JSONDecodeError):
@@ -72,12 +100,16 @@ def refund_policy(messages: list[dict]) -> ScriptedTurn:
         return ScriptedTurn(text=f"I could not find an order {order_id}; no refund was made.")
     currency = order.get("currency", "USD")
     name = order.get("customer_name", "there").split(" ")[0]
+    amount = order["amount_cents"]
+    asked = requested_amount_cents(customer_text)
+    if asked is not None and 0 < asked < amount:
+        amount = asked
+    may_refund = tools is None or "issue_refund" in tools
+    refused = "not allowed" in str(done.get("issue_refund", {}).get("error", ""))
+    if not may_refund or refused:
+        return _hand_over(order_id, name, money(amount, currency), done)
 
     if "issue_refund" not in done:
-        amount = order["amount_cents"]
-        asked = requested_amount_cents(customer_text)
-        if asked is not None and 0 < asked < amount:
-            amount = asked
         return ScriptedTurn(
             text=(
                 f"Order {order_id} ({order.get('item') or 'item'}) was {money(order['amount_cents'], currency)}. "

@@ -35,6 +35,7 @@ from agentruns.registry import UnknownAgent, get_agent
 from agentruns.stream.ui_stream import chunks_until_now, ui_message_stream_response
 from approvals import services as approval_services
 from approvals.models import Approval, ApprovalKind
+from approvals.policy import status_of
 
 VIEW = "agentruns.view_run"
 START = "agentruns.start_run"
@@ -141,8 +142,8 @@ def decide(request: HttpRequest, run: Run, answers: list[tuple[int, bool, str]])
                     approval_services.reject(approval_id, user=request.user, reason=reason)
             except approval_services.AlreadyDecided:
                 pass  # decided first elsewhere (or a repeated POST): the stream shows the outcome
-            except approval_services.DecisionError as exc:
-                raise BadRequest(str(exc), 422) from None
+            except approval_services.DecisionError as exc:  # the policy's status: 400/403/409/422
+                raise BadRequest(str(exc), status_of(exc), code=exc.code) from None
             except PermissionDenied as exc:  # a rule of who may decide (e.g. not the starter)
                 raise BadRequest(str(exc) or "you may not decide this approval", 403) from None
     fold = chunks_until_now(run)

@@ -22,13 +22,14 @@ from dataclasses import dataclass, field
 from functools import wraps
 from typing import Any
 
-from django.core.exceptions import ObjectDoesNotExist
+from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 
 from agentruns.api.parsing import BadRequest, json_error, parse_json_body
 from agentruns.registry import strict_validator
 from agentruns.runtime.transitions import ActionRefused
+from agentruns.schemas import type_words
 from agentruns.tokens import bearer_from_header, user_for_token
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
@@ -75,17 +76,6 @@ class _Validated:
         self.body = strict_validator(body) if body is not None else None
 
 
-_TYPE_WORDS = {
-    "object": "a JSON object",
-    "array": "a list",
-    "string": "a string",
-    "integer": "an integer",
-    "number": "a number",
-    "boolean": "true or false",
-    "null": "null",
-}
-
-
 def _check(validator: Any, value: Any, where: str, *, not_found: bool = False) -> None:
     """Raise BadRequest naming the field (`'input.order_id' must be a string`) for the first
     problem the schema finds; a malformed id is a 404, the same answer as an unknown one."""
@@ -110,12 +100,7 @@ def _check(validator: Any, value: Any, where: str, *, not_found: bool = False) -
     if error.validator == "enum":
         raise BadRequest(f"{name} must be one of {', '.join(map(str, error.validator_value))}")
     if error.validator == "type":
-        kinds = (
-            error.validator_value
-            if isinstance(error.validator_value, list)
-            else [error.validator_value]
-        )
-        raise BadRequest(f"{name} must be {' or '.join(_TYPE_WORDS.get(k, k) for k in kinds)}")
+        raise BadRequest(f"{name} must be {type_words(error.validator_value)}")
     raise BadRequest(f"{name}: {error.message}")
 
 
@@ -213,6 +198,8 @@ def endpoint(
                 return json_error(str(exc), exc.status, **exc.extra)
             except ActionRefused as exc:
                 return json_error(str(exc), 409)
+            except PermissionDenied as exc:  # a service's own check (start_run for a fork, ...)
+                return json_error(str(exc) or "permission denied", 403)
             except ObjectDoesNotExist:
                 return json_error("not found", 404)
             if isinstance(result, HttpResponseBase):  # streams too

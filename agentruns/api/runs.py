@@ -16,6 +16,7 @@ from agentruns.runtime.events import event_payload
 
 VIEW = "agentruns.view_run"
 OPERATE = "agentruns.operate_run"
+START = "agentruns.start_run"
 RUN = {"run_id": RUN_ID}
 REASON = {"type": "string", "maxLength": 500}
 
@@ -38,12 +39,18 @@ def idempotency_key(request: HttpRequest) -> str | None:
     "POST",
     "/runs",
     summary="Start a run (a repeated Idempotency-Key returns the same run)",
+    permission=START,
     body={
         "agent": {"type": "string", "minLength": 1, "maxLength": 100},
         "input": {"type": "object"},
     },
     required=("agent",),
-    responses={201: "created", 200: "the run of this Idempotency-Key"},
+    responses={
+        201: "created",
+        200: "the run of this Idempotency-Key",
+        403: "no right to start runs",
+        409: "the Idempotency-Key names a run you may not view",
+    },
     tags=("runs",),
 )
 def create_run(request: HttpRequest, body: dict) -> tuple[dict, int]:
@@ -129,12 +136,12 @@ def retry_run(request: HttpRequest, run_id: str, body: dict) -> dict:
 @endpoint(
     "POST",
     "/runs/{run_id}/fork",
-    summary="A new run with this one's history before a model step",
+    summary="A new run with this one's history before a model step (needs start_run too)",
     permission=OPERATE,
     path_params=RUN,
     body={"from_step": {"type": "integer", "minimum": 0, "maximum": 100_000}},
     required=("from_step",),
-    responses={201: "the new run", 409: "refused"},
+    responses={201: "the new run", 403: "no right to start runs", 409: "refused"},
     tags=("runs",),
 )
 def fork_run(request: HttpRequest, run_id: str, body: dict) -> tuple[dict, int]:

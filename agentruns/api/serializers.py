@@ -30,6 +30,17 @@ def step_payload(run: Run, step: Step) -> dict:
     }
 
 
+def permissions_payload(run: Run) -> dict:
+    """The permission snapshot frozen at start; runs from before snapshots had every tool."""
+    if run.permissions:
+        return run.permissions
+    return {
+        "user": run.created_by.get_username() if run.created_by_id else None,
+        "groups": [],
+        "tools": {name: {"allowed": True, "approval": "tool"} for name in run.tool_snapshot},
+    }
+
+
 def run_payload(run: Run, steps: list[Step] | None = None) -> dict:
     data = {
         "id": str(run.id),
@@ -53,6 +64,7 @@ def run_payload(run: Run, steps: list[Step] | None = None) -> dict:
         "started_at": iso(run.started_at),
         "finished_at": iso(run.finished_at),
         "last_seq": run.last_seq,
+        "permissions": permissions_payload(run),
     }
     if steps is not None:
         data["steps"] = [step_payload(run, s) for s in steps]

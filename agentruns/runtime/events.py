@@ -39,6 +39,7 @@ class EventType(StrEnum):
     STEP_RESOLVED = "step.resolved"
     # the inbox
     APPROVAL_REQUESTED = "approval.requested"
+    APPROVAL_GIVEN = "approval.given"  # one of several approvals: the item is still pending
     APPROVAL_DECIDED = "approval.decided"
     APPROVAL_WITHDRAWN = "approval.withdrawn"
     APPROVAL_ESCALATED = "approval.escalated"  # waited past its due time

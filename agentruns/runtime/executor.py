@@ -137,7 +137,9 @@ class RunExecutor(ModelSteps, ToolSteps):
             self.provider = get_provider(self.run.model or conf.MODEL)
         except ModelError as exc:
             return self.finish(RunStatus.FAILED, error=f"model error: {exc}")
-        self.tool_schemas = [get_tool(name).schema() for name in self.run.tool_snapshot]
+        # only what the run's permission snapshot allows (DESIGN.md 4.6); a call to anything else
+        # is refused when planned (`_validated_arguments`)
+        self.tool_schemas = [get_tool(name).schema() for name in self.run.allowed_tools]
         # a brand-new run (no steps counted, only its created + running events) has no history
         # to read; anything else loads it once
         fresh = self.run.step_count == 0 and self.run.last_seq <= 2

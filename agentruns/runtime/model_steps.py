@@ -24,6 +24,7 @@ from agentruns.runtime.events import (
     succeeded_event_data,
 )
 from agentruns.runtime.ids import step_key
+from agentruns.runtime.permissions import needs_approval, refused_message
 from agentruns.runtime.providers import ModelError, ModelRequest, TextDelta, ToolCall, Usage
 from agentruns.runtime.store.rows import WriteBatch, build
 
@@ -290,7 +291,7 @@ class ModelSteps:
             if step.status != StepStatus.PENDING:
                 continue  # a refused call: already failed, its error goes back to the model
             tool = get_tool(step.tool)
-            if tool.commits_before_call or tool.needs_approval(step.arguments):
+            if tool.commits_before_call or needs_approval(self.run, tool, step.arguments):
                 break  # order matters: nothing after a side effect runs ahead of it
             head.append(step)
         return head
@@ -341,7 +342,7 @@ class ModelSteps:
             if step.id in eager_ids or step.status != StepStatus.PENDING:
                 continue
             tool = get_tool(step.tool)
-            if not tool.commits_before_call or tool.needs_approval(step.arguments):
+            if not tool.commits_before_call or needs_approval(self.run, tool, step.arguments):
                 return []
             step.status, step.attempts, step.started_at = StepStatus.RUNNING, 1, now
             self.begun_here.add(step.id)
@@ -385,8 +386,8 @@ class ModelSteps:
         return planned
 
     def _validated_arguments(self, call: ToolCall) -> dict:
-        if call.name not in self.run.tool_snapshot:
-            raise UnknownTool(f"tool {call.name!r} is not available to this run")
+        if not self.run.tool_allowed(call.name):
+            raise UnknownTool(refused_message(self.run, call.name))
         try:
             arguments = json.loads(call.arguments or "{}")
         except json.JSONDecodeError as exc:

@@ -16,6 +16,7 @@ from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, 
 from agentruns.registry import Tool, ToolContext, get_tool
 from agentruns.runtime import failpoints
 from agentruns.runtime.events import EventType, step_event_data, succeeded_event_data
+from agentruns.runtime.permissions import needs_approval
 from agentruns.runtime.store.rows import WriteBatch
 from agentruns.runtime.timestamps import iso
 from approvals.parking import open_approval
@@ -41,7 +42,7 @@ class ToolSteps:
     # ---------------------------------------------------------------- tool steps
     def tool_step(self, step: Step) -> str | None:
         tool = get_tool(step.tool)
-        if not step.approved and tool.needs_approval(step.arguments):
+        if not step.approved and needs_approval(self.run, tool, step.arguments):
             with transaction.atomic():
                 step.status = StepStatus.WAITING_APPROVAL
                 step.save(update_fields=["status"])

@@ -1,4 +1,10 @@
-"""Run pages: the list, the detail timeline, and the operator actions."""
+"""Run pages: the list, the detail timeline, and the operator actions.
+
+Each page needs the permission the JSON API needs for the same data: `view_run` to look,
+`start_run` to start (the form; fork needs it too, checked by the service), `operate_run` to
+retry, cancel, resolve and fork. Signed out: a redirect to the login page; signed in without the
+permission: 403.
+"""
 
 from __future__ import annotations
 
@@ -17,10 +23,16 @@ from agentruns import services
 from agentruns.models import Run, RunEvent, RunStatus, Step, StepAttempt
 from agentruns.registry import all_agents
 from agentruns.selectors import AGES, RunFilters, live_turns, run_page
+from agentruns.web.permissions import permission_view
 from agentruns.web.timeline import legend, timeline_svg, view_steps
+
+VIEW = "agentruns.view_run"
+START = "agentruns.start_run"
+OPERATE = "agentruns.operate_run"
 
 
 @login_required
+@permission_required(VIEW, raise_exception=True)
 def run_list(request: HttpRequest) -> HttpResponse:
     """Newest first, filterable, keyset-paginated: constant queries per page at any table size."""
     filters = RunFilters.from_query(request.GET)
@@ -38,6 +50,7 @@ def run_list(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
+@permission_required(VIEW, raise_exception=True)
 def run_detail(request: HttpRequest, run_id) -> HttpResponse:
     run = get_object_or_404(Run.objects.select_related("created_by"), id=run_id)
     steps = list(
@@ -63,12 +76,15 @@ def run_detail(request: HttpRequest, run_id) -> HttpResponse:
             "legend": legend(steps),
             # the model text up to run.last_seq: the socket continues after it
             "live_text": live_turns(run.id, run.last_seq),
-            "can_operate": request.user.has_perm("agentruns.operate_run"),
+            "can_operate": request.user.has_perm(OPERATE),
+            "can_fork": request.user.has_perm(OPERATE) and request.user.has_perm(START),
+            "permissions": permission_view(run),
         },
     )
 
 
 @login_required
+@permission_required(START, raise_exception=True)
 def run_new(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         agent = request.POST.get("agent", "")
@@ -106,7 +122,7 @@ def _action(request: HttpRequest, run_id, action, done: str, **kwargs) -> HttpRe
 
 @require_POST
 @login_required
-@permission_required("agentruns.operate_run", raise_exception=True)
+@permission_required(OPERATE, raise_exception=True)
 def run_retry(request: HttpRequest, run_id) -> HttpResponse:
     return _action(
         request,
@@ -118,7 +134,7 @@ def run_retry(request: HttpRequest, run_id) -> HttpResponse:
 
 @require_POST
 @login_required
-@permission_required("agentruns.operate_run", raise_exception=True)
+@permission_required(OPERATE, raise_exception=True)
 def run_cancel(request: HttpRequest, run_id) -> HttpResponse:
     reason = request.POST.get("reason", "").strip()[:500]
     return _action(
@@ -132,7 +148,7 @@ def run_cancel(request: HttpRequest, run_id) -> HttpResponse:
 
 @require_POST
 @login_required
-@permission_required("agentruns.operate_run", raise_exception=True)
+@permission_required(OPERATE, raise_exception=True)
 def run_fork(request: HttpRequest, run_id) -> HttpResponse:
     run = get_object_or_404(Run.objects.only("id"), id=run_id)
     try:
@@ -153,7 +169,7 @@ def run_fork(request: HttpRequest, run_id) -> HttpResponse:
 
 @require_POST
 @login_required
-@permission_required("agentruns.operate_run", raise_exception=True)
+@permission_required(OPERATE, raise_exception=True)
 def step_resolve(request: HttpRequest, step_id) -> HttpResponse:
     step = get_object_or_404(Step.objects.only("id", "index", "run_id"), id=step_id)
     raw = request.POST.get("result", "").strip() or "{}"

@@ -9,8 +9,8 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('agentruns', '0005_commit_function'),
-        ('approvals', '0002_approval_history'),
+        ('agentruns', '0006_permissions_and_tool_policies'),
+        ('approvals', '0003_two_person_decisions'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

@@ -258,7 +258,9 @@ def test_cancel_and_retry_need_post(api):
 
 def test_reading_runs_needs_view_permission(db, django_user_model):
     nobody = ApiClient(make_user(django_user_model, "nobody"))
-    viewer = ApiClient(make_user(django_user_model, "looker", ["agentruns.view_run"]))
+    viewer = ApiClient(
+        make_user(django_user_model, "looker", ["agentruns.view_run", "agentruns.start_run"])
+    )
     run = viewer.post("/api/runs", {"agent": "script", "input": {"script": []}}).json()
     for path in (f"/api/runs/{run['id']}", f"/api/runs/{run['id']}/events?after=0"):
         refused = nobody.get(path)

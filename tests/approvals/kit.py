@@ -17,7 +17,7 @@ from django.test import Client
 from django.utils import timezone
 
 from agentruns.models import Run, RunStatus, Step, StepStatus
-from agentruns.registry import Agent, ToolContext, register_agent, tool
+from agentruns.registry import Agent, Edit, ToolContext, register_agent, tool
 from agentruns.runtime.executor import RunExecutor
 from agentruns.services import start_run
 from approvals.models import Approval, ApprovalKind
@@ -54,6 +54,9 @@ def ap_lookup(ctx: ToolContext, order_id: str) -> dict:
     idempotency="key",
     requires_approval=True,
     redact=("card_token",),
+    # like the demo's refund: the order is fixed, the amount may only go down
+    editable={"amount_cents": Edit.at_most_requested(minimum=1), "reason": Edit.free()},
+    amount_arg="amount_cents",
     parameters={
         "type": "object",
         "properties": {

@@ -93,7 +93,7 @@ def test_viewer_cannot_decide_via_api(viewer):
     [
         ({"decision": "maybe"}, 400, "'decision' must be"),
         ({"decision": "approve", "args": [1]}, 400, "'args' must be a JSON object"),
-        ({"decision": "approve", "args": {"amount_cents": -5}}, 422, "amount_cents"),
+        ({"decision": "approve", "args": {"amount_cents": -5}}, 400, "amount_cents"),
         ({"decision": "reject", "reason": 7}, 400, "'reason' must be a string"),
         ({"decision": "happened"}, 422, "not a reconciliation"),
     ],
@@ -121,7 +121,7 @@ def test_approver_limit_via_api(approver, settings):
     settings.AGENTRUNS_APPROVER_LIMIT_CENTS = 3000
     approval = parked_approval(amount=4599)
     response = ApiClient(approver).post(url(approval), {"decision": "approve"})
-    assert response.status_code == 422 and "above your approval limit" in response.json()["error"]
+    assert response.status_code == 403 and "above your approval limit" in response.json()["error"]
     response = ApiClient(approver).post(
         url(approval), {"decision": "approve", "args": {"amount_cents": 2999}}
     )

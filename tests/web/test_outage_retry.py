@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from django.contrib.auth.models import Permission
 
 from agentruns.models import Run, RunStatus, Step, StepStatus
 from tests.procs import gateway_refunds, start_web, start_worker, wait_finished
@@ -19,6 +20,7 @@ def test_outage_then_retry_finishes_with_one_refund(seeded, operator, client, tm
     worker = start_worker(tmp_path, REFUND_GATEWAY_URL=url + "/gateway")
     procs = [web, worker]
     try:
+        operator.user_permissions.add(Permission.objects.get(codename="start_run"))
         client.force_login(operator)
         created = client.post(
             "/runs/new/",

@@ -7,6 +7,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.contrib.auth.models import Permission
 from django.db import connection
 from django.utils import timezone
 
@@ -298,6 +299,8 @@ def test_resolve_refusals(operator):
 # ------------------------------------------------------------------ fork
 @pytest.mark.django_db
 def test_fork_from_a_model_step_copies_history_and_continues(operator, client):
+    # forking starts a run: it needs start_run besides operate_run
+    operator.user_permissions.add(Permission.objects.get(codename="start_run"))
     source = succeeded_run_to_fork()
     assert source.status == RunStatus.SUCCEEDED
     source_steps = steps(source)

@@ -7,10 +7,12 @@ which is what makes a resumed run indistinguishable from an uninterrupted one.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from agentruns.conf import conf
 from agentruns.registry import ScriptedTurn
@@ -26,6 +28,22 @@ def _default_policy(messages: list[dict]) -> ScriptedTurn:
 
 def _estimate_tokens(text: str) -> int:
     return max(1, len(text) // 4)
+
+
+@functools.cache
+def _wants_tools(policy: Callable[..., ScriptedTurn]) -> bool:
+    """A policy that takes `tools` is told which tools this turn offers, as a real model is."""
+    try:
+        return "tools" in inspect.signature(policy).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _turn(policy: Callable[..., ScriptedTurn], request: ModelRequest) -> ScriptedTurn:
+    if _wants_tools(policy):
+        offered = [t["function"]["name"] for t in request.tools]
+        return policy(request.messages, tools=offered)
+    return policy(request.messages)
 
 
 class ScriptedProvider:
@@ -47,7 +65,7 @@ class ScriptedProvider:
 
     def stream(self, request: ModelRequest) -> Iterator[TextDelta | ToolCall | Usage]:
         policy = getattr(request.agent, "scripted_policy", None) or _default_policy
-        turn = policy(request.messages)
+        turn = _turn(policy, request)
         delay = conf.SCRIPTED_MODEL_DELAY_MS / 1000.0
         for token in _TOKEN.findall(turn.text):
             if delay:

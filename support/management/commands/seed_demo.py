@@ -1,4 +1,5 @@
-"""Idempotent demo data: orders ORD-1001..ORD-1050, open tickets, and three staff users."""
+"""Idempotent demo data: orders ORD-1001..ORD-1050, open tickets, the staff users and their
+groups (DESIGN.md 6), and the trainees' tool policy (no `issue_refund`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from django.contrib.auth.models import Group, Permission
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
+from agentruns.models import ToolPolicy, ToolRule
 from support.models import Order, Ticket
 
 FIRST = ["Ada", "Ben", "Chloe", "Dev", "Elena", "Farah", "Gus", "Hana", "Ivan", "Jun"]
@@ -33,9 +35,27 @@ COMPLAINTS = [
     "was charged twice",
 ]
 
+LOOK = ["agentruns.view_run", "approvals.view_approval"]
+# group -> permissions
 ROLES = {
-    "viewer": ["agentruns.view_run", "approvals.view_approval"],
-    "approver": ["agentruns.view_run", "approvals.view_approval", "approvals.decide_approval"],
+    "viewer": LOOK,  # may only look
+    "approver": [*LOOK, "agentruns.start_run", "approvals.decide_approval"],
+    "trainees": [*LOOK, "agentruns.start_run"],  # may look and start runs, never refund
+}
+# user -> group (lead: a superuser, in no group)
+USERS = {
+    "lead": None,
+    "approver": "approver",
+    "approver2": "approver",
+    "viewer": "viewer",
+    "trainee": "trainees",
+}
+# the trainees' runs may look up orders, write notes and reply, but never refund
+TRAINEE_TOOLS = {
+    "lookup_order": True,
+    "add_ticket_note": True,
+    "send_customer_reply": True,
+    "issue_refund": False,
 }
 
 
@@ -45,7 +65,10 @@ def amount_for(n: int) -> int:
 
 
 class Command(BaseCommand):
-    help = "Create demo orders, tickets and the users lead, approver and viewer (idempotent)."
+    help = (
+        "Create demo orders, tickets, the users lead, approver, approver2, viewer and trainee, "
+        "their groups and the trainees' tool policy (idempotent)."
+    )
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--orders", type=int, default=50)
@@ -87,25 +110,39 @@ class Command(BaseCommand):
         for role, perms in ROLES.items():
             group, _ = Group.objects.get_or_create(name=role)
             group.permissions.set([self._perm(p) for p in perms])
+        self._trainee_policy()
 
         User = get_user_model()
-        for username in ("lead", "approver", "viewer"):
+        for username, group in USERS.items():
             user, created = User.objects.get_or_create(
                 username=username, defaults={"email": f"{username}@example.com"}
             )
-            if username == "lead":
+            if group is None:
                 user.is_staff = user.is_superuser = True
             else:
-                user.groups.set([Group.objects.get(name=username)])
+                user.groups.set([Group.objects.get(name=group)])
             if created or options["reset_passwords"]:
                 password = secrets.token_urlsafe(9)
                 user.set_password(password)
-                self.stdout.write(f"user {username:<9} password {password}")
+                self.stdout.write(f"user {username} password {password}")
             else:
                 self.stdout.write(
-                    f"user {username:<9} exists (password unchanged; --reset-passwords prints new ones)"
+                    f"user {username} exists (password unchanged; --reset-passwords prints new ones)"
                 )
             user.save()
+
+    @staticmethod
+    def _trainee_policy() -> None:
+        """Created once; an admin's later edits of it are kept (it is configuration)."""
+        policy, created = ToolPolicy.objects.get_or_create(
+            group=Group.objects.get(name="trainees"),
+            defaults={"note": "trainees may look orders up and reply, never refund"},
+        )
+        if created:
+            ToolRule.objects.bulk_create(
+                ToolRule(policy=policy, tool=tool, allowed=allowed)
+                for tool, allowed in TRAINEE_TOOLS.items()
+            )
 
     @staticmethod
     def _perm(dotted: str) -> Permission:

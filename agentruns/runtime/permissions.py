@@ -1,0 +1,124 @@
+"""The permission snapshot: what a run may do, computed once when it starts (DESIGN.md 3, 4.6).
+
+    {"user": "trainee", "groups": ["trainees"], "policies": ["trainees"], "taken_at": "...",
+     "tools": {"lookup_order": {"allowed": true, "approval": "tool", ...},
+               "issue_refund": {"allowed": false, "approval": "tool", "approvals": "predicate",
+                                "amount_arg": "amount_cents",
+                                "limits": {"default": null, "groups": {"approver": 30000}}}}}
+
+Rules (group policies are `ToolPolicy` rows, edited in the admin):
+- a user in no group with a policy gets the agent's tools unchanged;
+- otherwise a tool is allowed when any of the user's policies allows it (groups grant, as
+  Django's permissions do);
+- a policy can only add approval: "always" from any of the user's policies parks every call,
+  the tool's own rule holds in any case;
+- approvers' limits are frozen for every group that sets one for the tool (the approver's
+  groups at decision time pick from them), with AGENTRUNS_APPROVER_LIMIT_CENTS as the default.
+
+The run keeps the snapshot: retry and resume read it, a policy edited later does not change it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from django.utils import timezone
+
+from agentruns.conf import conf
+from agentruns.models import ApprovalOverride, Run, ToolPolicy, ToolRule
+from agentruns.registry import Tool, UnknownTool, get_tool
+from agentruns.runtime.ids import actor_name
+from agentruns.runtime.timestamps import iso
+
+
+def group_names(user: Any) -> list[str]:
+    if user is None or not getattr(user, "is_authenticated", False):
+        return []
+    return sorted(user.groups.values_list("name", flat=True))
+
+
+def _tool(name: str) -> Tool | None:
+    try:
+        return get_tool(name)
+    except UnknownTool:  # (a fork of a run whose tool is gone): not allowed, nothing to say
+        return None
+
+
+def default_limit() -> int | None:
+    return conf.APPROVER_LIMIT_CENTS or None
+
+
+def snapshot(user: Any, tool_names: Iterable[str]) -> dict:
+    """The permissions a run started by `user` (None: a trusted in-process caller) has."""
+    names = list(tool_names)
+    tools = {name: _tool(name) for name in names}
+    groups = group_names(user)
+    policies = (
+        list(
+            ToolPolicy.objects.filter(group__name__in=groups)
+            .select_related("group")
+            .prefetch_related("rules")
+            .order_by("group__name")
+        )
+        if groups
+        else []
+    )
+    rules = {p.group.name: {r.tool: r for r in p.rules.all()} for p in policies}
+    limits = _group_limits([n for n, t in tools.items() if t is not None and t.amount_arg])
+    out: dict[str, dict] = {}
+    for name, tool in tools.items():
+        allowing, always = [], False
+        for policy in policies:
+            rule = rules[policy.group.name].get(name)
+            if rule.allowed if rule is not None else policy.other_tools_allowed:
+                allowing.append(policy.group.name)
+            always = always or (rule is not None and rule.approval == ApprovalOverride.ALWAYS)
+        entry: dict[str, Any] = {
+            "allowed": tool is not None and (not policies or bool(allowing)),
+            "allowed_by": allowing if policies else None,
+            "approval": ApprovalOverride.ALWAYS if always else ApprovalOverride.TOOL,
+        }
+        if tool is not None:
+            entry["tool_approval"] = tool.policy()["approval"]
+            entry["approvals"] = tool.policy()["approvals"]
+            if tool.amount_arg:
+                entry["amount_arg"] = tool.amount_arg
+                entry["limits"] = {"default": default_limit(), "groups": limits.get(name, {})}
+        out[name] = entry
+    return {
+        "user": actor_name(user) or None,
+        "groups": groups,
+        "policies": [p.group.name for p in policies],
+        "tools": out,
+        "taken_at": iso(timezone.now()),
+    }
+
+
+def _group_limits(names: list[str]) -> dict[str, dict[str, int]]:
+    """tool -> {group: the most its approvers may approve}, for every group that sets one."""
+    if not names:
+        return {}
+    rows = ToolRule.objects.filter(tool__in=names, approver_limit__isnull=False).values_list(
+        "tool", "policy__group__name", "approver_limit"
+    )
+    out: dict[str, dict[str, int]] = defaultdict(dict)
+    for tool, group, limit in rows:
+        out[tool][group] = limit
+    return dict(out)
+
+
+def needs_approval(run: Run, tool: Tool, arguments: dict) -> bool:
+    """The tool's own rule, or an "always" from the starter's policies (which only add)."""
+    if tool.needs_approval(arguments):
+        return True
+    return run.tool_permission(tool.name).get("approval") == ApprovalOverride.ALWAYS
+
+
+def refused_message(run: Run, name: str) -> str:
+    """Why the model may not call `name` in this run (fed back to it as the step's error)."""
+    if name not in run.tool_snapshot:
+        return f"tool {name!r} is not available to this run"
+    who = (run.permissions or {}).get("user") or "its starter"
+    return f"tool {name!r} is not allowed in this run (the tool policy of {who}'s groups)"

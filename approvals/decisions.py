@@ -1,0 +1,136 @@
+"""One row per person's decision, and the count of the two-person rule (DESIGN.md 3, 4.6).
+
+An item is approved when `approvals_required` distinct people approved the same arguments in
+the current round. What an edit does: approving with arguments that differ from the current
+proposal (what the agent asked for, or an earlier approver's edit) makes them the new proposal
+and starts a new round: earlier approvals were for other arguments, so the count starts again
+from the editor (who counts as its first approval). Everyone, including earlier approvers,
+may approve the new proposal. So whatever finally executes was approved, exactly as executed,
+by the required number of different people. The number required is fixed when the item opens
+(from the agent's arguments) and an edit can raise it, never lower it.
+
+The caller holds the approval row's lock (`services.approve` / `reject`), so two approvers
+racing for the last approval are serialised: the second sees the item approved and loses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.utils import timezone
+
+from agentruns.edits import same_value
+from agentruns.registry import UnknownTool, get_tool
+from agentruns.runtime.events import EventType
+from agentruns.runtime.ids import actor_name
+from agentruns.runtime.nudges import nudge_on_commit
+from agentruns.runtime.redaction import redact_fields
+from agentruns.runtime.timestamps import iso
+from agentruns.runtime.transitions import RunChange, apply
+from approvals.models import Approval, ApprovalDecision, DecisionKind
+from approvals.parking import args_diff
+from approvals.policy import current_approvals, is_edit
+
+
+@dataclass
+class Progress:
+    decision: ApprovalDecision
+    complete: bool  # the required count is reached: the caller settles the item as approved
+    restarted: bool  # this approval changed the arguments and started a new round
+
+
+def _required_for(approval: Approval, args: dict) -> int:
+    try:
+        wanted = get_tool(approval.tool).approvals_for(args)
+    except UnknownTool:
+        wanted = 1
+    return max(approval.approvals_required, wanted)
+
+
+def _row(approval: Approval, user: Any, decision: str, **fields: Any) -> ApprovalDecision:
+    return ApprovalDecision.objects.create(
+        approval=approval,
+        user=user if getattr(user, "is_authenticated", False) else None,
+        username=actor_name(user) or "",
+        decision=decision,
+        round=approval.round,
+        decided_at=timezone.now(),
+        **fields,
+    )
+
+
+def record_approval(approval: Approval, user: Any, args: dict, reason: str) -> Progress:
+    """Count `user`'s approval of `args` (checked by approvals.policy); saves the counters."""
+    restarted = is_edit(approval, args)
+    if restarted:
+        if approval.approvals_given:
+            approval.round += 1
+        approval.approvals_given = 0
+        approval.edited_args = None if same_value(args, approval.requested_args) else args
+    approval.approvals_required = _required_for(approval, args)
+    row = _row(approval, user, DecisionKind.APPROVE, args=args, edited=restarted, reason=reason)
+    approval.approvals_given += 1
+    approval.save(update_fields=["round", "approvals_given", "approvals_required", "edited_args"])
+    return Progress(row, approval.approvals_given >= approval.approvals_required, restarted)
+
+
+def record_rejection(approval: Approval, user: Any, reason: str) -> ApprovalDecision:
+    return _row(approval, user, DecisionKind.REJECT, reason=reason)
+
+
+def approvers(approval: Approval) -> list[dict]:
+    """This round's approvals for the audit events and the API: who and when."""
+    return [
+        {"by": d.username, "at": iso(d.decided_at), "edited": d.edited}
+        for d in current_approvals(approval)
+    ]
+
+
+def announce_progress(approval: Approval, user: Any, progress: Progress) -> None:
+    """A partial approval: on the run's timeline (`approval.given`) and the inbox, live; the
+    run stays parked."""
+    hidden = approval.hidden_fields
+    requested = redact_fields(approval.requested_args, hidden)
+    proposal = redact_fields(approval.effective_args, hidden)
+    data = {
+        "approval": approval.id,
+        "kind": approval.kind,
+        "step": approval.step.index,
+        "tool": approval.tool,
+        "decision": "approved",
+        "by": actor_name(user),
+        "at": iso(progress.decision.decided_at),
+        "reason": progress.decision.reason,
+        "given": approval.approvals_given,
+        "required": approval.approvals_required,
+        "round": approval.round,
+        "restarted": progress.restarted,
+        "diff": args_diff(requested, proposal),
+    }
+    apply(approval.run_id, RunChange({}, [(EventType.APPROVAL_GIVEN, data)]))
+    nudge_on_commit(approval.run_id, 0, inbox=True)
+
+
+def payload(approval: Approval) -> dict:
+    """The two-person fields of an approval, for the API (decisions prefetched or not)."""
+    hidden = approval.hidden_fields
+    return {
+        "approvals_required": approval.approvals_required,
+        "approvals_given": approval.approvals_given,
+        "round": approval.round,
+        "starter": approval.run.created_by.get_username() if approval.run.created_by else None,
+        "decisions": [
+            {
+                "by": d.username,
+                "decision": d.decision,
+                "at": iso(d.decided_at),
+                "round": d.round,
+                "counted": d.decision == DecisionKind.APPROVE and d.round == approval.round,
+                "edited": d.edited,
+                "args": redact_fields(d.args, hidden),
+                "reason": d.reason,
+            }
+            for d in approval.decisions.all()
+        ],
+    }

@@ -1,0 +1,179 @@
+"""Who may decide what (DESIGN.md 4.6): separation of duties, approvers' limits, edit policies.
+
+Deciding at all needs `approvals.decide_approval` (the views and the API check it first). Then:
+- the run's starter never approves an item that needs more than one approver (403); rejecting
+  is always open to deciders: it is the safe direction, and any rejection ends the item;
+- a person approves at most once per round (409: another approver must do it);
+- an approver may approve at most their limit, in the tool's `amount_arg`: superusers have none;
+  others the highest limit any of their groups sets for the tool, as frozen in the run's
+  permission snapshot, else the snapshot's default (AGENTRUNS_APPROVER_LIMIT_CENTS at start)
+  (403: lower the amount, or ask someone with a higher limit);
+- edited arguments must keep to the tool's edit policy and schema (400, naming the field and the
+  rule); fields the approver never saw (redacted) stay as requested.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentruns.conf import conf
+from agentruns.edits import EditRefused, same_value
+from agentruns.registry import UnknownTool, get_tool
+from agentruns.runtime.redaction import MASK
+from approvals.models import Approval, ApprovalDecision, DecisionKind
+from approvals.parking import DecisionError
+
+
+class NotAllowed(DecisionError):
+    """This person may not make this decision (separation of duties, their limit)."""
+
+    status = 403
+
+
+class AlreadyGiven(DecisionError):
+    """This person already approved this round: someone else must give the next approval."""
+
+    status = 409
+
+
+class EditNotAllowed(DecisionError):
+    """An edit outside the tool's edit policy or schema; nothing was recorded."""
+
+    status = 400
+
+    def __init__(self, field: str, rule: str, message: str) -> None:
+        super().__init__(message, code="edit_not_allowed")
+        self.field, self.rule = field, rule
+
+
+def status_of(exc: DecisionError) -> int:
+    """The HTTP status of a refused decision (the API's, and the inbox's X-Decision-Status)."""
+    return getattr(exc, "status", 422)
+
+
+def error_details(exc: DecisionError) -> dict:
+    return {"field": exc.field, "rule": exc.rule} if isinstance(exc, EditNotAllowed) else {}
+
+
+def is_starter(approval: Approval, user: Any) -> bool:
+    uid = getattr(user, "pk", None)
+    return bool(uid and approval.run.created_by_id == uid)
+
+
+def current_approvals(approval: Approval) -> list[ApprovalDecision]:
+    """This round's approvals, oldest first (from a prefetch when the caller made one)."""
+    return [
+        d
+        for d in approval.decisions.all()
+        if d.decision == DecisionKind.APPROVE and d.round == approval.round
+    ]
+
+
+def check_may_approve(approval: Approval, user: Any) -> None:
+    if approval.is_multi and is_starter(approval, user):
+        raise NotAllowed(
+            f"you started this run, and this call needs {approval.approvals_required} approvers "
+            "other than its starter: someone else must approve it (you may still reject it)",
+            code="starter_may_not_approve",
+        )
+    uid = getattr(user, "pk", None)
+    mine = next((d for d in current_approvals(approval) if uid and d.user_id == uid), None)
+    if mine is not None:
+        raise AlreadyGiven(
+            f"you already approved this at {mine.decided_at.isoformat(timespec='seconds')}: it "
+            f"needs {approval.approvals_required - approval.approvals_given} more approval(s) "
+            "from someone else",
+            code="already_given",
+        )
+
+
+def proposed_args(approval: Approval, edited: Any) -> dict:
+    """The arguments this approver approves: the current proposal with `edited` laid over it,
+    checked against the tool's edit policy (relative to what the agent requested)."""
+    current = approval.effective_args
+    if edited is None or edited == {}:
+        return current
+    if not isinstance(edited, dict):
+        raise DecisionError("edited arguments must be a JSON object")
+    hidden = set(approval.hidden_fields)
+    # an echo of the masked value of a field the approver never saw is not an edit
+    edited = {k: v for k, v in edited.items() if not (k in hidden and v == MASK)}
+    try:
+        tool = get_tool(approval.tool)
+    except UnknownTool:
+        raise DecisionError(
+            f"the tool {approval.tool} is no longer registered; cannot edit"
+        ) from None
+    merged = {**current, **edited}
+    try:
+        return tool.check_edit(approval.requested_args, merged)
+    except EditRefused as exc:
+        raise EditNotAllowed(exc.field, exc.rule, f"edit refused: {exc}") from None
+
+
+def _user_groups(user: Any) -> set[str]:
+    cached = getattr(user, "_approval_groups", None)
+    if cached is None:
+        pk = getattr(user, "pk", None)
+        cached = set(user.groups.values_list("name", flat=True)) if pk else set()
+        user._approval_groups = cached
+    return cached
+
+
+def approver_limit(approval: Approval, user: Any) -> int | None:
+    """The most `user` may approve on this item's tool (None: no limit)."""
+    if getattr(user, "is_superuser", False):
+        return None
+    entry = approval.run.tool_permission(approval.tool)
+    limits = entry.get("limits")
+    if limits is None:  # a run from before snapshots: today's default
+        return conf.APPROVER_LIMIT_CENTS or None
+    mine = [v for g, v in (limits.get("groups") or {}).items() if g in _user_groups(user)]
+    if mine:
+        return max(mine)
+    return limits.get("default") or None
+
+
+def amount_arg(approval: Approval) -> str | None:
+    """The argument that is the call's amount, as the tool declares it (`@tool(amount_arg=)`)."""
+    name = approval.run.tool_permission(approval.tool).get("amount_arg")
+    if name is None:
+        try:
+            name = get_tool(approval.tool).amount_arg
+        except UnknownTool:
+            return None
+    return name
+
+
+def check_limit(approval: Approval, user: Any, args: dict) -> None:
+    name = amount_arg(approval)
+    amount = args.get(name) if name else None
+    if not isinstance(amount, int | float) or isinstance(amount, bool):
+        return
+    limit = approver_limit(approval, user)
+    if limit is not None and amount > limit:
+        # amounts and limits are in minor units (AGENTRUNS_APPROVER_LIMIT_CENTS)
+        raise NotAllowed(
+            f"{amount / 100:,.2f} is above your approval limit of {limit / 100:,.2f}: lower "
+            f"{name}, or ask someone with a higher limit to approve",
+            code="above_limit",
+        )
+
+
+def is_edit(approval: Approval, args: dict) -> bool:
+    """Does approving `args` change the current proposal (and so start a new round)?"""
+    return not same_value(args, approval.effective_args)
+
+
+def waiting_for(approval: Approval) -> str:
+    """Who may still decide, in words, for the inbox card."""
+    needed = approval.approvals_required - approval.approvals_given
+    if needed <= 0 or not approval.is_multi:
+        return ""
+    excluded = []
+    starter = approval.run.created_by
+    if starter is not None:
+        excluded.append(f"{starter.get_username()} (started the run)")
+    excluded += [f"{d.username} (approved)" for d in current_approvals(approval)]
+    others = f", except {', '.join(excluded)}" if excluded else ""
+    return f"{needed} more approval{'s' if needed > 1 else ''} from anyone who may decide{others}"

@@ -1,0 +1,255 @@
+"""Every page and API route, for every role of the demo (DESIGN.md 6), answers as the role says.
+
+The roles are the ones `seed_demo` creates (lead, approver, approver2, viewer, trainee), plus an
+operator (may look and operate runs, may not start them), a signed-in user with no permission
+at all, and nobody signed in. "Allowed" requests are chosen so they pass the permission gate and
+then stop at a harmless refusal (a 400 for a bad body, a 409 for a finished run, a redirect with
+a message), so the matrix never changes what it probes. A route added without a row here fails
+`test_every_route_has_a_row`: say who may use it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver
+
+from agentruns.api.endpoint import ENDPOINTS
+from agentruns.models import Run, RunStatus, Step
+from agentruns.services import start_run
+from approvals.models import Approval
+from tests.conftest import ApiClient, make_user
+from tests.helpers import advance
+
+pytestmark = pytest.mark.django_db
+
+ROLES = ["lead", "approver", "approver2", "viewer", "trainee", "operator", "nobody", "anonymous"]
+LOOK = {"lead", "approver", "approver2", "viewer", "trainee", "operator"}
+INBOX = LOOK - {"operator"}  # view_approval
+START = {"lead", "approver", "approver2", "trainee"}
+OPERATE = {"lead", "operator"}
+DECIDE = {"lead", "approver", "approver2"}
+
+
+def by_role(allowed: set[str], yes: int, *, no: int = 403, anonymous: int | str = 401) -> dict:
+    out: dict[str, int | str] = {role: yes if role in allowed else no for role in ROLES}
+    out["anonymous"] = anonymous
+    return out
+
+
+# (method, path template, body, {role: expected status}); "login" = a redirect to the login page
+API = [
+    ("POST", "/api/runs", {"agent": "script", "input": []}, by_role(START, 400)),
+    ("GET", "/api/runs/{run}", None, by_role(LOOK, 200)),
+    ("GET", "/api/runs/{run}/events", None, by_role(LOOK, 200)),
+    ("POST", "/api/runs/{run}/cancel", {}, by_role(OPERATE, 409)),
+    ("POST", "/api/runs/{run}/retry", {}, by_role(OPERATE, 409)),
+    # fork needs operate_run (the endpoint) and start_run (the service): the operator has one
+    ("POST", "/api/runs/{run}/fork", {"from_step": 1}, by_role(OPERATE - {"operator"}, 409)),
+    ("POST", "/api/runs/{run}/steps/0/resolve", {"result": {}}, by_role(OPERATE, 409)),
+    ("GET", "/api/approvals", None, by_role(INBOX, 200)),
+    ("POST", "/api/approvals/{approval}", {"decision": "maybe"}, by_role(DECIDE, 400)),
+]
+PAGES = [
+    ("GET", "/runs/", None, by_role(LOOK, 200, anonymous="login")),
+    ("GET", "/runs/{run}/", None, by_role(LOOK, 200, anonymous="login")),
+    ("GET", "/runs/new/", None, by_role(START, 200, anonymous="login")),
+    (
+        "POST",
+        "/runs/new/",
+        {"agent": "script", "input": "[oops"},
+        by_role(START, 400, anonymous="login"),
+    ),
+    ("POST", "/runs/{run}/retry/", {}, by_role(OPERATE, 302, anonymous="login")),
+    ("POST", "/runs/{run}/cancel/", {}, by_role(OPERATE, 302, anonymous="login")),
+    (
+        "POST",
+        "/runs/{run}/fork/",
+        {"from_step": "1"},
+        by_role(OPERATE - {"operator"}, 302, anonymous="login"),
+    ),
+    (
+        "POST",
+        "/runs/steps/{step}/resolve/",
+        {"result": "{}"},
+        by_role(OPERATE, 302, anonymous="login"),
+    ),
+    ("GET", "/approvals/", None, by_role(INBOX, 200, anonymous="login")),
+    (
+        "POST",
+        "/approvals/{approval}/decide/",
+        {"action": "no-such-action"},
+        by_role(DECIDE, 302, anonymous="login"),
+    ),
+]
+
+
+@pytest.fixture
+def world(seeded, django_user_model) -> dict:
+    users = {u.username: u for u in django_user_model.objects.all()}
+    users["operator"] = make_user(
+        django_user_model, "operator", ["agentruns.view_run", "agentruns.operate_run"]
+    )
+    users["nobody"] = make_user(django_user_model, "nobody")
+    done = advance(
+        start_run(
+            "script", {"script": [{"calls": [["t_echo", {"text": "a"}]]}, {"text": "ok"}]}
+        ).run
+    )
+    assert done.status == RunStatus.SUCCEEDED
+    parked = advance(start_run("script", {"script": [{"calls": [["t_pay", {"amount": 500}]]}]}).run)
+    assert parked.status == RunStatus.WAITING
+    return {
+        "users": users,
+        "ids": {
+            "run": done.id,
+            "step": Step.objects.get(run=done, index=0).id,
+            "approval": Approval.objects.get(run=parked).id,
+        },
+    }
+
+
+def _check(client_for, table: list, ids: dict, role: str) -> list[str]:
+    wrong = []
+    for method, template, body, expected in table:
+        path = template.format(**ids)
+        client = client_for()
+        response = client.post(path, body) if method == "POST" else client.get(path)
+        want = expected[role]
+        if want == "login":
+            ok = response.status_code == 302 and "/accounts/login/" in response["Location"]
+        else:
+            ok = response.status_code == want
+            if want == 302:  # allowed: back to the page, never to the login
+                ok = ok and "/accounts/login/" not in response["Location"]
+        if not ok:
+            wrong.append(f"{method} {path}: {response.status_code}, expected {want}")
+    return wrong
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_api_answers_as_the_role_says(world, role):
+    user = world["users"].get(role)
+    if user is None:
+        anonymous = Client()
+
+        def client_for():
+            return _JsonClient(anonymous)
+    else:
+        api = ApiClient(user)
+
+        def client_for():
+            return api
+
+    wrong = _check(client_for, API, world["ids"], role)
+    assert not wrong, f"{role}: " + "; ".join(wrong)
+    # nothing the matrix sent changed a run or decided anything
+    assert Run.objects.filter(status=RunStatus.SUCCEEDED).count() == 1
+    assert Run.objects.count() == 2 and Approval.objects.get().status == "pending"
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_pages_answer_as_the_role_says(world, role):
+    client = Client()
+    if role != "anonymous":
+        client.force_login(world["users"][role])
+    wrong = _check(lambda: client, PAGES, world["ids"], role)
+    assert not wrong, f"{role}: " + "; ".join(wrong)
+    assert Run.objects.count() == 2 and Approval.objects.get().status == "pending"
+
+
+def test_navigation_offers_what_the_role_may_use(world):
+    client = Client()
+    client.force_login(world["users"]["viewer"])
+    page = client.get("/runs/").content.decode()
+    assert "Start a run" not in page and "Inbox" in page
+    client.force_login(world["users"]["trainee"])
+    assert "Start a run" in client.get("/runs/").content.decode()
+
+
+class _JsonClient:
+    """The anonymous caller of the API: JSON bodies, no credentials."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def get(self, path: str):
+        return self.client.get(path)
+
+    def post(self, path: str, data=None):
+        return self.client.post(path, json.dumps(data or {}), content_type="application/json")
+
+
+def _page_routes(resolver: URLResolver, prefix: str = "") -> set[str]:
+    out = set()
+    for entry in resolver.url_patterns:
+        if isinstance(entry, URLResolver):
+            out |= _page_routes(entry, prefix + str(entry.pattern))
+        elif isinstance(entry, URLPattern):
+            out.add(prefix + str(entry.pattern))
+    return out
+
+
+def test_every_route_has_a_row():
+    """A new endpoint or page must say here which roles may use it."""
+    declared = {(e.method, e.path) for e in ENDPOINTS}
+    covered = {
+        (
+            method,
+            path.removeprefix("/api")
+            .replace("{run}", "{run_id}")
+            .replace("{approval}", "{approval_id}")
+            .replace("/steps/0/", "/steps/{index}/"),
+        )
+        for method, path, _, _ in API
+    }
+    assert declared <= covered, f"API routes without a role row: {sorted(declared - covered)}"
+    pages = {p for p in _page_routes(get_resolver()) if p.startswith(("runs/", "approvals/"))}
+    page_rows = {
+        path.lstrip("/")
+        .replace("{run}", "<uuid:run_id>")
+        .replace("{step}", "<uuid:step_id>")
+        .replace("{approval}", "<int:approval_id>")
+        for _, path, _, _ in PAGES
+    }
+    assert pages <= page_rows, f"pages without a role row: {sorted(pages - page_rows)}"
+
+
+def test_a_service_refuses_a_start_without_the_permission(world):
+    """The check lives in the service: a caller that forgot the view's check is still refused."""
+    from django.core.exceptions import PermissionDenied
+
+    from agentruns.services import fork_run
+
+    for role in ("viewer", "nobody", "operator"):
+        with pytest.raises(PermissionDenied, match="start_run"):
+            start_run("script", {"script": []}, user=world["users"][role])
+    with pytest.raises(PermissionDenied, match="start_run"):
+        fork_run(world["ids"]["run"], 2, user=world["users"]["operator"])
+    assert Run.objects.count() == 2
+    assert Permission.objects.filter(codename="start_run").exists()
+
+
+def test_a_repeated_idempotency_key_never_hands_over_a_run_you_may_not_view(world):
+    users = world["users"]
+    bot = make_user(type(users["lead"]), "bot", ["agentruns.start_run"])  # may start, not look
+    body = {"agent": "script", "input": {"script": []}}
+    key = {"HTTP_IDEMPOTENCY_KEY": "ticket-T-1001"}
+    mine = ApiClient(users["trainee"]).post("/api/runs", body, **key)
+    assert mine.status_code == 201
+    refused = ApiClient(bot).post("/api/runs", body, **key)
+    assert refused.status_code == 409 and "may not view" in refused.json()["error"]
+    assert mine.json()["id"] not in refused.content.decode()  # not even its id
+    for who in ("trainee", "approver"):  # its starter, and anyone who may view runs
+        again = ApiClient(users[who]).post("/api/runs", body, **key)
+        assert again.status_code == 200 and again.json()["id"] == mine.json()["id"]
+    own = ApiClient(bot).post("/api/runs", body, HTTP_IDEMPOTENCY_KEY="bot-1")
+    assert own.status_code == 201
+    assert (
+        ApiClient(bot).post("/api/runs", body, HTTP_IDEMPOTENCY_KEY="bot-1").json()["id"]
+        == (own.json()["id"])
+    )
+    assert Run.objects.filter(dedupe_key="ticket-T-1001").count() == 1
