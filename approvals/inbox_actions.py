@@ -8,7 +8,7 @@ confirmed (the inbox asks first), like a single decision does.
 from __future__ import annotations
 
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
+from django.contrib.auth.decorators import login_required, permission_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -136,6 +136,7 @@ def _line(result: dict) -> str:
 
 @require_GET
 @login_required
+@permission_required("approvals.view_approval", raise_exception=True)
 def item(request: HttpRequest, approval_id: int) -> HttpResponse:
     """One item, whatever its state: the link in webhooks and mails (seen like the inbox)."""
     approval = get_object_or_404(Approval.objects.select_related(*CARD_RELATED), id=approval_id)

@@ -52,6 +52,18 @@ API = [
     ("POST", "/api/runs/{run}/steps/0/resolve", {"result": {}}, by_role(OPERATE, 409)),
     ("GET", "/api/approvals", None, by_role(INBOX, 200)),
     ("POST", "/api/approvals/{approval}", {"decision": "maybe"}, by_role(DECIDE, 400)),
+    # claims: probed on an id that names nothing, so the matrix takes no claim
+    ("POST", "/api/approvals/{missing}/claim", {}, by_role(DECIDE, 404)),
+    ("POST", "/api/approvals/{missing}/release", {}, by_role(DECIDE, 404)),
+    ("POST", "/api/approvals/bulk", {"ids": [], "decision": "maybe"}, by_role(DECIDE, 400)),
+    # the AI SDK chat: watching needs view_run, starting start_run too (an empty message: 400)
+    (
+        "POST",
+        "/api/chat/script",
+        {"id": "matrix-chat", "messages": [{"id": "m1", "role": "user", "parts": []}]},
+        by_role(START, 400),
+    ),
+    ("GET", "/api/chat/script/no-such-chat/stream", None, by_role(LOOK, 204)),
 ]
 PAGES = [
     ("GET", "/runs/", None, by_role(LOOK, 200, anonymous="login")),
@@ -84,6 +96,10 @@ PAGES = [
         {"action": "no-such-action"},
         by_role(DECIDE, 302, anonymous="login"),
     ),
+    ("GET", "/approvals/{approval}/", None, by_role(INBOX, 200, anonymous="login")),
+    ("POST", "/approvals/{approval}/claim/", {}, by_role(DECIDE, 302, anonymous="login")),
+    ("POST", "/approvals/{approval}/release/", {}, by_role(DECIDE, 302, anonymous="login")),
+    ("POST", "/approvals/bulk/", {"action": "maybe"}, by_role(DECIDE, 302, anonymous="login")),
 ]
 
 
@@ -108,6 +124,7 @@ def world(seeded, django_user_model) -> dict:
             "run": done.id,
             "step": Step.objects.get(run=done, index=0).id,
             "approval": Approval.objects.get(run=parked).id,
+            "missing": 999_999_999,
         },
     }
 
@@ -202,7 +219,10 @@ def test_every_route_has_a_row():
             path.removeprefix("/api")
             .replace("{run}", "{run_id}")
             .replace("{approval}", "{approval_id}")
-            .replace("/steps/0/", "/steps/{index}/"),
+            .replace("{missing}", "{approval_id}")
+            .replace("/steps/0/", "/steps/{index}/")
+            .replace("/chat/script/no-such-chat/", "/chat/{agent}/{chat_id}/")
+            .replace("/chat/script", "/chat/{agent}"),
         )
         for method, path, _, _ in API
     }
