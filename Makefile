@@ -16,6 +16,8 @@ venv: $(BIN)/.installed
 
 run: venv
 	@mkdir -p var
+	@# the simulated refund gateway's key, made once: the web (gateway) and the worker (tool) share it
+	@test -s var/gateway.key || $(BIN)/python -c "import secrets; print(secrets.token_urlsafe(32))" > var/gateway.key
 	$(BIN)/python manage.py migrate --noinput -v0
 	$(BIN)/python manage.py seed_demo
 	@echo
@@ -23,7 +25,8 @@ run: venv
 	@echo "  (passwords are printed once; 'make passwords' prints new ones)."
 	@echo "  API: TOKEN=\$$($(BIN)/python manage.py create_api_token lead | tail -n1)"
 	@echo
-	WEB_PORT=$(WEB_PORT) APP_BASE_URL=http://127.0.0.1:$(WEB_PORT) $(BIN)/honcho start -f Procfile
+	REFUND_GATEWAY_KEY=$${REFUND_GATEWAY_KEY:-$$(cat var/gateway.key)} \
+	  WEB_PORT=$(WEB_PORT) APP_BASE_URL=http://127.0.0.1:$(WEB_PORT) $(BIN)/honcho start -f Procfile
 
 passwords: venv
 	$(BIN)/python manage.py seed_demo --reset-passwords

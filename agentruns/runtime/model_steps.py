@@ -20,7 +20,9 @@ from agentruns.runtime.costs import model_cost_usd
 from agentruns.runtime.events import EventType, step_event_data
 from agentruns.runtime.ids import step_key
 from agentruns.runtime.providers import ModelError, ModelRequest, TextDelta, ToolCall, Usage
+from agentruns.runtime.redaction import redact_text
 from agentruns.runtime.store.rows import WriteBatch, build
+from agentruns.text import UnsafeValue, loads_strict, storable, storable_text
 
 MODEL_MAX_ATTEMPTS = 3
 MODEL_STEP_FIELDS = [
@@ -92,8 +94,9 @@ class ModelSteps:
         last_flush = time.monotonic()
         for chunk in self.provider.stream(request):
             if isinstance(chunk, TextDelta):
-                text.append(chunk.text)
-                pending += chunk.text
+                piece = storable_text(chunk.text)  # a model may send NUL or lone surrogates
+                text.append(piece)
+                pending += piece
                 if len(pending) >= flush_chars or time.monotonic() - last_flush >= flush_s:
                     self._flush_delta(step, attempt, pending, started)
                     pending, last_flush = "", time.monotonic()
@@ -202,7 +205,9 @@ class ModelSteps:
         first_commit = step._state.adding or step.attempts < attempt
         step.status = StepStatus.SUCCEEDED
         step.text = text
-        step.tool_calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls]
+        step.tool_calls = storable(
+            [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls]
+        )
         step.prompt_tokens, step.completion_tokens = usage.prompt_tokens, usage.completion_tokens
         step.finished_at = now
         step.error = ""
@@ -300,7 +305,9 @@ class ModelSteps:
                 run=self.run, step=step, attempt=1, idempotency_key=step.idempotency_key
             )
             try:
-                result = json.loads(json.dumps(tool.func(ctx, **step.arguments), default=str))
+                result = storable(
+                    json.loads(json.dumps(tool.func(ctx, **step.arguments), default=str))
+                )
             except Exception as exc:
                 if in_txn:  # its writes (or a broken transaction) must go: roll back, run less
                     raise _EagerCallFailed(position) from exc
@@ -373,7 +380,7 @@ class ModelSteps:
                 step.arguments = self._validated_arguments(call)
             except (ToolArgumentsError, UnknownTool) as exc:
                 step.status = StepStatus.FAILED
-                step.error = str(exc)
+                step.error = storable_text(str(exc))
                 step.finished_at = now
             self.steps.append(step)
             planned.append(step)
@@ -383,9 +390,10 @@ class ModelSteps:
         if call.name not in self.run.tool_snapshot:
             raise UnknownTool(f"tool {call.name!r} is not available to this run")
         try:
-            arguments = json.loads(call.arguments or "{}")
-        except json.JSONDecodeError as exc:
-            raise ToolArgumentsError(f"{call.name}: arguments are not valid JSON ({exc})") from None
+            # strict: a NaN, a 5000-digit number or a NUL could not be stored as the arguments
+            arguments = loads_strict(call.arguments or "{}", "arguments")
+        except UnsafeValue as exc:
+            raise ToolArgumentsError(f"{call.name}: {exc}") from None
         return get_tool(call.name).validate(arguments)
 
     def _record_model_failure(
@@ -400,9 +408,9 @@ class ModelSteps:
             StepAttempt.objects.filter(step=step, number=attempt).update(
                 finished_at=now,
                 outcome=AttemptOutcome.FAILED if final else AttemptOutcome.RETRYING,
-                error=str(exc),
+                error=redact_text(storable_text(str(exc))),
             )
-            step.error = str(exc)
+            step.error = redact_text(storable_text(str(exc)))
             step.status = StepStatus.FAILED if final else StepStatus.RUNNING
             if final:
                 step.finished_at = now
