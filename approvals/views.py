@@ -22,6 +22,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from agentruns.registry import UnknownTool, all_agents, get_tool
 from agentruns.selectors.pagination import encode_cursor
+from agentruns.text import UnsafeValue, check_text, loads_strict
 from approvals import services
 from approvals.cards import build_cards, card_for
 from approvals.models import Approval, ApprovalKind
@@ -93,14 +94,18 @@ def inbox(request: HttpRequest) -> HttpResponse:
 
 
 def _parse_value(name: str, kind: str, raw: str) -> Any:
-    if kind == "integer":
-        return int(raw)
-    if kind == "number":
-        return float(raw)
+    """A form field as its schema type, by the API's rules (agentruns.text): ASCII digits only,
+    finite numbers within 64 bits, strict JSON. ValueError for anything else."""
+    if kind in ("integer", "number", "object", "array"):
+        value = loads_strict(raw, name)
+        if kind == "integer" and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(raw)
+        if kind == "number" and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ValueError(raw)
+        return value
     if kind == "boolean":
         return raw in ("1", "true", "on")
-    if kind in ("object", "array"):
-        return json.loads(raw)
+    check_text(raw, name)
     return raw
 
 
@@ -160,8 +165,8 @@ def _decide(request: HttpRequest, approval: Approval) -> tuple[str, str]:
     if action in services.RESOLUTIONS:
         raw = request.POST.get("result", "").strip()
         try:
-            result = json.loads(raw) if raw and action == "happened" else None
-        except json.JSONDecodeError as exc:
+            result = loads_strict(raw, "result") if raw and action == "happened" else None
+        except UnsafeValue as exc:
             raise services.DecisionError(f"The result is not valid JSON: {exc}") from None
         services.reconcile(
             approval.id, user=request.user, resolution=action, result=result, reason=reason

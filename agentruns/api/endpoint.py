@@ -23,10 +23,10 @@ from functools import wraps
 from typing import Any
 
 from django.core.exceptions import ObjectDoesNotExist
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse
 from django.middleware.csrf import CsrfViewMiddleware
 
-from agentruns.api.parsing import BadRequest, json_error, parse_json_body
+from agentruns.api.parsing import BadRequest, json_error, json_response, parse_json_body
 from agentruns.registry import strict_validator
 from agentruns.runtime.transitions import ActionRefused
 from agentruns.tokens import bearer_from_header, user_for_token
@@ -218,7 +218,7 @@ def endpoint(
             if isinstance(result, HttpResponse):
                 return result
             payload, status = result if isinstance(result, tuple) else (result, 200)
-            return JsonResponse(payload, status=status, json_dumps_params={"ensure_ascii": False})
+            return json_response(payload, status)
 
         handle.csrf_exempt = True  # type: ignore[attr-defined]  # bearer: not ambient; sessions: checked above
         ENDPOINTS.append(

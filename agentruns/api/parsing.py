@@ -9,16 +9,26 @@ string or key.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
-from django.http import HttpRequest, JsonResponse
+from django.core.serializers.json import DjangoJSONEncoder
+from django.http import HttpRequest, HttpResponse
 
 from agentruns import text
 from agentruns.conf import conf
 from agentruns.text import INT_LIMIT, MAX_DEPTH, MAX_NUMBER_CHARS, UnsafeValue
 
-__all__ = ["INT_LIMIT", "MAX_DEPTH", "MAX_NUMBER_CHARS", "BadRequest", "json_error", "loads"]
+__all__ = [
+    "INT_LIMIT",
+    "MAX_DEPTH",
+    "MAX_NUMBER_CHARS",
+    "BadRequest",
+    "json_error",
+    "json_response",
+    "loads",
+]
 
 
 class BadRequest(Exception):
@@ -30,8 +40,14 @@ class BadRequest(Exception):
         self.extra = extra
 
 
-def json_error(message: str, status: int, /, **extra: Any) -> JsonResponse:
-    return JsonResponse({"error": text.printable(message), **extra}, status=status)
+def json_response(payload: Any, status: int = 200) -> HttpResponse:
+    """JSON as UTF-8 (not \\u escapes), encodable whatever is stored (`text.printable`)."""
+    body = json.dumps(payload, cls=DjangoJSONEncoder, ensure_ascii=False)
+    return HttpResponse(text.printable(body), status=status, content_type="application/json")
+
+
+def json_error(message: str, status: int, /, **extra: Any) -> HttpResponse:
+    return json_response({"error": message, **extra}, status)
 
 
 def check_text(value: str, where: str) -> None:
