@@ -291,7 +291,8 @@ def test_gateway_rejects_bad_bodies(client: Client):
     assert GatewayRefund.objects.count() == 0
 
 
-def test_gateway_repeated_key_returns_the_same_body_and_one_row(client: Client):
+def test_gateway_repeated_key_returns_the_same_body_and_one_row(client: Client, seeded):
+    # the gateway refunds only orders it knows (seed_demo's)
     body = {"order_id": "ORD-1001", "amount_cents": 1500, "reason": "broken"}
     first = gateway_post(client, body, "step-abc")
     again = gateway_post(client, body, "step-abc")
@@ -304,7 +305,7 @@ def test_gateway_repeated_key_returns_the_same_body_and_one_row(client: Client):
     assert GatewayRefund.objects.count() == 1
 
 
-def test_gateway_get_lists_what_it_executed(client: Client):
+def test_gateway_get_lists_what_it_executed(client: Client, seeded):
     gateway_post(client, {"order_id": "ORD-1001", "amount_cents": 1500, "reason": "a"}, "k-a")
     gateway_post(client, {"order_id": "ORD-1002", "amount_cents": 2500, "reason": "b"}, "k-b")
     gateway_post(client, {"order_id": "ORD-1001", "amount_cents": 500, "reason": "c"}, "k-c")
