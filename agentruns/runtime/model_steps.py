@@ -20,7 +20,7 @@ from agentruns.runtime.costs import model_cost_usd
 from agentruns.runtime.events import EventType, step_event_data
 from agentruns.runtime.ids import step_key
 from agentruns.runtime.providers import ModelError, ModelRequest, TextDelta, ToolCall, Usage
-from agentruns.runtime.redaction import redact_text
+from agentruns.runtime.redaction import redact_text, secret_values, secrets_in_scope
 from agentruns.runtime.store.rows import WriteBatch, build
 from agentruns.text import UnsafeValue, loads_strict, storable, storable_text
 
@@ -305,9 +305,10 @@ class ModelSteps:
                 run=self.run, step=step, attempt=1, idempotency_key=step.idempotency_key
             )
             try:
-                result = storable(
-                    json.loads(json.dumps(tool.func(ctx, **step.arguments), default=str))
-                )
+                secrets = secret_values(step.arguments, self.run.redacted_fields(step.tool))
+                with secrets_in_scope(secrets):
+                    returned = tool.func(ctx, **step.arguments)
+                result = storable(json.loads(json.dumps(returned, default=str)))
             except Exception as exc:
                 if in_txn:  # its writes (or a broken transaction) must go: roll back, run less
                     raise _EagerCallFailed(position) from exc

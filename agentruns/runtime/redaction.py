@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 MASK = "••••••"
@@ -37,6 +39,24 @@ def redact_fields(value: Any, fields: Iterable[str]) -> Any:
     if isinstance(value, list):
         return [redact_fields(v, names) for v in value]
     return value
+
+
+# the secret values of the tool call running in this thread: the log filter masks them too
+_IN_SCOPE: ContextVar[tuple[str, ...]] = ContextVar("agentruns_secrets_in_scope", default=())
+
+
+@contextmanager
+def secrets_in_scope(values: Iterable[str]) -> Iterator[None]:
+    """While a tool runs: whatever it logs has its secret argument values masked."""
+    values = tuple(values)
+    if not values:
+        yield
+        return
+    token = _IN_SCOPE.set(values + _IN_SCOPE.get())
+    try:
+        yield
+    finally:
+        _IN_SCOPE.reset(token)
 
 
 MIN_SECRET_CHARS = 4  # shorter values ("1", "yes") would mask half of every message
@@ -105,14 +125,15 @@ class RedactingFilter(logging.Filter):
             message = record.getMessage()
         except Exception:  # a broken format string is the logger's problem, not ours
             return True
-        cleaned = redact_text(message)
+        values = _IN_SCOPE.get()
+        cleaned = redact_text(message, values)
         if cleaned != message:
             record.msg, record.args = cleaned, None
         if record.exc_info and not record.exc_text:
             # the formatter prints exc_text when it is set: give it the redacted traceback
             record.exc_text = logging.Formatter().formatException(record.exc_info)
         if record.exc_text:
-            record.exc_text = redact_text(record.exc_text)
+            record.exc_text = redact_text(record.exc_text, values)
         if record.stack_info:
-            record.stack_info = redact_text(record.stack_info)
+            record.stack_info = redact_text(record.stack_info, values)
         return True

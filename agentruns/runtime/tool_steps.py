@@ -16,7 +16,7 @@ from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, 
 from agentruns.registry import Tool, ToolContext, get_tool
 from agentruns.runtime import failpoints
 from agentruns.runtime.events import EventType, step_event_data
-from agentruns.runtime.redaction import redact_text, secret_values
+from agentruns.runtime.redaction import redact_text, secret_values, secrets_in_scope
 from agentruns.runtime.store.rows import WriteBatch
 from agentruns.runtime.timestamps import iso
 from agentruns.text import storable
@@ -104,9 +104,10 @@ class ToolSteps:
         try:
             with transaction.atomic() if tool.transactional else nullcontext():
                 try:
-                    result = storable(
-                        json.loads(json.dumps(tool.func(ctx, **step.arguments), default=str))
-                    )
+                    secrets = secret_values(step.arguments, self.run.redacted_fields(step.tool))
+                    with secrets_in_scope(secrets):
+                        returned = tool.func(ctx, **step.arguments)
+                    result = storable(json.loads(json.dumps(returned, default=str)))
                 except Exception as exc:
                     failure, failure_tb = exc, traceback.format_exc()
                     raise _CallFailed from exc

@@ -19,8 +19,8 @@ import pytest
 
 from agentruns.models import Run, RunStatus
 from agentruns.services import start_run
-from approvals.models import Approval
 from agentruns.tokens import create_token
+from approvals.models import Approval
 from tests.procs import ROOT, start_web, start_worker, wait_until
 
 ARTIFACTS = ROOT / "var" / "test-artifacts" / "schemathesis"

@@ -22,7 +22,11 @@ def post(body: dict | str, key: str = "k-1", auth: str | None = f"Bearer {KEY}",
     if auth is not None:
         headers["HTTP_AUTHORIZATION"] = auth
     return Client().post(
-        "/gateway/refunds", raw, content_type="application/json", HTTP_IDEMPOTENCY_KEY=key, **headers
+        "/gateway/refunds",
+        raw,
+        content_type="application/json",
+        HTTP_IDEMPOTENCY_KEY=key,
+        **headers,
     )
 
 
