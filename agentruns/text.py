@@ -89,8 +89,10 @@ def check_value(value: Any, where: str = "body", depth: int = 0) -> None:
             check_value(item, f"{where}[{i}]", depth + 1)
 
 
-def loads_strict(raw: bytes | str, where: str = "body") -> Any:
-    """Strict JSON (see the module docstring); UnsafeValue for anything else."""
+def loads_strict(raw: bytes | str, where: str = "body", *, repair_text: bool = False) -> Any:
+    """Strict JSON (see the module docstring); UnsafeValue for anything else. `repair_text`:
+    NUL and lone surrogates in strings become U+FFFD instead (what a model wrote, which the
+    runtime cannot send back to a client as a 400)."""
     try:
         data = json.loads(
             raw, parse_constant=_reject_constant, parse_float=_parse_float, parse_int=_parse_int
@@ -101,6 +103,8 @@ def loads_strict(raw: bytes | str, where: str = "body") -> Any:
         raise UnsafeValue(f"{where}: nested deeper than {MAX_DEPTH} levels") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UnsafeValue(f"malformed JSON: {exc}") from None
+    if repair_text:
+        data = storable(data)
     check_value(data, where)
     return data
 

@@ -392,7 +392,7 @@ class ModelSteps:
             raise UnknownTool(f"tool {call.name!r} is not available to this run")
         try:
             # strict: a NaN, a 5000-digit number or a NUL could not be stored as the arguments
-            arguments = loads_strict(call.arguments or "{}", "arguments")
+            arguments = loads_strict(call.arguments or "{}", "arguments", repair_text=True)
         except UnsafeValue as exc:
             raise ToolArgumentsError(f"{call.name}: {exc}") from None
         return get_tool(call.name).validate(arguments)
