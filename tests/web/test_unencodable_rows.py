@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
 import pytest
 from websockets.sync.client import connect
 
-from tests.procs import Proc, base_env, free_port, start_web, start_worker, wait_until
-from tests.test_sqlite_smoke import manage, sqlite_env
+from tests.procs import ROOT, Proc, base_env, free_port, start_web, start_worker, wait_until
 
 WRITE_RUN = """
 from agentruns.services import start_run
@@ -31,6 +32,30 @@ run = start_run(
 ).run
 print(run.id)
 """
+
+
+def sqlite_env(db_path: Path, base_url: str) -> dict[str, object]:
+    """The embedded default: an empty DATABASE_URL selects SQLite at SQLITE_PATH."""
+    return {
+        "DATABASE_URL": "",
+        "SQLITE_PATH": db_path,
+        "APP_BASE_URL": base_url,
+        "REFUND_GATEWAY_URL": base_url + "/gateway",
+        "SCRIPTED_MODEL_DELAY_MS": 1,
+    }
+
+
+def manage(env: dict[str, str], *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, f"manage.py {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
 
 
 @pytest.fixture
