@@ -76,6 +76,14 @@ def watch_run_page_to_the_end(journey: Journey, run: Run) -> Run:
     assert turns == texts  # every turn whole, once, in order
     assert page.inner_text("#run-output").strip() == done.output.strip()
     assert page.inner_text("#run-status") == done.status
+    # the step table follows in place: every step, each with its final status
+    statuses = list(done.steps.order_by("index").values_list("status", flat=True))
+    page.wait_for_function(
+        """expected => JSON.stringify([...document.querySelectorAll('#steps tr[id^=step-] .chip')]
+            .map(chip => chip.textContent.trim())) === JSON.stringify(expected)""",
+        arg=statuses,
+        timeout=WAIT_MS,
+    )
     return done
 
 
