@@ -143,3 +143,17 @@ def wait_until(predicate, timeout: float = 60, interval: float = 0.1, message: s
             return value
         time.sleep(interval)
     raise TimeoutError(f"timed out after {timeout}s waiting for {message}")
+
+
+def run_manage(
+    env: dict[str, str], *args: str, timeout: float = 180
+) -> subprocess.CompletedProcess:
+    """`python manage.py <args>` in a subprocess with `env`; the caller checks the outcome."""
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

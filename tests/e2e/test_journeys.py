@@ -87,16 +87,29 @@ def watch_run_page_to_the_end(journey: Journey, run: Run) -> Run:
     return done
 
 
-def test_approve_a_lowered_refund_and_watch_the_run_finish(tmp_path, people, browser, procs):
-    env = {"REFUND_APPROVAL_THRESHOLD_CENTS": 0, "SCRIPTED_MODEL_DELAY_MS": 15}
+def card_in_the_inbox(tmp_path, browser, procs, name: str, order_id: str, message: str, **env):
+    """Servers up, the approver in the inbox, a refund run started: its card, once it shows."""
+    env = {"REFUND_APPROVAL_THRESHOLD_CENTS": 0, **env}
     web, url = start_web(tmp_path, **env)
     procs += [web, start_worker(tmp_path, REFUND_GATEWAY_URL=url + "/gateway", **env)]
-    journey = Journey.open(browser, url, "approve")
+    journey = Journey.open(browser, url, name)
     journey.sign_in("approver", then="/approvals/")
-    run = start_run("refund", {"order_id": "ORD-1010", "message": "The lamp arrived broken"}).run
-    approval = approval_for(run)
-    card = journey.page.locator(f"#approval-{approval.id}")
+    run = start_run("refund", {"order_id": order_id, "message": message}).run
+    card = journey.page.locator(f"#approval-{approval_for(run).id}")
     card.wait_for(timeout=WAIT_MS)
+    return journey, url, run, card
+
+
+def test_approve_a_lowered_refund_and_watch_the_run_finish(tmp_path, people, browser, procs):
+    journey, url, run, card = card_in_the_inbox(
+        tmp_path,
+        browser,
+        procs,
+        "approve",
+        "ORD-1010",
+        "The lamp arrived broken",
+        SCRIPTED_MODEL_DELAY_MS=15,
+    )
     order = Order.objects.get(order_id="ORD-1010")
     assert order.customer_name in card.inner_text()
     journey.shot("inbox")
@@ -120,15 +133,9 @@ def test_approve_a_lowered_refund_and_watch_the_run_finish(tmp_path, people, bro
 
 
 def test_reject_and_the_reply_gives_the_reason(tmp_path, people, browser, procs):
-    env = {"REFUND_APPROVAL_THRESHOLD_CENTS": 0}
-    web, url = start_web(tmp_path, **env)
-    procs += [web, start_worker(tmp_path, REFUND_GATEWAY_URL=url + "/gateway", **env)]
-    journey = Journey.open(browser, url, "reject")
-    journey.sign_in("approver", then="/approvals/")
-    run = start_run("refund", {"order_id": "ORD-1011", "message": "It never arrived"}).run
-    approval = approval_for(run)
-    card = journey.page.locator(f"#approval-{approval.id}")
-    card.wait_for(timeout=WAIT_MS)
+    journey, url, run, card = card_in_the_inbox(
+        tmp_path, browser, procs, "reject", "ORD-1011", "It never arrived"
+    )
     why = "the parcel is still on its way to you"
     card.locator("input[name=reason]").fill(why)
     card.locator("button[value=reject]").click()

@@ -4,11 +4,10 @@ refused at start-up, and the headers a browser sees say HTTPS only."""
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
 
-from tests.procs import ROOT, base_env
+from tests.procs import base_env, run_manage
 
 REAL_KEY = "k" * 20 + "-a-real-secret-key-for-this-test-0123456789-ABCDEFGHIJ"
 
@@ -19,14 +18,7 @@ def manage(*args: str, **env: object) -> subprocess.CompletedProcess:
         environment.pop("SECRET_KEY", None)
     # the test runner's own (Playwright needs it); a deployment never sets it
     environment.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_manage(environment, *args)
 
 
 def test_check_deploy_passes_in_production_mode():

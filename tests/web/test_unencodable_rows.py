@@ -12,15 +12,21 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 from websockets.sync.client import connect
 
-from tests.procs import ROOT, Proc, base_env, free_port, start_web, start_worker, wait_until
+from tests.procs import (
+    Proc,
+    base_env,
+    free_port,
+    run_manage,
+    start_web,
+    start_worker,
+    wait_until,
+)
 
 WRITE_RUN = """
 from agentruns.services import start_run
@@ -46,14 +52,7 @@ def sqlite_env(db_path: Path, base_url: str) -> dict[str, object]:
 
 
 def manage(env: dict[str, str], *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    done = run_manage(env, *args)
     assert done.returncode == 0, f"manage.py {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
     return done.stdout
 
