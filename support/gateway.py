@@ -7,8 +7,10 @@ crash tests have a real HTTP service with a ledger to check. It validates like a
 - `POST /gateway/refunds` `{"order_id", "amount_cents", "reason"}` with an `Idempotency-Key`
   header creates at most one refund per key and answers a repeated key with the same body
   (DESIGN.md 6). With `REFUND_GATEWAY_KEY` set, it requires `Authorization: Bearer <key>` (401).
-  The order must exist (404) and the amount must be a positive integer no larger than what is
-  still refundable on it: the order's amount less the refunds already made (422).
+  The order must exist (404) and the amount must be a positive integer no larger than what was
+  paid for it (422). Each refund is checked on its own, not against the sum of earlier ones: the
+  crash lab's naive side (support/crashlab.py) must be able to refund twice, which is the harm it
+  measures.
 - `GET /gateway/refunds?order_id=...` lists what it actually executed (open, for the demo).
 
 Every refusal is JSON `{"error": ...}` with a 4xx status; no input reaches the database unchecked.
@@ -20,7 +22,6 @@ import hmac
 import time
 
 from django.db import IntegrityError, transaction
-from django.db.models import Sum
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -96,25 +97,16 @@ def _refund(request: HttpRequest) -> JsonResponse:
         return _replay(existing, order_id, amount)
     if len(order_id) > ORDER_ID_MAX:
         raise BadRequest(f"no order {order_id[:ORDER_ID_MAX]}…", 404)
+    order = Order.objects.filter(order_id=order_id).only("amount_cents").first()
+    if order is None:
+        raise BadRequest(f"no order {order_id}", 404)
+    if amount > order.amount_cents:
+        raise BadRequest(
+            f"amount_cents {amount} is more than was paid for {order_id} ({order.amount_cents})",
+            422,
+        )
     try:
         with transaction.atomic():
-            # one refund at a time per order, so two concurrent ones cannot both fit the amount
-            order = Order.objects.select_for_update().filter(order_id=order_id).first()
-            if order is None:
-                raise BadRequest(f"no order {order_id}", 404)
-            refunded = (
-                GatewayRefund.objects.filter(order_id=order_id).aggregate(s=Sum("amount_cents"))[
-                    "s"
-                ]
-                or 0
-            )
-            refundable = order.amount_cents - refunded
-            if amount > refundable:
-                raise BadRequest(
-                    f"amount_cents {amount} is more than the {refundable} still refundable on "
-                    f"{order_id} (paid {order.amount_cents}, refunded {refunded})",
-                    422,
-                )
             refund = GatewayRefund.objects.create(
                 order_id=order_id,
                 amount_cents=amount,
