@@ -394,7 +394,10 @@ class ModelSteps:
             # strict: a NaN, a 5000-digit number or a NUL could not be stored as the arguments
             arguments = loads_strict(call.arguments or "{}", "arguments", repair_text=True)
         except UnsafeValue as exc:
-            raise ToolArgumentsError(f"{call.name}: {exc}") from None
+            problem = str(exc).removeprefix("malformed JSON: ")
+            raise ToolArgumentsError(
+                f"{call.name}: arguments are not valid JSON ({problem})"
+            ) from None
         return get_tool(call.name).validate(arguments)
 
     def _record_model_failure(
