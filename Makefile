@@ -20,6 +20,8 @@ venv: $(BIN)/.installed
 run: venv
 	@[ -f examples/chat/dist/chat.js ] || ! command -v npm >/dev/null || $(MAKE) example
 	@mkdir -p var
+	@# the simulated refund gateway's key, made once: the web (gateway) and the worker (tool) share it
+	@test -s var/gateway.key || $(BIN)/python -c "import secrets; print(secrets.token_urlsafe(32))" > var/gateway.key
 	$(BIN)/python manage.py migrate --noinput -v0
 	$(BIN)/python manage.py seed_demo
 	@echo
@@ -28,7 +30,8 @@ run: venv
 	@echo "  The AI SDK chat example: http://127.0.0.1:$(WEB_PORT)/examples/chat/ (make example builds it)"
 	@echo "  API: TOKEN=\$$($(BIN)/python manage.py create_api_token lead | tail -n1)"
 	@echo
-	WEB_PORT=$(WEB_PORT) APP_BASE_URL=http://127.0.0.1:$(WEB_PORT) $(BIN)/honcho start -f Procfile
+	REFUND_GATEWAY_KEY=$${REFUND_GATEWAY_KEY:-$$(cat var/gateway.key)} \
+	  WEB_PORT=$(WEB_PORT) APP_BASE_URL=http://127.0.0.1:$(WEB_PORT) $(BIN)/honcho start -f Procfile
 
 # the AI SDK chat example's bundle: Node.js and npm, pinned lock file
 $(EXAMPLE): examples/chat/package-lock.json examples/chat/src/chat.js

@@ -10,6 +10,8 @@ rows in the same query.
 
 from __future__ import annotations
 
+import json
+
 from django import forms
 from django.contrib import admin
 from django.urls import reverse
@@ -26,7 +28,13 @@ from agentruns.models import (
     WorkerHeartbeat,
 )
 from agentruns.registry import all_agents
-from agentruns.runtime.redaction import redact_fields
+from agentruns.runtime.redaction import (
+    redact_fields,
+    redact_text,
+    redact_tool_calls,
+    secret_values,
+)
+from agentruns.tokens import revoke
 
 
 class ReadOnlyMixin:
@@ -40,6 +48,10 @@ class ReadOnlyMixin:
         return False
 
 
+def _step_secrets(step: Step) -> list[str]:
+    return secret_values([step.arguments, step.result], step.run.redacted_fields(step.tool))
+
+
 def _short(value: object) -> str:
     return str(value)[:8]
 
@@ -48,10 +60,22 @@ def _run_link(run_id: object) -> str:
     return format_html('<a href="{}">{}</a>', reverse("run-detail", args=[run_id]), _short(run_id))
 
 
+def _pretty(value: object) -> str:
+    return format_html(
+        "<pre>{}</pre>",
+        json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str),
+    )
+
+
 class StepInline(ReadOnlyMixin, admin.TabularInline):
     model = Step
-    fields = ("index", "kind", "tool", "status", "attempts", "idempotency_key", "error")
+    fields = ("index", "kind", "tool", "status", "attempts", "idempotency_key", "shown_error")
     readonly_fields = fields
+
+    @admin.display(description="error")
+    def shown_error(self, obj: Step) -> str:
+        return redact_text(obj.error)
+
     extra = 0
     show_change_link = True
     ordering = ("index",)
@@ -107,7 +131,7 @@ class RunAdmin(ReadOnlyMixin, admin.ModelAdmin):
             None,
             {"fields": ("page_link", "id", "agent", "status", "input", "dedupe_key", "created_by")},
         ),
-        ("Outcome", {"fields": ("output", "error", "stop_reason", "finished_at")}),
+        ("Outcome", {"fields": ("output", "shown_error", "stop_reason", "finished_at")}),
         (
             "Limits and usage",
             {
@@ -149,7 +173,11 @@ class RunAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.display(description="error")
     def error_excerpt(self, obj: Run) -> str:
-        return obj.error[:120]
+        return redact_text(obj.error)[:120]
+
+    @admin.display(description="error")
+    def shown_error(self, obj: Run) -> str:
+        return redact_text(obj.error)
 
     @admin.display(description="tokens")
     def tokens(self, obj: Run) -> int:
@@ -160,13 +188,21 @@ class RunAdmin(ReadOnlyMixin, admin.ModelAdmin):
         return format_html('<a href="{}">open run page</a>', reverse("run-detail", args=[obj.id]))
 
     def get_readonly_fields(self, request, obj=None):
-        return [f.name for f in Run._meta.fields] + ["page_link"]
+        return [f.name for f in Run._meta.fields if f.name != "error"] + [
+            "page_link",
+            "shown_error",
+        ]
 
 
 class AttemptInline(ReadOnlyMixin, admin.TabularInline):
     model = StepAttempt
-    fields = ("number", "worker", "started_at", "finished_at", "outcome", "error")
+    fields = ("number", "worker", "started_at", "finished_at", "outcome", "shown_error")
     readonly_fields = fields
+
+    @admin.display(description="error")
+    def shown_error(self, obj: StepAttempt) -> str:
+        return redact_text(obj.error, _step_secrets(obj.step))
+
     extra = 0
     ordering = ("number",)
 
@@ -190,8 +226,14 @@ class StepAdmin(ReadOnlyMixin, admin.ModelAdmin):
     inlines = [AttemptInline]
     show_full_result_count = False
     ordering = ("-created_at",)
-    exclude = ("arguments", "result")
-    readonly_fields = ("run_link", "redacted_arguments", "redacted_result")
+    exclude = ("arguments", "result", "tool_calls", "error")
+    readonly_fields = (
+        "run_link",
+        "redacted_arguments",
+        "redacted_result",
+        "redacted_tool_calls",
+        "redacted_error",
+    )
 
     @admin.display(description="run", ordering="run_id")
     def run_link(self, obj: Step) -> str:
@@ -208,11 +250,17 @@ class StepAdmin(ReadOnlyMixin, admin.ModelAdmin):
     def redacted_result(self, obj: Step) -> object:
         return redact_fields(obj.result, self._hidden(obj))
 
+    @admin.display(description="tool calls (redacted)")
+    def redacted_tool_calls(self, obj: Step) -> object:
+        return _pretty(redact_tool_calls(obj.tool_calls, obj.run.redacted_fields))
+
+    @admin.display(description="error (redacted)")
+    def redacted_error(self, obj: Step) -> str:
+        return redact_text(obj.error, _step_secrets(obj))
+
     def get_readonly_fields(self, request, obj=None):
-        hidden = {"arguments", "result", "run"}
-        return ["run_link", "redacted_arguments", "redacted_result"] + [
-            f.name for f in Step._meta.fields if f.name not in hidden
-        ]
+        hidden = {"arguments", "result", "run", "tool_calls", "error"}
+        return [*self.readonly_fields] + [f.name for f in Step._meta.fields if f.name not in hidden]
 
 
 @admin.register(StepAttempt)
@@ -238,9 +286,18 @@ class StepAttemptAdmin(ReadOnlyMixin, admin.ModelAdmin):
         "started_at",
         "finished_at",
         "outcome",
-        "error",
-        "traceback",
+        "redacted_error",
+        "redacted_traceback",
     )
+    exclude = ("error", "traceback")
+
+    @admin.display(description="error (redacted)")
+    def redacted_error(self, obj: StepAttempt) -> str:
+        return redact_text(obj.error, _step_secrets(obj.step))
+
+    @admin.display(description="traceback (redacted)")
+    def redacted_traceback(self, obj: StepAttempt) -> str:
+        return format_html("<pre>{}</pre>", redact_text(obj.traceback, _step_secrets(obj.step)))
 
     @admin.display(description="duration")
     def duration(self, obj: StepAttempt) -> str:
@@ -249,7 +306,7 @@ class StepAttemptAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.display(description="error")
     def error_excerpt(self, obj: StepAttempt) -> str:
-        return obj.error[:120]
+        return redact_text(obj.error)[:120]
 
 
 @admin.register(RunEvent)
@@ -259,22 +316,46 @@ class RunEventAdmin(ReadOnlyMixin, admin.ModelAdmin):
     search_fields = ("=run__id",)
     show_full_result_count = False
     ordering = ("-id",)
-    readonly_fields = ("run", "seq", "type", "data", "created_at")
+    readonly_fields = ("run", "seq", "type", "redacted_data", "created_at")
+    exclude = ("data",)
+
+    @admin.display(description="data")
+    def redacted_data(self, obj: RunEvent) -> str:
+        # written redacted by the runtime; masked again for rows from before that
+        return format_html(
+            "<pre>{}</pre>",
+            redact_text(json.dumps(obj.data, indent=2, sort_keys=True, ensure_ascii=False)),
+        )
 
     @admin.display(description="run", ordering="run_id")
     def run_link(self, obj: RunEvent) -> str:
         return _run_link(obj.run_id)
 
 
+@admin.action(description="Revoke the selected tokens (refused at once, sockets included)")
+def revoke_tokens(modeladmin, request, queryset) -> None:
+    count = revoke(queryset)
+    modeladmin.message_user(request, f"Revoked {count} token(s).")
+
+
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
-    list_display = ("prefix", "user", "created_at", "last_used_at", "revoked")
+    list_display = ("prefix", "user", "state", "created_at", "expires_at", "last_used_at")
     list_filter = ("revoked",)
-    fields = ("user", "prefix", "created_at", "last_used_at", "revoked")
-    readonly_fields = ("user", "prefix", "created_at", "last_used_at")
+    search_fields = ("prefix", "user__username")
+    fields = ("user", "prefix", "state", "created_at", "expires_at", "last_used_at", "revoked_at")
+    readonly_fields = fields
+    actions = [revoke_tokens]
+
+    @admin.display(description="state")
+    def state(self, obj: ApiToken) -> str:
+        return obj.state
 
     def has_add_permission(self, request) -> bool:
         return False  # tokens are made with `manage.py create_api_token`
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False  # revoke with the action (or `manage.py revoke_api_token`), nothing else
 
 
 @admin.register(WorkerHeartbeat)

@@ -263,6 +263,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     # the API
     Setting("AGENTRUNS_API_MAX_BODY_BYTES", int, 1_000_000, "larger request bodies get 413", 1024),
+    Setting("AGENTRUNS_API_TOKEN_DAYS", float, 90, "new API tokens expire after it (0: never)", 0),
     # operations
     Setting("AGENTRUNS_WORKER_STALE_SECONDS", float, 30, "/healthz turns 503 past it", 1),
     Setting(

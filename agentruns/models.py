@@ -273,17 +273,39 @@ class RunEvent(models.Model):
 
 
 class ApiToken(models.Model):
-    """A bearer token for the JSON API and the socket. Only the SHA-256 is stored."""
+    """A bearer token for the JSON API and the socket. Only the SHA-256 is stored.
+
+    Valid while not revoked, not past `expires_at` and its user is active (`is_valid`)."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     token_hash = models.CharField(max_length=64, unique=True)
     prefix = models.CharField(max_length=12)
     created_at = models.DateTimeField(auto_now_add=True)
+    # set by `tokens.create_token` (AGENTRUNS_API_TOKEN_DAYS, default 90); NULL: never expires
+    expires_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked = models.BooleanField(default=False)
+    revoked_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.user})"
+
+    @property
+    def is_expired(self) -> bool:
+        return self.expires_at is not None and self.expires_at <= timezone.now()
+
+    @property
+    def state(self) -> str:
+        if self.revoked:
+            return "revoked"
+        return "expired" if self.is_expired else "active"
+
+    @classmethod
+    def valid(cls) -> models.QuerySet:
+        """Tokens that may authenticate right now."""
+        return cls.objects.filter(revoked=False, user__is_active=True).filter(
+            Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now())
+        )
 
 
 class ApprovalOverride(models.TextChoices):

@@ -1,42 +1,69 @@
-"""Bearer tokens for the API and the socket. Only a SHA-256 of each token is stored."""
+"""Bearer tokens for the API and the socket. Only a SHA-256 of each token is stored.
+
+A token expires `AGENTRUNS_API_TOKEN_DAYS` (default 90) after it is made; a revoked or expired
+token is refused on its next request, and an open socket it authenticated is closed within
+`SOCKET_RECHECK_SECONDS` (the stream consumer re-checks it).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import secrets
+from datetime import timedelta
 from typing import Any
 
+from django.db.models import QuerySet
 from django.utils import timezone
 
+from agentruns.conf import conf
 from agentruns.models import ApiToken
 
 PREFIX = "art_"
+SOCKET_RECHECK_SECONDS = 2.0
 
 
 def hash_token(raw: str) -> str:
-    return hashlib.sha256(raw.encode()).hexdigest()
+    return hashlib.sha256(raw.encode("utf-8", "replace")).hexdigest()
 
 
-def create_token(user: Any) -> str:
-    raw = PREFIX + secrets.token_urlsafe(32)
-    ApiToken.objects.create(user=user, token_hash=hash_token(raw), prefix=raw[:10])
+def create_token(user: Any, days: float | None = None) -> str:
+    """A new token for `user`, valid for `days` (default AGENTRUNS_API_TOKEN_DAYS; 0: forever)."""
+    raw, _ = issue_token(user, days)
     return raw
 
 
+def issue_token(user: Any, days: float | None = None) -> tuple[str, ApiToken]:
+    days = conf.API_TOKEN_DAYS if days is None else days
+    raw = PREFIX + secrets.token_urlsafe(32)
+    expires = timezone.now() + timedelta(days=days) if days else None
+    row = ApiToken.objects.create(
+        user=user, token_hash=hash_token(raw), prefix=raw[:10], expires_at=expires
+    )
+    return raw, row
+
+
 def user_for_token(raw: str) -> Any | None:
+    """The token's user, or None when it is unknown, revoked, expired or its user inactive."""
     if not raw:
         return None
     token = (
-        ApiToken.objects.select_related("user")
-        .filter(token_hash=hash_token(raw.strip()), revoked=False)
-        .first()
+        ApiToken.valid().select_related("user").filter(token_hash=hash_token(raw.strip())).first()
     )
-    if token is None or not token.user.is_active:
+    if token is None:
         return None
     now = timezone.now()
     if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
     return token.user
+
+
+def token_is_valid(raw: str) -> bool:
+    return ApiToken.valid().filter(token_hash=hash_token(raw.strip())).exists()
+
+
+def revoke(tokens: QuerySet[ApiToken]) -> int:
+    """Revoke every still-unrevoked token of `tokens`; returns how many."""
+    return tokens.filter(revoked=False).update(revoked=True, revoked_at=timezone.now())
 
 
 def bearer_from_header(value: str | None) -> str:

@@ -6,12 +6,49 @@ from django.http import HttpRequest
 
 from agentruns.api.endpoint import INT_ID, endpoint
 from agentruns.api.parsing import BadRequest
+from agentruns.api.schemas import COUNT, TEXT_OR_NULL, TIME, TIME_OR_NULL, obj
 from agentruns.runtime.redaction import redact_fields
 from agentruns.runtime.timestamps import iso
 from approvals import decisions, policy, services
 from approvals.cards import Card, build_cards
 from approvals.models import Approval, ApprovalKind, ApprovalStatus
 from approvals.selectors import AGES, approvals_query
+
+ARGS_OR_NULL = {"type": ["object", "null"]}
+APPROVAL = obj(
+    {
+        "id": COUNT,
+        "kind": {"type": "string", "enum": ApprovalKind.values},
+        "status": {"type": "string", "enum": ApprovalStatus.values},
+        "run_id": {"type": "string", "format": "uuid"},
+        "step_id": {"type": "string", "format": "uuid"},
+        "step_index": COUNT,
+        "agent": {"type": "string"},
+        "tool": {"type": "string"},
+        "args": {"type": "object"},
+        "requested_args": {"type": "object"},
+        "edited_args": ARGS_OR_NULL,
+        "resolution": TEXT_OR_NULL,
+        "decided_by": TEXT_OR_NULL,
+        "decided_at": TIME_OR_NULL,
+        "reason": {"type": "string"},
+        "expires_at": TIME_OR_NULL,
+        "created_at": TIME,
+        "history": {"type": "array", "items": {"type": "object"}},
+        "summary": obj(
+            {
+                "customer": TEXT_OR_NULL,
+                "order_id": TEXT_OR_NULL,
+                "amount_cents": {"type": ["integer", "null"]},
+                "currency": TEXT_OR_NULL,
+                "reason": TEXT_OR_NULL,
+                "request": TEXT_OR_NULL,
+                "recent_text": {"type": "array", "items": {"type": "string"}},
+            }
+        ),
+    },
+    optional=("summary",),
+)
 
 
 def claim_payload(approval: Approval) -> dict:
@@ -81,11 +118,13 @@ def approval_payload(approval: Approval, card: Card | None = None) -> dict:
     query={
         "status": {"type": "string", "enum": ["", *ApprovalStatus.values]},
         "kind": {"type": "string", "enum": ApprovalKind.values},
-        "agent": {"type": "string", "maxLength": 100},
+        "agent": {"type": "string", "maxLength": Approval._meta.get_field("agent").max_length},
         "age": {"type": "string", "enum": list(AGES)},
         "limit": {"type": "integer", "minimum": 1, "maximum": 500},
     },
     tags=("approvals",),
+    returns=obj({"approvals": {"type": "array", "items": APPROVAL}}),
+    provides={"approval_id": "/approvals/0/id"},
 )
 def approval_list(
     request: HttpRequest,
@@ -136,6 +175,8 @@ DECISIONS = ["approve", "reject", *services.RESOLUTIONS]
         422: "not acceptable (e.g. a reconciliation answer for an approval)",
     },
     tags=("approvals",),
+    returns=APPROVAL,
+    example={"decision": "approve", "reason": "checked the order"},
 )
 def approval_decide(request: HttpRequest, approval_id: str, body: dict) -> dict | tuple[dict, int]:
     if not Approval.objects.filter(id=int(approval_id)).exists():

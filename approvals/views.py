@@ -9,7 +9,6 @@ identical; the real status of a refusal rides in `X-Decision-Status`. Every page
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Any
 
 from django.contrib import messages
@@ -25,6 +24,7 @@ from agentruns.edits import same_value
 from agentruns.registry import UnknownTool, all_agents, get_tool
 from agentruns.schemas import type_words
 from agentruns.selectors.pagination import encode_cursor
+from agentruns.text import UnsafeValue, check_text, loads_strict
 from approvals import policy, services
 from approvals.cards import build_cards, card_for
 from approvals.claims import held_by_other
@@ -110,22 +110,35 @@ def inbox(request: HttpRequest) -> HttpResponse:
     return render(request, "approvals/inbox.html", context)
 
 
+_NOT_PARSED = object()
+
+
 def _parse_value(name: str, kind: str, raw: str) -> Any:
-    """A form field's text as the JSON type the schema wants; refusals read like the API's."""
+    """A form field's text as the JSON type the schema wants, by the API's rules (agentruns.text:
+    ASCII digits only, finite numbers within 64 bits, strict JSON); refusals read like the API's."""
     if raw == "" and kind not in ("string", "boolean"):
         raise policy.EditNotAllowed(name, "required", f"edit refused: {name}: a value is required")
-    try:
-        if kind == "integer":
-            return int(raw)
-        if kind == "number":
-            return float(raw)
-        if kind in ("object", "array"):
-            return json.loads(raw)
-    except (ValueError, json.JSONDecodeError):
-        message = f"edit refused: {name} must be {type_words(kind)} (got {raw})"  # as the API says
-        raise policy.EditNotAllowed(name, "type", message) from None
+    if kind in ("integer", "number", "object", "array"):
+        try:
+            value = loads_strict(raw, name)
+        except UnsafeValue:
+            value = _NOT_PARSED
+        wrong_number = kind in ("integer", "number") and (
+            isinstance(value, bool)
+            or not isinstance(value, int if kind == "integer" else int | float)
+        )
+        if value is _NOT_PARSED or wrong_number:
+            message = (
+                f"edit refused: {name} must be {type_words(kind)} (got {raw})"  # as the API says
+            )
+            raise policy.EditNotAllowed(name, "type", message)
+        return value
     if kind == "boolean":
         return raw in ("1", "true", "on")
+    try:
+        check_text(raw, name)
+    except UnsafeValue as exc:
+        raise policy.EditNotAllowed(name, "text", f"edit refused: {exc}") from None
     return raw
 
 
@@ -186,8 +199,8 @@ def _decide(request: HttpRequest, approval: Approval) -> tuple[str, str]:
     if action in services.RESOLUTIONS:
         raw = request.POST.get("result", "").strip()
         try:
-            result = json.loads(raw) if raw and action == "happened" else None
-        except json.JSONDecodeError as exc:
+            result = loads_strict(raw, "result") if raw and action == "happened" else None
+        except UnsafeValue as exc:
             raise services.DecisionError(f"The result is not valid JSON: {exc}") from None
         services.reconcile(
             approval.id, user=request.user, resolution=action, result=result, reason=reason

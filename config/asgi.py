@@ -8,11 +8,12 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_asgi_app = get_asgi_application()
 
-from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+from agentruns.web.static import StaticFiles  # noqa: E402
 
 # daphne does not serve /static/ (runserver would): the run page's stream client and htmx live
-# there, so the app serves its few static files itself, straight from the finders
-django_asgi_app = ASGIStaticFilesHandler(django_asgi_app)
+# there, so the app serves its few static files itself, straight from the finders (a hostile
+# path is a 404, not a 500)
+django_asgi_app = StaticFiles(django_asgi_app)
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402

@@ -7,8 +7,12 @@ SQLite in WAL mode + django-q2's ORM broker + Channels' in-memory layer with a d
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
+
+from csp.constants import NONE, SELF
+from django.core.exceptions import ImproperlyConfigured
 
 from agentruns.conf import env_bool, env_float, env_int, env_str
 
@@ -38,7 +42,9 @@ def database_from_url(url: str) -> dict:
     }
 
 
-SECRET_KEY = env_str("SECRET_KEY", "dev-insecure-change-me-0123456789abcdefghijklmnopqrstuvwxyz")
+# the built-in key is for development only: SECURE_HTTPS=1 refuses it (see "production" below)
+BUILTIN_SECRET_KEY = "dev-insecure-change-me-0123456789abcdefghijklmnopqrstuvwxyz"
+SECRET_KEY = env_str("SECRET_KEY", BUILTIN_SECRET_KEY)
 DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = [
     h for h in env_str("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",") if h
@@ -61,17 +67,23 @@ INSTALLED_APPS = [
     "django_htmx",
     "django_q",
     "channels",
+    "axes",
+    "csp",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
+    "agentruns.web.middleware.RefuseUnstorableInput",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "csp.middleware.CSPMiddleware",
+    # last, as django-axes requires: it turns a lockout into the lockout page
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -80,7 +92,8 @@ ASGI_APPLICATION = "config.asgi.application"
 
 TEMPLATES = [
     {
-        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        # Django's engine; every page rendered encodable (a stored lone surrogate cannot 500 it)
+        "BACKEND": "agentruns.web.engine.EncodableTemplates",
         "DIRS": [BASE_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
@@ -116,7 +129,13 @@ else:
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
-    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": f"django.contrib.auth.password_validation.{name}"}
+    for name in (
+        "UserAttributeSimilarityValidator",
+        "MinimumLengthValidator",
+        "CommonPasswordValidator",
+        "NumericPasswordValidator",
+    )
 ]
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/approvals/"
@@ -131,6 +150,66 @@ USE_TZ = True
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = BASE_DIR / "var" / "staticfiles"
+
+# --- security: logins, Content Security Policy, production (SECURE_HTTPS) ------------------
+# django-axes counts failed logins per (username, address): AXES_FAILURE_LIMIT failures lock that
+# pair out for AXES_COOLOFF_MINUTES (the lockout page, status 429) before any password is hashed;
+# a success resets the count; an admin unlocks early by deleting the access attempt in the admin
+# (or `manage.py axes_reset_username <name>`).
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_ENABLED = env_bool("AXES_ENABLED", True)
+AXES_VERBOSE = False  # no banner in every process's log
+AXES_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(minutes=env_float("AXES_COOLOFF_MINUTES", 15))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AXES_HTTP_RESPONSE_CODE = 429
+# behind the TLS proxy of SECURE_HTTPS the client address is the proxy's X-Forwarded-For
+AXES_IPWARE_PROXY_COUNT = env_int("AXES_PROXY_COUNT", 0) or None
+AXES_IPWARE_META_PRECEDENCE_ORDER = (
+    ["HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"] if AXES_IPWARE_PROXY_COUNT else ["REMOTE_ADDR"]
+)
+
+# Only our own static files may run or style anything: no inline script, no style attribute, no
+# eval (templates keep JS in static/js and CSS in static/css). 'self' covers the same-origin
+# WebSocket in current browsers.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "img-src": [SELF, "data:"],
+        "connect-src": [SELF],
+        "font-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    }
+}
+
+# Production: SECURE_HTTPS=1 behind a TLS-terminating proxy that sets X-Forwarded-Proto.
+# `manage.py check --deploy --fail-level WARNING` passes in this mode (tests/ops/test_deploy.py).
+SECURE_HTTPS = env_bool("SECURE_HTTPS", False)
+if SECURE_HTTPS:
+    if SECRET_KEY == BUILTIN_SECRET_KEY:
+        raise ImproperlyConfigured(
+            "SECURE_HTTPS=1 needs a SECRET_KEY of your own (the built-in one is public)"
+        )
+    if DEBUG:
+        raise ImproperlyConfigured("SECURE_HTTPS=1 refuses DEBUG=1: it shows tracebacks to anyone")
+    SECURE_SSL_REDIRECT = True
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]  # probes speak plain HTTP inside
+    SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 365 * 24 * 3600)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", True)
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
 
 # --- channels ------------------------------------------------------------------------------
 REDIS_URL = env_str("REDIS_URL")

@@ -37,6 +37,13 @@ def _two_person(amount_cents: int) -> bool:
     return limit > 0 and amount_cents > limit
 
 
+def gateway_headers(idempotency_key: str) -> dict[str, str]:
+    headers = {"Idempotency-Key": idempotency_key}
+    if demo_conf.GATEWAY_KEY:
+        headers["Authorization"] = f"Bearer {demo_conf.GATEWAY_KEY}"
+    return headers
+
+
 def needs_refund_approval(arguments: dict) -> bool:
     amount = int(arguments.get("amount_cents", 0))
     return amount > demo_conf.APPROVAL_THRESHOLD_CENTS or _two_person(amount)
@@ -94,7 +101,7 @@ def issue_refund(ctx: ToolContext, order_id: str, amount_cents: int, reason: str
         response = gateway_client().post(
             url,
             json={"order_id": order_id, "amount_cents": amount_cents, "reason": reason},
-            headers={"Idempotency-Key": ctx.idempotency_key},
+            headers=gateway_headers(ctx.idempotency_key),
         )
     except httpx.HTTPError as exc:
         raise RetryableToolError(f"gateway unreachable: {exc}") from exc

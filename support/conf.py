@@ -14,6 +14,12 @@ def _gateway_url() -> str:
 demo_conf = Conf(
     (
         Setting("REFUND_GATEWAY_URL", str, _gateway_url, "where `issue_refund` sends refunds"),
+        Setting(
+            "REFUND_GATEWAY_KEY",
+            str,
+            "",
+            "the gateway requires `Authorization: Bearer <it>`; `issue_refund` sends it (empty: open)",
+        ),
         Setting("REFUND_GATEWAY_DELAY_MS", int, 0, "the gateway's simulated latency", 0),
         Setting("REFUND_GATEWAY_FAIL", bool, False, "the gateway answers 503 to every refund"),
         Setting("REFUND_GATEWAY_TIMEOUT_SECONDS", float, 10, "the tool's HTTP timeout", 0.1),

@@ -184,3 +184,17 @@ def gateway_refunds(base_url: str, order_id: str | None = None) -> list[dict]:
     response = httpx.get(f"{base_url}/gateway/refunds", params=params, timeout=30)
     response.raise_for_status()
     return response.json()["refunds"]
+
+
+def run_manage(
+    env: dict[str, str], *args: str, timeout: float = 180
+) -> subprocess.CompletedProcess:
+    """`python manage.py <args>` in a subprocess with `env`; the caller checks the outcome."""
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

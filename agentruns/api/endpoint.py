@@ -23,10 +23,10 @@ from functools import wraps
 from typing import Any
 
 from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
-from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.middleware.csrf import CsrfViewMiddleware
 
-from agentruns.api.parsing import BadRequest, json_error, parse_json_body
+from agentruns.api.parsing import BadRequest, json_error, json_response, parse_json_body
 from agentruns.registry import strict_validator
 from agentruns.runtime.transitions import ActionRefused
 from agentruns.schemas import type_words
@@ -55,6 +55,12 @@ class Endpoint:
     body: dict | None  # the body's JSON schema (an object), None: no body
     responses: dict[int, str]
     session_writes: bool
+    returns: dict | None = None  # the JSON schema of a 2xx answer's body
+    headers: dict[str, dict] = field(default_factory=dict)  # request headers it reads
+    example: dict | None = None  # a body that works (the description's example)
+    # path parameters its 2xx answer provides, as JSON pointers into the body: {"run_id": "/id"}
+    # (the description links them to the operations that take that parameter)
+    provides: dict[str, str] = field(default_factory=dict)
     description: str = ""
     tags: list[str] = field(default_factory=list)
 
@@ -155,10 +161,16 @@ def endpoint(
     responses: dict[int, str] | None = None,
     session_writes: bool = False,
     tags: tuple[str, ...] = (),
+    returns: dict | None = None,
+    headers: dict[str, dict] | None = None,
+    example: dict | None = None,
+    provides: dict[str, str] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Declare a JSON endpoint. `body`: the properties of the JSON object the body must be (or a
     whole schema with "type"), `required` its required names; `path_params` and `query`: a
-    schema per parameter."""
+    schema per parameter; `returns`: the schema of its 2xx answers (`api/schemas.py`);
+    `headers`: request headers it reads (documented; the view checks them); `example`: a body
+    that works; `provides`: path parameters its answer holds (`{"run_id": "/id"}`)."""
     path_params = path_params or {}
     query = query or {}
     if body is not None and body.get("type") != "object":
@@ -205,7 +217,7 @@ def endpoint(
             if isinstance(result, HttpResponseBase):  # streams too
                 return result
             payload, status = result if isinstance(result, tuple) else (result, 200)
-            return JsonResponse(payload, status=status, json_dumps_params={"ensure_ascii": False})
+            return json_response(payload, status)
 
         handle.csrf_exempt = True  # type: ignore[attr-defined]  # bearer: not ambient; sessions: checked above
         ENDPOINTS.append(
@@ -220,6 +232,10 @@ def endpoint(
                 body=body,
                 responses=responses or {200: "OK"},
                 session_writes=session_writes,
+                returns=returns,
+                headers=headers or {},
+                example=example,
+                provides=provides or {},
                 description=(view.__doc__ or "").strip(),
                 tags=list(tags),
             )

@@ -20,22 +20,54 @@ STANDARD_ERRORS = {
 
 def _responses(point: Endpoint) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for status, text in sorted({**STANDARD_ERRORS, **point.responses}.items()):
-        content = {"application/json": {"schema": {"type": "object"} if status < 400 else ERROR}}
-        out[str(status)] = {"description": text, "content": content}
+    errors = dict(STANDARD_ERRORS)
+    if point.body is None:
+        errors.pop(413), errors.pop(415)  # no body is read
+    if not point.path_params:
+        errors.pop(404)
+    for status, text in sorted({**errors, **point.responses}.items()):
+        schema = (point.returns or {"type": "object"}) if status < 400 else ERROR
+        out[str(status)] = {
+            "description": text,
+            "content": {"application/json": {"schema": schema}},
+        }
+    links = _links(point)
+    for status in out:
+        if links and status.startswith("2"):
+            out[status]["links"] = links
     if point.method == "GET" and point.path.endswith("/stream"):
         out["200"]["content"] = {"text/event-stream": {"schema": {"type": "string"}}}
     return out
 
 
+def _links(point: Endpoint) -> dict[str, Any]:
+    """From an answer that provides a path parameter to every operation that takes it."""
+    links = {}
+    for name, pointer in point.provides.items():
+        for other in ENDPOINTS:
+            if other is not point and name in other.path_params:
+                links[other.view.__name__] = {
+                    "operationId": other.view.__name__,
+                    "parameters": {name: f"$response.body#{pointer}"},
+                }
+    return links
+
+
 def _operation(point: Endpoint) -> dict[str, Any]:
-    parameters = [
-        {"name": name, "in": "path", "required": True, "schema": schema}
-        for name, schema in point.path_params.items()
-    ] + [
-        {"name": name, "in": "query", "required": False, "schema": schema}
-        for name, schema in point.query.items()
-    ]
+    parameters = (
+        [
+            {"name": name, "in": "path", "required": True, "schema": schema}
+            for name, schema in point.path_params.items()
+        ]
+        + [
+            {"name": name, "in": "query", "required": False, "schema": schema}
+            for name, schema in point.query.items()
+        ]
+        + [
+            {"name": name, "in": "header", "required": False, "schema": schema}
+            for name, schema in point.headers.items()
+        ]
+    )
     operation: dict[str, Any] = {
         "operationId": point.view.__name__,
         "summary": point.summary,
@@ -53,10 +85,10 @@ def _operation(point: Endpoint) -> dict[str, Any]:
             operation.get("description", "") + f"\n\nNeeds `{point.permission}`."
         ).strip()
     if point.body is not None:
-        operation["requestBody"] = {
-            "required": False,
-            "content": {"application/json": {"schema": point.body}},
-        }
+        media: dict[str, Any] = {"schema": point.body}
+        if point.example is not None:
+            media["example"] = point.example
+        operation["requestBody"] = {"required": False, "content": {"application/json": media}}
     return operation
 
 

@@ -9,6 +9,7 @@ from django.http import HttpRequest
 from agentruns import selectors, services
 from agentruns.api.endpoint import RUN_ID, endpoint
 from agentruns.api.parsing import BadRequest
+from agentruns.api.schemas import EVENTS, RUN, RUN_WITH_STEPS
 from agentruns.api.serializers import run_payload
 from agentruns.models import Run
 from agentruns.registry import UnknownAgent
@@ -17,7 +18,7 @@ from agentruns.runtime.events import event_payload
 VIEW = "agentruns.view_run"
 OPERATE = "agentruns.operate_run"
 START = "agentruns.start_run"
-RUN = {"run_id": RUN_ID}
+RUN_PATH = {"run_id": RUN_ID}
 REASON = {"type": "string", "maxLength": 500}
 
 
@@ -28,10 +29,15 @@ def run_or_404(run_id: str) -> Run:
     return run
 
 
+AGENT_MAX = Run._meta.get_field("agent").max_length
+KEY_MAX = Run._meta.get_field("dedupe_key").max_length
+IDEMPOTENCY_KEY = {"type": "string", "maxLength": KEY_MAX}
+
+
 def idempotency_key(request: HttpRequest) -> str | None:
     key = request.headers.get("Idempotency-Key") or None
-    if key is not None and (len(key) > 200 or not key.isprintable()):
-        raise BadRequest("Idempotency-Key must be at most 200 printable characters")
+    if key is not None and (len(key) > KEY_MAX or not key.isprintable()):
+        raise BadRequest(f"Idempotency-Key must be at most {KEY_MAX} printable characters")
     return key
 
 
@@ -41,7 +47,7 @@ def idempotency_key(request: HttpRequest) -> str | None:
     summary="Start a run (a repeated Idempotency-Key returns the same run)",
     permission=START,
     body={
-        "agent": {"type": "string", "minLength": 1, "maxLength": 100},
+        "agent": {"type": "string", "minLength": 1, "maxLength": AGENT_MAX},
         "input": {"type": "object"},
     },
     required=("agent",),
@@ -52,6 +58,13 @@ def idempotency_key(request: HttpRequest) -> str | None:
         409: "the Idempotency-Key names a run you may not view",
     },
     tags=("runs",),
+    returns=RUN_WITH_STEPS,
+    headers={"Idempotency-Key": IDEMPOTENCY_KEY},
+    example={
+        "agent": "refund",
+        "input": {"order_id": "ORD-1001", "message": "The blender arrived broken, refund $15."},
+    },
+    provides={"run_id": "/id"},
 )
 def create_run(request: HttpRequest, body: dict) -> tuple[dict, int]:
     try:
@@ -73,8 +86,9 @@ def create_run(request: HttpRequest, body: dict) -> tuple[dict, int]:
     "/runs/{run_id}",
     summary="A run with its steps",
     permission=VIEW,
-    path_params=RUN,
+    path_params=RUN_PATH,
     tags=("runs",),
+    returns=RUN_WITH_STEPS,
 )
 def run_detail(request: HttpRequest, run_id: str) -> dict:
     run = run_or_404(run_id)
@@ -86,12 +100,13 @@ def run_detail(request: HttpRequest, run_id: str) -> dict:
     "/runs/{run_id}/events",
     summary="A run's events after a seq, in seq order",
     permission=VIEW,
-    path_params=RUN,
+    path_params=RUN_PATH,
     query={
         "after": {"type": "integer", "minimum": 0},
         "limit": {"type": "integer", "minimum": 1, "maximum": 5000},
     },
     tags=("runs",),
+    returns=EVENTS,
 )
 def run_events(request: HttpRequest, run_id: str, after: int = 0, limit: int = 1000) -> dict:
     run = run_or_404(run_id)
@@ -109,10 +124,11 @@ def _operated(run: Run) -> dict[str, Any]:
     "/runs/{run_id}/cancel",
     summary="Cancel a run (at the next step boundary if running)",
     permission=OPERATE,
-    path_params=RUN,
+    path_params=RUN_PATH,
     body={"reason": REASON},
     responses={200: "OK", 409: "refused"},
     tags=("runs",),
+    returns=RUN,
 )
 def cancel_run(request: HttpRequest, run_id: str, body: dict) -> dict:
     run = run_or_404(run_id)
@@ -124,10 +140,11 @@ def cancel_run(request: HttpRequest, run_id: str, body: dict) -> dict:
     "/runs/{run_id}/retry",
     summary="Retry a failed run from its failed step (same idempotency key)",
     permission=OPERATE,
-    path_params=RUN,
+    path_params=RUN_PATH,
     body={},
     responses={200: "OK", 409: "refused"},
     tags=("runs",),
+    returns=RUN,
 )
 def retry_run(request: HttpRequest, run_id: str, body: dict) -> dict:
     return _operated(services.retry_run(run_or_404(run_id).id, user=request.user))
@@ -138,11 +155,13 @@ def retry_run(request: HttpRequest, run_id: str, body: dict) -> dict:
     "/runs/{run_id}/fork",
     summary="A new run with this one's history before a model step (needs start_run too)",
     permission=OPERATE,
-    path_params=RUN,
+    path_params=RUN_PATH,
     body={"from_step": {"type": "integer", "minimum": 0, "maximum": 100_000}},
     required=("from_step",),
     responses={201: "the new run", 403: "no right to start runs", 409: "refused"},
     tags=("runs",),
+    returns=RUN_WITH_STEPS,
+    provides={"run_id": "/id"},
 )
 def fork_run(request: HttpRequest, run_id: str, body: dict) -> tuple[dict, int]:
     fork = services.fork_run(run_or_404(run_id).id, body["from_step"], user=request.user)
@@ -154,11 +173,12 @@ def fork_run(request: HttpRequest, run_id: str, body: dict) -> tuple[dict, int]:
     "/runs/{run_id}/steps/{index}/resolve",
     summary="A failed side-effect step was done by hand: record its result, the run continues",
     permission=OPERATE,
-    path_params={**RUN, "index": {"type": "string", "pattern": "^[0-9]{1,9}$"}},
+    path_params={**RUN_PATH, "index": {"type": "string", "pattern": "^[0-9]{1,9}$"}},
     body={"result": {"type": "object"}},
     required=("result",),
     responses={200: "OK", 409: "refused"},
     tags=("runs",),
+    returns=RUN_WITH_STEPS,
 )
 def resolve_step(request: HttpRequest, run_id: str, index: str, body: dict) -> dict:
     run = run_or_404(run_id)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agentruns.models import Run, Step
-from agentruns.runtime.redaction import redact_fields
+from agentruns.runtime.redaction import redact_fields, redact_text
 from agentruns.runtime.timestamps import iso
 
 
@@ -19,7 +19,7 @@ def step_payload(run: Run, step: Step) -> dict:
         "idempotency_key": step.idempotency_key,
         "arguments": redact_fields(step.arguments, hidden),
         "result": redact_fields(step.result, hidden),
-        "error": step.error or None,
+        "error": redact_text(step.error) or None,
         "text": step.text if step.kind == "model" else None,
         "usage": {"prompt_tokens": step.prompt_tokens, "completion_tokens": step.completion_tokens}
         if step.kind == "model"
@@ -50,7 +50,7 @@ def run_payload(run: Run, steps: list[Step] | None = None) -> dict:
         "dedupe_key": run.dedupe_key,
         "model": run.model,
         "output": run.output,
-        "error": run.error or None,
+        "error": redact_text(run.error) or None,
         "stop_reason": run.stop_reason or None,
         "step_count": run.step_count,
         "usage": {

@@ -11,7 +11,7 @@ from enum import StrEnum
 from typing import Any
 
 from agentruns.models import Run, RunEvent, Step
-from agentruns.runtime.redaction import redact_fields
+from agentruns.runtime.redaction import redact_fields, redact_text
 from agentruns.runtime.timestamps import iso
 
 
@@ -62,7 +62,7 @@ def step_event_data(step: Step, **extra: Any) -> dict:
         "tool": step.tool,
         "status": step.status,
         "attempts": step.attempts,
-        "error": step.error,
+        "error": redact_text(step.error),  # events are for people: no credential in them
         **extra,
     }
 

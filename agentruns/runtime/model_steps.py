@@ -26,7 +26,9 @@ from agentruns.runtime.events import (
 from agentruns.runtime.ids import step_key
 from agentruns.runtime.permissions import needs_approval, refused_message
 from agentruns.runtime.providers import ModelError, ModelRequest, TextDelta, ToolCall, Usage
+from agentruns.runtime.redaction import redact_text, secret_values, secrets_in_scope
 from agentruns.runtime.store.rows import WriteBatch, build
+from agentruns.text import UnsafeValue, loads_strict, storable, storable_text
 
 MODEL_MAX_ATTEMPTS = 3
 MODEL_STEP_FIELDS = [
@@ -98,8 +100,9 @@ class ModelSteps:
         last_flush = time.monotonic()
         for chunk in self.provider.stream(request):
             if isinstance(chunk, TextDelta):
-                text.append(chunk.text)
-                pending += chunk.text
+                piece = storable_text(chunk.text)  # a model may send NUL or lone surrogates
+                text.append(piece)
+                pending += piece
                 if len(pending) >= flush_chars or time.monotonic() - last_flush >= flush_s:
                     self._flush_delta(step, attempt, pending, started)
                     pending, last_flush = "", time.monotonic()
@@ -208,7 +211,9 @@ class ModelSteps:
         first_commit = step._state.adding or step.attempts < attempt
         step.status = StepStatus.SUCCEEDED
         step.text = text
-        step.tool_calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls]
+        step.tool_calls = storable(
+            [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls]
+        )
         step.prompt_tokens, step.completion_tokens = usage.prompt_tokens, usage.completion_tokens
         step.finished_at = now
         step.error = ""
@@ -306,7 +311,10 @@ class ModelSteps:
                 run=self.run, step=step, attempt=1, idempotency_key=step.idempotency_key
             )
             try:
-                result = json.loads(json.dumps(tool.func(ctx, **step.arguments), default=str))
+                secrets = secret_values(step.arguments, self.run.redacted_fields(step.tool))
+                with secrets_in_scope(secrets):
+                    returned = tool.func(ctx, **step.arguments)
+                result = storable(json.loads(json.dumps(returned, default=str)))
             except Exception as exc:
                 if in_txn:  # its writes (or a broken transaction) must go: roll back, run less
                     raise _EagerCallFailed(position) from exc
@@ -379,7 +387,7 @@ class ModelSteps:
                 step.arguments = self._validated_arguments(call)
             except (ToolArgumentsError, UnknownTool) as exc:
                 step.status = StepStatus.FAILED
-                step.error = str(exc)
+                step.error = storable_text(str(exc))
                 step.finished_at = now
             self.steps.append(step)
             planned.append(step)
@@ -389,9 +397,13 @@ class ModelSteps:
         if not self.run.tool_allowed(call.name):
             raise UnknownTool(refused_message(self.run, call.name))
         try:
-            arguments = json.loads(call.arguments or "{}")
-        except json.JSONDecodeError as exc:
-            raise ToolArgumentsError(f"{call.name}: arguments are not valid JSON ({exc})") from None
+            # strict: a NaN, a 5000-digit number or a NUL could not be stored as the arguments
+            arguments = loads_strict(call.arguments or "{}", "arguments", repair_text=True)
+        except UnsafeValue as exc:
+            problem = str(exc).removeprefix("malformed JSON: ")
+            raise ToolArgumentsError(
+                f"{call.name}: arguments are not valid JSON ({problem})"
+            ) from None
         return get_tool(call.name).validate(arguments)
 
     def _record_model_failure(
@@ -406,9 +418,9 @@ class ModelSteps:
             StepAttempt.objects.filter(step=step, number=attempt).update(
                 finished_at=now,
                 outcome=AttemptOutcome.FAILED if final else AttemptOutcome.RETRYING,
-                error=str(exc),
+                error=redact_text(storable_text(str(exc))),
             )
-            step.error = str(exc)
+            step.error = redact_text(storable_text(str(exc)))
             step.status = StepStatus.FAILED if final else StepStatus.RUNNING
             if final:
                 step.finished_at = now

@@ -17,8 +17,10 @@ from agentruns.registry import Tool, ToolContext, get_tool
 from agentruns.runtime import failpoints
 from agentruns.runtime.events import EventType, step_event_data, succeeded_event_data
 from agentruns.runtime.permissions import needs_approval
+from agentruns.runtime.redaction import redact_text, secret_values, secrets_in_scope
 from agentruns.runtime.store.rows import WriteBatch
 from agentruns.runtime.timestamps import iso
+from agentruns.text import storable
 from approvals.parking import open_approval
 
 TOOL_RESULT_FIELDS = [
@@ -103,7 +105,10 @@ class ToolSteps:
         try:
             with transaction.atomic() if tool.transactional else nullcontext():
                 try:
-                    result = json.loads(json.dumps(tool.func(ctx, **step.arguments), default=str))
+                    secrets = secret_values(step.arguments, self.run.redacted_fields(step.tool))
+                    with secrets_in_scope(secrets):
+                        returned = tool.func(ctx, **step.arguments)
+                    result = storable(json.loads(json.dumps(returned, default=str)))
                 except Exception as exc:
                     failure, failure_tb = exc, traceback.format_exc()
                     raise _CallFailed from exc
@@ -167,12 +172,15 @@ class ToolSteps:
         now = timezone.now()
         retry = tool.retry.is_retryable(exc) and attempt - step.retry_base < tool.retry.max_attempts
         outcome = AttemptOutcome.RETRYING if retry else AttemptOutcome.FAILED
+        # people read these (pages, admin, events): the step's secret values and anything that
+        # looks like a credential are masked before they are written
+        secrets = secret_values([step.arguments, step.result], self.run.redacted_fields(step.tool))
         with transaction.atomic():
             fields = dict(
                 finished_at=now,
                 outcome=outcome,
-                error=str(exc)[:2000],
-                traceback=(tb or traceback.format_exc())[-8000:],
+                error=redact_text(str(exc), secrets)[:2000],
+                traceback=redact_text(tb or traceback.format_exc(), secrets)[-8000:],
             )
             if tool.commits_before_call:
                 StepAttempt.objects.filter(step=step, number=attempt).update(**fields)
@@ -180,7 +188,8 @@ class ToolSteps:
                 StepAttempt.objects.create(
                     step=step, number=attempt, worker=self.owner, started_at=started, **fields
                 )
-            step.attempts, step.error = attempt, f"{type(exc).__name__}: {exc}"
+            step.attempts = attempt
+            step.error = redact_text(f"{type(exc).__name__}: {exc}", secrets)
             step.started_at = step.started_at or started
             if retry:
                 delay = tool.retry.delay_for(attempt)

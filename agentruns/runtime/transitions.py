@@ -20,6 +20,7 @@ from agentruns.models import Run, RunStatus
 from agentruns.runtime.events import EventSpec, EventType
 from agentruns.runtime.nudges import nudge_on_commit
 from agentruns.runtime.queue import enqueue
+from agentruns.runtime.redaction import redact_text
 from agentruns.runtime.store import get_store
 from approvals.notifications import outbox
 
@@ -61,6 +62,7 @@ def started() -> RunChange:
 
 def finished(status: str, *, output: str = "", error: str = "", stop_reason: str = "") -> RunChange:
     """-> succeeded / failed / cancelled: the run ends, with its reason."""
+    error = redact_text(error)  # from exceptions and step errors; only people read it
     events: list[EventSpec] = [(EventType.RUN_OUTPUT, {"text": output})] if output else []
     events.append(_status_event(status, error=error, stop_reason=stop_reason))
     fields = {

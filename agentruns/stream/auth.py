@@ -18,7 +18,8 @@ class BearerTokenMiddleware(BaseMiddleware):
         if raw:
             user = await database_sync_to_async(user_for_token)(raw)
             if user is not None:
-                scope = {**scope, "user": user}
+                # the consumer re-checks the token while the socket is open (revoked: closed)
+                scope = {**scope, "user": user, "auth_token": raw}
             else:
                 scope = {**scope, "auth_error": "invalid token"}
         return await super().__call__(scope, receive, send)

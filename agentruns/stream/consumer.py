@@ -30,6 +30,7 @@ from agentruns.conf import conf
 from agentruns.models import Run
 from agentruns.runtime.nudges import run_group
 from agentruns.stream.frames import encoded_frames_after
+from agentruns.tokens import SOCKET_RECHECK_SECONDS, token_is_valid
 
 log = logging.getLogger(__name__)
 
@@ -203,6 +204,7 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
         self.feed: RunFeed | None = None
         self.sender: asyncio.Task | None = None
         self.wakeup = asyncio.Event()
+        self.token_watch: asyncio.Task | None = None
         # accept first, so refusals reach the client as close codes with a reason (a refused
         # handshake would only show as a generic failure in browsers)
         await self.accept()
@@ -213,6 +215,24 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
         self.feed = await open_feed(self.run_id)
         self.feed.viewers.add(self.wakeup)
         self.sender = asyncio.create_task(self.pump())
+        if self.scope.get("auth_token"):
+            self.token_watch = asyncio.create_task(self.watch_token(self.scope["auth_token"]))
+
+    async def watch_token(self, raw: str) -> None:
+        """A socket opened with a bearer token closes soon after the token is revoked or
+        expires (4401: the page does not reconnect with it)."""
+        while True:
+            await asyncio.sleep(SOCKET_RECHECK_SECONDS)
+            try:
+                valid = await database_sync_to_async(token_is_valid)(raw)
+            except Exception:  # a database blip: keep the socket, check again next time
+                log.warning("run stream %s: token check failed", self.run_id, exc_info=True)
+                continue
+            if not valid:
+                if self.sender is not None:
+                    self.sender.cancel()
+                await self.close(code=4401, reason="token revoked or expired")
+                return
 
     async def refusal(self) -> tuple[int, str] | None:
         user = self.scope.get("user")
@@ -235,6 +255,8 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if self.sender is not None:
             self.sender.cancel()
+        if self.token_watch is not None:
+            self.token_watch.cancel()
         if self.feed is not None:
             self.feed.viewers.discard(self.wakeup)
             await close_feed_if_idle(self.run_id, self.feed)

@@ -19,6 +19,7 @@ from django.template.loader import render_to_string
 
 from agentruns.models import RunEvent
 from agentruns.runtime.events import event_payload
+from agentruns.text import printable
 
 EVENT_TEMPLATE = "agentruns/_event.html"
 TEXT_ONLY_TYPES = frozenset({"model.delta"})  # shown as conversation text, not as event lines
@@ -37,7 +38,10 @@ def frame_for(event: RunEvent) -> dict:
 
 
 def encode_frame(frame: dict) -> str:
-    return json.dumps(frame, cls=DjangoJSONEncoder, ensure_ascii=False, separators=(",", ":"))
+    # printable: a stored lone surrogate must not stop the socket (it cannot be sent as UTF-8)
+    return printable(
+        json.dumps(frame, cls=DjangoJSONEncoder, ensure_ascii=False, separators=(",", ":"))
+    )
 
 
 def encoded_frames_after(run_id: uuid.UUID | str, after: int, limit: int) -> list[tuple[int, str]]:

@@ -17,7 +17,7 @@ from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
 from agentruns.models import Run, Step, StepAttempt, StepKind
-from agentruns.runtime.redaction import redact_fields, redact_text
+from agentruns.runtime.redaction import redact_fields, redact_text, redact_tool_calls
 
 # outcome -> colour, shared by the SVG bars and its legend
 COLOURS = {
@@ -82,23 +82,6 @@ def _pretty(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
 
 
-def _redacted_calls(run: Run, step: Step) -> list[dict]:
-    """A model step's tool calls, with each call's arguments redacted by that tool's list."""
-    calls = []
-    for call in step.tool_calls or []:
-        name = str(call.get("name", ""))
-        raw = call.get("arguments") or "{}"
-        try:
-            args: Any = json.loads(raw) if isinstance(raw, str) else raw
-            shown = json.dumps(
-                redact_fields(args, run.redacted_fields(name)), ensure_ascii=False, sort_keys=True
-            )
-        except (json.JSONDecodeError, TypeError):
-            shown = redact_text(str(raw))
-        calls.append({"name": name, "arguments": shown})
-    return calls
-
-
 def _retry_view(policy: dict, step: Step) -> RetryView | None:
     retry = policy.get("retry")
     if not retry:
@@ -136,7 +119,9 @@ def view_steps(run: Run, steps: list[Step], now: datetime | None = None) -> list
                 approval=_approval(step),
                 policy=policy,
                 retry=_retry_view(policy, step),
-                tool_calls=_redacted_calls(run, step) if step.kind == StepKind.MODEL else [],
+                tool_calls=redact_tool_calls(step.tool_calls, run.redacted_fields)
+                if step.kind == StepKind.MODEL
+                else [],
                 retry_in_seconds=retry_in,
             )
         )

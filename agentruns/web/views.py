@@ -23,6 +23,7 @@ from agentruns import services
 from agentruns.models import Run, RunEvent, RunStatus, Step, StepAttempt
 from agentruns.registry import all_agents
 from agentruns.selectors import AGES, RunFilters, live_turns, run_page
+from agentruns.text import UnsafeValue, loads_strict
 from agentruns.web.permissions import permission_view
 from agentruns.web.timeline import legend, timeline_svg, view_steps
 
@@ -89,7 +90,9 @@ def run_new(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         agent = request.POST.get("agent", "")
         try:
-            run_input = json.loads(request.POST.get("input") or "{}")
+            run_input = loads_strict(request.POST.get("input") or "{}", "input")
+            if not isinstance(run_input, dict):
+                raise ValueError("the input must be a JSON object")
             result = services.start_run(agent, run_input, user=request.user)
         except (ValueError, LookupError) as exc:
             messages.error(request, f"Could not start the run: {exc}")
@@ -152,7 +155,10 @@ def run_cancel(request: HttpRequest, run_id) -> HttpResponse:
 def run_fork(request: HttpRequest, run_id) -> HttpResponse:
     run = get_object_or_404(Run.objects.only("id"), id=run_id)
     try:
-        from_step = int(request.POST.get("from_step", ""))
+        raw_step = request.POST.get("from_step", "")
+        if not (raw_step.isascii() and raw_step.isdigit() and len(raw_step) <= 9):
+            raise ValueError(raw_step)
+        from_step = int(raw_step)
         fork = services.fork_run(run.id, from_step, user=request.user)
     except ValueError:
         messages.error(request, "Choose the model step to fork from.")
@@ -174,10 +180,10 @@ def step_resolve(request: HttpRequest, step_id) -> HttpResponse:
     step = get_object_or_404(Step.objects.only("id", "index", "run_id"), id=step_id)
     raw = request.POST.get("result", "").strip() or "{}"
     try:
-        result = json.loads(raw)
+        result = loads_strict(raw, "result")
         services.resolve_step(step.id, result, user=request.user)
         messages.success(request, f"Step #{step.index} marked resolved; the run continues.")
-    except json.JSONDecodeError as exc:
+    except UnsafeValue as exc:
         messages.error(request, f"The result is not valid JSON: {exc}")
     except services.ActionRefused as exc:
         messages.error(request, str(exc))

@@ -1,17 +1,38 @@
-"""What the browser tests do alike: give a user a password the server can check, sign in."""
+"""What the browser tests share: a password the server can check and signing in
+(`logged_in_page`); for the journeys, a signed-in page that watches the Content Security Policy,
+screenshots saved as test artifacts, and the servers of one journey.
+
+Every journey's page records CSP violations (the `securitypolicyviolation` event and the
+console's messages) and the policy header of every document it loads; `Journey.check_csp()`
+asserts both. Screenshots go to var/test-artifacts/e2e/<journey>-<n>-<label>.png (gitignored);
+docs/screenshots/ keeps three of them for the README.
+"""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from django.conf import global_settings
 
-PASSWORD = "browser-pw"
+from tests.procs import ROOT
+
+ARTIFACTS = ROOT / "var" / "test-artifacts" / "e2e"
+PASSWORD = "browser-pw-Quokka-73"
+WAIT_MS = 120_000
+
+CSP_WATCH = """
+window.__csp = [];
+document.addEventListener("securitypolicyviolation", (e) => {
+  window.__csp.push(e.violatedDirective + " " + (e.blockedURI || "inline") + " " + (e.sourceFile || ""));
+});
+"""
 
 
-def set_browser_password(user, settings) -> None:
-    """Give `user` PASSWORD, hashed so the server process can check it: the suite hashes with
-    MD5 for speed, the server only knows the real hashers."""
+def set_browser_password(user: Any, settings: Any) -> None:
+    """The suite hashes with MD5 for speed; the server processes know only the real hashers."""
     settings.PASSWORD_HASHERS = global_settings.PASSWORD_HASHERS
     user.set_password(PASSWORD)
     user.save()
@@ -27,7 +48,72 @@ def logged_in_page(browser, base_url: str, username: str, init_script: str, next
     page.fill("input[name=password]", PASSWORD)
     page.click("button[type=submit]")
     if next_path:
-        page.wait_for_url(re.compile(re.escape(next_path) + "$"), timeout=60_000)
+        page.wait_for_url(re.compile(re.escape(next_path) + "$"), timeout=WAIT_MS)
     else:
-        page.wait_for_url(lambda url: "/accounts/login" not in url, timeout=60_000)
+        page.wait_for_url(lambda url: "/accounts/login" not in url, timeout=WAIT_MS)
     return page
+
+
+@dataclass
+class Journey:
+    name: str
+    page: Any
+    base_url: str
+    console_violations: list[str] = field(default_factory=list)
+    documents: list[tuple[str, str | None]] = field(default_factory=list)  # (url, CSP header)
+    shots: list[Path] = field(default_factory=list)
+    dialogs: list[str] = field(default_factory=list)  # alert()s: a script ran that must not
+
+    @classmethod
+    def open(cls, browser: Any, base_url: str, name: str) -> Journey:
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        page = context.new_page()
+        journey = cls(name, page, base_url)
+        page.add_init_script(CSP_WATCH)
+        page.on("console", journey._console)
+        page.on("response", journey._response)
+        page.on("dialog", journey._dialog)
+        return journey
+
+    def _dialog(self, dialog: Any) -> None:
+        self.dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    def _console(self, message: Any) -> None:
+        if "Content Security Policy" in message.text or "Content-Security-Policy" in message.text:
+            self.console_violations.append(message.text)
+
+    def _response(self, response: Any) -> None:
+        if response.request.resource_type == "document" and response.url.startswith(self.base_url):
+            self.documents.append((response.url, response.headers.get("content-security-policy")))
+
+    def sign_in(self, username: str, then: str = "/runs/") -> None:
+        self.page.goto(f"{self.base_url}/accounts/login/?next={then}")
+        self.page.fill("input[name=username]", username)
+        self.page.fill("input[name=password]", PASSWORD)
+        self.page.click("button[type=submit]")
+        self.page.wait_for_url(lambda url: "/accounts/login" not in url, timeout=WAIT_MS)
+
+    def go(self, path: str) -> None:
+        self.page.goto(self.base_url + path)
+
+    def shot(self, label: str) -> Path:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        path = ARTIFACTS / f"{self.name}-{len(self.shots) + 1}-{label}.png"
+        self.page.screenshot(path=str(path), full_page=True)
+        self.shots.append(path)
+        return path
+
+    def violations(self) -> list[str]:
+        try:
+            seen = self.page.evaluate("window.__csp || []")
+        except Exception:  # the page is navigating: the console log still has them
+            seen = []
+        return [*seen, *self.console_violations]
+
+    def check_csp(self) -> None:
+        """Every document had the policy header, and nothing was blocked by it."""
+        assert self.documents, "no page was loaded"
+        missing = [url for url, header in self.documents if not header]
+        assert not missing, f"pages without a Content-Security-Policy header: {missing}"
+        assert not self.violations(), f"CSP violations on {self.name}: {self.violations()}"

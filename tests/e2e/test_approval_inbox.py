@@ -61,7 +61,8 @@ def test_approve_with_a_lowered_amount_and_reject_in_the_inbox(
         card1.wait_for(timeout=WAIT_MS)
         card2.wait_for(timeout=WAIT_MS)
         page.wait_for_function(
-            "document.getElementById('nav-pending').textContent.trim() === '2'", timeout=WAIT_MS
+            "() => document.getElementById('nav-pending').textContent.trim() === '2'",
+            timeout=WAIT_MS,
         )
         order = Order.objects.get(order_id="ORD-1010")
         assert order.customer_name in card1.inner_text()
@@ -97,7 +98,8 @@ def test_approve_with_a_lowered_amount_and_reject_in_the_inbox(
         assert f"amount_cents {order.amount_cents} → {lowered}" in log.inner_text()
         page.locator(f"#approval-{a1.id}").wait_for(state="detached", timeout=WAIT_MS)
         page.wait_for_function(
-            "document.getElementById('nav-pending').textContent.trim() === '2'", timeout=WAIT_MS
+            "() => document.getElementById('nav-pending').textContent.trim() === '2'",
+            timeout=WAIT_MS,
         )
 
         why = "the parcel is still on its way"
@@ -105,7 +107,8 @@ def test_approve_with_a_lowered_amount_and_reject_in_the_inbox(
         page.locator(f"#approval-{a2.id} button[value=reject]").click()
         page.locator(f"#approval-{a2.id}").wait_for(state="detached", timeout=WAIT_MS)
         page.wait_for_function(
-            "document.getElementById('nav-pending').textContent.trim() === '1'", timeout=WAIT_MS
+            "() => document.getElementById('nav-pending').textContent.trim() === '1'",
+            timeout=WAIT_MS,
         )
         assert page.locator(f"#approval-{a3.id}").is_visible()
         assert "Rejected" in log.inner_text()

@@ -100,7 +100,7 @@ def test_run_page_streams_and_survives_a_server_restart(tmp_path, lead, seeded, 
         page.wait_for_selector("#conn[data-state=live]", timeout=60_000)
         # the text grows while we watch
         page.wait_for_function(
-            "document.getElementById('live-text').textContent.length > 30", timeout=120_000
+            "() => document.getElementById('live-text').textContent.length > 30", timeout=120_000
         )
 
         # restart the web process mid-run: kill now, start again in the background
@@ -183,7 +183,7 @@ def test_approval_card_and_superseded_text_on_the_live_page(
 
         page.wait_for_selector("#conn[data-state=finished]", timeout=180_000)
         page.wait_for_function(
-            "!document.querySelector('#approval-card .approval-card')", timeout=60_000
+            "() => !document.querySelector('#approval-card .approval-card')", timeout=60_000
         )
         run = wait_until(
             lambda: Run.objects.filter(id=run_id, status="succeeded").first(),

@@ -1,7 +1,8 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from agentruns.tokens import create_token
+from agentruns.conf import conf
+from agentruns.tokens import issue_token
 
 
 class Command(BaseCommand):
@@ -11,6 +12,12 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("username")
+        parser.add_argument(
+            "--days",
+            type=float,
+            default=None,
+            help=f"valid for this many days (default {conf.API_TOKEN_DAYS:g}; 0: never expires)",
+        )
 
     def handle(self, *args, **options) -> None:
         User = get_user_model()
@@ -18,6 +25,12 @@ class Command(BaseCommand):
             user = User.objects.get(username=options["username"])
         except User.DoesNotExist:
             raise CommandError(f"no user {options['username']!r}") from None
-        token = create_token(user)
-        self.stderr.write(f"API token for {user.username} (shown once, stored hashed):")
-        self.stdout.write(token)
+        if options["days"] is not None and options["days"] < 0:
+            raise CommandError("--days must be 0 (never) or more")
+        raw, row = issue_token(user, options["days"])
+        until = row.expires_at.strftime("%Y-%m-%d %H:%M UTC") if row.expires_at else "never"
+        self.stderr.write(
+            f"API token {row.prefix}… for {user.username}, expires {until} "
+            "(shown once, stored hashed; revoke with `manage.py revoke_api_token`):"
+        )
+        self.stdout.write(raw)

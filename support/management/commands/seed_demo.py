@@ -7,6 +7,8 @@ import secrets
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
@@ -57,6 +59,17 @@ TRAINEE_TOOLS = {
     "send_customer_reply": True,
     "issue_refund": False,
 }
+
+
+def demo_password(user) -> str:
+    """A random password that passes every configured validator (AUTH_PASSWORD_VALIDATORS)."""
+    while True:
+        password = secrets.token_urlsafe(12)
+        try:
+            validate_password(password, user)
+        except ValidationError:
+            continue  # e.g. all digits by chance: draw again
+        return password
 
 
 def amount_for(n: int) -> int:
@@ -122,7 +135,7 @@ class Command(BaseCommand):
             else:
                 user.groups.set([Group.objects.get(name=group)])
             if created or options["reset_passwords"]:
-                password = secrets.token_urlsafe(9)
+                password = demo_password(user)
                 user.set_password(password)
                 self.stdout.write(f"user {username} password {password}")
             else:

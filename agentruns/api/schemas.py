@@ -1,0 +1,81 @@
+"""JSON schemas of what the API answers (the OpenAPI description's response bodies).
+
+`tests/api/test_openapi.py` validates real answers against them, and the schemathesis run checks
+every operation's answers against the served description, so a payload that changes without its
+schema fails the suite. Objects allow extra properties: adding a field is not a breaking change.
+"""
+
+from __future__ import annotations
+
+from agentruns.models import RunStatus, StepKind, StepStatus
+
+TIME = {"type": "string", "format": "date-time"}
+TIME_OR_NULL = {"type": ["string", "null"], "format": "date-time"}
+TEXT_OR_NULL = {"type": ["string", "null"]}
+COUNT = {"type": "integer", "minimum": 0}
+ANY_JSON: dict = {}
+
+
+def obj(properties: dict, *, optional: tuple[str, ...] = ()) -> dict:
+    """An object with these properties, all required except `optional`."""
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": [name for name in properties if name not in optional],
+    }
+
+
+USAGE = obj({"prompt_tokens": COUNT, "completion_tokens": COUNT})
+STEP = obj(
+    {
+        "id": {"type": "string", "format": "uuid"},
+        "index": COUNT,
+        "kind": {"type": "string", "enum": StepKind.values},
+        "tool": TEXT_OR_NULL,
+        "status": {"type": "string", "enum": StepStatus.values},
+        "attempts": COUNT,
+        "idempotency_key": {"type": "string"},
+        "arguments": ANY_JSON,
+        "result": ANY_JSON,
+        "error": TEXT_OR_NULL,
+        "text": TEXT_OR_NULL,
+        "usage": {"anyOf": [USAGE, {"type": "null"}]},
+        "next_attempt_at": TIME_OR_NULL,
+        "started_at": TIME_OR_NULL,
+        "finished_at": TIME_OR_NULL,
+    }
+)
+RUN = obj(
+    {
+        "id": {"type": "string", "format": "uuid"},
+        "agent": {"type": "string"},
+        "status": {"type": "string", "enum": RunStatus.values},
+        "input": {"type": "object"},
+        "dedupe_key": TEXT_OR_NULL,
+        "model": {"type": "string"},
+        "output": {"type": "string"},
+        "error": TEXT_OR_NULL,
+        "stop_reason": TEXT_OR_NULL,
+        "step_count": COUNT,
+        "usage": obj(
+            {
+                "prompt_tokens": COUNT,
+                "completion_tokens": COUNT,
+                "total_tokens": COUNT,
+                "cost_usd": {"type": "string", "pattern": "^[0-9]+(\\.[0-9]+)?$"},
+            }
+        ),
+        "cancel_requested": {"type": "boolean"},
+        "created_at": TIME,
+        "started_at": TIME_OR_NULL,
+        "finished_at": TIME_OR_NULL,
+        "last_seq": COUNT,
+        "steps": {"type": "array", "items": STEP},
+    },
+    optional=("steps",),
+)
+RUN_WITH_STEPS = {**RUN, "required": [*RUN["required"], "steps"]}
+EVENT = obj(
+    {"seq": COUNT, "type": {"type": "string"}, "data": {"type": "object"}, "created_at": TIME}
+)
+EVENTS = obj({"events": {"type": "array", "items": EVENT}, "last_seq": COUNT})

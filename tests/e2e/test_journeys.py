@@ -1,0 +1,320 @@
+"""The product's journeys in a real Chromium (Debian's), against daphne and a real worker on
+PostgreSQL, with the Content Security Policy checked on every page each journey loads.
+
+1. an approver lowers a refund in the inbox and watches the run page stream to the end;
+2. an approver rejects one, and the customer's reply (on the run page) gives the reason;
+3. the lead finds a failed run in the list, reads why, retries it once the gateway is back;
+4. the web server restarts while a run page is open: the page reconnects, the text is whole;
+5. hostile text in every field a customer or the model controls: shown as text, no script runs;
+6. every page of the app sends the policy header and nothing on it is blocked.
+
+Each journey saves screenshots of its key screens under var/test-artifacts/e2e/.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import pytest
+from django.db import connections
+
+from agentruns.models import Run, RunStatus, Step
+from agentruns.services import start_run
+from approvals.models import Approval
+from support.models import Order, OutboxMessage
+from support.policy import money
+from tests.e2e.kit import WAIT_MS, Journey, set_browser_password
+from tests.procs import free_port, start_web, start_worker, wait_until
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.timeout(600),
+]
+
+
+@pytest.fixture
+def people(seeded, settings, django_user_model):
+    """seed_demo's users with a password this test knows."""
+    users = {u.username: u for u in django_user_model.objects.all()}
+    for user in users.values():
+        set_browser_password(user, settings)
+    return users
+
+
+@pytest.fixture
+def procs():
+    started: list = []
+    yield started
+    for proc in started:
+        proc.kill()
+    # Playwright's sync API runs an event loop in this thread: close this thread's connection
+    connections.close_all()
+
+
+def settled(run_id) -> Run | None:
+    run = Run.objects.get(id=run_id)
+    return run if run.is_terminal else None
+
+
+def approval_for(run: Run) -> Approval:
+    return wait_until(
+        lambda: Approval.objects.filter(run=run).first(), timeout=90, message="an approval"
+    )
+
+
+def watch_run_page_to_the_end(journey: Journey, run: Run) -> Run:
+    page = journey.page
+    page.wait_for_selector("#conn[data-state=finished]", timeout=WAIT_MS)
+    done = wait_until(lambda: settled(run.id), timeout=60, message="the run to end")
+    turns = page.eval_on_selector_all("#live-text .turn", "els => els.map(e => e.textContent)")
+    texts = list(
+        Step.objects.filter(run=done, kind="model").order_by("index").values_list("text", flat=True)
+    )
+    assert turns == texts  # every turn whole, once, in order
+    assert page.inner_text("#run-output").strip() == done.output.strip()
+    assert page.inner_text("#run-status") == done.status
+    # the step table follows in place: every step, each with its final status
+    statuses = list(done.steps.order_by("index").values_list("status", flat=True))
+    page.wait_for_function(
+        """expected => JSON.stringify([...document.querySelectorAll('#steps tr[id^=step-] .chip')]
+            .map(chip => chip.textContent.trim())) === JSON.stringify(expected)""",
+        arg=statuses,
+        timeout=WAIT_MS,
+    )
+    return done
+
+
+def card_in_the_inbox(tmp_path, browser, procs, name: str, order_id: str, message: str, **env):
+    """Servers up, the approver in the inbox, a refund run started: its card, once it shows."""
+    env = {"REFUND_APPROVAL_THRESHOLD_CENTS": 0, **env}
+    web, url = start_web(tmp_path, **env)
+    procs += [web, start_worker(tmp_path, REFUND_GATEWAY_URL=url + "/gateway", **env)]
+    journey = Journey.open(browser, url, name)
+    journey.sign_in("approver", then="/approvals/")
+    run = start_run("refund", {"order_id": order_id, "message": message}).run
+    card = journey.page.locator(f"#approval-{approval_for(run).id}")
+    card.wait_for(timeout=WAIT_MS)
+    return journey, url, run, card
+
+
+def test_approve_a_lowered_refund_and_watch_the_run_finish(tmp_path, people, browser, procs):
+    journey, url, run, card = card_in_the_inbox(
+        tmp_path,
+        browser,
+        procs,
+        "approve",
+        "ORD-1010",
+        "The lamp arrived broken",
+        SCRIPTED_MODEL_DELAY_MS=15,
+    )
+    order = Order.objects.get(order_id="ORD-1010")
+    assert order.customer_name in card.inner_text()
+    journey.shot("inbox")
+
+    lowered = order.amount_cents - 1234
+    card.locator("summary").click()
+    card.locator("input[name=arg_amount_cents]").fill(str(lowered))
+    journey.shot("edited")
+    card.locator("button[value=approve]").click()
+    card.wait_for(state="detached", timeout=WAIT_MS)
+
+    journey.go(f"/runs/{run.id}/")
+    journey.page.wait_for_selector("#conn[data-state=live], #conn[data-state=finished]")
+    done = watch_run_page_to_the_end(journey, run)
+    assert done.status == RunStatus.SUCCEEDED
+    assert money(lowered) in journey.page.inner_text("#run-output")
+    journey.shot("run-finished")
+    refunds = httpx.get(url + "/gateway/refunds", params={"order_id": "ORD-1010"}).json()
+    assert [r["amount_cents"] for r in refunds["refunds"]] == [lowered]
+    journey.check_csp()
+
+
+def test_reject_and_the_reply_gives_the_reason(tmp_path, people, browser, procs):
+    journey, url, run, card = card_in_the_inbox(
+        tmp_path, browser, procs, "reject", "ORD-1011", "It never arrived"
+    )
+    why = "the parcel is still on its way to you"
+    card.locator("input[name=reason]").fill(why)
+    card.locator("button[value=reject]").click()
+    card.wait_for(state="detached", timeout=WAIT_MS)
+    journey.shot("rejected")
+
+    journey.go(f"/runs/{run.id}/")
+    done = watch_run_page_to_the_end(journey, run)
+    assert done.status == RunStatus.SUCCEEDED
+    reply = OutboxMessage.objects.get(run_id=run.id).body
+    assert why in reply
+    steps = journey.page.inner_text("#steps")
+    assert why in steps  # the reply's arguments on the run page say why
+    journey.shot("run-with-reply")
+    assert httpx.get(url + "/gateway/refunds", params={"order_id": "ORD-1011"}).json() == {
+        "refunds": []
+    }
+    journey.check_csp()
+
+
+def test_a_failed_run_found_read_retried_and_succeeded(tmp_path, people, browser, procs):
+    web, url = start_web(tmp_path, REFUND_GATEWAY_FAIL=1)  # the gateway is down
+    port = int(url.rsplit(":", 1)[1])
+    procs += [web, start_worker(tmp_path, REFUND_GATEWAY_URL=url + "/gateway")]
+    run = start_run("refund", {"order_id": "ORD-1002", "message": "It broke, refund $25"}).run
+    wait_until(lambda: settled(run.id), timeout=120, message="the run to fail")
+
+    journey = Journey.open(browser, url, "failed")
+    journey.sign_in("lead")
+    page = journey.page
+    page.click("nav >> text=Failed")
+    row = page.locator(f"tr:has(a[href='/runs/{run.id}/'])")
+    row.wait_for(timeout=WAIT_MS)
+    assert "gateway answered 503" in row.inner_text()
+    journey.shot("failed-list")
+    row.locator(f"a[href='/runs/{run.id}/']").first.click()
+    page.wait_for_selector("#run-status.s-failed", timeout=WAIT_MS)
+    assert "gateway answered 503" in page.inner_text("#stop-reason, .facts")
+    journey.shot("failed-run")
+
+    web.kill()  # the outage ends: the gateway (this same server) comes back healthy
+    healthy, _ = start_web(tmp_path, port=port)
+    procs.append(healthy)
+    page.reload()
+    page.click("form.act-retry button")
+    page.wait_for_selector("#run-status.s-succeeded", timeout=WAIT_MS)
+    done = wait_until(lambda: settled(run.id), timeout=60, message="the run to end")
+    assert done.status == RunStatus.SUCCEEDED
+    page.wait_for_selector("#conn[data-state=finished]", timeout=WAIT_MS)
+    journey.shot("retried-succeeded")
+    refunds = httpx.get(url + "/gateway/refunds", params={"order_id": "ORD-1002"}).json()
+    assert [r["amount_cents"] for r in refunds["refunds"]] == [2500]
+    journey.check_csp()
+
+
+def test_the_run_page_reconnects_after_a_web_restart(tmp_path, people, browser, procs):
+    web_port, gateway_port = free_port(), free_port()
+    env = {
+        "SCRIPTED_MODEL_DELAY_MS": 50,  # slow enough to restart mid-stream
+        "REFUND_GATEWAY_URL": f"http://127.0.0.1:{gateway_port}/gateway",
+        "REFUND_GATEWAY_DELAY_MS": 800,
+    }
+    gateway, _ = start_web(tmp_path, port=gateway_port, **env)
+    web, url = start_web(tmp_path, port=web_port, **env)
+    procs += [gateway, web, start_worker(tmp_path, **env)]
+    journey = Journey.open(browser, url, "restart")
+    journey.sign_in("lead")
+    run = start_run("refund", {"order_id": "ORD-1007", "message": "Never arrived."}).run
+    journey.go(f"/runs/{run.id}/")
+    page = journey.page
+    page.wait_for_selector("#conn[data-state=live]", timeout=WAIT_MS)
+    page.wait_for_function(
+        "() => document.getElementById('live-text').textContent.length > 30", timeout=WAIT_MS
+    )
+    journey.shot("streaming")
+
+    web.kill()
+    restarted: list = []
+    thread = threading.Thread(
+        target=lambda: restarted.append(start_web(tmp_path, port=web_port, **env)[0]), daemon=True
+    )
+    thread.start()
+    page.wait_for_selector("#conn[data-state=reconnecting]", timeout=WAIT_MS)
+    journey.shot("reconnecting")
+    thread.join(timeout=120)
+    procs += restarted
+    assert restarted, "the web server came back"
+    done = watch_run_page_to_the_end(journey, run)
+    assert done.status == RunStatus.SUCCEEDED
+    journey.shot("whole-text")
+    journey.check_csp()
+
+
+HOSTILE = (
+    '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
+    "\"'><svg onload=alert(3)> {{ 7*7 }} javascript:alert(4) — refund $12"
+)
+
+
+def test_hostile_text_is_shown_as_text_and_never_runs(tmp_path, people, browser, procs):
+    env = {"REFUND_APPROVAL_THRESHOLD_CENTS": 0}
+    web, url = start_web(tmp_path, **env)
+    procs += [web, start_worker(tmp_path, REFUND_GATEWAY_URL=url + "/gateway", **env)]
+    journey = Journey.open(browser, url, "hostile")
+    journey.sign_in("lead", then="/approvals/")
+    page = journey.page
+    # the customer writes the message (and, through it, the refund's reason and the model's
+    # text); the order id is customer input too (an unknown one the model repeats back)
+    run = start_run("refund", {"order_id": "ORD-1003", "message": HOSTILE}).run
+    unknown = start_run("refund", {"order_id": "<b>ORD</b><i>", "message": HOSTILE}).run
+    approval = approval_for(run)
+    card = page.locator(f"#approval-{approval.id}")
+    card.wait_for(timeout=WAIT_MS)
+    assert "<script>window.__pwned = 1</script>" in card.inner_text()  # shown, as text
+    journey.shot("inbox")
+    card.locator("button[value=approve]").click()
+    card.wait_for(state="detached", timeout=WAIT_MS)
+    wait_until(lambda: settled(run.id) and settled(unknown.id), timeout=120, message="both runs")
+
+    for path in (f"/runs/{run.id}/", f"/runs/{unknown.id}/", "/runs/", "/runs/?q=%3Cscript%3E"):
+        journey.go(path)
+        page.wait_for_load_state("load")
+        page.wait_for_timeout(300)  # let any handler that could fire, fire
+        assert page.evaluate("window.__pwned") is None, path
+        assert page.locator("script:not([src])").count() == 0, path
+    journey.go(f"/runs/{unknown.id}/")
+    assert "<b>ORD</b><i>" in page.inner_text("#live-text")
+    journey.go(f"/runs/{run.id}/")
+    assert "window.__pwned = 1" in page.inner_text("#steps")
+    journey.shot("run-page")
+    assert not journey.dialogs, journey.dialogs
+    journey.check_csp()
+
+
+def test_every_page_sends_the_policy_and_nothing_is_blocked(tmp_path, people, browser, procs):
+    env = {"REFUND_APPROVAL_THRESHOLD_CENTS": 0}
+    web, url = start_web(tmp_path, **env)
+    procs += [web, start_worker(tmp_path, REFUND_GATEWAY_URL=url + "/gateway", **env)]
+    run = start_run("refund", {"order_id": "ORD-1020", "message": "broken"}).run
+    approval = approval_for(run)
+    step = Step.objects.filter(run=run).order_by("index").first()
+    pages = [
+        "/runs/",
+        "/runs/?status=failed",
+        f"/runs/{run.id}/",
+        "/runs/new/",
+        "/admin/",
+        "/admin/agentruns/run/",
+        f"/admin/agentruns/run/{run.id}/change/",
+        f"/admin/agentruns/step/{step.id}/change/",
+        "/admin/agentruns/apitoken/",
+        f"/admin/approvals/approval/{approval.id}/change/",
+        "/admin/axes/accessattempt/",
+    ]
+    journey = Journey.open(browser, url, "csp")
+    journey.go("/accounts/login/")
+    journey.shot("login")
+    journey.sign_in("lead")
+    for path in pages:
+        journey.go(path)
+        journey.page.wait_for_load_state("networkidle")
+        assert not journey.violations(), (path, journey.violations())
+    journey.check_csp()
+
+    # the inbox, through one of its polls (static/js/inbox.js adds the poll's parameter)
+    journey.go("/approvals/")
+    journey.page.locator(f"#approval-{approval.id}").wait_for(timeout=WAIT_MS)
+    journey.page.wait_for_timeout(2500)
+    journey.shot("inbox")
+    journey.check_csp()
+
+    # the lockout page is a page too
+    locked = Journey.open(browser, url, "csp-lockout")
+    for _ in range(6):
+        locked.go("/accounts/login/")
+        locked.page.fill("input[name=username]", "viewer")
+        locked.page.fill("input[name=password]", "wrong")
+        locked.page.click("button[type=submit]")
+        locked.page.wait_for_load_state("load")
+    assert locked.page.locator("#locked-out").is_visible()
+    locked.shot("locked-out")
+    locked.check_csp()
