@@ -193,7 +193,7 @@ CONTENT_SECURITY_POLICY = {
 }
 
 # Production: SECURE_HTTPS=1 behind a TLS-terminating proxy that sets X-Forwarded-Proto.
-# `manage.py check --deploy --fail-level WARNING` passes in this mode (tests/ops/test_deploy.py).
+# `manage.py check --deploy --fail-level WARNING` passes in this mode (tests/web/test_deploy.py).
 SECURE_HTTPS = env_bool("SECURE_HTTPS", False)
 if SECURE_HTTPS:
     if SECRET_KEY == BUILTIN_SECRET_KEY:

@@ -1,5 +1,5 @@
 """A tool that leaks its secret argument everywhere it can: into its error, its traceback and
-the log. Loaded by the worker with AGENTRUNS_AGENT_MODULES (tests/ops/test_redaction.py)."""
+the log. Loaded by the worker with AGENTRUNS_AGENT_MODULES (tests/web/test_redaction.py)."""
 
 from __future__ import annotations
 

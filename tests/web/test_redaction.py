@@ -13,9 +13,9 @@ from agentruns.models import Run, RunEvent, Step, StepAttempt
 from agentruns.services import start_run
 from agentruns.stream.frames import encoded_frames_after
 from agentruns.tokens import create_token
-from tests.ops import leaky  # noqa: F401  (registers the agent in this process too)
-from tests.ops.leaky import PATTERN_SECRET, VALUE_SECRET
 from tests.procs import start_web, start_worker, wait_until
+from tests.web import leaky  # noqa: F401  (registers the agent in this process too)
+from tests.web.leaky import PATTERN_SECRET, VALUE_SECRET
 
 SECRETS = (PATTERN_SECRET, VALUE_SECRET)
 
@@ -27,7 +27,7 @@ def assert_clean(where: str, text: str) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_no_secret_reaches_pages_events_admin_or_logs(tmp_path, lead):
-    env = {"AGENTRUNS_AGENT_MODULES": "tests.ops.leaky", "LOG_LEVEL": "INFO"}
+    env = {"AGENTRUNS_AGENT_MODULES": "tests.web.leaky", "LOG_LEVEL": "INFO"}
     web, url = start_web(tmp_path, **env)
     worker = start_worker(tmp_path, **env)
     try:
