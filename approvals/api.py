@@ -34,7 +34,34 @@ APPROVAL = obj(
         "reason": {"type": "string"},
         "expires_at": TIME_OR_NULL,
         "created_at": TIME,
+        # claims and due times
+        "claimed_by": TEXT_OR_NULL,
+        "claimed_at": TIME_OR_NULL,
+        "claim_expires_at": TIME_OR_NULL,
+        "due_at": TIME_OR_NULL,
+        "escalated_at": TIME_OR_NULL,
+        "overdue": {"type": "boolean"},
         "history": {"type": "array", "items": {"type": "object"}},
+        # the two-person rule
+        "approvals_required": COUNT,
+        "approvals_given": COUNT,
+        "round": COUNT,
+        "starter": TEXT_OR_NULL,
+        "decisions": {
+            "type": "array",
+            "items": obj(
+                {
+                    "by": {"type": "string"},
+                    "decision": {"type": "string", "enum": ["approve", "reject"]},
+                    "at": TIME,
+                    "round": COUNT,
+                    "counted": {"type": "boolean"},
+                    "edited": {"type": "boolean"},
+                    "args": ARGS_OR_NULL,
+                    "reason": {"type": "string"},
+                }
+            ),
+        },
         "summary": obj(
             {
                 "customer": TEXT_OR_NULL,

@@ -6,9 +6,10 @@ from django.http import HttpRequest
 
 from agentruns.api.endpoint import INT_ID, endpoint
 from agentruns.api.parsing import BadRequest
+from agentruns.api.schemas import obj
 from agentruns.runtime.timestamps import iso
 from approvals import bulk, claims, services
-from approvals.api import already_decided, approval_payload
+from approvals.api import APPROVAL, already_decided, approval_payload
 from approvals.models import Approval
 
 
@@ -39,6 +40,7 @@ CLAIM_RESPONSES = {
     path_params={"approval_id": INT_ID},
     responses=CLAIM_RESPONSES,
     tags=("approvals",),
+    returns=APPROVAL,
 )
 def approval_claim(request: HttpRequest, approval_id: str) -> dict:
     try:
@@ -59,6 +61,7 @@ def approval_claim(request: HttpRequest, approval_id: str) -> dict:
     path_params={"approval_id": INT_ID},
     responses=CLAIM_RESPONSES,
     tags=("approvals",),
+    returns=APPROVAL,
 )
 def approval_release(request: HttpRequest, approval_id: str) -> dict:
     try:
@@ -87,6 +90,25 @@ def approval_release(request: HttpRequest, approval_id: str) -> dict:
     required=("ids", "decision"),
     responses={200: "a result per id (ok, or code and error)", 403: "no right to decide"},
     tags=("approvals",),
+    returns=obj(
+        {
+            "results": {
+                "type": "array",
+                "items": obj(
+                    {
+                        "id": {"type": ["integer", "null"]},
+                        "ok": {"type": "boolean"},
+                        "status": {"type": "string"},
+                        "result": {"type": "string"},
+                        "code": {"type": "string"},
+                        "error": {"type": "string"},
+                    },
+                    optional=("status", "result", "code", "error"),
+                ),
+            },
+            "summary": {"type": "object"},
+        }
+    ),
 )
 def approval_bulk(request: HttpRequest, body: dict) -> dict:
     """Each item is its own decision (its own compare-and-set and limit check); no edits.

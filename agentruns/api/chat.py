@@ -159,6 +159,7 @@ def decide(request: HttpRequest, run: Run, answers: list[tuple[int, bool, str]])
     path_params={"agent": AGENT},
     body=CHAT_REQUEST,
     session_writes=True,
+    streams=True,
     responses={
         200: "the UI message stream (text/event-stream), header x-run-id",
         400: "bad request",
@@ -216,6 +217,7 @@ def chat(request: HttpRequest, agent: str, body: dict) -> HttpResponseBase:
     path_params={"agent": AGENT, "chat_id": CHAT_ID},
     query={"startIndex": {"type": "integer", "minimum": 0}},
     responses={200: "the UI message stream from startIndex on", 204: "the chat has no run"},
+    streams=True,
     tags=("chat",),
 )
 def chat_stream(

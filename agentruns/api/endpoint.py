@@ -61,6 +61,7 @@ class Endpoint:
     # path parameters its 2xx answer provides, as JSON pointers into the body: {"run_id": "/id"}
     # (the description links them to the operations that take that parameter)
     provides: dict[str, str] = field(default_factory=dict)
+    streams: bool = False  # its 200 answer is a text/event-stream (the AI SDK's UI messages)
     description: str = ""
     tags: list[str] = field(default_factory=list)
 
@@ -165,6 +166,7 @@ def endpoint(
     headers: dict[str, dict] | None = None,
     example: dict | None = None,
     provides: dict[str, str] | None = None,
+    streams: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Declare a JSON endpoint. `body`: the properties of the JSON object the body must be (or a
     whole schema with "type"), `required` its required names; `path_params` and `query`: a
@@ -236,6 +238,7 @@ def endpoint(
                 headers=headers or {},
                 example=example,
                 provides=provides or {},
+                streams=streams,
                 description=(view.__doc__ or "").strip(),
                 tags=list(tags),
             )

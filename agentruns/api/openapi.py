@@ -26,6 +26,9 @@ def _responses(point: Endpoint) -> dict[str, Any]:
     if not point.path_params:
         errors.pop(404)
     for status, text in sorted({**errors, **point.responses}.items()):
+        if status == 204:  # no content
+            out[str(status)] = {"description": text}
+            continue
         schema = (point.returns or {"type": "object"}) if status < 400 else ERROR
         out[str(status)] = {
             "description": text,
@@ -35,7 +38,7 @@ def _responses(point: Endpoint) -> dict[str, Any]:
     for status in out:
         if links and status.startswith("2"):
             out[status]["links"] = links
-    if point.method == "GET" and point.path.endswith("/stream"):
+    if point.streams:
         out["200"]["content"] = {"text/event-stream": {"schema": {"type": "string"}}}
     return out
 

@@ -39,9 +39,9 @@ def chatter(django_user_model):
 
 
 def test_a_session_post_needs_the_csrf_token(django_user_model):
-    make_user(django_user_model, "looker", ["agentruns.view_run"])
+    looker = make_user(django_user_model, "looker", ["agentruns.view_run"])
     browser = Client(enforce_csrf_checks=True)
-    browser.login(username="looker", password="pw-looker")
+    browser.force_login(looker)  # (Client.login cannot pass the request django-axes needs)
     body = json.dumps(chat_body())
     refused = browser.post("/api/chat/refund", body, content_type="application/json")
     assert refused.status_code == 403 and "CSRF" in refused.json()["error"]

@@ -36,6 +36,12 @@ def test_the_served_description_is_the_declarations(api):
         for operation in ops.values():
             assert operation["summary"] and operation["responses"]
             for status, answer in operation["responses"].items():
+                if status == "204":
+                    assert "content" not in answer, operation["operationId"]
+                    continue
+                if "text/event-stream" in answer["content"]:  # the AI SDK chat's streams
+                    assert status == "200", operation["operationId"]
+                    continue
                 schema = answer["content"]["application/json"]["schema"]
                 if status.startswith("2"):
                     assert schema.get("properties"), (operation["operationId"], status)
