@@ -12,8 +12,6 @@ class AgentRunsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from agentruns import checks  # noqa: F401  (registers the deploy checks)
-
         connect_reload()
         conf.load_all()  # a bad value stops every process at start-up, not mid-run
         check_environment()

@@ -19,6 +19,7 @@ from typing import Any
 
 # importing django.conf is safe from config/settings.py: only attribute access loads settings
 from django.conf import settings
+from django.core.checks import Error, Tags, register
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
@@ -333,3 +334,19 @@ def _reload_on_change(*, setting: str, **_: Any) -> None:
 
 def connect_reload() -> None:
     setting_changed.connect(_reload_on_change, dispatch_uid="agentruns.conf.reload")
+
+
+# ------------------------------------------------------------------ the deploy check
+@register(Tags.security, deploy=True)
+def check_secret_key(app_configs: Any, **kwargs: Any) -> list[Error]:
+    """Django's W009 accepts our built-in development key (it is long and varied): refuse it."""
+    builtin = getattr(settings, "BUILTIN_SECRET_KEY", None)
+    if builtin and settings.SECRET_KEY == builtin:
+        return [
+            Error(
+                "SECRET_KEY is the built-in development key, which is public.",
+                hint="Set SECRET_KEY in the environment to a long random value of your own.",
+                id="agentruns.E001",
+            )
+        ]
+    return []

@@ -20,8 +20,8 @@ from typing import Any
 
 from django.utils import timezone
 
-from agentruns.edits import same_value
 from agentruns.registry import UnknownTool, get_tool
+from agentruns.registry.edits import same_value
 from agentruns.runtime.events import EventType
 from agentruns.runtime.ids import actor_name
 from agentruns.runtime.nudges import nudge_on_commit

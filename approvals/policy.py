@@ -17,8 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from agentruns.conf import conf
-from agentruns.edits import EditRefused, same_value
 from agentruns.registry import UnknownTool, get_tool
+from agentruns.registry.edits import EditRefused, same_value
 from agentruns.runtime.redaction import MASK
 from approvals.models import Approval, ApprovalDecision, DecisionKind
 from approvals.parking import DecisionError

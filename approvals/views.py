@@ -20,11 +20,11 @@ from django.utils import timezone
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
-from agentruns.edits import same_value
 from agentruns.registry import UnknownTool, all_agents, get_tool
-from agentruns.schemas import type_words
+from agentruns.registry.edits import same_value
+from agentruns.registry.schemas import type_words
+from agentruns.runtime.text import UnsafeValue, check_text, loads_strict
 from agentruns.selectors.pagination import encode_cursor
-from agentruns.text import UnsafeValue, check_text, loads_strict
 from approvals import policy, services
 from approvals.cards import build_cards, card_for
 from approvals.claims import held_by_other
@@ -114,7 +114,7 @@ _NOT_PARSED = object()
 
 
 def _parse_value(name: str, kind: str, raw: str) -> Any:
-    """A form field's text as the JSON type the schema wants, by the API's rules (agentruns.text:
+    """A form field's text as the JSON type the schema wants, by the API's rules (agentruns.runtime.text:
     ASCII digits only, finite numbers within 64 bits, strict JSON); refusals read like the API's."""
     if raw == "" and kind not in ("string", "boolean"):
         raise policy.EditNotAllowed(name, "required", f"edit refused: {name}: a value is required")

@@ -28,8 +28,8 @@ from django.middleware.csrf import CsrfViewMiddleware
 
 from agentruns.api.parsing import BadRequest, json_error, json_response, parse_json_body
 from agentruns.registry import strict_validator
+from agentruns.registry.schemas import type_words
 from agentruns.runtime.transitions import ActionRefused
-from agentruns.schemas import type_words
 from agentruns.tokens import bearer_from_header, user_for_token
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")

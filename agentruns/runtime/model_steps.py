@@ -28,7 +28,7 @@ from agentruns.runtime.permissions import needs_approval, refused_message
 from agentruns.runtime.providers import ModelError, ModelRequest, TextDelta, ToolCall, Usage
 from agentruns.runtime.redaction import redact_text, secret_values, secrets_in_scope
 from agentruns.runtime.store.rows import WriteBatch, build
-from agentruns.text import UnsafeValue, loads_strict, storable, storable_text
+from agentruns.runtime.text import UnsafeValue, loads_strict, storable, storable_text
 
 MODEL_MAX_ATTEMPTS = 3
 MODEL_STEP_FIELDS = [

@@ -19,8 +19,8 @@ from agentruns.runtime.events import EventType, step_event_data, succeeded_event
 from agentruns.runtime.permissions import needs_approval
 from agentruns.runtime.redaction import redact_text, secret_values, secrets_in_scope
 from agentruns.runtime.store.rows import WriteBatch
+from agentruns.runtime.text import storable
 from agentruns.runtime.timestamps import iso
-from agentruns.text import storable
 from approvals.parking import open_approval
 
 TOOL_RESULT_FIELDS = [

@@ -23,10 +23,15 @@ from typing import Any, Literal
 
 import jsonschema
 
-from agentruns.edits import Edit, EditRefused, check_declaration, check_edit
-from agentruns.schemas import _simple_plan, _simple_valid, schema_from_signature, strict_validator
+from agentruns.registry.edits import Edit, EditRefused, check_declaration, check_edit
+from agentruns.registry.schemas import (
+    _simple_plan,
+    _simple_valid,
+    schema_from_signature,
+    strict_validator,
+)
 
-# the edit policy (agentruns.edits) and the strict validator are part of the plug-in API
+# the edit policy (agentruns.registry.edits) and the strict validator are part of the plug-in API
 __all__ = ["Edit", "EditRefused", "_simple_plan", "schema_from_signature", "strict_validator"]
 
 
@@ -99,7 +104,7 @@ class Tool:
     # seconds a pending approval of this tool may wait before it escalates (None: the
     # AGENTRUNS_APPROVAL_ESCALATE_SECONDS default; 0: never)
     escalate_after: float | None = None
-    # what an approver may change (agentruns.edits); an argument not named here is fixed
+    # what an approver may change (agentruns.registry.edits); an argument not named here is fixed
     editable: Mapping[str, Edit] = field(default_factory=dict)
     # how many distinct people must approve a call that needs approval (a number, or a function
     # of the arguments); above 1 the run's starter never counts

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import jsonschema
 
-from agentruns.schemas import strict_validator, type_words
+from agentruns.registry.schemas import strict_validator, type_words
 
 EditRule = Literal["free", "at_most_requested", "at_least_requested"]
 NUMERIC = ("integer", "number")
