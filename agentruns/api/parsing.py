@@ -16,8 +16,8 @@ from django.core.exceptions import RequestDataTooBig
 from django.core.serializers.json import DjangoJSONEncoder
 from django.http import HttpRequest, HttpResponse
 
-from agentruns import text
 from agentruns.conf import conf
+from agentruns.runtime import text
 from agentruns.runtime.text import INT_LIMIT, MAX_DEPTH, MAX_NUMBER_CHARS, UnsafeValue
 
 __all__ = [
