@@ -316,6 +316,11 @@ class Conf:
 conf = Conf(SETTINGS)
 
 
+def all_settings() -> list[Setting]:
+    """Every setting of every Conf (the runtime's and the apps'), for docs and checks."""
+    return [setting for each in _ALL for setting in each._by_attr.values()]
+
+
 def check_environment() -> None:
     """Every `AGENTRUNS_*` variable in the environment must be one somebody reads."""
     known = set().union(*(c.names() for c in _ALL))
