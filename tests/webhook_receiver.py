@@ -2,7 +2,8 @@
 
 It answers by a plan: 500 to everything until `arm()` (`fail_until_armed`), 500 to the first
 `fail_first` requests, then one request hangs past the sender's timeout (`hang_once`), then 200
-to every request. It records every request it saw (headers, body, what it answered).
+to every request. It records every whole request it saw (headers, body, what it answered); a
+request whose body a dying sender cut off is only counted (`truncated`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Receiver:
         self.hang_seconds = hang_seconds
         self.fail_until_armed = fail_until_armed
         self.requests: list[Received] = []
+        self.truncated = 0  # requests cut off by a dying sender (not recorded)
         self.lock = threading.Lock()
         self.armed = threading.Event()
         self.hanging = threading.Event()  # set when the one hanging request started
@@ -88,7 +90,15 @@ class Receiver:
                 pass
 
             def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("content-length") or 0)).decode()
+                length = int(self.headers.get("content-length") or 0)
+                raw = self.rfile.read(length)
+                if len(raw) < length:
+                    # the sender died mid-request (a SIGKILLed worker): nothing was received, as a
+                    # real receiver's framework would see it; the sender's retry sends it whole
+                    with receiver.lock:
+                        receiver.truncated += 1
+                    return
+                body = raw.decode()
                 answer = receiver._next_answer()
                 with receiver.lock:
                     receiver.requests.append(

@@ -62,6 +62,8 @@ def test_every_operation_survives_schemathesis(tmp_path: Path, seeded, django_us
                 sys.executable,
                 "-m",
                 "schemathesis.cli",
+                "--config-file",
+                str(Path(__file__).with_name("schemathesis.toml")),
                 "run",
                 f"{url}/api/openapi.json",
                 "--url",

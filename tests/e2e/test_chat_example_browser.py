@@ -76,8 +76,8 @@ def test_the_example_chat_page_drives_a_run_through_its_approval(
         page.locator(".chat-tool[data-tool=issue_refund].state-output-available").wait_for(
             timeout=WAIT_MS
         )
-        page.wait_for_function(
-            "document.getElementById('chat-status').dataset.status === 'ready'"
+        page.wait_for_function(  # an arrow function: a bare expression is eval'd (CSP)
+            "() => document.getElementById('chat-status').dataset.status === 'ready'"
             " && document.querySelector('.role-assistant .chat-run-status')"
             "?.textContent === 'succeeded'",
             timeout=WAIT_MS,

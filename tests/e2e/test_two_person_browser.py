@@ -77,8 +77,9 @@ def test_two_approvers_in_two_browsers(tmp_path, seeded, browser, settings, djan
         assert first.locator(f"{card} button[value=approve]").count() == 0
 
         # the second approver's inbox shows it live, without a reload
+        # (an arrow function: a bare expression is eval'd, which the CSP refuses)
         second.wait_for_function(
-            f"""(document.querySelector('{card} .two-person') || {{textContent: ''}})
+            f"""() => (document.querySelector('{card} .two-person') || {{textContent: ''}})
                 .textContent.includes('1 of 2: approved by approver at')""",
             timeout=WAIT_MS,
         )
