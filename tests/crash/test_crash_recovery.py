@@ -196,6 +196,9 @@ def test_failpoint_crash_once_refunds_exactly_once(tmp_path, procs, gateway, see
     env: dict[str, object] = {
         "AGENTRUNS_FAILPOINTS": spec,
         "AGENTRUNS_FAILPOINT_DIR": failpoint_dir,
+        # one run per worker process: each crash is that run's own (a crash takes every run of
+        # its process with it: tests/crash/test_many_in_flight.py)
+        "AGENTRUNS_RUNS_PER_PROCESS": 1,
     }
     if point == "model_streaming":
         # tokens arrive slowly enough that a delta batch is flushed (and the failpoint hit) mid-stream
@@ -298,6 +301,7 @@ def test_reply_interrupted_after_step_started_is_unknown_never_resent(
         procs,
         gateway,
         "worker-reply",
+        AGENTRUNS_RUNS_PER_PROCESS=1,  # each crash is that run's own
         AGENTRUNS_FAILPOINTS="step_started:send_customer_reply=crash_once",
         AGENTRUNS_FAILPOINT_DIR=tmp_path / "failpoints",
     )
