@@ -178,11 +178,15 @@ class RunExecutor(ModelSteps, ToolSteps):
                 return self.finish(
                     RunStatus.FAILED, stop_reason="deadline", error="the run's deadline passed"
                 )
-            if time.monotonic() >= slice_ends:
-                return self.yield_slice()
-            if self.drain is not None and self.drain.is_set():
-                # the process stops (SIGTERM, recycle): hand the run over between two steps
-                return self.yield_slice(reason="worker draining")
+            # a side-effect call whose "running + attempt" went out with the model's commit is
+            # part of that step: made here first, or the next worker would take it for a call
+            # a crash interrupted (an idempotency="none" one would go to reconciliation)
+            if not self.begun_here:
+                if time.monotonic() >= slice_ends:
+                    return self.yield_slice()
+                if self.drain is not None and self.drain.is_set():
+                    # the process stops (SIGTERM, recycle): hand the run over between two steps
+                    return self.yield_slice(reason="worker draining")
 
             if self.cursor < len(self.steps):
                 step = self.steps[self.cursor]

@@ -13,16 +13,18 @@ rest from the broker; if no slot frees in time, the doorbell goes back to the br
 whoever has room. Runs start roughly in the order they were queued: the broker hands tasks out
 oldest first (`broker.py`) and each process serves its waiting hand-over first.
 
-Lifecycle. When q2 stops this process (its STOP after a SIGTERM of `qcluster`, a `recycle`, a
-`max_rss`) the q2 worker loop returns while our threads still run; the pool's supervisor (the
-only non-daemon thread, so the process waits for it) then drains: no new runs, every executor
-hands its run over at its next step boundary (queued again, doorbell rung: another process
-continues at once), and steps still running after AGENTRUNS_DRAIN_SECONDS have their leases
-released in one statement and their runs rung, so the next worker recovers them by idempotency
-class without waiting for the lease TTL. A SIGTERM of `qcluster` also sets `cluster_stopping`
-(inherited by every forked process), so the drain starts at once instead of after q2 has worked
-through its prefetched tasks. q2's `timeout` never fires on a hand-over (it returns within the
-wait), so q2 never kills a process with runs in flight; SIGKILL is recovered by the leases.
+Lifecycle. When q2 stops this process the q2 worker loop returns while our threads still run;
+the pool's supervisor (the only non-daemon thread, so the process waits for it) then takes no
+new run and stops in phases of at most AGENTRUNS_DRAIN_SECONDS each:
+- a `recycle` or `max_rss` (nothing is in a hurry): the runs in flight first get to finish;
+- then every executor hands its run over at its next step boundary (queued again, doorbell
+  rung: another process continues at once, not after the lease TTL). A SIGTERM of `qcluster`
+  starts here, at once: it sets `cluster_stopping` (inherited by every forked process) before
+  q2 even tells its workers;
+- steps still running after that have their leases released in one statement and their runs
+  rung, so the next worker recovers them by idempotency class, also without waiting for the TTL.
+q2's `timeout` never fires on a hand-over (it returns within the wait), so q2 never kills a
+process with runs in flight; SIGKILL is recovered by the leases.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from agentruns.runtime.queue import enqueue
 log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 2.0  # how often a pool reports its runs in flight (WorkerHeartbeat)
+CHANGE_REPORT_SECONDS = 0.5  # ... and sooner when that number changed, at most this often
 STOP_POLL_SECONDS = 0.2  # how soon the supervisor notices that the process stops
 HEARTBEAT_PREFIX = "pool@"
 
@@ -64,7 +67,9 @@ class RunPool:
     def __init__(self, capacity: int, *, name: str | None = None, supervise: bool = True) -> None:
         self.capacity = capacity
         self.name = name or f"{HEARTBEAT_PREFIX}{worker_name()}"
-        # set when the process stops: executors hand over at their next step boundary
+        # set when the process stops: no new runs; `drain`: executors hand over at their next
+        # step boundary; `drained`: done
+        self.closing = threading.Event()
         self.drain = threading.Event()
         self.drained = threading.Event()
         self._cond = threading.Condition()
@@ -83,17 +88,17 @@ class RunPool:
 
     def hand_over(self, run_id: str, wait: float | None = None) -> str:
         """Give the run a slot (waiting up to `wait` seconds for one) and return at once:
-        "started", or "requeued" when the process is full or draining (the doorbell goes back
+        "started", or "requeued" when the process is full or stopping (the doorbell goes back
         to the broker)."""
         wait = handover_wait() if wait is None else wait
         deadline = time.monotonic() + wait
         with self._cond:
-            while not self.drain.is_set() and self._busy >= self.capacity:
+            while not self.closing.is_set() and self._busy >= self.capacity:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
-            accepted = not self.drain.is_set() and self._busy < self.capacity
+            accepted = not self.closing.is_set() and self._busy < self.capacity
             if accepted:
                 self._busy += 1
                 spawn = self._threads < self._busy
@@ -114,8 +119,8 @@ class RunPool:
             with self._cond:
                 self._executors.add(executor)
             try:
-                if self.drain.is_set():
-                    enqueue(run_id)  # taken just before the drain: never claimed, give it back
+                if self.closing.is_set():
+                    enqueue(run_id)  # taken just before the stop: never claimed, give it back
                 else:
                     executor.advance()
             except Exception:  # advance() contains engine errors; this is the doorbell's own
@@ -128,16 +133,20 @@ class RunPool:
                     self._cond.notify_all()
 
     # ---------------------------------------------------------------- stopping
-    def stop(self, grace: float | None = None) -> int:
-        """Drain: hand every run over, waiting at most `grace` seconds for running steps; then
-        release the leases of the runs still executing. Returns how many were released."""
-        self.drain.set()
+    def stop(self, grace: float | None = None, *, finish_first: bool = False) -> int:
+        """Take no new run; with `finish_first`, let the runs in flight finish for up to `grace`
+        seconds; then have every run handed over at its next step boundary, waiting up to
+        `grace` seconds; then release the leases of the runs still mid-step. Returns how many
+        were released."""
         grace = conf.DRAIN_SECONDS if grace is None else grace
-        deadline = time.monotonic() + grace
+        self.closing.set()
         with self._cond:
             self._cond.notify_all()  # a waiting hand-over gives its doorbell back now
-            while self._busy and (remaining := deadline - time.monotonic()) > 0:
-                self._cond.wait(min(remaining, HEARTBEAT_SECONDS))
+        if finish_first:
+            self._wait_idle(grace)
+        self.drain.set()
+        self._wait_idle(grace)
+        with self._cond:
             left = [e for e in self._executors if e.heartbeat is not None]
         released = 0
         if left:
@@ -145,23 +154,37 @@ class RunPool:
                 executor.heartbeat.lost.set()  # they stop at their next check
             released = release_leases([(e.run_id, e.owner) for e in left])
             log.warning(
-                "drain: %d run(s) still mid-step after %.0fs; leases released", released, grace
+                "drain: %d run(s) still mid-step after %.1fs; leases released", released, grace
             )
         self.drained.set()
         return released
 
+    def _wait_idle(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        with self._cond:
+            while self._busy and (remaining := deadline - time.monotonic()) > 0:
+                self._cond.wait(min(remaining, HEARTBEAT_SECONDS))
+
     def _supervise(self) -> None:
         main = threading.main_thread()
-        next_beat = 0.0
+        beat_at, reported = 0.0, -1
         try:
             while main.is_alive() and not _cluster_stopping():
-                if time.monotonic() >= next_beat:
+                since = time.monotonic() - beat_at
+                if since >= HEARTBEAT_SECONDS or (
+                    self._busy != reported and since >= CHANGE_REPORT_SECONDS
+                ):
+                    reported = self._busy
                     self._beat()
-                    next_beat = time.monotonic() + HEARTBEAT_SECONDS
+                    beat_at = time.monotonic()
                 main.join(STOP_POLL_SECONDS)
-            self.drain.set()
+            # a SIGTERM of the cluster hands runs over now; a recycle lets them finish first
+            urgent = _cluster_stopping()
+            self.closing.set()
+            if urgent:
+                self.drain.set()
             self._beat()
-            self.stop()
+            self.stop(finish_first=not urgent)
         except Exception:
             log.exception("run pool supervisor failed; releasing leases")
             self.stop(grace=0)
@@ -181,7 +204,7 @@ class RunPool:
                     "last_seen_at": timezone.now(),
                     "runs_in_flight": self._busy,
                     "run_capacity": self.capacity,
-                    "draining": self.drain.is_set(),
+                    "draining": self.closing.is_set(),
                     "db_connections": connections.pool_size(),
                 },
             )

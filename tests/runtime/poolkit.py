@@ -4,6 +4,8 @@ imported by real worker processes: AGENTRUNS_AGENT_MODULES=tests.testkit,tests.r
 
 from __future__ import annotations
 
+import time
+
 from agentruns.registry import (
     Agent,
     RetryableToolError,
@@ -16,6 +18,7 @@ from tests.testkit import TOOLS, script_policy
 
 LONG_BACKOFF_SECONDS = 30.0
 SHORT_BACKOFF_SECONDS = 3.0
+SLOW_CALL_SECONDS = 60.0
 
 
 def _fail_first_attempt(ctx: ToolContext) -> dict:
@@ -44,11 +47,19 @@ def t_flaky(ctx: ToolContext) -> dict:
     return _fail_first_attempt(ctx)
 
 
+@tool(side_effect=True, idempotency="key")
+def t_slow(ctx: ToolContext) -> dict:
+    """A call far longer than a drain's grace period on its first attempt; instant afterwards."""
+    if ctx.attempt == 1:
+        time.sleep(SLOW_CALL_SECONDS)
+    return {"attempt": ctx.attempt, "key": ctx.idempotency_key}
+
+
 register_agent(
     Agent(
         name="pool-script",
         instructions="Follow the script.",
-        tools=[*TOOLS, "t_flaky_slow", "t_flaky"],
+        tools=[*TOOLS, "t_flaky_slow", "t_flaky", "t_slow"],
         scripted_policy=script_policy,
     )
 )

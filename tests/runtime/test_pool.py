@@ -17,7 +17,15 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django_q.models import OrmQ
 
-from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepStatus
+from agentruns.models import (
+    AttemptOutcome,
+    Run,
+    RunEvent,
+    RunStatus,
+    Step,
+    StepAttempt,
+    StepStatus,
+)
 from agentruns.runtime.broker import DoorbellBroker
 from agentruns.runtime.lease import Heartbeat, renew
 from agentruns.runtime.pool import RunPool
@@ -139,6 +147,31 @@ def test_drain_hands_runs_over_at_the_next_step_boundary(pool):
         assert Step.objects.filter(run=run, tool="t_echo", status=StepStatus.SUCCEEDED).exists()
         assert_gapless(run)
     assert not StepAttempt.objects.filter(outcome=AttemptOutcome.CRASHED).exists()
+
+
+def test_a_recycle_lets_the_runs_in_flight_finish_here(pool):
+    testkit.GATE.clear()
+    runs = [
+        script(
+            {"text": "charging", "calls": [["t_charge", {"amount": 5}]]},
+            {"text": "echo", "calls": [["t_echo", {"text": "after"}]]},
+        )
+        for _ in range(2)
+    ]
+    p = pool(2)
+    for run in runs:
+        assert p.hand_over(str(run.id), wait=0) == "started"
+    wait_until(lambda: len(testkit.CALLS["t_charge"]) == 2, timeout=30, message="calls in flight")
+    stopping = threading.Thread(target=p.stop, kwargs={"grace": 60, "finish_first": True})
+    stopping.start()
+    wait_until(lambda: p.closing.is_set(), timeout=10, message="the stop to start")
+    assert p.hand_over(str(charge_run().id), wait=30) == "requeued"  # no new runs
+    assert not p.drain.is_set()
+    testkit.GATE.set()
+    stopping.join(60)
+    # nothing was handed over: both runs finished in the stopping process
+    assert status_counts(runs) == {RunStatus.SUCCEEDED: 2}
+    assert not RunEvent.objects.filter(data__reason="worker draining").exists()
 
 
 def test_drain_releases_the_lease_of_a_step_past_the_grace_period(pool):
