@@ -112,6 +112,11 @@ def running() -> int:
     return Run.objects.filter(status=RunStatus.RUNNING).count()
 
 
+def in_flight() -> int:
+    """Runs a live worker executes (a killed worker's runs stay `running` until re-leased)."""
+    return Run.objects.filter(status=RunStatus.RUNNING, lease_expires_at__gt=timezone.now()).count()
+
+
 def settle(run_ids: list, workers: list[Proc], timeout: float = 150) -> dict:
     settled = {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.WAITING}
 
@@ -217,24 +222,26 @@ def test_sigkill_with_dozens_in_flight_at_random_moments(tmp_path, procs, gatewa
     for round_no in range(3):
         w = worker(tmp_path, procs, gateway, f"worker-kill{round_no}", **env)
         workers.append(w)
+        since = timezone.now()
+        # this cluster at work: dozens of runs under its live leases, steps started by it
         wait_until(
-            lambda: (
-                running() >= 15
-                or not Run.objects.filter(id__in=ids)
-                .exclude(status__in=[RunStatus.SUCCEEDED, RunStatus.WAITING])
-                .exists()
+            lambda since=since: (
+                in_flight() >= 15
+                and StepAttempt.objects.filter(step__run_id__in=ids, started_at__gt=since).exists()
             ),
             timeout=90,
             interval=0.05,
             message="dozens of runs in flight",
         )
         time.sleep(rng.uniform(0.1, 1.5))  # the random moment (not a correctness condition)
-        in_flight = running()
-        cut = StepAttempt.objects.filter(step__run_id__in=ids, finished_at__isnull=True).count()
+        in_flight_now = in_flight()
+        cut = StepAttempt.objects.filter(
+            step__run_id__in=ids, started_at__gt=since, finished_at__isnull=True
+        ).count()
         w.kill()  # SIGKILL of the whole process group
-        killed_with.append(in_flight)
+        killed_with.append(in_flight_now)
         print(
-            f"[many-in-flight] round {round_no}: SIGKILL with {in_flight} runs in flight, "
+            f"[many-in-flight] round {round_no}: SIGKILL with {in_flight_now} runs in flight, "
             f"{cut} step attempts cut mid-step"
         )
     workers.append(worker(tmp_path, procs, gateway, "worker-final", **env))
