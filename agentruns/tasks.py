@@ -13,8 +13,13 @@ from agentruns.runtime.sweeper import record_heartbeat, sweep
 
 def advance_run(run_id: str) -> str:
     """Hand the run to this worker process's executor pool and return (`runtime/pool.py`): the
-    run executes on a pool thread, many at once. Duplicated deliveries find the lease held."""
-    return process_pool().hand_over(run_id)
+    run executes on a pool thread, many at once. Duplicated deliveries find the lease held.
+    With slots to spare, the doorbells queued behind this one are taken along."""
+    pool = process_pool()
+    outcome = pool.hand_over(run_id)
+    if outcome == "started":
+        pool.take_waiting()
+    return outcome
 
 
 def scheduled_sweep() -> int:

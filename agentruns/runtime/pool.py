@@ -49,10 +49,11 @@ from agentruns.runtime import connections
 from agentruns.runtime.executor import RunExecutor
 from agentruns.runtime.ids import worker_name
 from agentruns.runtime.lease import release_leases
-from agentruns.runtime.queue import enqueue
+from agentruns.runtime.queue import ADVANCE_TASK, enqueue
 
 log = logging.getLogger(__name__)
 
+TAKE_AT_MOST = 50  # doorbells a hand-over takes from the queue behind its own, per statement
 HEARTBEAT_SECONDS = 2.0  # how often a pool reports its runs in flight (WorkerHeartbeat)
 CHANGE_REPORT_SECONDS = 0.5  # ... and sooner when that number changed, at most this often
 STOP_POLL_SECONDS = 0.2  # how soon the supervisor notices that the process stops
@@ -74,9 +75,13 @@ class RunPool:
         self.drained = threading.Event()
         self._cond = threading.Condition()
         self._busy = 0  # slots taken (handed over, not yet finished)
-        self._threads = 0
         self._executors: set[RunExecutor] = set()
         self._jobs: queue.SimpleQueue[str] = queue.SimpleQueue()
+        # every thread up front: starting one waits for it to get the interpreter lock, which
+        # under load (100 runs in this process) made each hand-over slow; idle threads wait on
+        # the job queue and cost a stack's touched pages
+        for number in range(capacity):
+            threading.Thread(target=self._work, name=f"run-{number}", daemon=True).start()
         if supervise:
             # non-daemon: the process exits only after its drain (threading joins it at exit)
             threading.Thread(target=self._supervise, name="run-pool", daemon=False).start()
@@ -101,16 +106,33 @@ class RunPool:
             accepted = not self.closing.is_set() and self._busy < self.capacity
             if accepted:
                 self._busy += 1
-                spawn = self._threads < self._busy
-                if spawn:
-                    self._threads += 1
         if not accepted:
             enqueue(run_id)
             return "requeued"
         self._jobs.put(run_id)
-        if spawn:
-            threading.Thread(target=self._work, name=f"run-{self._threads}", daemon=True).start()
         return "started"
+
+    def take_waiting(self) -> int:
+        """After a hand-over (in the q2 worker): take the doorbells queued behind it, as many as
+        there are free slots, in one statement, and hand them over too. A burst of starts then
+        costs a few statements instead of a trip through q2's pusher per run; a full process
+        takes nothing, so it never hoards. Returns how many runs it took."""
+        # q2's broker, imported only where q2 runs: q2 reads its settings on import
+        from django_q.conf import Conf
+
+        from agentruns.runtime.broker import DoorbellBroker
+
+        with self._cond:
+            free = 0 if self.closing.is_set() else self.capacity - self._busy
+        if free <= 0:
+            return 0
+        broker = DoorbellBroker(list_key=Conf.CLUSTER_NAME)
+        taken = broker.take(min(free, TAKE_AT_MOST), ADVANCE_TASK)
+        for _, args in taken:
+            self.hand_over(str(args[0]), wait=0)  # no wait: only this thread adds runs
+        broker.acknowledge_all([ack_id for ack_id, _ in taken])
+        connection.close()  # the q2 worker waits for its next task without a connection
+        return len(taken)
 
     def _work(self) -> None:
         while True:

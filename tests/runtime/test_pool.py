@@ -68,6 +68,7 @@ def pool():
         return made[-1]
 
     yield make
+    DoorbellBroker.stop_listening()  # an empty dequeue listens for doorbells: let go of it
     testkit.GATE.set()
     for each in made:  # nothing may still write when the tables are flushed
         wait_until(lambda p=each: p.in_flight == 0, timeout=30, message="pool threads to finish")
@@ -302,3 +303,33 @@ def test_the_broker_hands_out_the_oldest_doorbell_first():
     broker = DoorbellBroker(list_key=rows[0].key)
     taken = [broker.dequeue()[0][0] for _ in rows]
     assert taken == [r.id for r in rows]
+
+
+def test_a_hand_over_takes_the_doorbells_behind_it_and_leaves_other_tasks(pool):
+    from django_q.tasks import async_task
+
+    from agentruns.runtime.queue import ADVANCE_TASK
+
+    runs = [script() for _ in range(3)]
+    enqueue(runs[0].id)
+    async_task("math.floor", 1.5)  # somebody else's task in the same queue
+    for run in runs[1:]:
+        enqueue(run.id)
+    broker = DoorbellBroker(list_key=OrmQ.objects.first().key)
+    taken = broker.take(10, ADVANCE_TASK)
+    assert [args[0] for _, args in taken] == [str(r.id) for r in runs]  # oldest first
+    broker.acknowledge_all([ack for ack, _ in taken])
+    # the other task went straight back: q2's pusher gets it as if nothing had happened
+    (left,) = broker.dequeue()
+    assert left[0] == OrmQ.objects.get().id
+    # a pool with room takes the waiting doorbells along with the one q2 gave it
+    OrmQ.objects.all().delete()
+    more = [script({"text": "hi"}) for _ in range(3)]
+    for run in more:
+        enqueue(run.id)
+    p = pool(2)
+    assert p.hand_over(str(runs[0].id), wait=0) == "started"
+    assert p.take_waiting() == 1  # one slot left: one doorbell taken, two stay for others
+    assert OrmQ.objects.count() == 2
+    wait_until(lambda: p.in_flight == 0, timeout=30, message="the runs")
+    assert Run.objects.get(id=more[0].id).status == RunStatus.SUCCEEDED
