@@ -174,7 +174,7 @@ SETTINGS: tuple[Setting, ...] = (
         "AGENTRUNS_RUNS_PER_PROCESS",
         int,
         lambda: _runs_per_process_default(),
-        "runs executing at once in each worker process (default: 100 on PostgreSQL, 8 on SQLite)",
+        "runs executing at once in each worker process (default: 100 on PostgreSQL, 16 on SQLite)",
         1,
     ),
     Setting(
@@ -246,10 +246,11 @@ SETTINGS: tuple[Setting, ...] = (
 
 
 def _runs_per_process_default() -> int:
-    # threads wait on the model without holding the process; SQLite serialises every writer, so
-    # a handful of runs at once keep its lock queue short (docs/BENCHMARKS.md has the measurement)
+    # threads wait on the model without holding the process (100 runs at 500 ms per model turn
+    # cost ~40% of a core); SQLite serialises every writer, so fewer runs at once keep its lock
+    # queue short (measurements: docs/BENCHMARKS.md, "Choosing the defaults")
     engine = settings.DATABASES["default"]["ENGINE"]
-    return 100 if "postgresql" in engine else 8
+    return 100 if "postgresql" in engine else 16
 
 
 def _base_dir() -> Any:
