@@ -174,8 +174,9 @@ Q_CLUSTER = {
     "save_limit": -1,
     "catch_up": False,
     "label": "Task queue",
-    # a q2 task only hands its run to the process's executor pool and returns, so these count
-    # hand-overs; a recycled process drains (AGENTRUNS_DRAIN_SECONDS) before it exits
+    # a q2 task only hands its run (and the doorbells queued behind it) to the process's
+    # executor pool and returns, so `recycle` counts q2 tasks, not runs; a recycled process lets
+    # its runs finish (AGENTRUNS_DRAIN_SECONDS) before it exits
     "recycle": env_int("Q_RECYCLE", 5000),
     "max_rss": env_int("Q_MAX_RSS", 0) or None,  # KiB
 }

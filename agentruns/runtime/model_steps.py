@@ -144,18 +144,7 @@ class ModelSteps:
                 batch.insert([step])
             else:  # a step a dead worker left behind, asked again
                 batch.update(step, ["status", "attempts", "started_at"])
-            batch.insert(
-                [
-                    build(
-                        StepAttempt,
-                        {"step": step},
-                        step_id=step.id,
-                        number=attempt,
-                        worker=self.owner,
-                        started_at=started,
-                    )
-                ]
-            )
+            batch.insert([self._attempt_row(step, attempt, started)])
             events.append((EventType.STEP_STARTED, step_event_data(step)))
         events.append(
             (EventType.MODEL_DELTA, {"step": step.index, "attempt": attempt, "text": text})
@@ -252,15 +241,8 @@ class ModelSteps:
             else:  # a re-run of a step a dead worker left behind
                 batch.update(step, MODEL_STEP_FIELDS + ["attempts", "started_at"])
             new_attempts.append(
-                build(
-                    StepAttempt,
-                    {"step": step},
-                    step_id=step.id,
-                    number=attempt,
-                    worker=self.owner,
-                    started_at=started,
-                    finished_at=now,
-                    outcome=AttemptOutcome.SUCCEEDED,
+                self._attempt_row(
+                    step, attempt, started, finished_at=now, outcome=AttemptOutcome.SUCCEEDED
                 )
             )
             events.append(
@@ -345,21 +327,10 @@ class ModelSteps:
             now = timezone.now()
             step.status, step.result, step.attempts = StepStatus.SUCCEEDED, result, 1
             step.started_at, step.finished_at = started, now
-            done.append(
-                (
-                    step,
-                    build(
-                        StepAttempt,
-                        {"step": step},
-                        step_id=step.id,
-                        number=1,
-                        worker=self.owner,
-                        started_at=started,
-                        finished_at=now,
-                        outcome=AttemptOutcome.SUCCEEDED,
-                    ),
-                )
+            row = self._attempt_row(
+                step, 1, started, finished_at=now, outcome=AttemptOutcome.SUCCEEDED
             )
+            done.append((step, row))
         return done
 
     def _begin_next_side_effect(
@@ -376,17 +347,20 @@ class ModelSteps:
                 return []
             step.status, step.attempts, step.started_at = StepStatus.RUNNING, 1, now
             self.begun_here.add(step.id)
-            return [
-                build(
-                    StepAttempt,
-                    {"step": step},
-                    step_id=step.id,
-                    number=1,
-                    worker=self.owner,
-                    started_at=now,
-                )
-            ]
+            return [self._attempt_row(step, 1, now)]
         return []
+
+    def _attempt_row(self, step: Step, number: int, started: Any, **values: Any) -> StepAttempt:
+        """A new attempt row of `step` by this executor (for a WriteBatch)."""
+        return build(
+            StepAttempt,
+            {"step": step},
+            step_id=step.id,
+            number=number,
+            worker=self.owner,
+            started_at=started,
+            **values,
+        )
 
     def _plan_tool_steps(self, calls: list[ToolCall], now: Any) -> list[Step]:
         """Tool calls become rows in the commit that records the model response (invariant 3).

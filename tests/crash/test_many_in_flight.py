@@ -96,10 +96,12 @@ def cluster_up(proc: Proc) -> None:
 
 
 # ------------------------------------------------------------------ runs and checks
-def start_refunds(count: int) -> dict[str, tuple[Run, int]]:
-    """One refund run per order ORD-1001...; order_id -> (run, the amount it must refund)."""
+def start_refunds(count: int, spaced: float = 0) -> dict[str, tuple[Run, int]]:
+    """One refund run per order ORD-1001...; order_id -> (run, the amount it must refund).
+    `spaced`: seconds between starts (each doorbell then reaches a worker as its own q2 task)."""
     started = {}
     for n in range(1001, 1001 + count):
+        time.sleep(spaced)
         order = Order.objects.get(order_id=f"ORD-{n}")
         run = start_run(
             "refund", {"order_id": order.order_id, "message": "It arrived broken, refund it."}
@@ -338,12 +340,14 @@ def test_q2_recycling_never_kills_runs_in_flight(tmp_path, procs, gateway, seede
         procs,
         gateway,
         "worker-recycle",
-        Q_RECYCLE=4,  # a worker process ends after 4 hand-overs, with those runs in flight
+        Q_RECYCLE=4,  # a worker process ends after 4 q2 tasks, with those runs in flight
         AGENTRUNS_RUNS_PER_PROCESS=20,
         AGENTRUNS_DRAIN_SECONDS=30,
         SCRIPTED_MODEL_LATENCY_MS=300,
     )
-    runs = start_refunds(24)
+    cluster_up(w)
+    # one start at a time: a burst would be taken along by one hand-over (one q2 task)
+    runs = start_refunds(24, spaced=0.15)
     ids = [r.id for r, _ in runs.values()]
     settle(ids, [w])
     waiting = assert_each_effect_once(gateway, runs)
