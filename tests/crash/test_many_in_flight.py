@@ -185,7 +185,7 @@ def test_a_hundred_runs_in_flight_each_refund_exactly_once(tmp_path, procs, gate
         "worker-100",
         Q_WORKERS=q_workers,
         AGENTRUNS_RUNS_PER_PROCESS=per_process,
-        SCRIPTED_MODEL_LATENCY_MS=1500,
+        SCRIPTED_MODEL_LATENCY_MS=1000,
     )
     cluster_up(w)
     runs = start_refunds(100)
@@ -263,7 +263,7 @@ def test_sigterm_drains_and_a_second_worker_continues_at_once(tmp_path, procs, g
     # a lease TTL far longer than the test: a lease left behind would stall its run visibly
     env = {
         "AGENTRUNS_LEASE_TTL_SECONDS": 120,
-        "AGENTRUNS_DRAIN_SECONDS": 5,  # model turns and refund calls end within it, t_slow not
+        "AGENTRUNS_DRAIN_SECONDS": 3,  # model turns and refund calls end within it, t_slow not
         "AGENTRUNS_RUNS_PER_PROCESS": 15,
         "SCRIPTED_MODEL_LATENCY_MS": 1000,
         "AGENTRUNS_AGENT_MODULES": "tests.testkit,tests.runtime.poolkit",
