@@ -64,6 +64,7 @@ format: venv
 bench: venv
 	$(BIN)/pip install -q -e '.[dev,bench]'
 	PG_EXTRA_OPTS=" " scripts/with-postgres.sh $(BIN)/python -m benchmarks.run
+	PG_EXTRA_OPTS=" " scripts/with-postgres.sh $(BIN)/python -m benchmarks.inflight --write-docs
 
 clean:
 	rm -rf var .pytest_cache

@@ -4,6 +4,7 @@ from django.apps import AppConfig
 from django.utils.module_loading import autodiscover_modules
 
 from agentruns.conf import check_environment, conf, connect_reload
+from agentruns.runtime import connections
 
 
 class AgentRunsConfig(AppConfig):
@@ -15,6 +16,8 @@ class AgentRunsConfig(AppConfig):
         connect_reload()
         conf.load_all()  # a bad value stops every process at start-up, not mid-run
         check_environment()
+        # django-q2 forks workers from processes that hold pooled connections
+        connections.guard_forks()
         # Agents and tools are registered from each app's `agents.py`, like admin.py, and from
         # the modules named by AGENTRUNS_AGENT_MODULES (benchmarks, scripts)
         autodiscover_modules("agents")

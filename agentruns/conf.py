@@ -131,6 +131,13 @@ SETTINGS: tuple[Setting, ...] = (
     # the model
     Setting("AGENTRUNS_MODEL", str, "scripted", "`scripted` (offline) or `openai/<model name>`"),
     Setting("SCRIPTED_MODEL_DELAY_MS", float, 15, "per-token delay of the scripted model", 0),
+    Setting(
+        "SCRIPTED_MODEL_LATENCY_MS",
+        float,
+        0,
+        "the scripted model's wait before the first token of every turn (a real model's latency)",
+        0,
+    ),
     Setting("OPENAI_BASE_URL", str, "https://api.openai.com/v1", "any OpenAI-compatible endpoint"),
     Setting("OPENAI_API_KEY", str, "", "its key (never logged)"),
     Setting("OPENAI_TIMEOUT_SECONDS", float, 60, "between bytes of a streamed answer", 0),
@@ -163,6 +170,35 @@ SETTINGS: tuple[Setting, ...] = (
         lambda: _q_timeout() / 2,
         "a run holding a worker this long re-enqueues itself (default: Q_TIMEOUT / 2)",
         0.1,
+    ),
+    Setting(
+        "AGENTRUNS_RUNS_PER_PROCESS",
+        int,
+        lambda: _runs_per_process_default(),
+        "runs executing at once in each worker process (default: 100 on PostgreSQL, 16 on SQLite)",
+        1,
+    ),
+    Setting(
+        "AGENTRUNS_DRAIN_SECONDS",
+        float,
+        20,
+        "on SIGTERM or a q2 recycle: how long running steps may finish before leases are released",
+        0,
+    ),
+    Setting(
+        "AGENTRUNS_HANDOVER_WAIT_SECONDS",
+        float,
+        5,
+        "a full worker process waits this long for a free slot, then gives the doorbell back "
+        "(capped at a quarter of Q_TIMEOUT)",
+        0,
+    ),
+    Setting(
+        "AGENTRUNS_RETRY_SLEEP_MAX_SECONDS",
+        float,
+        1,
+        "a retry backoff longer than this frees the run's slot (a delayed doorbell wakes it)",
+        0,
     ),
     Setting(
         "AGENTRUNS_DEFAULT_MAX_STEPS",
@@ -272,6 +308,14 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("AGENTRUNS_METRICS_WINDOW", int, 10_000, "step attempts in the duration histogram", 1),
 )
+
+
+def _runs_per_process_default() -> int:
+    # threads wait on the model without holding the process (100 runs at 500 ms per model turn
+    # cost ~40% of a core); SQLite serialises every writer, so fewer runs at once keep its lock
+    # queue short (measurements: docs/BENCHMARKS.md, "Choosing the defaults")
+    engine = settings.DATABASES["default"]["ENGINE"]
+    return 100 if "postgresql" in engine else 16
 
 
 def _base_dir() -> Any:

@@ -68,12 +68,27 @@ def healthz(request: HttpRequest) -> JsonResponse:
         live=Count("id", filter=Q(last_seen_at__gte=threshold)),
     )
     seen, swept = beat["seen"], beat["swept"]
+    pools = live_pools(threshold)
     checks["worker"] = {
         "ok": bool(seen and seen >= threshold),
         "last_seen_at": iso(seen),
         "age_seconds": round((now - seen).total_seconds(), 3) if seen else None,
         "live_workers": beat["live"],
         "stale_after_seconds": stale_after,
+        # the run pools of the live worker processes (runtime/pool.py)
+        "runs_in_flight": sum(p.runs_in_flight for p in pools),
+        "run_capacity": sum(p.run_capacity for p in pools if not p.draining),
+        "processes": [
+            {
+                "worker": p.worker.removeprefix(POOL_PREFIX),
+                "runs_in_flight": p.runs_in_flight,
+                "run_capacity": p.run_capacity,
+                "draining": p.draining,
+                "db_connections": p.db_connections,
+                "last_seen_at": iso(p.last_seen_at),
+            }
+            for p in pools
+        ],
     }
     checks["sweeper"] = {
         "ok": bool(swept and swept >= threshold),
@@ -85,6 +100,47 @@ def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse(
         {"status": "ok" if healthy else "unhealthy", "checks": checks, "time": now.isoformat()},
         status=200 if healthy else 503,
+    )
+
+
+POOL_PREFIX = "pool@"  # runtime.pool.HEARTBEAT_PREFIX (the pool is not imported by web code)
+
+
+def live_pools(threshold) -> list[WorkerHeartbeat]:
+    """The run pools of worker processes whose heartbeat is fresher than `threshold`."""
+    return list(
+        WorkerHeartbeat.objects.filter(
+            worker__startswith=POOL_PREFIX, last_seen_at__gte=threshold
+        ).order_by("worker")
+    )
+
+
+def pool_families(now) -> Iterator[GaugeMetricFamily]:
+    """Runs in flight and capacity per live worker process, and their totals."""
+    pools = live_pools(now - timedelta(seconds=conf.WORKER_STALE_SECONDS))
+    per_process = {
+        "agentruns_worker_runs_in_flight": ("Runs executing in the process", "runs_in_flight"),
+        "agentruns_worker_run_capacity": (
+            "Runs the process may execute at once (AGENTRUNS_RUNS_PER_PROCESS)",
+            "run_capacity",
+        ),
+        "agentruns_worker_db_connections": ("Open connections of its pool", "db_connections"),
+        "agentruns_worker_draining": ("1 while the process drains before it stops", "draining"),
+    }
+    for name, (doc, attr) in per_process.items():
+        family = GaugeMetricFamily(name, doc, labels=["worker"])
+        for p in pools:
+            family.add_metric([p.worker.removeprefix(POOL_PREFIX)], float(getattr(p, attr)))
+        yield family
+    yield GaugeMetricFamily(
+        "agentruns_runs_in_flight",
+        "Runs executing in all live worker processes",
+        value=sum(p.runs_in_flight for p in pools),
+    )
+    yield GaugeMetricFamily(
+        "agentruns_run_capacity",
+        "Runs all live worker processes (not draining) may execute at once",
+        value=sum(p.run_capacity for p in pools if not p.draining),
     )
 
 
@@ -118,10 +174,17 @@ class RuntimeCollector(Collector):
             runs.add_metric([status], by_status.get(status, 0))
         yield runs
 
+        # a run waiting for a retry backoff is queued with its doorbell due later (enqueued_at)
+        backing_off = Run.objects.filter(status=RunStatus.QUEUED, enqueued_at__gt=now).count()
         yield GaugeMetricFamily(
             "agentruns_queue_depth",
-            "Runs queued and waiting for a worker to claim them",
-            value=by_status.get(RunStatus.QUEUED, 0),
+            "Runs queued and waiting for a worker to claim them (backoffs not yet due excluded)",
+            value=by_status.get(RunStatus.QUEUED, 0) - backing_off,
+        )
+        yield GaugeMetricFamily(
+            "agentruns_runs_backing_off",
+            "Queued runs waiting for a retry backoff (no thread, no lease)",
+            value=backing_off,
         )
         yield GaugeMetricFamily(
             "agentruns_cancel_requested_runs",
@@ -187,6 +250,7 @@ class RuntimeCollector(Collector):
                 name, doc, value=(now - moment).total_seconds() if moment else float("inf")
             )
 
+        yield from pool_families(now)
         yield self.duration_histogram()
         yield GaugeMetricFamily(
             "agentruns_metrics_collect_seconds",

@@ -133,6 +133,13 @@ class Run(models.Model):
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
+    @property
+    def worker(self) -> str:
+        """The worker process executing the run ("host:pid"), "" when nobody holds its lease."""
+        if not self.lease_owner or self.status != RunStatus.RUNNING:
+            return ""
+        return self.lease_owner.rsplit(":", 1)[0]  # the owner is host:pid:<executor tag>
+
     def tool_policy(self, tool: str) -> dict:
         """A tool's policy as frozen in the run's snapshot at start (not the current code's)."""
         return (self.tool_snapshot.get(tool) or {}) if tool else {}
@@ -367,11 +374,17 @@ class ToolRule(models.Model):
 
 
 class WorkerHeartbeat(models.Model):
-    """One row per worker process: /healthz reads how fresh the newest one is."""
+    """One row per worker process: /healthz reads how fresh the newest one is. `qcluster@...`
+    rows are written by the sweeper loop, `pool@...` rows by each q2 worker process's run pool
+    (runs in flight, capacity, whether it drains, its open database connections)."""
 
     worker = models.CharField(max_length=200, unique=True)
     last_seen_at = models.DateTimeField()
     last_sweep_at = models.DateTimeField(null=True, blank=True)
+    runs_in_flight = models.PositiveIntegerField(default=0)
+    run_capacity = models.PositiveIntegerField(default=0)
+    draining = models.BooleanField(default=False)
+    db_connections = models.PositiveIntegerField(default=0)
 
     def __str__(self) -> str:
         return self.worker

@@ -6,14 +6,20 @@ Their dotted paths are stored in queue and schedule rows (`runtime/queue.ADVANCE
 
 from __future__ import annotations
 
-from agentruns.runtime.executor import RunExecutor
 from agentruns.runtime.ids import worker_name
+from agentruns.runtime.pool import process_pool
 from agentruns.runtime.sweeper import record_heartbeat, sweep
 
 
 def advance_run(run_id: str) -> str:
-    """The only executor of runs. Duplicated deliveries find the lease held and return."""
-    return RunExecutor(run_id).advance()
+    """Hand the run to this worker process's executor pool and return (`runtime/pool.py`): the
+    run executes on a pool thread, many at once. Duplicated deliveries find the lease held.
+    With slots to spare, the doorbells queued behind this one are taken along."""
+    pool = process_pool()
+    outcome = pool.hand_over(run_id)
+    if outcome == "started":
+        pool.take_waiting()
+    return outcome
 
 
 def scheduled_sweep() -> int:

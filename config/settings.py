@@ -26,8 +26,19 @@ def database_from_url(url: str) -> dict:
         raise ValueError(
             f"DATABASE_URL scheme {parsed.scheme!r} is not supported (use postgres://)"
         )
-    query = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
+    query: dict = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
     host = unquote(parsed.hostname or "") or query.pop("host", "")
+    pooled = env_bool("DB_POOL", True)
+    if pooled:
+        # psycopg's pool, per process: connections are bounded by it, not by threads (a worker
+        # keeps many runs in flight; each holds a connection only while it talks to the database).
+        # Django's pool needs CONN_MAX_AGE=0: "closing" a connection returns it to the pool.
+        query["pool"] = {
+            "min_size": env_int("DB_POOL_MIN_SIZE", 1),
+            "max_size": env_int("DB_POOL_MAX_SIZE", 10),
+            "timeout": env_float("DB_POOL_TIMEOUT", 30),
+            "name": "agentruns",
+        }
     return {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": unquote(parsed.path.lstrip("/")) or "postgres",
@@ -35,7 +46,7 @@ def database_from_url(url: str) -> dict:
         "PASSWORD": unquote(parsed.password or ""),
         "HOST": host,
         "PORT": str(parsed.port or ""),
-        "CONN_MAX_AGE": env_int("DB_CONN_MAX_AGE", 60),
+        "CONN_MAX_AGE": 0 if pooled else env_int("DB_CONN_MAX_AGE", 60),
         "CONN_HEALTH_CHECKS": True,
         "OPTIONS": query,
         "TEST": {"NAME": env_str("TEST_DATABASE_NAME") or None},
@@ -229,6 +240,8 @@ Q_TIMEOUT = env_int("Q_TIMEOUT", 120)
 Q_CLUSTER = {
     "name": env_str("Q_CLUSTER_NAME", "agentruns"),
     "orm": "default",
+    # the ORM broker, first in first out, with delayed doorbells (a retry backoff)
+    "broker_class": "agentruns.runtime.broker.DoorbellBroker",
     "workers": Q_WORKERS,
     "timeout": Q_TIMEOUT,
     "retry": env_int("Q_RETRY", Q_TIMEOUT * 3 + 60),
@@ -240,6 +253,11 @@ Q_CLUSTER = {
     "save_limit": -1,
     "catch_up": False,
     "label": "Task queue",
+    # a q2 task only hands its run (and the doorbells queued behind it) to the process's
+    # executor pool and returns, so `recycle` counts q2 tasks, not runs; a recycled process lets
+    # its runs finish (AGENTRUNS_DRAIN_SECONDS) before it exits
+    "recycle": env_int("Q_RECYCLE", 5000),
+    "max_rss": env_int("Q_MAX_RSS", 0) or None,  # KiB
 }
 
 # --- the runtime and the demo ---------------------------------------------------------------
@@ -273,5 +291,6 @@ LOGGING = {
         "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact"]}
     },
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    # psycopg's pool logs every connection it lends at INFO
+    "loggers": {"django.db.backends": {"level": "WARNING"}, "psycopg.pool": {"level": "WARNING"}},
 }

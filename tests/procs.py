@@ -198,3 +198,22 @@ def run_manage(
         text=True,
         timeout=timeout,
     )
+
+
+def manage(env: dict[str, str], *args: str) -> str:
+    """`python manage.py <args>` that must succeed; its output."""
+    done = run_manage(env, *args)
+    assert done.returncode == 0, f"manage.py {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def sqlite_env(db_path: Path, base_url: str, **extra: object) -> dict[str, object]:
+    """Overrides for `base_env`: an empty DATABASE_URL selects the embedded SQLite default."""
+    return {
+        "DATABASE_URL": "",
+        "SQLITE_PATH": db_path,
+        "APP_BASE_URL": base_url,
+        "REFUND_GATEWAY_URL": base_url + "/gateway",
+        "SCRIPTED_MODEL_DELAY_MS": 1,
+        **extra,
+    }

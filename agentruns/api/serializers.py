@@ -60,6 +60,8 @@ def run_payload(run: Run, steps: list[Step] | None = None) -> dict:
             "cost_usd": str(run.cost_usd),
         },
         "cancel_requested": run.cancel_requested,
+        # the worker process ("host:pid") executing a running run
+        "worker": run.worker or None,
         "created_at": iso(run.created_at),
         "started_at": iso(run.started_at),
         "finished_at": iso(run.finished_at),

@@ -14,11 +14,17 @@ it asks for are planned in that same commit (docs/architecture.md has the table)
 This module holds the lease, the loop and recovery; model steps live in `model_steps.py`, tool
 steps in `tool_steps.py` (mixins of `RunExecutor`); every change of the run's status is one of
 `transitions.py`, written through the store (`store/`).
+
+In a worker process the executor runs on a thread of the process's pool (`pool.py`), which
+passes `drain`: once it is set (SIGTERM, a q2 recycle) the run hands itself over at its next
+step boundary, exactly like a time slice ending. There, too, a long retry backoff gives the
+thread back (`back_off`) instead of sleeping on it.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from datetime import timedelta
@@ -50,13 +56,21 @@ log = logging.getLogger(__name__)
 
 
 class RunExecutor(ModelSteps, ToolSteps):
-    def __init__(self, run_id: uuid.UUID | str, owner: str | None = None) -> None:
+    def __init__(
+        self,
+        run_id: uuid.UUID | str,
+        owner: str | None = None,
+        *,
+        drain: threading.Event | None = None,
+    ) -> None:
         self.run_id = uuid.UUID(str(run_id))
         self.owner = owner or worker_id()
         self.ttl = conf.LEASE_TTL_SECONDS
         self.store = get_store()
         self.cancel_requested = False
         self.heartbeat: Heartbeat | None = None
+        # set by the pool this executor runs in (None: executed in-process, nobody drains it)
+        self.drain = drain
 
     # ---------------------------------------------------------------- lease
     def claim(self) -> bool:
@@ -94,6 +108,8 @@ class RunExecutor(ModelSteps, ToolSteps):
             batch=batch,
             end_transaction=end_transaction,
         )
+        if self.heartbeat is not None:
+            self.heartbeat.renewed()
         return last_seq
 
     def check_lease(self) -> None:
@@ -164,8 +180,15 @@ class RunExecutor(ModelSteps, ToolSteps):
                 return self.finish(
                     RunStatus.FAILED, stop_reason="deadline", error="the run's deadline passed"
                 )
-            if time.monotonic() >= slice_ends:
-                return self.yield_slice()
+            # a side-effect call whose "running + attempt" went out with the model's commit is
+            # part of that step: made here first, or the next worker would take it for a call
+            # a crash interrupted (an idempotency="none" one would go to reconciliation)
+            if not self.begun_here:
+                if time.monotonic() >= slice_ends:
+                    return self.yield_slice()
+                if self.drain is not None and self.drain.is_set():
+                    # the process stops (SIGTERM, recycle): hand the run over between two steps
+                    return self.yield_slice(reason="worker draining")
 
             if self.cursor < len(self.steps):
                 step = self.steps[self.cursor]
@@ -239,10 +262,17 @@ class RunExecutor(ModelSteps, ToolSteps):
         except ActionRefused:
             pass
 
-    def yield_slice(self) -> str:
+    def yield_slice(self, reason: str = "time slice") -> str:
         with transaction.atomic(savepoint=False):
-            self.apply(transitions.yielded(timezone.now()))
+            self.apply(transitions.yielded(timezone.now(), reason=reason))
             enqueue(self.run_id)
+        return RunStatus.QUEUED
+
+    def back_off(self, until: Any) -> str:
+        """Wait for a retry without a thread: queued again, its doorbell rings at `until`."""
+        with transaction.atomic(savepoint=False):
+            self.apply(transitions.backing_off(until))
+            enqueue(self.run_id, not_before=until)
         return RunStatus.QUEUED
 
     # ---------------------------------------------------------------- recovery

@@ -1,4 +1,11 @@
-"""The lease heartbeat: one keeper thread per process renews the leases of its executors."""
+"""The lease heartbeat: one keeper thread per process renews the leases of all its executors.
+
+Every engine commit renews its run's lease (`RunExecutor.commit`), so only a run that has not
+committed for TTL/3 (a long model turn, a slow tool) needs the keeper. Each cycle the keeper
+renews every such lease of the process in ONE statement and flags each executor whose lease
+was taken meanwhile (`Heartbeat.lost`): the executor stops at its next check, and its fenced
+commits would fail anyway.
+"""
 
 from __future__ import annotations
 
@@ -7,22 +14,23 @@ import os
 import threading
 import time
 import uuid
+from collections import defaultdict
 from datetime import timedelta
 
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
-from agentruns.models import Run
+from agentruns.models import Run, RunStatus
+from agentruns.runtime.queue import enqueue
+from agentruns.runtime.store.sql import run_value
 
 log = logging.getLogger(__name__)
 
 
 class Heartbeat:
-    """Extends a run's lease every TTL/3 while its executor works (every engine commit extends it
-    as well); `lost` is set when the lease turns out to belong to someone else.
-
-    Registered with the process's one `_LeaseKeeper` thread: a run costs a dict entry, not a
-    thread of its own (starting and joining one per run cost ~0.2 ms, measured)."""
+    """A run's registration with the process's keeper: a dict entry, not a thread (starting and
+    joining a thread per run cost ~0.2 ms, measured). `lost` is set when the lease turns out to
+    belong to someone else."""
 
     def __init__(self, run_id: uuid.UUID, owner: str, ttl: float) -> None:
         self.run_id, self.owner, self.ttl = run_id, owner, ttl
@@ -36,13 +44,63 @@ class Heartbeat:
     def stop(self) -> None:
         _keeper().remove(self)
 
-    def renew(self) -> None:
-        expires = timezone.now() + timedelta(seconds=self.ttl)
-        held = Run.objects.filter(id=self.run_id, lease_owner=self.owner).update(
-            lease_expires_at=expires
+    def renewed(self) -> None:
+        """The executor's own commit just renewed the lease: the keeper may wait another TTL/3."""
+        self.due = time.monotonic() + self.ttl / 3
+
+
+def renew(beats: list[Heartbeat]) -> list[Heartbeat]:
+    """Extend the leases of `beats` in one statement (one per distinct TTL; production has one);
+    returns the beats whose lease was no longer theirs."""
+    by_ttl: dict[float, list[Heartbeat]] = defaultdict(list)
+    for beat in beats:
+        by_ttl[beat.ttl].append(beat)
+    held: set[tuple[str, str]] = set()
+    table = Run._meta.db_table
+    for ttl, group in by_ttl.items():
+        ids = [run_value("id", b.run_id) for b in group]
+        owners = sorted({b.owner for b in group})
+        # (id, owner) pairs come back for the leases still held; a run that changed hands to
+        # another executor of this process is renewed for that one and flagged for this one
+        sql = (
+            f"UPDATE {table} SET lease_expires_at = %s "
+            f"WHERE id IN ({', '.join(['%s'] * len(ids))}) "
+            f"AND lease_owner IN ({', '.join(['%s'] * len(owners))}) RETURNING id, lease_owner"
         )
-        if not held:
-            self.lost.set()
+        expires = run_value("lease_expires_at", timezone.now() + timedelta(seconds=ttl))
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [expires, *ids, *owners])
+            held.update((str(uuid.UUID(str(i))), owner) for i, owner in cursor.fetchall())
+    return [b for b in beats if (str(b.run_id), b.owner) not in held]
+
+
+def release_leases(leases: list[tuple[uuid.UUID, str]]) -> int:
+    """Give up the leases (run id, owner) of runs this process can no longer finish (a drain
+    whose grace ran out) and ring their doorbells, in one transaction: the next worker recovers
+    their running steps by idempotency class now, not after the lease TTL. Our own executors'
+    later commits fail on the fence. Returns how many were released."""
+    if not leases:
+        return 0
+    table = Run._meta.db_table
+    ids = [run_value("id", run_id) for run_id, _ in leases]
+    owners = sorted({owner for _, owner in leases})
+    sql = (
+        f"UPDATE {table} SET lease_owner = '', lease_expires_at = NULL, enqueued_at = %s "
+        f"WHERE id IN ({', '.join(['%s'] * len(ids))}) "
+        f"AND lease_owner IN ({', '.join(['%s'] * len(owners))}) "
+        "AND status IN (%s, %s) RETURNING id"
+    )
+    now = run_value("enqueued_at", timezone.now())
+    released = 0
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [now, *ids, *owners, RunStatus.QUEUED, RunStatus.RUNNING])
+            rows = cursor.fetchall()
+        # (every owner holds one run, so the id x owner cross product matches only our pairs)
+        for (run_id,) in rows:
+            enqueue(uuid.UUID(str(run_id)))
+            released += 1
+    return released
 
 
 IDLE_POLL_SECONDS = 1.0
@@ -69,24 +127,20 @@ class _LeaseKeeper(threading.Thread):
     def run(self) -> None:
         while True:
             self.wake.clear()
-            with self.lock:
-                beats = list(self.beats)
             now = time.monotonic()
-            renewed = False
-            for beat in beats:
-                if beat.due > now or beat.lost.is_set():
-                    continue
+            with self.lock:
+                due = [b for b in self.beats if b.due <= now and not b.lost.is_set()]
+            if due:
                 try:
-                    with self.lock:
-                        if beat not in self.beats:  # stopped meanwhile: its run is done
-                            continue
-                    renewed = True
-                    beat.renew()
+                    for beat in renew(due):
+                        beat.lost.set()
                 except Exception:
-                    log.warning("lease heartbeat failed for run %s", beat.run_id, exc_info=True)
-                beat.due = time.monotonic() + beat.ttl / 3
-            if renewed:
-                # renewals are rare (only steps longer than TTL/3): no connection held in between
+                    log.warning("lease renewal failed for %d run(s)", len(due), exc_info=True)
+                    connection.close()
+                for beat in due:
+                    beat.due = time.monotonic() + beat.ttl / 3
+                # renewals are rare (only steps longer than TTL/3): no connection held between
+                # cycles (with a pool: back to it)
                 connection.close()
             with self.lock:
                 # at most IDLE_POLL_SECONDS, so that registering a run rarely has to wake us

@@ -15,7 +15,7 @@ from django.utils import timezone
 from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, RunStatus, Step, StepAttempt, StepKind, StepStatus
 from agentruns.registry import ToolArgumentsError, ToolContext, UnknownTool, get_tool
-from agentruns.runtime import failpoints, transitions
+from agentruns.runtime import connections, failpoints, transitions
 from agentruns.runtime.costs import model_cost_usd
 from agentruns.runtime.events import (
     EventType,
@@ -31,6 +31,9 @@ from agentruns.runtime.store.rows import WriteBatch, build
 from agentruns.runtime.text import UnsafeValue, loads_strict, storable, storable_text
 
 MODEL_MAX_ATTEMPTS = 3
+# the first text of a turn is shown at once when the model took this long to say anything (a
+# model answering instantly, like the scripted one without delay, keeps the normal batching)
+FIRST_DELTA_AFTER_S = 0.005
 MODEL_STEP_FIELDS = [
     "status",
     "text",
@@ -81,6 +84,7 @@ class ModelSteps:
             except ModelError as exc:
                 if exc.retryable and attempt < MODEL_MAX_ATTEMPTS:
                     self._record_model_failure(step, attempt, exc, final=False)
+                    connections.release()
                     time.sleep(min(10.0, 0.5 * 2**attempt))
                     continue
                 self._record_model_failure(step, attempt, exc, final=True)
@@ -93,20 +97,32 @@ class ModelSteps:
         )
         flush_s = conf.DELTA_FLUSH_MS / 1000.0
         flush_chars = conf.DELTA_FLUSH_CHARS
+        # a model that keeps us waiting: no database connection held while it does
+        lends_connection = getattr(self.provider, "waits", True)
         text: list[str] = []
         pending = ""
         calls: list[ToolCall] = []
         usage = Usage()
         last_flush = time.monotonic()
+        flushed = False
+        if lends_connection:
+            connections.release()
         for chunk in self.provider.stream(request):
             if isinstance(chunk, TextDelta):
                 piece = storable_text(chunk.text)  # a model may send NUL or lone surrogates
                 text.append(piece)
                 pending += piece
-                if len(pending) >= flush_chars or time.monotonic() - last_flush >= flush_s:
+                since = time.monotonic() - last_flush
+                if (
+                    len(pending) >= flush_chars
+                    or since >= flush_s
+                    or (not flushed and since >= FIRST_DELTA_AFTER_S)
+                ):
                     self._flush_delta(step, attempt, pending, started)
-                    pending, last_flush = "", time.monotonic()
+                    pending, last_flush, flushed = "", time.monotonic(), True
                     failpoints.hit("model_streaming", tool=self.run.agent, step_id=step.id)
+                    if lends_connection:
+                        connections.release()
             elif isinstance(chunk, ToolCall):
                 calls.append(chunk)
             elif isinstance(chunk, Usage):
@@ -125,15 +141,24 @@ class ModelSteps:
         StepAttempt.objects.create(step=step, number=attempt, worker=self.owner, started_at=started)
 
     def _flush_delta(self, step: Step, attempt: int, text: str, started: Any) -> None:
-        with transaction.atomic():
-            events = []
-            if step._state.adding or step.attempts < attempt:
-                self._begin_attempt(step, attempt, started, StepStatus.RUNNING)
-                events.append((EventType.STEP_STARTED, step_event_data(step)))
-            events.append(
-                (EventType.MODEL_DELTA, {"step": step.index, "attempt": attempt, "text": text})
-            )
-            self.commit(events)
+        """One commit: the streamed text (and, on the attempt's first flush, the step as running
+        with its attempt row)."""
+        events = []
+        batch = None
+        if step._state.adding or step.attempts < attempt:
+            batch = WriteBatch()
+            step.status, step.attempts = StepStatus.RUNNING, attempt
+            step.started_at = step.started_at or started
+            if step._state.adding:
+                batch.insert([step])
+            else:  # a step a dead worker left behind, asked again
+                batch.update(step, ["status", "attempts", "started_at"])
+            batch.insert([self._attempt_row(step, attempt, started)])
+            events.append((EventType.STEP_STARTED, step_event_data(step)))
+        events.append(
+            (EventType.MODEL_DELTA, {"step": step.index, "attempt": attempt, "text": text})
+        )
+        self.commit(events, batch=batch)
         self.check_lease()
 
     def _complete_model_step(
@@ -227,15 +252,8 @@ class ModelSteps:
             else:  # a re-run of a step a dead worker left behind
                 batch.update(step, MODEL_STEP_FIELDS + ["attempts", "started_at"])
             new_attempts.append(
-                build(
-                    StepAttempt,
-                    {"step": step},
-                    step_id=step.id,
-                    number=attempt,
-                    worker=self.owner,
-                    started_at=started,
-                    finished_at=now,
-                    outcome=AttemptOutcome.SUCCEEDED,
+                self._attempt_row(
+                    step, attempt, started, finished_at=now, outcome=AttemptOutcome.SUCCEEDED
                 )
             )
             events.append(
@@ -323,21 +341,10 @@ class ModelSteps:
             now = timezone.now()
             step.status, step.result, step.attempts = StepStatus.SUCCEEDED, result, 1
             step.started_at, step.finished_at = started, now
-            done.append(
-                (
-                    step,
-                    build(
-                        StepAttempt,
-                        {"step": step},
-                        step_id=step.id,
-                        number=1,
-                        worker=self.owner,
-                        started_at=started,
-                        finished_at=now,
-                        outcome=AttemptOutcome.SUCCEEDED,
-                    ),
-                )
+            row = self._attempt_row(
+                step, 1, started, finished_at=now, outcome=AttemptOutcome.SUCCEEDED
             )
+            done.append((step, row))
         return done
 
     def _begin_next_side_effect(
@@ -354,17 +361,20 @@ class ModelSteps:
                 return []
             step.status, step.attempts, step.started_at = StepStatus.RUNNING, 1, now
             self.begun_here.add(step.id)
-            return [
-                build(
-                    StepAttempt,
-                    {"step": step},
-                    step_id=step.id,
-                    number=1,
-                    worker=self.owner,
-                    started_at=now,
-                )
-            ]
+            return [self._attempt_row(step, 1, now)]
         return []
+
+    def _attempt_row(self, step: Step, number: int, started: Any, **values: Any) -> StepAttempt:
+        """A new attempt row of `step` by this executor (for a WriteBatch)."""
+        return build(
+            StepAttempt,
+            {"step": step},
+            step_id=step.id,
+            number=number,
+            worker=self.owner,
+            started_at=started,
+            **values,
+        )
 
     def _plan_tool_steps(self, calls: list[ToolCall], now: Any) -> list[Step]:
         """Tool calls become rows in the commit that records the model response (invariant 3).

@@ -67,12 +67,17 @@ def sweep(now: datetime | None = None) -> int:
     return rung
 
 
+# a row per worker process (every restart and q2 recycle is a new pid): forget long-gone ones
+HEARTBEAT_RETENTION = timedelta(hours=1)
+
+
 def record_heartbeat(name: str, swept: bool) -> None:
     now = timezone.now()
     defaults = {"last_seen_at": now}
     if swept:
         defaults["last_sweep_at"] = now
     WorkerHeartbeat.objects.update_or_create(worker=name, defaults=defaults)
+    WorkerHeartbeat.objects.filter(last_seen_at__lt=now - HEARTBEAT_RETENTION).delete()
 
 
 def ensure_schedule() -> None:

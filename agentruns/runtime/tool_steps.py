@@ -12,9 +12,10 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepStatus
 from agentruns.registry import Tool, ToolContext, get_tool
-from agentruns.runtime import failpoints
+from agentruns.runtime import connections, failpoints
 from agentruns.runtime.events import EventType, step_event_data, succeeded_event_data
 from agentruns.runtime.permissions import needs_approval
 from agentruns.runtime.redaction import redact_text, secret_values, secrets_in_scope
@@ -63,15 +64,20 @@ class ToolSteps:
                         ),
                     ]
                 )
-        if step.next_attempt_at and not self._wait_for_retry(step.next_attempt_at):
-            return self.finish(
-                RunStatus.CANCELLED, stop_reason="cancelled", error="cancelled on request"
-            )
+        if step.next_attempt_at:
+            delay = (step.next_attempt_at - timezone.now()).total_seconds()
+            if self.drain is not None and delay > conf.RETRY_SLEEP_MAX_SECONDS:
+                return self.back_off(step.next_attempt_at)  # the thread serves other runs
+            if not self._wait_for_retry(step.next_attempt_at):
+                return self.finish(
+                    RunStatus.CANCELLED, stop_reason="cancelled", error="cancelled on request"
+                )
         return self._execute(step, tool)
 
     def _wait_for_retry(self, due: Any) -> bool:
-        """Sleep until a retry is due, noticing a cancel meanwhile (False: cancelled)."""
+        """Sleep until a short retry is due, noticing a cancel meanwhile (False: cancelled)."""
         while (delay := (due - timezone.now()).total_seconds()) > 0:
+            connections.release()
             time.sleep(min(delay, 0.5))
             self.check_lease()
             if Run.objects.filter(id=self.run_id, cancel_requested=True).exists():
@@ -100,6 +106,8 @@ class ToolSteps:
         )
         failure: Exception | None = None
         failure_tb = ""
+        if not tool.transactional:
+            connections.release()  # the call waits on the world, not on this database
         # a transactional tool's writes and its result commit together (or not at all): a failing
         # call rolls the transaction back and is then recorded as failed on its own
         try:

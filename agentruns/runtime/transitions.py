@@ -22,6 +22,7 @@ from agentruns.runtime.nudges import nudge_on_commit
 from agentruns.runtime.queue import enqueue
 from agentruns.runtime.redaction import redact_text
 from agentruns.runtime.store import get_store
+from agentruns.runtime.timestamps import iso
 from approvals.notifications import outbox
 
 
@@ -82,11 +83,21 @@ def parked() -> RunChange:
     return RunChange({"status": RunStatus.WAITING, **RELEASED}, [_status_event(RunStatus.WAITING)])
 
 
-def yielded(now: datetime) -> RunChange:
-    """running -> queued: the run gives its worker back (time slice) and rings again."""
+def yielded(now: datetime, *, reason: str = "time slice") -> RunChange:
+    """running -> queued: the run gives its worker back (time slice, the worker draining) and
+    rings again."""
     return RunChange(
         {"status": RunStatus.QUEUED, "enqueued_at": now, **RELEASED},
-        [_status_event(RunStatus.QUEUED, reason="time slice")],
+        [_status_event(RunStatus.QUEUED, reason=reason)],
+    )
+
+
+def backing_off(until: datetime) -> RunChange:
+    """running -> queued until a retry is due: no lease, no thread; its doorbell rings at `until`
+    (`enqueued_at` is that time, so the sweeper does not ring it earlier)."""
+    return RunChange(
+        {"status": RunStatus.QUEUED, "enqueued_at": until, **RELEASED},
+        [_status_event(RunStatus.QUEUED, reason="retry backoff", until=iso(until))],
     )
 
 

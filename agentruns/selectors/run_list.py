@@ -35,6 +35,7 @@ LIST_FIELDS = (
     "finished_at",
     "search_text",
     "cancel_requested",
+    "lease_owner",  # which worker process holds a running run (`Run.worker`)
 )
 _HEX = re.compile(r"^[0-9a-f]{1,32}$")
 

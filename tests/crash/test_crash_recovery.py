@@ -30,8 +30,9 @@ from agentruns.models import (
 from agentruns.services import start_run
 from approvals.models import Approval, ApprovalKind, ApprovalStatus
 from support.models import GatewayRefund, Order, OutboxMessage, TicketNote
+from tests.crash.kit import assert_refunded_exactly_once
 from tests.helpers import assert_gapless, steps
-from tests.procs import Proc, base_env, gateway_refunds, start_web, start_worker, wait_until
+from tests.procs import Proc, base_env, start_web, start_worker, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.crash]
 
@@ -123,24 +124,6 @@ def wait_settled(run_ids: list, workers: list[Proc], timeout: float = 150) -> di
         raise AssertionError(f"runs did not finish: {statuses}\n{logs}") from None
 
 
-def assert_refunded_exactly_once(url: str, order_id: str, amount: int, run: Run) -> Step:
-    """The gateway's own ledger (its table and its HTTP listing) shows one refund of `amount`,
-    made with the idempotency key of the run's single issue_refund step."""
-    refund_step = Step.objects.get(run=run, tool="issue_refund")
-    rows = list(GatewayRefund.objects.filter(order_id=order_id))
-    assert len(rows) == 1, f"{order_id}: {len(rows)} refunds in the ledger"
-    assert rows[0].amount_cents == amount
-    assert rows[0].idempotency_key == refund_step.idempotency_key
-    listed = gateway_refunds(url, order_id)
-    assert [(r["amount_cents"], r["idempotency_key"]) for r in listed] == [
-        (amount, refund_step.idempotency_key)
-    ]
-    assert refund_step.status == StepStatus.SUCCEEDED
-    assert refund_step.result["refund_id"] == f"rf_{rows[0].pk}"
-    assert refund_step.result["amount_cents"] == amount
-    return refund_step
-
-
 def attempt_outcomes(step: Step) -> list[tuple[int, str]]:
     return list(
         StepAttempt.objects.filter(step=step).order_by("number").values_list("number", "outcome")
@@ -168,6 +151,9 @@ def test_failpoint_crash_once_refunds_exactly_once(tmp_path, procs, gateway, see
     env: dict[str, object] = {
         "AGENTRUNS_FAILPOINTS": spec,
         "AGENTRUNS_FAILPOINT_DIR": failpoint_dir,
+        # one run per worker process: each crash is that run's own (a crash takes every run of
+        # its process with it: tests/crash/test_many_in_flight.py)
+        "AGENTRUNS_RUNS_PER_PROCESS": 1,
     }
     if point == "model_streaming":
         # tokens arrive slowly enough that a delta batch is flushed (and the failpoint hit) mid-stream
@@ -270,6 +256,7 @@ def test_reply_interrupted_after_step_started_is_unknown_never_resent(
         procs,
         gateway,
         "worker-reply",
+        AGENTRUNS_RUNS_PER_PROCESS=1,  # each crash is that run's own
         AGENTRUNS_FAILPOINTS="step_started:send_customer_reply=crash_once",
         AGENTRUNS_FAILPOINT_DIR=tmp_path / "failpoints",
     )

@@ -7,19 +7,18 @@ the end, and the gateway's own ledger checked over HTTP. No pytest-django databa
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 
 from support.management.commands.seed_demo import amount_for
 from tests.procs import (
-    ROOT,
     Proc,
     base_env,
     free_port,
     gateway_refunds,
+    manage,
+    sqlite_env,
     start_web,
     start_worker,
     wait_until,
@@ -28,36 +27,12 @@ from tests.procs import (
 ORDER_ID = "ORD-1007"
 
 
-def sqlite_env(db_path: Path, base_url: str) -> dict[str, object]:
-    """Overrides for tests.procs.base_env: an empty DATABASE_URL selects the SQLite default."""
-    return {
-        "DATABASE_URL": "",
-        "SQLITE_PATH": db_path,
-        "APP_BASE_URL": base_url,
-        "REFUND_GATEWAY_URL": base_url + "/gateway",
-        "REFUND_APPROVAL_THRESHOLD_CENTS": 1_000_000_000,  # the refund must not park
-        "SCRIPTED_MODEL_DELAY_MS": 1,
-    }
-
-
-def manage(env: dict[str, str], *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert done.returncode == 0, f"manage.py {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
-    return done.stdout
-
-
 def test_refund_run_completes_on_the_sqlite_default(tmp_path: Path, procs: list[Proc]):
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
     db_path = tmp_path / "db.sqlite3"
-    overrides = sqlite_env(db_path, base_url)
+    # the refund must not park
+    overrides = sqlite_env(db_path, base_url, REFUND_APPROVAL_THRESHOLD_CENTS=1_000_000_000)
     env = base_env(**overrides)
     assert env["DATABASE_URL"] == ""
 

@@ -15,14 +15,13 @@ import re
 from pathlib import Path
 
 import httpx
-import pytest
 from websockets.sync.client import connect
 
 from tests.procs import (
-    Proc,
     base_env,
     free_port,
-    run_manage,
+    manage,
+    sqlite_env,
     start_web,
     start_worker,
     wait_until,
@@ -38,31 +37,6 @@ run = start_run(
 ).run
 print(run.id)
 """
-
-
-def sqlite_env(db_path: Path, base_url: str) -> dict[str, object]:
-    """The embedded default: an empty DATABASE_URL selects SQLite at SQLITE_PATH."""
-    return {
-        "DATABASE_URL": "",
-        "SQLITE_PATH": db_path,
-        "APP_BASE_URL": base_url,
-        "REFUND_GATEWAY_URL": base_url + "/gateway",
-        "SCRIPTED_MODEL_DELAY_MS": 1,
-    }
-
-
-def manage(env: dict[str, str], *args: str) -> str:
-    done = run_manage(env, *args)
-    assert done.returncode == 0, f"manage.py {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
-    return done.stdout
-
-
-@pytest.fixture
-def procs():
-    started: list[Proc] = []
-    yield started
-    for proc in started:
-        proc.kill()
 
 
 def test_a_lone_surrogate_in_a_stored_run_breaks_no_page_and_no_stream(tmp_path: Path, procs):

@@ -4,6 +4,9 @@ delivery loop (webhooks, email).
 Wraps django-q2's command (agentruns is listed before django_q, so this one wins): a sweep pass
 and the sweeper schedule at start, then a fast sweeper loop in this process, because q2
 schedules fire at 30 s granularity at best (../shared/notes/django-q2-measured.md).
+A SIGTERM (or Ctrl-C) tells every worker process's run pool to drain at once, then stops q2 as
+usual (`runtime/pool.py`); `runtime/q2_cluster.py` keeps a worker process killed while idle from
+stopping the whole cluster.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from django.db import connections
 from django_q.cluster import Cluster
 from django_q.management.commands.qcluster import Command as QClusterCommand
 
-from agentruns.runtime import nudges
+from agentruns.runtime import nudges, pool, q2_cluster
 from agentruns.runtime.sweeper import SweeperLoop, ensure_schedule, sweep
 from approvals.notifications.loop import DeliveryLoop
 
@@ -42,7 +45,10 @@ class Command(QClusterCommand):
         sweep()
         # the cluster forks from this process: don't hand our connections to the children
         connections.close_all()
+        pool.expect_cluster_stop()
+        q2_cluster.install()  # a worker dying while idle must not stop the cluster
         cluster = Cluster()
+        pool.forward_stop_signals(cluster.sig_handler)
         cluster.start()
         if options.get("run_once"):
             cluster.stop()

@@ -40,6 +40,9 @@ class ModelError(Exception):
 
 
 class ModelProvider(Protocol):
+    # optional attribute `waits: bool` (default True): the model keeps the executor waiting, so
+    # it gives its database connection back for the stream (False only for instant answers)
+
     def stream(self, request: ModelRequest) -> Iterator[TextDelta | ToolCall | Usage]:
         """Yield text deltas as they arrive, then complete tool calls, then usage."""
         ...

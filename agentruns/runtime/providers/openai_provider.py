@@ -194,6 +194,8 @@ def _estimate_tokens(text: str) -> int:
 
 
 class OpenAIProvider:
+    waits = True  # a network round trip and seconds of generation: lend the connection back
+
     def __init__(self, model_name: str) -> None:
         self.model_name = model_name
 

@@ -50,6 +50,12 @@ class ScriptedProvider:
     """One per executor pass (`get_provider`), which sends one growing conversation."""
 
     def __init__(self) -> None:
+        # SCRIPTED_MODEL_LATENCY_MS before each turn's first token (a real model's time to first
+        # token), SCRIPTED_MODEL_DELAY_MS between tokens; with neither it answers instantly
+        self.latency = conf.SCRIPTED_MODEL_LATENCY_MS / 1000.0
+        self.delay = conf.SCRIPTED_MODEL_DELAY_MS / 1000.0
+        # the executor gives its database connection back while a model keeps it waiting
+        self.waits = bool(self.latency or self.delay)
         # (the conversation's first message, messages counted, their tokens): the executor only
         # appends, so each turn counts its new messages only (a full recount made a long run's
         # steps slower and slower: O(n) per turn)
@@ -66,7 +72,9 @@ class ScriptedProvider:
     def stream(self, request: ModelRequest) -> Iterator[TextDelta | ToolCall | Usage]:
         policy = getattr(request.agent, "scripted_policy", None) or _default_policy
         turn = _turn(policy, request)
-        delay = conf.SCRIPTED_MODEL_DELAY_MS / 1000.0
+        delay = self.delay
+        if self.latency:
+            time.sleep(self.latency)
         for token in _TOKEN.findall(turn.text):
             if delay:
                 time.sleep(delay)

@@ -1,0 +1,66 @@
+"""Database connections of a process that keeps many runs in flight.
+
+With PostgreSQL every process has a psycopg pool (config/settings.py, Django's native pool):
+Django "closing" a thread's connection returns it to the pool. A run's thread gives its
+connection back before it waits on the world (a model stream, a tool's HTTP call, a backoff),
+so a process needs as many connections as runs *talking to the database at once*, not as many
+as runs in flight. SQLite has no pool (a connection is a file handle): nothing to release.
+
+Pools and fork: django-q2 forks its worker processes from processes that have used the
+database. A pool inherited by a child holds the parent's sockets; using one from both sides
+corrupts the protocol, and closing one in the child would end the parent's sessions. So a forked
+child forgets the inherited pools without touching them (`forget_inherited_pools`, registered at
+start-up) and opens its own on first use.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, connections
+
+# the inherited pools and connections a forked child must never use, close or collect
+_inherited: list[Any] = []
+
+
+@cache
+def pooled() -> bool:
+    return bool(connections[DEFAULT_DB_ALIAS].settings_dict.get("OPTIONS", {}).get("pool"))
+
+
+def release() -> None:
+    """Give this thread's connection back to the pool (no-op outside a pool or a transaction)."""
+    if not pooled():
+        return
+    db = connections[DEFAULT_DB_ALIAS]
+    if db.connection is not None and not db.in_atomic_block:
+        db.close()
+
+
+def pool_size() -> int:
+    """Connections this process's pool holds open (lent out or idle); 0 without a pool."""
+    if not pooled():
+        return 0
+    pool = connections[DEFAULT_DB_ALIAS].pool
+    return int(pool.get_stats().get("pool_size", 0)) if pool is not None else 0
+
+
+def forget_inherited_pools() -> None:
+    """In a forked child: drop the parent's pools and connection objects, keeping them
+    referenced so they are never closed or garbage-collected (both would talk on shared sockets)."""
+    from django.db.backends.postgresql.base import DatabaseWrapper
+
+    _inherited.append(dict(DatabaseWrapper._connection_pools))
+    DatabaseWrapper._connection_pools.clear()
+    for db in connections.all(initialized_only=True):
+        if db.connection is not None:
+            _inherited.append(db.connection)
+            db.connection = None
+
+
+def guard_forks() -> None:
+    """Called once at start-up (apps.ready) when PostgreSQL is pooled."""
+    if pooled():
+        os.register_at_fork(after_in_child=forget_inherited_pools)

@@ -1,0 +1,324 @@
+"""Latency-bound load, side by side, and the start latency (issue 12; part of `make bench`).
+
+    PG_EXTRA_OPTS=" " scripts/with-postgres.sh .venv/bin/python -m benchmarks.inflight [--write-docs]
+
+Latency-bound: N = 1, 50, 200 runs of the seven-step refund flow (benchmarks/workload.py) started
+together by 8 concurrent clients, every model turn waiting TURN_MS like a real model
+(SCRIPTED_MODEL_LATENCY_MS for ours). Ours runs through the real worker: one `qcluster` with its
+defaults (2 q2 worker processes, AGENTRUNS_RUNS_PER_PROCESS). The peers
+(`benchmarks/peers_inflight.py`) get the same in-flight concurrency and as many pooled database
+connections. Wall time runs from the first start to the last finish; RSS is the largest worker
+process's (ours: a q2 worker; a peer: its one process), growth against the same process before
+the batch; connections are those the system under test holds (by application_name).
+
+Start latency: POST /api/runs -> the run's first `model.delta` frame on its WebSocket, a fresh
+run at a time (the socket is opened when the POST returns, and replays from seq 0), on
+PostgreSQL + Redis and on the SQLite default with its database poll.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+os.environ.setdefault("AGENTRUNS_AGENT_MODULES", "benchmarks.workload")
+os.environ.setdefault("LOG_LEVEL", "WARNING")
+
+TURN_MS = 500
+NS = (1, 50, 200)
+CLIENTS = 8
+WORKER_APP = "agentruns-worker"
+START_SAMPLES = 40
+
+
+def setup() -> None:
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    with open(os.devnull, "w") as devnull:
+        call_command("seed_demo", orders=250, stdout=devnull)
+
+
+def dsn() -> str:
+    return os.environ["DATABASE_URL"].replace("postgres://", "postgresql://", 1)
+
+
+def pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+# ---------------------------------------------------------------------------- ours
+def start_qcluster(**env: object) -> subprocess.Popen:
+    from benchmarks.sampling import with_app
+
+    full = {**os.environ, **{k: str(v) for k, v in env.items()}}
+    full["DATABASE_URL"] = with_app(os.environ["DATABASE_URL"], WORKER_APP)
+    return subprocess.Popen(
+        [sys.executable, "manage.py", "qcluster"],
+        cwd=ROOT,
+        env=full,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def stop(proc: subprocess.Popen) -> None:
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(10)
+
+
+def start_together(n: int) -> tuple[list, float]:
+    """n bench-refund runs from CLIENTS threads; returns (ids, wall-clock start)."""
+    from django.db import connection
+
+    from agentruns.services import start_run
+
+    def one(i: int):
+        try:
+            return start_run("bench-refund", {"order_id": f"ORD-{1001 + i % 250}"}).run.id
+        finally:
+            connection.close()
+
+    started = time.time()
+    with ThreadPoolExecutor(CLIENTS) as clients:
+        return list(clients.map(one, range(n))), started
+
+
+def wait_done(ids: list, timeout: float = 300) -> float:
+    """When (epoch seconds) the last of `ids` finished, once all of them succeeded."""
+    from django.db.models import Max
+
+    from agentruns.models import Run
+
+    deadline = time.monotonic() + timeout
+    while Run.objects.filter(id__in=ids, status="succeeded").count() < len(ids):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the latency-bound batch did not finish")
+        time.sleep(0.05)
+    return Run.objects.filter(id__in=ids).aggregate(m=Max("finished_at"))["m"].timestamp()
+
+
+def ours_latency_bound(ns: tuple[int, ...], turn_ms: float) -> tuple[list[dict], dict]:
+    from agentruns.conf import conf
+    from agentruns.models import WorkerHeartbeat
+    from benchmarks.sampling import Sampler
+
+    proc = start_qcluster(SCRIPTED_MODEL_LATENCY_MS=turn_ms, SCRIPTED_MODEL_DELAY_MS=0)
+    rows = []
+    try:
+        time.sleep(3)
+        for _ in range(2):  # warm up both worker processes: imports, pools, plans
+            wait_done(start_together(8)[0])
+        pids = [
+            int(name.rsplit(":", 1)[1])
+            for name in WorkerHeartbeat.objects.filter(worker__startswith="pool@").values_list(
+                "worker", flat=True
+            )
+        ]
+        sampler = Sampler(dsn(), WORKER_APP, pids)
+        sampler.start()
+        for n in ns:
+            time.sleep(1)
+            sampler.reset()
+            time.sleep(0.2)
+            baseline = sampler.peak()[0]
+            ids, started = start_together(n)
+            wall = wait_done(ids) - started
+            rss, connections = sampler.peak()
+            rows.append(
+                {
+                    "n": n,
+                    "wall_s": wall,
+                    "rss_mb": rss,
+                    "rss_growth_mb": rss - baseline,
+                    "pg_connections": connections,
+                }
+            )
+            print(f"  ours n={n}: {wall:.2f} s, rss {rss:.0f} MB, {connections} conns", flush=True)
+        sampler.stop()
+    finally:
+        stop(proc)
+    from django.conf import settings
+
+    pool = settings.DATABASES["default"]["OPTIONS"].get("pool") or {}
+    config = {
+        "q_workers": settings.Q_CLUSTER["workers"],
+        "per_process": conf.RUNS_PER_PROCESS,
+        "pool_max": pool.get("max_size", 0),
+    }
+    return rows, config
+
+
+def peer_latency_bound(peer: str, ns: tuple[int, ...], turn_ms: float, config: dict) -> list:
+    concurrency = config["q_workers"] * config["per_process"]
+    pool = config["q_workers"] * config["pool_max"]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.peers_inflight",
+            peer,
+            dsn(),
+            ",".join(map(str, ns)),
+            str(turn_ms),
+            str(concurrency),
+            str(pool),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    if len(rows) != len(ns):
+        raise RuntimeError(f"{peer} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+    for row in rows:
+        print(f"  {peer} n={row['n']}: {row['wall_s']:.2f} s", flush=True)
+    return rows
+
+
+# ---------------------------------------------------------------------------- start latency
+async def first_delta(base_url: str, token: str, run_id: str) -> float:
+    from websockets.asyncio.client import connect
+
+    url = base_url.replace("http://", "ws://") + f"/ws/runs/{run_id}/?after=0"
+    async with connect(
+        url, origin=base_url, additional_headers={"Authorization": f"Bearer {token}"}
+    ) as ws:
+        while True:
+            frame = json.loads(await ws.recv())
+            if frame["type"] == "model.delta":
+                return time.monotonic()
+
+
+def start_latency_case(tmp: Path, label: str, env: dict[str, object], token: str) -> dict:
+    import httpx
+
+    from tests.procs import start_web, start_worker
+
+    web, base_url = start_web(tmp, **env)
+    worker = start_worker(tmp, name=f"start-{label}", **env)
+    samples = []
+    try:
+        time.sleep(4)
+        with httpx.Client(base_url=base_url, timeout=30) as http:
+            auth = {"Authorization": f"Bearer {token}"}
+            for i in range(START_SAMPLES + 3):
+                body = {"agent": "refund", "input": {"order_id": f"ORD-{1001 + i % 50}"}}
+                sent = time.monotonic()
+                created = http.post("/api/runs", json=body, headers=auth)
+                created.raise_for_status()
+                got = asyncio.run(first_delta(base_url, token, created.json()["id"]))
+                if i >= 3:  # the first ones warm the processes up
+                    samples.append((got - sent) * 1000)
+                time.sleep(0.3)
+    finally:
+        worker.kill()
+        web.kill()
+    row = {"case": label, "p50_ms": pct(samples, 50), "p99_ms": pct(samples, 99)}
+    row["mean_ms"] = statistics.fmean(samples)
+    print(f"  start latency {label}: p50 {row['p50_ms']:.0f} ms, p99 {row['p99_ms']:.0f} ms")
+    return row
+
+
+def start_latency(tmp: Path) -> list[dict]:
+    from django.contrib.auth import get_user_model
+
+    from agentruns.tokens import create_token
+    from benchmarks.stream_latency import start_redis
+    from tests.procs import base_env, manage
+
+    common = {"SCRIPTED_MODEL_DELAY_MS": 15, "LOG_LEVEL": "WARNING"}  # the scripted default
+    token = create_token(get_user_model().objects.get(username="lead"))
+    rows = []
+    redis_proc, redis_url = start_redis(tmp)
+    try:
+        rows.append(
+            start_latency_case(tmp, "PostgreSQL + Redis", {**common, "REDIS_URL": redis_url}, token)
+        )
+    finally:
+        redis_proc.kill()
+    sqlite = {**common, "DATABASE_URL": "", "SQLITE_PATH": tmp / "start.sqlite3"}
+    env = base_env(**sqlite)
+    manage(env, "migrate", "--noinput")
+    manage(env, "seed_demo")
+    sqlite_token = manage(env, "create_api_token", "lead").strip().splitlines()[-1].strip()
+    rows.append(start_latency_case(tmp, "SQLite default (DB poll)", sqlite, sqlite_token))
+    return rows
+
+
+# ---------------------------------------------------------------------------- report
+def run_all(turn_ms: float = TURN_MS, ns: tuple[int, ...] = NS, only: str = "") -> dict:
+    if only == "start":
+        with tempfile.TemporaryDirectory(prefix="start-latency-") as tmp:
+            return {"starts": start_latency(Path(tmp))}
+    print("latency-bound, side by side:", file=sys.stderr)
+    ours, config = ours_latency_bound(ns, turn_ms)
+    results = {"ours (real worker)": ours}
+    for peer, name in (
+        ("dbos", "DBOS Transact (queue)"),
+        ("langgraph", "LangGraph + PostgresSaver (thread pool)"),
+    ):
+        try:
+            results[name] = peer_latency_bound(peer, ns, turn_ms, config)
+        except Exception as exc:  # a missing optional extra must not sink the rest
+            print(f"  skipping {name}: {exc!r}", file=sys.stderr)
+    print("start latency:", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="start-latency-") as tmp:
+        starts = start_latency(Path(tmp))
+    return {"turn_ms": turn_ms, "config": config, "results": results, "starts": starts}
+
+
+def markdown(data: dict) -> str:
+    from benchmarks.inflight_report import section
+
+    return section(data)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write-docs", action="store_true")
+    parser.add_argument("--ns", default=",".join(map(str, NS)))
+    parser.add_argument("--only", choices=["start"], default="", help="only the start latency")
+    args = parser.parse_args()
+    if not os.environ.get("DATABASE_URL"):
+        sys.exit("run under scripts/with-postgres.sh (or set DATABASE_URL)")
+    setup()
+    data = run_all(ns=tuple(int(n) for n in args.ns.split(",")), only=args.only)
+    if args.only:
+        print(json.dumps(data, indent=2))
+        return
+    (ROOT / "var").mkdir(exist_ok=True)
+    (ROOT / "var" / "bench-inflight.json").write_text(json.dumps(data, indent=2, default=str))
+    text = markdown(data)
+    print(text)
+    if args.write_docs:
+        from benchmarks.inflight_report import write_docs
+
+        write_docs(text)
+
+
+if __name__ == "__main__":
+    main()

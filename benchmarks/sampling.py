@@ -1,0 +1,62 @@
+"""What a latency-bound benchmark samples while its runs are in flight: the resident memory of
+the processes doing the work and the PostgreSQL connections they hold (by application_name, so
+the harness's own connections do not count). No Django: peers import it too."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return 0.0
+
+
+class Sampler(threading.Thread):
+    """Every `interval` seconds: the largest RSS among `pids` and the connections whose
+    application_name starts with `app`; `peak()` since the last `reset()`."""
+
+    def __init__(self, dsn: str, app: str, pids: list[int], interval: float = 0.05) -> None:
+        super().__init__(name="bench-sampler", daemon=True)
+        self.dsn, self.app, self.pids, self.interval = dsn, app, list(pids), interval
+        self.stopped = threading.Event()
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        with getattr(self, "lock", threading.Lock()):
+            self.max_rss = 0.0
+            self.max_connections = 0
+
+    def run(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self.stopped.is_set():
+                (connections,) = conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE %s",
+                    [self.app + "%"],
+                ).fetchone()
+                rss = max((rss_mb(pid) for pid in self.pids), default=0.0)
+                with self.lock:
+                    self.max_connections = max(self.max_connections, connections)
+                    self.max_rss = max(self.max_rss, rss)
+                time.sleep(self.interval)
+
+    def peak(self) -> tuple[float, int]:
+        with self.lock:
+            return self.max_rss, self.max_connections
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+def with_app(dsn: str, app: str) -> str:
+    return dsn + ("&" if "?" in dsn else "?") + f"application_name={app}"
