@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from contextlib import nullcontext
@@ -14,7 +13,7 @@ from django.utils import timezone
 
 from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, RunStatus, Step, StepAttempt, StepKind, StepStatus
-from agentruns.registry import ToolArgumentsError, ToolContext, UnknownTool, get_tool
+from agentruns.registry import get_tool
 from agentruns.runtime import connections, failpoints, transitions
 from agentruns.runtime.costs import model_cost_usd
 from agentruns.runtime.events import (
@@ -24,11 +23,11 @@ from agentruns.runtime.events import (
     succeeded_event_data,
 )
 from agentruns.runtime.ids import step_key
-from agentruns.runtime.permissions import needs_approval, refused_message
+from agentruns.runtime.planned_steps import EagerCallFailed, PlannedSteps
 from agentruns.runtime.providers import ModelError, ModelRequest, TextDelta, ToolCall, Usage
-from agentruns.runtime.redaction import redact_text, secret_values, secrets_in_scope
+from agentruns.runtime.redaction import redact_text
 from agentruns.runtime.store.rows import WriteBatch, build
-from agentruns.runtime.text import UnsafeValue, loads_strict, storable, storable_text
+from agentruns.runtime.text import storable, storable_text
 
 MODEL_MAX_ATTEMPTS = 3
 # the first text of a turn is shown at once when the model took this long to say anything (a
@@ -49,15 +48,7 @@ class RunFailed(Exception):
     """The run cannot go on (the model keeps failing): it ends as failed with this message."""
 
 
-class _EagerCallFailed(Exception):
-    """An eager call failed inside the model step's transaction (which must roll back)."""
-
-    def __init__(self, position: int) -> None:
-        super().__init__(position)
-        self.position = position
-
-
-class ModelSteps:
+class ModelSteps(PlannedSteps):
     """Mixin of RunExecutor (see executor.py for the state it relies on)."""
 
     # ---------------------------------------------------------------- model steps
@@ -197,7 +188,7 @@ class ModelSteps:
                         end_transaction=in_txn,
                     )
                 break
-            except _EagerCallFailed as failed:
+            except EagerCallFailed as failed:
                 # rolled back with every eager call's writes: this time stop before the failed
                 # call, which then runs on the normal path with its retry policy
                 for eager_step in head:
@@ -306,115 +297,6 @@ class ModelSteps:
             },
         )
         return final, begun
-
-    def _eager_prefix(self, planned: list[Step]) -> list[Step]:
-        """The calls at the head of the plan that may run before the model's commit."""
-        head = []
-        for step in planned:
-            if step.status != StepStatus.PENDING:
-                continue  # a refused call: already failed, its error goes back to the model
-            tool = get_tool(step.tool)
-            if tool.commits_before_call or needs_approval(self.run, tool, step.arguments):
-                break  # order matters: nothing after a side effect runs ahead of it
-            head.append(step)
-        return head
-
-    def _run_eager_prefix(self, head: list[Step], in_txn: bool) -> list[tuple[Step, StepAttempt]]:
-        done = []
-        for position, step in enumerate(head):
-            tool = get_tool(step.tool)
-            started = timezone.now()
-            failpoints.hit("step_started", tool=step.tool, step_id=step.id)
-            ctx = ToolContext(
-                run=self.run, step=step, attempt=1, idempotency_key=step.idempotency_key
-            )
-            try:
-                secrets = secret_values(step.arguments, self.run.redacted_fields(step.tool))
-                with secrets_in_scope(secrets):
-                    returned = tool.func(ctx, **step.arguments)
-                result = storable(json.loads(json.dumps(returned, default=str)))
-            except Exception as exc:
-                if in_txn:  # its writes (or a broken transaction) must go: roll back, run less
-                    raise _EagerCallFailed(position) from exc
-                break  # leave it pending: the normal path runs it with its retry policy
-            failpoints.hit("tool_returned", tool=step.tool, step_id=step.id)
-            now = timezone.now()
-            step.status, step.result, step.attempts = StepStatus.SUCCEEDED, result, 1
-            step.started_at, step.finished_at = started, now
-            row = self._attempt_row(
-                step, 1, started, finished_at=now, outcome=AttemptOutcome.SUCCEEDED
-            )
-            done.append((step, row))
-        return done
-
-    def _begin_next_side_effect(
-        self, planned: list[Step], eager: list[tuple[Step, StepAttempt]], now: Any
-    ) -> list[StepAttempt]:
-        """The first side-effect call of the plan is written as running + attempt 1 in the model's
-        commit: its idempotency key is durable before the call, with no extra commit."""
-        eager_ids = {s.id for s, _ in eager}
-        for step in planned:
-            if step.id in eager_ids or step.status != StepStatus.PENDING:
-                continue
-            tool = get_tool(step.tool)
-            if not tool.commits_before_call or needs_approval(self.run, tool, step.arguments):
-                return []
-            step.status, step.attempts, step.started_at = StepStatus.RUNNING, 1, now
-            self.begun_here.add(step.id)
-            return [self._attempt_row(step, 1, now)]
-        return []
-
-    def _attempt_row(self, step: Step, number: int, started: Any, **values: Any) -> StepAttempt:
-        """A new attempt row of `step` by this executor (for a WriteBatch)."""
-        return build(
-            StepAttempt,
-            {"step": step},
-            step_id=step.id,
-            number=number,
-            worker=self.owner,
-            started_at=started,
-            **values,
-        )
-
-    def _plan_tool_steps(self, calls: list[ToolCall], now: Any) -> list[Step]:
-        """Tool calls become rows in the commit that records the model response (invariant 3).
-        Bad calls (unknown tool, outside the snapshot, bad JSON, schema) are failed steps whose
-        error goes back to the model (invariant 7)."""
-        planned = []
-        for call in calls:
-            step_id = uuid.uuid4()
-            step = build(
-                Step,
-                id=step_id,
-                run_id=self.run_id,
-                index=len(self.steps),
-                kind=StepKind.TOOL,
-                tool=call.name[:100],
-                call_id=call.id[:100],
-                idempotency_key=step_key(self.run_id, step_id),
-            )
-            try:
-                step.arguments = self._validated_arguments(call)
-            except (ToolArgumentsError, UnknownTool) as exc:
-                step.status = StepStatus.FAILED
-                step.error = storable_text(str(exc))
-                step.finished_at = now
-            self.steps.append(step)
-            planned.append(step)
-        return planned
-
-    def _validated_arguments(self, call: ToolCall) -> dict:
-        if not self.run.tool_allowed(call.name):
-            raise UnknownTool(refused_message(self.run, call.name))
-        try:
-            # strict: a NaN, a 5000-digit number or a NUL could not be stored as the arguments
-            arguments = loads_strict(call.arguments or "{}", "arguments", repair_text=True)
-        except UnsafeValue as exc:
-            problem = str(exc).removeprefix("malformed JSON: ")
-            raise ToolArgumentsError(
-                f"{call.name}: arguments are not valid JSON ({problem})"
-            ) from None
-        return get_tool(call.name).validate(arguments)
 
     def _record_model_failure(
         self, step: Step, attempt: int, exc: ModelError, *, final: bool
