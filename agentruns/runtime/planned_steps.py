@@ -6,7 +6,6 @@ failed steps whose error goes back to the model (DESIGN.md 4.8).
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
@@ -18,9 +17,9 @@ from agentruns.runtime import failpoints
 from agentruns.runtime.ids import step_key
 from agentruns.runtime.permissions import needs_approval, refused_message
 from agentruns.runtime.providers import ToolCall
-from agentruns.runtime.redaction import secret_values, secrets_in_scope
 from agentruns.runtime.store.rows import build
-from agentruns.runtime.text import UnsafeValue, loads_strict, storable, storable_text
+from agentruns.runtime.text import UnsafeValue, loads_strict, storable_text
+from agentruns.runtime.tool_steps import call_tool
 
 
 class EagerCallFailed(Exception):
@@ -56,10 +55,7 @@ class PlannedSteps:
                 run=self.run, step=step, attempt=1, idempotency_key=step.idempotency_key
             )
             try:
-                secrets = secret_values(step.arguments, self.run.redacted_fields(step.tool))
-                with secrets_in_scope(secrets):
-                    returned = tool.func(ctx, **step.arguments)
-                result = storable(json.loads(json.dumps(returned, default=str)))
+                result = call_tool(self.run, step, tool, ctx)
             except Exception as exc:
                 if in_txn:  # its writes (or a broken transaction) must go: roll back, run less
                     raise EagerCallFailed(position) from exc

@@ -35,6 +35,14 @@ TOOL_RESULT_FIELDS = [
 ]
 
 
+def call_tool(run: Run, step: Step, tool: Tool, ctx: ToolContext) -> Any:
+    """The tool's function on the step's arguments, with the step's secret values masked in
+    any log line it writes; its result as the JSON that will be stored."""
+    with secrets_in_scope(secret_values(step.arguments, run.redacted_fields(step.tool))):
+        returned = tool.func(ctx, **step.arguments)
+    return storable(json.loads(json.dumps(returned, default=str)))
+
+
 class _CallFailed(Exception):
     """The tool raised (inside its transaction, when it has one)."""
 
@@ -113,10 +121,7 @@ class ToolSteps:
         try:
             with transaction.atomic() if tool.transactional else nullcontext():
                 try:
-                    secrets = secret_values(step.arguments, self.run.redacted_fields(step.tool))
-                    with secrets_in_scope(secrets):
-                        returned = tool.func(ctx, **step.arguments)
-                    result = storable(json.loads(json.dumps(returned, default=str)))
+                    result = call_tool(self.run, step, tool, ctx)
                 except Exception as exc:
                     failure, failure_tb = exc, traceback.format_exc()
                     raise _CallFailed from exc
