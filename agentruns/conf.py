@@ -5,9 +5,8 @@ settings module (or a test) defines it, else from the environment, else the defa
 value is parsed once per process (again after a test changes a setting) and a value that cannot
 be parsed raises `ImproperlyConfigured` naming the variable. A misspelt attribute is an
 `AttributeError`, and an `AGENTRUNS_*` environment variable nobody reads fails the start-up
-check (`check_environment`), so a typo never silently means "the default".
-
-The `env_*` parsers are the same ones `config/settings.py` uses for Django's own settings.
+check (`check_environment`), so a typo never silently means "the default". The `env_*`
+parsers are the ones `config/settings.py` uses for Django's own settings.
 """
 
 from __future__ import annotations

@@ -29,7 +29,6 @@ import json
 import os
 import platform
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -194,36 +193,10 @@ def latency_case(base_url: str, token: str, user, n: int, env: dict[str, str], t
 
 
 def start_redis(tmp: Path) -> tuple[subprocess.Popen, str]:
-    from tests.procs import free_port
+    from tests.procs import start_redis as start_server
 
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            shutil.which("redis-server") or "/usr/bin/redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(tmp),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-    )
-    import redis
-
-    client = redis.Redis(port=port)
-    for _ in range(300):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    return proc, f"redis://127.0.0.1:{port}/0"
+    server = start_server(tmp)
+    return server.popen, server.url
 
 
 def latency_benchmarks(tmp: Path) -> list[dict]:

@@ -8,6 +8,7 @@ Both run against the test database pytest-django created, so tests that use them
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -217,3 +218,46 @@ def sqlite_env(db_path: Path, base_url: str, **extra: object) -> dict[str, objec
         "SCRIPTED_MODEL_DELAY_MS": 1,
         **extra,
     }
+
+
+class RedisServer:
+    """A real redis-server on a free loopback port (no persistence)."""
+
+    def __init__(self, port: int, popen: subprocess.Popen) -> None:
+        self.port, self.popen = port, popen
+        self.url = f"redis://127.0.0.1:{port}/0"
+
+    def client(self):  # (redis is imported only where a test needs it)
+        import redis
+
+        return redis.Redis(host="127.0.0.1", port=self.port)
+
+    def stop(self) -> None:
+        self.popen.kill()
+        self.popen.wait(timeout=10)
+
+
+def start_redis(directory: Path) -> RedisServer:
+    """Start redis-server in `directory` (its log there) and wait until it answers."""
+    port = free_port()
+    popen = subprocess.Popen(
+        [
+            shutil.which("redis-server") or "/usr/bin/redis-server",
+            *("--port", str(port), "--bind", "127.0.0.1", "--save", ""),
+            *("--appendonly", "no", "--dir", str(directory)),
+        ],
+        stdout=open(directory / "redis.log", "ab"),  # the server process owns it
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    server = RedisServer(port, popen)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if server.client().ping():
+                return server
+        except Exception:
+            if time.monotonic() > deadline or popen.poll() is not None:
+                popen.kill()
+                raise
+            time.sleep(0.05)

@@ -35,9 +35,10 @@ from agentruns.services import start_run
 from approvals.models import Approval, ApprovalKind, ApprovalStatus
 from approvals.services import approve
 from support.models import GatewayRefund, Order, OutboxMessage, TicketNote
+from tests.crash import kit
 from tests.crash.kit import assert_refunded_exactly_once
 from tests.helpers import assert_gapless
-from tests.procs import Proc, start_web, start_worker, wait_until
+from tests.procs import Proc, start_web, wait_until
 from tests.runtime import poolkit
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.crash]
@@ -59,31 +60,13 @@ def gateway(tmp_path_factory, django_db_setup, django_db_blocker):
 
 
 @pytest.fixture
-def procs():
-    """Workers a test starts; SIGKILLed before pytest-django flushes the tables they use."""
-    started: list[Proc] = []
-    yield started
-    for proc in started:
-        proc.kill()
-
-
-@pytest.fixture
 def seeded(transactional_db):
     with open(os.devnull, "w") as devnull:
         call_command("seed_demo", orders=100, stdout=devnull)
 
 
 def worker(tmp_path: Path, procs: list[Proc], gateway: str, name: str, **env: object) -> Proc:
-    proc = start_worker(
-        tmp_path,
-        name=name,
-        REFUND_GATEWAY_URL=gateway + "/gateway",
-        REFUND_APPROVAL_THRESHOLD_CENTS=1_000_000_000,  # refunds never park here
-        SCRIPTED_MODEL_DELAY_MS=0,
-        **env,
-    )
-    procs.append(proc)
-    return proc
+    return kit.worker(tmp_path, procs, gateway, name, SCRIPTED_MODEL_DELAY_MS=0, **env)
 
 
 def cluster_up(proc: Proc) -> None:
@@ -117,25 +100,6 @@ def running() -> int:
 def in_flight() -> int:
     """Runs a live worker executes (a killed worker's runs stay `running` until re-leased)."""
     return Run.objects.filter(status=RunStatus.RUNNING, lease_expires_at__gt=timezone.now()).count()
-
-
-def settle(run_ids: list, workers: list[Proc], timeout: float = 150) -> dict:
-    settled = {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.WAITING}
-
-    def done() -> dict | None:
-        statuses = dict(Run.objects.filter(id__in=run_ids).values_list("id", "status"))
-        return statuses if all(s in settled for s in statuses.values()) else None
-
-    try:
-        return wait_until(done, timeout=timeout, interval=0.2, message="runs to finish")
-    except TimeoutError:
-        left = list(
-            Run.objects.filter(id__in=run_ids)
-            .exclude(status__in=settled)
-            .values_list("id", "status", "lease_owner")
-        )
-        logs = "\n".join(f"--- {w.log_path.name}\n{w.log()}" for w in workers)
-        raise AssertionError(f"runs did not finish: {left}\n{logs}") from None
 
 
 def assert_each_effect_once(gateway: str, runs: dict[str, tuple[Run, int]]) -> set:
@@ -247,7 +211,7 @@ def test_sigkill_with_dozens_in_flight_at_random_moments(tmp_path, procs, gatewa
             f"{cut} step attempts cut mid-step"
         )
     workers.append(worker(tmp_path, procs, gateway, "worker-final", **env))
-    settle(ids, workers)
+    kit.wait_settled(ids, workers)
     assert max(killed_with) >= 12, killed_with  # dozens in flight when it died
     waiting = assert_each_effect_once(gateway, runs)
     crashed = StepAttempt.objects.filter(
@@ -306,7 +270,7 @@ def test_sigterm_drains_and_a_second_worker_continues_at_once(tmp_path, procs, g
         worker__in=[f"pool@{p}" for p in first_processes]
     ).exists()
     # the second worker continues all of them well within the lease TTL (120 s)
-    settle(ids, [second], timeout=90)
+    kit.wait_settled(ids, [second], timeout=90)
     later = StepAttempt.objects.filter(step__run_id__in=ids, started_at__gt=sent_at)
     assert {a.rsplit(":", 1)[0] for a in later.values_list("worker", flat=True)} - first_processes
     # refund runs: their steps ended within the grace period and they were handed over between
@@ -349,7 +313,7 @@ def test_q2_recycling_never_kills_runs_in_flight(tmp_path, procs, gateway, seede
     # one start at a time: a burst would be taken along by one hand-over (one q2 task)
     runs = start_refunds(24, spaced=0.15)
     ids = [r.id for r, _ in runs.values()]
-    settle(ids, [w])
+    kit.wait_settled(ids, [w])
     waiting = assert_each_effect_once(gateway, runs)
     assert not waiting
     # recycled for real: the runs' steps ran in many successive worker processes...
@@ -395,7 +359,7 @@ def test_parked_and_backing_off_runs_hold_no_slot(
     backing_off.refresh_from_db()
     parked.refresh_from_db()
     assert parked.status == RunStatus.WAITING
-    settle([backing_off.id], [w], timeout=60)
+    kit.wait_settled([backing_off.id], [w], timeout=60)
     plain.refresh_from_db()
     flaky = Step.objects.get(run=backing_off, tool="t_flaky")
     first, second = flaky.attempt_rows.order_by("number")
@@ -411,5 +375,5 @@ def test_parked_and_backing_off_runs_hold_no_slot(
     # the parked run held nothing either: approved, it finishes on the same single slot
     lead = django_user_model.objects.get(username="lead")  # the seeded superuser
     approve(Approval.objects.get(run=parked).id, user=lead)
-    settle([parked.id], [w], timeout=60)
+    kit.wait_settled([parked.id], [w], timeout=60)
     assert Run.objects.get(id=parked.id).status == RunStatus.SUCCEEDED
