@@ -30,6 +30,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from benchmarks import procs
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
@@ -65,28 +67,10 @@ def pct(values: list[float], p: float) -> float:
 
 # ---------------------------------------------------------------------------- ours
 def start_qcluster(**env: object) -> subprocess.Popen:
+    from benchmarks.procs import start_qcluster as start
     from benchmarks.sampling import with_app
 
-    full = {**os.environ, **{k: str(v) for k, v in env.items()}}
-    full["DATABASE_URL"] = with_app(os.environ["DATABASE_URL"], WORKER_APP)
-    return subprocess.Popen(
-        [sys.executable, "manage.py", "qcluster"],
-        cwd=ROOT,
-        env=full,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-
-
-def stop(proc: subprocess.Popen) -> None:
-    import signal
-
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(10)
+    return start(with_app(os.environ["DATABASE_URL"], WORKER_APP), **env)
 
 
 def start_together(n: int) -> tuple[list, float]:
@@ -159,7 +143,7 @@ def ours_latency_bound(ns: tuple[int, ...], turn_ms: float) -> tuple[list[dict],
             print(f"  ours n={n}: {wall:.2f} s, rss {rss:.0f} MB, {connections} conns", flush=True)
         sampler.stop()
     finally:
-        stop(proc)
+        procs.stop(proc)
     from django.conf import settings
 
     pool = settings.DATABASES["default"]["OPTIONS"].get("pool") or {}

@@ -34,6 +34,7 @@ from django.db import connection  # noqa: E402
 from agentruns.models import Run, StepAttempt  # noqa: E402
 from agentruns.runtime.executor import RunExecutor  # noqa: E402
 from agentruns.services import execute_inline, start_run  # noqa: E402
+from benchmarks.procs import start_qcluster, stop  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs" / "BENCHMARKS.md"
@@ -112,29 +113,7 @@ def side_by_side(runs: int, rounds: int) -> dict[str, dict]:
 
 
 def _worker(**env: object) -> subprocess.Popen:
-    full = dict(os.environ)
-    full.update(
-        {
-            "DATABASE_URL": dsn().replace("postgresql://", "postgres://"),
-            **{k: str(v) for k, v in env.items()},
-        }
-    )
-    return subprocess.Popen(
-        [sys.executable, "manage.py", "qcluster"],
-        cwd=ROOT,
-        env=full,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(10)
+    return start_qcluster(dsn().replace("postgresql://", "postgres://"), **env)
 
 
 def through_queue(runs: int) -> dict:
@@ -154,7 +133,7 @@ def through_queue(runs: int) -> dict:
             time.sleep(0.05)
         elapsed = time.perf_counter() - started
     finally:
-        _stop(worker)
+        stop(worker)
     lat = [(r.finished_at - r.created_at).total_seconds() for r in Run.objects.filter(id__in=ids)]
     return {
         "runs_per_s": runs / elapsed,
@@ -226,7 +205,7 @@ def recovery(kills: int) -> dict:
             samples.append(second.started_at.timestamp() - killed)
             Run.objects.filter(id=run.id).update(cancel_requested=True)
     finally:
-        _stop(worker)
+        stop(worker)
     return {
         "kills": kills,
         "p50_s": pct(samples, 50),
