@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.http import HttpRequest
 
 from agentruns.api.endpoint import INT_ID, endpoint
@@ -11,6 +13,18 @@ from agentruns.runtime.timestamps import iso
 from approvals import bulk, claims, services
 from approvals.api import APPROVAL, already_decided, approval_payload
 from approvals.models import Approval
+
+
+def _claim_action(action: Callable[..., Approval], approval_id: str, request: HttpRequest) -> dict:
+    """Claim or release: the same answers for no such item, someone else's claim, decided."""
+    try:
+        return approval_payload(action(int(approval_id), user=request.user))
+    except Approval.DoesNotExist:
+        raise BadRequest("no such approval", 404) from None
+    except claims.ClaimedByOther as exc:
+        raise _claimed_by_other(exc) from None
+    except services.AlreadyDecided as exc:  # only a claim: releasing a decided item is a no-op
+        raise already_decided(exc) from None
 
 
 def _claimed_by_other(exc: claims.ClaimedByOther) -> BadRequest:
@@ -43,14 +57,7 @@ CLAIM_RESPONSES = {
     returns=APPROVAL,
 )
 def approval_claim(request: HttpRequest, approval_id: str) -> dict:
-    try:
-        return approval_payload(claims.claim(int(approval_id), user=request.user))
-    except Approval.DoesNotExist:
-        raise BadRequest("no such approval", 404) from None
-    except claims.ClaimedByOther as exc:
-        raise _claimed_by_other(exc) from None
-    except services.AlreadyDecided as exc:
-        raise already_decided(exc) from None
+    return _claim_action(claims.claim, approval_id, request)
 
 
 @endpoint(
@@ -64,12 +71,7 @@ def approval_claim(request: HttpRequest, approval_id: str) -> dict:
     returns=APPROVAL,
 )
 def approval_release(request: HttpRequest, approval_id: str) -> dict:
-    try:
-        return approval_payload(claims.release(int(approval_id), user=request.user))
-    except Approval.DoesNotExist:
-        raise BadRequest("no such approval", 404) from None
-    except claims.ClaimedByOther as exc:
-        raise _claimed_by_other(exc) from None
+    return _claim_action(claims.release, approval_id, request)
 
 
 @endpoint(

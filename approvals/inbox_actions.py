@@ -7,6 +7,8 @@ confirmed (the inbox asks first), like a single decision does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
 from django.http import HttpRequest, HttpResponse
@@ -50,31 +52,42 @@ def _since(moment) -> str:
 @require_POST
 @login_required
 def claim(request: HttpRequest, approval_id: int) -> HttpResponse:
-    get_object_or_404(Approval, id=approval_id)
-    if not request.user.has_perm(DECIDE_PERMISSION):
-        return HttpResponse("You may look but not decide.", status=403)
-    try:
-        claims.claim(approval_id, user=request.user)
-    except claims.ClaimedByOther as exc:
-        note = f"{exc.holder} is already on this item (since {_since(exc.since)})."
-        return _card_response(request, approval_id, note, "warning", 409)
-    except services.AlreadyDecided as exc:
-        return _card_response(request, approval_id, f"Already decided: {exc}", "warning", 409)
-    return _card_response(request, approval_id, "You are on it.", "success", 200)
+    return _claim_action(
+        request, approval_id, claims.claim, "You are on it.", "{holder} is already on this item"
+    )
 
 
 @require_POST
 @login_required
 def release(request: HttpRequest, approval_id: int) -> HttpResponse:
+    return _claim_action(
+        request,
+        approval_id,
+        claims.release,
+        "Released: anyone may take it.",
+        "{holder} holds this item, not you",
+    )
+
+
+def _claim_action(
+    request: HttpRequest,
+    approval_id: int,
+    action: Callable[..., Approval],
+    done_note: str,
+    taken_note: str,
+) -> HttpResponse:
+    """Claim or release one card; `taken_note` names who holds it when that is someone else."""
     get_object_or_404(Approval, id=approval_id)
     if not request.user.has_perm(DECIDE_PERMISSION):
         return HttpResponse("You may look but not decide.", status=403)
     try:
-        claims.release(approval_id, user=request.user)
+        action(approval_id, user=request.user)
     except claims.ClaimedByOther as exc:
-        note = f"{exc.holder} holds this item (since {_since(exc.since)}), not you."
+        note = f"{taken_note.format(holder=exc.holder)} (since {_since(exc.since)})."
         return _card_response(request, approval_id, note, "warning", 409)
-    return _card_response(request, approval_id, "Released: anyone may take it.", "success", 200)
+    except services.AlreadyDecided as exc:
+        return _card_response(request, approval_id, f"Already decided: {exc}", "warning", 409)
+    return _card_response(request, approval_id, done_note, "success", 200)
 
 
 def _ids(request: HttpRequest) -> list[int]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 from django.conf import global_settings
 
 from tests.procs import ROOT
@@ -22,6 +23,17 @@ from tests.procs import ROOT
 ARTIFACTS = ROOT / "var" / "test-artifacts" / "e2e"
 PASSWORD = "browser-pw-Quokka-73"
 WAIT_MS = 120_000
+
+
+def browser_marks(timeout_seconds: int = 600) -> list[Any]:
+    """The marks of a browser test module: live servers need committed rows, and it is slow."""
+    return [
+        pytest.mark.django_db(transaction=True),
+        pytest.mark.e2e,
+        pytest.mark.slow,
+        pytest.mark.timeout(timeout_seconds),
+    ]
+
 
 CSP_WATCH = """
 window.__csp = [];

@@ -7,21 +7,14 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
 from agentruns.models import RunStatus
 from agentruns.services import start_run
 from approvals.models import Approval, ApprovalStatus
 from support.models import Order, OutboxMessage
-from tests.e2e.kit import logged_in_page, set_browser_password
+from tests.e2e.kit import browser_marks, logged_in_page, set_browser_password
 from tests.procs import gateway_refunds, start_web, start_worker, wait_finished, wait_until
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.e2e,
-    pytest.mark.slow,
-    pytest.mark.timeout(600),
-]
+pytestmark = browser_marks()
 
 WAIT_MS = 90_000
 

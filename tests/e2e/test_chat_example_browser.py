@@ -10,20 +10,15 @@ import os
 import re
 
 import httpx
-import pytest
 
 from agentruns.models import Run
 from agentruns.web.examples import BUNDLE
 from support.models import Order
 from tests.conftest import make_user
+from tests.e2e.kit import browser_marks
 from tests.procs import start_web, start_worker
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.e2e,
-    pytest.mark.slow,
-    pytest.mark.timeout(600),
-]
+pytestmark = browser_marks()
 
 WAIT_MS = 90_000
 PERMS = [

@@ -7,21 +7,16 @@ from __future__ import annotations
 import os
 import re
 
-import pytest
 from django.conf import global_settings
 
 from agentruns.services import start_run
 from approvals.models import Approval, ApprovalStatus
 from tests.conftest import make_user
+from tests.e2e.kit import browser_marks
 from tests.helpers import advance
 from tests.procs import start_web
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.e2e,
-    pytest.mark.slow,
-    pytest.mark.timeout(300),
-]
+pytestmark = browser_marks(300)
 
 WAIT_MS = 30_000
 PERMS = ["agentruns.view_run", "approvals.view_approval", "approvals.decide_approval"]

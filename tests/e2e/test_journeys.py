@@ -24,15 +24,10 @@ from agentruns.services import start_run
 from approvals.models import Approval
 from support.models import Order, OutboxMessage
 from support.policy import money
-from tests.e2e.kit import WAIT_MS, Journey, set_browser_password
+from tests.e2e.kit import WAIT_MS, Journey, browser_marks, set_browser_password
 from tests.procs import free_port, start_web, start_worker, wait_until
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.e2e,
-    pytest.mark.slow,
-    pytest.mark.timeout(600),
-]
+pytestmark = browser_marks()
 
 
 @pytest.fixture

@@ -11,20 +11,14 @@ from __future__ import annotations
 import threading
 
 import httpx
-import pytest
 from django.db import connections
 
 from agentruns.models import Run, RunEvent, Step
 from agentruns.tokens import create_token
-from tests.e2e.kit import logged_in_page, set_browser_password
+from tests.e2e.kit import browser_marks, logged_in_page, set_browser_password
 from tests.procs import free_port, start_run_over_http, start_web, start_worker, wait_until
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.e2e,
-    pytest.mark.slow,
-    pytest.mark.timeout(600),
-]
+pytestmark = browser_marks()
 
 
 # Records, from the first paint on, every length the conversation text had and every state the

@@ -9,20 +9,15 @@ from __future__ import annotations
 import re
 
 import httpx
-import pytest
 
 from agentruns.models import Run, RunStatus
 from agentruns.services import start_run
 from approvals.models import Approval, ApprovalStatus
 from tests.conftest import make_user
+from tests.e2e.kit import browser_marks
 from tests.procs import start_web, start_worker, wait_until
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.e2e,
-    pytest.mark.slow,
-    pytest.mark.timeout(600),
-]
+pytestmark = browser_marks()
 
 WAIT_MS = 90_000
 
