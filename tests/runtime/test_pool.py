@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db import connection, connections
@@ -110,7 +111,9 @@ def test_a_full_pool_makes_the_hand_over_wait_for_a_slot(pool):
     assert doorbells() == 0  # nothing was given back
 
 
-def test_drain_hands_runs_over_at_the_next_step_boundary(pool):
+def two_runs_held_in_a_charge(pool) -> tuple[Any, list[Run]]:
+    """A pool of two running two runs, each held inside its first tool call (a charge)
+    until the test sets testkit.GATE; then each asks the model once more (an echo)."""
     testkit.GATE.clear()
     runs = [
         script(
@@ -123,6 +126,11 @@ def test_drain_hands_runs_over_at_the_next_step_boundary(pool):
     for run in runs:
         assert p.hand_over(str(run.id), wait=0) == "started"
     wait_until(lambda: len(testkit.CALLS["t_charge"]) == 2, timeout=30, message="calls in flight")
+    return p, runs
+
+
+def test_drain_hands_runs_over_at_the_next_step_boundary(pool):
+    p, runs = two_runs_held_in_a_charge(pool)
     stopping = threading.Thread(target=p.stop, kwargs={"grace": 60})
     stopping.start()
     wait_until(lambda: p.drain.is_set(), timeout=10, message="the drain to start")
@@ -151,18 +159,7 @@ def test_drain_hands_runs_over_at_the_next_step_boundary(pool):
 
 
 def test_a_recycle_lets_the_runs_in_flight_finish_here(pool):
-    testkit.GATE.clear()
-    runs = [
-        script(
-            {"text": "charging", "calls": [["t_charge", {"amount": 5}]]},
-            {"text": "echo", "calls": [["t_echo", {"text": "after"}]]},
-        )
-        for _ in range(2)
-    ]
-    p = pool(2)
-    for run in runs:
-        assert p.hand_over(str(run.id), wait=0) == "started"
-    wait_until(lambda: len(testkit.CALLS["t_charge"]) == 2, timeout=30, message="calls in flight")
+    p, runs = two_runs_held_in_a_charge(pool)
     stopping = threading.Thread(target=p.stop, kwargs={"grace": 60, "finish_first": True})
     stopping.start()
     wait_until(lambda: p.closing.is_set(), timeout=10, message="the stop to start")
