@@ -50,14 +50,18 @@ def test_refund_run_completes_on_the_sqlite_default(tmp_path: Path, procs: list[
 
     auth = {"Authorization": f"Bearer {token}"}
     with httpx.Client(base_url=base_url, headers=auth, timeout=30) as http:
-        created = http.post(
-            "/api/runs",
-            json={
-                "agent": "refund",
-                "input": {"order_id": ORDER_ID, "message": "It arrived broken."},
-            },
-            headers={"Idempotency-Key": "sqlite-smoke-1"},
-        )
+
+        def start_refund() -> httpx.Response:
+            return http.post(
+                "/api/runs",
+                json={
+                    "agent": "refund",
+                    "input": {"order_id": ORDER_ID, "message": "It arrived broken."},
+                },
+                headers={"Idempotency-Key": "sqlite-smoke-1"},
+            )
+
+        created = start_refund()
         assert created.status_code == 201, created.text
         run_id = created.json()["id"]
 
@@ -82,14 +86,7 @@ def test_refund_run_completes_on_the_sqlite_default(tmp_path: Path, procs: list[
         assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
 
         # a repeated Idempotency-Key returns the same run, not a second refund
-        again = http.post(
-            "/api/runs",
-            json={
-                "agent": "refund",
-                "input": {"order_id": ORDER_ID, "message": "It arrived broken."},
-            },
-            headers={"Idempotency-Key": "sqlite-smoke-1"},
-        )
+        again = start_refund()
         assert again.status_code == 200 and again.json()["id"] == run_id
 
     ledger = gateway_refunds(base_url, ORDER_ID)
