@@ -1,13 +1,16 @@
 """Helpers every kind of test uses: users and an API client, drive a run in-process, read its steps
-and events, check an API error."""
+and events, check an API error, race calls against each other."""
 
 from __future__ import annotations
 
 import json
+import threading
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 
 from django.contrib.auth.models import Permission
+from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
@@ -113,3 +116,27 @@ def assert_json_error(response, status: int) -> dict:
     body = response.json()
     assert isinstance(body.get("error"), str) and body["error"]
     return body
+
+
+def race(*calls: Callable[[], object], timeout: float = 60) -> list[object]:
+    """Runs each call in its own thread (so its own database connection), all released at once,
+    and returns what each returned or the exception it raised, in the order given."""
+    barrier = threading.Barrier(len(calls))
+    results: list[object] = [None] * len(calls)
+
+    def run(position: int, call: Callable[[], object]) -> None:
+        try:
+            barrier.wait(timeout=30)
+            results[position] = call()
+        except Exception as exc:  # the caller asserts on it
+            results[position] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=item) for item in enumerate(calls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+    assert not any(thread.is_alive() for thread in threads), "a racing call did not return"
+    return results

@@ -3,17 +3,16 @@ one winner of a race, and "taken by X" with a confirmation before deciding it an
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection
 from django.test import Client
 
 from approvals import claims
 from approvals.models import Approval, ApprovalStatus
 from tests.approvals.kit import login, parked_approval
 from tests.conftest import ApiClient, make_user
+from tests.helpers import race
 
 pytestmark = pytest.mark.django_db
 
@@ -75,25 +74,12 @@ def test_a_claim_lapses_and_a_decided_item_cannot_be_claimed(approver, second, s
 @pytest.mark.django_db(transaction=True)
 def test_two_people_claim_at_once_and_exactly_one_wins(approver, second):
     approval = parked_approval()
-    barrier = threading.Barrier(2)
-    outcome: dict[str, object] = {}
-
-    def take(user) -> None:
-        try:
-            barrier.wait(timeout=30)
-            claims.claim(approval.id, user=user)
-            outcome[user.username] = "won"
-        except claims.ClaimedByOther as exc:
-            outcome[user.username] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=take, args=(u,)) for u in (approver, second)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    winners = [name for name, v in outcome.items() if v == "won"]
+    results = race(
+        lambda: claims.claim(approval.id, user=approver),
+        lambda: claims.claim(approval.id, user=second),
+    )
+    outcome = dict(zip([approver.username, second.username], results, strict=True))
+    winners = [name for name, v in outcome.items() if isinstance(v, Approval)]
     losers = [v for v in outcome.values() if isinstance(v, claims.ClaimedByOther)]
     assert len(winners) == 1 and len(losers) == 1, outcome
     assert losers[0].holder == winners[0]

@@ -4,11 +4,9 @@ escalation per item however many sweepers race, and the inbox leading with overd
 from __future__ import annotations
 
 import json
-import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
@@ -22,7 +20,7 @@ from approvals.models import Approval, MailNotice, WebhookDelivery
 from approvals.notifications.signing import new_secret
 from tests.approvals.kit import bulk_pending, login, parked_approval
 from tests.conftest import ApiClient
-from tests.helpers import advance
+from tests.helpers import advance, race
 from tests.testkit import script_policy
 
 pytestmark = pytest.mark.django_db
@@ -106,21 +104,7 @@ def test_racing_sweepers_escalate_each_item_exactly_once(hook):
     Approval.objects.filter(id__in=[a.id for a in items]).update(
         due_at=timezone.now() - timedelta(seconds=1)
     )
-    barrier = threading.Barrier(3)
-    counts: list[int] = []
-
-    def sweeper() -> None:
-        try:
-            barrier.wait(timeout=30)
-            counts.append(escalate_due_approvals())
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=sweeper) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    counts = race(*[escalate_due_approvals] * 3)
     assert sum(counts) == 12, counts
     for approval in items:
         assert (

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection
 from django.test import Client
 from django.utils import timezone
 from django_q.models import OrmQ
@@ -16,7 +14,7 @@ from agentruns.runtime.sweeper import sweep
 from agentruns.services import cancel_run, start_run
 from approvals import parking, services
 from approvals.models import Approval, ApprovalKind, ApprovalStatus
-from tests.helpers import ApiClient, advance, assert_gapless, event_types, events
+from tests.helpers import ApiClient, advance, assert_gapless, event_types, events, race
 
 from .kit import (
     CALLS,
@@ -266,41 +264,16 @@ def test_kind_mismatch_is_refused(approver):
 def test_race_two_deciders_exactly_one_wins_and_the_run_is_enqueued_once(approver, lead, second):
     approval = parked_approval()
     tasks_before = queued_tasks_for(approval.run_id)
-    barrier = threading.Barrier(2)
-    outcomes: dict[str, object] = {}
-
-    def decide(name: str, user, action) -> None:
-        try:
-            barrier.wait(timeout=30)
-            action(user)
-            outcomes[name] = "won"
-        except services.AlreadyDecided as exc:
-            outcomes[name] = exc
-        except Exception as exc:  # surfaced by the assertion below
-            outcomes[name] = repr(exc)
-        finally:
-            connection.close()
-
-    actions = {
-        "approve": lambda u: services.approve(
-            approval.id, user=u, edited_args={"amount_cents": 1234}
+    seconds = {
+        "approve": lambda: services.approve(
+            approval.id, user=lead, edited_args={"amount_cents": 1234}
         ),
-        "reject": lambda u: services.reject(approval.id, user=u, reason="duplicate request"),
+        "reject": lambda: services.reject(approval.id, user=lead, reason="duplicate request"),
     }
-    threads = [
-        threading.Thread(
-            target=decide, args=("a", approver, lambda u: services.approve(approval.id, user=u))
-        ),
-        threading.Thread(target=decide, args=("b", lead, actions[second])),
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert sorted(
-        str(type(v).__name__) if not isinstance(v, str) else v for v in outcomes.values()
-    ) == ["AlreadyDecided", "won"], outcomes
-    loser = next(v for v in outcomes.values() if isinstance(v, services.AlreadyDecided))
+    outcomes = race(lambda: services.approve(approval.id, user=approver), seconds[second])
+    kinds = sorted("won" if isinstance(v, Approval) else type(v).__name__ for v in outcomes)
+    assert kinds == ["AlreadyDecided", "won"], outcomes
+    loser = next(v for v in outcomes if isinstance(v, services.AlreadyDecided))
     approval.refresh_from_db()
     assert approval.status in (ApprovalStatus.APPROVED, ApprovalStatus.REJECTED)
     assert loser.approval.decided_by_id == approval.decided_by_id

@@ -7,11 +7,8 @@ With a real worker and gateway: a real two-thread race on the last approval give
 
 from __future__ import annotations
 
-import threading
-
 import httpx
 import pytest
-from django.db import connection
 
 from agentruns.models import Run, RunEvent, RunStatus, Step, StepStatus
 from agentruns.services import start_run
@@ -20,7 +17,7 @@ from approvals import services
 from approvals.models import Approval, ApprovalDecision, ApprovalStatus
 from support.models import GatewayRefund
 from tests.conftest import ApiClient, make_user
-from tests.helpers import advance
+from tests.helpers import advance, race
 from tests.procs import start_web, start_worker, wait_until
 
 TWO_PERSON = 10_000  # 100.00: ORD-1001 (247.11) needs two approvers, ORD-1013 (57.36) one
@@ -167,25 +164,14 @@ def item_card(html: str, approval_id: int) -> str:
 
 def _race(users, approval_id: int) -> list[str]:
     """Each user approves in their own thread (own database connection), released together."""
-    barrier = threading.Barrier(len(users))
-    outcomes: list[str] = []
 
-    def approve(user) -> None:
+    def approve(user) -> str:
         try:
-            barrier.wait(timeout=30)
-            decided = services.approve(approval_id, user=user)
-            outcomes.append(f"{user.username}: {decided.status}")
+            return f"{user.username}: {services.approve(approval_id, user=user).status}"
         except services.AlreadyDecided:
-            outcomes.append(f"{user.username}: already decided")
-        finally:
-            connection.close()
+            return f"{user.username}: already decided"
 
-    threads = [threading.Thread(target=approve, args=(u,)) for u in users]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    return sorted(outcomes)
+    return sorted(race(*[lambda u=u: approve(u) for u in users]))
 
 
 @pytest.mark.django_db(transaction=True)

@@ -6,12 +6,11 @@ webhook id, failed after the last try, redelivery from the admin, leases and SKI
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import httpx
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 from django.test import Client
 from standardwebhooks import Webhook
 
@@ -22,7 +21,7 @@ from approvals.models import DeliveryStatus, WebhookDelivery, WebhookEndpoint
 from approvals.notifications import delivery, outbox
 from approvals.notifications.signing import new_secret
 from tests.approvals.kit import SECRET, parked_approval, unknown_step_approval
-from tests.helpers import advance
+from tests.helpers import advance, race
 from tests.webhook_receiver import Receiver
 
 pytestmark = pytest.mark.django_db
@@ -212,21 +211,11 @@ def _rows(n: int) -> list[WebhookDelivery]:
 @pytest.mark.django_db(transaction=True)
 def test_two_workers_never_claim_the_same_delivery_and_an_expired_claim_is_taken_over():
     _rows(20)
-    barrier = threading.Barrier(2)
-    claimed: dict[str, list[int]] = {}
 
-    def work(owner: str) -> None:
-        try:
-            barrier.wait(timeout=30)
-            claimed[owner] = [r.id for r in delivery.claim_due(owner, 12)]
-        finally:
-            connection.close()
+    def work(owner: str) -> list[int]:
+        return [r.id for r in delivery.claim_due(owner, 12)]
 
-    threads = [threading.Thread(target=work, args=(f"w{i}",)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    claimed = dict(zip(["w0", "w1"], race(lambda: work("w0"), lambda: work("w1")), strict=True))
     assert not set(claimed["w0"]) & set(claimed["w1"])
     assert len(claimed["w0"]) + len(claimed["w1"]) == 20
     assert delivery.claim_due("w2", 20) == []  # every lease is live

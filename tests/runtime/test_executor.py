@@ -14,7 +14,7 @@ from agentruns.runtime.executor import RunExecutor
 from agentruns.services import start_run
 from approvals.models import Approval
 from tests import testkit
-from tests.helpers import advance, assert_gapless, script_run, steps
+from tests.helpers import advance, assert_gapless, race, script_run, steps
 
 pytestmark = pytest.mark.django_db
 
@@ -262,20 +262,11 @@ def test_engine_error_fails_run_not_stuck(monkeypatch):
 
 @pytest.mark.django_db(transaction=True)
 def test_run_dedupe_under_concurrency():
-    barrier = threading.Barrier(6)
-    runs = []
-
     def start():
-        barrier.wait()
-        runs.append(start_run("script", {"script": []}, dedupe_key="same-key").run.id)
-        connection.close()
+        return start_run("script", {"script": []}, dedupe_key="same-key").run.id
 
-    threads = [threading.Thread(target=start) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len(set(runs)) == 1
+    runs = race(*[start] * 6)
+    assert len(set(runs)) == 1, runs
     assert Run.objects.filter(dedupe_key="same-key").count() == 1
 
 
@@ -286,20 +277,13 @@ def test_concurrent_event_writers_keep_seq_gapless():
     from agentruns.runtime.store import get_store
 
     run = script_run([{"text": "x"}])
-    barrier = threading.Barrier(4)
 
     def writer():
-        barrier.wait()
         for i in range(25):
             with transaction.atomic():
                 get_store().append(run.id, [("test.note", {"i": i}), ("test.note", {"i": i})])
-        connection.close()
 
-    threads = [threading.Thread(target=writer) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    assert race(*[writer] * 4) == [None] * 4
     run.refresh_from_db()
     assert_gapless(run)
     assert RunEvent.objects.filter(run=run, type="test.note").count() == 200
