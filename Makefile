@@ -3,6 +3,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 WEB_PORT ?= 8000
 PYTEST_ARGS ?=
+# test processes (pytest-xdist; most tests wait on real servers, so 3 on 2 cores; 0: serial)
+TEST_WORKERS ?= 3
 
 NODE_TESTS := tests/node/node_modules/.installed
 EXAMPLE := examples/chat/dist/chat.js
@@ -49,7 +51,7 @@ passwords: venv
 	$(BIN)/python manage.py seed_demo --reset-passwords
 
 test: venv $(NODE_TESTS) $(EXAMPLE)
-	scripts/with-postgres.sh $(BIN)/pytest $(PYTEST_ARGS)
+	scripts/with-postgres.sh $(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check .
