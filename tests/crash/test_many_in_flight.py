@@ -232,6 +232,13 @@ def test_sigterm_drains_and_a_second_worker_continues_at_once(tmp_path, procs, g
         "SCRIPTED_MODEL_LATENCY_MS": 1000,
         "AGENTRUNS_AGENT_MODULES": "tests.testkit,tests.runtime.poolkit",
     }
+    # the second cluster comes up first and is frozen (SIGSTOP) so that all 28 runs go to the
+    # first cluster's 2 x 15 slots; it wakes just before the first is stopped. (Started after
+    # the runs, as it once was, it could take so long to come up on a loaded machine that the
+    # refund runs had ended before the SIGTERM and there was nothing left to hand over.)
+    second = worker(tmp_path, procs, gateway, "worker-b", **env)
+    cluster_up(second)
+    os.killpg(second.popen.pid, signal.SIGSTOP)
     first = worker(tmp_path, procs, gateway, "worker-a", **env)
     runs = start_refunds(24)
     slow = [
@@ -239,10 +246,7 @@ def test_sigterm_drains_and_a_second_worker_continues_at_once(tmp_path, procs, g
         for _ in range(4)
     ]
     ids = [r.id for r, _ in runs.values()] + [r.id for r in slow]
-    # all 28 in the first cluster's 2 x 15 slots, then the second cluster comes up idle
     wait_until(lambda: running() == 28, timeout=90, interval=0.05, message="runs in flight")
-    second = worker(tmp_path, procs, gateway, "worker-b", **env)
-    cluster_up(second)
     wait_until(
         lambda: (
             StepAttempt.objects.filter(step__tool="issue_refund").exists()
@@ -253,6 +257,9 @@ def test_sigterm_drains_and_a_second_worker_continues_at_once(tmp_path, procs, g
     )
     held = set(Run.objects.filter(status=RunStatus.RUNNING).values_list("lease_owner", flat=True))
     first_processes = processes_of(held)
+    refund_ids = [r.id for r, _ in runs.values()]
+    assert Run.objects.filter(id__in=refund_ids, status=RunStatus.RUNNING).exists()
+    os.killpg(second.popen.pid, signal.SIGCONT)
     sent_at = timezone.now()
     os.kill(first.popen.pid, signal.SIGTERM)  # the main pid only, as systemd/k8s/honcho do
     assert first.popen.wait(timeout=60) == 0, first.log()
@@ -276,7 +283,6 @@ def test_sigterm_drains_and_a_second_worker_continues_at_once(tmp_path, procs, g
     # refund runs: their steps ended within the grace period and they were handed over between
     # two steps; nothing was cut, each effect happened once
     assert_each_effect_once(gateway, runs)
-    refund_ids = [r.id for r, _ in runs.values()]
     assert (
         not StepAttempt.objects.filter(step__run_id__in=refund_ids)
         .exclude(outcome=AttemptOutcome.SUCCEEDED)
