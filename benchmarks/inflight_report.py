@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import os
 import platform
-from pathlib import Path
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "BENCHMARKS.md"
-START, END = "<!-- inflight:start -->", "<!-- inflight:end -->"
+from benchmarks.docs import write_marked_section
+
 AUX_PROCESSES = 4  # qcluster's main process, q2's sentinel, pusher and monitor
 AUX_CONNECTIONS = 2  # each: its pool's one connection; the pusher's LISTEN, the sweeper's
 
@@ -95,11 +94,4 @@ def section(data: dict) -> str:
 
 
 def write_docs(text: str) -> None:
-    body = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
-    block = f"{START}\n{text}{END}"
-    if START in body and END in body:
-        body = body[: body.index(START)] + block + body[body.index(END) + len(END) :]
-    else:
-        body = body.rstrip() + "\n\n" + block + "\n"
-    DOCS.write_text(body)
-    print(f"wrote the in-flight section of {DOCS}")
+    write_marked_section("inflight", text)

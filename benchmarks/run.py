@@ -34,10 +34,10 @@ from django.db import connection  # noqa: E402
 from agentruns.models import Run, StepAttempt  # noqa: E402
 from agentruns.runtime.executor import RunExecutor  # noqa: E402
 from agentruns.services import execute_inline, start_run  # noqa: E402
+from benchmarks.docs import write_marked_section  # noqa: E402
 from benchmarks.procs import start_qcluster, stop  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = ROOT / "docs" / "BENCHMARKS.md"
 STEPS_PER_RUN = 7
 
 
@@ -243,14 +243,7 @@ def chart(results: dict, lengths: list[dict], path: Path) -> None:
 
 
 def write_docs(section: str) -> None:
-    start, end = "<!-- engine:start -->", "<!-- engine:end -->"
-    text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
-    block = f"{start}\n{section}\n{end}"
-    if start in text and end in text:
-        text = text[: text.index(start)] + block + text[text.index(end) + len(end) :]
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    DOCS.write_text(text)
+    write_marked_section("engine", section)
 
 
 def main() -> None:
