@@ -49,6 +49,22 @@ class Heartbeat:
         self.due = time.monotonic() + self.ttl / 3
 
 
+TABLE = Run._meta.db_table
+
+
+def _held_by(leases: list[tuple[uuid.UUID, str]]) -> tuple[str, list]:
+    """The WHERE clause (and its parameters) matching the runs of `leases` (run id, owner) while
+    their owner holds them: ids IN (...) AND owners IN (...). Every owner (an executor) holds one
+    run, so the cross product matches only the given pairs."""
+    ids = [run_value("id", run_id) for run_id, _ in leases]
+    owners = sorted({owner for _, owner in leases})
+    where = (
+        f"id IN ({', '.join(['%s'] * len(ids))}) "
+        f"AND lease_owner IN ({', '.join(['%s'] * len(owners))})"
+    )
+    return where, [*ids, *owners]
+
+
 def renew(beats: list[Heartbeat]) -> list[Heartbeat]:
     """Extend the leases of `beats` in one statement (one per distinct TTL; production has one);
     returns the beats whose lease was no longer theirs."""
@@ -56,20 +72,14 @@ def renew(beats: list[Heartbeat]) -> list[Heartbeat]:
     for beat in beats:
         by_ttl[beat.ttl].append(beat)
     held: set[tuple[str, str]] = set()
-    table = Run._meta.db_table
     for ttl, group in by_ttl.items():
-        ids = [run_value("id", b.run_id) for b in group]
-        owners = sorted({b.owner for b in group})
+        where, params = _held_by([(b.run_id, b.owner) for b in group])
         # (id, owner) pairs come back for the leases still held; a run that changed hands to
         # another executor of this process is renewed for that one and flagged for this one
-        sql = (
-            f"UPDATE {table} SET lease_expires_at = %s "
-            f"WHERE id IN ({', '.join(['%s'] * len(ids))}) "
-            f"AND lease_owner IN ({', '.join(['%s'] * len(owners))}) RETURNING id, lease_owner"
-        )
+        sql = f"UPDATE {TABLE} SET lease_expires_at = %s WHERE {where} RETURNING id, lease_owner"
         expires = run_value("lease_expires_at", timezone.now() + timedelta(seconds=ttl))
         with connection.cursor() as cursor:
-            cursor.execute(sql, [expires, *ids, *owners])
+            cursor.execute(sql, [expires, *params])
             held.update((str(uuid.UUID(str(i))), owner) for i, owner in cursor.fetchall())
     return [b for b in beats if (str(b.run_id), b.owner) not in held]
 
@@ -81,22 +91,17 @@ def release_leases(leases: list[tuple[uuid.UUID, str]]) -> int:
     later commits fail on the fence. Returns how many were released."""
     if not leases:
         return 0
-    table = Run._meta.db_table
-    ids = [run_value("id", run_id) for run_id, _ in leases]
-    owners = sorted({owner for _, owner in leases})
+    where, params = _held_by(leases)
     sql = (
-        f"UPDATE {table} SET lease_owner = '', lease_expires_at = NULL, enqueued_at = %s "
-        f"WHERE id IN ({', '.join(['%s'] * len(ids))}) "
-        f"AND lease_owner IN ({', '.join(['%s'] * len(owners))}) "
-        "AND status IN (%s, %s) RETURNING id"
+        f"UPDATE {TABLE} SET lease_owner = '', lease_expires_at = NULL, enqueued_at = %s "
+        f"WHERE {where} AND status IN (%s, %s) RETURNING id"
     )
     now = run_value("enqueued_at", timezone.now())
     released = 0
     with transaction.atomic():
         with connection.cursor() as cursor:
-            cursor.execute(sql, [now, *ids, *owners, RunStatus.QUEUED, RunStatus.RUNNING])
+            cursor.execute(sql, [now, *params, RunStatus.QUEUED, RunStatus.RUNNING])
             rows = cursor.fetchall()
-        # (every owner holds one run, so the id x owner cross product matches only our pairs)
         for (run_id,) in rows:
             enqueue(uuid.UUID(str(run_id)))
             released += 1
@@ -136,7 +141,6 @@ class _LeaseKeeper(threading.Thread):
                         beat.lost.set()
                 except Exception:
                     log.warning("lease renewal failed for %d run(s)", len(due), exc_info=True)
-                    connection.close()
                 for beat in due:
                     beat.due = time.monotonic() + beat.ttl / 3
                 # renewals are rare (only steps longer than TTL/3): no connection held between

@@ -302,6 +302,7 @@ class ModelSteps(PlannedSteps):
         self, step: Step, attempt: int, exc: ModelError, *, final: bool
     ) -> None:
         now = timezone.now()
+        error = redact_text(storable_text(str(exc)))
         with transaction.atomic():
             # deltas of this attempt were already flushed: a retry must not merge with them
             streamed = not (step._state.adding or step.attempts < attempt)
@@ -310,9 +311,9 @@ class ModelSteps(PlannedSteps):
             StepAttempt.objects.filter(step=step, number=attempt).update(
                 finished_at=now,
                 outcome=AttemptOutcome.FAILED if final else AttemptOutcome.RETRYING,
-                error=redact_text(storable_text(str(exc))),
+                error=error,
             )
-            step.error = redact_text(storable_text(str(exc)))
+            step.error = error
             step.status = StepStatus.FAILED if final else StepStatus.RUNNING
             if final:
                 step.finished_at = now

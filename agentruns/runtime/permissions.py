@@ -81,8 +81,9 @@ def snapshot(user: Any, tool_names: Iterable[str]) -> dict:
             "approval": ApprovalOverride.ALWAYS if always else ApprovalOverride.TOOL,
         }
         if tool is not None:
-            entry["tool_approval"] = tool.policy()["approval"]
-            entry["approvals"] = tool.policy()["approvals"]
+            policy = tool.policy()
+            entry["tool_approval"] = policy["approval"]
+            entry["approvals"] = policy["approvals"]
             if tool.amount_arg:
                 entry["amount_arg"] = tool.amount_arg
                 entry["limits"] = {"default": default_limit(), "groups": limits.get(name, {})}

@@ -104,9 +104,7 @@ class ToolSteps:
                 step.status, step.attempts = StepStatus.RUNNING, attempt
                 step.started_at = step.started_at or started
                 batch = WriteBatch().update(step, ["status", "attempts", "started_at"])
-                batch.insert(
-                    [StepAttempt(step=step, number=attempt, worker=self.owner, started_at=started)]
-                )
+                batch.insert([self._attempt_row(step, attempt, started)])
                 self.commit([(EventType.STEP_STARTED, step_event_data(step))], batch=batch)
             failpoints.hit("step_started", tool=step.tool, step_id=step.id)
         ctx = ToolContext(
@@ -152,13 +150,8 @@ class ToolSteps:
             step.started_at = started
             batch.insert(
                 [
-                    StepAttempt(
-                        step=step,
-                        number=attempt,
-                        worker=self.owner,
-                        started_at=started,
-                        finished_at=now,
-                        outcome=AttemptOutcome.SUCCEEDED,
+                    self._attempt_row(
+                        step, attempt, started, finished_at=now, outcome=AttemptOutcome.SUCCEEDED
                     )
                 ]
             )
