@@ -57,13 +57,6 @@ def check_text(value: str, where: str) -> None:
         raise BadRequest(str(exc)) from None
 
 
-def check_value(value: Any, where: str = "body") -> None:
-    try:
-        text.check_value(value, where)
-    except UnsafeValue as exc:
-        raise BadRequest(str(exc)) from None
-
-
 def loads(raw: bytes | str, where: str = "body") -> Any:
     """Strict JSON (see the module docstring); BadRequest for anything else."""
     try:

@@ -9,6 +9,9 @@ member for that run in this process (one nudge per process, not one per viewer),
 database read per wakeup or poll tick, renders each frame's fragment and JSON once, and keeps a
 bounded window of recent frames. A viewer behind that window (a reconnect with an old `after=`)
 replays from the database on its own until it reaches the window, then tails from it.
+The AI SDK streams (`ui_stream.py`) read the events themselves and only need to know that the
+run moved: they are the feed's `watchers`. While a feed has watchers and no socket, it reads
+only the run's `last_seq` (bumped in the transaction that writes the events) and renders nothing.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ class RunFeed:
     seqs: list[int] = field(default_factory=list)  # the window: seqs up to head, ascending
     frames: list[str] = field(default_factory=list)  # the window: JSON text, parallel to seqs
     viewers: set = field(default_factory=set)  # the consumers' wakeup events
+    watchers: set = field(default_factory=set)  # wakeups of readers that need no frames
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: list[asyncio.Task] = field(default_factory=list)
     channel: str | None = None
@@ -74,8 +78,20 @@ class RunFeed:
             drop = len(self.frames) - WINDOW
             del self.seqs[:drop]
             del self.frames[:drop]
-        for viewer in self.viewers:
-            viewer.set()
+        self._wake()
+
+    def advance(self, head: int) -> None:
+        """The run moved to `head` while no socket watched: nothing was rendered, so the window
+        starts again after it (a socket that joins later replays from the database)."""
+        if head > self.head:
+            self.seqs.clear()
+            self.frames.clear()
+            self.head, self.gap_since = head, None
+            self._wake()
+
+    def _wake(self) -> None:
+        for wakeup in (*self.viewers, *self.watchers):
+            wakeup.set()
 
 
 _FEEDS: dict[tuple[int, str], RunFeed] = {}
@@ -109,7 +125,7 @@ async def open_feed(run_id: str) -> RunFeed:
 
 
 async def close_feed_if_idle(run_id: str, feed: RunFeed) -> None:
-    if feed.viewers:
+    if feed.viewers or feed.watchers:
         return
     key = (id(asyncio.get_running_loop()), run_id)
     if _FEEDS.get(key) is feed:
@@ -149,15 +165,18 @@ async def _follow(feed: RunFeed) -> None:
     while True:
         feed.wake.clear()
         tick = loop.time()  # fixed-rate ticks: the read's own time does not stretch the interval
+        frames: list[tuple[int, str]] = []
         try:
-            frames = await database_sync_to_async(encoded_frames_after)(
-                feed.run_id, feed.head, BATCH
-            )
+            if feed.viewers:
+                frames = await database_sync_to_async(encoded_frames_after)(
+                    feed.run_id, feed.head, BATCH
+                )
+            else:  # watchers only: no frame is sent, so none is rendered
+                feed.advance(await database_sync_to_async(_run_last_seq)(feed.run_id))
         except asyncio.CancelledError:
             raise
         except Exception:  # a database blip: keep the feed alive, try again on the next tick
             log.warning("run feed %s: read failed", feed.run_id, exc_info=True)
-            frames = []
         contiguous = _contiguous_prefix(feed, frames)
         if contiguous:
             feed.extend(contiguous)

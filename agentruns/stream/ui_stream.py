@@ -3,7 +3,7 @@
 Each response folds the run's events from seq 1 (`ui_chunks.UIChunks`) and sends the chunks
 whose index is at least `start_index`, then follows the run on the process's shared `RunFeed`
 (the WebSocket stream's: one channel-layer subscription per process and run, plus its
-database poll), re-reading the database on every wakeup. Nothing is buffered anywhere but the
+database poll), as one of its `watchers`, re-reading the database on every wakeup. Nothing is buffered anywhere but the
 events table, so a web server restart loses nothing: the client reconnects with the count of
 chunks it has and gets exactly the rest.
 
@@ -77,7 +77,7 @@ async def follow(run: Run, start_index: int) -> AsyncIterator[str]:
     fold = new_fold(run)
     feed = await open_feed(run_id)
     wakeup = asyncio.Event()
-    feed.viewers.add(wakeup)
+    feed.watchers.add(wakeup)
     try:
         while True:
             wakeup.clear()
@@ -94,7 +94,7 @@ async def follow(run: Run, start_index: int) -> AsyncIterator[str]:
             except TimeoutError:
                 yield KEEPALIVE
     finally:
-        feed.viewers.discard(wakeup)
+        feed.watchers.discard(wakeup)
         await close_feed_if_idle(run_id, feed)
 
 

@@ -281,3 +281,56 @@ def test_stream_survives_an_unreachable_redis_by_polling(viewer, settings):
 
     frames = async_to_sync(body)()
     assert [f["data"]["text"] for f in frames] == ["before ", "after"]
+
+
+def test_a_feed_with_only_watchers_renders_nothing_and_a_later_socket_gets_everything(
+    viewer, settings, monkeypatch
+):
+    """The AI SDK stream watches a feed for wakeups only: while no socket views the run, the
+    feed renders no frame; it still wakes its watchers (nudged or not), and a socket joining
+    later replays every event."""
+    import asyncio
+
+    from agentruns.stream import consumer
+
+    settings.AGENTRUNS_STREAM_POLL_SECONDS = 0.2
+    run = make_run()
+    cookie = session_cookie(viewer)
+    rendered: list[int] = []
+    real = consumer.encoded_frames_after
+
+    def counting(run_id, after, limit):
+        frames = real(run_id, after, limit)
+        rendered.extend(seq for seq, _ in frames)
+        return frames
+
+    monkeypatch.setattr(consumer, "encoded_frames_after", counting)
+
+    async def body():
+        feed = await consumer.open_feed(str(run.id))
+        wakeup = asyncio.Event()
+        feed.watchers.add(wakeup)
+        try:
+            await db(add_events)(run.id, deltas(0, ["a", "b"]))
+            await asyncio.wait_for(wakeup.wait(), timeout=20)
+            while feed.head < 2:
+                wakeup.clear()
+                await asyncio.wait_for(wakeup.wait(), timeout=20)
+            wakeup.clear()
+            await db(add_events_without_nudge)(run.id, deltas(0, ["c"]))
+            await asyncio.wait_for(wakeup.wait(), timeout=20)
+            assert feed.head == 3 and rendered == []
+            socket = communicator(run.id, after=0, headers=[cookie])
+            assert (await socket.connect(timeout=20))[0]
+            got = await receive_frames(socket, 3)
+            await db(add_events_without_nudge)(run.id, deltas(0, ["d"]))
+            got += await receive_frames(socket, 1)
+            await socket.disconnect()
+            return got
+        finally:
+            feed.watchers.discard(wakeup)
+            await consumer.close_feed_if_idle(str(run.id), feed)
+
+    frames = async_to_sync(body)()
+    assert [f["seq"] for f in frames] == [1, 2, 3, 4]
+    assert 4 in rendered  # with a socket viewing, the feed renders again
