@@ -50,6 +50,7 @@ from typing import Any
 
 from agentruns.runtime.events import EventType
 from agentruns.runtime.redaction import redact_fields
+from agentruns.runtime.text import printable
 
 Chunk = dict[str, Any]
 
@@ -67,8 +68,9 @@ def message_id(run_id: uuid.UUID | str) -> str:
 
 
 def encode_chunk(chunk: Chunk) -> str:
-    """One SSE frame of the UI message stream."""
-    return f"data: {json.dumps(chunk, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    """One SSE frame of the UI message stream. Printable, as the socket's frames are: a stored
+    lone surrogate (SQLite keeps one) must not stop the stream, it cannot be sent as UTF-8."""
+    return f"data: {printable(json.dumps(chunk, ensure_ascii=False, separators=(',', ':')))}\n\n"
 
 
 @dataclass

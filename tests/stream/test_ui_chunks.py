@@ -13,7 +13,7 @@ import pytest
 from agentruns.models import Run, RunEvent, Step
 from agentruns.runtime.redaction import MASK
 from agentruns.services import start_run
-from agentruns.stream.ui_chunks import UIChunks, chunks_of, message_id
+from agentruns.stream.ui_chunks import UIChunks, chunks_of, encode_chunk, message_id
 from approvals import services as approval_services
 from approvals.models import Approval
 from tests.helpers import advance
@@ -381,3 +381,9 @@ def test_feeding_out_of_order_is_refused():
     fold.feed(*CRASHED_MID_STREAM[0])
     with pytest.raises(ValueError):
         fold.feed(*CRASHED_MID_STREAM[2])
+
+
+def test_an_unencodable_stored_text_is_sent_repaired_not_raised():
+    """SQLite can store a lone surrogate; the chunk is still sent, with U+FFFD in its place."""
+    frame = encode_chunk({"type": "text-delta", "id": "t0", "delta": "broken \ud800 text"})
+    assert "broken \ufffd text" in frame.encode("utf-8").decode("utf-8")
