@@ -4,7 +4,7 @@ daphne + a real worker on the test PostgreSQL (tests/procs.py), bearer auth, eve
 schemathesis has that applies to a single-tenant API: no 5xx, status codes, content types and
 bodies as the description says, refusals of invalid data, links followed (runs created, then
 read, cancelled, retried, forked; approvals listed, then decided). Afterwards no run is stuck:
-each one ends or waits for a person. The example budget is small (AGENTRUNS_FUZZ_EXAMPLES, per
+each one ends or waits for a person. The example budget is small (FUZZ_EXAMPLES, per
 operation and phase) so the suite's wall time stays in check; raise it to search harder.
 """
 
@@ -24,7 +24,7 @@ from approvals.models import Approval
 from tests.procs import ROOT, start_web, start_worker, wait_until
 
 ARTIFACTS = ROOT / "var" / "test-artifacts" / "schemathesis"
-EXAMPLES = int(os.environ.get("AGENTRUNS_FUZZ_EXAMPLES", "12"))
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "12"))
 # a person must act on these; anything else must end by itself
 SETTLED = {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.WAITING}
 CHECKS = ",".join(
