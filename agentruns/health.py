@@ -80,7 +80,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
         "run_capacity": sum(p.run_capacity for p in pools if not p.draining),
         "processes": [
             {
-                "worker": p.worker.removeprefix(POOL_PREFIX),
+                "worker": p.worker.removeprefix(WorkerHeartbeat.POOL_PREFIX),
                 "runs_in_flight": p.runs_in_flight,
                 "run_capacity": p.run_capacity,
                 "draining": p.draining,
@@ -103,14 +103,11 @@ def healthz(request: HttpRequest) -> JsonResponse:
     )
 
 
-POOL_PREFIX = "pool@"  # runtime.pool.HEARTBEAT_PREFIX (the pool is not imported by web code)
-
-
 def live_pools(threshold) -> list[WorkerHeartbeat]:
     """The run pools of worker processes whose heartbeat is fresher than `threshold`."""
     return list(
         WorkerHeartbeat.objects.filter(
-            worker__startswith=POOL_PREFIX, last_seen_at__gte=threshold
+            worker__startswith=WorkerHeartbeat.POOL_PREFIX, last_seen_at__gte=threshold
         ).order_by("worker")
     )
 
@@ -130,7 +127,9 @@ def pool_families(now) -> Iterator[GaugeMetricFamily]:
     for name, (doc, attr) in per_process.items():
         family = GaugeMetricFamily(name, doc, labels=["worker"])
         for p in pools:
-            family.add_metric([p.worker.removeprefix(POOL_PREFIX)], float(getattr(p, attr)))
+            family.add_metric(
+                [p.worker.removeprefix(WorkerHeartbeat.POOL_PREFIX)], float(getattr(p, attr))
+            )
         yield family
     yield GaugeMetricFamily(
         "agentruns_runs_in_flight",

@@ -378,6 +378,8 @@ class WorkerHeartbeat(models.Model):
     rows are written by the sweeper loop, `pool@...` rows by each q2 worker process's run pool
     (runs in flight, capacity, whether it drains, its open database connections)."""
 
+    POOL_PREFIX = "pool@"  # the run pools' rows (the web side reads them without the pool)
+
     worker = models.CharField(max_length=200, unique=True)
     last_seen_at = models.DateTimeField()
     last_sweep_at = models.DateTimeField(null=True, blank=True)

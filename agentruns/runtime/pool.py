@@ -57,7 +57,6 @@ TAKE_AT_MOST = 50  # doorbells a hand-over takes from the queue behind its own, 
 HEARTBEAT_SECONDS = 2.0  # how often a pool reports its runs in flight (WorkerHeartbeat)
 CHANGE_REPORT_SECONDS = 0.5  # ... and sooner when that number changed, at most this often
 STOP_POLL_SECONDS = 0.2  # how soon the supervisor notices that the process stops
-HEARTBEAT_PREFIX = "pool@"
 
 # set in the `qcluster` process before it forks (`expect_cluster_stop`); inherited by every
 # process of the cluster; set by its SIGTERM/SIGINT handler
@@ -67,7 +66,7 @@ cluster_stopping: Any = None
 class RunPool:
     def __init__(self, capacity: int, *, name: str | None = None, supervise: bool = True) -> None:
         self.capacity = capacity
-        self.name = name or f"{HEARTBEAT_PREFIX}{worker_name()}"
+        self.name = name or f"{WorkerHeartbeat.POOL_PREFIX}{worker_name()}"
         # set when the process stops: no new runs; `drain`: executors hand over at their next
         # step boundary; `drained`: done
         self.closing = threading.Event()
