@@ -69,6 +69,8 @@ def sweep(now: datetime | None = None) -> int:
 
 # a row per worker process (every restart and q2 recycle is a new pid): forget long-gone ones
 HEARTBEAT_RETENTION = timedelta(hours=1)
+HEARTBEAT_PRUNE_EVERY = timedelta(minutes=1)
+_pruned_at: datetime | None = None  # this process's last prune
 
 
 def record_heartbeat(name: str, swept: bool) -> None:
@@ -77,7 +79,12 @@ def record_heartbeat(name: str, swept: bool) -> None:
     if swept:
         defaults["last_sweep_at"] = now
     WorkerHeartbeat.objects.update_or_create(worker=name, defaults=defaults)
-    WorkerHeartbeat.objects.filter(last_seen_at__lt=now - HEARTBEAT_RETENTION).delete()
+    global _pruned_at
+    if _pruned_at is None or now - _pruned_at >= HEARTBEAT_PRUNE_EVERY:
+        # rows of processes gone for an hour; a minute apart is often enough (the loop beats
+        # every few seconds in every cluster)
+        WorkerHeartbeat.objects.filter(last_seen_at__lt=now - HEARTBEAT_RETENTION).delete()
+        _pruned_at = now
 
 
 def ensure_schedule() -> None:

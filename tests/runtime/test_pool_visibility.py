@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agentruns.health import METRICS_CACHE_KEY
 from agentruns.models import Run, RunStatus, WorkerHeartbeat
+from agentruns.runtime import sweeper
 from agentruns.runtime.sweeper import record_heartbeat
 from agentruns.services import start_run
 from tests.conftest import ApiClient
@@ -98,3 +99,15 @@ def test_the_runs_list_and_the_api_show_the_worker_of_a_running_run(client, lead
     api = ApiClient(lead)
     assert api.get(f"/api/runs/{running.id}").json()["worker"] == "host-a:11"
     assert api.get(f"/api/runs/{queued.id}").json()["worker"] is None
+
+
+def test_heartbeats_gone_for_an_hour_are_pruned_at_most_once_a_minute(monkeypatch):
+    monkeypatch.setattr(sweeper, "_pruned_at", None)  # this process has not pruned yet
+    gone = timezone.now() - timedelta(hours=2)
+    WorkerHeartbeat.objects.create(worker="pool@gone:1", last_seen_at=gone)
+    record_heartbeat("qcluster@here:1", swept=True)
+    assert not WorkerHeartbeat.objects.filter(worker="pool@gone:1").exists()
+    WorkerHeartbeat.objects.create(worker="pool@gone:2", last_seen_at=gone)
+    record_heartbeat("qcluster@here:1", swept=True)  # the next pass, within the minute
+    assert WorkerHeartbeat.objects.filter(worker="pool@gone:2").exists()
+    assert WorkerHeartbeat.objects.filter(worker="qcluster@here:1").exists()
