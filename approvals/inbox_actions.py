@@ -20,9 +20,8 @@ from django.views.decorators.http import require_GET, require_POST
 from approvals import bulk, claims, services
 from approvals.cards import card_for
 from approvals.models import Approval
+from approvals.selectors import approvals_query
 from approvals.views import DECIDE_PERMISSION
-
-CARD_RELATED = ("run", "step", "decided_by", "claimed_by")
 
 
 def _card_response(
@@ -31,7 +30,7 @@ def _card_response(
     if not request.htmx:
         getattr(messages, level)(request, f"#{approval_id}: {note}")
         return redirect(reverse("approval-inbox"), permanent=False)
-    approval = Approval.objects.select_related(*CARD_RELATED).get(id=approval_id)
+    approval = approvals_query(status="").get(id=approval_id)
     context = {
         "card": card_for(approval),
         "note": note,
@@ -152,7 +151,7 @@ def _line(result: dict) -> str:
 @permission_required("approvals.view_approval", raise_exception=True)
 def item(request: HttpRequest, approval_id: int) -> HttpResponse:
     """One item, whatever its state: the link in webhooks and mails (seen like the inbox)."""
-    approval = get_object_or_404(Approval.objects.select_related(*CARD_RELATED), id=approval_id)
+    approval = get_object_or_404(approvals_query(status=""), id=approval_id)
     return render(
         request,
         "approvals/item.html",
