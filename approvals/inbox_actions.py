@@ -110,19 +110,18 @@ def bulk_decide(request: HttpRequest) -> HttpResponse:
         error = "Give a reason for the rejection: the agent passes it on to the customer."
         results = [{"id": None, "ok": False, "code": "bad_request", "error": error}]
     else:
+        ids = list(dict.fromkeys(ids))[: bulk.MAX_ITEMS]  # the inbox decides the first ones
         held = {}
         if not request.POST.get("override_claim"):
             rows = Approval.objects.select_related("claimed_by").filter(id__in=ids)
             held = {a.id: h for a in rows if (h := claims.held_by_other(a, request.user))}
-        for approval_id in list(dict.fromkeys(ids))[: bulk.MAX_ITEMS]:
-            if approval_id in held:
-                holder = held[approval_id].get_username()
-                error = f"{holder} is on this item; left as it is"
-                results.append({"id": approval_id, "ok": False, "code": "claimed", "error": error})
-                continue
-            results.append(
-                bulk.decide_one(approval_id, decision=decision, user=request.user, reason=reason)
-            )
+        results = bulk.decide_many(
+            ids,
+            decision=decision,
+            user=request.user,
+            reason=reason,
+            held=held,
+        )
     if not request.htmx:
         for r in results:
             level = "success" if r["ok"] else "warning"
