@@ -87,6 +87,7 @@ class WebhookDeliveryAdmin(admin.ModelAdmin):
         "created_at",
     )
     list_filter = ("status", "event_type", "endpoint")
+    list_select_related = ("endpoint",)  # `target` names it on every row
     search_fields = ("=webhook_id", "=approval_id", "=run_id")
     date_hierarchy = "created_at"
     actions = ("redeliver_selected",)

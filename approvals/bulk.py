@@ -9,6 +9,7 @@ order given: what happened, or the error and a code for scripts.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from agentruns.runtime.timestamps import iso
@@ -49,17 +50,33 @@ def decide_one(approval_id: int, *, decision: str, user: Any, reason: str) -> di
     return result
 
 
-def decide_many(ids: list[int], *, decision: str, user: Any, reason: str = "") -> list[dict]:
-    """One result per distinct id, in the order given."""
+def decide_many(
+    ids: list[int],
+    *,
+    decision: str,
+    user: Any,
+    reason: str = "",
+    held: Mapping[int, Any] | None = None,
+) -> list[dict]:
+    """One result per distinct id, in the order given. `held` (id -> the person on it): items
+    left as they are, with the code `claimed` (the inbox, unless the person confirmed)."""
     if decision not in DECISIONS:
         raise services.DecisionError(f"decision must be one of {', '.join(DECISIONS)}")
     unique = list(dict.fromkeys(ids))
     if len(unique) > MAX_ITEMS:
         raise services.DecisionError(f"at most {MAX_ITEMS} items at once", code="too_many")
+    held = held or {}
     return [
-        decide_one(approval_id, decision=decision, user=user, reason=reason)
+        _left_claimed(approval_id, held[approval_id])
+        if approval_id in held
+        else decide_one(approval_id, decision=decision, user=user, reason=reason)
         for approval_id in unique
     ]
+
+
+def _left_claimed(approval_id: int, holder: Any) -> dict:
+    error = f"{holder.get_username()} is on this item; left as it is"
+    return {"id": approval_id, "ok": False, "code": "claimed", "error": error}
 
 
 def summary(results: list[dict]) -> dict[str, int]:

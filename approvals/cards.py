@@ -201,9 +201,7 @@ def _card(approval: Approval, earlier: list[Step], attempt: StepAttempt | None) 
     results = [s.result for s in earlier if s.kind == StepKind.TOOL and isinstance(s.result, dict)]
     sources = [approval.requested_args, *results, run_input]
     currency = _first(sources, CURRENCY_KEYS) or ""
-    amount_cents = approval.effective_args.get("amount_cents")
-    if not isinstance(amount_cents, int) or isinstance(amount_cents, bool):
-        amount_cents = None
+    amount_cents = approval.amount_cents
     texts = [s.text.strip() for s in earlier if s.kind == StepKind.MODEL and s.text.strip()]
     request_text = run_input.get("message") if isinstance(run_input.get("message"), str) else ""
     if not request_text and run_input:

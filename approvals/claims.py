@@ -78,8 +78,8 @@ def release(approval_id: int, *, user: Any) -> Approval:
         if won:
             nudge_on_commit(approval.run_id, 0, inbox=True)
             return approval
-    holder = approval.claimant()
-    if holder is not None and holder.pk != user.pk:
+    holder = held_by_other(approval, user)
+    if holder is not None:
         raise ClaimedByOther(approval, holder)
     return approval
 

@@ -20,7 +20,6 @@ from typing import Any
 
 from django.utils import timezone
 
-from agentruns.registry import UnknownTool, get_tool
 from agentruns.registry.edits import same_value
 from agentruns.runtime.events import EventType
 from agentruns.runtime.ids import actor_name
@@ -29,7 +28,7 @@ from agentruns.runtime.redaction import redact_fields
 from agentruns.runtime.timestamps import iso
 from agentruns.runtime.transitions import RunChange, apply
 from approvals.models import Approval, ApprovalDecision, DecisionKind
-from approvals.parking import args_diff
+from approvals.parking import approvals_required, args_diff
 from approvals.policy import current_approvals, is_edit
 
 
@@ -38,14 +37,6 @@ class Progress:
     decision: ApprovalDecision
     complete: bool  # the required count is reached: the caller settles the item as approved
     restarted: bool  # this approval changed the arguments and started a new round
-
-
-def _required_for(approval: Approval, args: dict) -> int:
-    try:
-        wanted = get_tool(approval.tool).approvals_for(args)
-    except UnknownTool:
-        wanted = 1
-    return max(approval.approvals_required, wanted)
 
 
 def _row(approval: Approval, user: Any, decision: str, **fields: Any) -> ApprovalDecision:
@@ -68,7 +59,10 @@ def record_approval(approval: Approval, user: Any, args: dict, reason: str) -> P
             approval.round += 1
         approval.approvals_given = 0
         approval.edited_args = None if same_value(args, approval.requested_args) else args
-    approval.approvals_required = _required_for(approval, args)
+    # an edit can raise the number required, never lower it
+    approval.approvals_required = max(
+        approval.approvals_required, approvals_required(approval.tool, args)
+    )
     row = _row(approval, user, DecisionKind.APPROVE, args=args, edited=restarted, reason=reason)
     approval.approvals_given += 1
     approval.save(update_fields=["round", "approvals_given", "approvals_required", "edited_args"])

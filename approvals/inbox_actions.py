@@ -20,9 +20,8 @@ from django.views.decorators.http import require_GET, require_POST
 from approvals import bulk, claims, services
 from approvals.cards import card_for
 from approvals.models import Approval
+from approvals.selectors import approvals_query
 from approvals.views import DECIDE_PERMISSION
-
-CARD_RELATED = ("run", "step", "decided_by", "claimed_by")
 
 
 def _card_response(
@@ -31,7 +30,7 @@ def _card_response(
     if not request.htmx:
         getattr(messages, level)(request, f"#{approval_id}: {note}")
         return redirect(reverse("approval-inbox"), permanent=False)
-    approval = Approval.objects.select_related(*CARD_RELATED).get(id=approval_id)
+    approval = approvals_query(status="").get(id=approval_id)
     context = {
         "card": card_for(approval),
         "note": note,
@@ -111,19 +110,18 @@ def bulk_decide(request: HttpRequest) -> HttpResponse:
         error = "Give a reason for the rejection: the agent passes it on to the customer."
         results = [{"id": None, "ok": False, "code": "bad_request", "error": error}]
     else:
+        ids = list(dict.fromkeys(ids))[: bulk.MAX_ITEMS]  # the inbox decides the first ones
         held = {}
         if not request.POST.get("override_claim"):
             rows = Approval.objects.select_related("claimed_by").filter(id__in=ids)
             held = {a.id: h for a in rows if (h := claims.held_by_other(a, request.user))}
-        for approval_id in list(dict.fromkeys(ids))[: bulk.MAX_ITEMS]:
-            if approval_id in held:
-                holder = held[approval_id].get_username()
-                error = f"{holder} is on this item; left as it is"
-                results.append({"id": approval_id, "ok": False, "code": "claimed", "error": error})
-                continue
-            results.append(
-                bulk.decide_one(approval_id, decision=decision, user=request.user, reason=reason)
-            )
+        results = bulk.decide_many(
+            ids,
+            decision=decision,
+            user=request.user,
+            reason=reason,
+            held=held,
+        )
     if not request.htmx:
         for r in results:
             level = "success" if r["ok"] else "warning"
@@ -152,7 +150,7 @@ def _line(result: dict) -> str:
 @permission_required("approvals.view_approval", raise_exception=True)
 def item(request: HttpRequest, approval_id: int) -> HttpResponse:
     """One item, whatever its state: the link in webhooks and mails (seen like the inbox)."""
-    approval = get_object_or_404(Approval.objects.select_related(*CARD_RELATED), id=approval_id)
+    approval = get_object_or_404(approvals_query(status=""), id=approval_id)
     return render(
         request,
         "approvals/item.html",

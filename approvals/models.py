@@ -106,6 +106,12 @@ class Approval(models.Model):
     def effective_args(self) -> dict:
         return self.edited_args if self.edited_args is not None else self.requested_args
 
+    @property
+    def amount_cents(self) -> int | None:
+        """The proposal's `amount_cents` when it is an integer (not a bool), else None."""
+        amount = self.effective_args.get("amount_cents")
+        return amount if isinstance(amount, int) and not isinstance(amount, bool) else None
+
     # ---------------------------------------------------------------- claims and due times
     @property
     def claim_expires_at(self) -> datetime | None:

@@ -54,10 +54,11 @@ class DecisionError(Exception):
 
 
 # ------------------------------------------------------------------ opened by the engine
-def approvals_required(step: Step) -> int:
-    """How many people must approve this call (the tool's `approvals_required`), fixed now."""
+def approvals_required(tool: str, args: dict) -> int:
+    """How many people must approve `tool` called with `args` (the tool's `approvals_required`;
+    1 for a tool no longer registered)."""
     try:
-        return get_tool(step.tool).approvals_for(step.arguments)
+        return get_tool(tool).approvals_for(args)
     except UnknownTool:
         return 1
 
@@ -66,7 +67,7 @@ def open_approval(step: Step, agent: str) -> Approval:
     expiry, now = conf.APPROVAL_EXPIRY_SECONDS, timezone.now()
     run = Run.objects.get(id=step.run_id)
     approval = Approval.objects.create(
-        approvals_required=approvals_required(step),
+        approvals_required=approvals_required(step.tool, step.arguments),
         step=step,
         run=run,
         kind=ApprovalKind.APPROVAL,

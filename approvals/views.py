@@ -57,8 +57,8 @@ def _inbox_context(request: HttpRequest) -> dict[str, Any]:
         position = {"older": _cursor_above(page)}
     can_decide = request.user.has_perm(DECIDE_PERMISSION)
     signature = page_signature(page, can_decide)
-    if request.htmx and request.GET.get("sig") == signature:
-        return {"signature": signature}  # the caller answers 204: skip the card reads
+    if _is_poll(request) and request.GET.get("sig") == signature:
+        return {"signature": signature, "unchanged": True}  # 204: skip the card reads
     cards = build_cards(page.shown)
     return {
         "signature": signature,
@@ -73,6 +73,10 @@ def _inbox_context(request: HttpRequest) -> dict[str, Any]:
         "agents": sorted(all_agents()),
         "can_decide": can_decide,
     }
+
+
+def _is_poll(request: HttpRequest) -> bool:
+    return bool(request.htmx) and request.GET.get("fragment") == "items"
 
 
 def _cursor_above(page) -> str:
@@ -101,9 +105,9 @@ def page_signature(page, can_decide: bool) -> str:
 @permission_required(VIEW_PERMISSION, raise_exception=True)
 def inbox(request: HttpRequest) -> HttpResponse:
     context = _inbox_context(request)
-    if request.htmx and request.GET.get("fragment") == "items":
+    if _is_poll(request):
         # the poll: nothing changed -> 204, which htmx leaves alone (no rendering, no swap)
-        if request.GET.get("sig") and request.GET["sig"] == context["signature"]:
+        if context.get("unchanged"):
             return HttpResponse(status=204)
         # also refresh the navigation's count out of band
         return render(request, "approvals/_items.html", {**context, "oob": True})

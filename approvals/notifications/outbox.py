@@ -73,7 +73,6 @@ def approval_data(approval: Approval) -> dict:
     """What a receiver needs about an item, redacted like the inbox card."""
     hidden = approval.hidden_fields
     args = redact_fields(approval.effective_args, hidden)
-    amount = approval.effective_args.get("amount_cents")
     claimant = approval.claimant()
     return {
         "id": approval.id,
@@ -83,9 +82,7 @@ def approval_data(approval: Approval) -> dict:
         "tool": approval.tool,
         "args": args,
         "requested_args": redact_fields(approval.requested_args, hidden),
-        "amount_cents": amount
-        if isinstance(amount, int) and not isinstance(amount, bool)
-        else None,
+        "amount_cents": approval.amount_cents,
         "created_at": iso(approval.created_at),
         "due_at": iso(approval.due_at),
         "escalated_at": iso(approval.escalated_at),
