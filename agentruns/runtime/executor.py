@@ -173,9 +173,7 @@ class RunExecutor(ModelSteps, ToolSteps):
             while self.cursor < len(self.steps) and self.steps[self.cursor].is_terminal:
                 self.cursor += 1
             if self.cancel_requested:
-                return self.finish(
-                    RunStatus.CANCELLED, stop_reason="cancelled", error="cancelled on request"
-                )
+                return self.cancel_at_boundary()
             if self.run.deadline_at and timezone.now() >= self.run.deadline_at:
                 return self.finish(
                     RunStatus.FAILED, stop_reason="deadline", error="the run's deadline passed"
@@ -246,6 +244,39 @@ class RunExecutor(ModelSteps, ToolSteps):
                 transitions.finished(status, output=output, error=error, stop_reason=stop_reason)
             )
         return status
+
+    def cancel_at_boundary(self) -> str:
+        """Cancelled between two steps. Steps nobody will run are skipped (as `cancel_run` does
+        for an idle run), and a side-effect call whose "running + attempt" went out with the
+        model's commit, the same commit that read the cancel, was never made: it ends as
+        failed, not left running in a cancelled run."""
+        now = timezone.now()
+        not_made = "the run was cancelled before the call was made"
+        events: list[EventSpec] = []
+        with transaction.atomic(savepoint=False):
+            for step in self.steps[self.cursor :]:
+                if step.id in self.begun_here:
+                    StepAttempt.objects.filter(
+                        step=step, number=step.attempts, finished_at__isnull=True
+                    ).update(finished_at=now, outcome=AttemptOutcome.FAILED, error=not_made)
+                    step.status, step.error, step.finished_at = StepStatus.FAILED, not_made, now
+                    step.save(update_fields=["status", "error", "finished_at"])
+                    events.append((EventType.STEP_FAILED, step_event_data(step)))
+                elif step.status == StepStatus.PENDING:
+                    step.status, step.finished_at, step.next_attempt_at = (
+                        StepStatus.SKIPPED,
+                        now,
+                        None,
+                    )
+                    step.save(update_fields=["status", "finished_at", "next_attempt_at"])
+            self.begun_here.clear()
+            self.apply(
+                transitions.finished(
+                    RunStatus.CANCELLED, stop_reason="cancelled", error="cancelled on request"
+                ),
+                events_before=events,
+            )
+        return RunStatus.CANCELLED
 
     def park(self, *, events_before: list[EventSpec] = ()) -> str:
         with transaction.atomic(savepoint=False):

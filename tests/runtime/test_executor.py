@@ -14,7 +14,7 @@ from agentruns.runtime.executor import RunExecutor
 from agentruns.services import start_run
 from approvals.models import Approval
 from tests import testkit
-from tests.helpers import advance, assert_gapless, race, script_run, steps
+from tests.helpers import advance, assert_gapless, events, race, script_run, steps
 
 pytestmark = pytest.mark.django_db
 
@@ -375,3 +375,28 @@ def test_stop_per_agent_cost_budget(settings):
     )
     assert run.status == "failed" and run.stop_reason == "cost_budget"
     assert run.cost_usd >= 0.5
+
+
+def test_cancel_read_with_the_model_commit_that_began_a_side_effect_call(monkeypatch):
+    """The model's commit both begins a side-effect call (its "running + attempt" rows) and
+    reads a cancel that just landed: the call is never made, and nothing is left running."""
+    from agentruns.runtime import model_steps
+
+    original = model_steps.ModelSteps._commit_model_step
+
+    def cancel_lands_first(self, *args, **kwargs):
+        Run.objects.filter(id=self.run_id).update(cancel_requested=True)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(model_steps.ModelSteps, "_commit_model_step", cancel_lands_first)
+    turns = [{"calls": [["t_pay", {"amount": 50}], ["t_echo", {"text": "x"}]]}, {"text": "paid"}]
+    run = advance(script_run(turns))
+    assert run.status == "cancelled"
+    assert testkit.CALLS["t_pay"] == [] and testkit.CALLS["t_echo"] == []
+    pay, echo = steps(run, "tool")
+    assert echo.status == "skipped"  # planned, never run: as an idle run's cancel leaves it
+    assert pay.status == "failed" and "before the call was made" in pay.error
+    attempt = pay.attempt_rows.get()
+    assert attempt.outcome == "failed" and attempt.finished_at is not None
+    assert [e.data["step"] for e in events(run, "step.failed")] == [pay.index]
+    assert_gapless(run)
