@@ -20,6 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from email.utils import parsedate_to_datetime
 
 import httpx
 from django.db import transaction
@@ -121,9 +122,19 @@ def target_of(delivery: WebhookDelivery) -> tuple[str, str] | str:
     return endpoint.url, endpoint.secret
 
 
-def _retry_after(response: httpx.Response) -> float | None:
+def retry_after(response: httpx.Response) -> float | None:
+    """Seconds the receiver asked us to wait: `Retry-After` as delay-seconds or as an HTTP-date
+    (RFC 9110 10.2.3); None when absent or unreadable (then the backoff alone decides)."""
     raw = response.headers.get("retry-after", "").strip()
-    return float(raw) if raw.isdigit() else None
+    if raw.isascii() and raw.isdigit():
+        return float(raw)
+    try:
+        when = parsedate_to_datetime(raw)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # an HTTP-date is always GMT; a zoneless date is not one
+        return None
+    return max(0.0, (when - timezone.now()).total_seconds())
 
 
 def send(delivery: WebhookDelivery, client: httpx.Client) -> Outcome:
@@ -157,7 +168,7 @@ def send(delivery: WebhookDelivery, client: httpx.Client) -> Outcome:
                 status_code=response.status_code,
                 response=kept[:RESPONSE_KEEP_BYTES].decode("utf-8", "replace"),
                 ms=int((time.monotonic() - started) * 1000),
-                retry_after=_retry_after(response),
+                retry_after=retry_after(response),
             )
     except httpx.TimeoutException:
         error = f"timed out after {timeout:g} s"

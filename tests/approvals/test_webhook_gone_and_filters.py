@@ -1,5 +1,6 @@
 """Webhook behaviours the README promises that test_webhooks.py does not hold: a 410 Gone
-switches an admin endpoint off (one try, no retries, nothing sent to it afterwards),
+switches an admin endpoint off (one try, no retries, nothing sent to it afterwards), a
+`Retry-After` (seconds or an HTTP-date, capped) sets the next try,
 AGENTRUNS_WEBHOOK_EVENTS filters what the settings URL is sent, and a cancelled run's pending
 item reports `approval.withdrawn`. Checked against a real local HTTP receiver and the outbox."""
 
@@ -8,6 +9,8 @@ from __future__ import annotations
 import json
 import threading
 import time
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
@@ -22,10 +25,10 @@ from tests.approvals.kit import parked_approval
 pytestmark = pytest.mark.django_db
 
 
-class GoneReceiver:
-    """Answers every POST with 410 Gone and counts what it got."""
+class StatusReceiver:
+    """Answers every POST with `status` (and `headers`) and counts what it got."""
 
-    def __init__(self) -> None:
+    def __init__(self, status: int = 410, headers: dict[str, str] | None = None) -> None:
         self.paths: list[str] = []
         receiver = self
 
@@ -36,7 +39,9 @@ class GoneReceiver:
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("content-length") or 0))
                 receiver.paths.append(self.path)
-                self.send_response(410)
+                self.send_response(status)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.end_headers()
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -50,7 +55,7 @@ class GoneReceiver:
 
 @pytest.fixture
 def gone():
-    r = GoneReceiver()
+    r = StatusReceiver(410)
     yield r
     r.server.shutdown()
     r.server.server_close()
@@ -89,6 +94,36 @@ def test_a_410_gone_fails_the_delivery_at_once_and_switches_the_endpoint_off(fas
     parked_approval()
     pump_until_settled()
     assert gone.paths == ["/gone"]
+
+
+@pytest.mark.parametrize(
+    "retry_after, waited",
+    [
+        ("30", 30),  # delay-seconds
+        ("in 45 s, as an HTTP-date", 45),
+        ("99999", 120),  # never past AGENTRUNS_WEBHOOK_RETRY_MAX_SECONDS
+        ("soon", 0),  # unreadable: the backoff alone (0.01 s here)
+    ],
+)
+def test_a_retry_after_sets_the_next_try(fast, settings, retry_after, waited):
+    settings.AGENTRUNS_WEBHOOK_RETRY_MAX_SECONDS = 120
+    if retry_after.endswith("HTTP-date"):
+        retry_after = format_datetime(datetime.now(UTC) + timedelta(seconds=45), usegmt=True)
+    busy = StatusReceiver(503, {"Retry-After": retry_after})
+    try:
+        endpoint = WebhookEndpoint.objects.create(url=busy.url, secret=new_secret())
+        parked_approval()
+        (row,) = WebhookDelivery.objects.filter(endpoint=endpoint)
+        with httpx.Client() as client:
+            assert delivery.deliver_due("test-worker", client)
+    finally:
+        busy.server.shutdown()
+        busy.server.server_close()
+    row.refresh_from_db()
+    assert row.status == DeliveryStatus.PENDING and row.attempts == 1
+    assert row.last_status_code == 503 and busy.paths == ["/gone"]
+    delay = (row.next_attempt_at - row.last_attempt_at).total_seconds()
+    assert waited - 1.5 <= delay <= waited + 1, delay  # an HTTP-date has whole seconds
 
 
 def test_agentruns_webhook_events_filters_what_the_settings_url_gets(fast, settings):
