@@ -102,6 +102,32 @@ def ap_wire(ctx: ToolContext, account: str, amount_cents: int) -> dict:
     return {"wired": amount_cents}
 
 
+@tool(
+    side_effect=True,
+    idempotency="key",
+    requires_approval=True,
+    # a hold on an order may be made longer, never shorter, and at most 30 days
+    editable={"days": Edit.at_least_requested(maximum=30)},
+    parameters={
+        "type": "object",
+        "properties": {
+            "order_id": {"type": "string"},
+            "days": {"type": "integer", "minimum": 1, "maximum": 365},
+        },
+        "required": ["order_id", "days"],
+        "additionalProperties": False,
+    },
+)
+def ap_hold(ctx: ToolContext, order_id: str, days: int) -> dict:
+    """Holds an order's payout for `days`: an approval-gated side effect whose number may only
+    be raised."""
+    CALLS["ap_hold"].append((order_id, days))
+    return {"held_days": days}
+
+
+register_agent(
+    Agent(name="ap-hold", instructions="Hold.", tools=["ap_hold"], scripted_policy=script_policy)
+)
 register_agent(
     Agent(
         name="ap-script",

@@ -12,7 +12,7 @@ from django_q.models import OrmQ
 from agentruns.models import Run, RunEvent, RunStatus, Step, StepStatus
 from agentruns.runtime.sweeper import sweep
 from agentruns.services import cancel_run, start_run
-from approvals import parking, services
+from approvals import parking, policy, services
 from approvals.models import Approval, ApprovalKind, ApprovalStatus
 from tests.helpers import ApiClient, advance, assert_gapless, event_types, events, race
 
@@ -109,6 +109,31 @@ def test_invalid_edits_change_nothing(approver, edited, message):
     assert approval.status == ApprovalStatus.PENDING and approval.decided_by is None
     assert Run.objects.get(id=approval.run_id).status == RunStatus.WAITING
     assert RunEvent.objects.filter(run_id=approval.run_id).count() == events_before
+
+
+def test_an_at_least_requested_number_may_only_be_raised_up_to_its_maximum(approver):
+    script = [{"calls": [["ap_hold", {"order_id": "ORD-1001", "days": 7}]]}, {"text": "held"}]
+    run = advance(start_run("ap-hold", {"script": script}).run)
+    approval = Approval.objects.get(run=run)
+    for days, rule, words in [
+        (6, "at_least_requested", "days must be at least 7"),  # lowered
+        (31, "maximum", "days must be at most 30"),  # past the rule's maximum
+        (7.5, "type", "days must be an integer"),
+    ]:
+        with pytest.raises(policy.EditNotAllowed) as refused:
+            services.approve(approval.id, user=approver, edited_args={"days": days})
+        assert (refused.value.field, refused.value.rule) == ("days", rule)
+        assert words in str(refused.value)
+        if rule != "type":  # the rule in words, as the inbox shows it
+            assert "may only be raised: from 7 (the requested value) up to 30" in str(
+                refused.value
+            )
+        approval.refresh_from_db()
+        assert approval.status == ApprovalStatus.PENDING
+    services.approve(approval.id, user=approver, edited_args={"days": 30})
+    run = advance(run)
+    assert run.status == RunStatus.SUCCEEDED
+    assert CALLS["ap_hold"] == [("ORD-1001", 30)]  # the raised value, once
 
 
 def test_reject_feeds_the_reason_back_to_the_agent(approver, django_capture_on_commit_callbacks):
