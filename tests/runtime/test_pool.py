@@ -9,6 +9,7 @@ Real worker processes (qcluster, SIGKILL, SIGTERM, recycling): tests/crash/test_
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -109,6 +110,22 @@ def test_a_full_pool_makes_the_hand_over_wait_for_a_slot(pool):
     wait_until(lambda: p.in_flight == 0, timeout=30, message="both runs to finish")
     assert status_counts([first, second]) == {RunStatus.SUCCEEDED: 2}
     assert doorbells() == 0  # nothing was given back
+
+
+def test_a_full_pools_hand_over_waits_at_most_a_quarter_of_q2s_timeout(pool, settings):
+    """A q2 task that outlived q2's `timeout` would have its process killed, runs in flight and
+    all: the configured wait is cut to a quarter of it, then the doorbell goes back."""
+    settings.AGENTRUNS_HANDOVER_WAIT_SECONDS = 60
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "timeout": 4}
+    testkit.GATE.clear()
+    first, second = charge_run(), charge_run()
+    p = pool(1)
+    assert p.hand_over(str(first.id), wait=0) == "started"
+    began = time.monotonic()
+    assert p.hand_over(str(second.id)) == "requeued"  # the configured wait, as q2's task asks
+    waited = time.monotonic() - began
+    assert 0.9 <= waited < 30, waited  # 4 s / 4, not the configured 60 s
+    assert doorbells() == 1 and Run.objects.get(id=second.id).status == RunStatus.QUEUED
 
 
 def two_runs_held_in_a_charge(pool) -> tuple[Any, list[Run]]:
