@@ -125,9 +125,7 @@ def test_an_at_least_requested_number_may_only_be_raised_up_to_its_maximum(appro
         assert (refused.value.field, refused.value.rule) == ("days", rule)
         assert words in str(refused.value)
         if rule != "type":  # the rule in words, as the inbox shows it
-            assert "may only be raised: from 7 (the requested value) up to 30" in str(
-                refused.value
-            )
+            assert "may only be raised: from 7 (the requested value) up to 30" in str(refused.value)
         approval.refresh_from_db()
         assert approval.status == ApprovalStatus.PENDING
     services.approve(approval.id, user=approver, edited_args={"days": 30})
