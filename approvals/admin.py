@@ -9,6 +9,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
+from agentruns.runtime.money import format_cents
 from agentruns.runtime.redaction import redact_fields
 from approvals.models import Approval
 from approvals.parking import args_diff
@@ -133,8 +134,8 @@ class ApprovalAdmin(admin.ModelAdmin):
 
     @admin.display(description="amount")
     def amount(self, obj: Approval):
-        cents = obj.effective_args.get("amount_cents")
-        return f"{cents / 100:,.2f}" if isinstance(cents, int) else "—"
+        cents = obj.amount_cents
+        return format_cents(cents) if cents is not None else "—"
 
     @admin.display(boolean=True, description="edited")
     def edited(self, obj: Approval) -> bool:

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from agentruns.models import Step, StepAttempt, StepKind
 from agentruns.registry import UnknownTool, get_tool
+from agentruns.runtime.money import format_cents
 from agentruns.runtime.redaction import redact_fields
 from approvals.models import Approval, ApprovalDecision, ApprovalKind
 from approvals.parking import args_diff
@@ -84,10 +85,6 @@ class Card:
     @property
     def is_reconciliation(self) -> bool:
         return self.approval.kind == ApprovalKind.RECONCILIATION
-
-
-def format_money(cents: int, currency: str) -> str:
-    return f"{cents / 100:,.2f} {currency}".strip()
 
 
 def schema_fields(approval: Approval, args: dict, hidden: Iterable[str]) -> list[FormField]:
@@ -217,7 +214,7 @@ def _card(approval: Approval, earlier: list[Step], attempt: StepAttempt | None) 
         fields=schema_fields(approval, proposal, hidden),
         waited_seconds=(timezone.now() - approval.created_at).total_seconds(),
         reason_given=str(approval.requested_args.get("reason", "")),
-        amount=format_money(amount_cents, currency) if amount_cents is not None else None,
+        amount=format_cents(amount_cents, currency) if amount_cents is not None else None,
         amount_cents=amount_cents,
         currency=currency,
         order_id=_first(sources, ORDER_KEYS),

@@ -19,6 +19,7 @@ from typing import Any
 from agentruns.conf import conf
 from agentruns.registry import UnknownTool, get_tool
 from agentruns.registry.edits import EditRefused, same_value
+from agentruns.runtime.money import format_cents
 from agentruns.runtime.redaction import MASK
 from approvals.models import Approval, ApprovalDecision, DecisionKind
 from approvals.parking import DecisionError
@@ -154,7 +155,7 @@ def check_limit(approval: Approval, user: Any, args: dict) -> None:
     if limit is not None and amount > limit:
         # amounts and limits are in minor units (AGENTRUNS_APPROVER_LIMIT_CENTS)
         raise NotAllowed(
-            f"{amount / 100:,.2f} is above your approval limit of {limit / 100:,.2f}: lower "
+            f"{format_cents(amount)} is above your approval limit of {format_cents(limit)}: lower "
             f"{name}, or ask someone with a higher limit to approve",
             code="above_limit",
         )

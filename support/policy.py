@@ -14,6 +14,7 @@ import re
 from decimal import Decimal, InvalidOperation
 
 from agentruns.registry import ScriptedTurn
+from agentruns.runtime.money import format_cents
 
 _NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d{1,2})?|\d+(?:[.,]\d{1,2})?"
 _CURRENCY_WORD = r"usd|eur|gbp|dollars?|euros?|pounds?|bucks"
@@ -59,10 +60,6 @@ def requested_amount_cents(message: str) -> int | None:
         if cents is not None:
             return cents
     return None
-
-
-def money(cents: int, currency: str = "USD") -> str:
-    return f"{cents / 100:,.2f} {currency}"
 
 
 def _results(messages: list[dict]) -> dict[str, dict]:
@@ -137,13 +134,13 @@ def refund_policy(messages: list[dict], tools: list[str] | None = None) -> Scrip
     may_refund = tools is None or "issue_refund" in tools
     refused = "not allowed" in str(done.get("issue_refund", {}).get("error", ""))
     if not may_refund or refused:
-        return _hand_over(order_id, name, money(amount, currency), done)
+        return _hand_over(order_id, name, format_cents(amount, currency), done)
 
     if "issue_refund" not in done:
         return ScriptedTurn(
             text=(
-                f"Order {order_id} ({order.get('item') or 'item'}) was {money(order['amount_cents'], currency)}. "
-                f"The customer is owed {money(amount, currency)}, so I will issue that refund."
+                f"Order {order_id} ({order.get('item') or 'item'}) was {format_cents(order['amount_cents'], currency)}. "
+                f"The customer is owed {format_cents(amount, currency)}, so I will issue that refund."
             ),
             tool_calls=[
                 (
@@ -160,7 +157,7 @@ def refund_policy(messages: list[dict], tools: list[str] | None = None) -> Scrip
 
     if "send_customer_reply" not in done:
         if "refund_id" in refund:
-            paid = money(refund["amount_cents"], currency)
+            paid = format_cents(refund["amount_cents"], currency)
             note = f"Refunded {paid} ({refund['refund_id']}) at the customer's request."
             reply = (
                 f"Hi {name}, we have refunded {paid} for order {order_id}. "
@@ -183,7 +180,7 @@ def refund_policy(messages: list[dict], tools: list[str] | None = None) -> Scrip
     if "refund_id" in refund:
         return ScriptedTurn(
             text=(
-                f"Done: refunded {money(refund['amount_cents'], currency)} for order {order_id} "
+                f"Done: refunded {format_cents(refund['amount_cents'], currency)} for order {order_id} "
                 "and told the customer."
             )
         )

@@ -23,6 +23,7 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 
 from agentruns.conf import conf
+from agentruns.runtime.money import format_cents
 from approvals.models import Approval, ApprovalStatus, MailNotice
 from approvals.notifications.outbox import approval_url, inbox_url
 
@@ -136,13 +137,13 @@ def send_due_digests(owner: str, now: datetime | None = None) -> int:
 
 
 def _line(approval: Approval) -> dict:
-    amount = approval.effective_args.get("amount_cents")
+    amount = approval.amount_cents
     return {
         "id": approval.id,
         "tool": approval.tool,
         "agent": approval.agent,
         "kind": approval.kind,
-        "amount": f"{amount / 100:,.2f}" if isinstance(amount, int) else "",
+        "amount": format_cents(amount) if amount is not None else "",
         "order_id": approval.effective_args.get("order_id", ""),
         "waiting_since": approval.created_at,
         "url": approval_url(approval.id),

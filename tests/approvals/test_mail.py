@@ -82,3 +82,22 @@ def test_no_mail_when_turned_off(staff, settings):
     settings.AGENTRUNS_APPROVAL_EMAILS = False
     parked_approval()
     assert not MailNotice.objects.exists()
+
+
+def test_odd_amounts_read_the_same_in_the_mail_and_the_admin(staff, client, lead):
+    """One formatter: exact for a huge integer, and a bool (JSON true) is no amount."""
+    huge, boolean, plain = bulk_pending(3)
+    for approval, amount in ((huge, 10**22 + 7), (boolean, True), (plain, 459900)):
+        approval.requested_args = {**approval.requested_args, "amount_cents": amount}
+        approval.save(update_fields=["requested_args"])
+        outbox.queue_mail(approval, MailNotice.Kind.REQUESTED)
+    assert send_due_digests("mailer", now=timezone.now() + LATER) == 3
+    body = mail.outbox[0].body
+    assert "100,000,000,000,000,000,000.07" in body and "4,599.00" in body
+    assert "0.01" not in body  # true is not one cent
+    client.force_login(lead)
+    page = client.get("/admin/approvals/approval/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "100,000,000,000,000,000,000.07" in html and "4,599.00" in html
+    assert "0.01" not in html

@@ -20,10 +20,10 @@ import pytest
 from django.db import connections
 
 from agentruns.models import Run, RunStatus, Step
+from agentruns.runtime.money import format_cents
 from agentruns.services import start_run
 from approvals.models import Approval
 from support.models import Order, OutboxMessage
-from support.policy import money
 from tests.e2e.kit import WAIT_MS, Journey, browser_marks, set_browser_password
 from tests.procs import free_port, start_web, start_worker, wait_until
 
@@ -120,7 +120,7 @@ def test_approve_a_lowered_refund_and_watch_the_run_finish(tmp_path, people, bro
     journey.page.wait_for_selector("#conn[data-state=live], #conn[data-state=finished]")
     done = watch_run_page_to_the_end(journey, run)
     assert done.status == RunStatus.SUCCEEDED
-    assert money(lowered) in journey.page.inner_text("#run-output")
+    assert format_cents(lowered, "USD") in journey.page.inner_text("#run-output")
     journey.shot("run-finished")
     refunds = httpx.get(url + "/gateway/refunds", params={"order_id": "ORD-1010"}).json()
     assert [r["amount_cents"] for r in refunds["refunds"]] == [lowered]
