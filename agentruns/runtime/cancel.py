@@ -7,6 +7,7 @@ arrived while it was parking the run.
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 
 from django.db import transaction
 from django.utils import timezone
@@ -47,16 +48,26 @@ def cancel_run(run_id: uuid.UUID | str, *, who: str | None = None, reason: str =
     return run
 
 
+def withdraw_unrun_work(run: Run, now: datetime, *, who: str | None) -> list[EventSpec]:
+    """What both ways of cancelling do: the run's pending inbox items are withdrawn and its
+    steps nobody will run (planned, or waiting for a decision) skipped. Returns the events."""
+    withdrawn = withdraw_approvals(run, reason=f"run cancelled by {who or 'system'}")
+    Step.objects.filter(
+        run=run, status__in=[StepStatus.PENDING, StepStatus.WAITING_APPROVAL]
+    ).update(status=StepStatus.SKIPPED, finished_at=now, next_attempt_at=None)
+    return [
+        (EventType.APPROVAL_WITHDRAWN, {"approval": a, "by": who, "reason": "run cancelled"})
+        for a in withdrawn
+    ]
+
+
 def _end_idle_run(run: Run, *, who: str | None, reason: str, requested: EventSpec) -> RunChange:
     """Cancel a run nobody executes (waiting, or whose worker died), inside the caller's
     transaction with the run row locked: its parked approvals leave the inbox, steps nobody will
     run are skipped, and a step a dead worker left running keeps its history (its open attempt
     is closed as crashed; a side effect's outcome stays "unknown")."""
     now = timezone.now()
-    withdrawn = withdraw_approvals(run, reason=f"run cancelled by {who or 'system'}")
-    Step.objects.filter(
-        run=run, status__in=[StepStatus.PENDING, StepStatus.WAITING_APPROVAL]
-    ).update(status=StepStatus.SKIPPED, finished_at=now, next_attempt_at=None)
+    withdrawn = withdraw_unrun_work(run, now, who=who)
     for step in Step.objects.filter(run=run, status=StepStatus.RUNNING):
         StepAttempt.objects.filter(step=step, finished_at__isnull=True).update(
             finished_at=now,
@@ -70,13 +81,7 @@ def _end_idle_run(run: Run, *, who: str | None, reason: str, requested: EventSpe
         )
         step.finished_at = now
         step.save(update_fields=["status", "finished_at"])
-    change = cancelled(reason or f"cancelled by {who or 'system'}").after(
-        requested,
-        *[
-            (EventType.APPROVAL_WITHDRAWN, {"approval": a, "by": who, "reason": "run cancelled"})
-            for a in withdrawn
-        ],
-    )
+    change = cancelled(reason or f"cancelled by {who or 'system'}").after(requested, *withdrawn)
     apply(run.id, change)
     change.apply_to(run)
     return change

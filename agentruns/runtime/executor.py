@@ -38,7 +38,7 @@ from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepKind, StepStatus
 from agentruns.registry import UnknownAgent, get_agent, get_tool
 from agentruns.runtime import transitions
-from agentruns.runtime.cancel import cancel_run
+from agentruns.runtime.cancel import cancel_run, withdraw_unrun_work
 from agentruns.runtime.conversation import Conversation
 from agentruns.runtime.events import EventSpec, EventType, LeaseLost, step_event_data
 from agentruns.runtime.ids import worker_id
@@ -246,10 +246,10 @@ class RunExecutor(ModelSteps, ToolSteps):
         return status
 
     def cancel_at_boundary(self) -> str:
-        """Cancelled between two steps. Steps nobody will run are skipped (as `cancel_run` does
-        for an idle run), and a side-effect call whose "running + attempt" went out with the
-        model's commit, the same commit that read the cancel, was never made: it ends as
-        failed, not left running in a cancelled run."""
+        """Cancelled between two steps. A side-effect call whose "running + attempt" went out
+        with the model's commit, the same commit that read the cancel, was never made: it ends
+        as failed, not left running in a cancelled run. The rest as when an idle run is cancelled:
+        steps nobody will run are skipped, inbox items withdrawn."""
         now = timezone.now()
         not_made = "the run was cancelled before the call was made"
         events: list[EventSpec] = []
@@ -262,14 +262,8 @@ class RunExecutor(ModelSteps, ToolSteps):
                     step.status, step.error, step.finished_at = StepStatus.FAILED, not_made, now
                     step.save(update_fields=["status", "error", "finished_at"])
                     events.append((EventType.STEP_FAILED, step_event_data(step)))
-                elif step.status == StepStatus.PENDING:
-                    step.status, step.finished_at, step.next_attempt_at = (
-                        StepStatus.SKIPPED,
-                        now,
-                        None,
-                    )
-                    step.save(update_fields=["status", "finished_at", "next_attempt_at"])
             self.begun_here.clear()
+            events += withdraw_unrun_work(self.run, now, who=None)
             self.apply(
                 transitions.finished(
                     RunStatus.CANCELLED, stop_reason="cancelled", error="cancelled on request"

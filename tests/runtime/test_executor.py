@@ -400,3 +400,20 @@ def test_cancel_read_with_the_model_commit_that_began_a_side_effect_call(monkeyp
     assert attempt.outcome == "failed" and attempt.finished_at is not None
     assert [e.data["step"] for e in events(run, "step.failed")] == [pay.index]
     assert_gapless(run)
+
+
+def test_a_cancel_at_a_step_boundary_withdraws_the_runs_inbox_items():
+    """A run that reaches the executor with a step still waiting for a decision (its item in
+    the inbox) and a cancel requested: the item is withdrawn, as an idle run's cancel does."""
+    run = advance(script_run([{"calls": [["t_pay", {"amount": 500}]]}, {"text": "ok"}]))
+    approval = Approval.objects.get(step=steps(run)[1])
+    assert approval.status == "pending"
+    Run.objects.filter(id=run.id).update(status="queued", cancel_requested=True)
+    run = advance(run)
+    assert run.status == "cancelled"
+    approval.refresh_from_db()
+    assert approval.status == "resolved" and approval.resolution == "withdrawn"
+    assert steps(run)[1].status == "skipped"
+    assert [e.data["approval"] for e in events(run, "approval.withdrawn")] == [approval.id]
+    assert testkit.CALLS["t_pay"] == []
+    assert_gapless(run)
