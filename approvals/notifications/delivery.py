@@ -122,7 +122,7 @@ def target_of(delivery: WebhookDelivery) -> tuple[str, str] | str:
     return endpoint.url, endpoint.secret
 
 
-def retry_after(response: httpx.Response) -> float | None:
+def _retry_after(response: httpx.Response) -> float | None:
     """Seconds the receiver asked us to wait: `Retry-After` as delay-seconds or as an HTTP-date
     (RFC 9110 10.2.3); None when absent or unreadable (then the backoff alone decides)."""
     raw = response.headers.get("retry-after", "").strip()
@@ -168,7 +168,7 @@ def send(delivery: WebhookDelivery, client: httpx.Client) -> Outcome:
                 status_code=response.status_code,
                 response=kept[:RESPONSE_KEEP_BYTES].decode("utf-8", "replace"),
                 ms=int((time.monotonic() - started) * 1000),
-                retry_after=retry_after(response),
+                retry_after=_retry_after(response),
             )
     except httpx.TimeoutException:
         error = f"timed out after {timeout:g} s"
