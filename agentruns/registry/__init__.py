@@ -23,7 +23,16 @@ from typing import Any, Literal
 
 import jsonschema
 
+from agentruns.registry.context import current_step
 from agentruns.registry.edits import Edit, EditRefused, check_declaration, check_edit
+from agentruns.registry.durable import durable
+from agentruns.registry.errors import (
+    ApprovalRequested,
+    FatalToolError,
+    RetryableToolError,
+    ToolArgumentsError,
+    ToolError,
+)
 from agentruns.registry.schemas import (
     _simple_plan,
     _simple_valid,
@@ -32,23 +41,20 @@ from agentruns.registry.schemas import (
 )
 
 # the edit policy (agentruns.registry.edits) and the strict validator are part of the plug-in API
-__all__ = ["Edit", "EditRefused", "_simple_plan", "schema_from_signature", "strict_validator"]
-
-
-class ToolError(Exception):
-    """Base class for errors a tool raises on purpose."""
-
-
-class RetryableToolError(ToolError):
-    """A transient failure (timeout, 503): the engine retries with backoff, same idempotency key."""
-
-
-class FatalToolError(ToolError):
-    """A permanent failure: the step fails and so does the run, with this message kept."""
-
-
-class ToolArgumentsError(ValueError):
-    """The model's arguments do not fit the tool's schema; fed back to the model."""
+__all__ = [
+    "ApprovalRequested",
+    "Edit",
+    "EditRefused",
+    "FatalToolError",
+    "RetryableToolError",
+    "ToolArgumentsError",
+    "ToolError",
+    "_simple_plan",
+    "current_step",
+    "durable",
+    "schema_from_signature",
+    "strict_validator",
+]
 
 
 @dataclass(frozen=True)
@@ -267,6 +273,11 @@ class Agent:
     # input keys copied into Run.search_text (order id, ticket id) for the runs list search
     search_fields: Sequence[str] = ()
     input_schema: dict | None = None
+    # a Pydantic AI agent's (registry/pydantic_agents): its own pydantic_ai Model and settings,
+    # and how the run's input becomes the user prompt
+    model_instance: Any = field(default=None, repr=False, compare=False)
+    model_settings: dict | None = None
+    format_input: Callable[[Any], str] | None = field(default=None, repr=False, compare=False)
     _input_validator: Any = field(default=None, repr=False, compare=False)
 
     def tool_objects(self) -> list[Tool]:
@@ -287,11 +298,55 @@ class Agent:
         return run_input
 
 
-def register_agent(agent: Agent) -> Agent:
+def register_agent(
+    agent: Any,
+    *,
+    tools: Mapping[str, Mapping[str, Any]] | None = None,
+    deps: Callable[[Any], Any] | None = None,
+    **options: Any,
+) -> Agent:
+    """Register an `Agent`, or a `pydantic_ai.Agent` (then `tools`: per-tool declarations by
+    name, over each tool's metadata["agentruns"]; `deps`: its deps from the run, `deps(run)`;
+    `options`: this registry's Agent fields, e.g. `max_steps`, `search_fields`)."""
+    if not isinstance(agent, Agent):
+        agent = _from_pydantic_ai(agent, tools=tools, deps=deps, **options)
+    elif tools or deps or options:
+        raise TypeError("tools=, deps= and options are for a pydantic_ai.Agent")
     for tool_name in agent.tools:
         get_tool(tool_name)  # fail at startup, not at run time
     _agents[agent.name] = agent
     return agent
+
+
+def _from_pydantic_ai(agent: Any, *, tools: Any, deps: Any, **options: Any) -> Agent:
+    """The engine's Agent (and Tools) for a `pydantic_ai.Agent` (registry/pydantic_agents)."""
+    if "pydantic_ai" not in type(agent).__module__:
+        raise TypeError(f"register_agent takes an Agent or a pydantic_ai.Agent, not {agent!r}")
+    from agentruns.registry.pydantic_agents import INPUT_SCHEMA, adopt, format_input
+
+    adopted = adopt(agent, name=options.pop("name", None), tools=tools, deps=deps)
+    for spec in adopted.tools:
+        declared = dict(spec.options)
+        if isinstance(declared.get("retry"), Mapping):
+            declared["retry"] = RetryPolicy(**declared["retry"])
+        tool(
+            spec.func,
+            name=spec.name,
+            description=spec.description,
+            **declared,
+            parameters=spec.parameters,
+        )
+    options.setdefault("input_schema", INPUT_SCHEMA)
+    return Agent(
+        name=adopted.name,
+        instructions=adopted.instructions,
+        tools=[spec.name for spec in adopted.tools],
+        model=adopted.model,
+        model_instance=adopted.model_instance,
+        model_settings=adopted.model_settings,
+        format_input=format_input,
+        **options,
+    )
 
 
 class UnknownAgent(LookupError):

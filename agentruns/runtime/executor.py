@@ -150,7 +150,7 @@ class RunExecutor(ModelSteps, ToolSteps):
         except UnknownAgent as exc:
             return self.finish(RunStatus.FAILED, error=str(exc))
         try:
-            self.provider = get_provider(self.run.model or conf.MODEL)
+            self.provider = get_provider(self.run.model or conf.MODEL, self.agent)
         except ModelError as exc:
             return self.finish(RunStatus.FAILED, error=f"model error: {exc}")
         # only what the run's permission snapshot allows (DESIGN.md 4.6); a call to anything else

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from agentruns.runtime.providers.base import (
     ModelError,
     ModelProvider,
@@ -12,8 +14,14 @@ from agentruns.runtime.providers.base import (
 )
 
 
-def get_provider(model: str) -> ModelProvider:
-    """`scripted` or `openai/<model name>` (DESIGN.md 7)."""
+def get_provider(model: str, agent: Any = None) -> ModelProvider:
+    """`scripted`, `openai/<model name>`, any Pydantic AI model name (`openai:gpt-4o`,
+    `anthropic:...`; DESIGN.md 7), or a Pydantic AI agent's own model instance."""
+    instance = getattr(agent, "model_instance", None)
+    if instance is not None and model == agent.model:
+        from agentruns.runtime.providers.pydantic_ai_models import PydanticAIProvider
+
+        return PydanticAIProvider(instance, agent.model_settings)
     # each provider is imported when first chosen: the OpenAI SDK alone takes a few hundred ms
     if model == "scripted" or model.startswith("scripted/"):
         from agentruns.runtime.providers.scripted import ScriptedProvider
@@ -23,6 +31,10 @@ def get_provider(model: str) -> ModelProvider:
         from agentruns.runtime.providers.openai_provider import OpenAIProvider
 
         return OpenAIProvider(model.split("/", 1)[1])
+    if ":" in model:
+        from agentruns.runtime.providers.pydantic_ai_models import PydanticAIProvider
+
+        return PydanticAIProvider(model, getattr(agent, "model_settings", None))
     raise ModelError(f"unknown model provider {model!r}", retryable=False)
 
 

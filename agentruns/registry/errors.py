@@ -1,0 +1,30 @@
+"""The errors a tool raises on purpose (re-exported by `agentruns.registry`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ToolError(Exception):
+    """Base class for errors a tool raises on purpose."""
+
+
+class RetryableToolError(ToolError):
+    """A transient failure (timeout, 503): the engine retries with backoff, same idempotency key."""
+
+
+class FatalToolError(ToolError):
+    """A permanent failure: the step fails and so does the run, with this message kept."""
+
+
+class ToolArgumentsError(ValueError):
+    """The model's arguments do not fit the tool's schema; fed back to the model."""
+
+
+class ApprovalRequested(ToolError):
+    """The call needs a person's approval first (Pydantic AI's `ApprovalRequired`, raised by the
+    tool): the step parks in the inbox and runs again, approved, once someone approves it."""
+
+    def __init__(self, tool: str, metadata: Any = None) -> None:
+        super().__init__(f"{tool}: the call needs approval")
+        self.metadata = metadata

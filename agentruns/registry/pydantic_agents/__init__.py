@@ -1,0 +1,189 @@
+"""A `pydantic_ai.Agent` as an agent of this engine (`register_agent(agent)`).
+
+The engine drives the run, not `agent.run()`: the agent is read once, at registration, into what
+a run needs (its static instructions, model and model settings, and every tool of its toolsets
+with the engine's semantics), and then every model request is a model step and every tool call a
+tool step of the one executor (docs/architecture.md, "Pydantic AI agents"). What cannot be made
+durable that way is refused here, with the reason (`checks.py`).
+
+This package imports nothing of `agentruns.registry` but its errors: the registry builds its own
+`Tool`s and `Agent` from the specs `adopt` returns.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic_ai import Agent as PydanticAgent
+from pydantic_ai.tools import ToolDefinition
+from pydantic_ai.toolsets import AbstractToolset
+
+from agentruns.registry.pydantic_agents.calls import ToolsetBinding, call
+from agentruns.registry.pydantic_agents.checks import NotDurable, check_durable
+from agentruns.registry.durable import (
+    annotation_defaults,
+    check_declaration,
+    declaration_of,
+    durable,
+)
+
+__all__ = ["Adopted", "NotDurable", "ToolSpec", "adopt", "durable", "is_pydantic_agent"]
+
+# a server that is down is retried with backoff for longer than a function tool by default
+MCP_RETRY = {"max_attempts": 5, "backoff_seconds": 1.0, "backoff_max_seconds": 10.0}
+INPUT_SCHEMA = {
+    "type": "object",
+    "properties": {"message": {"type": "string"}},
+    "required": ["message"],
+}
+
+
+@dataclass
+class ToolSpec:
+    """One tool of the agent, as the registry's `tool()` takes it."""
+
+    name: str
+    description: str
+    parameters: dict
+    func: Callable[..., Any]
+    options: dict[str, Any]
+
+
+@dataclass
+class Adopted:
+    name: str
+    instructions: str
+    model: str | None  # a model name (None: AGENTRUNS_MODEL)
+    model_instance: Any  # the agent's own pydantic_ai Model, when it has one
+    model_settings: dict | None
+    tools: list[ToolSpec] = field(default_factory=list)
+
+
+def is_pydantic_agent(agent: Any) -> bool:
+    return "pydantic_ai" in sys.modules and isinstance(agent, PydanticAgent)
+
+
+def format_input(run_input: Any) -> str:
+    """The user prompt of a run: its input's "message" (the whole input stays on the run)."""
+    if isinstance(run_input, dict) and isinstance(run_input.get("message"), str):
+        return run_input["message"]
+    return json.dumps(run_input, sort_keys=True, ensure_ascii=False)
+
+
+def _instructions(agent: PydanticAgent) -> str:
+    parts = [str(p) for p in getattr(agent, "_system_prompts", ())]
+    parts += [str(i.instruction) for i in getattr(agent, "_instructions", ())]
+    return "\n\n".join(p for p in parts if p)
+
+
+def _model(agent: PydanticAgent) -> tuple[str | None, Any]:
+    model = agent.model
+    if model is None or isinstance(model, str):
+        return model, None
+    return f"{model.system}:{model.model_name}", model
+
+
+def _is_mcp(toolset: AbstractToolset) -> bool:
+    leaves: list[AbstractToolset] = []
+    toolset.apply(leaves.append)
+    return any(type(leaf).__name__ == "MCPToolset" for leaf in leaves)
+
+
+def _check_tools(name: str, toolset: AbstractToolset) -> None:
+    for tool in getattr(toolset, "tools", {}).values():
+        if getattr(tool, "prepare", None) is not None:
+            raise NotDurable(
+                f"Pydantic AI agent {name!r}: tool {tool.name!r} has a prepare function, which "
+                "cannot run durably: the run's tools are frozen when it starts"
+            )
+
+
+def _options(
+    agent_name: str,
+    definition: ToolDefinition,
+    binding: ToolsetBinding,
+    override: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    where = f"Pydantic AI agent {agent_name!r}, tool {definition.name!r}"
+    if definition.kind == "external":
+        raise NotDurable(
+            f"{where}: external (deferred) tools cannot run durably: their result comes from "
+            "outside the run; use requires_approval for a person's decision"
+        )
+    options: dict[str, Any] = {}
+    if binding.mcp:
+        options.update(annotation_defaults((definition.metadata or {}).get("annotations")))
+        options["retry"] = MCP_RETRY
+    options.update(declaration_of(definition.metadata, where=where))
+    if override:
+        options.update(check_declaration(override, where=where))
+    if definition.kind == "unapproved":  # requires_approval=True: never weakened
+        options["requires_approval"] = True
+    if binding.mcp and options.get("transactional"):
+        raise NotDurable(f"{where}: an MCP tool cannot be transactional (its effects are remote)")
+    return options
+
+
+def _spec(definition: ToolDefinition, binding: ToolsetBinding, options: dict) -> ToolSpec:
+    side_effect = bool(options.get("side_effect") or options.get("transactional"))
+    rerun_safe = not side_effect or options.get("idempotency", "key") == "key"
+
+    def func(ctx: Any, **arguments: Any) -> Any:
+        return call(binding, definition, ctx, arguments, rerun_safe=rerun_safe)
+
+    func.__name__ = definition.name
+    return ToolSpec(
+        name=definition.name,
+        description=definition.description or "",
+        parameters=dict(definition.parameters_json_schema),
+        func=func,
+        options=options,
+    )
+
+
+def adopt(
+    agent: PydanticAgent,
+    *,
+    name: str | None = None,
+    tools: Mapping[str, Mapping[str, Any]] | None = None,
+    deps: Callable[[Any], Any] | None = None,
+) -> Adopted:
+    """Read `agent` into an engine agent. `tools`: per-tool declarations by (prefixed) name, over
+    the tool's own metadata and an MCP tool's annotations; `deps`: the agent's deps from the run
+    (`deps(run)`), for an agent with a `deps_type`. NotDurable for what cannot run durably."""
+    agent_name = name or agent.name
+    if not agent_name:
+        raise NotDurable("a Pydantic AI agent needs a name= (runs and steps are keyed by it)")
+    check_durable(agent, agent_name, has_deps=deps is not None)
+    overrides = dict(tools or {})
+    model, instance = _model(agent)
+    adopted = Adopted(
+        name=agent_name,
+        instructions=_instructions(agent),
+        model=model,
+        model_instance=instance,
+        model_settings=dict(agent.model_settings) if agent.model_settings else None,
+    )
+    seen: set[str] = set()
+    for toolset in agent.toolsets:
+        _check_tools(agent_name, toolset)
+        binding = ToolsetBinding(toolset=toolset, agent=agent, deps=deps, mcp=_is_mcp(toolset))
+        for definition in binding.discover().values():
+            if definition.name in seen:
+                raise NotDurable(
+                    f"Pydantic AI agent {agent_name!r}: two tools named {definition.name!r}"
+                )
+            seen.add(definition.name)
+            options = _options(
+                agent_name, definition, binding, overrides.pop(definition.name, None)
+            )
+            adopted.tools.append(_spec(definition, binding, options))
+    if overrides:
+        raise NotDurable(
+            f"Pydantic AI agent {agent_name!r}: declarations for unknown tools {sorted(overrides)}"
+        )
+    return adopted

@@ -1,0 +1,151 @@
+"""Calling a Pydantic AI toolset's tool from the engine's (synchronous) tool step.
+
+Each call enters the toolset, rebuilds the tool from the definition recorded when the agent was
+registered (`get_tool_for_tool_def`: an MCP tool needs no listing), validates the arguments with
+the tool's own validator and calls it, on the executor thread's own event loop. What the tool
+raises is translated into the engine's vocabulary: `ApprovalRequired` parks the call in the
+inbox, `ModelRetry`/`ToolFailed` go back to the model as the tool's answer, an unreachable MCP
+server is a retryable failure (same idempotency key on the next attempt).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import ValidationError
+from pydantic_ai import ApprovalRequired, CallDeferred, ModelRetry, RunContext
+from pydantic_ai.exceptions import ToolFailed
+from pydantic_ai.models.test import TestModel
+from pydantic_ai.tools import ToolDefinition
+from pydantic_ai.toolsets import AbstractToolset
+from pydantic_ai.usage import RunUsage
+
+from agentruns.registry.errors import ApprovalRequested, FatalToolError, RetryableToolError
+
+T = TypeVar("T")
+_loops = threading.local()
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run `coro` on this thread's event loop (one per executor thread, reused, so async clients
+    bound to a loop, and pydantic-ai's own sync stream bridge, see the same one)."""
+    loop = getattr(_loops, "loop", None)
+    if loop is None or loop.is_closed():
+        loop = _loops.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+    return loop.run_until_complete(coro)
+
+
+@dataclass
+class ToolsetBinding:
+    """One of the agent's toolsets, with what a call needs to rebuild a run context."""
+
+    toolset: AbstractToolset
+    agent: Any  # the pydantic_ai.Agent
+    deps: Callable[[Any], Any] | None = None  # deps from the run (register_agent(..., deps=))
+    mcp: bool = False
+    definitions: dict[str, ToolDefinition] = field(default_factory=dict)
+
+    def run_context(self, tool_ctx: Any = None, tool_name: str | None = None) -> RunContext:
+        model = self.agent.model
+        run = getattr(tool_ctx, "run", None)
+        step = getattr(tool_ctx, "step", None)
+        run_input = getattr(run, "input", None) or {}
+        return RunContext(
+            deps=self.deps(run) if self.deps is not None and run is not None else None,
+            # a tool rarely reads the model; an agent without one of its own gets a stand-in
+            model=model if model is not None and not isinstance(model, str) else TestModel(),
+            usage=RunUsage(),
+            prompt=run_input.get("message") if isinstance(run_input, dict) else None,
+            tool_call_id=getattr(step, "call_id", None),
+            tool_name=tool_name,
+            retry=max(0, getattr(tool_ctx, "attempt", 1) - 1),
+            tool_call_approved=bool(getattr(step, "approved", False)),
+            run_id=str(run.id) if run is not None else None,
+            run_step=getattr(step, "index", 0) or 0,
+            agent=self.agent,
+        )
+
+    def discover(self) -> dict[str, ToolDefinition]:
+        """List the toolset's tools (an MCP server: over its transport)."""
+
+        async def listing() -> dict[str, ToolDefinition]:
+            async with self.toolset:
+                tools = await self.toolset.get_tools(self.run_context())
+            return {name: tool.tool_def for name, tool in tools.items()}
+
+        self.definitions = run_sync(listing())
+        return self.definitions
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """The server could not be reached (nothing was sent): safe to try again with the same key."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_unreachable(e) for e in exc.exceptions)
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | ConnectionRefusedError):
+        return True
+    cause = exc.__cause__ or exc.__context__
+    return cause is not None and cause is not exc and _unreachable(cause)
+
+
+def _transport_failure(exc: BaseException) -> bool:
+    """The connection broke (the call may or may not have reached the server)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_transport_failure(e) for e in exc.exceptions)
+    if isinstance(exc, httpx.TransportError | OSError | EOFError | TimeoutError):
+        return True
+    cause = exc.__cause__ or exc.__context__
+    return cause is not None and cause is not exc and _transport_failure(cause)
+
+
+def call(
+    binding: ToolsetBinding,
+    definition: ToolDefinition,
+    tool_ctx: Any,
+    arguments: dict,
+    *,
+    rerun_safe: bool,
+) -> Any:
+    """The engine's call of one Pydantic AI tool (`rerun_safe`: a broken connection may be
+    retried, the tool being read-only or idempotent)."""
+    ctx = binding.run_context(tool_ctx, definition.name)
+
+    async def invoke() -> Any:
+        async with binding.toolset:
+            tool = await binding.toolset.get_tool_for_tool_def(definition, ctx)
+            args = tool.args_validator.validate_python(arguments)
+            if tool.args_validator_func is not None:
+                await _maybe_await(tool.args_validator_func(ctx, **args))
+            return await binding.toolset.call_tool(definition.name, args, ctx, tool)
+
+    try:
+        return run_sync(invoke())
+    except ApprovalRequired as exc:
+        raise ApprovalRequested(definition.name, metadata=exc.metadata) from None
+    except (ModelRetry, ToolFailed) as exc:
+        # the model is told, as Pydantic AI tells it, and may try again
+        return {"error": getattr(exc, "message", str(exc)), "retry": isinstance(exc, ModelRetry)}
+    except ValidationError as exc:
+        return {"error": f"invalid arguments: {exc.errors(include_url=False)}", "retry": True}
+    except CallDeferred:
+        raise FatalToolError(
+            f"{definition.name}: CallDeferred is not supported (refused: a deferred call has no "
+            "result the engine could record); declare requires_approval instead"
+        ) from None
+    except (RetryableToolError, FatalToolError):
+        raise
+    except Exception as exc:
+        if _unreachable(exc) or (rerun_safe and _transport_failure(exc)):
+            raise RetryableToolError(f"{definition.name}: server unreachable: {exc!r}") from exc
+        raise
+
+
+async def _maybe_await(value: Any) -> Any:
+    if asyncio.iscoroutine(value):
+        return await value
+    return value

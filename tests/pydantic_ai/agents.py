@@ -1,0 +1,139 @@
+"""Pydantic AI agents of the tests, registered with `register_agent(pydantic_ai.Agent)` like a
+user's (AGENTRUNS_AGENT_MODULES=tests.pydantic_ai.agents in worker processes).
+
+Their model is a streaming `FunctionModel` that plays the run's message: a JSON object
+{"calls": [[tool, args], ...], "say": "..."}: turn i asks for call i (one per turn), the turn
+after the last call answers with what the tools answered. `pa-mcp` adds the tools of the MCP
+server at TEST_MCP_URL (tests/pydantic_ai/mcp_server.py), when the variable is set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator
+
+import httpx
+from pydantic_ai import Agent, RunContext
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    RetryPromptPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
+
+from agentruns.registry import Edit, RetryableToolError, current_step, durable, register_agent
+from support.agents import gateway_client, gateway_headers
+from support.conf import demo_conf
+
+
+def _plan(messages: list[ModelMessage]) -> dict:
+    for message in messages:
+        if isinstance(message, ModelRequest):
+            for part in message.parts:
+                if isinstance(part, UserPromptPart):
+                    return json.loads(str(part.content))
+    return {}
+
+
+def tool_answers(messages: list[ModelMessage]) -> list[str]:
+    """What the tools answered in the last request (returns, denials and retry prompts)."""
+    last = messages[-1]
+    if not isinstance(last, ModelRequest):
+        return []
+    return [
+        f"{p.tool_name}={p.content}"
+        for p in last.parts
+        if isinstance(p, ToolReturnPart | RetryPromptPart)
+    ]
+
+
+async def play(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str | dict]:
+    plan = _plan(messages)
+    turn = sum(isinstance(m, ModelResponse) for m in messages)
+    calls = plan.get("calls", [])
+    offered = {t.name for t in info.function_tools}
+    if turn < len(calls):
+        name, args = calls[turn]
+        if name in offered or plan.get("call_unoffered"):
+            yield {0: DeltaToolCall(name=name, json_args=json.dumps(args), tool_call_id=f"c{turn}")}
+            return
+        yield f"I may not use {name}. "
+    answers = tool_answers(messages)
+    for word in (plan.get("say", "Done.") + " " + " | ".join(answers)).split(" "):
+        yield word + " "
+
+
+shop = Agent(
+    FunctionModel(stream_function=play, model_name="shop-script"),
+    name="pa-shop",
+    instructions="You help customers of the shop.",
+)
+
+
+@shop.tool_plain
+def pa_lookup(order_id: str) -> dict:
+    """Look an order up (read-only)."""
+    return {"order_id": order_id, "amount_cents": 4200}
+
+
+@shop.tool_plain(
+    metadata=durable(side_effect=True, idempotency="key", amount_arg="amount_cents", redact=[])
+)
+def pa_refund(order_id: str, amount_cents: int) -> dict:
+    """Refund through the payment gateway with the step's idempotency key."""
+    step = current_step()
+    try:
+        response = gateway_client().post(
+            demo_conf.GATEWAY_URL.rstrip("/") + "/refunds",
+            json={"order_id": order_id, "amount_cents": amount_cents, "reason": "pa"},
+            headers=gateway_headers(step.idempotency_key),
+        )
+    except httpx.HTTPError as exc:
+        raise RetryableToolError(f"gateway unreachable: {exc}") from exc
+    if response.status_code >= 500:
+        raise RetryableToolError(f"gateway answered {response.status_code}")
+    response.raise_for_status()
+    body = response.json()
+    return {"refund_id": body["id"], "amount_cents": body["amount_cents"]}
+
+
+@shop.tool(
+    requires_approval=True,
+    metadata={
+        "agentruns": {
+            "side_effect": True,
+            "editable": {"amount_cents": Edit.at_most_requested(minimum=1)},
+            "amount_arg": "amount_cents",
+            "approvals_required": lambda args: 2 if args["amount_cents"] > 10_000 else 1,
+        }
+    },
+)
+def pa_credit(ctx: RunContext[None], order_id: str, amount_cents: int) -> dict:
+    """Credit the customer's account (needs approval; approvers may lower the amount)."""
+    return {
+        "credited": amount_cents,
+        "order_id": order_id,
+        "approved": ctx.tool_call_approved,
+        "key": current_step().idempotency_key,
+    }
+
+
+register_agent(shop)
+
+MCP_URL = os.environ.get("TEST_MCP_URL", "")
+if MCP_URL:
+    from pydantic_ai.mcp import MCPToolset
+
+    mcp_agent = Agent(
+        FunctionModel(stream_function=play, model_name="mcp-script"),
+        name="pa-mcp",
+        instructions="You run the shop's back office.",
+        toolsets=[MCPToolset(MCP_URL, id="backoffice").prefixed("bo")],
+    )
+    # the server's send_mail is neither read-only nor idempotent: approval by default; this
+    # registration waives it (the crash tests exercise reconciliation, not the inbox)
+    register_agent(mcp_agent, tools={"bo_send_mail": {"requires_approval": False}})
