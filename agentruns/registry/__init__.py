@@ -24,8 +24,8 @@ from typing import Any, Literal
 import jsonschema
 
 from agentruns.registry.context import current_step
-from agentruns.registry.edits import Edit, EditRefused, check_declaration, check_edit
 from agentruns.registry.durable import durable
+from agentruns.registry.edits import Edit, EditRefused, check_declaration, check_edit
 from agentruns.registry.errors import (
     ApprovalRequested,
     FatalToolError,

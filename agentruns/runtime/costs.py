@@ -31,10 +31,11 @@ def parse_model_prices(spec: str) -> dict[str, tuple[Decimal, Decimal]]:
 
 
 def model_cost_usd(model: str, usage: Usage) -> Decimal:
-    """What a model step cost by the price table; "openai/gpt-4o" matches "openai/gpt-4o" or
-    "gpt-4o". Unpriced models cost 0."""
+    """What a model step cost by the price table; "openai/gpt-4o" (or the Pydantic AI name
+    "openai:gpt-4o") matches "openai/gpt-4o" or "gpt-4o". Unpriced models cost 0."""
     prices = parse_model_prices(conf.MODEL_PRICES or "")
-    price = prices.get(model) or prices.get(model.split("/", 1)[-1])
+    bare = model.split("/", 1)[-1].split(":", 1)[-1]
+    price = prices.get(model) or prices.get(bare)
     if price is None:
         return Decimal(0)
     cost = (usage.prompt_tokens * price[0] + usage.completion_tokens * price[1]) / Decimal(

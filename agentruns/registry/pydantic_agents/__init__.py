@@ -22,14 +22,14 @@ from pydantic_ai import Agent as PydanticAgent
 from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets import AbstractToolset
 
-from agentruns.registry.pydantic_agents.calls import ToolsetBinding, call
-from agentruns.registry.pydantic_agents.checks import NotDurable, check_durable
 from agentruns.registry.durable import (
     annotation_defaults,
     check_declaration,
     declaration_of,
     durable,
 )
+from agentruns.registry.pydantic_agents.calls import ToolsetBinding, call
+from agentruns.registry.pydantic_agents.checks import NotDurable, check_durable
 
 __all__ = ["Adopted", "NotDurable", "ToolSpec", "adopt", "durable", "is_pydantic_agent"]
 

@@ -29,7 +29,6 @@ from pydantic_ai.messages import (
     ModelResponse,
     PartDeltaEvent,
     PartStartEvent,
-    RetryPromptPart,
     SystemPromptPart,
     TextPart,
     TextPartDelta,
@@ -88,7 +87,7 @@ def model_error(exc: Exception) -> ModelError:
     return ModelError(f"model error: {exc!r}", retryable=False)
 
 
-def _tool_result(message: dict, tool_name: str) -> ToolReturnPart | RetryPromptPart:
+def _tool_result(message: dict, tool_name: str) -> ToolReturnPart:
     call_id = message.get("tool_call_id") or ""
     try:
         payload: Any = json.loads(message.get("content") or "null")
@@ -99,8 +98,11 @@ def _tool_result(message: dict, tool_name: str) -> ToolReturnPart | RetryPromptP
         return ToolReturnPart(tool_name=tool_name, content=payload["reason"], tool_call_id=call_id)
     if isinstance(payload, dict) and "error" in payload and set(payload) <= {"error", "retry"}:
         # a failed call (bad arguments, ModelRetry, ToolFailed): the model is asked to retry
-        return RetryPromptPart(
-            content=str(payload["error"]), tool_name=tool_name, tool_call_id=call_id
+        return ToolReturnPart(
+            tool_name=tool_name,
+            content=str(payload["error"]),
+            tool_call_id=call_id,
+            outcome="retried",
         )
     return ToolReturnPart(tool_name=tool_name, content=payload, tool_call_id=call_id)
 

@@ -1,0 +1,137 @@
+"""A Pydantic AI agent run by the engine, in process against PostgreSQL: each model request is a
+model step whose deltas are the run's events, each tool call a tool step with its key; approvals
+(with an edit, a rejection the model answers, two people) are decided in our inbox and continue
+the same run; the permission snapshot narrows the tools the model is offered."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import Group
+
+from agentruns.models import Run, RunEvent, RunStatus, Step, StepStatus, ToolPolicy, ToolRule
+from approvals import services
+from approvals.models import Approval, ApprovalStatus
+from approvals.parking import DecisionError
+from tests.helpers import advance, assert_gapless, make_user, steps
+from tests.pydantic_ai import agents  # noqa: F401  (registers the test agents)
+from tests.pydantic_ai.kit import start
+
+pytestmark = pytest.mark.django_db
+
+
+def test_model_requests_and_tool_calls_are_steps_with_streamed_deltas():
+    run = advance(start("pa-shop", ("pa_lookup", {"order_id": "ORD-7"}), say="Found it:"))
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    kinds = [(s.kind, s.tool, s.status) for s in steps(run)]
+    assert kinds == [
+        ("model", "", "succeeded"),
+        ("tool", "pa_lookup", "succeeded"),
+        ("model", "", "succeeded"),
+    ]
+    lookup = steps(run)[1]
+    assert lookup.result == {"order_id": "ORD-7", "amount_cents": 4200}
+    assert lookup.idempotency_key and lookup.call_id == "c0"
+    deltas = RunEvent.objects.filter(run=run, type="model.delta").order_by("seq")
+    assert "".join(e.data["text"] for e in deltas).startswith("Found it: pa_lookup=")
+    assert run.output == "".join(e.data["text"] for e in deltas)
+    assert run.model == "function:shop-script" and run.prompt_tokens > 0
+    assert_gapless(run)
+
+
+def test_tool_snapshot_keeps_each_tools_declared_semantics():
+    run = start("pa-shop")
+    assert run.tool_snapshot["pa_lookup"]["side_effect"] is False
+    refund = run.tool_snapshot["pa_refund"]
+    assert (refund["side_effect"], refund["idempotency"], refund["approval"]) == (
+        True,
+        "key",
+        False,
+    )
+    credit = run.tool_snapshot["pa_credit"]
+    assert credit["approval"] is True and credit["approvals"] == "predicate"
+    assert credit["editable"]["amount_cents"]["rule"] == "at_most_requested"
+
+
+def _parked(run: Run) -> Approval:
+    run = advance(run)
+    assert run.status == RunStatus.WAITING, run.error
+    return Approval.objects.get(run=run, status=ApprovalStatus.PENDING)
+
+
+def test_requires_approval_parks_and_an_edit_continues_the_same_run(django_user_model):
+    approver = make_user(django_user_model, "approver", ["approvals.decide_approval"])
+    run = start("pa-shop", ("pa_credit", {"order_id": "ORD-9", "amount_cents": 5000}))
+    approval = _parked(run)
+    assert approval.requested_args == {"order_id": "ORD-9", "amount_cents": 5000}
+    with pytest.raises(DecisionError):  # the edit policy: never more than requested
+        services.approve(approval.id, user=approver, edited_args={"amount_cents": 6000})
+    services.approve(approval.id, user=approver, edited_args={"amount_cents": 3000})
+    run = advance(run)
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    credit = Step.objects.get(run=run, tool="pa_credit")
+    # the edit merged into the requested arguments (override_args would have replaced them)
+    assert credit.arguments == {"order_id": "ORD-9", "amount_cents": 3000}
+    assert credit.result == {
+        "credited": 3000,
+        "order_id": "ORD-9",
+        "approved": True,  # RunContext.tool_call_approved
+        "key": credit.idempotency_key,  # current_step()
+    }
+    assert "'credited': 3000" in run.output
+
+
+def test_a_rejection_reaches_the_model_as_the_tools_denial(django_user_model):
+    approver = make_user(django_user_model, "approver", ["approvals.decide_approval"])
+    run = start("pa-shop", ("pa_credit", {"order_id": "ORD-9", "amount_cents": 5000}), say="Sorry:")
+    approval = _parked(run)
+    services.reject(approval.id, user=approver, reason="credit limit reached")
+    run = advance(run)
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert Step.objects.get(run=run, tool="pa_credit").status == StepStatus.REJECTED
+    assert run.output.strip() == "Sorry: pa_credit=credit limit reached"
+
+
+def test_two_person_approval_from_the_tools_metadata(django_user_model):
+    first = make_user(django_user_model, "approver", ["approvals.decide_approval"])
+    second = make_user(django_user_model, "approver2", ["approvals.decide_approval"])
+    run = start("pa-shop", ("pa_credit", {"order_id": "ORD-9", "amount_cents": 20_000}))
+    approval = _parked(run)
+    assert approval.approvals_required == 2
+    services.approve(approval.id, user=first)
+    assert advance(run).status == RunStatus.WAITING  # one of two: still parked
+    services.approve(approval.id, user=second)
+    run = advance(run)
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert Step.objects.get(run=run, tool="pa_credit").result["credited"] == 20_000
+
+
+def test_the_permission_snapshot_narrows_the_tools_offered(django_user_model):
+    group = Group.objects.create(name="trainees")
+    policy = ToolPolicy.objects.create(group=group, other_tools_allowed=True)
+    ToolRule.objects.create(policy=policy, tool="pa_refund", allowed=False)
+    trainee = make_user(django_user_model, "trainee", ["agentruns.start_run"])
+    trainee.groups.add(group)
+    run = start("pa-shop", ("pa_refund", {"order_id": "ORD-1", "amount_cents": 100}), user=trainee)
+    run = advance(run)
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert not Step.objects.filter(run=run, tool="pa_refund").exists()
+    assert run.output.startswith("I may not use pa_refund.")
+
+
+def test_a_call_outside_the_snapshot_is_refused_as_a_failed_step(django_user_model):
+    group = Group.objects.create(name="trainees")
+    policy = ToolPolicy.objects.create(group=group, other_tools_allowed=True)
+    ToolRule.objects.create(policy=policy, tool="pa_refund", allowed=False)
+    trainee = make_user(django_user_model, "trainee", ["agentruns.start_run"])
+    trainee.groups.add(group)
+    run = start(
+        "pa-shop",
+        ("pa_refund", {"order_id": "ORD-1", "amount_cents": 100}),
+        user=trainee,
+        call_unoffered=True,
+    )
+    run = advance(run)
+    refused = Step.objects.get(run=run, tool="pa_refund")
+    assert refused.status == StepStatus.FAILED and "not allowed" in refused.error
+    assert refused.attempts == 0  # never called
+    assert "pa_refund=" in run.output  # the model was told (a retry prompt)
