@@ -196,6 +196,7 @@ class Tool:
 
 _tools: dict[str, Tool] = {}
 _agents: dict[str, Agent] = {}
+_tool_owners: dict[str, str] = {}  # tool name -> the Pydantic AI agent whose tool it is
 
 
 def tool(
@@ -326,6 +327,14 @@ def _from_pydantic_ai(agent: Any, *, tools: Any, deps: Any, **options: Any) -> A
 
     adopted = adopt(agent, name=options.pop("name", None), tools=tools, deps=deps)
     for spec in adopted.tools:
+        owner = _tool_owners.get(spec.name)
+        if spec.name in _tools and owner != adopted.name:
+            raise ValueError(
+                f"Pydantic AI agent {adopted.name!r}: a tool named {spec.name!r} is already "
+                f"registered (by {owner or 'an @tool'}); tool names are global (tool policies "
+                "and snapshots name them): give the toolset a prefix (toolset.prefixed(...))"
+            )
+        _tool_owners[spec.name] = adopted.name
         declared = dict(spec.options)
         if isinstance(declared.get("retry"), Mapping):
             declared["retry"] = RetryPolicy(**declared["retry"])

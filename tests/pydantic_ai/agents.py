@@ -3,8 +3,9 @@ user's (AGENTRUNS_AGENT_MODULES=tests.pydantic_ai.agents in worker processes).
 
 Their model is a streaming `FunctionModel` that plays the run's message: a JSON object
 {"calls": [[tool, args], ...], "say": "..."}: turn i asks for call i (one per turn), the turn
-after the last call answers with what the tools answered. `pa-mcp` adds the tools of the MCP
-server at TEST_MCP_URL (tests/pydantic_ai/mcp_server.py), when the variable is set.
+after the last call answers with what the tools answered. `backoffice()` registers an agent with
+the tools of an MCP server (tests/pydantic_ai/mcp_server.py); worker processes get one for the
+server at TEST_MCP_URL when the variable is set.
 """
 
 from __future__ import annotations
@@ -124,16 +125,34 @@ def pa_credit(ctx: RunContext[None], order_id: str, amount_cents: int) -> dict:
 
 register_agent(shop)
 
-MCP_URL = os.environ.get("TEST_MCP_URL", "")
-if MCP_URL:
+
+def backoffice(
+    source: object,
+    *,
+    name: str = "pa-mcp",
+    prefix: str = "bo",
+    waive: tuple[str, ...] = (),
+    declare: dict | None = None,
+) -> None:
+    """Register an agent with the MCP server at `source` (a URL or a stdio transport) as the
+    toolset `prefix`: its tools are bo_get_stock, bo_set_status, bo_send_mail. `waive`: tools
+    whose default approval (not read-only) this registration waives; `declare`: more
+    declarations by tool name."""
     from pydantic_ai.mcp import MCPToolset
 
-    mcp_agent = Agent(
+    agent = Agent(
         FunctionModel(stream_function=play, model_name="mcp-script"),
-        name="pa-mcp",
+        name=name,
         instructions="You run the shop's back office.",
-        toolsets=[MCPToolset(MCP_URL, id="backoffice").prefixed("bo")],
+        toolsets=[MCPToolset(source, id="backoffice").prefixed(prefix)],
     )
-    # the server's send_mail is neither read-only nor idempotent: approval by default; this
-    # registration waives it (the crash tests exercise reconciliation, not the inbox)
-    register_agent(mcp_agent, tools={"bo_send_mail": {"requires_approval": False}})
+    tools = {tool: {"requires_approval": False} for tool in waive}
+    for tool, declared in (declare or {}).items():
+        tools[tool] = {**tools.get(tool, {}), **declared}
+    register_agent(agent, tools=tools)
+
+
+# worker processes of the crash tests: the server's side-effect tools run without the inbox there
+# (they exercise recovery by idempotency class, not approvals)
+if os.environ.get("TEST_MCP_URL"):
+    backoffice(os.environ["TEST_MCP_URL"], waive=("bo_set_status", "bo_send_mail"))

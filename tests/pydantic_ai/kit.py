@@ -1,11 +1,16 @@
-"""Helpers of the Pydantic AI tests: start a run of a test agent with a plan for its model."""
+"""Helpers of the Pydantic AI tests: a run of a test agent with a plan for its model, the test
+MCP server as a real process and its ledger."""
 
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 from agentruns.models import Run
 from agentruns.services import start_run
+from tests.procs import Proc, base_env, free_port, wait_http
+from tests.pydantic_ai.mcp_server import read_ledger
 
 
 def plan(*calls: tuple[str, dict], say: str = "Done.", **extra: object) -> str:
@@ -15,3 +20,23 @@ def plan(*calls: tuple[str, dict], say: str = "Done.", **extra: object) -> str:
 
 def start(agent: str, *calls: tuple[str, dict], user=None, say: str = "Done.", **extra) -> Run:
     return start_run(agent, {"message": plan(*calls, say=say, **extra)}, user=user).run
+
+
+def start_mcp(tmp_path: Path, port: int | None = None) -> tuple[Proc, str, Path]:
+    """The test MCP server (tests/pydantic_ai/mcp_server.py) over streamable HTTP, a real
+    process: (process, its /mcp URL, its ledger file)."""
+    port = port or free_port()
+    ledger = tmp_path / "mcp-ledger.json"
+    proc = Proc(
+        [sys.executable, "-m", "tests.pydantic_ai.mcp_server", "--ledger", str(ledger)]
+        + ["--port", str(port)],
+        base_env(),
+        tmp_path / f"mcp-{port}.log",
+    ).start()
+    url = f"http://127.0.0.1:{port}/mcp"
+    wait_http(url, proc)
+    return proc, url, ledger
+
+
+def ledger(path: Path) -> dict:
+    return read_ledger(path)

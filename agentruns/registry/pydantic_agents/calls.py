@@ -16,7 +16,6 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import httpx
 from pydantic import ValidationError
 from pydantic_ai import ApprovalRequired, CallDeferred, ModelRetry, RunContext
 from pydantic_ai.exceptions import ToolFailed
@@ -83,24 +82,31 @@ class ToolsetBinding:
         return self.definitions
 
 
-def _unreachable(exc: BaseException) -> bool:
-    """The server could not be reached (nothing was sent): safe to try again with the same key."""
+# by name: the MCP client (FastMCP) speaks httpx2, function tools httpx; both name them alike
+_CONNECT_FAILURES = frozenset({"ConnectError", "ConnectTimeout", "ConnectionRefusedError"})
+_TRANSPORT_FAILURES = _CONNECT_FAILURES | frozenset(
+    {"TransportError", "ReadError", "WriteError", "RemoteProtocolError", "ReadTimeout"}
+)
+
+
+def _is(exc: BaseException, names: frozenset[str]) -> bool:
+    """`exc` (or, for a group, each of its leaves; or what it was raised from) is one of `names`."""
     if isinstance(exc, BaseExceptionGroup):
-        return all(_unreachable(e) for e in exc.exceptions)
-    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | ConnectionRefusedError):
+        return all(_is(e, names) for e in exc.exceptions)
+    if any(kind.__name__ in names for kind in type(exc).__mro__):
         return True
     cause = exc.__cause__ or exc.__context__
-    return cause is not None and cause is not exc and _unreachable(cause)
+    return cause is not None and cause is not exc and _is(cause, names)
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """The server could not be reached (nothing was sent): safe to try again with the same key."""
+    return _is(exc, _CONNECT_FAILURES)
 
 
 def _transport_failure(exc: BaseException) -> bool:
     """The connection broke (the call may or may not have reached the server)."""
-    if isinstance(exc, BaseExceptionGroup):
-        return all(_transport_failure(e) for e in exc.exceptions)
-    if isinstance(exc, httpx.TransportError | OSError | EOFError | TimeoutError):
-        return True
-    cause = exc.__cause__ or exc.__context__
-    return cause is not None and cause is not exc and _transport_failure(cause)
+    return _is(exc, _TRANSPORT_FAILURES) or isinstance(exc, OSError | EOFError | TimeoutError)
 
 
 def call(

@@ -1,0 +1,146 @@
+"""MCP toolsets as tool steps (in process, PostgreSQL, the `mcp` SDK's server as a real process
+over streamable HTTP and over stdio): the tools' annotations set the engine's defaults, calls
+are counted by the server's own ledger, a side-effect tool parks for approval unless the
+registration waives it, and a server that is down is a retryable failure the run survives."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import pytest
+from django.db import connection
+from fastmcp.client.transports import StdioTransport
+
+from agentruns.models import AttemptOutcome, RunStatus, Step, StepAttempt, StepStatus
+from agentruns.registry import Edit
+from approvals import services
+from approvals.models import Approval, ApprovalStatus
+from tests.helpers import advance, make_user
+from tests.procs import ROOT, base_env, wait_until
+from tests.pydantic_ai.agents import backoffice
+from tests.pydantic_ai.kit import ledger, start, start_mcp
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def mcp(tmp_path, procs):
+    proc, url, path = start_mcp(tmp_path)
+    procs.append(proc)
+    return proc, url, path
+
+
+def test_annotations_set_the_defaults_a_registration_may_waive(mcp):
+    _, url, _ = mcp
+    backoffice(url, name="pa-mcp-strict", prefix="strict")
+    backoffice(url, name="pa-mcp", waive=("bo_send_mail",))
+    with pytest.raises(ValueError, match="already registered"):  # tool names are global
+        backoffice(url, name="pa-mcp-other")
+    strict = {
+        name.replace("strict_", "bo_"): policy
+        for name, policy in start("pa-mcp-strict").tool_snapshot.items()
+    }
+    assert strict["bo_get_stock"]["side_effect"] is False  # readOnlyHint
+    assert strict["bo_get_stock"]["approval"] is False
+    assert (strict["bo_set_status"]["idempotency"], strict["bo_set_status"]["approval"]) == (
+        "key",  # idempotentHint: run again after a crash
+        True,  # not read-only: needs approval unless the registration says otherwise
+    )
+    assert (strict["bo_send_mail"]["idempotency"], strict["bo_send_mail"]["approval"]) == (
+        "none",  # neither: an unknown outcome after a crash, reconciled in the inbox
+        True,
+    )
+    assert start("pa-mcp").tool_snapshot["bo_send_mail"]["approval"] is False
+
+
+def test_calls_over_streamable_http_are_steps_the_server_counts_once(mcp):
+    _, url, path = mcp
+    backoffice(url, waive=("bo_set_status",))
+    run = advance(
+        start(
+            "pa-mcp",
+            ("bo_get_stock", {"sku": "LAMP"}),
+            ("bo_set_status", {"ticket": "T-1", "status": "closed"}),
+        )
+    )
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    stock, status = (Step.objects.get(run=run, tool=t) for t in ("bo_get_stock", "bo_set_status"))
+    assert stock.result == {"sku": "LAMP", "stock": 7}
+    assert status.result == {"ticket": "T-1", "status": "closed"} and status.attempts == 1
+    assert ledger(path) == {"reads": 1, "statuses": {"T-1": "closed"}, "status_calls": 1}
+
+
+def test_a_side_effect_mcp_tool_parks_for_approval_by_default(mcp, django_user_model):
+    _, url, path = mcp
+    # the registration declares what an approver may edit (an MCP tool declares nothing)
+    backoffice(
+        url,
+        name="pa-mcp-strict",
+        prefix="strict",
+        declare={"strict_send_mail": {"editable": {"text": Edit.free()}}},
+    )
+    approver = make_user(django_user_model, "approver", ["approvals.decide_approval"])
+    run = advance(
+        start("pa-mcp-strict", ("strict_send_mail", {"to": "ann@example.com", "text": "Hi"}))
+    )
+    assert run.status == RunStatus.WAITING
+    assert ledger(path) == {}  # nothing sent before a person decided
+    approval = Approval.objects.get(run=run, status=ApprovalStatus.PENDING)
+    services.approve(approval.id, user=approver, edited_args={"text": "Hello"})
+    run = advance(run)
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert ledger(path) == {"mails": [{"to": "ann@example.com", "text": "Hello"}]}
+
+
+def test_a_server_that_is_down_is_a_retryable_failure(tmp_path, procs, mcp):
+    proc, url, path = mcp
+    backoffice(url, waive=("bo_send_mail",))
+    run = start("pa-mcp", ("bo_send_mail", {"to": "bob@example.com", "text": "Hi"}))
+    proc.kill()
+
+    def work() -> None:
+        try:
+            advance(run)
+        finally:
+            connection.close()  # this thread's own
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    failed = wait_until(
+        lambda: StepAttempt.objects.filter(
+            step__run=run, step__tool="bo_send_mail", outcome=AttemptOutcome.RETRYING
+        ).first(),
+        timeout=30,
+        message="a retried attempt",
+    )
+    assert "server unreachable" in failed.error
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    procs.append(start_mcp(tmp_path, port=port)[0])  # back, same ledger
+    worker.join(timeout=60)
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    step = Step.objects.get(run=run, tool="bo_send_mail")
+    assert step.status == StepStatus.SUCCEEDED and step.attempts >= 2
+    assert ledger(path) == {"mails": [{"to": "bob@example.com", "text": "Hi"}]}
+
+
+def test_a_stdio_server(tmp_path):
+    path = tmp_path / "stdio-ledger.json"
+    transport = StdioTransport(
+        sys.executable,
+        ["-m", "tests.pydantic_ai.mcp_server", "--ledger", str(path)],
+        env=base_env(),
+        cwd=str(ROOT),
+        keep_alive=False,
+    )
+    backoffice(transport, name="pa-mcp-stdio", prefix="io", waive=("io_send_mail",))
+    run = advance(
+        start(
+            "pa-mcp-stdio",
+            ("io_get_stock", {"sku": "DESK"}),
+            ("io_send_mail", {"to": "cy@example.com", "text": "Shipped"}),
+        )
+    )
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert ledger(path) == {"reads": 1, "mails": [{"to": "cy@example.com", "text": "Shipped"}]}
