@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepStatus
-from agentruns.registry import Tool, ToolContext, get_tool
+from agentruns.registry import ApprovalRequested, Tool, ToolContext, get_tool
 from agentruns.registry.context import stepping
 from agentruns.runtime import connections, failpoints
 from agentruns.runtime.events import EventType, step_event_data, succeeded_event_data
@@ -56,24 +56,7 @@ class ToolSteps:
     def tool_step(self, step: Step) -> str | None:
         tool = get_tool(step.tool)
         if not step.approved and needs_approval(self.run, tool, step.arguments):
-            with transaction.atomic():
-                step.status = StepStatus.WAITING_APPROVAL
-                step.save(update_fields=["status"])
-                approval = open_approval(step, self.run.agent)
-                return self.park(
-                    events_before=[
-                        (EventType.STEP_WAITING_APPROVAL, step_event_data(step)),
-                        (
-                            EventType.APPROVAL_REQUESTED,
-                            {
-                                "step": step.index,
-                                "approval": approval.id,
-                                "kind": "approval",
-                                "tool": step.tool,
-                            },
-                        ),
-                    ]
-                )
+            return self._ask_approval(step)
         if step.next_attempt_at:
             delay = (step.next_attempt_at - timezone.now()).total_seconds()
             if self.drain is not None and delay > conf.RETRY_SLEEP_MAX_SECONDS:
@@ -83,6 +66,39 @@ class ToolSteps:
                     RunStatus.CANCELLED, stop_reason="cancelled", error="cancelled on request"
                 )
         return self._execute(step, tool)
+
+    def _ask_approval(self, step: Step) -> str:
+        """Park the run with an inbox item for this call (its rule holds, or the tool itself
+        asked: a Pydantic AI tool's ApprovalRequired)."""
+        with transaction.atomic():
+            step.status = StepStatus.WAITING_APPROVAL
+            step.save(update_fields=["status"])
+            approval = open_approval(step, self.run.agent)
+            return self.park(
+                events_before=[
+                    (EventType.STEP_WAITING_APPROVAL, step_event_data(step)),
+                    (
+                        EventType.APPROVAL_REQUESTED,
+                        {
+                            "step": step.index,
+                            "approval": approval.id,
+                            "kind": "approval",
+                            "tool": step.tool,
+                        },
+                    ),
+                ]
+            )
+
+    def _tool_asked_approval(self, step: Step, tool: Tool, attempt: int) -> str:
+        """The tool raised ApprovalRequested before doing anything: its attempt ends (it made
+        no call) and the step waits for a person, as if its rule had held."""
+        if tool.commits_before_call:
+            StepAttempt.objects.filter(step=step, number=attempt).update(
+                finished_at=timezone.now(),
+                outcome=AttemptOutcome.FAILED,
+                error="the tool asked for approval first",
+            )
+        return self._ask_approval(step)
 
     def _wait_for_retry(self, due: Any) -> bool:
         """Sleep until a short retry is due, noticing a cancel meanwhile (False: cancelled)."""
@@ -131,6 +147,8 @@ class ToolSteps:
                 )
         except _CallFailed:
             pass
+        if isinstance(failure, ApprovalRequested) and not step.approved:
+            return self._tool_asked_approval(step, tool, attempt)
         if failure is not None:
             return self._tool_failed(step, tool, attempt, started, failure, failure_tb)
         failpoints.hit("step_persisted", tool=step.tool, step_id=step.id)

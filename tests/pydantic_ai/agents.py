@@ -15,7 +15,7 @@ import os
 from collections.abc import AsyncIterator
 
 import httpx
-from pydantic_ai import Agent, RunContext
+from pydantic_ai import Agent, ApprovalRequired, ModelRetry, RunContext
 from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
@@ -78,7 +78,17 @@ shop = Agent(
 @shop.tool_plain
 def pa_lookup(order_id: str) -> dict:
     """Look an order up (read-only)."""
+    if order_id == "ORD-0":
+        raise ModelRetry("no such order; ask the customer again")
     return {"order_id": order_id, "amount_cents": 4200}
+
+
+@shop.tool(metadata=durable(side_effect=True))
+def pa_discount(ctx: RunContext[None], order_id: str, percent: int) -> dict:
+    """Give a discount; above 20 percent a person approves it first."""
+    if percent > 20 and not ctx.tool_call_approved:
+        raise ApprovalRequired(metadata={"reason": "large discount"})
+    return {"order_id": order_id, "percent": percent, "approved": ctx.tool_call_approved}
 
 
 @shop.tool_plain(

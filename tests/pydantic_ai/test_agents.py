@@ -9,6 +9,7 @@ import pytest
 from django.contrib.auth.models import Group
 
 from agentruns.models import Run, RunEvent, RunStatus, Step, StepStatus, ToolPolicy, ToolRule
+from agentruns.registry import current_step
 from approvals import services
 from approvals.models import Approval, ApprovalStatus
 from approvals.parking import DecisionError
@@ -135,3 +136,33 @@ def test_a_call_outside_the_snapshot_is_refused_as_a_failed_step(django_user_mod
     assert refused.status == StepStatus.FAILED and "not allowed" in refused.error
     assert refused.attempts == 0  # never called
     assert "pa_refund=" in run.output  # the model was told (a retry prompt)
+
+
+def test_a_tool_raising_approval_required_parks_and_runs_approved(django_user_model):
+    approver = make_user(django_user_model, "approver", ["approvals.decide_approval"])
+    small = advance(start("pa-shop", ("pa_discount", {"order_id": "ORD-2", "percent": 10})))
+    assert small.status == RunStatus.SUCCEEDED, small.error
+    assert Step.objects.get(run=small, tool="pa_discount").result["approved"] is False
+
+    run = start("pa-shop", ("pa_discount", {"order_id": "ORD-2", "percent": 50}))
+    approval = _parked(run)
+    step = Step.objects.get(run=run, tool="pa_discount")
+    assert step.status == StepStatus.WAITING_APPROVAL
+    services.approve(approval.id, user=approver)
+    run = advance(run)
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    step.refresh_from_db()
+    assert step.result == {"order_id": "ORD-2", "percent": 50, "approved": True}
+    assert step.idempotency_key == approval.step.idempotency_key  # the same call, asked once
+    assert Approval.objects.filter(step=step).count() == 1
+
+
+def test_model_retry_from_a_tool_goes_back_to_the_model():
+    run = advance(start("pa-shop", ("pa_lookup", {"order_id": "ORD-0"}), say="Hm:"))
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert "pa_lookup=no such order; ask the customer again" in run.output
+
+
+def test_current_step_outside_a_tool_call():
+    with pytest.raises(LookupError):
+        current_step()

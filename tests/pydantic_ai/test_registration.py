@@ -1,0 +1,120 @@
+"""What `register_agent(pydantic_ai.Agent)` accepts and what it refuses (no database): each
+feature that cannot run durably is a NotDurable naming it, at registration, never mid-run."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import BaseModel
+from pydantic_ai import Agent, RunContext
+from pydantic_ai.capabilities import Thinking
+from pydantic_ai.models.test import TestModel
+
+from agentruns.registry import Edit, durable, get_agent, get_tool, register_agent
+from agentruns.registry.pydantic_agents import NotDurable
+
+
+def agent(**kwargs) -> Agent:
+    return Agent(TestModel(), name=kwargs.pop("name", "pa-reg"), **kwargs)
+
+
+class Answer(BaseModel):
+    text: str
+
+
+REFUSED = {
+    "output_type": (lambda: agent(output_type=Answer), "output_type"),
+    # (an event stream handler is a capability in pydantic-ai 2.x: refused with them)
+    "capabilities": (lambda: agent(capabilities=[Thinking()]), "capabilities"),
+    "dynamic instructions": (
+        lambda: agent(instructions=lambda ctx: "now"),
+        "instruction/system prompt functions",
+    ),
+    "deps without deps=": (lambda: agent(deps_type=dict), "deps_type"),
+    "no name": (lambda: Agent(TestModel()), "needs a name"),
+    "model_settings function": (
+        lambda: agent(model_settings=lambda ctx: {"temperature": 0}),
+        "model_settings as a function",
+    ),
+}
+
+
+@pytest.mark.parametrize("feature", list(REFUSED))
+def test_features_that_cannot_be_durable_are_refused(feature):
+    build, words = REFUSED[feature]
+    with pytest.raises(NotDurable, match="cannot run durably|needs a name") as refused:
+        register_agent(build())
+    assert words in str(refused.value)
+
+
+def test_a_tool_with_a_prepare_function_is_refused():
+    pa = agent(name="pa-prepare")
+
+    async def only_sometimes(ctx, tool_def):
+        return tool_def
+
+    @pa.tool_plain(prepare=only_sometimes)
+    def thing() -> str:
+        return "x"
+
+    with pytest.raises(NotDurable, match="prepare"):
+        register_agent(pa)
+
+
+def test_declarations_map_onto_the_engines_tool():
+    pa = agent(name="pa-declared", instructions="Static.", system_prompt="First.")
+
+    @pa.tool(
+        metadata=durable(
+            side_effect=True,
+            idempotency="none",
+            editable={"amount": Edit.at_most_requested()},
+            amount_arg="amount",
+            redact=["card"],
+        )
+    )
+    def reg_charge(ctx: RunContext[None], card: str, amount: int) -> dict:
+        """Charge a card."""
+        return {}
+
+    @pa.tool_plain(requires_approval=True, metadata={"agentruns": {"side_effect": True}})
+    def reg_close(ticket: str) -> str:
+        return ticket
+
+    @pa.tool_plain
+    def reg_read(ticket: str) -> str:
+        return ticket
+
+    registered = register_agent(pa, max_steps=7)
+    assert registered.instructions == "First.\n\nStatic."
+    assert registered.max_steps == 7 and registered.input_schema["required"] == ["message"]
+    charge = get_tool("reg_charge")
+    assert (charge.side_effect, charge.idempotency, charge.amount_arg) == (True, "none", "amount")
+    assert tuple(charge.redact) == ("card",) and charge.description == "Charge a card."
+    assert charge.parameters["required"] == ["card", "amount"]
+    assert get_tool("reg_close").needs_approval({"ticket": "T"}) is True
+    assert get_tool("reg_read").side_effect is False  # undeclared: no side effect
+    assert get_agent("pa-declared").tools == ["reg_charge", "reg_close", "reg_read"]
+
+
+def test_a_bad_declaration_is_refused():
+    with pytest.raises(ValueError, match="unknown key"):
+        pa = agent(name="pa-bad")
+
+        @pa.tool_plain(metadata={"agentruns": {"side_efect": True}})
+        def reg_typo() -> str:
+            return ""
+
+        register_agent(pa)
+    with pytest.raises(ValueError, match="idempotency"):
+        durable(idempotency="maybe")
+
+
+def test_deps_come_from_the_run():
+    pa = agent(name="pa-deps", deps_type=dict)
+
+    @pa.tool
+    def reg_whoami(ctx: RunContext[dict]) -> str:
+        return ctx.deps["who"]
+
+    registered = register_agent(pa, deps=lambda run: {"who": run.input["who"]})
+    assert registered.tools == ["reg_whoami"]
