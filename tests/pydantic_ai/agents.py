@@ -10,6 +10,7 @@ server at TEST_MCP_URL when the variable is set.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import AsyncIterator
@@ -65,6 +66,8 @@ async def play(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[s
         yield f"I may not use {name}. "
     answers = tool_answers(messages)
     for word in (plan.get("say", "Done.") + " " + " | ".join(answers)).split(" "):
+        if plan.get("word_delay"):  # a model that streams slowly enough to be killed mid-stream
+            await asyncio.sleep(plan["word_delay"])
         yield word + " "
 
 
