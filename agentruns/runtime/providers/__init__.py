@@ -31,7 +31,7 @@ def get_provider(model: str, agent: Any = None) -> ModelProvider:
         from agentruns.runtime.providers.openai_provider import OpenAIProvider
 
         return OpenAIProvider(model.split("/", 1)[1])
-    if ":" in model:
+    if ":" in model or model == "test":  # "test": Pydantic AI's TestModel (calls every tool)
         from agentruns.runtime.providers.pydantic_ai_models import PydanticAIProvider
 
         return PydanticAIProvider(model, getattr(agent, "model_settings", None))
