@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 from collections.abc import AsyncIterator
 
 import httpx
+from django.db import connection
 from pydantic_ai import Agent, ApprovalRequired, ModelRetry, RunContext
 from pydantic_ai.messages import (
     ModelMessage,
@@ -84,6 +86,14 @@ def pa_lookup(order_id: str) -> dict:
     if order_id == "ORD-0":
         raise ModelRetry("no such order; ask the customer again")
     return {"order_id": order_id, "amount_cents": 4200}
+
+
+@shop.tool_plain(metadata=durable(transactional=True))
+def pa_note(order_id: str) -> dict:
+    """Write a note (rows of this database: inside the step's own commit)."""
+    with connection.cursor() as cursor:  # Django refuses this inside a running event loop
+        cursor.execute("SELECT 1")
+    return {"thread": threading.get_ident(), "in_transaction": connection.in_atomic_block}
 
 
 @shop.tool(metadata=durable(side_effect=True))

@@ -5,6 +5,8 @@ the same run; the permission snapshot narrows the tools the model is offered."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from django.contrib.auth.models import Group
 
@@ -166,3 +168,13 @@ def test_model_retry_from_a_tool_goes_back_to_the_model():
 def test_current_step_outside_a_tool_call():
     with pytest.raises(LookupError):
         current_step()
+
+
+def test_a_plain_function_tool_runs_on_the_executors_thread_in_its_transaction(monkeypatch):
+    monkeypatch.delenv("DJANGO_ALLOW_ASYNC_UNSAFE", raising=False)  # as in production
+    run = advance(start("pa-shop", ("pa_note", {"order_id": "ORD-3"})))
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    note = Step.objects.get(run=run, tool="pa_note")
+    # not on a worker thread of pydantic-ai's: the same thread and connection as the engine,
+    # inside the model step's commit (a transactional tool happens exactly once by atomicity)
+    assert note.result == {"thread": threading.get_ident(), "in_transaction": True}

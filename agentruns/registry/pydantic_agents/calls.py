@@ -21,7 +21,7 @@ from pydantic_ai import ApprovalRequired, CallDeferred, ModelRetry, RunContext
 from pydantic_ai.exceptions import ToolFailed
 from pydantic_ai.models.test import TestModel
 from pydantic_ai.tools import ToolDefinition
-from pydantic_ai.toolsets import AbstractToolset
+from pydantic_ai.toolsets import AbstractToolset, FunctionToolset
 from pydantic_ai.usage import RunUsage
 
 from agentruns.registry.errors import ApprovalRequested, FatalToolError, RetryableToolError
@@ -120,16 +120,29 @@ def call(
     """The engine's call of one Pydantic AI tool (`rerun_safe`: a broken connection may be
     retried, the tool being read-only or idempotent)."""
     ctx = binding.run_context(tool_ctx, definition.name)
+    inline = _inline_function(binding.toolset, definition.name)
+
+    async def validated() -> dict:
+        tool = await binding.toolset.get_tool_for_tool_def(definition, ctx)
+        args = tool.args_validator.validate_python(arguments)
+        if tool.args_validator_func is not None:
+            await _maybe_await(tool.args_validator_func(ctx, **args))
+        return args
 
     async def invoke() -> Any:
         async with binding.toolset:
+            args = await validated()
             tool = await binding.toolset.get_tool_for_tool_def(definition, ctx)
-            args = tool.args_validator.validate_python(arguments)
-            if tool.args_validator_func is not None:
-                await _maybe_await(tool.args_validator_func(ctx, **args))
             return await binding.toolset.call_tool(definition.name, args, ctx, tool)
 
     try:
+        if inline is not None:
+            # a plain `def` runs here, on the executor's thread and outside any event loop (as a
+            # native tool does): its database writes use this thread's connection and, for a
+            # transactional tool, the step's own transaction; pydantic-ai would send it to a
+            # worker thread of its own
+            positional, keywords = inline._call_args(run_sync(validated()), ctx)
+            return inline.function(*positional, **keywords)
         return run_sync(invoke())
     except ApprovalRequired as exc:
         raise ApprovalRequested(definition.name, metadata=exc.metadata) from None
@@ -149,6 +162,13 @@ def call(
         if _unreachable(exc) or (rerun_safe and _transport_failure(exc)):
             raise RetryableToolError(f"{definition.name}: server unreachable: {exc!r}") from exc
         raise
+
+
+def _inline_function(toolset: AbstractToolset, name: str) -> Any:
+    """The function schema of a plain (sync) function tool of a FunctionToolset, else None."""
+    tools = toolset.tools if isinstance(toolset, FunctionToolset) else {}
+    schema = getattr(tools.get(name), "function_schema", None)
+    return schema if schema is not None and not schema.is_async else None
 
 
 async def _maybe_await(value: Any) -> Any:
