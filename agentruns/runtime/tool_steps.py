@@ -17,6 +17,7 @@ from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, 
 from agentruns.registry import Tool, ToolContext, get_tool
 from agentruns.runtime import connections, failpoints
 from agentruns.runtime.events import EventType, step_event_data, succeeded_event_data
+from agentruns.runtime.faults import is_infrastructure_error
 from agentruns.runtime.permissions import needs_approval
 from agentruns.runtime.redaction import redact_text, secret_values, secrets_in_scope
 from agentruns.runtime.store.rows import WriteBatch
@@ -121,6 +122,8 @@ class ToolSteps:
                 try:
                     result = call_tool(self.run, step, tool, ctx)
                 except Exception as exc:
+                    if is_infrastructure_error(exc):
+                        raise  # the database went away under the tool: weather, not an attempt
                     failure, failure_tb = exc, traceback.format_exc()
                     raise _CallFailed from exc
                 failpoints.hit("tool_returned", tool=step.tool, step_id=step.id)
