@@ -32,7 +32,11 @@ def _admin() -> psycopg.Connection:
 
 
 def refuse_connections() -> None:
+    """New connections are refused, and every session is terminated (this thread's own gives
+    its connection back first, so its next query connects afresh)."""
     name = connection.settings_dict["NAME"]
+    if not connection.in_atomic_block:
+        connection.close()
     with _admin() as admin:
         admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
         admin.execute(
