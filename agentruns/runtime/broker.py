@@ -119,8 +119,10 @@ class DoorbellBroker(ORM):
             for _ in listener.notifies(timeout=timeout, stop_after=1):
                 pass
         except Exception as exc:
-            if is_infrastructure_error(exc):  # the outage is logged once, by whoever saw it
-                weather.database.noticed(exc, "the doorbell listener")
+            if is_infrastructure_error(exc):
+                # a restart dropped it (found only now, after the queue already answered): the
+                # outage is the dequeue's to report; listen again on the next wait
+                logger.info("doorbell listener lost (%s); listening again", exc)
             else:
                 logger.warning("doorbell listener failed; polling", exc_info=True)
             self.stop_listening()
@@ -132,6 +134,7 @@ class DoorbellBroker(ORM):
         `retry`, where the run's lease makes it a no-op."""
         try:
             super().acknowledge(task_id)
+            weather.database.passed()
         except Exception as exc:
             if not is_infrastructure_error(exc):
                 raise
