@@ -300,7 +300,7 @@ def test_a_redis_outage_loses_no_frame_and_fails_no_run(tmp_path, seeded, django
     port = redis.port
     env = {
         "REDIS_URL": redis.url,
-        "SCRIPTED_MODEL_DELAY_MS": "60",
+        "SCRIPTED_MODEL_DELAY_MS": "400",  # ~25 s a run: streaming before, during and after
         "REFUND_GATEWAY_DELAY_MS": "500",
         "AGENTRUNS_STREAM_POLL_SECONDS": "1.0",  # the fallback: push is much faster than this
         "REFUND_APPROVAL_THRESHOLD_CENTS": "1000000000",
@@ -339,7 +339,10 @@ def test_a_redis_outage_loses_no_frame_and_fails_no_run(tmp_path, seeded, django
             groups = redis.client().keys("asgi:group:run.*")
             return bool(groups)
 
-        wait_until(subscribed_again, timeout=30, message="the feeds to join their groups again")
+        try:
+            wait_until(subscribed_again, timeout=30, message="the feeds to join their groups again")
+        except TimeoutError:
+            fail_with_logs({v.url: len(v.frames) for v in viewers}, procs)
         for viewer in viewers:
             viewer.join(150)
         assert all(w.alive for w in procs)
@@ -355,9 +358,20 @@ def test_a_redis_outage_loses_no_frame_and_fails_no_run(tmp_path, seeded, django
         assert seqs == list(range(1, run.last_seq + 1)), "no hole, no duplicate"
         db_events = [event_payload(e) for e in RunEvent.objects.filter(run=run).order_by("seq")]
         assert [{k: v for k, v in f.items() if k != "html"} for f in viewer.frames] == db_events
-    during = [t for v in viewers for t in v.arrived if stopped <= t < back]
+    # commit -> frame at the client: pushed before and after the outage, polled during it
+    lag: dict[str, list[float]] = {"before": [], "during": [], "after": []}
+    for viewer in viewers:
+        run_id = viewer.url.rstrip("/").rsplit("/", 1)[-1]
+        created = dict(RunEvent.objects.filter(run_id=run_id).values_list("seq", "created_at"))
+        for frame, arrived in zip(viewer.frames, viewer.arrived, strict=True):
+            committed = created[frame["seq"]].timestamp()
+            phase = "before" if committed < stopped else "during" if committed < back else "after"
+            if phase != "after" or committed > back + 2:  # (after: once the feeds rejoined)
+                lag[phase].append(arrived - committed)
+    medians = {k: f"{statistics.median(v) * 1000:.0f} ms" for k, v in lag.items() if v}
     print(
         f"[redis-drill] {len(viewers)} runs streamed, Redis down {REDIS_OUTAGE_SECONDS:.0f}s: "
-        f"0 failed, 0 frames lost or duplicated, {len(during)} frames delivered by the database "
-        f"poll meanwhile, connections per viewer {[v.connections for v in viewers]}"
+        f"0 failed, 0 frames lost or duplicated, {len(lag['during'])} frames by the database poll "
+        f"meanwhile; median commit->frame {medians} (poll 1 s); "
+        f"connections per viewer {[v.connections for v in viewers]}"
     )
