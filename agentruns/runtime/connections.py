@@ -18,6 +18,7 @@ has its connections back within a second or so of the database's return.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 from functools import cache
@@ -94,3 +95,10 @@ def cap_reconnect_backoff(cap: float = RECONNECT_BACKOFF_CAP_SECONDS) -> None:
             self.delay = min(self.delay, self.capped_at * random.uniform(0.8, 1.0))
 
     sync_pool.AttemptWithBackoff = CappedBackoff
+    logging.getLogger("psycopg.pool").addFilter(_quiet_reconnects)
+
+
+def _quiet_reconnects(record: logging.LogRecord) -> bool:
+    """psycopg_pool warns at every failed reconnection (now every second) and every dead
+    connection it discards after a restart: the outage is logged once by `weather.py` instead."""
+    return not str(record.msg).startswith(("error connecting in", "discarding closed connection"))
