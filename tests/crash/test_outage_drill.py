@@ -32,7 +32,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.sync.client import connect
 
-from agentruns.models import Run, RunEvent
+from agentruns.models import Run, RunEvent, Step, StepAttempt
 from agentruns.runtime.events import event_payload
 from agentruns.tokens import create_token
 from support.models import GatewayRefund
@@ -56,6 +56,7 @@ OUTAGE_SECONDS = 8.0
 REDIS_OUTAGE_SECONDS = 10.0
 LIVE = ("queued", "running")
 RUN_TABLE, EVENT_TABLE = Run._meta.db_table, RunEvent._meta.db_table
+STEP_TABLE, ATTEMPT_TABLE = Step._meta.db_table, StepAttempt._meta.db_table
 
 
 # ------------------------------------------------------------------ processes
@@ -140,6 +141,17 @@ def unmoved(pg: PrivatePostgres, held: set[str], back: datetime) -> set[str]:
             [list(held), list(LIVE), back],
         ).fetchall()
     return {r[0] for r in rows}
+
+
+def refund_attempts(pg: PrivatePostgres) -> tuple[int, int]:
+    """(refund calls made again after an interruption, runs whose refund changed workers)."""
+    with pg.connect() as conn:
+        rows = conn.execute(
+            f"SELECT count(*), count(DISTINCT split_part(a.worker, ':', 2)) FROM {ATTEMPT_TABLE} a "
+            f"JOIN {STEP_TABLE} s ON s.id = a.step_id WHERE s.tool = 'issue_refund' "
+            "GROUP BY s.id"
+        ).fetchall()
+    return sum(1 for n, _ in rows if n > 1), sum(1 for _, pids in rows if pids > 1)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -240,6 +252,11 @@ def test_restarts_and_an_outage_fail_no_run_and_refund_each_order_once(
             if "agentruns" in line and ("unavailable" in line or "is back after" in line)
         ]
         print("[outage-drill] the workers' outage log lines:", *outage_lines, sep="\n  ")
+        again, moved = refund_attempts(private_pg)
+        print(
+            f"[outage-drill] refund calls sent again with the same key after an interruption: "
+            f"{again}; of them continued by the other worker: {moved}"
+        )
     finally:
         for proc in procs:
             proc.kill()
