@@ -20,7 +20,9 @@ subscribe again (push) once Redis is back.
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import statistics
 import threading
 import time
@@ -177,7 +179,7 @@ def test_restarts_and_an_outage_fail_no_run_and_refund_each_order_once(
     gateway, gateway_url = start_web(tmp_path, REFUND_GATEWAY_DELAY_MS=2000)
     env = {
         "DATABASE_URL": private_pg.url,
-        "SCRIPTED_MODEL_DELAY_MS": "150",  # a run takes ~25 s undisturbed: all in flight
+        "SCRIPTED_MODEL_DELAY_MS": "250",  # a run takes ~35 s: all 40 in flight at every fault
         "REFUND_GATEWAY_URL": f"{gateway_url}/gateway",
         "REFUND_APPROVAL_THRESHOLD_CENTS": "1000000000",
         "Q_WORKERS": "1",
@@ -269,6 +271,71 @@ def test_restarts_and_an_outage_fail_no_run_and_refund_each_order_once(
         f"p50 {statistics.median(gaps):.2f}s, p99 {percentile(gaps, 0.99):.2f}s, "
         f"max {max(gaps):.2f}s over {len(gaps)} interruptions"
     )
+
+
+def refund_steps(pg: PrivatePostgres, run_ids: list[str]) -> list[tuple[str, int]]:
+    """(status, attempts) of the runs' issue_refund steps."""
+    with pg.connect() as conn:
+        return conn.execute(
+            f"SELECT status, attempts FROM {STEP_TABLE} WHERE tool = 'issue_refund' "
+            "AND run_id::text = ANY(%s)",
+            [run_ids],
+        ).fetchall()
+
+
+def test_a_lease_that_lapsed_in_an_outage_never_runs_a_refund_twice(tmp_path, private_pg, seeded):
+    """Worker A's refund calls are in flight when the database goes, for longer than the lease
+    TTL; A cannot renew (frozen, so the race is decided: B takes over), B resumes each refund
+    with the same key, then A wakes up with the gateway's answers and its commits are refused by
+    the fence. The ledger: one refund per order; every run succeeds."""
+    gateway, gateway_url = start_web(tmp_path, REFUND_GATEWAY_DELAY_MS=4000)
+    env = {
+        "DATABASE_URL": private_pg.url,
+        "SCRIPTED_MODEL_DELAY_MS": "5",
+        "REFUND_GATEWAY_URL": f"{gateway_url}/gateway",
+        "REFUND_APPROVAL_THRESHOLD_CENTS": "1000000000",
+        "Q_WORKERS": "1",
+    }
+    private_pg.migrate(base_env(**env))
+    token = api_token(base_env(**env))
+    web, url = start_web(tmp_path, **env)
+    a = start_worker(tmp_path, name="worker-a", **env)
+    procs = [gateway, web, a]
+    orders = ["ORD-1001", "ORD-1002", "ORD-1003"]
+    try:
+        run_ids = [
+            start_run_over_http(url, token, {"order_id": o, "message": "refund"}) for o in orders
+        ]
+        in_flight = lambda: [s for s, _ in refund_steps(private_pg, run_ids)] == ["running"] * 3  # noqa: E731
+        wait_until(in_flight, timeout=60, message="A's three refund calls to be in flight")
+        os.killpg(a.popen.pid, signal.SIGSTOP)
+        private_pg.stop()
+        time.sleep(3.0)  # > the lease TTL (2 s): A's leases lapse unrenewed
+        private_pg.start()
+        b = start_worker(tmp_path, name="worker-b", **env)
+        procs.append(b)
+
+        def taken_over() -> bool:
+            return [n for _, n in refund_steps(private_pg, run_ids)] == [2] * 3
+
+        wait_until(taken_over, timeout=60, message="B to resume the three refunds")
+        os.killpg(a.popen.pid, signal.SIGCONT)
+
+        def succeeded() -> bool:
+            return {s for s, _ in statuses(private_pg, run_ids).values()} == {"succeeded"}
+
+        try:
+            wait_until(succeeded, timeout=60, message="every run to succeed")
+        except TimeoutError:
+            fail_with_logs(statuses(private_pg, run_ids), procs)
+        assert a.alive and b.alive
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert {o: GatewayRefund.objects.filter(order_id=o).count() for o in orders} == {
+        o: 1 for o in orders
+    }
+    assert sorted(n for _, n in refund_steps(private_pg, run_ids)) == [2, 2, 2]
 
 
 # ------------------------------------------------------------------ the Redis drill
