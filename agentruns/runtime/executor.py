@@ -132,7 +132,7 @@ class RunExecutor(ModelSteps, ToolSteps):
                 return "busy"
         except Exception as exc:
             if is_infrastructure_error(exc):
-                return self.weathered(exc, claimed=False)
+                return self.weathered(exc)  # nothing claimed: the keeper only rings it
             raise
         self.heartbeat = Heartbeat(self.run_id, self.owner, self.ttl)
         self.heartbeat.start()
@@ -161,10 +161,10 @@ class RunExecutor(ModelSteps, ToolSteps):
         finally:
             self.heartbeat.stop()
 
-    def weathered(self, exc: BaseException, *, claimed: bool = True) -> str:
+    def weathered(self, exc: BaseException) -> str:
         """The database (or Redis) failed under this slice: write nothing, count nothing; the
-        process's lease keeper releases the lease (`claimed`) and rings the run when the
-        database answers again, or the lease lapses and the sweeper does."""
+        process's lease keeper releases the lease (if this executor holds it) and rings the run
+        when the database answers again, or the lease lapses and the sweeper does."""
         weather.outage_of(exc).noticed(exc, f"run {self.run_id}")
         log.info("run %s: slice stopped by an outage: %r", self.run_id, exc)
         # a connection that saw the error: back to the pool (which discards it) or closed

@@ -209,6 +209,8 @@ class _LeaseKeeper(threading.Thread):
                 log.warning("lease renewal failed for %d run(s)", len(due), exc_info=True)
                 for beat in due:
                     beat.due = time.monotonic() + beat.ttl / 3
+                with self.lock:  # not weather: their leases lapse and the sweeper rings them
+                    self.handed_back.difference_update(handed_back)
             else:
                 # nobody knows whose the leases are now: flag none, the fence decides later
                 weather.database.noticed(exc, "the lease keeper")
