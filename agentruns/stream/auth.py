@@ -27,5 +27,5 @@ class BearerTokenMiddleware(BaseMiddleware):
 
 
 def SessionOrTokenAuthMiddleware(inner):  # noqa: N802 - mirrors AuthMiddlewareStack
-    # outermost: the session and token lookups need the database; without it, 1013
+    # outermost: the session and token lookups need the database; without it, 4503
     return CloseWhenUnavailable(AuthMiddlewareStack(BearerTokenMiddleware(inner)))

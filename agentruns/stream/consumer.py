@@ -44,8 +44,8 @@ WINDOW = 2000  # recent frames a feed keeps for viewers that are (nearly) caught
 GAP_PATIENCE_SECONDS = 5.0  # how long a feed waits for a missing seq before delivering past it
 
 # close codes: 4400 bad request, 4401 not authenticated, 4403 forbidden, 4404 no such run,
-# 1013 the database is unavailable (try again later). The page's client treats 4400-4499 as
-# refusals (no reconnect); anything else is retried with backoff from its cursor.
+# 4503 the database is unavailable, try again later (stream/unavailable.py). The page's client
+# treats 4400-4499 as refusals (no reconnect); anything else is retried with backoff.
 
 
 @dataclass(eq=False)
@@ -62,7 +62,7 @@ class RunFeed:
     tasks: list[asyncio.Task] = field(default_factory=list)
     channel: str | None = None
     gap_since: float | None = None
-    outages: int = 0  # failed reads for an outage: each closes the viewers it finds (1013)
+    outages: int = 0  # failed reads for an outage: each closes the viewers it finds (4503)
 
     def frames_after(self, seq: int) -> list[tuple[int, str]] | None:
         """Frames with seq > `seq` from the window; None when `seq` is older than the window."""
@@ -180,7 +180,7 @@ async def _follow(feed: RunFeed) -> None:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a database blip: keep the feed alive, try again next tick
-            if is_infrastructure_error(exc):  # its viewers reconnect with backoff (1013)
+            if is_infrastructure_error(exc):  # its viewers reconnect with backoff (4503)
                 feed.outages += 1
                 feed._wake()
             else:
