@@ -5,7 +5,7 @@
 // order; a hole in the seqs means something went wrong on the way, so the client reconnects with
 // after=<last applied> rather than show a gap. Any close that is not a refusal (4400-4499) is
 // retried with capped exponential backoff and jitter: a dropped connection, a server restart,
-// and 1013 ("try again later": the database is down, the server accepts and closes at once).
+// and 4503 ("try again later": the database is down, the server accepts and closes at once).
 // So a socket only counts as up (the backoff resets, "live" shows) once the server has answered
 // something on it: the ping sent on open, or a frame. Model text follows the same rules as the
 // server's first render (selectors.live_turns): text per (step, attempt); an attempt is dropped

@@ -1,0 +1,188 @@
+"""A model-provider outage is weather (runtime/model_outage.py): the fake OpenAI-compatible server
+is really stopped and started again on its port, and answers 503 and 429 with Retry-After.
+
+With a real worker: the run backs off (queued, with the reason and the next try, on the run page
+too), no provider error counts as a step attempt, and the run finishes with one refund once the
+server is back. In process: an answer that will not change (404) fails at once with the reason;
+an outage longer than AGENTRUNS_MODEL_OUTAGE_SECONDS fails the step with a stated reason, and
+`POST /api/runs/<id>/retry` then finishes the run.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+from django.utils import timezone
+
+from agentruns.models import AttemptOutcome, Run, RunEvent, StepAttempt
+from agentruns.services import start_run
+from agentruns.tokens import create_token
+from scripts.fake_openai_server import Fail, FakeOpenAI, Reply
+from tests.helpers import advance, steps
+from tests.procs import gateway_refunds, start_run_over_http, start_web, start_worker, wait_until
+from tests.providers.kit import API_KEY, MODEL
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def latest_status(run_id) -> dict:
+    return (
+        RunEvent.objects.filter(run_id=run_id, type="run.status")
+        .order_by("-seq")
+        .values_list("data", flat=True)
+        .first()
+    )
+
+
+def backing_off_for_the_model(run_id) -> dict | None:
+    data = latest_status(run_id)
+    if data and data["status"] == "queued" and "model unavailable" in data.get("reason", ""):
+        return data
+    return None
+
+
+def test_the_run_backs_off_while_the_model_server_is_down_and_finishes_when_it_returns(
+    tmp_path: Path, seeded, client
+):
+    fake = FakeOpenAI(mode="refund", api_key=API_KEY).start()
+    port = fake.port
+    fake.stop()  # down before the run starts: connection refused
+    env = {
+        "AGENTRUNS_MODEL": MODEL,
+        "OPENAI_BASE_URL": fake.url,
+        "OPENAI_API_KEY": API_KEY,
+        "OPENAI_TIMEOUT_SECONDS": 10,
+        "OPENAI_MAX_RETRIES": 0,  # every failure reaches the engine at once
+        "AGENTRUNS_MODEL_BACKOFF_SECONDS": 0.5,
+        "AGENTRUNS_MODEL_BACKOFF_MAX_SECONDS": 2,
+        "AGENTRUNS_RETRY_SLEEP_MAX_SECONDS": 0.2,  # any wait longer frees the thread: visible
+        "AGENTRUNS_MODEL_OUTAGE_SECONDS": 300,
+        "REFUND_APPROVAL_THRESHOLD_CENTS": 1_000_000_000,
+    }
+    web, url = start_web(tmp_path, **env)
+    worker = start_worker(tmp_path, REFUND_GATEWAY_URL=url + "/gateway", **env)
+    revived: FakeOpenAI | None = None
+    try:
+        lead = User.objects.get(username="lead")
+        run_id = start_run_over_http(
+            url, create_token(lead), {"order_id": "ORD-1004", "message": "Broken, refund it."}
+        )
+        backing_off = wait_until(
+            lambda: backing_off_for_the_model(run_id), timeout=60, message="the run backing off"
+        )
+        assert "unreachable" in backing_off["reason"] and backing_off["until"]
+        assert backing_off["model_outage"]["step"] == 0
+        run = Run.objects.get(id=run_id)
+        assert run.status == "queued" and run.lease_owner == ""
+        # the run page says so: the reason and the next try
+        client.force_login(lead)
+        page = client.get(f"/runs/{run_id}/").content.decode()
+        if Run.objects.get(id=run_id).status == "queued":  # (not caught between two tries)
+            assert "Backing off" in page and "next try at" in page
+            assert "model unavailable" in page
+        # still down a few tries later: no attempt was counted, nothing failed
+        wait_until(
+            lambda: (
+                (backing_off_for_the_model(run_id) or {}).get("model_outage", {}).get("failures", 0)
+                >= 3
+            ),
+            timeout=60,
+            message="three failed tries",
+        )
+        assert not StepAttempt.objects.filter(step__run_id=run_id).exists()
+        assert Run.objects.get(id=run_id).status in ("queued", "running")
+
+        # back, first with a 503, then a 429 that asks for 2 s, then answering
+        revived = FakeOpenAI(port=port, mode="refund", api_key=API_KEY)
+        revived.script(Fail(503), Fail(429, retry_after=2))
+        revived.start()
+        back_at = time.monotonic()
+        run = wait_until(
+            lambda: Run.objects.filter(id=run_id, status__in=("succeeded", "failed")).first(),
+            timeout=120,
+            message="the run to finish",
+        )
+        assert run.status == "succeeded", run.error
+        ledger = gateway_refunds(url, "ORD-1004")
+    finally:
+        worker.stop()
+        web.stop()
+        if revived is not None:
+            revived.stop()
+
+    assert len(ledger) == 1  # one refund, whatever the outage did
+    requests = revived.chat_requests()
+    first_after, on_429, after_429 = requests[0], requests[1], requests[2]
+    assert after_429.received_at - on_429.received_at >= 2.0  # Retry-After honoured
+    # provider errors are weather: every model step has one attempt, and it succeeded
+    for step in steps(run, kind="model"):
+        assert step.attempts == 1, step
+        outcomes = list(StepAttempt.objects.filter(step=step).values_list("outcome", flat=True))
+        assert outcomes == [AttemptOutcome.SUCCEEDED]
+    print(
+        f"\n[model-outage] first call {first_after.received_at - back_at:.2f}s after the server"
+        f" returned; first answered call {after_429.received_at - back_at:.2f}s after"
+        " (a 503 and a 429 with Retry-After: 2 in between)"
+    )
+
+
+@pytest.fixture
+def model_settings(settings):
+    settings.AGENTRUNS_MODEL = MODEL
+    settings.OPENAI_API_KEY = API_KEY
+    settings.OPENAI_TIMEOUT_SECONDS = 5
+    settings.OPENAI_MAX_RETRIES = 0
+    settings.OPENAI_REQUEST_OPTIONS = ""
+    settings.AGENTRUNS_MODEL_PRICES = ""
+    settings.AGENTRUNS_MAX_COST_USD = 0
+    settings.AGENTRUNS_MODEL_BACKOFF_SECONDS = 0.2
+    settings.AGENTRUNS_MODEL_BACKOFF_MAX_SECONDS = 0.5
+    return settings
+
+
+def test_an_answer_that_will_not_change_fails_at_once_with_its_reason(model_settings):
+    with FakeOpenAI(mode="error") as fake:
+        model_settings.OPENAI_BASE_URL = fake.url
+        fake.script(Fail(404, message="The model `fake-model` does not exist"))
+        run = advance(start_run("script", {"case": "openai"}).run)
+        assert run.status == "failed"
+        assert run.error.startswith("model error: model not found or wrong OPENAI_BASE_URL")
+        assert "does not exist" in run.error
+        assert len(fake.chat_requests()) == 1  # never retried
+
+
+def test_an_outage_past_the_budget_fails_with_its_reason_and_retry_finishes(
+    model_settings, client, seeded
+):
+    model_settings.AGENTRUNS_MODEL_OUTAGE_SECONDS = 2
+    fake = FakeOpenAI(mode="error").start()
+    port = fake.port
+    model_settings.OPENAI_BASE_URL = fake.url
+    fake.stop()
+    started = time.monotonic()
+    run = advance(start_run("script", {"case": "openai"}).run)
+    assert time.monotonic() - started >= 2.0
+    assert run.status == "failed"
+    assert run.error.startswith("model error: the model endpoint was unavailable for 2 s")
+    assert "AGENTRUNS_MODEL_OUTAGE_SECONDS=2" in run.error and "unreachable" in run.error
+    (step,) = steps(run)
+    assert step.status == "failed" and step.attempts == 1  # the verdict's one attempt
+
+    with FakeOpenAI(port=port, mode="error") as revived:
+        revived.script(Reply(text="Here now."))
+        token = create_token(User.objects.get(username="lead"))
+        answer = client.post(
+            f"/api/runs/{run.id}/retry",
+            {},
+            content_type="application/json",
+            HTTP_AUTHORIZATION=f"Bearer {token}",
+        )
+        assert answer.status_code == 200, answer.content
+        run = advance(run)
+    assert run.status == "succeeded" and run.output == "Here now."
+    (step,) = steps(run)
+    assert step.status == "succeeded" and step.attempts == 2
+    assert run.finished_at <= timezone.now()
