@@ -44,12 +44,22 @@ def backing_off_for_the_model(run_id) -> dict | None:
     return None
 
 
-def test_the_run_backs_off_while_the_model_server_is_down_and_finishes_when_it_returns(
+RUNS = 8  # in flight through one worker while the model server is away
+ORDERS = [f"ORD-10{10 + i}" for i in range(RUNS)]
+
+
+def order_of(request) -> str:
+    """The order a model request is about (the customer's message names it)."""
+    text = " ".join(str(m.get("content") or "") for m in request.messages)
+    return next(order for order in ORDERS if order in text)
+
+
+def test_runs_back_off_while_the_model_server_is_down_and_finish_when_it_returns(
     tmp_path: Path, seeded, client
 ):
     fake = FakeOpenAI(mode="refund", api_key=API_KEY).start()
     port = fake.port
-    fake.stop()  # down before the run starts: connection refused
+    fake.stop()  # down before the runs start: connection refused
     env = {
         "AGENTRUNS_MODEL": MODEL,
         "OPENAI_BASE_URL": fake.url,
@@ -67,65 +77,81 @@ def test_the_run_backs_off_while_the_model_server_is_down_and_finishes_when_it_r
     revived: FakeOpenAI | None = None
     try:
         lead = User.objects.get(username="lead")
-        run_id = start_run_over_http(
-            url, create_token(lead), {"order_id": "ORD-1004", "message": "Broken, refund it."}
-        )
-        backing_off = wait_until(
-            lambda: backing_off_for_the_model(run_id), timeout=60, message="the run backing off"
-        )
-        assert "unreachable" in backing_off["reason"] and backing_off["until"]
-        assert backing_off["model_outage"]["step"] == 0
-        run = Run.objects.get(id=run_id)
-        assert run.status == "queued" and run.lease_owner == ""
+        token = create_token(lead)
+        run_ids = [
+            start_run_over_http(url, token, {"order_id": order, "message": "Broken, refund it."})
+            for order in ORDERS
+        ]
+        for run_id in run_ids:
+            backing_off = wait_until(
+                lambda run_id=run_id: backing_off_for_the_model(run_id),
+                timeout=60,
+                message="every run backing off",
+            )
+            assert "unreachable" in backing_off["reason"] and backing_off["until"]
+            assert backing_off["model_outage"]["step"] == 0
+        run = Run.objects.get(id=run_ids[0])
         # the run page says so: the reason and the next try
         client.force_login(lead)
-        page = client.get(f"/runs/{run_id}/").content.decode()
-        if Run.objects.get(id=run_id).status == "queued":  # (not caught between two tries)
+        page = client.get(f"/runs/{run.id}/").content.decode()
+        if Run.objects.get(id=run.id).status == "queued":  # (not caught between two tries)
             assert "Backing off" in page and "next try at" in page
             assert "model unavailable" in page
         # still down a few tries later: no attempt was counted, nothing failed
         wait_until(
             lambda: (
-                (backing_off_for_the_model(run_id) or {}).get("model_outage", {}).get("failures", 0)
+                (backing_off_for_the_model(run_ids[-1]) or {})
+                .get("model_outage", {})
+                .get("failures", 0)
                 >= 3
             ),
             timeout=60,
             message="three failed tries",
         )
-        assert not StepAttempt.objects.filter(step__run_id=run_id).exists()
-        assert Run.objects.get(id=run_id).status in ("queued", "running")
+        assert not StepAttempt.objects.filter(step__run_id__in=run_ids).exists()
+        assert not Run.objects.filter(id__in=run_ids, status="failed").exists()
 
         # back, first with a 503, then a 429 that asks for 2 s, then answering
         revived = FakeOpenAI(port=port, mode="refund", api_key=API_KEY)
         revived.script(Fail(503), Fail(429, retry_after=2))
         revived.start()
         back_at = time.monotonic()
-        run = wait_until(
-            lambda: Run.objects.filter(id=run_id, status__in=("succeeded", "failed")).first(),
-            timeout=120,
-            message="the run to finish",
+        wait_until(
+            lambda: (
+                Run.objects.filter(id__in=run_ids, status__in=("succeeded", "failed")).count()
+                == RUNS
+            ),
+            timeout=180,
+            message="every run to finish",
         )
-        assert run.status == "succeeded", run.error
-        ledger = gateway_refunds(url, "ORD-1004")
+        ledgers = {order: gateway_refunds(url, order) for order in ORDERS}
     finally:
         worker.stop()
         web.stop()
         if revived is not None:
             revived.stop()
 
-    assert len(ledger) == 1  # one refund, whatever the outage did
+    assert worker.popen.returncode == -9  # killed by the test, never exited on its own
+    runs = list(Run.objects.filter(id__in=run_ids))
+    assert [r.status for r in runs] == ["succeeded"] * RUNS, [r.error for r in runs]
+    assert all(len(ledger) == 1 for ledger in ledgers.values()), ledgers  # one refund each
     requests = revived.chat_requests()
-    first_after, on_429, after_429 = requests[0], requests[1], requests[2]
+    on_429 = requests[1]
+    after_429 = next(r for r in requests[2:] if order_of(r) == order_of(on_429))
     assert after_429.received_at - on_429.received_at >= 2.0  # Retry-After honoured
     # provider errors are weather: every model step has one attempt, and it succeeded
-    for step in steps(run, kind="model"):
-        assert step.attempts == 1, step
-        outcomes = list(StepAttempt.objects.filter(step=step).values_list("outcome", flat=True))
-        assert outcomes == [AttemptOutcome.SUCCEEDED]
+    for run in runs:
+        for step in steps(run, kind="model"):
+            assert step.attempts == 1, step
+            outcomes = list(StepAttempt.objects.filter(step=step).values_list("outcome", flat=True))
+            assert outcomes == [AttemptOutcome.SUCCEEDED]
+    firsts = {}
+    for request in requests:
+        firsts.setdefault(order_of(request), request.received_at - back_at)
     print(
-        f"\n[model-outage] first call {first_after.received_at - back_at:.2f}s after the server"
-        f" returned; first answered call {after_429.received_at - back_at:.2f}s after"
-        " (a 503 and a 429 with Retry-After: 2 in between)"
+        f"\n[model-outage] {RUNS} runs backing off; after the server returned (answering 503, "
+        f"then 429 with Retry-After: 2, then normally): first call {min(firsts.values()):.2f}s, "
+        f"every run calling again within {max(firsts.values()):.2f}s"
     )
 
 
