@@ -6,7 +6,8 @@ reconnect is refused the same way: the page must say "reconnecting". Once the se
 (and a worker continues the run: the one running it was killed before the outage, so the drill
 tests the page, not the worker's own weathering) the page carries on by itself from its cursor:
 at the end every model turn is on the page once, every event once and in order, and the output
-is the run's, all compared with what the database holds.
+is the run's, all compared with what the database holds. The inbox, open beside it, says
+"reconnecting" while its poll fails and carries on by itself afterwards.
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ def test_run_page_says_reconnecting_through_a_database_outage_and_misses_nothing
     workers = [start_worker(tmp_path, name="worker-1", **env)]
     try:
         page = logged_in_page(browser, base_url, "lead", RECORDER)
+        inbox = logged_in_page(browser, base_url, "lead", "", next_path="/approvals/")
+        assert inbox.get_attribute("#inbox-conn", "data-state") == "live"
         run_id = start_run_over_http(
             base_url, token, {"order_id": "ORD-1009", "message": "It never worked."}
         )
@@ -102,12 +105,16 @@ def test_run_page_says_reconnecting_through_a_database_outage_and_misses_nothing
         assert "reconnecting" in page.inner_text("#conn")
         time.sleep(max(0.0, 6 - (time.monotonic() - down_at)))  # an outage of several seconds
         assert page.get_attribute("#conn", "data-state") == "reconnecting"
+        # the inbox's poll failed too: it says so and backs off
+        inbox.wait_for_selector("#inbox-conn[data-state=reconnecting]", timeout=30_000)
+        assert inbox.inner_text("#inbox-conn") == "reconnecting…"
         pg.start()
         up_at = time.monotonic()
         workers.append(start_worker(tmp_path, name="worker-2", **env))
         page.wait_for_selector("#conn[data-state=live], #conn[data-state=finished]", timeout=30_000)
         reconnected = time.monotonic() - up_at
         page.wait_for_selector("#conn[data-state=finished]", timeout=180_000)
+        inbox.wait_for_selector("#inbox-conn[data-state=live]", state="hidden", timeout=60_000)
 
         truth = database_truth(pg, run_id)
         assert truth["status"] == "succeeded"
