@@ -23,6 +23,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.core.signals import got_request_exception
 from django.http import HttpRequest, HttpResponse
@@ -74,13 +75,28 @@ def _note(request: HttpRequest, dependency: str, exc: BaseException) -> None:
 
 
 class AnswerOutagesWithRetryLater:
-    """First in MIDDLEWARE (see the module docstring)."""
+    """First in MIDDLEWARE (see the module docstring). Sync and async: being outermost, a
+    sync-only middleware would push every request, the async streams too, onto a thread."""
+
+    sync_capable = True
+    async_capable = True
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
+        self.async_mode = iscoroutinefunction(get_response)
+        if self.async_mode:
+            markcoroutinefunction(self)
 
-    def __call__(self, request: HttpRequest) -> HttpResponse:
-        response = self.get_response(request)
+    def __call__(self, request: HttpRequest):
+        if self.async_mode:
+            return self._acall(request)
+        return self._answer(request, self.get_response(request))
+
+    async def _acall(self, request: HttpRequest) -> HttpResponse:
+        return self._answer(request, await self.get_response(request))
+
+    @staticmethod
+    def _answer(request: HttpRequest, response: HttpResponse) -> HttpResponse:
         dependency = getattr(request, _OUTAGE_ATTR, None)
         if dependency is not None and response.status_code >= 500:
             return outage_response(request, dependency)
