@@ -90,13 +90,18 @@ def test_runs_back_off_while_the_model_server_is_down_and_finish_when_it_returns
             )
             assert "unreachable" in backing_off["reason"] and backing_off["until"]
             assert backing_off["model_outage"]["step"] == 0
-        run = Run.objects.get(id=run_ids[0])
-        # the run page says so: the reason and the next try
+        # the run page says so: the reason and the next try (read while it is not mid-try)
         client.force_login(lead)
-        page = client.get(f"/runs/{run.id}/").content.decode()
-        if Run.objects.get(id=run.id).status == "queued":  # (not caught between two tries)
-            assert "Backing off" in page and "next try at" in page
-            assert "model unavailable" in page
+        page = wait_until(
+            lambda: (
+                (html := client.get(f"/runs/{run_ids[0]}/").content.decode()).count('id="backoff"')
+                and html
+            ),
+            timeout=30,
+            message="the run page to show the backoff",
+        )
+        shown = page[page.index('id="backoff"') :].split("</dd>")[0]
+        assert "model unavailable" in shown and "unreachable" in shown and "next try at" in shown
         # still down a few tries later: no attempt was counted, nothing failed
         wait_until(
             lambda: (
@@ -169,15 +174,26 @@ def model_settings(settings):
     return settings
 
 
-def test_an_answer_that_will_not_change_fails_at_once_with_its_reason(model_settings):
+@pytest.mark.parametrize(
+    ("status", "message", "reason"),
+    [
+        (401, "Incorrect API key provided", "model error: authentication failed (HTTP 401)"),
+        (404, "The model `fake-model` does not exist", "model error: model not found"),
+        (400, "messages: unknown role 'robot'", "model error: invalid request (HTTP 400)"),
+    ],
+)
+def test_an_answer_that_will_not_change_fails_at_once_with_its_reason(
+    model_settings, status, message, reason
+):
     with FakeOpenAI(mode="error") as fake:
         model_settings.OPENAI_BASE_URL = fake.url
-        fake.script(Fail(404, message="The model `fake-model` does not exist"))
+        fake.script(Fail(status, message=message))
         run = advance(start_run("script", {"case": "openai"}).run)
         assert run.status == "failed"
-        assert run.error.startswith("model error: model not found or wrong OPENAI_BASE_URL")
-        assert "does not exist" in run.error
+        assert run.error.startswith(reason) and message in run.error
         assert len(fake.chat_requests()) == 1  # never retried
+        backoffs = RunEvent.objects.filter(run=run, data__has_key="model_outage")
+        assert not backoffs.exists()  # no backoff either
 
 
 def test_an_outage_past_the_budget_fails_with_its_reason_and_retry_finishes(
