@@ -93,7 +93,9 @@ class ModelSteps(PlannedSteps):
                 if outcome:
                     return outcome
 
-    def _wait_out_model_outage(self, outage: ModelOutage, exc: ModelError, wait: float):
+    def _wait_out_model_outage(
+        self, outage: ModelOutage, exc: ModelError, wait: float
+    ) -> str | None:
         """Back off before the next model call: queued with the reason and the next try (the
         thread and the lease go back) in a worker; a short wait, or in-process, sleeps here."""
         until = timezone.now() + timedelta(seconds=wait)

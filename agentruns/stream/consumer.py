@@ -182,7 +182,8 @@ async def _follow(feed: RunFeed) -> None:
         except Exception as exc:  # a database blip: keep the feed alive, try again next tick
             if is_infrastructure_error(exc):  # its viewers reconnect with backoff (4503)
                 feed.outages += 1
-                feed._wake()
+                for wakeup in feed.viewers:
+                    wakeup.set()
             else:
                 log.warning("run feed %s: read failed", feed.run_id, exc_info=True)
         contiguous = _contiguous_prefix(feed, frames)
