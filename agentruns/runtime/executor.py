@@ -326,10 +326,10 @@ class RunExecutor(ModelSteps, ToolSteps):
             enqueue(self.run_id)
         return RunStatus.QUEUED
 
-    def back_off(self, until: Any) -> str:
+    def back_off(self, until: Any, **why: Any) -> str:
         """Wait for a retry without a thread: queued again, its doorbell rings at `until`."""
         with transaction.atomic(savepoint=False):
-            self.apply(transitions.backing_off(until))
+            self.apply(transitions.backing_off(until, **why))
             enqueue(self.run_id, not_before=until)
         return RunStatus.QUEUED
 

@@ -92,12 +92,13 @@ def yielded(now: datetime, *, reason: str = "time slice") -> RunChange:
     )
 
 
-def backing_off(until: datetime) -> RunChange:
+def backing_off(until: datetime, *, reason: str = "retry backoff", **data: Any) -> RunChange:
     """running -> queued until a retry is due: no lease, no thread; its doorbell rings at `until`
-    (`enqueued_at` is that time, so the sweeper does not ring it earlier)."""
+    (`enqueued_at` is that time, so the sweeper does not ring it earlier). `reason` says why
+    (a model outage names its error, model_outage.py); `data` rides on the event."""
     return RunChange(
         {"status": RunStatus.QUEUED, "enqueued_at": until, **RELEASED},
-        [_status_event(RunStatus.QUEUED, reason="retry backoff", until=iso(until))],
+        [_status_event(RunStatus.QUEUED, reason=redact_text(reason), until=iso(until), **data)],
     )
 
 

@@ -23,7 +23,7 @@ from agentruns import services
 from agentruns.models import Run, RunEvent, RunStatus, Step, StepAttempt
 from agentruns.registry import all_agents
 from agentruns.runtime.text import UnsafeValue, loads_strict
-from agentruns.selectors import AGES, RunFilters, live_turns, run_page
+from agentruns.selectors import AGES, RunFilters, backoff_of, live_turns, run_page
 from agentruns.web.permissions import permission_view
 from agentruns.web.timeline import legend, timeline_svg, view_steps
 
@@ -80,6 +80,7 @@ def run_detail(request: HttpRequest, run_id) -> HttpResponse:
             "can_operate": request.user.has_perm(OPERATE),
             "can_fork": request.user.has_perm(OPERATE) and request.user.has_perm(START),
             "permissions": permission_view(run),
+            "backoff": backoff_of(run, events),
         },
     )
 
