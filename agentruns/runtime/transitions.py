@@ -92,13 +92,16 @@ def yielded(now: datetime, *, reason: str = "time slice") -> RunChange:
     )
 
 
-def backing_off(until: datetime) -> RunChange:
+def backing_off(until: datetime, *, waiting: str = "") -> RunChange:
     """running -> queued until a retry is due: no lease, no thread; its doorbell rings at `until`
-    (`enqueued_at` is that time, so the sweeper does not ring it earlier)."""
-    return RunChange(
-        {"status": RunStatus.QUEUED, "enqueued_at": until, **RELEASED},
-        [_status_event(RunStatus.QUEUED, reason="retry backoff", until=iso(until))],
-    )
+    (`enqueued_at` is that time, so the sweeper does not ring it earlier). `waiting`: what the
+    run waits for (its agent, after a deploy without it), kept in `error` until it runs again."""
+    fields: dict[str, Any] = {"status": RunStatus.QUEUED, "enqueued_at": until, **RELEASED}
+    data: dict[str, Any] = {"reason": "retry backoff", "until": iso(until)}
+    if waiting:
+        fields["error"] = data["error"] = redact_text(waiting)
+        data["reason"] = "waiting"
+    return RunChange(fields, [_status_event(RunStatus.QUEUED, **data)])
 
 
 def requeued(now: datetime) -> RunChange:
