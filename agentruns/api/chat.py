@@ -16,8 +16,8 @@ continuation shows what they decided (`tool-approval-response`, then the output 
 
 Who may do what: watching a chat's run needs `agentruns.view_run` (as the run page and its
 socket do), starting one `agentruns.start_run` as well, answering an approval
-`approvals.decide_approval` as well. Session callers send the CSRF token; scripts a bearer
-token. Unknown extra fields of the request body are ignored (front ends add their own).
+`approvals.decide_approval` and `approvals.view_approval` as well. Session callers send the CSRF
+token; scripts a bearer token. Unknown extra fields of the request body are ignored (front ends add their own).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from approvals.policy import status_of
 VIEW = "agentruns.view_run"
 START = "agentruns.start_run"
 DECIDE = "approvals.decide_approval"
+VIEW_APPROVAL = "approvals.view_approval"
 MAX_MESSAGE_CHARS = 5000
 
 AGENT = {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,100}$"}
@@ -166,8 +167,8 @@ def decide(request: HttpRequest, run: Run, answers: list[Answer]) -> tuple[int, 
     """Apply the chat's answers as the caller's decisions, all or none; returns the chunk index
     the continuation starts at, and whether an answer was to an older version of its proposal
     (nothing was decided then: the continuation asks again with the current one)."""
-    require(request, DECIDE)
     stale = False
+    require(request, DECIDE, VIEW_APPROVAL)
     with transaction.atomic():
         for answer in answers:
             approval_id, approved, reason = answer.approval_id, answer.approved, answer.reason
@@ -224,6 +225,8 @@ def chat(request: HttpRequest, agent: str, body: dict) -> HttpResponseBase:
     require(request, VIEW)
     messages: list[dict[str, Any]] = body["messages"]
     answers = approval_responses(messages)
+    if answers:  # the right to answer comes before looking for the chat's run
+        require(request, DECIDE, VIEW_APPROVAL)
     run = chat_run(agent, body["id"], request.user)
     if run is not None and answers:
         start, stale = decide(request, run, answers)
