@@ -219,3 +219,19 @@ def test_the_inbox_bulk_form_refuses_ids_that_are_not_ascii_digits(approver, raw
     )
     assert response.status_code == 400 and "not an id" in response.content.decode()
     assert Approval.objects.get(id=approval.id).status == ApprovalStatus.PENDING
+
+
+@pytest.mark.parametrize(
+    "raw, parsed",
+    [("14", (14, None)), ("14.3", (14, 3)), ("²", None), ("١٤", None), ("14.", None), ("", None)],
+)
+def test_one_parser_for_ids_ascii_digits_only(raw, parsed):
+    from agentruns.runtime.ids import BadId, parse_versioned_id
+    from agentruns.selectors.pagination import decode_cursor
+
+    if parsed is None:
+        with pytest.raises(BadId):
+            parse_versioned_id(raw)
+        assert decode_cursor(f"1000-{raw}") is None and decode_cursor(f"{raw}-1") is None
+    else:
+        assert parse_versioned_id(raw) == parsed
