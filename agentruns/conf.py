@@ -230,6 +230,13 @@ SETTINGS: tuple[Setting, ...] = (
         0,
     ),
     Setting(
+        "AGENTRUNS_AGENT_MISSING_RETRY_SECONDS",
+        float,
+        30,
+        "a run whose agent is not deployed in the worker waits this long, then looks again",
+        0.1,
+    ),
+    Setting(
         "AGENTRUNS_DEFAULT_MAX_STEPS",
         int,
         25,

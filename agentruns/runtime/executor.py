@@ -36,7 +36,7 @@ from django.utils import timezone
 
 from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepKind, StepStatus
-from agentruns.registry import UnknownAgent, get_agent, get_tool
+from agentruns.registry import UnknownAgent, get_agent, get_tool, has_tool
 from agentruns.runtime import lease, transitions, weather
 from agentruns.runtime.cancel import cancel_run, withdraw_unrun_work
 from agentruns.runtime.conversation import Conversation
@@ -180,15 +180,22 @@ class RunExecutor(ModelSteps, ToolSteps):
         self.cancel_requested = self.run.cancel_requested
         try:
             self.agent = get_agent(self.run.agent)
-        except UnknownAgent as exc:
-            return self.finish(RunStatus.FAILED, error=str(exc))
+        except UnknownAgent as exc:  # a deploy without its module: wait for it, no verdict
+            return self.back_off(
+                timezone.now() + timedelta(seconds=conf.AGENT_MISSING_RETRY_SECONDS),
+                waiting=f"{exc}: not deployed in this worker, the run waits for it",
+            )
+        if self.run.error:  # what it waited for (its agent) is back
+            Run.objects.filter(id=self.run_id, status=RunStatus.RUNNING).update(error="")
         try:
             self.provider = get_provider(self.run.model or conf.MODEL)
         except ModelError as exc:
             return self.finish(RunStatus.FAILED, error=f"model error: {exc}")
         # only what the run's permission snapshot allows (DESIGN.md 4.6); a call to anything else
         # is refused when planned (`_validated_arguments`)
-        self.tool_schemas = [get_tool(name).schema() for name in self.run.allowed_tools]
+        self.tool_schemas = [
+            get_tool(name).schema() for name in self.run.allowed_tools if has_tool(name)
+        ]
         # a brand-new run (no steps counted, only its created + running events) has no history
         # to read; anything else loads it once
         fresh = self.run.step_count == 0 and self.run.last_seq <= 2
@@ -327,7 +334,8 @@ class RunExecutor(ModelSteps, ToolSteps):
         return RunStatus.QUEUED
 
     def back_off(self, until: Any, **why: Any) -> str:
-        """Wait for a retry without a thread: queued again, its doorbell rings at `until`."""
+        """Wait for a retry without a thread: queued again, its doorbell rings at `until`
+        (`why`: `reason`, `waiting` and event data for `transitions.backing_off`)."""
         with transaction.atomic(savepoint=False):
             self.apply(transitions.backing_off(until, **why))
             enqueue(self.run_id, not_before=until)

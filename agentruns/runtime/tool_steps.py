@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepStatus
-from agentruns.registry import Tool, ToolContext, get_tool
+from agentruns.registry import Tool, ToolContext, UnknownTool, get_tool
 from agentruns.runtime import connections, failpoints
 from agentruns.runtime.events import EventType, step_event_data, succeeded_event_data
 from agentruns.runtime.faults import is_infrastructure_error
@@ -23,7 +23,7 @@ from agentruns.runtime.redaction import redact_text, secret_values, secrets_in_s
 from agentruns.runtime.store.rows import WriteBatch
 from agentruns.runtime.text import storable
 from agentruns.runtime.timestamps import iso
-from approvals.parking import open_approval
+from approvals.parking import approved_call_refusal, open_approval
 
 TOOL_RESULT_FIELDS = [
     "status",
@@ -53,8 +53,15 @@ class ToolSteps:
 
     # ---------------------------------------------------------------- tool steps
     def tool_step(self, step: Step) -> str | None:
-        tool = get_tool(step.tool)
-        if not step.approved and needs_approval(self.run, tool, step.arguments):
+        try:
+            tool = get_tool(step.tool)
+        except UnknownTool:  # a deploy removed it after the call was planned (or approved)
+            return self._refuse(step, f"refused: the tool {step.tool} is not deployed any more")
+        if step.approved:
+            # fail closed: only the exact arguments the final approval approved ever run
+            if refusal := approved_call_refusal(step):
+                return self._refuse(step, refusal)
+        elif needs_approval(self.run, tool, step.arguments):
             with transaction.atomic():
                 step.status = StepStatus.WAITING_APPROVAL
                 step.save(update_fields=["status"])
@@ -82,6 +89,14 @@ class ToolSteps:
                     RunStatus.CANCELLED, stop_reason="cancelled", error="cancelled on request"
                 )
         return self._execute(step, tool)
+
+    def _refuse(self, step: Step, reason: str) -> None:
+        """The call is not made: the step ends rejected with `reason`, which the model receives
+        as the tool's answer (as a person's rejection)."""
+        with transaction.atomic():
+            step.reject(reason)
+            self.commit([(EventType.STEP_FAILED, step_event_data(step))])
+        return None
 
     def _wait_for_retry(self, due: Any) -> bool:
         """Sleep until a short retry is due, noticing a cancel meanwhile (False: cancelled)."""
