@@ -142,6 +142,36 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("OPENAI_TIMEOUT_SECONDS", float, 60, "between bytes of a streamed answer", 0),
     Setting("OPENAI_MAX_RETRIES", int, 4, "the SDK's own retries inside one model attempt", 0),
     Setting(
+        "AGENTRUNS_MODEL_OUTAGE_SECONDS",
+        float,
+        600,
+        "a model endpoint refusing, timing out or answering 5xx/429 is backed off from this long "
+        "before the step fails (retry picks it up)",
+        0,
+    ),
+    Setting(
+        "AGENTRUNS_MODEL_BACKOFF_SECONDS",
+        float,
+        0.5,
+        "the first wait after a failed model call; it doubles per failure",
+        0,
+    ),
+    Setting(
+        "AGENTRUNS_MODEL_BACKOFF_MAX_SECONDS",
+        float,
+        30,
+        "... up to this (a Retry-After longer than it is still honoured)",
+        0,
+    ),
+    Setting(
+        "AGENTRUNS_MODEL_MAX_ATTEMPTS",
+        int,
+        3,
+        "attempts of a model step whose stream broke after text arrived (outages before any "
+        "text are not attempts)",
+        1,
+    ),
+    Setting(
         "OPENAI_REQUEST_OPTIONS", str, "", 'JSON merged into every request, e.g. {"temperature": 0}'
     ),
     Setting(
@@ -198,6 +228,13 @@ SETTINGS: tuple[Setting, ...] = (
         1,
         "a retry backoff longer than this frees the run's slot (a delayed doorbell wakes it)",
         0,
+    ),
+    Setting(
+        "AGENTRUNS_AGENT_MISSING_RETRY_SECONDS",
+        float,
+        30,
+        "a run whose agent is not deployed in the worker waits this long, then looks again",
+        0.1,
     ),
     Setting(
         "AGENTRUNS_DEFAULT_MAX_STEPS",

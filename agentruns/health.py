@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 
+from django.conf import settings
 from django.core.cache import cache
 from django.db import connection
 from django.db.models import (
@@ -51,6 +52,8 @@ def healthz(request: HttpRequest) -> JsonResponse:
     runs would queue forever, so that is reported as unhealthy (503) too.
     """
     checks: dict[str, dict] = {}
+    if settings.REDIS_URL:
+        checks["redis"] = redis_check(settings.REDIS_URL)
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
@@ -58,7 +61,12 @@ def healthz(request: HttpRequest) -> JsonResponse:
         checks["database"] = {"ok": True}
     except Exception as exc:  # any driver error means "not reachable" to a load balancer
         checks["database"] = {"ok": False, "error": type(exc).__name__}
-        return JsonResponse({"status": "unhealthy", "checks": checks}, status=503)
+        failed = [name for name, check in checks.items() if not check["ok"]]
+        response = JsonResponse(
+            {"status": "unhealthy", "failed": failed, "checks": checks}, status=503
+        )
+        response["Retry-After"] = "5"
+        return response
     now = timezone.now()
     stale_after = conf.WORKER_STALE_SECONDS
     threshold = now - timedelta(seconds=stale_after)
@@ -96,11 +104,32 @@ def healthz(request: HttpRequest) -> JsonResponse:
         "age_seconds": round((now - swept).total_seconds(), 3) if swept else None,
         "stale_after_seconds": stale_after,
     }
-    healthy = all(check["ok"] for check in checks.values())
+    failed = [name for name, check in checks.items() if not check["ok"]]
     return JsonResponse(
-        {"status": "ok" if healthy else "unhealthy", "checks": checks, "time": now.isoformat()},
-        status=200 if healthy else 503,
+        {
+            "status": "unhealthy" if failed else "ok",
+            "failed": failed,
+            "checks": checks,
+            "time": now.isoformat(),
+        },
+        status=503 if failed else 200,
     )
+
+
+def redis_check(url: str) -> dict:
+    """The channel layer's Redis answers a PING within a second (the stream falls back to the
+    database poll without it, but an operator wants to know)."""
+    import redis  # only with REDIS_URL set
+
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
+        try:
+            client.ping()
+        finally:
+            client.close()
+        return {"ok": True}
+    except Exception as exc:  # refused, timed out, bad auth: not usable either way
+        return {"ok": False, "error": type(exc).__name__}
 
 
 def live_pools(threshold) -> list[WorkerHeartbeat]:

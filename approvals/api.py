@@ -9,7 +9,7 @@ from agentruns.api.parsing import BadRequest
 from agentruns.api.schemas import COUNT, TEXT_OR_NULL, TIME, TIME_OR_NULL, obj
 from agentruns.runtime.redaction import redact_fields
 from agentruns.runtime.timestamps import iso
-from approvals import decisions, policy, services
+from approvals import cards, decisions, policy, services
 from approvals.cards import Card, build_cards
 from approvals.models import Approval, ApprovalKind, ApprovalStatus
 from approvals.selectors import AGES, approvals_query
@@ -46,6 +46,10 @@ APPROVAL = obj(
         "approvals_required": COUNT,
         "approvals_given": COUNT,
         "round": COUNT,
+        # the proposal's version: send it back with a decision (a stale one is a 409)
+        "version": COUNT,
+        # why the deployed code cannot run this call ("" when it can; approving is then a 409)
+        "cannot_run": {"type": "string"},
         "starter": TEXT_OR_NULL,
         "decisions": {
             "type": "array",
@@ -122,6 +126,7 @@ def approval_payload(approval: Approval, card: Card | None = None) -> dict:
         ],
         # the two-person rule: still `pending` until approvals_given reaches approvals_required
         **decisions.payload(approval),
+        "cannot_run": card.cannot_run if card is not None else cards.cannot_run_now(approval),
     }
     if card is not None:
         # what the inbox card shows, for scripts that triage without opening the run
@@ -192,13 +197,16 @@ DECISIONS = ["approve", "reject", *services.RESOLUTIONS]
         "reason": {"type": "string", "maxLength": 2000},
         "args": {"type": "object"},
         "result": {},
+        # the `version` of the proposal decided on; without it only an item nobody edited
+        "version": {"type": "integer", "minimum": 1, "maximum": 2**31 - 1},
     },
     required=("decision",),
     responses={
         200: "the approval (still pending while more approvals are required)",
         400: "an edit outside the tool's edit policy (names the field and the rule)",
         403: "no right to decide this (permission, the run's starter, above your limit)",
-        409: "already decided, or already approved by you",
+        409: "already decided, already approved by you, a stale `version` (with the current "
+        "proposal), or a call the deployed code cannot run",
         422: "not acceptable (e.g. a reconciliation answer for an approval)",
     },
     tags=("approvals",),
@@ -208,14 +216,20 @@ DECISIONS = ["approve", "reject", *services.RESOLUTIONS]
 def approval_decide(request: HttpRequest, approval_id: str, body: dict) -> dict | tuple[dict, int]:
     if not Approval.objects.filter(id=int(approval_id)).exists():
         raise BadRequest("no such approval", 404)
-    decision, reason = body["decision"], body.get("reason", "")
+    decision, reason, version = body["decision"], body.get("reason", ""), body.get("version")
     try:
         if decision == "approve":
             approval = services.approve(
-                int(approval_id), user=request.user, edited_args=body.get("args"), reason=reason
+                int(approval_id),
+                user=request.user,
+                edited_args=body.get("args"),
+                reason=reason,
+                version=version,
             )
         elif decision == "reject":
-            approval = services.reject(int(approval_id), user=request.user, reason=reason)
+            approval = services.reject(
+                int(approval_id), user=request.user, reason=reason, version=version
+            )
         else:
             approval = services.reconcile(
                 int(approval_id),
@@ -228,8 +242,8 @@ def approval_decide(request: HttpRequest, approval_id: str, body: dict) -> dict 
         raise already_decided(exc) from None
     except services.DecisionError as exc:
         extra = policy.error_details(exc)
-        if isinstance(exc, services.AlreadyGiven):
-            extra["approval"] = approval_payload(_reloaded(approval_id))
+        if isinstance(exc, services.AlreadyGiven | services.StaleProposal | services.NotRunnable):
+            extra["approval"] = approval_payload(_reloaded(approval_id))  # the current proposal
         raise BadRequest(str(exc), policy.status_of(exc), **extra) from None
     return approval_payload(_reloaded(approval.id))
 

@@ -9,8 +9,9 @@ from django.http import HttpRequest
 from agentruns.api.endpoint import INT_ID, endpoint
 from agentruns.api.parsing import BadRequest
 from agentruns.api.schemas import obj
+from agentruns.runtime.ids import BadId, parse_id
 from agentruns.runtime.timestamps import iso
-from approvals import bulk, claims, services
+from approvals import bulk, claims, policy, services
 from approvals.api import APPROVAL, already_decided, approval_payload
 from approvals.models import Approval
 
@@ -25,6 +26,8 @@ def _claim_action(action: Callable[..., Approval], approval_id: str, request: Ht
         raise _claimed_by_other(exc) from None
     except services.AlreadyDecided as exc:  # only a claim: releasing a decided item is a no-op
         raise already_decided(exc) from None
+    except services.DecisionError as exc:  # no right to see what a claim answers with
+        raise BadRequest(str(exc), policy.status_of(exc), code=exc.code) from None
 
 
 def _claimed_by_other(exc: claims.ClaimedByOther) -> BadRequest:
@@ -88,9 +91,20 @@ def approval_release(request: HttpRequest, approval_id: str) -> dict:
         },
         "decision": {"type": "string", "enum": list(bulk.DECISIONS)},
         "reason": {"type": "string", "maxLength": 2000},
+        # id -> the `version` of the proposal selected; an id without one is decided as the
+        # single API decides one without a version
+        "versions": {
+            "type": "object",
+            "maxProperties": bulk.MAX_ITEMS,
+            "additionalProperties": {"type": "integer", "minimum": 1, "maximum": 2**31 - 1},
+        },
     },
     required=("ids", "decision"),
-    responses={200: "a result per id (ok, or code and error)", 403: "no right to decide"},
+    responses={
+        200: "a result per id (ok, or code and error; stale_version with the current version)",
+        400: "a key of versions that is not an id",
+        403: "no right to decide or to see the items",
+    },
     tags=("approvals",),
     returns=obj(
         {
@@ -104,8 +118,9 @@ def approval_release(request: HttpRequest, approval_id: str) -> dict:
                         "result": {"type": "string"},
                         "code": {"type": "string"},
                         "error": {"type": "string"},
+                        "version": {"type": "integer"},
                     },
-                    optional=("status", "result", "code", "error"),
+                    optional=("status", "result", "code", "error", "version"),
                 ),
             },
             "summary": {"type": "object"},
@@ -115,8 +130,23 @@ def approval_release(request: HttpRequest, approval_id: str) -> dict:
 def approval_bulk(request: HttpRequest, body: dict) -> dict:
     """Each item is its own decision (its own compare-and-set and limit check); no edits.
     Codes: already_decided, above_limit, wrong_kind (a reconciliation), not_found,
-    needs_second_approver (recorded, waiting for another approver)."""
-    results = bulk.decide_many(
-        body["ids"], decision=body["decision"], user=request.user, reason=body.get("reason", "")
-    )
+    needs_second_approver (recorded, waiting for another approver), stale_version (the
+    proposal changed since it was selected: `version` is the current one), not_runnable."""
+    try:
+        versions = {
+            parse_id(key, what="versions key"): value
+            for key, value in body.get("versions", {}).items()
+        }
+    except BadId as exc:
+        raise BadRequest(str(exc)) from None
+    try:
+        results = bulk.decide_many(
+            body["ids"],
+            decision=body["decision"],
+            user=request.user,
+            reason=body.get("reason", ""),
+            versions=versions,
+        )
+    except services.DecisionError as exc:
+        raise BadRequest(str(exc), policy.status_of(exc), code=exc.code) from None
     return {"results": results, "summary": bulk.summary(results)}

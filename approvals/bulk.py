@@ -13,20 +13,22 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentruns.runtime.timestamps import iso
-from approvals import services
+from approvals import policy, services
 from approvals.models import Approval, ApprovalStatus
 
 MAX_ITEMS = 200
 DECISIONS = ("approve", "reject")
 
 
-def decide_one(approval_id: int, *, decision: str, user: Any, reason: str) -> dict:
+def decide_one(
+    approval_id: int, *, decision: str, user: Any, reason: str, version: int | None = None
+) -> dict:
     result: dict[str, Any] = {"id": approval_id}
     try:
         if decision == "approve":
-            approval = services.approve(approval_id, user=user, reason=reason)
+            approval = services.approve(approval_id, user=user, reason=reason, version=version)
         else:
-            approval = services.reject(approval_id, user=user, reason=reason)
+            approval = services.reject(approval_id, user=user, reason=reason, version=version)
     except Approval.DoesNotExist:
         return {**result, "ok": False, "code": "not_found", "error": "no such approval"}
     except services.AlreadyDecided as exc:
@@ -39,6 +41,8 @@ def decide_one(approval_id: int, *, decision: str, user: Any, reason: str) -> di
             "decided_by": exc.who,
             "decided_at": iso(exc.when),
         }
+    except services.StaleProposal as exc:  # selected before it changed: the current version
+        return {**result, "ok": False, "code": exc.code, "error": str(exc), "version": exc.current}
     except services.DecisionError as exc:
         return {**result, "ok": False, "code": exc.code, "error": str(exc)}
     result.update(ok=True, status=approval.status)
@@ -57,19 +61,29 @@ def decide_many(
     user: Any,
     reason: str = "",
     held: Mapping[int, Any] | None = None,
+    versions: Mapping[int, int | None] | None = None,
 ) -> list[dict]:
     """One result per distinct id, in the order given. `held` (id -> the person on it): items
-    left as they are, with the code `claimed` (the inbox, unless the person confirmed)."""
+    left as they are, with the code `claimed` (the inbox, unless the person confirmed).
+    `versions` (id -> the version of the proposal selected): a changed item is not decided.
+    Nobody acts on items they may not see: without both rights nothing is decided."""
+    policy.check_may_decide(user)
     if decision not in DECISIONS:
         raise services.DecisionError(f"decision must be one of {', '.join(DECISIONS)}")
     unique = list(dict.fromkeys(ids))
     if len(unique) > MAX_ITEMS:
         raise services.DecisionError(f"at most {MAX_ITEMS} items at once", code="too_many")
-    held = held or {}
+    held, versions = held or {}, versions or {}
     return [
         _left_claimed(approval_id, held[approval_id])
         if approval_id in held
-        else decide_one(approval_id, decision=decision, user=user, reason=reason)
+        else decide_one(
+            approval_id,
+            decision=decision,
+            user=user,
+            reason=reason,
+            version=versions.get(approval_id),
+        )
         for approval_id in unique
     ]
 

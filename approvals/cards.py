@@ -9,6 +9,7 @@ it comes from two batched queries per page, never one per card.
 from __future__ import annotations
 
 import json
+import logging
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -22,9 +23,11 @@ from agentruns.models import Step, StepAttempt, StepKind
 from agentruns.registry import UnknownTool, get_tool
 from agentruns.runtime.money import format_cents
 from agentruns.runtime.redaction import redact_fields
-from approvals.models import Approval, ApprovalDecision, ApprovalKind
-from approvals.parking import args_diff
+from approvals.models import Approval, ApprovalDecision, ApprovalKind, ApprovalStatus
+from approvals.parking import args_diff, cannot_run
 from approvals.policy import current_approvals, waiting_for
+
+log = logging.getLogger(__name__)
 
 # how many earlier steps of a run a card looks at (the customer facts and recent model text)
 CONTEXT_STEPS = 12
@@ -77,6 +80,9 @@ class Card:
     # the two-person rule: this round's approvals, and who may still decide, in words
     given: list[ApprovalDecision] = field(default_factory=list)
     waiting_for: str = ""
+    # why the deployed code cannot run this call (a deploy removed its tool or agent, or its
+    # schema changed): the card says so and offers only a rejection
+    cannot_run: str = ""
 
     @property
     def given_user_ids(self) -> list[int]:
@@ -182,7 +188,42 @@ def build_cards(approvals: Iterable[Approval]) -> list[Card]:
     approvals = list(approvals)
     context = _context_steps(approvals)
     attempts = _unknown_attempts(approvals)
-    return [_card(a, context.get(a.run_id, []), attempts.get(a.step_id)) for a in approvals]
+    return [_safe_card(a, context.get(a.run_id, []), attempts.get(a.step_id)) for a in approvals]
+
+
+def _safe_card(approval: Approval, earlier: list[Step], attempt: StepAttempt | None) -> Card:
+    """One item's card; an item the deployed code cannot read (a tool whose schema or edit policy
+    changed under its parked arguments) gets a plain card saying so: one bad row never breaks
+    the inbox."""
+    try:
+        return _card(approval, earlier, attempt)
+    except Exception as exc:  # anything a changed tool definition can throw at the form
+        log.warning("approval %s: card without its form: %r", approval.id, exc)
+        hidden = approval.hidden_fields
+        return Card(
+            approval=approval,
+            args=redact_fields(approval.requested_args, hidden),
+            fields=[],
+            waited_seconds=(timezone.now() - approval.created_at).total_seconds(),
+            reason_given="",
+            amount=None,
+            amount_cents=None,
+            currency="",
+            order_id=None,
+            customer=None,
+            request_text="",
+            recent_text=[],
+            attempt=attempt,
+            cannot_run=cannot_run_now(approval)
+            or f"the deployed code cannot read this item ({type(exc).__name__}): reject it",
+        )
+
+
+def cannot_run_now(approval: Approval) -> str:
+    """For a pending approval: why the deployed code could not execute it ("" when it can)."""
+    if approval.status != ApprovalStatus.PENDING or approval.kind != ApprovalKind.APPROVAL:
+        return ""
+    return cannot_run(approval.agent, approval.tool, approval.effective_args)
 
 
 def card_for(approval: Approval) -> Card:
@@ -225,4 +266,5 @@ def _card(approval: Approval, earlier: list[Step], attempt: StepAttempt | None) 
         diff=diff,
         given=current_approvals(approval) if approval.is_multi else [],
         waiting_for=waiting_for(approval) if approval.status == "pending" else "",
+        cannot_run=cannot_run_now(approval),
     )

@@ -21,6 +21,7 @@ from agentruns.runtime.nudges import nudge_on_commit
 from agentruns.runtime.timestamps import iso
 from approvals.models import Approval, ApprovalStatus
 from approvals.parking import AlreadyDecided
+from approvals.policy import check_may_decide
 
 
 class ClaimedByOther(Exception):
@@ -45,7 +46,9 @@ def _load(approval_id: int) -> Approval:
 
 def claim(approval_id: int, *, user: Any) -> Approval:
     """Take (or renew) the item for `user`. AlreadyDecided when it is no longer pending,
-    ClaimedByOther when someone else holds it. Approval.DoesNotExist for no such item."""
+    ClaimedByOther when someone else holds it. Approval.DoesNotExist for no such item. A claim
+    answers with the full item, so it needs the rights of a decision (policy.NotAllowed)."""
+    check_may_decide(user)
     now = timezone.now()
     lapsed_before = now - timedelta(seconds=conf.CLAIM_SECONDS)
     with transaction.atomic():

@@ -9,6 +9,11 @@ may approve the new proposal. So whatever finally executes was approved, exactly
 by the required number of different people. The number required is fixed when the item opens
 (from the agent's arguments) and an edit can raise it, never lower it.
 
+Versions: every item carries `version` (1 when it opens, one more on every approval given, an
+edit being one), so a decision names what the person saw. A decision on an older version changes
+nothing (`StaleProposal`, a 409 with the current proposal, in every door). Without a version
+(the JSON API only) a decision is accepted only while nobody has edited the arguments.
+
 The caller holds the approval row's lock (`services.approve` / `reject`), so two approvers
 racing for the last approval are serialised: the second sees the item approved and loses.
 """
@@ -28,8 +33,40 @@ from agentruns.runtime.redaction import redact_fields
 from agentruns.runtime.timestamps import iso
 from agentruns.runtime.transitions import RunChange, apply
 from approvals.models import Approval, ApprovalDecision, DecisionKind
-from approvals.parking import approvals_required, args_diff
+from approvals.parking import DecisionError, approvals_required, args_diff
 from approvals.policy import current_approvals, is_edit
+
+
+class StaleProposal(DecisionError):
+    """The decision was made on an older version of the proposal: nothing was recorded. Carries
+    the item as it is now, so the door can show the current proposal."""
+
+    status = 409
+
+    def __init__(self, approval: Approval, seen: int | None) -> None:
+        self.approval, self.seen, self.current = approval, seen, approval.version
+        seen_text = f"version {seen}" if seen else "a version you did not name"
+        super().__init__(
+            f"the proposal changed since you saw it (you decided on {seen_text}, it is now "
+            f"version {approval.version}): review the current proposal and decide again",
+            code="stale_version",
+        )
+
+
+def was_edited(approval: Approval) -> bool:
+    """Has anybody changed the arguments of this item (then every decision must name a version)?"""
+    return approval.decisions.filter(edited=True).exists()
+
+
+def check_version(approval: Approval, version: int | None) -> None:
+    """The decision is on the current proposal (see the module docstring); the caller holds the
+    row lock, so the version cannot move before the decision is recorded."""
+    if version is None:
+        if was_edited(approval):
+            raise StaleProposal(approval, None)
+        return
+    if version != approval.version:
+        raise StaleProposal(approval, version)
 
 
 @dataclass
@@ -65,7 +102,10 @@ def record_approval(approval: Approval, user: Any, args: dict, reason: str) -> P
     )
     row = _row(approval, user, DecisionKind.APPROVE, args=args, edited=restarted, reason=reason)
     approval.approvals_given += 1
-    approval.save(update_fields=["round", "approvals_given", "approvals_required", "edited_args"])
+    approval.version += 1
+    approval.save(
+        update_fields=["round", "approvals_given", "approvals_required", "edited_args", "version"]
+    )
     return Progress(row, approval.approvals_given >= approval.approvals_required, restarted)
 
 
@@ -99,8 +139,11 @@ def announce_progress(approval: Approval, user: Any, progress: Progress) -> None
         "given": approval.approvals_given,
         "required": approval.approvals_required,
         "round": approval.round,
+        "version": approval.version,
         "restarted": progress.restarted,
         "diff": args_diff(requested, proposal),
+        # the whole proposal as it now is (redacted): the chat re-asks with it
+        "arguments": proposal,
     }
     apply(approval.run_id, RunChange({}, [(EventType.APPROVAL_GIVEN, data)]))
     nudge_on_commit(approval.run_id, 0, inbox=True)
@@ -113,6 +156,7 @@ def payload(approval: Approval) -> dict:
         "approvals_required": approval.approvals_required,
         "approvals_given": approval.approvals_given,
         "round": approval.round,
+        "version": approval.version,
         "starter": approval.run.created_by.get_username() if approval.run.created_by else None,
         "decisions": [
             {

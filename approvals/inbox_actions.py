@@ -17,7 +17,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from approvals import bulk, claims, services
+from agentruns.runtime.ids import BadId, parse_versioned_id
+from approvals import bulk, claims, policy, services
 from approvals.cards import card_for
 from approvals.models import Approval
 from approvals.selectors import approvals_query
@@ -86,21 +87,35 @@ def _claim_action(
         return _card_response(request, approval_id, note, "warning", 409)
     except services.AlreadyDecided as exc:
         return _card_response(request, approval_id, f"Already decided: {exc}", "warning", 409)
+    except services.DecisionError as exc:  # may decide but not see: a claim shows everything
+        return HttpResponse(str(exc), status=403, content_type="text/plain; charset=utf-8")
     return _card_response(request, approval_id, done_note, "success", 200)
 
 
-def _ids(request: HttpRequest) -> list[int]:
-    return [int(raw) for raw in request.POST.getlist("ids") if raw.isdigit() and len(raw) < 19]
+def _selected(request: HttpRequest) -> dict[int, int]:
+    """The selected items and the version of each the person saw (`"14.3"`; a bare id names
+    no version, so it is refused as stale). BadId for anything that is not an id."""
+    selected: dict[int, int] = {}
+    for raw in request.POST.getlist("ids"):
+        approval_id, version = parse_versioned_id(raw, what="selected item")
+        selected.setdefault(approval_id, version or 0)
+    return selected
 
 
 @require_POST
 @login_required
 def bulk_decide(request: HttpRequest) -> HttpResponse:
-    if not request.user.has_perm(DECIDE_PERMISSION):
-        return HttpResponse("You may look but not decide.", status=403)
+    try:
+        policy.check_may_decide(request.user)
+    except services.DecisionError as exc:
+        return HttpResponse(str(exc), status=403, content_type="text/plain; charset=utf-8")
     decision = request.POST.get("action", "")
     reason = request.POST.get("reason", "").strip()[:2000]
-    ids = _ids(request)
+    try:
+        selected = _selected(request)
+    except BadId as exc:
+        return HttpResponse(str(exc), status=400, content_type="text/plain; charset=utf-8")
+    ids = list(selected)
     results: list[dict] = []
     if decision not in bulk.DECISIONS:
         results = [{"id": None, "ok": False, "code": "bad_request", "error": "Unknown action."}]
@@ -121,6 +136,7 @@ def bulk_decide(request: HttpRequest) -> HttpResponse:
             user=request.user,
             reason=reason,
             held=held,
+            versions=selected,
         )
     if not request.htmx:
         for r in results:

@@ -65,6 +65,10 @@ class Approval(models.Model):
     approvals_required = models.PositiveSmallIntegerField(default=1)
     approvals_given = models.PositiveSmallIntegerField(default=0)
     round = models.PositiveSmallIntegerField(default=1)
+    # the proposal's version: 1 when the item opens, one more on every approval given (an edit
+    # is one). Every door's decision names the version it was made on, and a decision on an older
+    # one changes nothing (approvals/decisions.py `check_version`)
+    version = models.PositiveIntegerField(default=1)
 
     class Meta:
         ordering = ["-created_at", "-id"]

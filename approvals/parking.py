@@ -7,6 +7,8 @@ the sweeper (expire). Staff decisions live in `services.py`; both use the compar
 
 from __future__ import annotations
 
+import hashlib
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -15,7 +17,7 @@ from django.utils import timezone
 
 from agentruns.conf import conf
 from agentruns.models import Run, Step
-from agentruns.registry import UnknownTool, get_tool
+from agentruns.registry import ToolArgumentsError, UnknownAgent, UnknownTool, get_agent, get_tool
 from agentruns.runtime.events import EventSpec, EventType
 from agentruns.runtime.ids import actor_name
 from agentruns.runtime.nudges import nudge_on_commit
@@ -51,6 +53,60 @@ class DecisionError(Exception):
     def __init__(self, message: str, code: str = "not_acceptable") -> None:
         super().__init__(message)
         self.code = code
+
+
+# ------------------------------------------------------------------ can the call still run
+def cannot_run(agent: str, tool: str, args: Any) -> str:
+    """Why the code deployed now could not execute this parked call ("" when it can): a deploy
+    removed its agent or renamed/removed its tool, or changed the tool's schema so the arguments
+    no longer validate. Approving such a call is refused (fail closed); rejecting still works."""
+    try:
+        get_agent(agent)
+    except UnknownAgent:
+        return f"the agent {agent} is not deployed any more: approving is refused (reject it)"
+    try:
+        found = get_tool(tool)
+    except UnknownTool:
+        return (
+            f"the tool {tool} is not deployed any more (renamed or removed): this call cannot "
+            "run, approving is refused (reject it)"
+        )
+    try:
+        found.validate(args)
+    except ToolArgumentsError as exc:
+        return (
+            f"the arguments no longer fit the deployed schema of {tool} ({exc}): this call "
+            "cannot run, approving is refused (reject it)"
+        )
+    return ""
+
+
+def args_digest(args: Any) -> str:
+    """The digest of a call's arguments (canonical JSON): what was approved is what runs."""
+    canonical = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def approved_call_refusal(step: Step) -> str:
+    """Checked by the executor right before an approved call runs: the arguments about to run
+    must have the digest of the arguments the final approval approved ("" when they do)."""
+    approval = Approval.objects.filter(step=step).only("id", "round").first()
+    final = (
+        approval.decisions.filter(decision="approve", round=approval.round)
+        .order_by("-decided_at", "-id")
+        .values_list("args", flat=True)
+        .first()
+        if approval is not None
+        else None
+    )
+    if final is None:
+        return "refused: no approval of these arguments is on record; the call was not made"
+    if args_digest(final) != args_digest(step.arguments):
+        return (
+            "refused: the arguments differ from the ones approved (digest "
+            f"{args_digest(final)[:12]}); the call was not made"
+        )
+    return ""
 
 
 # ------------------------------------------------------------------ opened by the engine

@@ -1,6 +1,7 @@
 """Who may decide what (DESIGN.md 4.6): separation of duties, approvers' limits, edit policies.
 
-Deciding at all needs `approvals.decide_approval` (the views and the API check it first). Then:
+Deciding at all needs `approvals.decide_approval` and `approvals.view_approval` (the doors check
+the first, `check_may_decide` both, for every door). Then:
 - the run's starter never approves an item that needs more than one approver (403); rejecting
   is always open to deciders: it is the safe direction, and any rejection ends the item;
 - a person approves at most once per round (409: another approver must do it);
@@ -45,6 +46,23 @@ class EditNotAllowed(DecisionError):
     def __init__(self, field: str, rule: str, message: str) -> None:
         super().__init__(message, code="edit_not_allowed")
         self.field, self.rule = field, rule
+
+
+DECIDE_PERMISSION = "approvals.decide_approval"
+VIEW_PERMISSION = "approvals.view_approval"
+
+
+def check_may_decide(user: Any) -> None:
+    """Deciding (or claiming, which shows the full arguments) needs both rights: nobody decides
+    what they may not see. Every door's decision comes through here (services, claims, bulk).
+    `None` is the system (the sweeper's expiry), which needs no rights."""
+    if user is not None and not (
+        user.has_perm(DECIDE_PERMISSION) and user.has_perm(VIEW_PERMISSION)
+    ):
+        raise NotAllowed(
+            f"permission denied: deciding needs {DECIDE_PERMISSION} and {VIEW_PERMISSION}",
+            code="permission_denied",
+        )
 
 
 def status_of(exc: DecisionError) -> int:

@@ -24,11 +24,13 @@ from agentruns.runtime.nudges import nudge_on_commit
 from agentruns.runtime.redaction import redact_fields
 from agentruns.runtime.transitions import RunChange, aborted, apply, resume_parked
 from approvals import decisions, policy
+from approvals.decisions import StaleProposal
 from approvals.models import Approval, ApprovalKind, ApprovalStatus
 from approvals.parking import (
     AlreadyDecided,
     DecisionError,
     args_diff,
+    cannot_run,
     decided_event,
     refuse_if_decided,
     reject_parked,
@@ -43,24 +45,48 @@ __all__ = [
     "DecisionError",
     "EditNotAllowed",
     "NotAllowed",
+    "NotRunnable",
+    "StaleProposal",
     "approve",
     "reconcile",
     "reject",
 ]
 
 
+class NotRunnable(DecisionError):
+    """The deployed code cannot execute this call (its agent or tool is gone, or the arguments
+    no longer fit the tool's schema): approving is refused, rejecting is not."""
+
+    status = 409
+
+
 def _locked(approval_id: int) -> Approval:
     """The approval row, locked until the decision commits: concurrent deciders queue here, so
-    counting approvals (the two-person rule) and "first decision wins" are one serial story."""
-    return (
-        Approval.objects.select_for_update(of=("self",))
-        .select_related("run", "run__created_by", "step", "decided_by")
-        .get(id=approval_id)
+    counting approvals (the two-person rule) and "first decision wins" are one serial story.
+
+    The lock is taken first and the row read after it: a locking read that waited for another
+    decider re-checks only the locked row, so a join in the same statement (who decided) would
+    still show the state from before that decider committed ("by the system")."""
+    Approval.objects.select_for_update().filter(id=approval_id).values_list("id").get()
+    return Approval.objects.select_related("run", "run__created_by", "step", "decided_by").get(
+        id=approval_id
     )
 
 
+def _check_decision(current: Approval, version: int | None) -> None:
+    """What every decision checks first, in this order: still pending and of this kind, then
+    made on the current version of the proposal."""
+    refuse_if_decided(current, ApprovalKind.APPROVAL)
+    decisions.check_version(current, version)
+
+
 def approve(
-    approval_id: int, *, user: Any, edited_args: dict | None = None, reason: str = ""
+    approval_id: int,
+    *,
+    user: Any,
+    edited_args: dict | None = None,
+    reason: str = "",
+    version: int | None = None,
 ) -> Approval:
     """Approve, optionally with edited arguments (the tool's edit policy and schema apply).
 
@@ -69,11 +95,17 @@ def approve(
     parked meanwhile. The step keeps its idempotency key and runs with the approved arguments;
     the requested ones stay on the approval, the full approved set goes to `edited_args` when it
     differs.
+
+    `version`: the version of the proposal the person saw (decisions.check_version); a call
+    the deployed code cannot run is never approved (`NotRunnable`).
     """
+    policy.check_may_decide(user)
     with transaction.atomic():
         current = _locked(approval_id)
         # a late click must learn who decided, not that its edits are invalid
-        refuse_if_decided(current, ApprovalKind.APPROVAL)
+        _check_decision(current, version)
+        if why := cannot_run(current.agent, current.tool, current.effective_args):
+            raise NotRunnable(why, code="not_runnable")
         policy.check_may_approve(current, user)
         args = policy.proposed_args(current, edited_args)
         policy.check_limit(current, user, args)
@@ -114,12 +146,16 @@ def approve(
     return approval
 
 
-def reject(approval_id: int, *, user: Any, reason: str = "") -> Approval:
+def reject(
+    approval_id: int, *, user: Any, reason: str = "", version: int | None = None
+) -> Approval:
     """Reject; the agent receives `{"error": "rejected", "reason": ...}` as the tool's result.
-    One rejection by anyone who may decide ends the item, however many approvals it had."""
+    One rejection by anyone who may decide ends the item, however many approvals it had.
+    `version` as for `approve`."""
     reason = reason.strip() or "rejected by staff"
+    policy.check_may_decide(user)
     with transaction.atomic():
-        refuse_if_decided(_locked(approval_id), ApprovalKind.APPROVAL)
+        _check_decision(_locked(approval_id), version)
         approval = reject_parked(approval_id, user=user, reason=reason)
         decisions.record_rejection(approval, user, reason)
         return approval
@@ -138,6 +174,7 @@ def reconcile(
     """
     if resolution not in RESOLUTIONS:
         raise DecisionError(f"resolution must be one of {', '.join(RESOLUTIONS)}")
+    policy.check_may_decide(user)
     who = actor_name(user) or "staff"
     with transaction.atomic():
         approval = settle(

@@ -23,6 +23,7 @@ from django.views.decorators.http import require_GET, require_POST
 from agentruns.registry import UnknownTool, all_agents, get_tool
 from agentruns.registry.edits import same_value
 from agentruns.registry.schemas import type_words
+from agentruns.runtime.ids import BadId, parse_id
 from agentruns.runtime.text import UnsafeValue, check_text, loads_strict
 from agentruns.selectors.pagination import encode_cursor
 from approvals import policy, services
@@ -95,7 +96,7 @@ def page_signature(page, can_decide: bool) -> str:
     for a in page.shown:
         holder = a.claimant(now)
         parts.append(
-            f"{a.id}:{a.status}:{a.round}:{a.approvals_given}:{holder.pk if holder else ''}:{int(a.is_overdue)}"
+            f"{a.id}:{a.status}:{a.version}:{holder.pk if holder else ''}:{int(a.is_overdue)}"
         )
     return hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
 
@@ -172,14 +173,24 @@ def form_args(approval: Approval, post: QueryDict) -> dict | None:
     return edited or None
 
 
+def posted_version(request: HttpRequest) -> int:
+    """The version of the proposal the card showed (0, never current, for a form without one:
+    the inbox always names what the person saw)."""
+    try:
+        return parse_id(request.POST.get("version", ""), what="version")
+    except BadId:
+        return 0
+
+
 def _decide(request: HttpRequest, approval: Approval) -> tuple[str, str]:
     """Apply the posted decision. Returns (level, message) for the person who clicked."""
     action = request.POST.get("action", "")
     reason = request.POST.get("reason", "").strip()
+    version = posted_version(request)
     if action == "approve":
         edited = form_args(approval, request.POST)
         decided = services.approve(
-            approval.id, user=request.user, edited_args=edited, reason=reason
+            approval.id, user=request.user, edited_args=edited, reason=reason, version=version
         )
         if decided.status == "pending":
             return "success", (
@@ -198,7 +209,7 @@ def _decide(request: HttpRequest, approval: Approval) -> tuple[str, str]:
             raise services.DecisionError(
                 "Give a reason for the rejection: the agent passes it on to the customer."
             )
-        services.reject(approval.id, user=request.user, reason=reason)
+        services.reject(approval.id, user=request.user, reason=reason, version=version)
         return "success", f"Rejected: “{reason}”. The agent will tell the customer."
     if action in services.RESOLUTIONS:
         raw = request.POST.get("result", "").strip()
@@ -247,6 +258,12 @@ def decide(request: HttpRequest, approval_id: int) -> HttpResponse:
             level, note = _decide(request, approval)
         except services.AlreadyDecided as exc:
             level, note, status = "warning", f"Nothing changed: this item was {_human(exc)}.", 409
+        except services.StaleProposal as exc:
+            level, note, status = (
+                "warning",
+                f"Nothing changed: {exc}. The card now shows the current proposal.",
+                409,
+            )
         except services.DecisionError as exc:
             level, note, status = "error", str(exc), policy.status_of(exc)
     if not request.htmx:

@@ -8,6 +8,10 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_asgi_app = get_asgi_application()
 
+from agentruns.web.outage import use_web_pool_wait  # noqa: E402
+
+use_web_pool_wait()  # before the first connection makes the pool
+
 from agentruns.web.static import StaticFiles  # noqa: E402
 
 # daphne does not serve /static/ (runserver would): the run page's stream client and htmx live

@@ -37,8 +37,15 @@ def database_from_url(url: str) -> dict:
             "min_size": env_int("DB_POOL_MIN_SIZE", 1),
             "max_size": env_int("DB_POOL_MAX_SIZE", 10),
             "timeout": env_float("DB_POOL_TIMEOUT", 30),
+            # psycopg retries a lost server with a delay that doubles without a cap until
+            # reconnect_timeout (default 5 min: a 30 s outage would then take another 30 s to
+            # notice the server is back); giving up after a few seconds lets the next request for
+            # a connection start a fresh attempt at once
+            "reconnect_timeout": env_float("DB_POOL_RECONNECT_SECONDS", 5),
             "name": "agentruns",
         }
+    # a server that drops packets (not one that refuses) must not hang a connect
+    query.setdefault("connect_timeout", env_int("DB_CONNECT_TIMEOUT", 5))
     return {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": unquote(parsed.path.lstrip("/")) or "postgres",
@@ -52,6 +59,10 @@ def database_from_url(url: str) -> dict:
         "TEST": {"NAME": env_str("TEST_DATABASE_NAME") or None},
     }
 
+
+# the web's wait for a pooled connection (config/asgi.py applies it to its own process): during
+# an outage a request answers 503 within seconds, never after the worker's DB_POOL_TIMEOUT
+WEB_DB_POOL_TIMEOUT = env_float("WEB_DB_POOL_TIMEOUT", 3)
 
 # the built-in key is for development only: SECURE_HTTPS=1 refuses it (see "production" below)
 BUILTIN_SECRET_KEY = "dev-insecure-change-me-0123456789abcdefghijklmnopqrstuvwxyz"
@@ -83,6 +94,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # outermost: a database or Redis outage anywhere below answers 503 "back soon", never 500
+    "agentruns.web.outage.AnswerOutagesWithRetryLater",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

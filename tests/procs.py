@@ -237,9 +237,10 @@ class RedisServer:
         self.popen.wait(timeout=10)
 
 
-def start_redis(directory: Path) -> RedisServer:
-    """Start redis-server in `directory` (its log there) and wait until it answers."""
-    port = free_port()
+def start_redis(directory: Path, port: int | None = None) -> RedisServer:
+    """Start redis-server in `directory` (its log there) and wait until it answers; `port`: the
+    one a stopped server had (a restart)."""
+    port = port or free_port()
     popen = subprocess.Popen(
         [
             shutil.which("redis-server") or "/usr/bin/redis-server",

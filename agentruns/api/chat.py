@@ -3,7 +3,8 @@
     POST /api/chat/<agent>                      the AI SDK chat request -> the UI message stream
     GET  /api/chat/<agent>/<chat id>/stream     resume (?startIndex=N); 204 when no run
 
-One chat id is one run (`dedupe_key` "chat:<id>"): the first POST starts it with the last user
+One chat id of one user is one run (`dedupe_key` "chat:<user id>:<chat id>", a namespace the
+API's Idempotency-Key may not use): the first POST starts it with the last user
 message's text as the agent's `message` (over the request's `input` object); a repeated POST
 (double submit, a retry after a dropped connection, `regenerate-message`) streams the same run
 from its first chunk. A POST whose last assistant message holds tool parts in state
@@ -15,12 +16,13 @@ continuation shows what they decided (`tool-approval-response`, then the output 
 
 Who may do what: watching a chat's run needs `agentruns.view_run` (as the run page and its
 socket do), starting one `agentruns.start_run` as well, answering an approval
-`approvals.decide_approval` as well. Session callers send the CSRF token; scripts a bearer
-token. Unknown extra fields of the request body are ignored (front ends add their own).
+`approvals.decide_approval` and `approvals.view_approval` as well. Session callers send the CSRF
+token; scripts a bearer token. Unknown extra fields of the request body are ignored (front ends add their own).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
@@ -30,8 +32,10 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from agentruns import selectors, services
 from agentruns.api.endpoint import endpoint
 from agentruns.api.parsing import BadRequest
+from agentruns.api.runs import CHAT_KEY_PREFIX
 from agentruns.models import Run
 from agentruns.registry import UnknownAgent, get_agent
+from agentruns.runtime.ids import BadId, parse_versioned_id
 from agentruns.stream.ui_stream import chunks_until_now, ui_message_stream_response
 from approvals import services as approval_services
 from approvals.models import Approval, ApprovalKind
@@ -40,6 +44,7 @@ from approvals.policy import status_of
 VIEW = "agentruns.view_run"
 START = "agentruns.start_run"
 DECIDE = "approvals.decide_approval"
+VIEW_APPROVAL = "approvals.view_approval"
 MAX_MESSAGE_CHARS = 5000
 
 AGENT = {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,100}$"}
@@ -73,8 +78,22 @@ CHAT_REQUEST = {
 }
 
 
-def chat_dedupe_key(chat_id: str) -> str:
-    return f"chat:{chat_id}"
+def chat_dedupe_key(chat_id: str, user: Any) -> str:
+    """A chat id is its user's own: `chat:<user id>:<chat id>`, in a namespace the API's
+    Idempotency-Key may not use (agentruns.api.runs), so neither another user's chat of the same
+    id nor an API run started with the key `chat:<id>` is ever this chat's run."""
+    return f"{CHAT_KEY_PREFIX}{user.pk}:{chat_id}"
+
+
+def chat_run(agent: str, chat_id: str, user: Any) -> Run | None:
+    """The run of this user's chat; a chat begun before chat keys were per user (`chat:<id>`)
+    is found only by the user who started it."""
+    run = selectors.run_by_dedupe_key(agent, chat_dedupe_key(chat_id, user))
+    if run is None:
+        legacy = selectors.run_by_dedupe_key(agent, f"{CHAT_KEY_PREFIX}{chat_id}")
+        if legacy is not None and legacy.created_by_id == user.pk:
+            return legacy
+    return run
 
 
 def require(request: HttpRequest, *permissions: str) -> None:
@@ -96,13 +115,26 @@ def last_user_text(messages: list[dict]) -> str:
     return ""
 
 
-def approval_responses(messages: list[dict]) -> list[tuple[int, bool, str]]:
-    """(approval id, approved, reason) of the tool parts in state `approval-responded` of the
-    last assistant message, in order; a malformed one is a 400 naming the part."""
+MAX_ANSWERS = 20  # distinct approvals answered by one request (each is its own decision)
+
+
+@dataclass(frozen=True)
+class Answer:
+    approval_id: int
+    version: int  # of the proposal the chat showed: "14" is version 1, "14.3" version 3
+    asked_as: str  # the approvalId as the stream sent it
+    approved: bool
+    reason: str
+
+
+def approval_responses(messages: list[dict]) -> list[Answer]:
+    """The answers in the tool parts in state `approval-responded` of the last assistant
+    message, in order, one per approval: repeats of an answer collapse, contradicting answers
+    and more than MAX_ANSWERS approvals are a 400, as is a malformed part (named)."""
     last = next((m for m in reversed(messages) if m.get("role") == "assistant"), None)
     if last is None:
         return []
-    answers = []
+    answers: dict[int, Answer] = {}
     for position, part in enumerate(last["parts"]):
         kind = str(part.get("type", ""))
         if not (kind.startswith("tool-") or kind == "dynamic-tool"):
@@ -113,21 +145,33 @@ def approval_responses(messages: list[dict]) -> list[tuple[int, bool, str]]:
         where = f"the assistant message's part {position} ({kind})"
         if not isinstance(approval, dict) or not isinstance(approval.get("approved"), bool):
             raise BadRequest(f"{where}: approval.approved must be true or false")
-        approval_id, reason = approval.get("id"), approval.get("reason") or ""
-        if not isinstance(approval_id, str) or not approval_id.isdigit() or len(approval_id) > 18:
-            raise BadRequest(f"{where}: approval.id {approval_id!r} is not one of this app's")
+        raw_id, reason = approval.get("id"), approval.get("reason") or ""
+        try:
+            if not isinstance(raw_id, str):
+                raise BadId(raw_id)
+            approval_id, version = parse_versioned_id(raw_id, what="approval.id")
+        except BadId:
+            raise BadRequest(f"{where}: approval.id {raw_id!r} is not one of this app's") from None
         if not isinstance(reason, str) or len(reason) > 2000:
             raise BadRequest(f"{where}: approval.reason must be a string of at most 2000")
-        answers.append((int(approval_id), approval["approved"], reason))
-    return answers
+        answer = Answer(approval_id, version or 1, raw_id, approval["approved"], reason)
+        earlier = answers.setdefault(approval_id, answer)
+        if earlier != answer:
+            raise BadRequest(f"{where}: a second, different answer for approval {approval_id}")
+        if len(answers) > MAX_ANSWERS:
+            raise BadRequest(f"at most {MAX_ANSWERS} approvals may be answered at once")
+    return list(answers.values())
 
 
-def decide(request: HttpRequest, run: Run, answers: list[tuple[int, bool, str]]) -> int:
+def decide(request: HttpRequest, run: Run, answers: list[Answer]) -> tuple[int, bool]:
     """Apply the chat's answers as the caller's decisions, all or none; returns the chunk index
-    the continuation starts at."""
-    require(request, DECIDE)
+    the continuation starts at, and whether an answer was to an older version of its proposal
+    (nothing was decided then: the continuation asks again with the current one)."""
+    stale = False
+    require(request, DECIDE, VIEW_APPROVAL)
     with transaction.atomic():
-        for approval_id, approved, reason in answers:
+        for answer in answers:
+            approval_id, approved, reason = answer.approval_id, answer.approved, answer.reason
             approval = Approval.objects.filter(id=approval_id, run=run).first()
             if approval is None:
                 raise BadRequest(f"approval {approval_id} is not part of this chat's run", 404)
@@ -135,21 +179,28 @@ def decide(request: HttpRequest, run: Run, answers: list[tuple[int, bool, str]])
                 raise BadRequest(
                     f"approval {approval_id} is a reconciliation: decide it in the inbox", 409
                 )
+            decide_one = approval_services.approve if approved else approval_services.reject
             try:
-                if approved:
-                    approval_services.approve(approval_id, user=request.user, reason=reason)
-                else:
-                    approval_services.reject(approval_id, user=request.user, reason=reason)
+                decide_one(approval_id, user=request.user, reason=reason, version=answer.version)
             except approval_services.AlreadyDecided:
                 pass  # decided first elsewhere (or a repeated POST): the stream shows the outcome
+            except approval_services.StaleProposal:
+                stale = True  # the stream re-asked with the new proposal: the chat shows it
             except approval_services.DecisionError as exc:  # the policy's status: 400/403/409/422
                 raise BadRequest(str(exc), status_of(exc), code=exc.code) from None
             except PermissionDenied as exc:  # a rule of who may decide (e.g. not the starter)
                 raise BadRequest(str(exc) or "you may not decide this approval", 403) from None
     fold = chunks_until_now(run)
-    starts = [fold.continuation_index(approval_id) for approval_id, _, _ in answers]
+    starts = [
+        fold.continuation_of_request(answer.asked_as)
+        if answer.asked_as in fold.request_chunks
+        else fold.continuation_index(answer.approval_id)
+        for answer in answers
+    ]
     known = [index for index in starts if index is not None]
-    return max(known) if known else fold.count
+    if stale:  # from the first re-ask the chat did not see
+        return (min(known) if known else fold.count), True
+    return (max(known) if known else fold.count), False
 
 
 @endpoint(
@@ -174,9 +225,15 @@ def chat(request: HttpRequest, agent: str, body: dict) -> HttpResponseBase:
     require(request, VIEW)
     messages: list[dict[str, Any]] = body["messages"]
     answers = approval_responses(messages)
-    run = selectors.run_by_dedupe_key(agent, chat_dedupe_key(body["id"]))
+    if answers:  # the right to answer comes before looking for the chat's run
+        require(request, DECIDE, VIEW_APPROVAL)
+    run = chat_run(agent, body["id"], request.user)
     if run is not None and answers:
-        return ui_message_stream_response(run, decide(request, run, answers))
+        start, stale = decide(request, run, answers)
+        response = ui_message_stream_response(run, start)
+        if stale:  # what scripts read: nothing was decided, the stream asks again
+            response["x-decision-status"] = "409"
+        return response
     if answers:
         raise BadRequest("this chat has no run: there is no approval to answer", 404)
     text = last_user_text(messages)
@@ -199,7 +256,7 @@ def chat(request: HttpRequest, agent: str, body: dict) -> HttpResponseBase:
         started = services.start_run(
             agent,
             {**body.get("input", {}), "message": text},
-            dedupe_key=chat_dedupe_key(body["id"]),
+            dedupe_key=chat_dedupe_key(body["id"], request.user),
             user=request.user,
         )
     except UnknownAgent as exc:
@@ -226,7 +283,7 @@ def chat_stream(
     chat_id: str,
     startIndex: int = 0,  # noqa: N803  (the AI SDK's name for it)
 ) -> HttpResponseBase:
-    run = selectors.run_by_dedupe_key(agent, chat_dedupe_key(chat_id))
+    run = chat_run(agent, chat_id, request.user)
     if run is None:
         return HttpResponse(status=204)
     return ui_message_stream_response(run, startIndex)

@@ -34,10 +34,19 @@ KEY_MAX = Run._meta.get_field("dedupe_key").max_length
 IDEMPOTENCY_KEY = {"type": "string", "maxLength": KEY_MAX}
 
 
+# the chat endpoint's runs (agentruns.api.chat): an API key never names one of them
+CHAT_KEY_PREFIX = "chat:"
+
+
 def idempotency_key(request: HttpRequest) -> str | None:
     key = request.headers.get("Idempotency-Key") or None
     if key is not None and (len(key) > KEY_MAX or not key.isprintable()):
         raise BadRequest(f"Idempotency-Key must be at most {KEY_MAX} printable characters")
+    if key is not None and key.startswith(CHAT_KEY_PREFIX):
+        raise BadRequest(
+            f'an Idempotency-Key may not begin with "{CHAT_KEY_PREFIX}": those name the runs '
+            "of chats (POST /api/chat/<agent>)"
+        )
     return key
 
 

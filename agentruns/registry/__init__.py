@@ -380,5 +380,9 @@ def get_tool(name: str) -> Tool:
         raise UnknownTool(f"unknown tool {name!r}") from None
 
 
+def has_tool(name: str) -> bool:
+    return name in _tools
+
+
 def all_agents() -> dict[str, Agent]:
     return dict(_agents)

@@ -16,6 +16,9 @@ Configured as `Q_CLUSTER["broker_class"]` (config/settings.py). Three changes to
 - on PostgreSQL a doorbell also NOTIFYs (delivered when the ringing transaction commits), and
   q2's pusher waits for that instead of sleeping `Q_POLL` on an empty queue: a run starts within
   milliseconds of its commit, and the idle poll stays as slow as `Q_POLL` says;
+- a database outage is weather for the pusher and the monitor too (`dequeue`, `acknowledge`):
+  they back off instead of q2's exit-and-respawn, which kept doorbells waiting 10 s after the
+  database was back;
 - `ring_at(when)` gives a broker whose tasks become visible only at `when`: the ORM broker's
   `lock` column ("nobody may pull this before") is the delay. A run waiting for a retry backoff
   holds no thread: it is re-queued with such a doorbell (`queue.enqueue(not_before=...)`).
@@ -39,6 +42,9 @@ from django_q.conf import Conf
 from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 
+from agentruns.runtime import weather
+from agentruns.runtime.faults import is_infrastructure_error
+
 logger = logging.getLogger(__name__)
 
 
@@ -47,6 +53,9 @@ CHANNEL = "agentruns_doorbell"
 
 class DoorbellBroker(ORM):
     not_before: datetime | None = None
+    # the pusher's tries while the database is away: capped at 1 s, so runs move again within
+    # about a second of its return
+    _outage_backoff = weather.Backoff(base=0.1, cap=1.0)
     _listener: Any = None  # the pusher's LISTEN connection (outside the pool: it never returns)
 
     @staticmethod
@@ -79,14 +88,27 @@ class DoorbellBroker(ORM):
         return package.pk
 
     def dequeue(self) -> list[tuple[int, str]] | None:
-        taken = self._lock_oldest(Conf.BULK)
+        try:
+            taken = self._lock_oldest(Conf.BULK)
+        except Exception as exc:
+            if not is_infrastructure_error(exc):
+                raise
+            # q2's pusher would log a traceback, sleep 10 s and exit on any error (its sentinel
+            # respawns it): runs would wait that long after the database is back. Ride it out.
+            weather.database.noticed(exc, "the doorbell pusher")
+            connections[Conf.ORM].close()
+            time.sleep(self._outage_backoff.next())
+            return None
+        self._outage_backoff.reset()
+        weather.database.passed()
         if taken:
             return taken
         self._wait_for_doorbell(Conf.POLL)  # an empty queue: spare the database, as q2 does
         return None
 
     def _wait_for_doorbell(self, timeout: float) -> None:
-        """Until a NOTIFY (PostgreSQL) or `timeout`; a broken listener falls back to sleeping."""
+        """Until a NOTIFY (PostgreSQL) or `timeout`; a broken listener falls back to sleeping
+        (and is opened again on the next wait)."""
         if connections[Conf.ORM].vendor != "postgresql":
             time.sleep(timeout)
             return
@@ -96,16 +118,37 @@ class DoorbellBroker(ORM):
                 listener = type(self)._listener = self._listen()
             for _ in listener.notifies(timeout=timeout, stop_after=1):
                 pass
-        except Exception:
-            logger.warning("doorbell listener failed; polling", exc_info=True)
-            type(self)._listener = None
+        except Exception as exc:
+            if is_infrastructure_error(exc):
+                # a restart dropped it (found only now, after the queue already answered): the
+                # outage is the dequeue's to report; listen again on the next wait
+                logger.info("doorbell listener lost (%s); listening again", exc)
+            else:
+                logger.warning("doorbell listener failed; polling", exc_info=True)
+            self.stop_listening()
             time.sleep(timeout)
+
+    def acknowledge(self, task_id: int) -> None:
+        """q2's monitor acknowledges a finished doorbell. While the database is away that would
+        kill the monitor (q2 catches nothing there): the doorbell stays and comes back after
+        `retry`, where the run's lease makes it a no-op."""
+        try:
+            super().acknowledge(task_id)
+            weather.database.passed()
+        except Exception as exc:
+            if not is_infrastructure_error(exc):
+                raise
+            weather.database.noticed(exc, "the q2 monitor")
+            connections[Conf.ORM].close()
 
     @classmethod
     def stop_listening(cls) -> None:
-        if cls._listener is not None:
-            cls._listener.close()
-            cls._listener = None
+        listener, cls._listener = cls._listener, None
+        if listener is not None:
+            try:
+                listener.close()
+            except Exception:  # a listener the server dropped: nothing left to close
+                pass
 
     @staticmethod
     def _listen() -> Any:

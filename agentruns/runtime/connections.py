@@ -11,11 +11,16 @@ database. A pool inherited by a child holds the parent's sockets; using one from
 corrupts the protocol, and closing one in the child would end the parent's sessions. So a forked
 child forgets the inherited pools without touching them (`forget_inherited_pools`, registered at
 start-up) and opens its own on first use.
+
+Outages: psycopg_pool's reconnection backoff is capped (`cap_reconnect_backoff`), so the pool
+has its connections back within a second or so of the database's return.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import random
 from functools import cache
 from typing import Any
 
@@ -64,3 +69,36 @@ def guard_forks() -> None:
     """Called once at start-up (apps.ready) when PostgreSQL is pooled."""
     if pooled():
         os.register_at_fork(after_in_child=forget_inherited_pools)
+        cap_reconnect_backoff()
+
+
+# psycopg_pool retries a failed connection 1, 2, 4, 8, 16 ... s apart without a cap: after an 8 s
+# outage its next try came 7 s after the database was back, and a getconn() waiting meanwhile hit
+# its 30 s timeout ("couldn't get a connection after 30.00 sec"). Capped, a process has its
+# connections back within about this long of the database's return.
+RECONNECT_BACKOFF_CAP_SECONDS = 1.0
+
+
+def cap_reconnect_backoff(cap: float = RECONNECT_BACKOFF_CAP_SECONDS) -> None:
+    """Make psycopg_pool's reconnection backoff (1 s, doubling, +-10 %) stop growing at `cap`."""
+    from psycopg_pool import base
+    from psycopg_pool import pool as sync_pool
+
+    if getattr(sync_pool.AttemptWithBackoff, "capped_at", None) is not None:
+        return
+
+    class CappedBackoff(base.AttemptWithBackoff):
+        capped_at = cap
+
+        def update_delay(self, now: float) -> None:
+            super().update_delay(now)
+            self.delay = min(self.delay, self.capped_at * random.uniform(0.8, 1.0))
+
+    sync_pool.AttemptWithBackoff = CappedBackoff
+    logging.getLogger("psycopg.pool").addFilter(_quiet_reconnects)
+
+
+def _quiet_reconnects(record: logging.LogRecord) -> bool:
+    """psycopg_pool warns at every failed reconnection (now every second) and every dead
+    connection it discards after a restart: the outage is logged once by `weather.py` instead."""
+    return not str(record.msg).startswith(("error connecting in", "discarding closed connection"))

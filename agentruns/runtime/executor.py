@@ -31,16 +31,17 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db import close_old_connections, transaction
+from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
 from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepKind, StepStatus
-from agentruns.registry import UnknownAgent, get_agent, get_tool
-from agentruns.runtime import transitions
+from agentruns.registry import UnknownAgent, get_agent, get_tool, has_tool
+from agentruns.runtime import lease, transitions, weather
 from agentruns.runtime.cancel import cancel_run, withdraw_unrun_work
 from agentruns.runtime.conversation import Conversation
 from agentruns.runtime.events import EventSpec, EventType, LeaseLost, step_event_data
+from agentruns.runtime.faults import is_infrastructure_error
 from agentruns.runtime.ids import worker_id
 from agentruns.runtime.lease import Heartbeat
 from agentruns.runtime.model_steps import ModelSteps, RunFailed
@@ -120,42 +121,81 @@ class RunExecutor(ModelSteps, ToolSteps):
     def advance(self, claimed: Run | None = None) -> str:
         """Execute the run until it finishes, parks, yields or loses its lease. `claimed`: the
         run as created already leased by `self.owner` (`services.execute_inline`); otherwise
-        claim it."""
-        if claimed is None and not self.claim():
-            return "busy"
+        claim it.
+
+        An infrastructure error (`faults.py`) anywhere in the slice is weather, not a verdict:
+        the slice stops without writing, no attempt is counted, and the run is left to the lease
+        keeper to release and ring once the database answers (`"weather"`). Only the engine's own
+        errors end the run as "internal error"."""
+        try:
+            if claimed is None and not self.claim():
+                return "busy"
+        except Exception as exc:
+            if is_infrastructure_error(exc):
+                return self.weathered(exc)  # nothing claimed: the keeper only rings it
+            raise
         self.heartbeat = Heartbeat(self.run_id, self.owner, self.ttl)
         self.heartbeat.start()
         try:
-            return self._drive(claimed)
+            try:
+                return self._drive(claimed)
+            except RunFailed as exc:
+                return self.finish(RunStatus.FAILED, error=str(exc))
         except LeaseLost:
             log.warning("run %s: lease lost, another worker continues", self.run_id)
             return "lease_lost"
-        except RunFailed as exc:
-            return self.finish(RunStatus.FAILED, error=str(exc))
-        except Exception as exc:  # an engine bug must not leave a run stuck
+        except Exception as exc:
+            if is_infrastructure_error(exc):
+                return self.weathered(exc)
+            # an engine bug must not leave a run stuck
             log.exception("run %s: engine error", self.run_id)
             close_old_connections()
             try:
                 return self.finish(RunStatus.FAILED, error=f"internal error: {exc!r}")
             except LeaseLost:
                 return "lease_lost"
+            except Exception as second:
+                if is_infrastructure_error(second):
+                    return self.weathered(second)
+                raise
         finally:
             self.heartbeat.stop()
+
+    def weathered(self, exc: BaseException) -> str:
+        """The database (or Redis) failed under this slice: write nothing, count nothing; the
+        process's lease keeper releases the lease (if this executor holds it) and rings the run
+        when the database answers again, or the lease lapses and the sweeper does."""
+        weather.outage_of(exc).noticed(exc, f"run {self.run_id}")
+        log.info("run %s: slice stopped by an outage: %r", self.run_id, exc)
+        # a connection that saw the error: back to the pool (which discards it) or closed
+        try:
+            connection.close()
+        except Exception:
+            pass
+        lease.hand_back(self.run_id, self.owner)
+        return "weather"
 
     def _drive(self, claimed: Run | None) -> str:
         self.run = claimed if claimed is not None else Run.objects.get(id=self.run_id)
         self.cancel_requested = self.run.cancel_requested
         try:
             self.agent = get_agent(self.run.agent)
-        except UnknownAgent as exc:
-            return self.finish(RunStatus.FAILED, error=str(exc))
+        except UnknownAgent as exc:  # a deploy without its module: wait for it, no verdict
+            return self.back_off(
+                timezone.now() + timedelta(seconds=conf.AGENT_MISSING_RETRY_SECONDS),
+                waiting=f"{exc}: not deployed in this worker, the run waits for it",
+            )
+        if self.run.error:  # what it waited for (its agent) is back
+            Run.objects.filter(id=self.run_id, status=RunStatus.RUNNING).update(error="")
         try:
             self.provider = get_provider(self.run.model or conf.MODEL, self.agent)
         except ModelError as exc:
             return self.finish(RunStatus.FAILED, error=f"model error: {exc}")
         # only what the run's permission snapshot allows (DESIGN.md 4.6); a call to anything else
         # is refused when planned (`_validated_arguments`)
-        self.tool_schemas = [get_tool(name).schema() for name in self.run.allowed_tools]
+        self.tool_schemas = [
+            get_tool(name).schema() for name in self.run.allowed_tools if has_tool(name)
+        ]
         # a brand-new run (no steps counted, only its created + running events) has no history
         # to read; anything else loads it once
         fresh = self.run.step_count == 0 and self.run.last_seq <= 2
@@ -293,10 +333,11 @@ class RunExecutor(ModelSteps, ToolSteps):
             enqueue(self.run_id)
         return RunStatus.QUEUED
 
-    def back_off(self, until: Any) -> str:
-        """Wait for a retry without a thread: queued again, its doorbell rings at `until`."""
+    def back_off(self, until: Any, **why: Any) -> str:
+        """Wait for a retry without a thread: queued again, its doorbell rings at `until`
+        (`why`: `reason`, `waiting` and event data for `transitions.backing_off`)."""
         with transaction.atomic(savepoint=False):
-            self.apply(transitions.backing_off(until))
+            self.apply(transitions.backing_off(until, **why))
             enqueue(self.run_id, not_before=until)
         return RunStatus.QUEUED
 

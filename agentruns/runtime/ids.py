@@ -25,3 +25,33 @@ def worker_id() -> str:
 def actor_name(user: object) -> str | None:
     """Who did something, for the timeline and the audit (None: the system)."""
     return getattr(user, "username", None) if user is not None else None
+
+
+MAX_ID_DIGITS = 18  # fits a 64-bit BigAutoField
+
+
+class BadId(ValueError):
+    """Not one of this app's ids: only ASCII digits are ("²" and "١٤" are digits to Python)."""
+
+
+def parse_id(raw: object, *, what: str = "id") -> int:
+    """The one parser of ids that arrive as text (forms, chat parts, cursors): 1 to 18 ASCII
+    digits, no sign, no spaces. Anything else is BadId, which callers answer with a 4xx."""
+    text = str(raw) if isinstance(raw, int) and not isinstance(raw, bool) else raw
+    if (
+        not isinstance(text, str)
+        or not 0 < len(text) <= MAX_ID_DIGITS
+        or not text.isascii()
+        or not text.isdigit()
+    ):
+        raise BadId(f"{what} {raw!r} is not an id (1 to {MAX_ID_DIGITS} ASCII digits)")
+    return int(text)
+
+
+def parse_versioned_id(raw: object, *, what: str = "id") -> tuple[int, int | None]:
+    """`"14"` -> (14, None), `"14.3"` -> (14, 3): an inbox item and the version of its proposal
+    the person saw (approvals' versioned decisions)."""
+    text = raw if isinstance(raw, str) else str(raw)
+    head, dot, tail = text.partition(".")
+    item = parse_id(head, what=what)
+    return item, parse_id(tail, what=f"{what} version") if dot else None

@@ -5,6 +5,13 @@ committed for TTL/3 (a long model turn, a slow tool) needs the keeper. Each cycl
 renews every such lease of the process in ONE statement and flags each executor whose lease
 was taken meanwhile (`Heartbeat.lost`): the executor stops at its next check, and its fenced
 commits would fail anyway.
+
+While the database is away the keeper cannot renew: it backs off (`weather.py`) and flags no
+lease as lost, since nobody knows yet; the fence decides when it is back (an executor whose lease
+lapsed meanwhile has its next commit refused, so a step never runs twice at once). Executors that
+stopped their slice on weather leave their runs here (`hand_back`): once the database answers,
+the keeper releases those leases and rings their doorbells in one transaction, so they continue
+within a second or two of its return instead of after the lease TTL.
 """
 
 from __future__ import annotations
@@ -18,9 +25,12 @@ from collections import defaultdict
 from datetime import timedelta
 
 from django.db import connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from agentruns.models import Run, RunStatus
+from agentruns.runtime import weather
+from agentruns.runtime.faults import is_infrastructure_error
 from agentruns.runtime.queue import enqueue
 from agentruns.runtime.store.sql import run_value
 
@@ -108,6 +118,26 @@ def release_leases(leases: list[tuple[uuid.UUID, str]]) -> int:
     return released
 
 
+def hand_back_runs(runs: list[tuple[uuid.UUID, str]]) -> int:
+    """Runs (id, owner) whose slice stopped on weather: release each lease still that owner's
+    and ring every run still live whose lease is now free (a claim that failed left none), in one
+    transaction. A lease another executor holds is left alone. Returns how many were rung."""
+    if not runs:
+        return 0
+    now = timezone.now()
+    free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
+    live = Run.objects.filter(status__in=[RunStatus.QUEUED, RunStatus.RUNNING])
+    rung = 0
+    with transaction.atomic():
+        for run_id, owner in runs:
+            mine = live.filter(id=run_id, lease_owner=owner)
+            released = mine.update(lease_owner="", lease_expires_at=None, enqueued_at=now)
+            if released or live.filter(free, id=run_id).update(enqueued_at=now):
+                enqueue(run_id)
+                rung += 1
+    return rung
+
+
 IDLE_POLL_SECONDS = 1.0
 
 
@@ -118,6 +148,15 @@ class _LeaseKeeper(threading.Thread):
         self.wake = threading.Event()
         self.beats: set[Heartbeat] = set()
         self.sleeps_until = float("inf")
+        self.handed_back: set[tuple[uuid.UUID, str]] = set()
+        self.backoff = weather.Backoff()
+        self.retry_at = 0.0  # while the database is away: the next try, not before
+
+    def hand_back(self, run_id: uuid.UUID, owner: str) -> None:
+        """A run whose slice stopped on weather: release and ring it once the database answers."""
+        with self.lock:
+            self.handed_back.add((run_id, owner))
+        self.wake.set()
 
     def add(self, beat: Heartbeat) -> None:
         with self.lock:
@@ -132,27 +171,59 @@ class _LeaseKeeper(threading.Thread):
     def run(self) -> None:
         while True:
             self.wake.clear()
-            now = time.monotonic()
-            with self.lock:
-                due = [b for b in self.beats if b.due <= now and not b.lost.is_set()]
-            if due:
-                try:
-                    for beat in renew(due):
-                        beat.lost.set()
-                except Exception:
-                    log.warning("lease renewal failed for %d run(s)", len(due), exc_info=True)
-                for beat in due:
-                    beat.due = time.monotonic() + beat.ttl / 3
-                # renewals are rare (only steps longer than TTL/3): no connection held between
-                # cycles (with a pool: back to it)
-                connection.close()
+            if time.monotonic() >= self.retry_at:
+                self._cycle()
             with self.lock:
                 # at most IDLE_POLL_SECONDS, so that registering a run rarely has to wake us
                 self.sleeps_until = min(
                     [b.due for b in self.beats if not b.lost.is_set()]
                     + [time.monotonic() + IDLE_POLL_SECONDS]
                 )
+                if self.handed_back:
+                    self.sleeps_until = min(self.sleeps_until, self.retry_at)
+                self.sleeps_until = max(self.sleeps_until, self.retry_at)
             self.wake.wait(max(0.0, self.sleeps_until - time.monotonic()))
+
+    def _cycle(self) -> None:
+        now = time.monotonic()
+        with self.lock:
+            due = [b for b in self.beats if b.due <= now and not b.lost.is_set()]
+            handed_back = list(self.handed_back)
+        if not due and not handed_back:
+            return
+        try:
+            if handed_back:
+                hand_back_runs(handed_back)
+                with self.lock:
+                    self.handed_back.difference_update(handed_back)
+            if due:
+                for beat in renew(due):
+                    beat.lost.set()
+                for beat in due:
+                    beat.due = time.monotonic() + beat.ttl / 3
+            weather.database.passed()
+            self.backoff.reset()
+            self.retry_at = 0.0
+        except Exception as exc:
+            if not is_infrastructure_error(exc):
+                log.warning("lease renewal failed for %d run(s)", len(due), exc_info=True)
+                for beat in due:
+                    beat.due = time.monotonic() + beat.ttl / 3
+                with self.lock:  # not weather: their leases lapse and the sweeper rings them
+                    self.handed_back.difference_update(handed_back)
+            else:
+                # nobody knows whose the leases are now: flag none, the fence decides later
+                weather.database.noticed(exc, "the lease keeper")
+                self.retry_at = time.monotonic() + self.backoff.next()
+        finally:
+            # renewals are rare (only steps longer than TTL/3): no connection held between
+            # cycles (with a pool: back to it)
+            connection.close()
+
+
+def hand_back(run_id: uuid.UUID, owner: str) -> None:
+    """Leave a run whose slice stopped on weather to the process's keeper (see the module)."""
+    _keeper().hand_back(run_id, owner)
 
 
 _keeper_of: tuple[int, _LeaseKeeper] | None = None

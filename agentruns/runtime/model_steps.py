@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from contextlib import nullcontext
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -23,13 +24,13 @@ from agentruns.runtime.events import (
     succeeded_event_data,
 )
 from agentruns.runtime.ids import step_key
+from agentruns.runtime.model_outage import ModelOutage
 from agentruns.runtime.planned_steps import EagerCallFailed, PlannedSteps
 from agentruns.runtime.providers import ModelError, ModelRequest, TextDelta, ToolCall, Usage
 from agentruns.runtime.redaction import redact_text
 from agentruns.runtime.store.rows import WriteBatch, build
 from agentruns.runtime.text import storable, storable_text
 
-MODEL_MAX_ATTEMPTS = 3
 # the first text of a turn is shown at once when the model took this long to say anything (a
 # model answering instantly, like the scripted one without delay, keeps the normal batching)
 FIRST_DELTA_AFTER_S = 0.005
@@ -68,18 +69,44 @@ class ModelSteps(PlannedSteps):
             )
             self.steps.append(step)
         messages = self.conversation.extend(self.steps[: step.index])
+        outage: ModelOutage | None = None
         while True:
             attempt = step.attempts + 1
             try:
                 return self._stream_model(step, attempt, messages)
             except ModelError as exc:
-                if exc.retryable and attempt < MODEL_MAX_ATTEMPTS:
+                # an attempt that streamed text is one (its text is superseded); a call that
+                # failed before any text is an outage, not an attempt (model_outage.py)
+                streamed = not (step._state.adding or step.attempts < attempt)
+                if not exc.retryable or (streamed and attempt >= conf.MODEL_MAX_ATTEMPTS):
+                    self._record_model_failure(step, attempt, exc, final=True)
+                    raise RunFailed(f"model error: {exc}") from exc
+                if streamed:
                     self._record_model_failure(step, attempt, exc, final=False)
-                    connections.release()
-                    time.sleep(min(10.0, 0.5 * 2**attempt))
-                    continue
-                self._record_model_failure(step, attempt, exc, final=True)
-                raise RunFailed(f"model error: {exc}") from exc
+                outage = outage or ModelOutage.resume(self.run_id, step.index)
+                wait = outage.failed(exc)
+                if wait is None:  # down for AGENTRUNS_MODEL_OUTAGE_SECONDS: the step fails
+                    verdict = outage.verdict(exc)
+                    self._record_model_failure(step, step.attempts + 1, verdict, final=True)
+                    raise RunFailed(f"model error: {verdict}") from exc
+                outcome = self._wait_out_model_outage(outage, exc, wait)
+                if outcome:
+                    return outcome
+
+    def _wait_out_model_outage(
+        self, outage: ModelOutage, exc: ModelError, wait: float
+    ) -> str | None:
+        """Back off before the next model call: queued with the reason and the next try (the
+        thread and the lease go back) in a worker; a short wait, or in-process, sleeps here."""
+        until = timezone.now() + timedelta(seconds=wait)
+        if self.drain is not None and wait > conf.RETRY_SLEEP_MAX_SECONDS:
+            return self.back_off(until, reason=outage.reason(exc), model_outage=outage.state())
+        connections.release()
+        if not self._wait_for_retry(until):
+            return self.finish(
+                RunStatus.CANCELLED, stop_reason="cancelled", error="cancelled on request"
+            )
+        return None
 
     def _stream_model(self, step: Step, attempt: int, messages: list[dict]) -> str | None:
         started = timezone.now()

@@ -19,6 +19,8 @@ from channels.layers import get_channel_layer
 from django.db import transaction
 
 from agentruns.conf import conf
+from agentruns.runtime import weather
+from agentruns.runtime.faults import redis_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +88,16 @@ async def _group_send_all(layer: Any, sends: list[tuple[str, dict]]) -> None:
 
 
 def _log_failed_nudge(future: concurrent.futures.Future) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        log.warning("channel-layer nudge failed: %r", future.exception())
+    if future.cancelled():
+        return
+    exc = future.exception()
+    if exc is None:
+        weather.redis.passed()
+    elif redis_unavailable(exc):
+        # Redis away: every commit would log this; once is enough (viewers poll meanwhile)
+        weather.redis.noticed(exc, "the nudge sender")
+    else:
+        log.warning("channel-layer nudge failed: %r", exc)
 
 
 def send_nudge(run_id: uuid.UUID | None, seq: int = 0, *, inbox: bool = False) -> None:

@@ -14,6 +14,7 @@ from django.utils import timezone
 from agentruns.models import AttemptOutcome, Step, StepAttempt, StepKind, StepStatus
 from agentruns.registry import ToolArgumentsError, ToolContext, UnknownTool, get_tool
 from agentruns.runtime import failpoints
+from agentruns.runtime.faults import is_infrastructure_error
 from agentruns.runtime.ids import step_key
 from agentruns.runtime.permissions import needs_approval, refused_message
 from agentruns.runtime.providers import ToolCall
@@ -57,6 +58,8 @@ class PlannedSteps:
             try:
                 result = call_tool(self.run, step, tool, ctx)
             except Exception as exc:
+                if is_infrastructure_error(exc):
+                    raise  # weather: the whole model commit stops, nothing is recorded
                 if in_txn:  # its writes (or a broken transaction) must go: roll back, run less
                     raise EagerCallFailed(position) from exc
                 break  # leave it pending: the normal path runs it with its retry policy

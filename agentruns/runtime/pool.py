@@ -45,8 +45,9 @@ from django.utils import timezone
 
 from agentruns.conf import conf
 from agentruns.models import WorkerHeartbeat
-from agentruns.runtime import connections
+from agentruns.runtime import connections, weather
 from agentruns.runtime.executor import RunExecutor
+from agentruns.runtime.faults import is_infrastructure_error
 from agentruns.runtime.ids import worker_name
 from agentruns.runtime.lease import release_leases
 from agentruns.runtime.queue import ADVANCE_TASK, enqueue
@@ -106,7 +107,13 @@ class RunPool:
             if accepted:
                 self._busy += 1
         if not accepted:
-            enqueue(run_id)
+            try:
+                enqueue(run_id)
+            except Exception as exc:
+                if not is_infrastructure_error(exc):
+                    raise
+                # the database is away: this doorbell is lost, the sweeper rings the run again
+                weather.database.noticed(exc, "a hand-over")
             return "requeued"
         self._jobs.put(run_id)
         return "started"
@@ -126,11 +133,19 @@ class RunPool:
         if free <= 0:
             return 0
         broker = DoorbellBroker(list_key=Conf.CLUSTER_NAME)
-        taken = broker.take(min(free, TAKE_AT_MOST), ADVANCE_TASK)
-        for _, args in taken:
-            self.hand_over(str(args[0]), wait=0)  # no wait: only this thread adds runs
-        broker.acknowledge_all([ack_id for ack_id, _ in taken])
-        connection.close()  # the q2 worker waits for its next task without a connection
+        taken: list[tuple[int, tuple]] = []
+        try:
+            taken = broker.take(min(free, TAKE_AT_MOST), ADVANCE_TASK)
+            for _, args in taken:
+                self.hand_over(str(args[0]), wait=0)  # no wait: only this thread adds runs
+            broker.acknowledge_all([ack_id for ack_id, _ in taken])
+        except Exception as exc:
+            if not is_infrastructure_error(exc):
+                raise
+            # taken ones not acknowledged come back after q2's `retry`; their leases dedupe
+            weather.database.noticed(exc, "a hand-over")
+        finally:
+            connection.close()  # the q2 worker waits for its next task without a connection
         return len(taken)
 
     def _work(self) -> None:
@@ -144,8 +159,11 @@ class RunPool:
                     enqueue(run_id)  # taken just before the stop: never claimed, give it back
                 else:
                     executor.advance()
-            except Exception:  # advance() contains engine errors; this is the doorbell's own
-                log.exception("run %s: could not be executed", run_id)
+            except Exception as exc:  # advance() contains engine errors; this is the doorbell's
+                if is_infrastructure_error(exc):  # the give-back failed: the sweeper rings it
+                    weather.database.noticed(exc, f"run {run_id}")
+                else:
+                    log.exception("run %s: could not be executed", run_id)
             finally:
                 connection.close()  # idle threads hold no connection (pooled: back to the pool)
                 with self._cond:
@@ -229,8 +247,12 @@ class RunPool:
                     "db_connections": connections.pool_size(),
                 },
             )
-        except Exception:
-            log.warning("pool heartbeat failed", exc_info=True)
+            weather.database.passed()
+        except Exception as exc:
+            if is_infrastructure_error(exc):
+                weather.database.noticed(exc, "the pool's heartbeat")  # tried again next beat
+            else:
+                log.warning("pool heartbeat failed", exc_info=True)
         finally:
             connection.close()
 

@@ -17,6 +17,8 @@ from django.utils import timezone
 
 from agentruns.conf import conf
 from agentruns.models import Run, RunStatus, WorkerHeartbeat
+from agentruns.runtime import weather
+from agentruns.runtime.faults import is_infrastructure_error
 from agentruns.runtime.ids import worker_name
 from agentruns.runtime.queue import enqueue
 from approvals.escalation import escalate_due_approvals
@@ -102,7 +104,10 @@ def ensure_schedule() -> None:
 
 
 class SweeperLoop(threading.Thread):
-    """The fast sweeper: every AGENTRUNS_SWEEP_INTERVAL_SECONDS, in the qcluster process."""
+    """The fast sweeper: every AGENTRUNS_SWEEP_INTERVAL_SECONDS, in the qcluster process.
+
+    While the database is away it tries again with a backoff capped at that interval, so its
+    first pass after the outage comes within an interval of the database's return."""
 
     def __init__(self, name: str | None = None) -> None:
         super().__init__(name="agentruns-sweeper", daemon=True)
@@ -111,13 +116,22 @@ class SweeperLoop(threading.Thread):
 
     def run(self) -> None:
         interval = conf.SWEEP_INTERVAL_SECONDS
+        # while the database is away: tries at most `interval` apart, from a quarter of it up
+        backoff = weather.Backoff(base=min(0.25, interval / 4), cap=interval)
         while not self.stopped.is_set():
+            wait = interval
             try:
                 close_old_connections()
                 sweep()
                 record_heartbeat(self.worker, swept=True)
-            except Exception:
-                log.warning("sweeper pass failed", exc_info=True)
+                weather.database.passed()
+                backoff.reset()
+            except Exception as exc:
+                if is_infrastructure_error(exc):
+                    weather.database.noticed(exc, "the sweeper")
+                    wait = backoff.next()
+                else:
+                    log.warning("sweeper pass failed", exc_info=True)
                 connection.close()
-            self.stopped.wait(interval)
+            self.stopped.wait(wait)
         connection.close()

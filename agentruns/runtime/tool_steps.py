@@ -14,16 +14,17 @@ from django.utils import timezone
 
 from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepStatus
-from agentruns.registry import ApprovalRequested, Tool, ToolContext, get_tool
+from agentruns.registry import ApprovalRequested, Tool, ToolContext, UnknownTool, get_tool
 from agentruns.registry.context import stepping
 from agentruns.runtime import connections, failpoints
 from agentruns.runtime.events import EventType, step_event_data, succeeded_event_data
+from agentruns.runtime.faults import is_infrastructure_error
 from agentruns.runtime.permissions import needs_approval
 from agentruns.runtime.redaction import redact_text, secret_values, secrets_in_scope
 from agentruns.runtime.store.rows import WriteBatch
 from agentruns.runtime.text import storable
 from agentruns.runtime.timestamps import iso
-from approvals.parking import open_approval
+from approvals.parking import approved_call_refusal, open_approval
 
 TOOL_RESULT_FIELDS = [
     "status",
@@ -54,8 +55,15 @@ class ToolSteps:
 
     # ---------------------------------------------------------------- tool steps
     def tool_step(self, step: Step) -> str | None:
-        tool = get_tool(step.tool)
-        if not step.approved and needs_approval(self.run, tool, step.arguments):
+        try:
+            tool = get_tool(step.tool)
+        except UnknownTool:  # a deploy removed it after the call was planned (or approved)
+            return self._refuse(step, f"refused: the tool {step.tool} is not deployed any more")
+        if step.approved:
+            # fail closed: only the exact arguments the final approval approved ever run
+            if refusal := approved_call_refusal(step):
+                return self._refuse(step, refusal)
+        elif needs_approval(self.run, tool, step.arguments):
             return self._ask_approval(step)
         if step.next_attempt_at:
             delay = (step.next_attempt_at - timezone.now()).total_seconds()
@@ -100,6 +108,14 @@ class ToolSteps:
             )
         return self._ask_approval(step)
 
+    def _refuse(self, step: Step, reason: str) -> None:
+        """The call is not made: the step ends rejected with `reason`, which the model receives
+        as the tool's answer (as a person's rejection)."""
+        with transaction.atomic():
+            step.reject(reason)
+            self.commit([(EventType.STEP_FAILED, step_event_data(step))])
+        return None
+
     def _wait_for_retry(self, due: Any) -> bool:
         """Sleep until a short retry is due, noticing a cancel meanwhile (False: cancelled)."""
         while (delay := (due - timezone.now()).total_seconds()) > 0:
@@ -139,6 +155,8 @@ class ToolSteps:
                 try:
                     result = call_tool(self.run, step, tool, ctx)
                 except Exception as exc:
+                    if is_infrastructure_error(exc):
+                        raise  # the database went away under the tool: weather, not an attempt
                     failure, failure_tb = exc, traceback.format_exc()
                     raise _CallFailed from exc
                 failpoints.hit("tool_returned", tool=step.tool, step_id=step.id)

@@ -92,13 +92,19 @@ def yielded(now: datetime, *, reason: str = "time slice") -> RunChange:
     )
 
 
-def backing_off(until: datetime) -> RunChange:
+def backing_off(
+    until: datetime, *, reason: str = "retry backoff", waiting: str = "", **data: Any
+) -> RunChange:
     """running -> queued until a retry is due: no lease, no thread; its doorbell rings at `until`
-    (`enqueued_at` is that time, so the sweeper does not ring it earlier)."""
-    return RunChange(
-        {"status": RunStatus.QUEUED, "enqueued_at": until, **RELEASED},
-        [_status_event(RunStatus.QUEUED, reason="retry backoff", until=iso(until))],
-    )
+    (`enqueued_at` is that time, so the sweeper does not ring it earlier). `reason` says why
+    (a model outage names its error, model_outage.py); `data` rides on the event. `waiting`: what
+    the run waits for (its agent, after a deploy without it), kept in `error` until it runs again."""
+    fields: dict[str, Any] = {"status": RunStatus.QUEUED, "enqueued_at": until, **RELEASED}
+    event: dict[str, Any] = {"reason": redact_text(reason), "until": iso(until), **data}
+    if waiting:
+        fields["error"] = event["error"] = redact_text(waiting)
+        event["reason"] = "waiting"
+    return RunChange(fields, [_status_event(RunStatus.QUEUED, **event)])
 
 
 def requeued(now: datetime) -> RunChange:

@@ -3,6 +3,7 @@
 from agentruns.selectors.conversation import Turn, live_turns
 from agentruns.selectors.run_list import AGES, RunFilters, run_page
 from agentruns.selectors.runs import (
+    backoff_of,
     events_after,
     get_run,
     nav_counts,
@@ -15,6 +16,7 @@ __all__ = [
     "AGES",
     "RunFilters",
     "Turn",
+    "backoff_of",
     "events_after",
     "get_run",
     "live_turns",

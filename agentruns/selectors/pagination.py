@@ -16,6 +16,8 @@ from typing import Any, Generic, TypeVar
 
 from django.db.models import Model, Q, QuerySet
 
+from agentruns.runtime.ids import parse_id
+
 T = TypeVar("T", bound=Model)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -26,14 +28,13 @@ def encode_cursor(row: Model) -> str:
 
 
 def decode_cursor(
-    raw: str | None, parse_pk: Callable[[str], Any] = int
+    raw: str | None, parse_pk: Callable[[str], Any] = parse_id
 ) -> tuple[datetime, Any] | None:
-    """(created_at, pk) of a cursor; None for anything that is not one (a garbled link)."""
+    """(created_at, pk) of a cursor; None for anything that is not one (a garbled link, or
+    digits that are not ASCII: "١٤" is not 14)."""
     micros, _, pk = (raw or "").partition("-")
-    if not micros.isdigit() or len(micros) > 18 or not pk:
-        return None
     try:
-        return EPOCH + timedelta(microseconds=int(micros)), parse_pk(pk)
+        return EPOCH + timedelta(microseconds=parse_id(micros)), parse_pk(pk)
     except (ValueError, OverflowError):
         return None
 
@@ -63,7 +64,7 @@ def keyset_page(
     older: str | None = None,
     newer: str | None = None,
     size: int,
-    parse_pk: Callable[[str], Any] = int,
+    parse_pk: Callable[[str], Any] = parse_id,
 ) -> KeysetPage[T]:
     """One page of `rows`, newest first. `older`: the rows older than that cursor; `newer`: the
     page just newer than it (a full page: when fewer than `size` rows are newer, the first page).

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 
 from django.db import connection
 
-from agentruns.models import Run, RunEvent, Step
+from agentruns.models import Run, RunEvent, RunStatus, Step
 from approvals.models import Approval
 
 
@@ -61,3 +62,19 @@ def nav_counts() -> dict:
         "runs": {s: shown(counts.get(s, 0)) for s in NAV_STATUSES},
         "pending_approvals": shown(counts.get("pending", 0)),
     }
+
+
+def backoff_of(run: Run, events: list[RunEvent]) -> dict | None:
+    """A queued run waiting out a backoff (a model outage, a tool's retry): why, and when it
+    tries next, from its latest status event."""
+    if run.status != RunStatus.QUEUED:
+        return None
+    latest = next((e for e in reversed(events) if e.type == "run.status"), None)
+    data = latest.data if latest is not None else {}
+    if data.get("status") != RunStatus.QUEUED or not data.get("until"):
+        return None
+    try:
+        until = datetime.fromisoformat(data["until"])
+    except (TypeError, ValueError):
+        return None
+    return {"reason": data.get("reason", ""), "until": until}

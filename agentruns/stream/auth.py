@@ -6,6 +6,7 @@ from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
 from channels.middleware import BaseMiddleware
 
+from agentruns.stream.unavailable import CloseWhenUnavailable
 from agentruns.tokens import bearer_from_header, user_for_token
 
 
@@ -26,4 +27,5 @@ class BearerTokenMiddleware(BaseMiddleware):
 
 
 def SessionOrTokenAuthMiddleware(inner):  # noqa: N802 - mirrors AuthMiddlewareStack
-    return AuthMiddlewareStack(BearerTokenMiddleware(inner))
+    # outermost: the session and token lookups need the database; without it, 4503
+    return CloseWhenUnavailable(AuthMiddlewareStack(BearerTokenMiddleware(inner)))

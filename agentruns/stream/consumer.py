@@ -31,8 +31,10 @@ from channels.layers import get_channel_layer
 
 from agentruns.conf import conf
 from agentruns.models import Run
+from agentruns.runtime.faults import is_infrastructure_error
 from agentruns.runtime.nudges import run_group
 from agentruns.stream.frames import encoded_frames_after
+from agentruns.stream.unavailable import REASON, TRY_AGAIN_LATER
 from agentruns.tokens import SOCKET_RECHECK_SECONDS, token_is_valid
 
 log = logging.getLogger(__name__)
@@ -41,8 +43,9 @@ BATCH = 500  # frames per database read
 WINDOW = 2000  # recent frames a feed keeps for viewers that are (nearly) caught up
 GAP_PATIENCE_SECONDS = 5.0  # how long a feed waits for a missing seq before delivering past it
 
-# close codes: 4400 bad request, 4401 not authenticated, 4403 forbidden, 4404 no such run.
-# The page's client treats 4400-4499 as refusals (no reconnect); anything else is retried.
+# close codes: 4400 bad request, 4401 not authenticated, 4403 forbidden, 4404 no such run,
+# 4503 the database is unavailable, try again later (stream/unavailable.py). The page's client
+# treats 4400-4499 as refusals (no reconnect); anything else is retried with backoff.
 
 
 @dataclass(eq=False)
@@ -59,6 +62,7 @@ class RunFeed:
     tasks: list[asyncio.Task] = field(default_factory=list)
     channel: str | None = None
     gap_since: float | None = None
+    outages: int = 0  # failed reads for an outage: each closes the viewers it finds (4503)
 
     def frames_after(self, seq: int) -> list[tuple[int, str]] | None:
         """Frames with seq > `seq` from the window; None when `seq` is older than the window."""
@@ -175,8 +179,13 @@ async def _follow(feed: RunFeed) -> None:
                 feed.advance(await database_sync_to_async(_run_last_seq)(feed.run_id))
         except asyncio.CancelledError:
             raise
-        except Exception:  # a database blip: keep the feed alive, try again on the next tick
-            log.warning("run feed %s: read failed", feed.run_id, exc_info=True)
+        except Exception as exc:  # a database blip: keep the feed alive, try again next tick
+            if is_infrastructure_error(exc):  # its viewers reconnect with backoff (4503)
+                feed.outages += 1
+                for wakeup in feed.viewers:
+                    wakeup.set()
+            else:
+                log.warning("run feed %s: read failed", feed.run_id, exc_info=True)
         contiguous = _contiguous_prefix(feed, frames)
         if contiguous:
             feed.extend(contiguous)
@@ -232,6 +241,7 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
             await self.close(code=refusal[0], reason=refusal[1])
             return
         self.feed = await open_feed(self.run_id)
+        self.outages_seen = self.feed.outages
         self.feed.viewers.add(self.wakeup)
         self.sender = asyncio.create_task(self.pump())
         if self.scope.get("auth_token"):
@@ -292,6 +302,9 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
             while True:
                 self.wakeup.clear()
                 assert self.feed is not None
+                if self.feed.outages != self.outages_seen:
+                    await self.close(code=TRY_AGAIN_LATER, reason=REASON)
+                    return
                 frames = self.feed.frames_after(self.last_seq)
                 if frames is None:  # behind the shared window: replay from the database
                     rows = await database_sync_to_async(encoded_frames_after)(
@@ -310,6 +323,9 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
                     await self.wakeup.wait()
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as exc:
+            if is_infrastructure_error(exc):
+                await self.close(code=TRY_AGAIN_LATER, reason=REASON)
+                return
             log.exception("run stream %s failed", self.run_id)
             await self.close(code=1011)

@@ -34,7 +34,10 @@ after an `error` chunk, or `other` when cancelled), with the same `messageId`, s
 continuation extends the same assistant message; readers end their HTTP stream at a `finish`
 that is the last chunk so far. A decision, wherever it was made (the chat, the inbox, the
 sweeper's expiry), appears as `tool-approval-response` and then the tool's output or
-`tool-output-denied`.
+`tool-output-denied`. While a call waits for several approvers, each approval given makes a new
+version of the proposal (approvals/decisions.py): the fold asks again in a segment of its own
+(the call's `tool-input-available` with the current arguments, then `tool-approval-request`
+under the approvalId `<approval>.<version>`), so an answer to an older request names what it saw.
 
 Only chunk types and fields that `uiMessageChunkSchema` of the pinned `ai` major defines are
 emitted (`reset-step` and `tool-approval-response` are 7.x chunks).
@@ -98,6 +101,9 @@ class UIChunks:
     calls: dict[int, _Call] = field(default_factory=dict)  # tool step index -> its part
     approval_steps: dict[int, int] = field(default_factory=dict)  # approval id -> step index
     approval_chunks: dict[int, int] = field(default_factory=dict)  # approval id -> chunk index
+    # the chat's approvalId of each request made: "14" (version 1) or "14.3" -> its chunk index
+    request_chunks: dict[str, int] = field(default_factory=dict)
+    asked_as: dict[int, str] = field(default_factory=dict)  # approval id -> the latest approvalId
     finish_chunks: list[int] = field(default_factory=list)  # indexes of the finish chunks
     _out: list[Chunk] = field(default_factory=list)
 
@@ -113,6 +119,15 @@ class UIChunks:
         asked = self.approval_chunks.get(approval_id)
         if asked is None:
             return None
+        return self._after_finish(asked)
+
+    def continuation_of_request(self, chat_approval_id: str) -> int | None:
+        """The same for the request a reader answered, by its approvalId: after a stale answer
+        (`"14"` while the proposal is now `"14.3"`) the reader gets every re-ask since."""
+        asked = self.request_chunks.get(chat_approval_id)
+        return None if asked is None else self._after_finish(asked)
+
+    def _after_finish(self, asked: int) -> int:
         return next((f + 1 for f in self.finish_chunks if f > asked), self.count)
 
     # ---------------------------------------------------------------- the fold
@@ -264,14 +279,45 @@ class UIChunks:
         approval = int(data["approval"])
         self.approval_steps[approval] = int(data["step"])
         self._close_text()
+        self._ask(approval, str(approval), call)
+
+    def _ask(self, approval: int, asked_as: str, call: _Call) -> None:
         self.approval_chunks[approval] = self.count + (0 if self.in_segment else 1)
+        self.request_chunks[asked_as] = self.approval_chunks[approval]
+        self.asked_as[approval] = asked_as
         self._emit(
             {
                 "type": "tool-approval-request",
-                "approvalId": str(approval),
+                "approvalId": asked_as,
                 "toolCallId": call.tool_call_id,
             }
         )
+
+    def _approval_given(self, data: dict) -> None:
+        """One of several approvals, or an edit: the proposal has a new version. The chat is
+        asked again, with the current arguments, under an approvalId naming that version
+        (`"<approval>.<version>"`), so an answer to what it showed before cannot approve it."""
+        approval, version = data.get("approval"), data.get("version")
+        step = self.approval_steps.get(int(approval)) if approval is not None else None
+        call = self.calls.get(step) if step is not None else None
+        if call is None or call.settled or not isinstance(version, int):
+            return  # not this chat's request (or an event from before versions)
+        opened_here = not self.in_segment
+        self._emit(
+            {
+                "type": "tool-input-available",
+                "toolCallId": call.tool_call_id,
+                "toolName": call.tool,
+                "input": self._shown(call.tool, data.get("arguments", {})),
+            }
+        )
+        self._ask(int(approval), f"{int(approval)}.{version}", call)
+        if opened_here:  # the run is still parked: this re-ask is a segment of its own
+            metadata = {"runId": str(self.run_id), "status": "waiting"}
+            self._emit(
+                {"type": "finish", "finishReason": "tool-calls", "messageMetadata": metadata}
+            )
+            self.in_segment = False
 
     def _approval_decided(self, data: dict) -> None:
         call = self.calls.get(int(data.get("step", -1)))
@@ -311,7 +357,7 @@ class UIChunks:
             self._emit(
                 {
                     "type": "tool-approval-response",
-                    "approvalId": str(approval),
+                    "approvalId": self.asked_as.get(int(approval), str(approval)),
                     "approved": approved,
                     "reason": reason,
                 }
@@ -370,6 +416,7 @@ _HANDLERS: dict[str, Callable[[UIChunks, dict], None]] = {
     EventType.STEP_FAILED: UIChunks._step_failed,
     EventType.STEP_RESOLVED: UIChunks._output,
     EventType.APPROVAL_REQUESTED: UIChunks._approval_requested,
+    EventType.APPROVAL_GIVEN: UIChunks._approval_given,
     EventType.APPROVAL_DECIDED: UIChunks._approval_decided,
     EventType.APPROVAL_WITHDRAWN: UIChunks._approval_withdrawn,
 }

@@ -16,8 +16,9 @@ from django.utils import timezone
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
-from agentruns.models import Run, Step, StepAttempt, StepKind
+from agentruns.models import Run, Step, StepAttempt, StepKind, StepStatus
 from agentruns.runtime.redaction import redact_fields, redact_text, redact_tool_calls
+from approvals.parking import cannot_run
 
 # outcome -> colour, shared by the SVG bars and its legend
 COLOURS = {
@@ -70,6 +71,8 @@ class StepView:
     retry: RetryView | None
     tool_calls: list[dict] = field(default_factory=list)
     retry_in_seconds: float | None = None
+    # a parked call the deployed code cannot run (its tool or agent gone, its schema changed)
+    cannot_run: str = ""
 
     @property
     def side_effect(self) -> bool:
@@ -123,9 +126,18 @@ def view_steps(run: Run, steps: list[Step], now: datetime | None = None) -> list
                 if step.kind == StepKind.MODEL
                 else [],
                 retry_in_seconds=retry_in,
+                cannot_run=_cannot_run(run, step),
             )
         )
     return rows
+
+
+def _cannot_run(run: Run, step: Step) -> str:
+    if step.status != StepStatus.WAITING_APPROVAL:
+        return ""
+    approval = _approval(step)
+    args = approval.effective_args if approval is not None else step.arguments
+    return cannot_run(run.agent, step.tool, args)
 
 
 def _approval(step: Step) -> Any:

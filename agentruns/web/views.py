@@ -22,8 +22,9 @@ from django.views.decorators.http import require_POST
 from agentruns import services
 from agentruns.models import Run, RunEvent, RunStatus, Step, StepAttempt
 from agentruns.registry import all_agents
+from agentruns.runtime.ids import parse_id
 from agentruns.runtime.text import UnsafeValue, loads_strict
-from agentruns.selectors import AGES, RunFilters, live_turns, run_page
+from agentruns.selectors import AGES, RunFilters, backoff_of, live_turns, run_page
 from agentruns.web.permissions import permission_view
 from agentruns.web.timeline import legend, timeline_svg, view_steps
 
@@ -80,6 +81,7 @@ def run_detail(request: HttpRequest, run_id) -> HttpResponse:
             "can_operate": request.user.has_perm(OPERATE),
             "can_fork": request.user.has_perm(OPERATE) and request.user.has_perm(START),
             "permissions": permission_view(run),
+            "backoff": backoff_of(run, events),
         },
     )
 
@@ -156,9 +158,9 @@ def run_fork(request: HttpRequest, run_id) -> HttpResponse:
     run = get_object_or_404(Run.objects.only("id"), id=run_id)
     try:
         raw_step = request.POST.get("from_step", "")
-        if not (raw_step.isascii() and raw_step.isdigit() and len(raw_step) <= 9):
+        if len(raw_step) > 9:
             raise ValueError(raw_step)
-        from_step = int(raw_step)
+        from_step = parse_id(raw_step, what="step")  # BadId is a ValueError
         fork = services.fork_run(run.id, from_step, user=request.user)
     except ValueError:
         messages.error(request, "Choose the model step to fork from.")

@@ -2,7 +2,8 @@
 
 Every AGENTRUNS_WEBHOOK_POLL_SECONDS it sends what is due from the outbox (several at once) and
 the mail digests that are ready. Any number of workers may run it: deliveries and notices are
-claimed with leases and SKIP LOCKED, so two workers never send the same one at once.
+claimed with leases and SKIP LOCKED, so two workers never send the same one at once. While the
+database is away it backs off (`runtime/weather.py`) and logs the outage once.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import httpx
 from django.db import close_old_connections, connection
 
 from agentruns.conf import conf
+from agentruns.runtime import weather
+from agentruns.runtime.faults import is_infrastructure_error
 from agentruns.runtime.ids import worker_id
 from approvals.notifications.delivery import deliver_due
 from approvals.notifications.mail import send_due_digests
@@ -32,19 +35,28 @@ class DeliveryLoop(threading.Thread):
         # no redirects: a 3xx is a failure (Standard Webhooks: fix the URL instead)
         client = httpx.Client(follow_redirects=False)
         pool = ThreadPoolExecutor(conf.WEBHOOK_CONCURRENCY, thread_name_prefix="webhook-send")
+        # the database away: tries further apart, up to 5 s (a delivery waits; none is lost)
+        backoff = weather.Backoff(base=conf.WEBHOOK_POLL_SECONDS, cap=5.0)
         try:
             while not self.stopped.is_set():
                 busy = False
+                wait = conf.WEBHOOK_POLL_SECONDS
                 try:
                     close_old_connections()
                     # a full batch: more may be due, go again without waiting
                     busy = deliver_due(self.owner, client, pool) >= conf.WEBHOOK_CONCURRENCY
                     send_due_digests(self.owner)
-                except Exception:
-                    log.warning("delivery pass failed", exc_info=True)
+                    weather.database.passed()
+                    backoff.reset()
+                except Exception as exc:
+                    if is_infrastructure_error(exc):
+                        weather.database.noticed(exc, "the delivery loop")
+                        wait = max(wait, backoff.next())
+                    else:
+                        log.warning("delivery pass failed", exc_info=True)
                     connection.close()
                 if not busy:
-                    self.stopped.wait(conf.WEBHOOK_POLL_SECONDS)
+                    self.stopped.wait(wait)
         finally:
             pool.shutdown(wait=False)
             client.close()

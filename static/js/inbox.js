@@ -11,6 +11,48 @@
     event.detail.parameters.sig = state ? state.dataset.signature || "" : "";
   });
 
+  // ---------------------------------------------------------------- the poll while the server is away
+  // A failed poll (503 while the database is down, no answer while the server restarts) shows
+  // "reconnecting…" and the next polls wait a capped, jittered backoff; the first poll that
+  // answers again swaps in the list as it is now (it sends the signature it shows, so nothing
+  // is doubled or skipped) and the normal 2 s rhythm resumes.
+  const POLL_BACKOFF_BASE_MS = 1000;
+  const POLL_BACKOFF_CAP_MS = 15000;
+  let pollFailures = 0;
+  let pollNotBefore = 0;
+
+  function isPoll(event) {
+    return Boolean(event.detail.elt && event.detail.elt.id === "inbox-items");
+  }
+
+  function showPollState(state) {
+    const el = document.getElementById("inbox-conn");
+    if (!el) return;
+    el.dataset.state = state;
+    el.hidden = state === "live";
+    el.textContent = state === "live" ? "" : "reconnecting…";
+  }
+
+  function pollFailed(event) {
+    if (!isPoll(event)) return;
+    pollFailures += 1;
+    const ceiling = Math.min(POLL_BACKOFF_CAP_MS, POLL_BACKOFF_BASE_MS * Math.pow(2, pollFailures - 1));
+    pollNotBefore = Date.now() + ceiling / 2 + Math.random() * ceiling / 2;
+    showPollState("reconnecting");
+  }
+
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    if (isPoll(event) && Date.now() < pollNotBefore) event.preventDefault(); // backing off
+  });
+  document.addEventListener("htmx:responseError", pollFailed);
+  document.addEventListener("htmx:sendError", pollFailed);
+  document.addEventListener("htmx:afterRequest", function (event) {
+    if (!isPoll(event) || !event.detail.successful) return;
+    pollFailures = 0;
+    pollNotBefore = 0;
+    showPollState("live");
+  });
+
   // ---------------------------------------------------------------- live diff of edits
   document.addEventListener("input", function (event) {
     const form = event.target.closest("form.decide");

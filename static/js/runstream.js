@@ -4,7 +4,10 @@
 // frame {"seq","type","data","html"} is applied at most once (seq <= lastSeq is dropped), in
 // order; a hole in the seqs means something went wrong on the way, so the client reconnects with
 // after=<last applied> rather than show a gap. Any close that is not a refusal (4400-4499) is
-// retried with capped exponential backoff and jitter. Model text follows the same rules as the
+// retried with capped exponential backoff and jitter: a dropped connection, a server restart,
+// and 4503 ("try again later": the database is down, the server accepts and closes at once).
+// So a socket only counts as up (the backoff resets, "live" shows) once the server has answered
+// something on it: the ping sent on open, or a frame. Model text follows the same rules as the
 // server's first render (selectors.live_turns): text per (step, attempt); an attempt is dropped
 // when a model.superseded event names it or a newer attempt of that step starts streaming.
 (function () {
@@ -30,6 +33,7 @@
   let refused = false;
   let finished = TERMINAL.includes(root.dataset.status);
   let lastHeard = Date.now();
+  let answered = false; // the current socket has heard from the server
   const dropped = new Set(); // "step:attempt" whose text was superseded
   const newest = new Map(); // step -> newest attempt seen streaming
 
@@ -121,6 +125,11 @@
   function onFrame(ws, msg) {
     if (ws !== socket) return; // a late message from a socket we already gave up on
     lastHeard = Date.now();
+    if (!answered) {
+      answered = true;
+      failures = 0;
+      showSteady();
+    }
     let frame;
     try { frame = JSON.parse(msg.data); } catch (e) { return; }
     if (typeof frame.seq !== "number" || typeof frame.type !== "string") return;
@@ -149,11 +158,11 @@
     const ws = new WebSocket(`${proto}://${window.location.host}/ws/runs/${runId}/?after=${lastSeq}`);
     socket = ws;
     if (failures === 0) setConn("connecting", "connecting…");
+    answered = false;
     ws.onopen = function () {
       if (ws !== socket) return;
-      failures = 0;
       lastHeard = Date.now();
-      showSteady();
+      try { ws.send('{"type":"ping"}'); } catch (e) { /* onclose follows */ }
     };
     ws.onmessage = function (msg) { onFrame(ws, msg); };
     ws.onclose = function (ev) {

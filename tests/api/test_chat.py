@@ -8,6 +8,7 @@ import json
 import pytest
 from django.test import Client
 
+from agentruns.api.chat import chat_dedupe_key
 from agentruns.models import Run
 from agentruns.services import start_run
 from tests.conftest import ApiClient, make_user
@@ -15,7 +16,12 @@ from tests.helpers import advance
 
 pytestmark = pytest.mark.django_db
 
-CHATTER = ["agentruns.view_run", "agentruns.start_run", "approvals.decide_approval"]
+CHATTER = [
+    "agentruns.view_run",
+    "agentruns.start_run",
+    "approvals.view_approval",
+    "approvals.decide_approval",
+]
 
 
 def chat_body(chat_id: str = "c1", text: str = "refund please", **extra) -> dict:
@@ -90,28 +96,92 @@ def test_extra_fields_of_front_ends_are_ignored_but_unknown_agents_are_404(chatt
     assert response.status_code == 404 and "unknown agent" in response.json()["error"]
 
 
+def parked_chat(user, chat_id: str = "c1") -> Run:
+    """A chat's run (of `user`), parked on an approval of t_pay."""
+    run = start_run(
+        "script",
+        {"script": [{"text": "pay", "calls": [["t_pay", {"amount": 500}]]}], "message": "go"},
+        dedupe_key=chat_dedupe_key(chat_id, user),
+        user=user,
+        enqueue_task=False,
+    ).run
+    assert advance(run).status == "waiting"
+    return run
+
+
 @pytest.mark.parametrize(
     "approval_id, approved, status, error",
     [
         ("abc", True, 400, "is not one of this app's"),
         ("1", "yes", 400, "approval.approved must be true or false"),
         ("999999", True, 404, "not part of this chat's run"),
+        # digits to Python, not ids: one ASCII-only parser (it answered an HTML 500)
+        ("²", True, 400, "is not one of this app's"),
+        ("١٤", True, 400, "is not one of this app's"),
+        ("1.²", True, 400, "is not one of this app's"),
+        (14, True, 400, "is not one of this app's"),
     ],
 )
 def test_bad_approval_answers(chatter, approval_id, approved, status, error):
-    run = start_run(
-        "script",
-        {"script": [{"text": "pay", "calls": [["t_pay", {"amount": 500}]]}], "message": "go"},
-        dedupe_key="chat:c1",
-        enqueue_task=False,
-    ).run
-    assert advance(run).status == "waiting"
+    run = parked_chat(chatter.user)
     body = chat_body()
     body["messages"].append(answered(approval_id, approved))
     response = chatter.post("/api/chat/script", body)
     assert response.status_code == status, response.content
     assert error in response.json()["error"]
     assert run.approvals.get().status == "pending"
+
+
+def test_many_answers_for_one_item_collapse_and_too_many_items_are_a_400(chatter):
+    run = parked_chat(chatter.user)
+    approval = run.approvals.get()
+    body = chat_body()
+    body["messages"].append(answered(str(approval.id)))
+    parts = body["messages"][-1]["parts"]
+    parts[1:] = parts[1:] * 999  # the same answer 999 times: one decision
+    response = chatter.post("/api/chat/script", body)
+    assert response.status_code == 200, response.content
+    approval.refresh_from_db()
+    assert approval.status == "approved" and approval.decisions.count() == 1
+
+    other = parked_chat(chatter.user, "c2").approvals.get()
+    body = chat_body("c2")
+    body["messages"].append(answered(str(other.id)))
+    body["messages"][-1]["parts"].append(answered(str(other.id), False)["parts"][1])
+    contradicting = chatter.post("/api/chat/script", body)
+    assert contradicting.status_code == 400
+    assert "a second, different answer" in contradicting.json()["error"]
+
+    body = chat_body("c2")
+    body["messages"].append(answered(str(other.id)))
+    body["messages"][-1]["parts"] = [
+        {**answered(str(n))["parts"][1], "toolCallId": f"x{n}"} for n in range(1, 22)
+    ]
+    capped = chatter.post("/api/chat/script", body)
+    assert capped.status_code == 400 and "at most 20 approvals" in capped.json()["error"]
+    other.refresh_from_db()
+    assert other.status == "pending" and other.decisions.count() == 0
+
+
+def test_a_chat_id_is_its_users_own_and_not_an_api_idempotency_key(chatter, django_user_model):
+    # an API run started with the key "chat:T-1030" is never the run of chat T-1030
+    api_start = chatter.post(
+        "/api/runs",
+        {"agent": "script", "input": {"script": [{"text": "hi"}]}},
+        HTTP_IDEMPOTENCY_KEY="chat:T-1030",
+    )
+    assert api_start.status_code == 400 and "may not begin with" in api_start.json()["error"]
+    assert not Run.objects.exists()
+    # another user's chat of the same id is not streamed to me
+    mine = parked_chat(chatter.user, "T-1030")
+    other = ApiClient(make_user(django_user_model, "other", CHATTER))
+    assert other.get("/api/chat/script/T-1030/stream").status_code == 204
+    body = chat_body("T-1030")
+    body["messages"].append(answered(str(mine.approvals.get().id)))
+    refused = other.post("/api/chat/script", body)
+    assert refused.status_code == 404 and "no run" in refused.json()["error"]
+    assert mine.approvals.get().status == "pending"
+    assert chatter.get("/api/chat/script/T-1030/stream").status_code == 200
 
 
 def test_an_answer_in_a_chat_without_a_run_is_404(chatter):

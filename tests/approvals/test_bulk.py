@@ -128,7 +128,9 @@ def test_bulk_in_the_inbox_skips_items_others_hold_unless_confirmed(client, appr
     login(client, approver)
     hx = {"HTTP_HX_REQUEST": "true"}
     response = client.post(
-        "/approvals/bulk/", {"ids": [a.id, b.id], "action": "approve", "reason": "ok"}, **hx
+        "/approvals/bulk/",
+        {"ids": [f"{a.id}.1", f"{b.id}.1"], "action": "approve", "reason": "ok"},
+        **hx,
     )
     html = response.content.decode()
     assert response.status_code == 200 and "lead is on this item" in html
@@ -138,7 +140,7 @@ def test_bulk_in_the_inbox_skips_items_others_hold_unless_confirmed(client, appr
     assert "Give a reason" in missing_reason.content.decode()
     client.post(
         "/approvals/bulk/",
-        {"ids": [b.id], "action": "reject", "reason": "dupe", "override_claim": "1"},
+        {"ids": [f"{b.id}.1"], "action": "reject", "reason": "dupe", "override_claim": "1"},
         **hx,
     )
     assert Approval.objects.get(id=b.id).status == ApprovalStatus.REJECTED

@@ -98,7 +98,9 @@ def test_the_inbox_shows_who_holds_an_item_and_asks_before_deciding_it(approver,
         "I&#x27;m on it" not in html.split(f'id="approval-{approval.id}"')[1].split("</header>")[0]
     )
     refused = theirs.post(
-        f"/approvals/{approval.id}/decide/", {"action": "approve", "override_claim": ""}, **HX
+        f"/approvals/{approval.id}/decide/",
+        {"version": "1", "action": "approve", "override_claim": ""},
+        **HX,
     )
     assert refused["X-Decision-Status"] == "409" and "approver is on this item" in (
         refused.content.decode()
@@ -107,7 +109,9 @@ def test_the_inbox_shows_who_holds_an_item_and_asks_before_deciding_it(approver,
     claimed = theirs.post(f"/approvals/{approval.id}/claim/", **HX)
     assert claimed["X-Claim-Status"] == "409"
     decided = theirs.post(
-        f"/approvals/{approval.id}/decide/", {"action": "approve", "override_claim": "1"}, **HX
+        f"/approvals/{approval.id}/decide/",
+        {"version": "1", "action": "approve", "override_claim": "1"},
+        **HX,
     )
     assert decided["X-Decision-Status"] == "200"
     assert Approval.objects.get(id=approval.id).status == ApprovalStatus.APPROVED

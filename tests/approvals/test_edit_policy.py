@@ -96,7 +96,7 @@ def test_the_rule_in_words_and_the_same_refusal_in_the_inbox(approver):
         ).json()["error"]
         response = client.post(
             f"/approvals/{approval.id}/decide/",
-            {"action": "approve", "arg_amount_cents": typed},
+            {"version": "1", "action": "approve", "arg_amount_cents": typed},
             HTTP_HX_REQUEST="true",
         )
         assert response["X-Decision-Status"] == "400"

@@ -105,8 +105,12 @@ def test_an_edit_by_the_second_approver_starts_the_count_again(staff):
         ("approver", 1, False),
         ("lead", 2, True),
     ]
-    assert decide(staff["lead"], approval).status_code == 409  # the editor already counts
-    done = decide(staff["approver"], approval).json()  # the first approver approves the edit
+    assert decide(staff["lead"], approval, version=edited["version"]).status_code == 409
+    # after an edit a decision must name the version it was made on: without one, a 409
+    unnamed = decide(staff["approver"], approval)
+    assert unnamed.status_code == 409 and unnamed.json()["approval"]["version"] == 3
+    # the first approver approves the edit
+    done = decide(staff["approver"], approval, version=edited["version"]).json()
     assert done["status"] == "approved" and done["edited_args"]["amount_cents"] == 20_000
     assert done["requested_args"]["amount_cents"] == requested
     assert Step.objects.get(id=approval.step_id).arguments["amount_cents"] == 20_000

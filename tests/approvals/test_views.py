@@ -41,7 +41,7 @@ def test_login_required(client):
     response = client.get(INBOX)
     assert response.status_code == 302 and "/accounts/login/" in response["Location"]
     approval = parked_approval()
-    response = client.post(decide_url(approval), {"action": "approve"})
+    response = client.post(decide_url(approval), {"version": "1", "action": "approve"})
     assert response.status_code == 302
     assert Approval.objects.get(id=approval.id).status == ApprovalStatus.PENDING
 
@@ -75,7 +75,9 @@ def test_viewer_sees_but_cannot_decide_in_the_ui(approver, viewer):
     assert "ORD-1001" in html and f'id="decide-{approval.id}"' not in html
     for extra in ({}, HX):
         response = client.post(
-            decide_url(approval), {"action": "approve", "csrfmiddlewaretoken": token}, **extra
+            decide_url(approval),
+            {"version": "1", "action": "approve", "csrfmiddlewaretoken": token},
+            **extra,
         )
         assert response.status_code == 403
     assert Approval.objects.get(id=approval.id).status == ApprovalStatus.PENDING
@@ -85,11 +87,11 @@ def test_viewer_sees_but_cannot_decide_in_the_ui(approver, viewer):
 def test_post_without_csrf_token_is_refused(approver):
     approval = parked_approval()
     client, token = csrf_client(approver)
-    response = client.post(decide_url(approval), {"action": "approve"}, **HX)
+    response = client.post(decide_url(approval), {"version": "1", "action": "approve"}, **HX)
     assert response.status_code == 403
     assert Approval.objects.get(id=approval.id).status == ApprovalStatus.PENDING
     response = client.post(
-        decide_url(approval), {"action": "approve"}, HTTP_X_CSRFTOKEN=token, **HX
+        decide_url(approval), {"version": "1", "action": "approve"}, HTTP_X_CSRFTOKEN=token, **HX
     )
     assert response.status_code == 200
     assert Approval.objects.get(id=approval.id).status == ApprovalStatus.APPROVED
@@ -100,7 +102,9 @@ def test_htmx_approve_swaps_the_card_and_updates_the_nav_count(approver):
     client, token = csrf_client(approver)
     assert re.search(r'id="nav-pending">2<', client.get(INBOX).content.decode())
     response = client.post(
-        decide_url(approval), {"action": "approve", "csrfmiddlewaretoken": token}, **HX
+        decide_url(approval),
+        {"version": "1", "action": "approve", "csrfmiddlewaretoken": token},
+        **HX,
     )
     html = response.content.decode()
     assert response.status_code == 200 and response["HX-Trigger"] == "inbox-changed"
@@ -122,6 +126,7 @@ def test_edit_form_approves_with_changed_args_and_shows_the_diff(approver):
     response = client.post(
         decide_url(approval),
         {
+            "version": "1",
             "action": "approve",
             "csrfmiddlewaretoken": token,
             "arg_order_id": "ORD-1001",
@@ -153,7 +158,9 @@ def test_invalid_edits_are_explained_and_nothing_changes(approver, fields, messa
     approval = parked_approval()
     client, token = csrf_client(approver)
     response = client.post(
-        decide_url(approval), {"action": "approve", "csrfmiddlewaretoken": token, **fields}, **HX
+        decide_url(approval),
+        {"version": "1", "action": "approve", "csrfmiddlewaretoken": token, **fields},
+        **HX,
     )
     assert message in response.content.decode()
     assert response["X-Decision-Status"] == "400"  # an edit outside the policy (DESIGN.md 6)
@@ -164,13 +171,20 @@ def test_reject_needs_a_reason_in_the_ui(approver):
     approval = parked_approval()
     client, token = csrf_client(approver)
     response = client.post(
-        decide_url(approval), {"action": "reject", "csrfmiddlewaretoken": token}, **HX
+        decide_url(approval),
+        {"version": "1", "action": "reject", "csrfmiddlewaretoken": token},
+        **HX,
     )
     assert "Give a reason" in response.content.decode()
     assert Approval.objects.get(id=approval.id).status == ApprovalStatus.PENDING
     client.post(
         decide_url(approval),
-        {"action": "reject", "reason": "already refunded", "csrfmiddlewaretoken": token},
+        {
+            "version": "1",
+            "action": "reject",
+            "reason": "already refunded",
+            "csrfmiddlewaretoken": token,
+        },
         **HX,
     )
     step = Step.objects.get(id=approval.step_id)
@@ -182,11 +196,13 @@ def test_second_decision_tells_the_loser_who_decided_and_when(approver, lead):
     first, first_token = csrf_client(approver)
     second, second_token = csrf_client(lead)
     first.post(
-        decide_url(approval), {"action": "approve", "csrfmiddlewaretoken": first_token}, **HX
+        decide_url(approval),
+        {"version": "1", "action": "approve", "csrfmiddlewaretoken": first_token},
+        **HX,
     )
     response = second.post(
         decide_url(approval),
-        {"action": "reject", "reason": "x", "csrfmiddlewaretoken": second_token},
+        {"version": "1", "action": "reject", "reason": "x", "csrfmiddlewaretoken": second_token},
         **HX,
     )
     html = response.content.decode()
@@ -197,7 +213,7 @@ def test_second_decision_tells_the_loser_who_decided_and_when(approver, lead):
     # without JavaScript: redirected back to the inbox with the same message
     response = second.post(
         decide_url(approval),
-        {"action": "approve", "csrfmiddlewaretoken": second_token},
+        {"version": "1", "action": "approve", "csrfmiddlewaretoken": second_token},
         follow=True,
     )
     assert "already approved by approver" in response.content.decode()
@@ -209,7 +225,9 @@ def test_approver_limit_message_in_the_ui(approver, settings):
     approval = parked_approval(amount=4599)
     client, token = csrf_client(approver)
     response = client.post(
-        decide_url(approval), {"action": "approve", "csrfmiddlewaretoken": token}, **HX
+        decide_url(approval),
+        {"version": "1", "action": "approve", "csrfmiddlewaretoken": token},
+        **HX,
     )
     assert "45.99 is above your approval limit of 30.00" in response.content.decode()
     assert Approval.objects.get(id=approval.id).status == ApprovalStatus.PENDING

@@ -62,7 +62,9 @@ def _parked(run: Run) -> Approval:
 
 
 def test_requires_approval_parks_and_an_edit_continues_the_same_run(django_user_model):
-    approver = make_user(django_user_model, "approver", ["approvals.decide_approval"])
+    approver = make_user(
+        django_user_model, "approver", ["approvals.decide_approval", "approvals.view_approval"]
+    )
     run = start("pa-shop", ("pa_credit", {"order_id": "ORD-9", "amount_cents": 5000}))
     approval = _parked(run)
     assert approval.requested_args == {"order_id": "ORD-9", "amount_cents": 5000}
@@ -84,7 +86,9 @@ def test_requires_approval_parks_and_an_edit_continues_the_same_run(django_user_
 
 
 def test_a_rejection_reaches_the_model_as_the_tools_denial(django_user_model):
-    approver = make_user(django_user_model, "approver", ["approvals.decide_approval"])
+    approver = make_user(
+        django_user_model, "approver", ["approvals.decide_approval", "approvals.view_approval"]
+    )
     run = start("pa-shop", ("pa_credit", {"order_id": "ORD-9", "amount_cents": 5000}), say="Sorry:")
     approval = _parked(run)
     services.reject(approval.id, user=approver, reason="credit limit reached")
@@ -95,8 +99,12 @@ def test_a_rejection_reaches_the_model_as_the_tools_denial(django_user_model):
 
 
 def test_two_person_approval_from_the_tools_metadata(django_user_model):
-    first = make_user(django_user_model, "approver", ["approvals.decide_approval"])
-    second = make_user(django_user_model, "approver2", ["approvals.decide_approval"])
+    first = make_user(
+        django_user_model, "approver", ["approvals.decide_approval", "approvals.view_approval"]
+    )
+    second = make_user(
+        django_user_model, "approver2", ["approvals.decide_approval", "approvals.view_approval"]
+    )
     run = start("pa-shop", ("pa_credit", {"order_id": "ORD-9", "amount_cents": 20_000}))
     approval = _parked(run)
     assert approval.approvals_required == 2
@@ -141,7 +149,9 @@ def test_a_call_outside_the_snapshot_is_refused_as_a_failed_step(django_user_mod
 
 
 def test_a_tool_raising_approval_required_parks_and_runs_approved(django_user_model):
-    approver = make_user(django_user_model, "approver", ["approvals.decide_approval"])
+    approver = make_user(
+        django_user_model, "approver", ["approvals.decide_approval", "approvals.view_approval"]
+    )
     small = advance(start("pa-shop", ("pa_discount", {"order_id": "ORD-2", "percent": 10})))
     assert small.status == RunStatus.SUCCEEDED, small.error
     assert Step.objects.get(run=small, tool="pa_discount").result["approved"] is False

@@ -80,7 +80,9 @@ def test_a_side_effect_mcp_tool_parks_for_approval_by_default(mcp, django_user_m
         prefix="strict",
         declare={"strict_send_mail": {"editable": {"text": Edit.free()}}},
     )
-    approver = make_user(django_user_model, "approver", ["approvals.decide_approval"])
+    approver = make_user(
+        django_user_model, "approver", ["approvals.decide_approval", "approvals.view_approval"]
+    )
     run = advance(
         start("pa-mcp-strict", ("strict_send_mail", {"to": "ann@example.com", "text": "Hi"}))
     )

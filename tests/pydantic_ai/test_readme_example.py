@@ -27,7 +27,9 @@ def test_the_readme_prints_the_example_whole():
 def test_the_example_runs(django_user_model):
     import examples.pydantic_ai.agent  # noqa: F401  (registers "shop")
 
-    approver = make_user(django_user_model, "approver", ["approvals.decide_approval"])
+    approver = make_user(
+        django_user_model, "approver", ["approvals.decide_approval", "approvals.view_approval"]
+    )
     run = start_run("shop", {"message": "Please refund ORD-1001."}, model="test").run
     snapshot = run.tool_snapshot
     assert snapshot["bo_order_status"]["side_effect"] is False  # readOnlyHint

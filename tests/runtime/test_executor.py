@@ -12,6 +12,7 @@ from django.utils import timezone
 from agentruns.models import AttemptOutcome, Run, RunEvent, Step, StepAttempt, StepStatus
 from agentruns.runtime.executor import RunExecutor
 from agentruns.services import start_run
+from approvals import services as approval_services
 from approvals.models import Approval
 from tests import testkit
 from tests.helpers import advance, assert_gapless, events, race, script_run, steps
@@ -146,7 +147,8 @@ def test_recovery_reruns_key_tool_with_same_key():
     run = script_run([{"calls": [["t_pay", {"amount": 500}]]}, {"text": "ok"}])
     run = advance(run)  # parks on approval: the step exists, not yet executed
     step = steps(run)[1]
-    Step.objects.filter(id=step.id).update(approved=True)
+    # approved (the executor runs only the arguments an approval on record approved)
+    approval_services.approve(Approval.objects.get(step=step).id, user=None)
     _simulate_dead_worker(step)
     run = advance(run)
     assert run.status == "succeeded"
@@ -253,11 +255,13 @@ def test_cancel_requested_is_honoured_at_step_boundary():
     assert run.status == "cancelled" and run.stop_reason == "cancelled"
 
 
-def test_engine_error_fails_run_not_stuck(monkeypatch):
+def test_a_vanished_agent_waits_for_its_deploy_not_a_verdict(monkeypatch):
     run = script_run([{"text": "x"}])
     Run.objects.filter(id=run.id).update(agent="vanished")
     run = advance(run)
-    assert run.status == "failed" and "unknown agent" in run.error
+    # a worker without the agent's module (issue 19 item 6): queued with the reason, no lease
+    assert run.status == "queued" and "unknown agent" in run.error and run.lease_owner == ""
+    assert run.enqueued_at > timezone.now()  # its doorbell rings again later
 
 
 @pytest.mark.django_db(transaction=True)
@@ -293,9 +297,9 @@ def test_concurrent_event_writers_keep_seq_gapless():
 def test_cancel_during_retry_backoff_is_noticed():
     run = advance(script_run([{"calls": [["t_pay", {"amount": 500}]]}, {"text": "ok"}]))
     step = steps(run)[1]
-    Approval.objects.filter(step=step).delete()
+    approval_services.approve(Approval.objects.get(step=step).id, user=None)
     Step.objects.filter(id=step.id).update(
-        status="pending", approved=True, next_attempt_at=timezone.now() + timedelta(seconds=60)
+        status="pending", next_attempt_at=timezone.now() + timedelta(seconds=60)
     )
     Run.objects.filter(id=run.id).update(status="queued")
 

@@ -200,7 +200,12 @@ def test_approver_limits_by_group_replace_the_single_setting(seeded, settings, d
     policy_for("approver", {"issue_refund": {"approver_limit": 3000}}, others=True)
     policy_for("seniors", {"issue_refund": {"approver_limit": 100_000}}, others=True)
     approver = django_user_model.objects.get(username="approver")
-    senior = member(django_user_model, "senior", "seniors", perms=("approvals.decide_approval",))
+    senior = member(
+        django_user_model,
+        "senior",
+        "seniors",
+        perms=("approvals.view_approval", "approvals.decide_approval"),
+    )
     other = make_user(django_user_model, "other", ["approvals.decide_approval"])
     run = advance(start_run("refund", {"order_id": "ORD-1004", "message": "broken"}).run)
     approval = Approval.objects.select_related("run").get(run=run)

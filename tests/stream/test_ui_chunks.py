@@ -76,6 +76,12 @@ class Message:
             self.active[chunk["id"]]["text"] += chunk["delta"]
         elif kind == "text-end":
             self.active.pop(chunk["id"])["state"] = "done"
+        elif kind == "tool-input-available" and any(
+            p.get("toolCallId") == chunk["toolCallId"] for p in self.parts
+        ):  # the client updates the part of that call (a proposal asked again)
+            part = self.tool(chunk["toolCallId"])
+            part.update(state="input-available", input=chunk["input"])
+            part.pop("approval", None)
         elif kind in ("tool-input-available", "tool-input-error"):
             self.parts.append(
                 {
@@ -259,6 +265,44 @@ def test_parked_approved_and_continued(approver):
     assert pay["state"] == "output-available" and pay["output"] == {"paid": 500}
     assert msg.texts[-1] == run.output and msg.finish_reasons == ["tool-calls", "stop"]
     assert {c.get("messageId") for c in out if c["type"] == "start"} == {message_id(run.id)}
+
+
+def test_a_new_version_of_the_proposal_asks_the_chat_again(approver, lead, monkeypatch):
+    """Two approvers: the first one's approval makes a new version, and the chat is asked again
+    with it under the approvalId `<id>.2`; the final answer and the output follow that id."""
+    from agentruns.registry import get_tool
+
+    monkeypatch.setattr(get_tool("t_pay"), "approvals_required", 2)
+    run = advance(
+        script_run({"text": "Paying.", "calls": [["t_pay", {"amount": 500}]]}, {"text": "Paid."})
+    )
+    approval = Approval.objects.get(run=run)
+    parked = chunks(run)
+    approval_services.approve(approval.id, user=approver, version=1)
+    reasked = chunks(run)
+    assert reasked[: len(parked)] == parked  # only appended
+    assert [c["type"] for c in reasked[len(parked) :]] == [
+        "start",
+        "tool-input-available",
+        "tool-approval-request",
+        "finish",
+    ]
+    assert reasked[-2]["approvalId"] == f"{approval.id}.2"
+    assert reasked[-3]["input"] == {"amount": 500}
+    fold = UIChunks(str(run.id), lambda tool: ())
+    for event in recorded(run):
+        fold.feed(*event)
+    # a chat that answered the first request is sent everything from the re-ask on
+    assert fold.continuation_of_request(str(approval.id)) == len(parked)
+    asked = message(reasked).tools()[0]
+    assert asked["state"] == "approval-requested" and asked["approval"]["id"] == f"{approval.id}.2"
+
+    approval_services.approve(approval.id, user=lead, version=2)
+    done = chunks(advance(run))
+    final = message(done)
+    assert [p["state"] for p in final.tools()] == ["output-available"]
+    response = next(c for c in done if c["type"] == "tool-approval-response")
+    assert response["approvalId"] == f"{approval.id}.2" and response["approved"]
 
 
 def test_rejected_in_the_inbox_is_a_denial(approver):

@@ -6,20 +6,23 @@ and the sweeper schedule at start, then a fast sweeper loop in this process, bec
 schedules fire at 30 s granularity at best (../shared/notes/django-q2-measured.md).
 A SIGTERM (or Ctrl-C) tells every worker process's run pool to drain at once, then stops q2 as
 usual (`runtime/pool.py`); `runtime/q2_cluster.py` keeps a worker process killed while idle from
-stopping the whole cluster.
+stopping the whole cluster. A database outage stops none of its processes: each loop backs off
+and carries on when the database is back (`runtime/weather.py`, docs/crashlab.md).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 
 from django.conf import settings
 from django.db import connections
 from django_q.cluster import Cluster
 from django_q.management.commands.qcluster import Command as QClusterCommand
 
-from agentruns.runtime import nudges, pool, q2_cluster
+from agentruns.runtime import nudges, pool, q2_cluster, weather
+from agentruns.runtime.faults import is_infrastructure_error
 from agentruns.runtime.sweeper import SweeperLoop, ensure_schedule, sweep
 from approvals.notifications.loop import DeliveryLoop
 
@@ -41,8 +44,7 @@ class Command(QClusterCommand):
         if options.get("cluster_name"):
             os.environ["Q_CLUSTER_NAME"] = options["cluster_name"]
         nudges.IN_WORKER_PROCESS = True
-        ensure_schedule()
-        sweep()
+        self.until_database_answers(lambda: (ensure_schedule(), sweep()))
         # the cluster forks from this process: don't hand our connections to the children
         connections.close_all()
         pool.expect_cluster_stop()
@@ -68,3 +70,19 @@ class Command(QClusterCommand):
                 loop.stopped.set()
             if deliveries:
                 deliveries.stopped.set()
+
+    @staticmethod
+    def until_database_answers(first_pass: Callable[[], object]) -> None:
+        """A worker started while the database is away waits for it instead of exiting."""
+        backoff = weather.Backoff(cap=5.0)
+        while True:
+            try:
+                first_pass()
+                weather.database.passed()
+                return
+            except Exception as exc:
+                if not is_infrastructure_error(exc):
+                    raise
+                weather.database.noticed(exc, "qcluster's start")
+                connections.close_all()
+                time.sleep(backoff.next())

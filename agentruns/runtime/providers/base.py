@@ -32,11 +32,16 @@ class Usage:
 
 
 class ModelError(Exception):
-    """A model call failed. `retryable=False` fails the run with this message."""
+    """A model call failed. `retryable=False` fails the run with this message; a retryable one
+    is an outage the run backs off from (runtime/model_outage.py), not before `retry_after`
+    seconds when the server said so."""
 
-    def __init__(self, message: str, *, retryable: bool = True) -> None:
+    def __init__(
+        self, message: str, *, retryable: bool = True, retry_after: float | None = None
+    ) -> None:
         super().__init__(message)
         self.retryable = retryable
+        self.retry_after = retry_after
 
 
 class ModelProvider(Protocol):

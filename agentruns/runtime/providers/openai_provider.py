@@ -8,7 +8,8 @@ and yielded complete, then the usage of the final chunk.
 Failures become `ModelError`s the engine understands:
 - 429 / 5xx / 408 / 409 / connection errors are first retried by the SDK inside the same model
   attempt (`OPENAI_MAX_RETRIES`, exponential backoff that honours `Retry-After`); if they persist
-  the error is retryable and the engine makes a new attempt;
+  the error is retryable (with the answer's `Retry-After`): an outage the run backs off from for
+  up to `AGENTRUNS_MODEL_OUTAGE_SECONDS` without counting attempts (runtime/model_outage.py);
 - a stream that breaks or stalls mid-way (`OPENAI_TIMEOUT_SECONDS` between bytes) is retryable:
   the engine re-requests the whole turn as a new attempt and marks the partial text superseded;
 - 401 / 403 (credentials), 400 / 404 / 422 (the request or the model name is wrong) and 429
@@ -23,8 +24,10 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -127,6 +130,21 @@ def _error_code(exc: openai.APIError) -> str:
     return str(code or "")
 
 
+def retry_after_seconds(exc: openai.APIStatusError) -> float | None:
+    """The answer's `Retry-After` (seconds or an HTTP date, RFC 9110 10.2.3), None without one."""
+    raw = (exc.response.headers.get("retry-after") or "").strip() if exc.response else ""
+    if not raw:
+        return None
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, parsedate_to_datetime(raw).timestamp() - time.time())
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+
+
 def model_error(exc: openai.OpenAIError) -> ModelError:
     """Classify an SDK error: retrying helps (rate limit, server, network) or it does not."""
     if isinstance(exc, openai.APITimeoutError):
@@ -164,12 +182,15 @@ def model_error(exc: openai.OpenAIError) -> ModelError:
             )
         if status == 429:
             return ModelError(
-                scrub(f"rate limited (HTTP 429) at {_endpoint()}: {detail}"), retryable=True
+                scrub(f"rate limited (HTTP 429) at {_endpoint()}: {detail}"),
+                retryable=True,
+                retry_after=retry_after_seconds(exc),
             )
         if status >= 500 or status in (408, 409):
             return ModelError(
                 scrub(f"model server error (HTTP {status}) at {_endpoint()}: {detail}"),
                 retryable=True,
+                retry_after=retry_after_seconds(exc),
             )
         what = "model not found or wrong OPENAI_BASE_URL" if status == 404 else "invalid request"
         return ModelError(

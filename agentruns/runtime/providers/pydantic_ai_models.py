@@ -8,9 +8,9 @@ read their provider's own environment variables, as Pydantic AI does.
 
 The request is streamed with `pydantic_ai.direct.model_request_stream_sync` on the executor
 thread's event loop; text deltas go out as they arrive (the executor batches them into events),
-tool calls and usage at the end. The SDK's own retries are off: the engine retries a failed
-attempt (retryable errors: 429, 5xx, a broken connection or stream; the rest fail the run with
-the reason), so a retry is an attempt the run's timeline shows.
+tool calls and usage at the end. The SDK's own retries are off: a retryable error (429, 5xx, a
+broken connection or stream) is an outage the engine backs off from (runtime/model_outage.py);
+the rest fail the run with the reason.
 
 The conversation arrives as the engine's (OpenAI-style) messages rebuilt from the steps and is
 converted to Pydantic AI messages incrementally (each turn converts only its new messages).
@@ -71,17 +71,26 @@ def build_model(name: str) -> Model:
 
 
 def model_error(exc: Exception) -> ModelError:
-    """Retryable (rate limit, server error, connection, broken stream) or fatal, with the reason."""
+    """Retryable (rate limit, server error, connection, broken stream: an outage the run backs
+    off from, runtime/model_outage.py, honouring the provider's Retry-After) or fatal, with the
+    reason."""
+    retry_after = getattr(exc, "retry_after", None)
     if isinstance(exc, pa_errors.ModelHTTPError):
         status = exc.status_code
         body = str(exc.body or "")[:500]
         if status == 429 and "insufficient_quota" not in body:
-            return ModelError(f"rate limited (HTTP 429): {body}", retryable=True)
+            return ModelError(
+                f"rate limited (HTTP 429): {body}", retryable=True, retry_after=retry_after
+            )
         if status >= 500 or status in (408, 409):
-            return ModelError(f"model server error (HTTP {status}): {body}", retryable=True)
+            return ModelError(
+                f"model server error (HTTP {status}): {body}",
+                retryable=True,
+                retry_after=retry_after,
+            )
         return ModelError(f"model request refused (HTTP {status}): {body}", retryable=False)
     if isinstance(exc, pa_errors.ModelAPIError | pa_errors.UnexpectedModelBehavior):
-        return ModelError(f"model unavailable: {exc}", retryable=True)
+        return ModelError(f"model unavailable: {exc}", retryable=True, retry_after=retry_after)
     if isinstance(exc, OSError | TimeoutError):
         return ModelError(f"model unreachable: {exc!r}", retryable=True)
     return ModelError(f"model error: {exc!r}", retryable=False)

@@ -1,0 +1,93 @@
+"""A model endpoint that is down is weather, not a verdict (DESIGN.md 4.10).
+
+A model call that fails with a retryable `ModelError` (connection refused, a timeout, 5xx, 429
+after the SDK's own retries) before the attempt streamed anything is not a step attempt: nothing
+is written for the step, and the run backs off, capped exponential with jitter and never sooner
+than the server's `Retry-After`, showing `queued` with the reason and the next try. Only after
+`AGENTRUNS_MODEL_OUTAGE_SECONDS` of consecutive failures does the step fail, with a stated reason
+that `retry` picks up. An answer that will not change (401, 404, 400) fails at once
+(`retryable=False`, the provider's classification).
+
+The outage outlives a slice: a run that backed off gives its thread and lease back, so its
+state (which step, since when, how many failures) rides on the backing-off `run.status` event
+and is read back from the latest `queued` event when the same step fails again. Any other
+`queued` event in between (a retry, a time slice, a decision) starts a fresh outage.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from agentruns.conf import conf
+from agentruns.models import RunEvent, RunStatus
+from agentruns.runtime.events import EventType
+from agentruns.runtime.providers import ModelError
+from agentruns.runtime.timestamps import iso
+
+JITTER = 0.2  # each wait is its backoff +-20%: runs that lost the same server do not return at once
+
+
+@dataclass
+class ModelOutage:
+    step: int  # the model step's index
+    since: float  # epoch seconds of the first failure
+    failures: int = 0
+
+    @classmethod
+    def resume(cls, run_id: uuid.UUID | str, step: int) -> ModelOutage:
+        """The outage this step was backing off from (see the module docstring), or a new one."""
+        latest = (
+            RunEvent.objects.filter(
+                run_id=run_id, type=EventType.RUN_STATUS, data__status=RunStatus.QUEUED
+            )
+            .order_by("-seq")
+            .values_list("data", flat=True)
+            .first()
+        )
+        state = (latest or {}).get("model_outage")
+        if isinstance(state, dict) and state.get("step") == step:
+            try:
+                since = datetime.fromisoformat(state["since"]).timestamp()
+                return cls(step=step, since=since, failures=int(state.get("failures", 0)))
+            except (KeyError, TypeError, ValueError):
+                pass
+        return cls(step=step, since=time.time())
+
+    @property
+    def elapsed(self) -> float:
+        return max(0.0, time.time() - self.since)
+
+    def failed(self, exc: ModelError) -> float | None:
+        """Count one more failure; the seconds to wait before the next try, or None when the
+        outage has lasted AGENTRUNS_MODEL_OUTAGE_SECONDS (the step fails)."""
+        self.failures += 1
+        budget = conf.MODEL_OUTAGE_SECONDS
+        left = budget - self.elapsed
+        if left <= 0:
+            return None
+        backoff = min(
+            conf.MODEL_BACKOFF_MAX_SECONDS, conf.MODEL_BACKOFF_SECONDS * 2 ** (self.failures - 1)
+        )
+        wait = backoff * random.uniform(1 - JITTER, 1 + JITTER)
+        if exc.retry_after is not None:
+            wait = max(wait, exc.retry_after)  # the server said when; never sooner
+        return min(wait, left)  # the last try comes when the budget ends
+
+    def reason(self, exc: ModelError) -> str:
+        return f"model unavailable ({self.failures} failed tries in {self.elapsed:.0f} s): {exc}"
+
+    def verdict(self, exc: ModelError) -> ModelError:
+        return ModelError(
+            f"the model endpoint was unavailable for {self.elapsed:.0f} s "
+            f"(AGENTRUNS_MODEL_OUTAGE_SECONDS={conf.MODEL_OUTAGE_SECONDS:g}); last error: {exc}",
+            retryable=False,
+        )
+
+    def state(self) -> dict:
+        """What the backing-off event carries for `resume`."""
+        since = datetime.fromtimestamp(self.since, tz=UTC)
+        return {"step": self.step, "since": iso(since), "failures": self.failures}

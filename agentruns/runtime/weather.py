@@ -1,0 +1,90 @@
+"""Riding out an outage: capped exponential backoff with jitter, and one line when it starts
+and one when it ends (DESIGN.md 4.10).
+
+`faults.py` says which errors are weather; this module says what a loop does about them. Every
+long-lived loop of a worker (the sweeper, the lease keeper, the delivery loop, the pool's
+heartbeat, q2's pusher through the broker) and every executor that stops a slice on weather
+report to the process's `Outage` of that dependency: the first report logs one warning, the
+first success after it logs one line with the outage's length, and nothing in between, however
+many threads hit the fault. A loop waits `Backoff.next()` between tries, so nobody spins.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+
+from agentruns.runtime.faults import database_unavailable, redis_unavailable
+
+log = logging.getLogger(__name__)
+
+
+class Backoff:
+    """Delays base, 2 x base, 4 x base ... capped at `cap`, each +- `jitter` (a fraction), so
+    the processes of a fleet do not all knock on the database in the same millisecond."""
+
+    def __init__(self, base: float = 0.25, cap: float = 2.0, jitter: float = 0.25) -> None:
+        self.base, self.cap, self.jitter = base, cap, jitter
+        self.failures = 0
+
+    def next(self) -> float:
+        delay = min(self.cap, self.base * 2**self.failures)
+        self.failures += 1
+        return delay * random.uniform(1 - self.jitter, 1 + self.jitter)
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+class Outage:
+    """One dependency as this process sees it: up, or down since a moment."""
+
+    def __init__(self, dependency: str) -> None:
+        self.dependency = dependency
+        self._lock = threading.Lock()
+        self.down_since: float | None = None  # time.monotonic() of the first failure
+
+    @property
+    def is_down(self) -> bool:
+        return self.down_since is not None
+
+    def noticed(self, exc: BaseException, where: str) -> None:
+        """A fault of the dependency: the first one since it was last up logs one warning."""
+        with self._lock:
+            if self.down_since is not None:
+                return
+            self.down_since = time.monotonic()
+        log.warning(
+            "%s unavailable (noticed by %s): %s; retrying with backoff, runs continue when it is "
+            "back",
+            self.dependency,
+            where,
+            _one_line(exc),
+        )
+
+    def passed(self) -> float | None:
+        """The dependency answered: if it was down, log once how long; returns that length."""
+        if self.down_since is None:  # the common case: no lock
+            return None
+        with self._lock:
+            if self.down_since is None:
+                return None
+            length, self.down_since = time.monotonic() - self.down_since, None
+        log.warning("%s is back after %.1fs", self.dependency, length)
+        return length
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}"
+
+
+database = Outage("database")
+redis = Outage("redis")
+
+
+def outage_of(exc: BaseException) -> Outage:
+    """The dependency an infrastructure error (`faults.is_infrastructure_error`) is about."""
+    return redis if redis_unavailable(exc) and not database_unavailable(exc) else database
