@@ -353,8 +353,7 @@ def _from_pydantic_ai(agent: Any, *, tools: Any, deps: Any, **options: Any) -> A
         model=adopted.model,
         model_instance=adopted.model_instance,
         model_settings=adopted.model_settings,
-        format_input=format_input,
-        **options,
+        **{"format_input": format_input, **options},
     )
 
 
