@@ -1,21 +1,26 @@
-"""The demo's refund agent and its tools, plugged in through the public registry only."""
+"""The demo's refund agent and its tools: a Pydantic AI agent, plugged in through the public
+registry only (`register_agent(pydantic_ai.Agent)`; docs/pydantic-ai.md). Its tools declare the
+engine's semantics in their metadata and read their step with `current_step()`."""
 
 from __future__ import annotations
 
+import json
 import os
+from typing import Annotated, Any
 
 import httpx
 from django.db import IntegrityError, transaction
+from pydantic import Field
+from pydantic_ai import Agent
 
 from agentruns.registry import (
-    Agent,
     Edit,
     FatalToolError,
     RetryableToolError,
     RetryPolicy,
-    ToolContext,
+    current_step,
+    durable,
     register_agent,
-    tool,
 )
 from support.conf import demo_conf
 from support.models import Order, OutboxMessage, Ticket, TicketNote
@@ -54,8 +59,20 @@ def refund_approvers(arguments: dict) -> int:
     return 2 if _two_person(int(arguments.get("amount_cents", 0))) else 1
 
 
-@tool(redact=("customer_email",))
-def lookup_order(ctx: ToolContext, order_id: str) -> dict:
+refund_agent = Agent(
+    name="refund",
+    instructions=(
+        "You are a support agent for an online shop. Look up the order, refund the amount "
+        "the customer is owed (the order amount unless they ask for less), note it on the "
+        "ticket and reply to the customer. If a refund is rejected, tell the customer why. "
+        "If you have no refund tool, tell the customer a colleague will take over and note "
+        "the hand-over on the ticket."
+    ),
+)
+
+
+@refund_agent.tool_plain(metadata=durable(redact=["customer_email"]))
+def lookup_order(order_id: str) -> dict:
     """Look up an order: customer, amount, currency, item and status."""
     order = Order.objects.filter(order_id=order_id).first()
     if order is None:
@@ -74,34 +91,30 @@ def lookup_order(ctx: ToolContext, order_id: str) -> dict:
     }
 
 
-@tool(
-    side_effect=True,
-    idempotency="key",
-    requires_approval=needs_refund_approval,
-    approvals_required=refund_approvers,
-    # approvers may lower the amount, never raise it or change the order
-    editable={"amount_cents": Edit.at_most_requested(minimum=1), "reason": Edit.free()},
-    amount_arg="amount_cents",
-    retry=RetryPolicy(max_attempts=3, backoff_seconds=0.5, backoff_max_seconds=5),
-    parameters={
-        "type": "object",
-        "properties": {
-            "order_id": {"type": "string", "pattern": "^ORD-[0-9]+$"},
-            "amount_cents": {"type": "integer", "minimum": 1, "maximum": 10_000_000},
-            "reason": {"type": "string", "maxLength": 500},
-        },
-        "required": ["order_id", "amount_cents", "reason"],
-        "additionalProperties": False,
-    },
+@refund_agent.tool_plain(
+    metadata=durable(
+        side_effect=True,
+        idempotency="key",
+        requires_approval=needs_refund_approval,
+        approvals_required=refund_approvers,
+        # approvers may lower the amount, never raise it or change the order
+        editable={"amount_cents": Edit.at_most_requested(minimum=1), "reason": Edit.free()},
+        amount_arg="amount_cents",
+        retry=RetryPolicy(max_attempts=3, backoff_seconds=0.5, backoff_max_seconds=5),
+    )
 )
-def issue_refund(ctx: ToolContext, order_id: str, amount_cents: int, reason: str) -> dict:
+def issue_refund(
+    order_id: Annotated[str, Field(pattern="^ORD-[0-9]+$")],
+    amount_cents: Annotated[int, Field(ge=1, le=10_000_000)],
+    reason: Annotated[str, Field(max_length=500)],
+) -> dict:
     """Refund an order through the payment gateway. Sends the step's idempotency key."""
     url = demo_conf.GATEWAY_URL.rstrip("/") + "/refunds"
     try:
         response = gateway_client().post(
             url,
             json={"order_id": order_id, "amount_cents": amount_cents, "reason": reason},
-            headers=gateway_headers(ctx.idempotency_key),
+            headers=gateway_headers(current_step().idempotency_key),
         )
     except httpx.HTTPError as exc:
         raise RetryableToolError(f"gateway unreachable: {exc}") from exc
@@ -125,53 +138,49 @@ def _ticket_for(order_id: str) -> Ticket:
     return ticket
 
 
-@tool(side_effect=True, idempotency="key")
-def add_ticket_note(ctx: ToolContext, order_id: str, note: str) -> dict:
+@refund_agent.tool_plain(metadata=durable(side_effect=True, idempotency="key"))
+def add_ticket_note(order_id: str, note: str) -> dict:
     """Add an internal note to the order's open support ticket."""
     ticket = _ticket_for(order_id)
+    key = current_step().idempotency_key
     try:
         with transaction.atomic():
-            row = TicketNote.objects.create(
-                ticket=ticket, body=note, idempotency_key=ctx.idempotency_key
-            )
+            row = TicketNote.objects.create(ticket=ticket, body=note, idempotency_key=key)
     except IntegrityError:  # this step already wrote it before a crash: same note, once
-        row = TicketNote.objects.get(idempotency_key=ctx.idempotency_key)
+        row = TicketNote.objects.get(idempotency_key=key)
     return {"ticket_id": ticket.ticket_id, "note_id": row.pk}
 
 
-@tool(side_effect=True, idempotency="none")
-def send_customer_reply(ctx: ToolContext, order_id: str, message: str) -> dict:
+@refund_agent.tool_plain(metadata=durable(side_effect=True, idempotency="none"))
+def send_customer_reply(order_id: str, message: str) -> dict:
     """Send a reply to the customer by email (not idempotent: an interrupted send is unknown)."""
     order = Order.objects.filter(order_id=order_id).first()
     if order is None:
         raise FatalToolError(f"no order {order_id}")
+    step = current_step()
     row = OutboxMessage.objects.create(
-        order=order, to=order.customer_email, body=message, run_id=ctx.run.id, step_id=ctx.step.id
+        order=order, to=order.customer_email, body=message, run_id=step.run.id, step_id=step.step.id
     )
     return {"outbox_id": row.pk, "to": "customer"}
 
 
+def input_message(run_input: Any) -> str:
+    """The prompt is the whole input (order id, message, ticket id), as the native agents'."""
+    return json.dumps(run_input, sort_keys=True, ensure_ascii=False)
+
+
 register_agent(
-    Agent(
-        name="refund",
-        instructions=(
-            "You are a support agent for an online shop. Look up the order, refund the amount "
-            "the customer is owed (the order amount unless they ask for less), note it on the "
-            "ticket and reply to the customer. If a refund is rejected, tell the customer why. "
-            "If you have no refund tool, tell the customer a colleague will take over and note "
-            "the hand-over on the ticket."
-        ),
-        tools=["lookup_order", "issue_refund", "add_ticket_note", "send_customer_reply"],
-        scripted_policy=refund_policy,
-        search_fields=("order_id", "ticket_id"),
-        input_schema={
-            "type": "object",
-            "properties": {
-                "order_id": {"type": "string", "minLength": 1, "maxLength": 20},
-                "message": {"type": "string", "maxLength": 5000},
-                "ticket_id": {"type": "string"},
-            },
-            "required": ["order_id"],
+    refund_agent,
+    scripted_policy=refund_policy,  # the offline `scripted` model plays the refund flow
+    format_input=input_message,
+    search_fields=("order_id", "ticket_id"),
+    input_schema={
+        "type": "object",
+        "properties": {
+            "order_id": {"type": "string", "minLength": 1, "maxLength": 20},
+            "message": {"type": "string", "maxLength": 5000},
+            "ticket_id": {"type": "string"},
         },
-    )
+        "required": ["order_id"],
+    },
 )

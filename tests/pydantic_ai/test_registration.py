@@ -118,3 +118,31 @@ def test_deps_come_from_the_run():
 
     registered = register_agent(pa, deps=lambda run: {"who": run.input["who"]})
     assert registered.tools == ["reg_whoami"]
+
+
+def test_this_apps_database_errors_stay_the_engines_weather():
+    """A database outage under a Pydantic AI tool reaches the engine as the database error it is
+    (weather: no attempt, no verdict), never as the tool's "server unreachable"."""
+    from django.db import OperationalError
+
+    from agentruns.registry import RetryableToolError, ToolContext
+
+    pa = agent(name="pa-weather")
+
+    @pa.tool_plain
+    def reg_db_down() -> str:
+        try:
+            raise ConnectionRefusedError("connection refused")
+        except ConnectionRefusedError as exc:
+            raise OperationalError("the database is down") from exc
+
+    @pa.tool_plain
+    def reg_api_down() -> str:
+        raise ConnectionRefusedError("connection refused")
+
+    register_agent(pa)
+    ctx = ToolContext(run=None, step=None, attempt=1, idempotency_key="k")
+    with pytest.raises(OperationalError):
+        get_tool("reg_db_down").func(ctx)
+    with pytest.raises(RetryableToolError, match="unreachable"):
+        get_tool("reg_api_down").func(ctx)

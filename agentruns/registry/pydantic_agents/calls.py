@@ -16,6 +16,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from django.db import DatabaseError
 from pydantic import ValidationError
 from pydantic_ai import ApprovalRequired, CallDeferred, ModelRetry, RunContext
 from pydantic_ai.exceptions import ToolFailed
@@ -24,6 +25,7 @@ from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets import AbstractToolset, FunctionToolset
 from pydantic_ai.usage import RunUsage
 
+from agentruns.registry.context import stepping
 from agentruns.registry.errors import ApprovalRequested, FatalToolError, RetryableToolError
 
 T = TypeVar("T")
@@ -99,6 +101,21 @@ def _is(exc: BaseException, names: frozenset[str]) -> bool:
     return cause is not None and cause is not exc and _is(cause, names)
 
 
+_OUR_DEPENDENCIES = ("django.db", "psycopg", "psycopg_pool", "redis")
+
+
+def _ours(exc: BaseException) -> bool:
+    """Raised by (or through) this app's database or Redis: left to the engine's fault rules."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, DatabaseError) or type(link).__module__.startswith(_OUR_DEPENDENCIES):
+            return True
+        link = link.__cause__ or link.__context__
+    return False
+
+
 def _unreachable(exc: BaseException) -> bool:
     """The server could not be reached (nothing was sent): safe to try again with the same key."""
     return _is(exc, _CONNECT_FAILURES)
@@ -136,14 +153,15 @@ def call(
             return await binding.toolset.call_tool(definition.name, args, ctx, tool)
 
     try:
-        if inline is not None:
-            # a plain `def` runs here, on the executor's thread and outside any event loop (as a
-            # native tool does): its database writes use this thread's connection and, for a
-            # transactional tool, the step's own transaction; pydantic-ai would send it to a
-            # worker thread of its own
-            positional, keywords = inline._call_args(run_sync(validated()), ctx)
-            return inline.function(*positional, **keywords)
-        return run_sync(invoke())
+        with stepping(tool_ctx):  # current_step() for the tool, whoever calls Tool.func
+            if inline is not None:
+                # a plain `def` runs here, on the executor's thread and outside any event loop
+                # (as a native tool does): its database writes use this thread's connection
+                # and, for a transactional tool, the step's own transaction; pydantic-ai would
+                # send it to a worker thread of its own
+                positional, keywords = inline._call_args(run_sync(validated()), ctx)
+                return inline.function(*positional, **keywords)
+            return run_sync(invoke())
     except ApprovalRequired as exc:
         raise ApprovalRequested(definition.name, metadata=exc.metadata) from None
     except (ModelRetry, ToolFailed) as exc:
@@ -159,6 +177,8 @@ def call(
     except (RetryableToolError, FatalToolError):
         raise
     except Exception as exc:
+        if _ours(exc):
+            raise  # this app's database or Redis: the engine's weather, never the tool's verdict
         if _unreachable(exc) or (rerun_safe and _transport_failure(exc)):
             raise RetryableToolError(f"{definition.name}: server unreachable: {exc!r}") from exc
         raise
