@@ -21,6 +21,7 @@ from agentruns.models import Run, RunStatus, Step, StepStatus
 from agentruns.runtime.events import EventSpec, EventType
 from agentruns.runtime.ids import actor_name
 from agentruns.runtime.nudges import nudge_on_commit
+from agentruns.runtime.quotas import check_decision
 from agentruns.runtime.redaction import redact_fields
 from agentruns.runtime.transitions import RunChange, aborted, apply, resume_parked
 from approvals import decisions, policy
@@ -70,6 +71,7 @@ def approve(
     the requested ones stay on the approval, the full approved set goes to `edited_args` when it
     differs.
     """
+    check_decision(user)
     with transaction.atomic():
         current = _locked(approval_id)
         # a late click must learn who decided, not that its edits are invalid
@@ -118,6 +120,7 @@ def reject(approval_id: int, *, user: Any, reason: str = "") -> Approval:
     """Reject; the agent receives `{"error": "rejected", "reason": ...}` as the tool's result.
     One rejection by anyone who may decide ends the item, however many approvals it had."""
     reason = reason.strip() or "rejected by staff"
+    check_decision(user)
     with transaction.atomic():
         refuse_if_decided(_locked(approval_id), ApprovalKind.APPROVAL)
         approval = reject_parked(approval_id, user=user, reason=reason)
@@ -138,6 +141,7 @@ def reconcile(
     """
     if resolution not in RESOLUTIONS:
         raise DecisionError(f"resolution must be one of {', '.join(RESOLUTIONS)}")
+    check_decision(user)
     who = actor_name(user) or "staff"
     with transaction.atomic():
         approval = settle(
