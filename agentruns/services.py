@@ -27,10 +27,10 @@ from agentruns.runtime.events import EventSpec, EventType, step_event_data
 from agentruns.runtime.executor import RunExecutor
 from agentruns.runtime.ids import actor_name, step_key, worker_id
 from agentruns.runtime.queue import enqueue
+from agentruns.runtime.quotas import QuotaExceeded
 from agentruns.runtime.redaction import redact_fields
 from agentruns.runtime.store import get_store
 from agentruns.runtime.timestamps import iso
-from agentruns.runtime.quotas import QuotaExceeded
 from agentruns.runtime.transitions import ActionRefused
 
 __all__ = [
