@@ -340,8 +340,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "AGENTRUNS_METRICS_ALLOW",
         str,
-        "127.0.0.1,::1",
-        "client addresses /metrics answers without the token (comma list; empty: none)",
+        "",
+        "addresses or networks /metrics and /healthz's details answer without the token "
+        "(comma list; empty: none)",
     ),
 )
 
