@@ -19,7 +19,7 @@ from agentruns.tokens import create_token
 from approvals.models import Approval, ApprovalStatus
 from tests.approvals.kit import bulk_pending, login
 from tests.helpers import ApiClient, assert_json_error, make_user
-from tests.procs import start_web
+from tests.procs import base_env, manage, sqlite_env, start_web
 
 REFUND_INPUT = {"order_id": "ORD-1001", "message": "The blender arrived broken"}
 STARTER = ["agentruns.view_run", "agentruns.start_run"]
@@ -127,3 +127,17 @@ def test_agent_inputs_refuse_extra_keys_and_huge_values(api):
     huge = {"agent": "script", "input": {"script": [], "blob": "x" * 900_000}}
     assert "at most 20000 per key" in assert_json_error(api.post("/api/runs", huge), 400)["error"]
     assert not Run.objects.exists()
+
+
+def test_the_bucket_is_one_statement_on_sqlite_too(tmp_path):
+    """The embedded default: the same UPSERT on SQLite (its own clock expression, MIN/MAX)."""
+    env = base_env(**sqlite_env(tmp_path / "db.sqlite3", "http://127.0.0.1:1"))
+    manage(env, "migrate", "--noinput", "-v0")
+    code = (
+        "from agentruns.runtime.quotas import take; import time\n"
+        "first = [take('start:1', burst=3, per_second=2) for _ in range(4)]\n"
+        "time.sleep(0.6)\n"
+        "print([w > 0 for w in first], take('start:1', burst=3, per_second=2) == 0)"
+    )
+    out = manage(env, "shell", "-c", code).strip().splitlines()[-1]
+    assert out == "[False, False, False, True] True"
