@@ -37,6 +37,7 @@ from prometheus_client.registry import Collector
 
 from agentruns.conf import conf
 from agentruns.models import Run, RunStatus, Step, StepAttempt, WorkerHeartbeat
+from agentruns.operators import details_for_operators, operators_only
 from agentruns.runtime.timestamps import iso
 from approvals.models import Approval
 
@@ -44,6 +45,7 @@ DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 METRICS_CACHE_KEY = "agentruns:metrics:v1"
 
 
+@details_for_operators  # anyone else: {"status": ...} with the same code
 def healthz(request: HttpRequest) -> JsonResponse:
     """Healthy = the database answers, a worker heartbeat is fresh, the sweeper ran recently.
 
@@ -335,6 +337,7 @@ def render_metrics() -> bytes:
     return generate_latest(registry)
 
 
+@operators_only
 def metrics(request: HttpRequest) -> HttpResponse:
     ttl = conf.METRICS_CACHE_SECONDS
     body = cache.get(METRICS_CACHE_KEY) if ttl > 0 else None

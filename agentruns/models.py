@@ -390,3 +390,16 @@ class WorkerHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return self.worker
+
+
+class QuotaBucket(models.Model):
+    """A token bucket (`runtime/quotas.py`): one row per user and kind, shared by every web
+    process; `stamp` is the database clock (seconds) of the last check, `granted` its answer."""
+
+    key = models.CharField(max_length=100, primary_key=True)
+    tokens = models.FloatField()
+    stamp = models.FloatField()
+    granted = models.BooleanField(default=True)
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.tokens:.1f}"

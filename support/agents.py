@@ -169,9 +169,10 @@ register_agent(
             "properties": {
                 "order_id": {"type": "string", "minLength": 1, "maxLength": 20},
                 "message": {"type": "string", "maxLength": 5000},
-                "ticket_id": {"type": "string"},
+                "ticket_id": {"type": "string", "maxLength": 50},
             },
             "required": ["order_id"],
+            "additionalProperties": False,  # an unknown key is a mistake, or a payload
         },
     )
 )

@@ -53,6 +53,8 @@ def base_env(**overrides: object) -> dict[str, str]:
             "REFUND_APPROVAL_THRESHOLD_CENTS": "1000000000",
             "PYTHONUNBUFFERED": "1",
             "LOG_LEVEL": "WARNING",
+            # the tests read /healthz's details and /metrics from here (agentruns/operators.py)
+            "AGENTRUNS_METRICS_ALLOW": "127.0.0.1,::1",
         }
     )
     env.pop("AGENTRUNS_FAILPOINTS", None)
@@ -106,7 +108,7 @@ def start_web(tmp_path: Path, port: int | None = None, **env: object) -> tuple[P
         [
             sys.executable,
             "-m",
-            "daphne",
+            "config.serve",  # daphne as the Procfile runs it (the access log masks credentials)
             "-b",
             "127.0.0.1",
             "-p",

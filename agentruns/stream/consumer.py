@@ -33,9 +33,9 @@ from agentruns.conf import conf
 from agentruns.models import Run
 from agentruns.runtime.faults import is_infrastructure_error
 from agentruns.runtime.nudges import run_group
+from agentruns.stream import sockets
 from agentruns.stream.frames import encoded_frames_after
 from agentruns.stream.unavailable import REASON, TRY_AGAIN_LATER
-from agentruns.tokens import SOCKET_RECHECK_SECONDS, token_is_valid
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,8 @@ GAP_PATIENCE_SECONDS = 5.0  # how long a feed waits for a missing seq before del
 
 # close codes: 4400 bad request, 4401 not authenticated, 4403 forbidden, 4404 no such run,
 # 4503 the database is unavailable, try again later (stream/unavailable.py). The page's client
-# treats 4400-4499 as refusals (no reconnect); anything else is retried with backoff.
+# treats 4400-4499 as refusals (no reconnect); anything else is retried with backoff,
+# 4013 ("try again later": no free socket slot, stream/sockets.py) with a longer wait.
 
 
 @dataclass(eq=False)
@@ -232,7 +233,8 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
         self.feed: RunFeed | None = None
         self.sender: asyncio.Task | None = None
         self.wakeup = asyncio.Event()
-        self.token_watch: asyncio.Task | None = None
+        self.slot_of: object | None = None  # the user whose socket slot this holds
+        self.credential: sockets.Credential | None = None
         # accept first, so refusals reach the client as close codes with a reason (a refused
         # handshake would only show as a generic failure in browsers)
         await self.accept()
@@ -240,28 +242,27 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
         if refusal is not None:
             await self.close(code=refusal[0], reason=refusal[1])
             return
+        user_id = self.scope["user"].pk
+        busy = sockets.SLOTS.take(user_id)
+        if busy is not None:
+            await self.close(code=sockets.TRY_LATER, reason=busy)
+            return
+        self.slot_of = user_id
         self.feed = await open_feed(self.run_id)
         self.outages_seen = self.feed.outages
         self.feed.viewers.add(self.wakeup)
         self.sender = asyncio.create_task(self.pump())
-        if self.scope.get("auth_token"):
-            self.token_watch = asyncio.create_task(self.watch_token(self.scope["auth_token"]))
+        # closed within SOCKET_RECHECK_SECONDS of its token's revocation or its session's end
+        # (4401: the page does not reconnect with it); one recheck per process, not per socket
+        self.credential = sockets.credential_of_scope(self.scope)
+        if self.credential is not None:
+            sockets.watch().add(self.credential, self.credential_lapsed)
 
-    async def watch_token(self, raw: str) -> None:
-        """A socket opened with a bearer token closes soon after the token is revoked or
-        expires (4401: the page does not reconnect with it)."""
-        while True:
-            await asyncio.sleep(SOCKET_RECHECK_SECONDS)
-            try:
-                valid = await database_sync_to_async(token_is_valid)(raw)
-            except Exception:  # a database blip: keep the socket, check again next time
-                log.warning("run stream %s: token check failed", self.run_id, exc_info=True)
-                continue
-            if not valid:
-                if self.sender is not None:
-                    self.sender.cancel()
-                await self.close(code=4401, reason="token revoked or expired")
-                return
+    def credential_lapsed(self) -> None:
+        if self.sender is not None:
+            self.sender.cancel()
+        reason = sockets.lapsed_reason(self.credential) if self.credential else "signed out"
+        asyncio.get_running_loop().create_task(self.close(code=4401, reason=reason))
 
     async def refusal(self) -> tuple[int, str] | None:
         user = self.scope.get("user")
@@ -284,8 +285,12 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if self.sender is not None:
             self.sender.cancel()
-        if self.token_watch is not None:
-            self.token_watch.cancel()
+        if self.credential is not None:
+            sockets.watch().discard(self.credential, self.credential_lapsed)
+            self.credential = None
+        if self.slot_of is not None:
+            sockets.SLOTS.give_back(self.slot_of)
+            self.slot_of = None
         if self.feed is not None:
             self.feed.viewers.discard(self.wakeup)
             await close_feed_if_idle(self.run_id, self.feed)

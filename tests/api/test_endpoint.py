@@ -76,10 +76,10 @@ def test_session_writes_need_a_bearer_token(client, lead):
 
 
 @pytest.mark.django_db
-def test_openapi_lists_every_route(client):
+def test_openapi_lists_every_route(api):
     from agentruns.api.endpoint import ENDPOINTS
 
-    document = client.get("/api/openapi.json").json()
+    document = api.get("/api/openapi.json").json()
     assert document["openapi"].startswith("3.")
     declared = {("/api" + e.path, e.method.lower()) for e in ENDPOINTS}
     listed = {(path, method) for path, ops in document["paths"].items() for method in ops}
