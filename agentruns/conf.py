@@ -306,6 +306,12 @@ SETTINGS: tuple[Setting, ...] = (
         "AGENTRUNS_METRICS_CACHE_SECONDS", float, 5, "/metrics is computed at most this often", 0
     ),
     Setting("AGENTRUNS_METRICS_WINDOW", int, 10_000, "step attempts in the duration histogram", 1),
+    Setting(
+        "AGENTRUNS_TRACE_DATABASE",
+        bool,
+        False,
+        "with OTEL_* tracing on: psycopg spans (every query) under the step spans",
+    ),
 )
 
 

@@ -29,6 +29,7 @@ from agentruns.runtime.queue import enqueue
 from agentruns.runtime.redaction import redact_fields
 from agentruns.runtime.store import get_store
 from agentruns.runtime.timestamps import iso
+from agentruns.runtime.tracecontext import new_run_trace
 from agentruns.runtime.transitions import ActionRefused
 
 __all__ = [
@@ -83,10 +84,13 @@ def start_run(
     model: str | None = None,
     enqueue_task: bool = True,
     claim_for: str | None = None,
+    traceparent: str | None = None,
 ) -> StartResult:
     """Create and enqueue a run; a repeated (agent, dedupe_key) returns the existing run.
 
     The unique constraint decides between concurrent starts, not a pre-check.
+    `traceparent`: the caller's W3C trace context; the run's trace continues it (an invalid one
+    is ignored, as the W3C spec says: a new trace starts).
     `claim_for`: create it already running under that worker's lease instead of enqueueing it
     (`execute_inline`); if that worker dies, the sweeper hands the run to the queue.
     """
@@ -114,6 +118,7 @@ def start_run(
         created_by=user if getattr(user, "is_authenticated", False) else None,
         enqueued_at=now,
     )
+    run.trace_id, run.trace_parent = new_run_trace(traceparent)
     events = [
         (EventType.RUN_CREATED, {"agent": agent_name, "by": actor_name(user), "status": "queued"})
     ]

@@ -169,6 +169,7 @@ def decide(request: HttpRequest, run: Run, answers: list[tuple[int, bool, str]])
         422: "the decision is not acceptable",
     },
     tags=("chat",),
+    headers={"traceparent": {"type": "string", "maxLength": 512}},
 )
 def chat(request: HttpRequest, agent: str, body: dict) -> HttpResponseBase:
     require(request, VIEW)
@@ -201,6 +202,7 @@ def chat(request: HttpRequest, agent: str, body: dict) -> HttpResponseBase:
             {**body.get("input", {}), "message": text},
             dedupe_key=chat_dedupe_key(body["id"]),
             user=request.user,
+            traceparent=request.headers.get("traceparent"),
         )
     except UnknownAgent as exc:
         raise BadRequest(str(exc), 404) from None

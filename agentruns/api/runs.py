@@ -32,6 +32,8 @@ def run_or_404(run_id: str) -> Run:
 AGENT_MAX = Run._meta.get_field("agent").max_length
 KEY_MAX = Run._meta.get_field("dedupe_key").max_length
 IDEMPOTENCY_KEY = {"type": "string", "maxLength": KEY_MAX}
+# W3C trace context: the run's trace continues the caller's (an invalid one is ignored)
+TRACEPARENT = {"type": "string", "maxLength": 512}
 
 
 def idempotency_key(request: HttpRequest) -> str | None:
@@ -59,7 +61,7 @@ def idempotency_key(request: HttpRequest) -> str | None:
     },
     tags=("runs",),
     returns=RUN_WITH_STEPS,
-    headers={"Idempotency-Key": IDEMPOTENCY_KEY},
+    headers={"Idempotency-Key": IDEMPOTENCY_KEY, "traceparent": TRACEPARENT},
     example={
         "agent": "refund",
         "input": {"order_id": "ORD-1001", "message": "The blender arrived broken, refund $15."},
@@ -73,6 +75,7 @@ def create_run(request: HttpRequest, body: dict) -> tuple[dict, int]:
             body.get("input", {}),
             dedupe_key=idempotency_key(request),
             user=request.user,
+            traceparent=request.headers.get("traceparent"),
         )
     except UnknownAgent as exc:
         raise BadRequest(str(exc)) from None

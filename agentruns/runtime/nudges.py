@@ -19,6 +19,7 @@ from channels.layers import get_channel_layer
 from django.db import transaction
 
 from agentruns.conf import conf
+from agentruns.runtime import process_health
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,11 @@ async def _group_send_all(layer: Any, sends: list[tuple[str, dict]]) -> None:
 
 
 def _log_failed_nudge(future: concurrent.futures.Future) -> None:
-    if not future.cancelled() and future.exception() is not None:
+    if future.cancelled():
+        return
+    failed = future.exception() is not None
+    process_health.redis_seen(not failed)  # what this process sees of Redis (/metrics)
+    if failed:
         log.warning("channel-layer nudge failed: %r", future.exception())
 
 

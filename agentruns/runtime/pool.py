@@ -45,7 +45,7 @@ from django.utils import timezone
 
 from agentruns.conf import conf
 from agentruns.models import WorkerHeartbeat
-from agentruns.runtime import connections
+from agentruns.runtime import connections, process_health
 from agentruns.runtime.executor import RunExecutor
 from agentruns.runtime.ids import worker_name
 from agentruns.runtime.lease import release_leases
@@ -227,9 +227,12 @@ class RunPool:
                     "run_capacity": self.capacity,
                     "draining": self.closing.is_set(),
                     "db_connections": connections.pool_size(),
+                    "process_health": process_health.snapshot(),
                 },
             )
+            process_health.database_seen(True)
         except Exception:
+            process_health.database_seen(False)
             log.warning("pool heartbeat failed", exc_info=True)
         finally:
             connection.close()
