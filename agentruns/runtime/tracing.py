@@ -33,7 +33,6 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
-from django.utils import timezone
 
 from agentruns.models import Run, RunEvent, StepAttempt
 from agentruns.runtime.redaction import redact_fields, redact_text, secret_values
@@ -323,7 +322,7 @@ def emit_run_span(run_id: uuid.UUID) -> None:
     )
     if run.status == "failed":
         _fail(span, run.error or run.stop_reason)
-    span.end(end_time=_ns(run.finished_at or timezone.now()))
+    span.end()  # now: after the last slice, which ends once the run's final commit is made
 
 
 def worker_lost(executor: Any, step: Any) -> None:
