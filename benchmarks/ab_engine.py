@@ -3,6 +3,9 @@
     PG_EXTRA_OPTS=" " scripts/with-postgres.sh .venv/bin/python -m benchmarks.ab_engine \
         --a /path/to/old-checkout --b . --runs 150 --rounds 7
 
+`--b-env NAME=VALUE` (repeatable) sets a variable for B's processes only: the same checkout
+with and without tracing is `--a . --b . --b-env OTEL_EXPORTER_OTLP_ENDPOINT=http://...`.
+
 Each round runs `--runs` refund runs with `execute_inline` (created leased, executed in the
 process, zero model latency) in a fresh process of each checkout, each on its own database of
 the same PostgreSQL server; A and B alternate so machine noise hits both alike. Prints the
@@ -55,9 +58,10 @@ def create_database(base: str, name: str) -> None:
         conn.execute(f"CREATE DATABASE {name}")
 
 
-def one_round(checkout: Path, url: str, runs: int) -> float:
+def one_round(checkout: Path, url: str, runs: int, extra: dict[str, str]) -> float:
     env = {
         **os.environ,
+        **extra,
         "DATABASE_URL": url,
         "SCRIPTED_MODEL_DELAY_MS": "0",
         "AGENTRUNS_AGENT_MODULES": "benchmarks.workload",
@@ -80,7 +84,9 @@ def main() -> None:
     parser.add_argument("--b", required=True, type=Path)
     parser.add_argument("--runs", type=int, default=150)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--b-env", action="append", default=[], metavar="NAME=VALUE")
     args = parser.parse_args()
+    extra = {"a": {}, "b": dict(item.split("=", 1) for item in args.b_env)}
     base = os.environ["DATABASE_URL"]
     urls = {}
     for side in ("a", "b"):
@@ -90,7 +96,7 @@ def main() -> None:
     for round_no in range(args.rounds):
         order = ("a", "b") if round_no % 2 == 0 else ("b", "a")
         for side in order:
-            rates[side].append(one_round(getattr(args, side), urls[side], args.runs))
+            rates[side].append(one_round(getattr(args, side), urls[side], args.runs, extra[side]))
         print(
             f"round {round_no + 1}: A {rates['a'][-1]:.1f} runs/s, B {rates['b'][-1]:.1f} runs/s",
             flush=True,

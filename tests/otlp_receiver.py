@@ -157,3 +157,20 @@ class OtlpReceiver:
                 names = sorted(f"{s.name}@{s.service}" for s in spans)
                 raise TimeoutError(f"the receiver did not get the spans; it has {names}")
             time.sleep(0.1)
+
+
+if __name__ == "__main__":  # a receiver of its own: `python -m tests.otlp_receiver [port]`
+    import sys
+
+    receiver = OtlpReceiver()
+    if len(sys.argv) > 1:
+        receiver.server.server_close()
+        receiver.server = ThreadingHTTPServer(
+            ("127.0.0.1", int(sys.argv[1])), receiver.server.RequestHandlerClass
+        )
+    receiver.thread = threading.Thread(target=receiver.server.serve_forever, daemon=True)
+    receiver.start()
+    print(receiver.endpoint, flush=True)
+    while True:
+        time.sleep(10)
+        print(f"{len(receiver.spans)} spans in {receiver.requests} requests", flush=True)

@@ -30,6 +30,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from agentruns import selectors, services
 from agentruns.api.endpoint import endpoint
 from agentruns.api.parsing import BadRequest
+from agentruns.api.schemas import TRACEPARENT
 from agentruns.models import Run
 from agentruns.registry import UnknownAgent, get_agent
 from agentruns.stream.ui_stream import chunks_until_now, ui_message_stream_response
@@ -169,7 +170,7 @@ def decide(request: HttpRequest, run: Run, answers: list[tuple[int, bool, str]])
         422: "the decision is not acceptable",
     },
     tags=("chat",),
-    headers={"traceparent": {"type": "string", "maxLength": 512}},
+    headers={"traceparent": TRACEPARENT},
 )
 def chat(request: HttpRequest, agent: str, body: dict) -> HttpResponseBase:
     require(request, VIEW)

@@ -9,7 +9,7 @@ from django.http import HttpRequest
 from agentruns import selectors, services
 from agentruns.api.endpoint import RUN_ID, endpoint
 from agentruns.api.parsing import BadRequest
-from agentruns.api.schemas import EVENTS, RUN, RUN_WITH_STEPS
+from agentruns.api.schemas import EVENTS, RUN, RUN_WITH_STEPS, TRACEPARENT
 from agentruns.api.serializers import run_payload
 from agentruns.models import Run
 from agentruns.registry import UnknownAgent
@@ -32,8 +32,6 @@ def run_or_404(run_id: str) -> Run:
 AGENT_MAX = Run._meta.get_field("agent").max_length
 KEY_MAX = Run._meta.get_field("dedupe_key").max_length
 IDEMPOTENCY_KEY = {"type": "string", "maxLength": KEY_MAX}
-# W3C trace context: the run's trace continues the caller's (an invalid one is ignored)
-TRACEPARENT = {"type": "string", "maxLength": 512}
 
 
 def idempotency_key(request: HttpRequest) -> str | None:

@@ -103,3 +103,10 @@ EVENT = obj(
     {"seq": COUNT, "type": {"type": "string"}, "data": {"type": "object"}, "created_at": TIME}
 )
 EVENTS = obj({"events": {"type": "array", "items": EVENT}, "last_seq": COUNT})
+
+# W3C trace context: the run's trace continues the caller's. Any string is accepted: the W3C
+# spec says an invalid one is ignored (a new trace starts), never a reason to refuse the call
+TRACEPARENT = {
+    "type": "string",
+    "description": "W3C traceparent; the run's trace continues it (an invalid one is ignored)",
+}

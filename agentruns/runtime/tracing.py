@@ -96,6 +96,10 @@ def configure(*, instrument_database: bool = False) -> None:
         _state.enabled = _wanted()
         if not _state.enabled:
             return
+        capture = os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "")
+        _state.capture_content = capture.strip().lower() in _TRUE
+        if _state.provider is not None:  # the global provider is set once per process
+            return
         from opentelemetry import trace
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
@@ -113,8 +117,6 @@ def configure(*, instrument_database: bool = False) -> None:
         trace.set_tracer_provider(provider)
         _state.provider = provider
         _state.tracer = provider.get_tracer("agentruns")
-        capture = os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "")
-        _state.capture_content = capture.strip().lower() in _TRUE
         if instrument_database:
             from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
 
@@ -122,12 +124,12 @@ def configure(*, instrument_database: bool = False) -> None:
 
 
 def reset_for_tests() -> None:
-    """Forget the configuration (benchmarks switch tracing on and off in one process)."""
+    """Read the OTEL_* variables again at the next span (tests switch tracing on and off). The
+    provider, once built, stays: OpenTelemetry's global provider can be set once per process."""
     with _state.lock:
         if _state.provider is not None:
             _state.provider.force_flush()
-        _state.configured = _state.enabled = False
-        _state.tracer = _state.provider = None
+        _state.configured = _state.enabled = _state.capture_content = False
 
 
 def flush(timeout_ms: int = 5000) -> None:

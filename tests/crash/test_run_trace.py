@@ -10,6 +10,9 @@ tool declared secret appears anywhere in what was exported, message content capt
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 import secrets
 
 import httpx
@@ -124,6 +127,9 @@ def test_a_parked_crashed_resumed_run_is_one_trace(tmp_path, procs, seeded, rece
     receiver.wait_for(complete, timeout=60)
     second.kill()  # nothing more to come; what it had batched was exported above
     spans = receiver.trace(caller_trace)
+    if os.environ.get("TRACE_WATERFALL_JSON"):  # scripts/trace_waterfall.py renders docs/trace.png
+        with open(os.environ["TRACE_WATERFALL_JSON"], "w") as out:
+            json.dump([dataclasses.asdict(s) for s in spans], out, indent=1)
     assert {s.trace_id for s in spans} == {caller_trace}
     ids = {s.span_id for s in spans}
     assert len(ids) == len(spans), "span ids are unique"
