@@ -78,8 +78,7 @@ def page(spans: list[dict]) -> str:
             f'<tr><td class="name" style="padding-left:{8 + depth * 18}px">'
             f"{html.escape(span['name'])}</td>"
             f'<td class="bar"><div class="b{error}" style="left:{left:.3f}%;width:{width:.3f}%;'
-            f'background:{colour}"></div><span class="ms" style="left:{min(left + width, 88):.2f}%">'
-            f"{ms:,.0f} ms</span></td>"
+            f'background:{colour}"></div></td><td class="ms">{ms:,.0f} ms</td>'
             f'<td class="detail">{html.escape(detail(span))}</td></tr>'
         )
     trace_id = spans[0]["trace_id"]
@@ -91,7 +90,7 @@ td.name{{width:240px;font-family:ui-monospace,monospace}} td.bar{{position:relat
 .b{{position:absolute;top:4px;height:14px;border-radius:2px}}
 .b.error{{outline:2px solid #d00;background-image:repeating-linear-gradient(45deg,transparent 0 4px,
 rgba(255,255,255,.45) 4px 8px)}}
-.ms{{position:absolute;top:3px;padding-left:4px;font-size:11px;color:#555}}
+td.ms{{font-size:11px;color:#555;text-align:right;width:70px}}
 td.detail{{font-size:11px;color:#555}}</style>
 <h1>trace {trace_id} · {len(spans)} spans · {total / 1e9:.1f} s · received over OTLP/HTTP
 from daphne and two qcluster workers (the first SIGKILLed; red: error status)</h1>
