@@ -87,8 +87,8 @@ class Run(models.Model):
     search_text = models.CharField(max_length=200, blank=True, default="")
     # the run's OpenTelemetry trace (runtime/tracing.py): chosen at start, the caller's when it
     # sent a W3C `traceparent` (kept as sent, so the run's root span continues the caller's)
-    trace_id = models.CharField(max_length=32, blank=True, default="")
-    trace_parent = models.CharField(max_length=55, blank=True, default="")
+    trace_id = models.CharField(max_length=32, blank=True, default="", db_default="")
+    trace_parent = models.CharField(max_length=55, blank=True, default="", db_default="")
 
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"

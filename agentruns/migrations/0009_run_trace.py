@@ -10,12 +10,12 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="run",
             name="trace_id",
-            field=models.CharField(blank=True, default="", max_length=32),
+            field=models.CharField(blank=True, db_default="", default="", max_length=32),
         ),
         migrations.AddField(
             model_name="run",
             name="trace_parent",
-            field=models.CharField(blank=True, default="", max_length=55),
+            field=models.CharField(blank=True, db_default="", default="", max_length=55),
         ),
         migrations.AddField(
             model_name="workerheartbeat",
