@@ -254,7 +254,7 @@ class RunSlice:
         _detach(self.token)
         self.span.end()
         if outcome in TERMINAL:
-            emit_run_span(self.run.id)
+            _emit_safely(self.run.id)
 
 
 def sliced(advance: Any) -> Any:
@@ -291,6 +291,19 @@ def end_slice(trace_slice: RunSlice | None, outcome: str) -> None:
         trace_slice.end(outcome)
     except Exception:
         log.warning("could not end the slice span of run %s", trace_slice.run.id, exc_info=True)
+
+
+def run_ended_on_commit(run_id: uuid.UUID) -> None:
+    """A run ended outside any executor (cancelled while parked or abandoned): its root span."""
+    if enabled():
+        transaction.on_commit(lambda: _emit_safely(run_id))
+
+
+def _emit_safely(run_id: uuid.UUID) -> None:
+    try:
+        emit_run_span(run_id)
+    except Exception:
+        log.warning("could not emit the root span of run %s", run_id, exc_info=True)
 
 
 def emit_run_span(run_id: uuid.UUID) -> None:

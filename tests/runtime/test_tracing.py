@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from agentruns.models import Run
 from agentruns.runtime import tracing
 from agentruns.runtime.tracecontext import (
     new_run_trace,
@@ -207,3 +208,74 @@ def test_unset_nothing_is_imported_or_exported():
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
     assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in os.environ
+
+
+@pytest.mark.django_db
+def test_a_park_and_a_cancel_of_the_parked_run(traced, lead, django_capture_on_commit_callbacks):
+    """The park's span from park to decision (who decided), and the root span of a run that
+    ended while nobody executed it, from the process that ended it."""
+    from agentruns.services import cancel_run
+    from approvals.models import Approval
+    from approvals.services import approve
+
+    receiver = traced(capture=False)
+    decided = advance(
+        script_run([{"calls": [["t_pay", {"amount": 500}]]}, {"text": "paid"}], agent=OPS_AGENT)
+    )
+    assert decided.status == "waiting"
+    with django_capture_on_commit_callbacks(execute=True):
+        approve(Approval.objects.get(run=decided).id, user=lead)
+    decided = advance(decided)
+    assert decided.status == "succeeded"
+    cancelled = advance(script_run([{"calls": [["t_pay", {"amount": 700}]]}], agent=OPS_AGENT))
+    with django_capture_on_commit_callbacks(execute=True):
+        cancel_run(cancelled.id, user=lead)
+
+    spans = run_spans(receiver, decided)
+    (park,) = [s for s in spans if s.name == "await_approval t_pay"]
+    root = next(s for s in spans if s.name.startswith("invoke_agent"))
+    assert park.parent_span_id == root.span_id
+    assert park.attributes["agentruns.approval.decided_by"] == "lead"
+    assert park.attributes["agentruns.approval.decision"] == "approved"
+    slices = sorted(
+        (s for s in spans if s.name.startswith("advance_run")), key=lambda s: s.start_ns
+    )
+    assert [s.attributes["agentruns.slice.outcome"] for s in slices] == ["waiting", "succeeded"]
+    assert slices[0].end_ns <= park.end_ns <= slices[1].start_ns
+
+    other = run_spans(receiver, Run.objects.get(id=cancelled.id))
+    (root,) = [s for s in other if s.name.startswith("invoke_agent")]
+    assert root.attributes["agentruns.run.status"] == "cancelled"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_trace_database_adds_query_spans_under_the_step(receiver):
+    """AGENTRUNS_TRACE_DATABASE=1 (in a process of its own: the instrumentation patches psycopg
+    for the whole process): the queries of a tool call are spans under its execute_tool span."""
+    env = {k: v for k, v in base_env().items() if not k.startswith("OTEL_")}
+    env.update(
+        AGENTRUNS_AGENT_MODULES="tests.testkit",
+        AGENTRUNS_TRACE_DATABASE="1",
+        OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+        OTEL_SERVICE_NAME="agentruns-db-traced",
+    )
+    code = (
+        "import django; django.setup()\n"
+        "from agentruns.runtime import tracing\n"
+        "from agentruns.services import execute_inline\n"
+        "script = [{'calls': [['t_tx', {'amount': 3}]]}, {'text': 'ok'}]\n"
+        "run, outcome = execute_inline('script', {'script': script})\n"
+        "assert outcome == 'succeeded', outcome\n"
+        "tracing.flush()\n"
+        "print(run.trace_id)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    trace_id = done.stdout.strip().splitlines()[-1]
+    spans = receiver.trace(trace_id)
+    (tool,) = [s for s in spans if s.name == "execute_tool t_tx"]
+    queries = [s for s in spans if s.parent_span_id == tool.span_id]
+    system = [s.attributes.get("db.system", s.attributes.get("db.system.name")) for s in queries]
+    assert queries and set(system) == {"postgresql"}
