@@ -307,10 +307,10 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("AGENTRUNS_METRICS_WINDOW", int, 10_000, "step attempts in the duration histogram", 1),
     Setting(
-        "AGENTRUNS_TRACE_DATABASE",
+        "AGENTRUNS_TRACE_LIBRARIES",
         bool,
         False,
-        "with OTEL_* tracing on: psycopg spans (every query) under the step spans",
+        "with OTEL_* tracing on: spans of Django's requests and psycopg's queries",
     ),
 )
 

@@ -203,3 +203,38 @@ def test_a_parked_crashed_resumed_run_is_one_trace(tmp_path, procs, seeded, rece
     texts = [text for span in receiver.spans for text in span.strings()]
     assert any("gen_ai.output.messages" in s.attributes for s in chats)
     assert not [t for t in texts if email in t], "a redacted value was exported"
+
+
+def test_trace_libraries_adds_the_request_span(tmp_path, procs, seeded, receiver):
+    """AGENTRUNS_TRACE_LIBRARIES=1 on daphne: Django's request span continues the caller's trace
+    too, with the database queries under it."""
+    lead = get_user_model().objects.get(username="lead")
+    web, base = start_web(
+        tmp_path, AGENTRUNS_TRACE_LIBRARIES=1, **otel_env(receiver, "agentruns-web")
+    )
+    procs.append(web)
+    caller_trace, caller_span = secrets.token_hex(16), secrets.token_hex(8)
+    response = httpx.post(
+        f"{base}/api/runs",
+        json={"agent": "refund", "input": {"order_id": ORDER, "message": "It broke."}},
+        headers={
+            "Authorization": f"Bearer {create_token(lead)}",
+            "traceparent": f"00-{caller_trace}-{caller_span}-01",
+        },
+        timeout=30,
+    )
+    assert response.status_code == 201
+
+    def served(spans: list[ReceivedSpan]) -> bool:
+        return any(s.trace_id == caller_trace and s.kind == 2 for s in spans)  # SERVER
+
+    receiver.wait_for(served, timeout=30)
+    spans = receiver.trace(caller_trace)
+    (request,) = [s for s in spans if s.kind == 2]
+    assert request.parent_span_id == caller_span
+    assert (
+        request.attributes.get("http.request.method", request.attributes.get("http.method"))
+        == "POST"
+    )
+    queries = [s for s in spans if s.parent_span_id == request.span_id and s.kind == 3]  # CLIENT
+    assert queries, [s.name for s in spans]

@@ -249,13 +249,13 @@ def test_a_park_and_a_cancel_of_the_parked_run(traced, lead, django_capture_on_c
 
 
 @pytest.mark.django_db(transaction=True)
-def test_trace_database_adds_query_spans_under_the_step(receiver):
-    """AGENTRUNS_TRACE_DATABASE=1 (in a process of its own: the instrumentation patches psycopg
+def test_trace_libraries_adds_query_spans_under_the_step(receiver):
+    """AGENTRUNS_TRACE_LIBRARIES=1 (in a process of its own: the instrumentation patches psycopg
     for the whole process): the queries of a tool call are spans under its execute_tool span."""
     env = {k: v for k, v in base_env().items() if not k.startswith("OTEL_")}
     env.update(
         AGENTRUNS_AGENT_MODULES="tests.testkit",
-        AGENTRUNS_TRACE_DATABASE="1",
+        AGENTRUNS_TRACE_LIBRARIES="1",
         OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
         OTEL_SERVICE_NAME="agentruns-db-traced",
     )

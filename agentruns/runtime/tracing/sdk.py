@@ -59,7 +59,7 @@ def enabled() -> bool:
     return _state.enabled
 
 
-def configure(*, instrument_database: bool = False) -> None:
+def configure(*, instrument_libraries: bool = False) -> None:
     """Set the process's tracer provider up from the OTEL_* variables (once per process: a
     forked q2 worker keeps its parent's, whose batch processor restarts its thread on fork)."""
     with _state.lock:
@@ -90,9 +90,11 @@ def configure(*, instrument_database: bool = False) -> None:
         trace.set_tracer_provider(provider)
         _state.provider = provider
         _state.tracer = provider.get_tracer("agentruns")
-        if instrument_database:
+        if instrument_libraries:  # before Django builds its middleware stack (apps.ready)
+            from opentelemetry.instrumentation.django import DjangoInstrumentor
             from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
 
+            DjangoInstrumentor().instrument(tracer_provider=provider)
             PsycopgInstrumentor().instrument(tracer_provider=provider)
 
 
