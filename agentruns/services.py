@@ -354,6 +354,7 @@ def fork_run(run_id: uuid.UUID | str, from_step: int, *, user: Any = None) -> Ru
             prompt_tokens=sum(s.prompt_tokens for s in history),
             completion_tokens=sum(s.completion_tokens for s in history),
             enqueued_at=now,
+            trace_id=new_run_trace(None)[0],  # a trace of its own (the fork event names the source)
         )
         copies = []
         for step in history:

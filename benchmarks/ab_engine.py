@@ -9,7 +9,9 @@ with and without tracing is `--a . --b . --b-env OTEL_EXPORTER_OTLP_ENDPOINT=htt
 Each round runs `--runs` refund runs with `execute_inline` (created leased, executed in the
 process, zero model latency) in a fresh process of each checkout, each on its own database of
 the same PostgreSQL server; A and B alternate so machine noise hits both alike. Prints the
-runs/s of every round and the median ratio B/A.
+runs/s of every round and the median ratio B/A, and the CPU time per run of the engine's
+process (all its threads, so a tracing exporter's too; less sensitive to a loaded machine than
+wall time).
 """
 
 from __future__ import annotations
@@ -37,11 +39,12 @@ except ImportError:  # checkouts before the layout change
 runs = int(sys.argv[1])
 for i in range(10):  # warm-up
     execute_inline("bench-refund", {"order_id": f"ORD-{1001 + i % 50}"})
-started = time.perf_counter()
+started, cpu = time.perf_counter(), time.process_time()
 for i in range(runs):
     _, outcome = execute_inline("bench-refund", {"order_id": f"ORD-{1001 + i % 50}"})
     assert outcome == "succeeded", outcome
-print(runs / (time.perf_counter() - started))
+rate, cpu_ms = runs / (time.perf_counter() - started), (time.process_time() - cpu) * 1000 / runs
+print(rate, cpu_ms)
 """
 
 
@@ -58,7 +61,8 @@ def create_database(base: str, name: str) -> None:
         conn.execute(f"CREATE DATABASE {name}")
 
 
-def one_round(checkout: Path, url: str, runs: int, extra: dict[str, str]) -> float:
+def one_round(checkout: Path, url: str, runs: int, extra: dict[str, str]) -> tuple[float, float]:
+    """(runs/s, CPU ms per run of the engine's process: all its threads, the database's not)."""
     env = {
         **os.environ,
         **extra,
@@ -75,7 +79,8 @@ def one_round(checkout: Path, url: str, runs: int, extra: dict[str, str]) -> flo
         capture_output=True,
         text=True,
     )
-    return float(out.stdout.strip().splitlines()[-1])
+    rate, cpu_ms = out.stdout.strip().splitlines()[-1].split()
+    return float(rate), float(cpu_ms)
 
 
 def main() -> None:
@@ -93,12 +98,16 @@ def main() -> None:
         create_database(base, f"ab_{side}")
         urls[side] = database_url(base, f"ab_{side}")
     rates: dict[str, list[float]] = {"a": [], "b": []}
+    cpu: dict[str, list[float]] = {"a": [], "b": []}
     for round_no in range(args.rounds):
         order = ("a", "b") if round_no % 2 == 0 else ("b", "a")
         for side in order:
-            rates[side].append(one_round(getattr(args, side), urls[side], args.runs, extra[side]))
+            rate, cpu_ms = one_round(getattr(args, side), urls[side], args.runs, extra[side])
+            rates[side].append(rate)
+            cpu[side].append(cpu_ms)
         print(
-            f"round {round_no + 1}: A {rates['a'][-1]:.1f} runs/s, B {rates['b'][-1]:.1f} runs/s",
+            f"round {round_no + 1}: A {rates['a'][-1]:.1f} runs/s {cpu['a'][-1]:.2f} CPU ms/run, "
+            f"B {rates['b'][-1]:.1f} runs/s {cpu['b'][-1]:.2f} CPU ms/run",
             flush=True,
         )
     a, b = statistics.median(rates["a"]), statistics.median(rates["b"])
@@ -106,6 +115,11 @@ def main() -> None:
     print(
         f"median A {a:.1f} runs/s, B {b:.1f} runs/s; B/A {b / a:.3f} "
         f"(per-round ratios {min(ratios):.2f}..{max(ratios):.2f})"
+    )
+    ca, cb = statistics.median(cpu["a"]), statistics.median(cpu["b"])
+    print(
+        f"median CPU per run (the engine's process, all threads): A {ca:.2f} ms, B {cb:.2f} ms; "
+        f"B-A {cb - ca:+.2f} ms"
     )
 
 
