@@ -38,7 +38,7 @@ class RunSlice:
 
     def __init__(self, executor: Any) -> None:
         run = executor.run
-        self.run = run
+        self.run, self.executor = run, executor
         self.lost_owners: set[str] = set()
         self.span = _start(
             f"advance_run {run.agent}",
@@ -56,7 +56,10 @@ class RunSlice:
         _SLICE.reset(self.slice_token)
         _detach(self.token)
         self.span.end()
-        if outcome in TERMINAL:
+        if outcome == "succeeded":  # all it needs is in memory: no query on the common path
+            run = self.run
+            _emit_safely(run.id, run, "succeeded", steps=len(self.executor.steps))
+        elif outcome in TERMINAL:  # the error and stop reason were written by the final commit
             _emit_safely(self.run.id)
 
 
@@ -102,9 +105,12 @@ def run_ended_on_commit(run_id: uuid.UUID) -> None:
         transaction.on_commit(lambda: _emit_safely(run_id))
 
 
-def _emit_safely(run_id: uuid.UUID) -> None:
+def _emit_safely(run_id: uuid.UUID, run: Run | None = None, status: str = "", **known: Any) -> None:
     try:
-        emit_run_span(run_id)
+        if run is None:
+            emit_run_span(run_id)
+        else:
+            _emit_root(run, status, steps=known["steps"])
     except Exception:
         log.warning("could not emit the root span of run %s", run_id, exc_info=True)
 
@@ -115,6 +121,12 @@ def emit_run_span(run_id: uuid.UUID) -> None:
         "id", "agent", "model", "status", "error", "stop_reason", "trace_id", "trace_parent",
         "created_at", "finished_at", "prompt_tokens", "completion_tokens", "step_count",
     ).get(id=run_id)  # fmt: skip
+    _emit_root(run, run.status, steps=run.step_count, error=run.error, stop_reason=run.stop_reason)
+
+
+def _emit_root(
+    run: Run, status: str, *, steps: int, error: str = "", stop_reason: str = ""
+) -> None:
     if not run.trace_id:
         return
     parsed = parse_traceparent(run.trace_parent)
@@ -133,13 +145,13 @@ def emit_run_span(run_id: uuid.UUID) -> None:
             "gen_ai.request.model": model,
             "gen_ai.usage.input_tokens": run.prompt_tokens,
             "gen_ai.usage.output_tokens": run.completion_tokens,
-            "agentruns.run.status": run.status,
-            "agentruns.run.steps": run.step_count,
-            "agentruns.run.stop_reason": run.stop_reason,
+            "agentruns.run.status": status,
+            "agentruns.run.steps": steps,
+            "agentruns.run.stop_reason": stop_reason,
         },
     )
-    if run.status == "failed":
-        _fail(span, run.error or run.stop_reason)
+    if status == "failed":
+        _fail(span, error or stop_reason)
     span.end()  # now: after the last slice, which ends once the run's final commit is made
 
 
