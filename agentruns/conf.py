@@ -381,6 +381,12 @@ SETTINGS: tuple[Setting, ...] = (
         "addresses or networks /metrics and /healthz's details answer without the token "
         "(comma list; empty: none)",
     ),
+    Setting(
+        "AGENTRUNS_TRACE_LIBRARIES",
+        bool,
+        False,
+        "with OTEL_* tracing on: spans of Django's requests and psycopg's queries",
+    ),
 )
 
 

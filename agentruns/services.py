@@ -31,6 +31,7 @@ from agentruns.runtime.quotas import QuotaExceeded
 from agentruns.runtime.redaction import redact_fields
 from agentruns.runtime.store import get_store
 from agentruns.runtime.timestamps import iso
+from agentruns.runtime.tracecontext import new_run_trace
 from agentruns.runtime.transitions import ActionRefused
 
 __all__ = [
@@ -99,10 +100,13 @@ def start_run(
     model: str | None = None,
     enqueue_task: bool = True,
     claim_for: str | None = None,
+    traceparent: str | None = None,
 ) -> StartResult:
     """Create and enqueue a run; a repeated (agent, dedupe_key) returns the existing run.
 
     The unique constraint decides between concurrent starts, not a pre-check.
+    `traceparent`: the caller's W3C trace context; the run's trace continues it (an invalid one
+    is ignored, as the W3C spec says: a new trace starts).
     `claim_for`: create it already running under that worker's lease instead of enqueueing it
     (`execute_inline`); if that worker dies, the sweeper hands the run to the queue.
     """
@@ -132,6 +136,7 @@ def start_run(
         created_by=user if getattr(user, "is_authenticated", False) else None,
         enqueued_at=now,
     )
+    run.trace_id, run.trace_parent = new_run_trace(traceparent)
     events = [
         (EventType.RUN_CREATED, {"agent": agent_name, "by": actor_name(user), "status": "queued"})
     ]
@@ -368,6 +373,7 @@ def fork_run(run_id: uuid.UUID | str, from_step: int, *, user: Any = None) -> Ru
             prompt_tokens=sum(s.prompt_tokens for s in history),
             completion_tokens=sum(s.completion_tokens for s in history),
             enqueued_at=now,
+            trace_id=new_run_trace(None)[0],  # a trace of its own (the fork event names the source)
         )
         copies = []
         for step in history:

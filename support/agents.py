@@ -37,8 +37,10 @@ def _two_person(amount_cents: int) -> bool:
     return limit > 0 and amount_cents > limit
 
 
-def gateway_headers(idempotency_key: str) -> dict[str, str]:
+def gateway_headers(idempotency_key: str, traceparent: str = "") -> dict[str, str]:
     headers = {"Idempotency-Key": idempotency_key}
+    if traceparent:  # the run's trace context: the provider's logs name the run's trace
+        headers["traceparent"] = traceparent
     if demo_conf.GATEWAY_KEY:
         headers["Authorization"] = f"Bearer {demo_conf.GATEWAY_KEY}"
     return headers
@@ -101,7 +103,7 @@ def issue_refund(ctx: ToolContext, order_id: str, amount_cents: int, reason: str
         response = gateway_client().post(
             url,
             json={"order_id": order_id, "amount_cents": amount_cents, "reason": reason},
-            headers=gateway_headers(ctx.idempotency_key),
+            headers=gateway_headers(ctx.idempotency_key, ctx.traceparent),
         )
     except httpx.HTTPError as exc:
         raise RetryableToolError(f"gateway unreachable: {exc}") from exc

@@ -9,7 +9,7 @@ from django.urls import path, re_path
 
 import approvals.api  # noqa: F401  (its endpoints register themselves)
 import approvals.api_actions  # noqa: F401
-from agentruns.api import chat, runs  # noqa: F401
+from agentruns.api import chat, run_list, runs  # noqa: F401
 from agentruns.api.endpoint import ENDPOINTS, authenticate, method_router
 from agentruns.api.openapi import openapi_document
 from agentruns.api.parsing import json_error

@@ -15,7 +15,7 @@ from django.utils import timezone
 from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepStatus
 from agentruns.registry import Tool, ToolContext, UnknownTool, get_tool
-from agentruns.runtime import connections, failpoints
+from agentruns.runtime import connections, failpoints, tracing
 from agentruns.runtime.events import EventType, step_event_data, succeeded_event_data
 from agentruns.runtime.faults import is_infrastructure_error
 from agentruns.runtime.permissions import needs_approval
@@ -39,8 +39,11 @@ TOOL_RESULT_FIELDS = [
 def call_tool(run: Run, step: Step, tool: Tool, ctx: ToolContext) -> Any:
     """The tool's function on the step's arguments, with the step's secret values masked in
     any log line it writes; its result as the JSON that will be stored."""
-    with secrets_in_scope(secret_values(step.arguments, run.redacted_fields(step.tool))):
+    secrets = secret_values(step.arguments, run.redacted_fields(step.tool))
+    with tracing.tool_span(run, step, ctx) as traced, secrets_in_scope(secrets):
         returned = tool.func(ctx, **step.arguments)
+        if traced is not None:
+            traced.result(returned)
     return storable(json.loads(json.dumps(returned, default=str)))
 
 

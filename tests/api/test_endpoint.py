@@ -16,7 +16,8 @@ def test_unknown_api_paths_and_methods_are_json(api):
     assert "no API route" in assert_json_error(api.get("/api/runs/x/y/z/w"), 404)["error"]
     response = api.client.delete("/api/runs", HTTP_AUTHORIZATION=f"Bearer {api.token}")
     assert (
-        "not allowed" in assert_json_error(response, 405)["error"] and response["Allow"] == "POST"
+        "not allowed" in assert_json_error(response, 405)["error"]
+        and response["Allow"] == "GET, POST"
     )
 
 
