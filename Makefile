@@ -9,15 +9,23 @@ TEST_WORKERS ?= 3
 NODE_TESTS := tests/node/node_modules/.installed
 EXAMPLE := examples/chat/dist/chat.js
 
-.PHONY: venv run passwords test lint format bench clean example node-deps
+.PHONY: venv lock run passwords test lint format bench clean example node-deps
 
-$(BIN)/.installed: pyproject.toml
+# the pinned, hashed versions (requirements.lock: `make lock` after changing pyproject.toml),
+# then the project itself without resolving anything again
+$(BIN)/.installed: requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --require-hashes -r requirements.lock
+	$(BIN)/pip install -q --no-deps -e .
 	touch $@
 
 venv: $(BIN)/.installed
+
+# re-pin requirements.lock from pyproject.toml's ranges (the runtime and the dev extras) with
+# uv (`pip install uv` anywhere); UPGRADE=1 moves every pin to the newest allowed release
+lock:
+	uv pip compile pyproject.toml --extra dev --generate-hashes --python-version 3.11 \
+	  --python-platform x86_64-manylinux_2_28 $(if $(UPGRADE),--upgrade) -o requirements.lock
 
 run: venv
 	@[ -f examples/chat/dist/chat.js ] || ! command -v npm >/dev/null || $(MAKE) example

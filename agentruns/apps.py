@@ -18,6 +18,10 @@ class AgentRunsConfig(AppConfig):
         check_environment()
         # django-q2 forks workers from processes that hold pooled connections
         connections.guard_forks()
+        # OpenTelemetry from the standard OTEL_* variables (nothing at all when they are unset)
+        from agentruns.runtime import tracing
+
+        tracing.configure(instrument_libraries=conf.TRACE_LIBRARIES)
         # Agents and tools are registered from each app's `agents.py`, like admin.py, and from
         # the modules named by AGENTRUNS_AGENT_MODULES (benchmarks, scripts)
         autodiscover_modules("agents")

@@ -15,14 +15,13 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.db.models import (
     Count,
     DurationField,
     ExpressionWrapper,
     F,
     Max,
-    Min,
     OuterRef,
     Q,
     Subquery,
@@ -37,13 +36,20 @@ from prometheus_client.registry import Collector
 
 from agentruns.conf import conf
 from agentruns.models import Run, RunStatus, Step, StepAttempt, WorkerHeartbeat
+from agentruns.oncall_metrics import (
+    Families,
+    approval_families,
+    derived_families,
+    process_families,
+)
+from agentruns.operators import details_for_operators, operators_only
 from agentruns.runtime.timestamps import iso
-from approvals.models import Approval
 
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 METRICS_CACHE_KEY = "agentruns:metrics:v1"
 
 
+@details_for_operators  # anyone else: {"status": ...} with the same code
 def healthz(request: HttpRequest) -> JsonResponse:
     """Healthy = the database answers, a worker heartbeat is fresh, the sweeper ran recently.
 
@@ -231,25 +237,8 @@ class RuntimeCollector(Collector):
             steps.add_metric([kind, status], n)
         yield steps
 
-        oldest = Approval.objects.filter(status="pending").aggregate(o=Min("created_at"))["o"]
-        yield GaugeMetricFamily(
-            "agentruns_oldest_pending_approval_age_seconds",
-            "Age of the oldest pending approval or reconciliation (0 when none)",
-            value=(now - oldest).total_seconds() if oldest else 0.0,
-        )
-        pending = dict(
-            Approval.objects.filter(status="pending")
-            .order_by()
-            .values_list("kind")
-            .annotate(n=Count("*"))
-            .values_list("kind", "n")
-        )
-        approvals = GaugeMetricFamily(
-            "agentruns_pending_approvals", "Pending inbox items by kind", labels=["kind"]
-        )
-        for kind in ("approval", "reconciliation"):
-            approvals.add_metric([kind], pending.get(kind, 0))
-        yield approvals
+        # the inbox: one query for every approval family (oncall_metrics.py)
+        yield from approval_families(now)
 
         usage = GaugeMetricFamily(
             "agentruns_model_tokens", "Model tokens used by all runs", labels=["kind"]
@@ -330,11 +319,21 @@ class RuntimeCollector(Collector):
 
 
 def render_metrics() -> bytes:
+    """The families, computed now. With the database down the answer is this process's own
+    view alone (`agentruns_process_database_up 0`), never an error page."""
+    try:
+        families = list(RuntimeCollector(window=conf.METRICS_WINDOW).collect())
+        families += derived_families(families)
+        database_up = True
+    except DatabaseError:
+        families, database_up = [], False
+    families += list(process_families(database_up))
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RuntimeCollector(window=conf.METRICS_WINDOW))
+    registry.register(Families(families))
     return generate_latest(registry)
 
 
+@operators_only
 def metrics(request: HttpRequest) -> HttpResponse:
     ttl = conf.METRICS_CACHE_SECONDS
     body = cache.get(METRICS_CACHE_KEY) if ttl > 0 else None

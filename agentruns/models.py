@@ -85,6 +85,10 @@ class Run(models.Model):
     stop_reason = models.CharField(max_length=200, blank=True, default="")
     # denormalised search keys (order id, ticket id) for the runs list
     search_text = models.CharField(max_length=200, blank=True, default="")
+    # the run's OpenTelemetry trace (runtime/tracing.py): chosen at start, the caller's when it
+    # sent a W3C `traceparent` (kept as sent, so the run's root span continues the caller's)
+    trace_id = models.CharField(max_length=32, blank=True, default="", db_default="")
+    trace_parent = models.CharField(max_length=55, blank=True, default="", db_default="")
 
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -387,6 +391,22 @@ class WorkerHeartbeat(models.Model):
     run_capacity = models.PositiveIntegerField(default=0)
     draining = models.BooleanField(default=False)
     db_connections = models.PositiveIntegerField(default=0)
+    # what the process saw since it started (runtime/process_health.py): database and Redis
+    # reachability, model-provider errors by class
+    process_health = models.JSONField(default=dict, blank=True)
 
     def __str__(self) -> str:
         return self.worker
+
+
+class QuotaBucket(models.Model):
+    """A token bucket (`runtime/quotas.py`): one row per user and kind, shared by every web
+    process; `stamp` is the database clock (seconds) of the last check, `granted` its answer."""
+
+    key = models.CharField(max_length=100, primary_key=True)
+    tokens = models.FloatField()
+    stamp = models.FloatField()
+    granted = models.BooleanField(default=True)
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.tokens:.1f}"

@@ -6,6 +6,7 @@ Each writes its RunEvent in the same transaction as the change and rings the wor
 
 from __future__ import annotations
 
+import json
 import uuid
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -20,20 +21,23 @@ from django.utils import timezone
 from agentruns.conf import conf
 from agentruns.models import Run, RunStatus, Step, StepKind, StepStatus
 from agentruns.registry import get_agent
-from agentruns.runtime import permissions, transitions
+from agentruns.runtime import permissions, quotas, transitions
 from agentruns.runtime.cancel import cancel_run as _cancel_run
 from agentruns.runtime.events import EventSpec, EventType, step_event_data
 from agentruns.runtime.executor import RunExecutor
 from agentruns.runtime.ids import actor_name, step_key, worker_id
 from agentruns.runtime.queue import enqueue
+from agentruns.runtime.quotas import QuotaExceeded
 from agentruns.runtime.redaction import redact_fields
 from agentruns.runtime.store import get_store
 from agentruns.runtime.timestamps import iso
+from agentruns.runtime.tracecontext import new_run_trace
 from agentruns.runtime.transitions import ActionRefused
 
 __all__ = [
     "ActionRefused",
     "KeyInUse",
+    "QuotaExceeded",
     "StartResult",
     "cancel_run",
     "execute_inline",
@@ -67,6 +71,19 @@ def check_may_start(user: Any) -> None:
         raise PermissionDenied(f"permission denied: {START_PERMISSION} is required to start runs")
 
 
+def check_input_size(run_input: dict) -> None:
+    """Each value of a run's input at most AGENTRUNS_INPUT_MAX_KEY_BYTES as JSON (ValueError):
+    an agent without a schema, or one whose schema allows any extra key, still gets no
+    megabyte-sized field into every model prompt, search row and page."""
+    cap = conf.INPUT_MAX_KEY_BYTES
+    if cap <= 0:
+        return
+    for key, value in run_input.items():
+        size = len(json.dumps(value, ensure_ascii=False).encode("utf-8", "replace"))
+        if size > cap:
+            raise ValueError(f"{str(key)[:100]}: {size} bytes as JSON, at most {cap} per key")
+
+
 def _deduplicated(run: Run, user: Any) -> StartResult:
     """The run a repeated key names, only for someone who may see it: its starter or a viewer."""
     if user is None or run.created_by_id == user.pk or user.has_perm(VIEW_PERMISSION):
@@ -83,20 +100,25 @@ def start_run(
     model: str | None = None,
     enqueue_task: bool = True,
     claim_for: str | None = None,
+    traceparent: str | None = None,
 ) -> StartResult:
     """Create and enqueue a run; a repeated (agent, dedupe_key) returns the existing run.
 
     The unique constraint decides between concurrent starts, not a pre-check.
+    `traceparent`: the caller's W3C trace context; the run's trace continues it (an invalid one
+    is ignored, as the W3C spec says: a new trace starts).
     `claim_for`: create it already running under that worker's lease instead of enqueueing it
     (`execute_inline`); if that worker dies, the sweeper hands the run to the queue.
     """
     check_may_start(user)
     agent = get_agent(agent_name)
     agent.validate_input(run_input)
+    check_input_size(run_input)
     if dedupe_key is not None:
         existing = Run.objects.filter(agent=agent_name, dedupe_key=dedupe_key).first()
         if existing is not None:
             return _deduplicated(existing, user)
+    quotas.check_start(user)  # a repeat (above) starts nothing, so it costs no quota
     now = timezone.now()
     run = Run(
         agent=agent_name,
@@ -114,6 +136,7 @@ def start_run(
         created_by=user if getattr(user, "is_authenticated", False) else None,
         enqueued_at=now,
     )
+    run.trace_id, run.trace_parent = new_run_trace(traceparent)
     events = [
         (EventType.RUN_CREATED, {"agent": agent_name, "by": actor_name(user), "status": "queued"})
     ]
@@ -319,6 +342,7 @@ def fork_run(run_id: uuid.UUID | str, from_step: int, *, user: Any = None) -> Ru
     user's (a trainee's fork of a lead's run gets a trainee's tools).
     """
     check_may_start(user)
+    quotas.check_start(user)
     with transaction.atomic():
         source = Run.objects.get(id=run_id)
         cut = Step.objects.filter(run=source, index=from_step).first()
@@ -349,6 +373,7 @@ def fork_run(run_id: uuid.UUID | str, from_step: int, *, user: Any = None) -> Ru
             prompt_tokens=sum(s.prompt_tokens for s in history),
             completion_tokens=sum(s.completion_tokens for s in history),
             enqueued_at=now,
+            trace_id=new_run_trace(None)[0],  # a trace of its own (the fork event names the source)
         )
         copies = []
         for step in history:

@@ -1,8 +1,8 @@
 """Bearer tokens for the API and the socket. Only a SHA-256 of each token is stored.
 
 A token expires `AGENTRUNS_API_TOKEN_DAYS` (default 90) after it is made; a revoked or expired
-token is refused on its next request, and an open socket it authenticated is closed within
-`SOCKET_RECHECK_SECONDS` (the stream consumer re-checks it).
+token is refused on its next request, and an open socket or chat stream it authenticated ends
+within `SOCKET_RECHECK_SECONDS` (stream/sockets.py re-checks them, one query per process).
 """
 
 from __future__ import annotations
@@ -55,10 +55,6 @@ def user_for_token(raw: str) -> Any | None:
     if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
     return token.user
-
-
-def token_is_valid(raw: str) -> bool:
-    return ApiToken.valid().filter(token_hash=hash_token(raw.strip())).exists()
 
 
 def revoke(tokens: QuerySet[ApiToken]) -> int:

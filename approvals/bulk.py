@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from agentruns.runtime.quotas import QuotaExceeded
 from agentruns.runtime.timestamps import iso
 from approvals import policy, services
 from approvals.models import Approval, ApprovalStatus
@@ -45,6 +46,8 @@ def decide_one(
         return {**result, "ok": False, "code": exc.code, "error": str(exc), "version": exc.current}
     except services.DecisionError as exc:
         return {**result, "ok": False, "code": exc.code, "error": str(exc)}
+    except QuotaExceeded as exc:  # left as it is: the answer says when to try the rest again
+        return {**result, "ok": False, "code": "rate_limited", "error": str(exc)}
     result.update(ok=True, status=approval.status)
     if approval.status == ApprovalStatus.PENDING:
         # a two-person item: this approval is recorded, the item waits for another approver

@@ -78,6 +78,11 @@ def cannot_run(agent: str, tool: str, args: Any) -> str:
             f"the arguments no longer fit the deployed schema of {tool} ({exc}): this call "
             "cannot run, approving is refused (reject it)"
         )
+    except Exception as exc:  # a schema the validator cannot even read: fail closed, say so
+        return (
+            f"the deployed schema of {tool} cannot check these arguments "
+            f"({type(exc).__name__}): this call cannot run, approving is refused (reject it)"
+        )
     return ""
 
 

@@ -21,6 +21,7 @@ from agentruns.models import Run, RunStatus, Step, StepStatus
 from agentruns.runtime.events import EventSpec, EventType
 from agentruns.runtime.ids import actor_name
 from agentruns.runtime.nudges import nudge_on_commit
+from agentruns.runtime.quotas import check_decision
 from agentruns.runtime.redaction import redact_fields
 from agentruns.runtime.transitions import RunChange, aborted, apply, resume_parked
 from approvals import decisions, policy
@@ -100,6 +101,7 @@ def approve(
     the deployed code cannot run is never approved (`NotRunnable`).
     """
     policy.check_may_decide(user)
+    check_decision(user)
     with transaction.atomic():
         current = _locked(approval_id)
         # a late click must learn who decided, not that its edits are invalid
@@ -154,6 +156,7 @@ def reject(
     `version` as for `approve`."""
     reason = reason.strip() or "rejected by staff"
     policy.check_may_decide(user)
+    check_decision(user)
     with transaction.atomic():
         _check_decision(_locked(approval_id), version)
         approval = reject_parked(approval_id, user=user, reason=reason)
@@ -175,6 +178,7 @@ def reconcile(
     if resolution not in RESOLUTIONS:
         raise DecisionError(f"resolution must be one of {', '.join(RESOLUTIONS)}")
     policy.check_may_decide(user)
+    check_decision(user)
     who = actor_name(user) or "staff"
     with transaction.atomic():
         approval = settle(

@@ -20,15 +20,16 @@ from agentruns.web.static import StaticFiles  # noqa: E402
 django_asgi_app = StaticFiles(django_asgi_app)
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from agentruns.routing import websocket_urlpatterns  # noqa: E402
 from agentruns.stream.auth import SessionOrTokenAuthMiddleware  # noqa: E402
+from agentruns.stream.origin import ExactOriginValidator  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(
+        # the Origin must be this app's own address exactly (scheme, host, port)
+        "websocket": ExactOriginValidator(
             SessionOrTokenAuthMiddleware(URLRouter(websocket_urlpatterns))
         ),
     }

@@ -105,6 +105,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "agentruns.web.middleware.AnswerQuotaRefusals",
     "csp.middleware.CSPMiddleware",
     # last, as django-axes requires: it turns a lockout into the lockout page
     "axes.middleware.AxesMiddleware",

@@ -42,8 +42,10 @@ def _two_person(amount_cents: int) -> bool:
     return limit > 0 and amount_cents > limit
 
 
-def gateway_headers(idempotency_key: str) -> dict[str, str]:
+def gateway_headers(idempotency_key: str, traceparent: str = "") -> dict[str, str]:
     headers = {"Idempotency-Key": idempotency_key}
+    if traceparent:  # the run's trace context: the provider's logs name the run's trace
+        headers["traceparent"] = traceparent
     if demo_conf.GATEWAY_KEY:
         headers["Authorization"] = f"Bearer {demo_conf.GATEWAY_KEY}"
     return headers
@@ -110,11 +112,12 @@ def issue_refund(
 ) -> dict:
     """Refund an order through the payment gateway. Sends the step's idempotency key."""
     url = demo_conf.GATEWAY_URL.rstrip("/") + "/refunds"
+    step = current_step()
     try:
         response = gateway_client().post(
             url,
             json={"order_id": order_id, "amount_cents": amount_cents, "reason": reason},
-            headers=gateway_headers(current_step().idempotency_key),
+            headers=gateway_headers(step.idempotency_key, step.traceparent),
         )
     except httpx.HTTPError as exc:
         raise RetryableToolError(f"gateway unreachable: {exc}") from exc
@@ -179,8 +182,9 @@ register_agent(
         "properties": {
             "order_id": {"type": "string", "minLength": 1, "maxLength": 20},
             "message": {"type": "string", "maxLength": 5000},
-            "ticket_id": {"type": "string"},
+            "ticket_id": {"type": "string", "maxLength": 50},
         },
         "required": ["order_id"],
+        "additionalProperties": False,  # an unknown key is a mistake, or a payload
     },
 )

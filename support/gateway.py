@@ -112,6 +112,7 @@ def _refund(request: HttpRequest) -> JsonResponse:
                 amount_cents=amount,
                 reason=reason[:REASON_MAX],
                 idempotency_key=key,
+                traceparent=request.headers.get("traceparent", "")[:55],
             )
     except IntegrityError:  # a concurrent request with the same key won
         return _replay(GatewayRefund.objects.get(idempotency_key=key), order_id, amount)

@@ -64,6 +64,9 @@ class GatewayRefund(models.Model):
     reason = models.TextField(blank=True, default="")
     idempotency_key = models.CharField(max_length=200, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # the W3C trace context the caller sent (a real provider logs it): whose trace asked; a
+    # database default too, for writers that insert rows by SQL (benchmarks/workload.py)
+    traceparent = models.CharField(max_length=55, blank=True, default="", db_default="")
 
     def __str__(self) -> str:
         return f"refund {self.amount_cents} on {self.order_id}"
@@ -75,5 +78,6 @@ class GatewayRefund(models.Model):
             "amount_cents": self.amount_cents,
             "idempotency_key": self.idempotency_key,
             "created_at": self.created_at.isoformat(),
+            "traceparent": self.traceparent,
             "status": "succeeded",
         }

@@ -106,7 +106,7 @@ def start_web(tmp_path: Path, port: int | None = None, **env: object) -> tuple[P
         [
             sys.executable,
             "-m",
-            "daphne",
+            "config.serve",  # daphne as the Procfile runs it (the access log masks credentials)
             "-b",
             "127.0.0.1",
             "-p",

@@ -14,6 +14,7 @@ import json
 import threading
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 
 from agentruns.models import Run, RunStatus
 from agentruns.registry import (
@@ -31,6 +32,8 @@ from tests.helpers import advance, script_run
 
 CALLS: dict[str, list] = defaultdict(list)  # tool name -> [(key, attempt, args)]
 FAILS: dict[str, int] = defaultdict(int)  # tool name -> transient failures still to produce
+# tool name -> a callable(name, ctx) run inside the call (what a library would do there)
+HOOKS: dict[str, Callable[[str, ToolContext], None]] = {}
 GATE = threading.Event()
 GATE.set()
 LOCK = threading.Lock()
@@ -39,12 +42,16 @@ LOCK = threading.Lock()
 def reset() -> None:
     CALLS.clear()
     FAILS.clear()
+    HOOKS.clear()
     GATE.set()
 
 
 def _record(name: str, ctx: ToolContext, args: dict) -> None:
     with LOCK:
         CALLS[name].append((ctx.idempotency_key, ctx.attempt, args))
+    hook = HOOKS.get(name)
+    if hook is not None:
+        hook(name, ctx)
 
 
 @tool

@@ -33,6 +33,7 @@ from agentruns import selectors, services
 from agentruns.api.endpoint import endpoint
 from agentruns.api.parsing import BadRequest
 from agentruns.api.runs import CHAT_KEY_PREFIX
+from agentruns.api.schemas import TRACEPARENT
 from agentruns.models import Run
 from agentruns.registry import UnknownAgent, get_agent
 from agentruns.runtime.ids import BadId, parse_versioned_id
@@ -220,6 +221,7 @@ def decide(request: HttpRequest, run: Run, answers: list[Answer]) -> tuple[int, 
         422: "the decision is not acceptable",
     },
     tags=("chat",),
+    headers={"traceparent": TRACEPARENT},
 )
 def chat(request: HttpRequest, agent: str, body: dict) -> HttpResponseBase:
     require(request, VIEW)
@@ -258,6 +260,7 @@ def chat(request: HttpRequest, agent: str, body: dict) -> HttpResponseBase:
             {**body.get("input", {}), "message": text},
             dedupe_key=chat_dedupe_key(body["id"], request.user),
             user=request.user,
+            traceparent=request.headers.get("traceparent"),
         )
     except UnknownAgent as exc:
         raise BadRequest(str(exc), 404) from None

@@ -23,13 +23,15 @@ from functools import wraps
 from typing import Any
 
 from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
-from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.middleware.csrf import CsrfViewMiddleware
 
 from agentruns.api.parsing import BadRequest, json_error, json_response, parse_json_body
 from agentruns.registry import strict_validator
 from agentruns.registry.schemas import type_words
+from agentruns.runtime.quotas import QuotaExceeded
 from agentruns.runtime.transitions import ActionRefused
+from agentruns.stream.sockets import credential_of_request, ended_with_credential
 from agentruns.tokens import bearer_from_header, user_for_token
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
@@ -216,6 +218,13 @@ def endpoint(
                 return json_error(str(exc) or "permission denied", 403)
             except ObjectDoesNotExist:
                 return json_error("not found", 404)
+            except QuotaExceeded as exc:
+                return quota_refusal(exc)
+            if isinstance(result, StreamingHttpResponse) and result.is_async:
+                # an open stream ends soon after its token is revoked or its session ends
+                result.streaming_content = ended_with_credential(
+                    result.streaming_content, credential_of_request(request)
+                )
             if isinstance(result, HttpResponseBase):  # streams too
                 return result
             payload, status = result if isinstance(result, tuple) else (result, 200)
@@ -246,6 +255,13 @@ def endpoint(
         return handle
 
     return decorate
+
+
+def quota_refusal(exc: QuotaExceeded) -> HttpResponse:
+    """429 with Retry-After, `{"error": ...}` (the pages' middleware answers the same in text)."""
+    response = json_error(str(exc), 429, retry_after=exc.retry_after)
+    response["Retry-After"] = str(exc.retry_after)
+    return response
 
 
 def method_router(views: dict[str, Callable[..., HttpResponse]]) -> Callable[..., HttpResponse]:

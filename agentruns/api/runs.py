@@ -9,7 +9,7 @@ from django.http import HttpRequest
 from agentruns import selectors, services
 from agentruns.api.endpoint import RUN_ID, endpoint
 from agentruns.api.parsing import BadRequest
-from agentruns.api.schemas import EVENTS, RUN, RUN_WITH_STEPS
+from agentruns.api.schemas import EVENTS, RUN, RUN_WITH_STEPS, TRACEPARENT
 from agentruns.api.serializers import run_payload
 from agentruns.models import Run
 from agentruns.registry import UnknownAgent
@@ -68,7 +68,7 @@ def idempotency_key(request: HttpRequest) -> str | None:
     },
     tags=("runs",),
     returns=RUN_WITH_STEPS,
-    headers={"Idempotency-Key": IDEMPOTENCY_KEY},
+    headers={"Idempotency-Key": IDEMPOTENCY_KEY, "traceparent": TRACEPARENT},
     example={
         "agent": "refund",
         "input": {"order_id": "ORD-1001", "message": "The blender arrived broken, refund $15."},
@@ -82,6 +82,7 @@ def create_run(request: HttpRequest, body: dict) -> tuple[dict, int]:
             body.get("input", {}),
             dedupe_key=idempotency_key(request),
             user=request.user,
+            traceparent=request.headers.get("traceparent"),
         )
     except UnknownAgent as exc:
         raise BadRequest(str(exc)) from None

@@ -75,7 +75,38 @@ RUN = obj(
     optional=("steps",),
 )
 RUN_WITH_STEPS = {**RUN, "required": [*RUN["required"], "steps"]}
+CURSOR_OR_NULL = {"type": ["string", "null"]}
+RUN_SUMMARY = obj(
+    {
+        "id": {"type": "string", "format": "uuid"},
+        "agent": {"type": "string"},
+        "status": {"type": "string", "enum": RunStatus.values},
+        "error": TEXT_OR_NULL,
+        "stop_reason": TEXT_OR_NULL,
+        "step_count": COUNT,
+        "cancel_requested": {"type": "boolean"},
+        "worker": TEXT_OR_NULL,
+        "created_by": TEXT_OR_NULL,
+        "trace_id": TEXT_OR_NULL,
+        "created_at": TIME,
+        "finished_at": TIME_OR_NULL,
+    }
+)
+RUN_LIST = obj(
+    {
+        "runs": {"type": "array", "items": RUN_SUMMARY},
+        "next": CURSOR_OR_NULL,
+        "newer": CURSOR_OR_NULL,
+    }
+)
 EVENT = obj(
     {"seq": COUNT, "type": {"type": "string"}, "data": {"type": "object"}, "created_at": TIME}
 )
 EVENTS = obj({"events": {"type": "array", "items": EVENT}, "last_seq": COUNT})
+
+# W3C trace context: the run's trace continues the caller's. Any string is accepted: the W3C
+# spec says an invalid one is ignored (a new trace starts), never a reason to refuse the call
+TRACEPARENT = {
+    "type": "string",
+    "description": "W3C traceparent; the run's trace continues it (an invalid one is ignored)",
+}

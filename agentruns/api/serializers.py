@@ -41,6 +41,24 @@ def permissions_payload(run: Run) -> dict:
     }
 
 
+def run_summary_payload(run: Run) -> dict:
+    """A run in the list (`GET /api/runs`): what the runs page shows, no input or steps."""
+    return {
+        "id": str(run.id),
+        "agent": run.agent,
+        "status": run.status,
+        "error": redact_text(run.error) or None,
+        "stop_reason": run.stop_reason or None,
+        "step_count": run.step_count,
+        "cancel_requested": run.cancel_requested,
+        "worker": run.worker or None,
+        "created_by": run.created_by.get_username() if run.created_by_id else None,
+        "trace_id": run.trace_id or None,
+        "created_at": iso(run.created_at),
+        "finished_at": iso(run.finished_at),
+    }
+
+
 def run_payload(run: Run, steps: list[Step] | None = None) -> dict:
     data = {
         "id": str(run.id),
@@ -66,6 +84,7 @@ def run_payload(run: Run, steps: list[Step] | None = None) -> dict:
         "started_at": iso(run.started_at),
         "finished_at": iso(run.finished_at),
         "last_seq": run.last_seq,
+        "trace_id": run.trace_id or None,
         "permissions": permissions_payload(run),
     }
     if steps is not None:

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import path, re_path
 
 import approvals.api  # noqa: F401  (its endpoints register themselves)
 import approvals.api_actions  # noqa: F401
-from agentruns.api import chat, runs  # noqa: F401
-from agentruns.api.endpoint import ENDPOINTS, method_router
+from agentruns.api import chat, run_list, runs  # noqa: F401
+from agentruns.api.endpoint import ENDPOINTS, authenticate, method_router
 from agentruns.api.openapi import openapi_document
 from agentruns.api.parsing import json_error
 
 
-def openapi_json(request: HttpRequest) -> JsonResponse:
-    return JsonResponse(openapi_document())
+def openapi_json(request: HttpRequest) -> HttpResponse:
+    refused = authenticate(request, session_writes=False)  # the API's own login: token or session
+    return refused or JsonResponse(openapi_document())
 
 
 def not_found(request: HttpRequest, rest: str = "") -> JsonResponse:

@@ -91,6 +91,9 @@ class ToolContext:
     step: Any
     attempt: int
     idempotency_key: str
+    # the W3C trace context for the call's outgoing requests (send it as the `traceparent`
+    # header): the tool's span when tracing is on, else the run's root span
+    traceparent: str = ""
 
 
 @dataclass

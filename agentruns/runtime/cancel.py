@@ -13,6 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepStatus
+from agentruns.runtime import tracing
 from agentruns.runtime.events import EventSpec, EventType
 from agentruns.runtime.transitions import ActionRefused, RunChange, apply, cancelled
 from approvals.parking import withdraw_approvals
@@ -84,4 +85,5 @@ def _end_idle_run(run: Run, *, who: str | None, reason: str, requested: EventSpe
     change = cancelled(reason or f"cancelled by {who or 'system'}").after(requested, *withdrawn)
     apply(run.id, change)
     change.apply_to(run)
+    tracing.run_ended_on_commit(run.id)  # nobody executes it: its root span goes out here
     return change

@@ -37,7 +37,7 @@ from django.utils import timezone
 from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepKind, StepStatus
 from agentruns.registry import UnknownAgent, get_agent, get_tool, has_tool
-from agentruns.runtime import lease, transitions, weather
+from agentruns.runtime import lease, tracing, transitions, weather
 from agentruns.runtime.cancel import cancel_run, withdraw_unrun_work
 from agentruns.runtime.conversation import Conversation
 from agentruns.runtime.events import EventSpec, EventType, LeaseLost, step_event_data
@@ -118,6 +118,7 @@ class RunExecutor(ModelSteps, ToolSteps):
             raise LeaseLost(str(self.run_id))
 
     # ---------------------------------------------------------------- main loop
+    @tracing.sliced
     def advance(self, claimed: Run | None = None) -> str:
         """Execute the run until it finishes, parks, yields or loses its lease. `claimed`: the
         run as created already leased by `self.owner` (`services.execute_inline`); otherwise
@@ -177,6 +178,7 @@ class RunExecutor(ModelSteps, ToolSteps):
 
     def _drive(self, claimed: Run | None) -> str:
         self.run = claimed if claimed is not None else Run.objects.get(id=self.run_id)
+        self.trace_slice = tracing.begin_slice(self)
         self.cancel_requested = self.run.cancel_requested
         try:
             self.agent = get_agent(self.run.agent)
@@ -235,7 +237,8 @@ class RunExecutor(ModelSteps, ToolSteps):
                 if step.status == StepStatus.RUNNING and step.id not in self.begun_here:
                     outcome = self.recover(step)
                 elif step.kind == StepKind.MODEL:
-                    outcome = self.model_turn(step)
+                    with tracing.model_span(self, step):
+                        outcome = self.model_turn(step)
                 else:
                     outcome = self.tool_step(step)
                 if outcome:
@@ -248,7 +251,8 @@ class RunExecutor(ModelSteps, ToolSteps):
             stop = self.stop_condition()
             if stop:
                 return self.finish(RunStatus.FAILED, stop_reason=stop[0], error=stop[1])
-            outcome = self.model_turn(None)
+            with tracing.model_span(self, None):
+                outcome = self.model_turn(None)
             if outcome:
                 return outcome
 
@@ -344,6 +348,7 @@ class RunExecutor(ModelSteps, ToolSteps):
     # ---------------------------------------------------------------- recovery
     def recover(self, step: Step) -> str | None:
         """A step left `running` by a dead worker (DESIGN.md 4.4)."""
+        tracing.worker_lost(self, step)
         now = timezone.now()
         if step.kind == StepKind.MODEL:
             # re-requested as a new attempt; its streamed text is superseded, not merged

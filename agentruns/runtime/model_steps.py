@@ -15,7 +15,7 @@ from django.utils import timezone
 from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, RunStatus, Step, StepAttempt, StepKind, StepStatus
 from agentruns.registry import get_tool
-from agentruns.runtime import connections, failpoints, transitions
+from agentruns.runtime import connections, failpoints, process_health, tracing, transitions
 from agentruns.runtime.costs import model_cost_usd
 from agentruns.runtime.events import (
     EventType,
@@ -330,6 +330,8 @@ class ModelSteps(PlannedSteps):
     ) -> None:
         now = timezone.now()
         error = redact_text(storable_text(str(exc)))
+        process_health.model_error(exc)
+        tracing.model_attempt_failed(attempt, exc, final=final)
         with transaction.atomic():
             # deltas of this attempt were already flushed: a retry must not merge with them
             streamed = not (step._state.adding or step.attempts < attempt)

@@ -45,7 +45,7 @@ from django.utils import timezone
 
 from agentruns.conf import conf
 from agentruns.models import WorkerHeartbeat
-from agentruns.runtime import connections, weather
+from agentruns.runtime import connections, process_health, weather
 from agentruns.runtime.executor import RunExecutor
 from agentruns.runtime.faults import is_infrastructure_error
 from agentruns.runtime.ids import worker_name
@@ -245,6 +245,7 @@ class RunPool:
                     "run_capacity": self.capacity,
                     "draining": self.closing.is_set(),
                     "db_connections": connections.pool_size(),
+                    "process_health": process_health.snapshot(),
                 },
             )
             weather.database.passed()

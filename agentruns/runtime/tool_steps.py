@@ -16,7 +16,7 @@ from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepStatus
 from agentruns.registry import ApprovalRequested, Tool, ToolContext, UnknownTool, get_tool
 from agentruns.registry.context import stepping
-from agentruns.runtime import connections, failpoints
+from agentruns.runtime import connections, failpoints, tracing
 from agentruns.runtime.events import EventType, step_event_data, succeeded_event_data
 from agentruns.runtime.faults import is_infrastructure_error
 from agentruns.runtime.permissions import needs_approval
@@ -41,8 +41,10 @@ def call_tool(run: Run, step: Step, tool: Tool, ctx: ToolContext) -> Any:
     """The tool's function on the step's arguments, with the step's secret values masked in
     any log line it writes; its result as the JSON that will be stored."""
     secrets = secret_values(step.arguments, run.redacted_fields(step.tool))
-    with secrets_in_scope(secrets), stepping(ctx):
+    with tracing.tool_span(run, step, ctx) as traced, secrets_in_scope(secrets), stepping(ctx):
         returned = tool.func(ctx, **step.arguments)
+        if traced is not None:
+            traced.result(returned)
     return storable(json.loads(json.dumps(returned, default=str)))
 
 

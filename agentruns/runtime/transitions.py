@@ -17,6 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from agentruns.models import Run, RunStatus
+from agentruns.runtime import tracing
 from agentruns.runtime.events import EventSpec, EventType
 from agentruns.runtime.nudges import nudge_on_commit
 from agentruns.runtime.queue import enqueue
@@ -158,6 +159,7 @@ def resume_parked(run_id: uuid.UUID | str, events: list[EventSpec]) -> bool:
     if resumed:
         events = [*events, _status_event(RunStatus.QUEUED)]
     get_store().append(run_id, events)
+    tracing.approvals_decided(run_id, events)
     if resumed:
         # on commit: a worker must never pick the task up before the decision is visible, and a
         # rolled-back decision must not ring at all (the sweeper re-rings a queued run if lost)

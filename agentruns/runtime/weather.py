@@ -15,6 +15,7 @@ import logging
 import random
 import threading
 import time
+from typing import Any
 
 from agentruns.runtime.faults import database_unavailable, redis_unavailable
 
@@ -45,6 +46,8 @@ class Outage:
         self.dependency = dependency
         self._lock = threading.Lock()
         self.down_since: float | None = None  # time.monotonic() of the first failure
+        self.errors = 0  # faults reported since the process started (/metrics)
+        self.changed_at: float | None = None  # time.time() of the last change, up or down
 
     @property
     def is_down(self) -> bool:
@@ -53,9 +56,10 @@ class Outage:
     def noticed(self, exc: BaseException, where: str) -> None:
         """A fault of the dependency: the first one since it was last up logs one warning."""
         with self._lock:
+            self.errors += 1
             if self.down_since is not None:
                 return
-            self.down_since = time.monotonic()
+            self.down_since, self.changed_at = time.monotonic(), time.time()
         log.warning(
             "%s unavailable (noticed by %s): %s; retrying with backoff, runs continue when it is "
             "back",
@@ -72,8 +76,13 @@ class Outage:
             if self.down_since is None:
                 return None
             length, self.down_since = time.monotonic() - self.down_since, None
+            self.changed_at = time.time()
         log.warning("%s is back after %.1fs", self.dependency, length)
         return length
+
+    def state(self) -> dict[str, Any]:
+        """What this process saw of the dependency, for its heartbeat and /metrics."""
+        return {"up": not self.is_down, "errors": self.errors, "changed_at": self.changed_at}
 
 
 def _one_line(exc: BaseException) -> str:

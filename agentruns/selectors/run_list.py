@@ -46,6 +46,10 @@ class RunFilters:
     agent: str = ""
     age: str = ""
     q: str = ""
+    # the API's own filters (the page does not offer them)
+    created_by: str = ""  # a username
+    created_after: datetime | None = None
+    created_before: datetime | None = None
 
     @classmethod
     def from_query(cls, params: dict) -> RunFilters:
@@ -105,13 +109,26 @@ def filtered_runs(filters: RunFilters, now: datetime | None = None) -> QuerySet[
         runs = runs.filter(created_at__gte=(now or timezone.now()) - AGES[filters.age])
     if filters.q:
         runs = runs.filter(search_condition(filters.q))
+    if filters.created_by:
+        runs = runs.filter(created_by__username=filters.created_by)
+    if filters.created_after:
+        runs = runs.filter(created_at__gt=filters.created_after)
+    if filters.created_before:
+        runs = runs.filter(created_at__lt=filters.created_before)
     return runs
 
 
 def run_page(
-    filters: RunFilters, *, older: str = "", newer: str = "", size: int = PAGE_SIZE
+    filters: RunFilters,
+    *,
+    older: str = "",
+    newer: str = "",
+    size: int = PAGE_SIZE,
+    fields: tuple[str, ...] = (),
 ) -> KeysetPage[Run]:
-    """One page of the filtered runs, newest first: one query (`pagination.keyset_page`)."""
-    return keyset_page(
-        filtered_runs(filters), older=older, newer=newer, size=size, parse_pk=parse_uuid
-    )
+    """One page of the filtered runs, newest first: one query (`pagination.keyset_page`).
+    `fields`: more columns to load (the API's list adds the starter's username, the trace)."""
+    runs = filtered_runs(filters)
+    if fields:
+        runs = runs.select_related("created_by").only(*LIST_FIELDS, *fields)
+    return keyset_page(runs, older=older, newer=newer, size=size, parse_pk=parse_uuid)

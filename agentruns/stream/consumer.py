@@ -31,11 +31,12 @@ from channels.layers import get_channel_layer
 
 from agentruns.conf import conf
 from agentruns.models import Run
-from agentruns.runtime.faults import is_infrastructure_error
+from agentruns.runtime import weather
+from agentruns.runtime.faults import is_infrastructure_error, redis_unavailable
 from agentruns.runtime.nudges import run_group
+from agentruns.stream import sockets
 from agentruns.stream.frames import encoded_frames_after
 from agentruns.stream.unavailable import REASON, TRY_AGAIN_LATER
-from agentruns.tokens import SOCKET_RECHECK_SECONDS, token_is_valid
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,8 @@ GAP_PATIENCE_SECONDS = 5.0  # how long a feed waits for a missing seq before del
 
 # close codes: 4400 bad request, 4401 not authenticated, 4403 forbidden, 4404 no such run,
 # 4503 the database is unavailable, try again later (stream/unavailable.py). The page's client
-# treats 4400-4499 as refusals (no reconnect); anything else is retried with backoff.
+# treats 4400-4499 as refusals (no reconnect); anything else is retried with backoff,
+# 4013 ("try again later": no free socket slot, stream/sockets.py) with a longer wait.
 
 
 @dataclass(eq=False)
@@ -119,10 +121,8 @@ async def open_feed(run_id: str) -> RunFeed:
             feed.channel = await layer.new_channel()
             await layer.group_add(run_group(run_id), feed.channel)
             feed.tasks.append(asyncio.create_task(_listen(feed, layer)))
-        except Exception:  # no layer (Redis down): the poll alone keeps the stream whole
-            log.warning(
-                "run %s: no channel-layer subscription, polling only", run_id, exc_info=True
-            )
+        except Exception as exc:  # no layer (Redis down): the poll alone keeps the stream whole
+            _layer_fault(exc, f"run {run_id}: no channel-layer subscription, polling only")
             feed.channel = None
     feed.tasks.append(asyncio.create_task(_follow(feed)))
     return feed
@@ -140,8 +140,8 @@ async def close_feed_if_idle(run_id: str, feed: RunFeed) -> None:
     if layer is not None and feed.channel is not None:
         try:
             await layer.group_discard(run_group(run_id), feed.channel)
-        except Exception:  # the layer may be gone (Redis restarting): membership expires anyway
-            log.warning("group_discard failed for run %s", run_id, exc_info=True)
+        except Exception as exc:  # the layer may be gone (Redis restarting): membership expires
+            _layer_fault(exc, f"group_discard failed for run {run_id}")
 
 
 async def _listen(feed: RunFeed, layer) -> None:
@@ -151,15 +151,25 @@ async def _listen(feed: RunFeed, layer) -> None:
             await layer.receive(feed.channel)
         except asyncio.CancelledError:
             raise
-        except Exception:  # e.g. Redis away: the poll keeps the stream going meanwhile
-            log.warning("channel layer receive failed for run %s", feed.run_id, exc_info=True)
+        except Exception as exc:  # e.g. Redis away: the poll keeps the stream going meanwhile
+            _layer_fault(exc, f"channel layer receive failed for run {feed.run_id}")
             await asyncio.sleep(1.0)
             try:  # a restarted Redis may have lost the group: join again (idempotent)
                 await layer.group_add(run_group(feed.run_id), feed.channel)
             except Exception:
                 pass
             continue
+        weather.redis.passed()
         feed.wake.set()
+
+
+def _layer_fault(exc: BaseException, what: str) -> None:
+    """Redis away is weather: one line per process and outage (`weather.redis`), not a
+    traceback per feed per second; anything else is logged as it happens."""
+    if redis_unavailable(exc):
+        weather.redis.noticed(exc, "the run stream")
+    else:
+        log.warning("%s", what, exc_info=True)
 
 
 async def _follow(feed: RunFeed) -> None:
@@ -232,7 +242,8 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
         self.feed: RunFeed | None = None
         self.sender: asyncio.Task | None = None
         self.wakeup = asyncio.Event()
-        self.token_watch: asyncio.Task | None = None
+        self.slot_of: object | None = None  # the user whose socket slot this holds
+        self.credential: sockets.Credential | None = None
         # accept first, so refusals reach the client as close codes with a reason (a refused
         # handshake would only show as a generic failure in browsers)
         await self.accept()
@@ -240,28 +251,27 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
         if refusal is not None:
             await self.close(code=refusal[0], reason=refusal[1])
             return
+        user_id = self.scope["user"].pk
+        busy = sockets.SLOTS.take(user_id)
+        if busy is not None:
+            await self.close(code=sockets.TRY_LATER, reason=busy)
+            return
+        self.slot_of = user_id
         self.feed = await open_feed(self.run_id)
         self.outages_seen = self.feed.outages
         self.feed.viewers.add(self.wakeup)
         self.sender = asyncio.create_task(self.pump())
-        if self.scope.get("auth_token"):
-            self.token_watch = asyncio.create_task(self.watch_token(self.scope["auth_token"]))
+        # closed within SOCKET_RECHECK_SECONDS of its token's revocation or its session's end
+        # (4401: the page does not reconnect with it); one recheck per process, not per socket
+        self.credential = sockets.credential_of_scope(self.scope)
+        if self.credential is not None:
+            sockets.watch().add(self.credential, self.credential_lapsed)
 
-    async def watch_token(self, raw: str) -> None:
-        """A socket opened with a bearer token closes soon after the token is revoked or
-        expires (4401: the page does not reconnect with it)."""
-        while True:
-            await asyncio.sleep(SOCKET_RECHECK_SECONDS)
-            try:
-                valid = await database_sync_to_async(token_is_valid)(raw)
-            except Exception:  # a database blip: keep the socket, check again next time
-                log.warning("run stream %s: token check failed", self.run_id, exc_info=True)
-                continue
-            if not valid:
-                if self.sender is not None:
-                    self.sender.cancel()
-                await self.close(code=4401, reason="token revoked or expired")
-                return
+    def credential_lapsed(self) -> None:
+        if self.sender is not None:
+            self.sender.cancel()
+        reason = sockets.lapsed_reason(self.credential) if self.credential else "signed out"
+        asyncio.get_running_loop().create_task(self.close(code=4401, reason=reason))
 
     async def refusal(self) -> tuple[int, str] | None:
         user = self.scope.get("user")
@@ -284,8 +294,12 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if self.sender is not None:
             self.sender.cancel()
-        if self.token_watch is not None:
-            self.token_watch.cancel()
+        if self.credential is not None:
+            sockets.watch().discard(self.credential, self.credential_lapsed)
+            self.credential = None
+        if self.slot_of is not None:
+            sockets.SLOTS.give_back(self.slot_of)
+            self.slot_of = None
         if self.feed is not None:
             self.feed.viewers.discard(self.wakeup)
             await close_feed_if_idle(self.run_id, self.feed)

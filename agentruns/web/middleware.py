@@ -1,4 +1,5 @@
-"""Refuse query strings and form posts that no column can hold, before any view reads them.
+"""Refuse query strings and form posts that no column can hold, before any view reads them;
+answer a quota refusal (`runtime/quotas.py`) as 429 with Retry-After wherever it is raised.
 
 Django decodes form and query values with errors="replace", so they never hold a lone
 surrogate, but `%00` decodes to a NUL byte, which PostgreSQL refuses in any text or jsonb
@@ -13,8 +14,11 @@ from collections.abc import Callable
 
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.shortcuts import render
 
+from agentruns.api.endpoint import quota_refusal
 from agentruns.api.parsing import json_error
+from agentruns.runtime.quotas import QuotaExceeded
 
 
 class RefuseUnstorableInput:
@@ -47,3 +51,27 @@ class RefuseUnstorableInput:
                 if "\x00" in key or any("\x00" in item for item in items):
                     return f"{kind} {key.replace(chr(0), '?')!r}: NUL bytes are not allowed"
         return None
+
+
+class AnswerQuotaRefusals:
+    """A start or a decision over its quota, from any page (the API's endpoints answer their
+    own): 429, Retry-After, and a page that says so (an HTMX swap gets the message alone)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exc: Exception) -> HttpResponse | None:
+        if not isinstance(exc, QuotaExceeded):
+            return None
+        if request.path.startswith("/api/"):
+            return quota_refusal(exc)
+        if request.headers.get("HX-Request"):
+            response = HttpResponse(str(exc), status=429, content_type="text/plain; charset=utf-8")
+        else:
+            context = {"message": str(exc), "retry_after": exc.retry_after}
+            response = render(request, "quota_exceeded.html", context, status=429)
+        response["Retry-After"] = str(exc.retry_after)
+        return response

@@ -23,11 +23,16 @@
   const TERMINAL = ["succeeded", "failed", "cancelled"];
   const BACKOFF_BASE_MS = 250;
   const BACKOFF_CAP_MS = 8000;
+  // "try again later" (the server holds as many sockets as it may): 1013, or 4013 from daphne
+  // (which cannot send 1013); it is not a refusal: wait longer, growing
+  const BUSY_BASE_MS = 5000;
+  const BUSY_CAP_MS = 120000;
   const PING_EVERY_MS = 15000;
   const SILENCE_LIMIT_MS = 45000; // no frame or pong for this long: the connection is dead
 
   let lastSeq = parseInt(root.dataset.lastSeq || "0", 10);
   let failures = 0; // consecutive closes without a successful open
+  let busy = 0; // consecutive "try later" closes; an open does not reset it, a frame does
   let socket = null;
   let retryTimer = null;
   let refused = false;
@@ -146,7 +151,9 @@
 
   function scheduleReconnect() {
     failures += 1;
-    const ceiling = Math.min(BACKOFF_CAP_MS, BACKOFF_BASE_MS * Math.pow(2, failures - 1));
+    const ceiling = busy > 0
+      ? Math.min(BUSY_CAP_MS, BUSY_BASE_MS * Math.pow(2, busy - 1))
+      : Math.min(BACKOFF_CAP_MS, BACKOFF_BASE_MS * Math.pow(2, failures - 1));
     const delay = ceiling / 2 + Math.random() * ceiling / 2; // jitter: no thundering herd
     setConn("reconnecting", "reconnecting…");
     retryTimer = setTimeout(function () { retryTimer = null; connect(); }, delay);
@@ -164,15 +171,16 @@
       lastHeard = Date.now();
       try { ws.send('{"type":"ping"}'); } catch (e) { /* onclose follows */ }
     };
-    ws.onmessage = function (msg) { onFrame(ws, msg); };
+    ws.onmessage = function (msg) { busy = 0; onFrame(ws, msg); };
     ws.onclose = function (ev) {
       if (ws !== socket) return;
       socket = null;
-      if (ev.code >= 4400 && ev.code < 4500) {
+      if (ev.code >= 4400 && ev.code < 4500) { // (4013, "try later", is below this range)
         refused = true;
         setConn("refused", "refused: " + (ev.reason || ev.code));
         return;
       }
+      busy = ev.code === 1013 || ev.code === 4013 ? busy + 1 : 0;
       scheduleReconnect();
     };
   }

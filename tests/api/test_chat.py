@@ -195,3 +195,16 @@ def test_the_endpoints_are_in_the_openapi_document(api):
     paths = api.get("/api/openapi.json").json()["paths"]
     assert "post" in paths["/api/chat/{agent}"]
     assert "startIndex" in json.dumps(paths["/api/chat/{agent}/{chat_id}/stream"])
+
+
+def test_a_traceparent_on_the_chat_request_continues_the_callers_trace(chatter):
+    trace = "0af7651916cd43dd8448eb211c80319c"
+    response = chatter.post(
+        "/api/chat/script",
+        chat_body(chat_id="traced", input={"script": [{"text": "hello"}]}),
+        HTTP_TRACEPARENT=f"00-{trace}-b7ad6b7169203331-01",
+    )
+    assert response.status_code == 200
+    run = Run.objects.get(id=response["x-run-id"])
+    assert run.trace_id == trace and run.trace_parent == f"00-{trace}-b7ad6b7169203331-01"
+    response.close()

@@ -123,7 +123,9 @@ def test_overlong_idempotency_key_is_400(api):
 
 
 def test_wrong_method_is_405_json(api):
-    assert_json_error(api.get("/api/runs"), 405)
+    response = api.client.delete("/api/runs", HTTP_AUTHORIZATION=f"Bearer {api.token}")
+    assert_json_error(response, 405)
+    assert response["Allow"] == "GET, POST"
 
 
 # ------------------------------------------------------------------ reading runs

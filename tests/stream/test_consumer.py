@@ -22,6 +22,7 @@ from .kit import add_events, add_events_without_nudge, deltas, make_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ORIGIN = (b"origin", b"http://testserver")
+HOST = (b"host", b"testserver")  # the exact origin check compares the two
 db = database_sync_to_async
 
 
@@ -29,7 +30,7 @@ def communicator(
     run_id, after: int | None = None, headers: list | None = None
 ) -> WebsocketCommunicator:
     path = f"/ws/runs/{run_id}/" + (f"?after={after}" if after is not None else "")
-    return WebsocketCommunicator(application, path, headers=[ORIGIN, *(headers or [])])
+    return WebsocketCommunicator(application, path, headers=[ORIGIN, HOST, *(headers or [])])
 
 
 def session_cookie(user) -> tuple[bytes, bytes]:
@@ -101,7 +102,7 @@ def test_unknown_run_and_bad_after_are_refused(viewer):
         missing = await expect_close(communicator(uuid.uuid4(), headers=[cookie]))
         bad = await expect_close(
             WebsocketCommunicator(
-                application, f"/ws/runs/{run.id}/?after=abc", headers=[ORIGIN, cookie]
+                application, f"/ws/runs/{run.id}/?after=abc", headers=[ORIGIN, HOST, cookie]
             )
         )
         return missing, bad
@@ -119,7 +120,7 @@ def test_foreign_origin_is_rejected_at_the_handshake(viewer):
         comm = WebsocketCommunicator(
             application,
             f"/ws/runs/{run.id}/",
-            headers=[(b"origin", b"http://evil.example"), cookie],
+            headers=[(b"origin", b"http://evil.example"), HOST, cookie],
         )
         connected, _ = await comm.connect(timeout=20)
         return connected

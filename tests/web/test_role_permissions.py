@@ -43,6 +43,7 @@ def by_role(allowed: set[str], yes: int, *, no: int = 403, anonymous: int | str 
 # (method, path template, body, {role: expected status}); "login" = a redirect to the login page
 API = [
     ("POST", "/api/runs", {"agent": "script", "input": []}, by_role(START, 400)),
+    ("GET", "/api/runs", None, by_role(LOOK, 200)),
     ("GET", "/api/runs/{run}", None, by_role(LOOK, 200)),
     ("GET", "/api/runs/{run}/events", None, by_role(LOOK, 200)),
     ("POST", "/api/runs/{run}/cancel", {}, by_role(OPERATE, 409)),

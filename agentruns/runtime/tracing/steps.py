@@ -1,0 +1,188 @@
+"""The step spans: `chat {model}` and `execute_tool {tool}`, under the current slice."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from agentruns.models import Run
+from agentruns.runtime.redaction import redact_fields, redact_text, secret_values
+from agentruns.runtime.tracecontext import (
+    format_traceparent,
+    run_traceparent,
+)
+from agentruns.runtime.tracing.sdk import (
+    _NULL,
+    _SLICE,
+    _attach,
+    _detach,
+    _fail,
+    _start,
+    _state,
+    model_names,
+)
+
+log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------ steps
+class _StepSpan:
+    def __init__(self, name: str, attributes: dict[str, Any], client: bool = False) -> None:
+        self.name, self.attributes, self.client = name, attributes, client
+        self.span: Any = None
+
+    def __enter__(self) -> _StepSpan:
+        trace_slice = _SLICE.get()
+        parent = None
+        if trace_slice is not None:  # siblings under the slice, also for calls made mid-model-step
+            from opentelemetry import trace
+
+            parent = trace.set_span_in_context(trace_slice.span)
+        self.span = _start(self.name, parent, attributes=self.attributes, client=self.client)
+        self.token = _attach(self.span)
+        return self
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        try:
+            if exc is not None:
+                self.span.set_attribute("error.type", type(exc).__name__)
+                _fail(self.span, f"{type(exc).__name__}: {exc}")
+            self.finished(exc)
+        finally:
+            _detach(self.token)
+            self.span.end()
+
+    def finished(self, exc: BaseException | None) -> None:
+        pass
+
+
+class _ModelSpan(_StepSpan):
+    def __init__(self, executor: Any, step: Any) -> None:
+        self.executor = executor
+        self.index = step.index if step is not None else len(executor.steps)
+        provider, model = model_names(executor.run.model or "")
+        super().__init__(
+            f"chat {model}",
+            {
+                "gen_ai.operation.name": "chat",
+                "gen_ai.provider.name": provider,
+                "gen_ai.request.model": model,
+                "gen_ai.conversation.id": str(executor.run_id),
+                "agentruns.step.index": self.index,
+            },
+            client=True,
+        )
+
+    def finished(self, exc: BaseException | None) -> None:
+        steps = self.executor.steps
+        step = steps[self.index] if self.index < len(steps) else None
+        if step is None:
+            return
+        self.span.set_attribute("gen_ai.usage.input_tokens", step.prompt_tokens)
+        self.span.set_attribute("gen_ai.usage.output_tokens", step.completion_tokens)
+        self.span.set_attribute("agentruns.step.attempts", step.attempts)
+        if step.tool_calls:
+            self.span.set_attribute("gen_ai.response.finish_reasons", ["tool_calls"])
+        elif step.status == "succeeded":
+            self.span.set_attribute("gen_ai.response.finish_reasons", ["stop"])
+        if _state.capture_content and step.status == "succeeded":
+            run = self.executor.run
+            secrets = _run_secrets(self.executor)
+            parts: list[dict] = [{"type": "text", "content": redact_text(step.text, secrets)}]
+            for call in step.tool_calls or []:
+                args = redact_fields(call.get("arguments"), run.redacted_fields(call.get("name")))
+                parts.append(
+                    {
+                        "type": "tool_call",
+                        "id": call.get("id"),
+                        "name": call.get("name"),
+                        "arguments": args,
+                    }
+                )
+            output = json.dumps([{"role": "assistant", "parts": parts}], default=str)
+            self.span.set_attribute("gen_ai.output.messages", redact_text(output, secrets))
+
+
+def _run_secrets(executor: Any) -> list[str]:
+    """Every value a tool of this run declared secret, so model text echoing one is masked."""
+    run = executor.run
+    values: list[str] = []
+    for step in executor.steps:
+        if step.tool:
+            values += secret_values([step.arguments, step.result], run.redacted_fields(step.tool))
+    return values
+
+
+class _ToolSpan(_StepSpan):
+    def __init__(self, run: Run, step: Any, ctx: Any) -> None:
+        self.run, self.step, self.ctx = run, step, ctx
+        super().__init__(
+            f"execute_tool {step.tool}",
+            {
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": step.tool,
+                "gen_ai.tool.type": "function",
+                "gen_ai.tool.call.id": step.call_id or str(step.id),
+                "gen_ai.conversation.id": str(run.id),
+                "agentruns.step.index": step.index,
+                "agentruns.step.attempt": ctx.attempt,
+            },
+        )
+
+    def __enter__(self) -> _ToolSpan:
+        super().__enter__()
+        context = self.span.get_span_context()
+        self.ctx.traceparent = format_traceparent(
+            context.trace_id, context.span_id, int(context.trace_flags)
+        )
+        return self
+
+    def result(self, value: Any) -> None:
+        if _state.capture_content:
+            fields = self.run.redacted_fields(self.step.tool)
+            secrets = secret_values([self.step.arguments, value], fields)
+            for name, data in (
+                ("gen_ai.tool.call.arguments", self.step.arguments),
+                ("gen_ai.tool.call.result", value),
+            ):
+                text = json.dumps(redact_fields(data, fields), default=str)
+                self.span.set_attribute(name, redact_text(text, secrets))
+
+    def finished(self, exc: BaseException | None) -> None:
+        outcome = "succeeded" if exc is None else "failed"
+        attributes = {"number": self.ctx.attempt, "outcome": outcome}
+        if exc is not None:
+            attributes["error"] = redact_text(f"{type(exc).__name__}", [])
+        self.span.add_event("attempt", attributes)
+
+
+def model_span(executor: Any, step: Any) -> Any:
+    """Around one model step (`step` None: the step the turn creates)."""
+    if executor.trace_slice is None:
+        return _NULL
+    return _ModelSpan(executor, step)
+
+
+def tool_span(run: Run, step: Any, ctx: Any) -> Any:
+    """Around one tool call; gives the call its `traceparent` (ctx.traceparent) either way."""
+    if _SLICE.get() is None:
+        ctx.traceparent = run_traceparent(run.id, run.trace_id, run.trace_parent)
+        return _NULL
+    return _ToolSpan(run, step, ctx)
+
+
+def model_attempt_failed(attempt: int, exc: BaseException, *, final: bool) -> None:
+    """A failed model attempt, as an event of the current `chat` span."""
+    if _SLICE.get() is None:
+        return
+    from opentelemetry import trace
+
+    trace.get_current_span().add_event(
+        "attempt",
+        {
+            "number": attempt,
+            "outcome": "failed" if final else "retrying",
+            "error": redact_text(str(exc))[:300],
+        },
+    )

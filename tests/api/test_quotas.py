@@ -1,0 +1,143 @@
+"""Quotas (runtime/quotas.py): the start bucket shared by real web processes, the cap on runs in
+flight, the decision bucket, and agent inputs (extra keys, a size cap per key).
+
+The burst test drives two real daphne processes on the test database with bearer tokens: a
+bucket per process would let each grant its own 100."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from django.test import Client
+
+from agentruns.models import Run, RunStatus
+from agentruns.runtime import quotas
+from agentruns.tokens import create_token
+from approvals.models import Approval, ApprovalStatus
+from tests.approvals.kit import bulk_pending, login
+from tests.helpers import ApiClient, assert_json_error, make_user
+from tests.procs import base_env, manage, sqlite_env, start_web
+
+REFUND_INPUT = {"order_id": "ORD-1001", "message": "The blender arrived broken"}
+STARTER = ["agentruns.view_run", "agentruns.start_run"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_burst_of_100_passes_and_the_rest_get_429_across_two_web_processes(
+    tmp_path, django_user_model
+):
+    trainee = make_user(django_user_model, "trainee", STARTER)
+    token = create_token(trainee)
+    # the default burst (100); a slow refill, so what the burst's own duration refills is small
+    env = {"AGENTRUNS_START_PER_SECOND": "0.5"}
+    web1, url1 = start_web(tmp_path, **env)
+    web2, url2 = start_web(tmp_path, **env)
+    try:
+        clients = [httpx.Client(base_url=u, timeout=60) for u in (url1, url2)]
+        auth = {"Authorization": f"Bearer {token}"}
+
+        def start(n: int) -> httpx.Response:
+            body = {"agent": "refund", "input": {"order_id": f"ORD-{1001 + n % 50}"}}
+            return clients[n % 2].post("/api/runs", json=body, headers=auth)
+
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(start, range(140)))
+    finally:
+        web1.kill()
+        web2.kill()
+    statuses = [a.status_code for a in answers]
+    assert set(statuses) <= {201, 429}, [a.text for a in answers if a.status_code not in (201, 429)]
+    granted = statuses.count(201)
+    # 100 at once, plus what 0.5/s refilled while the burst lasted (well under a minute)
+    assert 100 <= granted <= 125, granted
+    refused = [a for a in answers if a.status_code == 429]
+    assert len(refused) == 140 - granted
+    for answer in refused:
+        assert int(answer.headers["Retry-After"]) >= 1
+        assert "too many runs started" in answer.json()["error"]
+    # a refusal created nothing: exactly the granted runs exist
+    assert Run.objects.filter(created_by=trainee).count() == granted
+
+
+@pytest.mark.django_db
+def test_the_runs_in_flight_cap_refuses_until_one_finishes(settings, django_user_model):
+    settings.AGENTRUNS_RUNS_IN_FLIGHT_PER_USER = 3
+    api = ApiClient(make_user(django_user_model, "trainee", STARTER))
+    for _ in range(3):
+        assert api.post("/api/runs", {"agent": "refund", "input": REFUND_INPUT}).status_code == 201
+    refused = api.post("/api/runs", {"agent": "refund", "input": REFUND_INPUT})
+    assert "runs in flight" in assert_json_error(refused, 429)["error"]
+    assert refused["Retry-After"] == str(quotas.IN_FLIGHT_RETRY_SECONDS)
+    assert Run.objects.filter(created_by=api.user).count() == 3
+    done = Run.objects.filter(created_by=api.user).first()
+    done.status = RunStatus.SUCCEEDED
+    done.save(update_fields=["status"])
+    assert api.post("/api/runs", {"agent": "refund", "input": REFUND_INPUT}).status_code == 201
+
+
+@pytest.mark.django_db
+def test_the_start_page_answers_429_with_a_message(settings, client, django_user_model):
+    settings.AGENTRUNS_START_BURST, settings.AGENTRUNS_START_PER_SECOND = 1, 0.001
+    client.force_login(make_user(django_user_model, "trainee", STARTER))
+    form = {"agent": "refund", "input": json.dumps(REFUND_INPUT)}
+    assert client.post("/runs/new/", form).status_code == 302
+    page = client.post("/runs/new/", form)
+    assert page.status_code == 429
+    assert int(page["Retry-After"]) >= 900
+    assert "too many runs started" in page.content.decode()
+    assert Run.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_a_zero_burst_turns_the_start_bucket_off(settings, django_user_model):
+    settings.AGENTRUNS_START_BURST = 0
+    api = ApiClient(make_user(django_user_model, "trainee", STARTER))
+    for _ in range(120):
+        assert api.post("/api/runs", {"agent": "refund", "input": REFUND_INPUT}).status_code == 201
+
+
+@pytest.mark.django_db
+def test_decisions_have_a_bucket_of_their_own(settings, lead):
+    settings.AGENTRUNS_DECISION_BURST, settings.AGENTRUNS_DECISION_PER_SECOND = 2, 0.001
+    ids = [a.id for a in bulk_pending(4)]
+    api = ApiClient(lead)
+    approve = {"decision": "approve"}
+    assert api.post(f"/api/approvals/{ids[0]}", approve).status_code == 200
+    assert api.post(f"/api/approvals/{ids[1]}", approve).status_code == 200  # the burst's second
+    refused = api.post(f"/api/approvals/{ids[2]}", {"decision": "reject", "reason": "no"})
+    assert "too many decisions" in assert_json_error(refused, 429)["error"]
+    assert int(refused["Retry-After"]) >= 900
+    assert Approval.objects.get(id=ids[2]).status == ApprovalStatus.PENDING
+    # the inbox's bulk form: each item over the quota is left as it is, and says why
+    inbox = login(Client(), lead)
+    form = {"ids": [str(ids[3])], "action": "reject", "reason": "no"}
+    answer = inbox.post("/approvals/bulk/", form, HTTP_HX_REQUEST="true")
+    assert answer.status_code == 200
+    assert "too many decisions" in answer.content.decode()
+    assert Approval.objects.get(id=ids[3]).status == ApprovalStatus.PENDING
+
+
+@pytest.mark.django_db
+def test_agent_inputs_refuse_extra_keys_and_huge_values(api):
+    extra = api.post("/api/runs", {"agent": "refund", "input": {**REFUND_INPUT, "x": "y"}})
+    assert "x" in assert_json_error(extra, 400)["error"]
+    huge = {"agent": "script", "input": {"script": [], "blob": "x" * 900_000}}
+    assert "at most 20000 per key" in assert_json_error(api.post("/api/runs", huge), 400)["error"]
+    assert not Run.objects.exists()
+
+
+def test_the_bucket_is_one_statement_on_sqlite_too(tmp_path):
+    """The embedded default: the same UPSERT on SQLite (its own clock expression, MIN/MAX)."""
+    env = base_env(**sqlite_env(tmp_path / "db.sqlite3", "http://127.0.0.1:1"))
+    manage(env, "migrate", "--noinput", "-v0")
+    code = (
+        "from agentruns.runtime.quotas import take; import time\n"
+        "first = [take('start:1', burst=3, per_second=2) for _ in range(4)]\n"
+        "time.sleep(0.6)\n"
+        "print([w > 0 for w in first], take('start:1', burst=3, per_second=2) == 0)"
+    )
+    out = manage(env, "shell", "-c", code).strip().splitlines()[-1]
+    assert out == "[False, False, False, True] True"
