@@ -23,14 +23,21 @@ from django.views.decorators.http import require_GET, require_POST
 from agentruns.registry import UnknownTool, all_agents, get_tool
 from agentruns.registry.edits import same_value
 from agentruns.registry.schemas import type_words
-from agentruns.runtime.ids import BadId, parse_id
+from agentruns.runtime.ids import BadId, actor_name, parse_id
 from agentruns.runtime.text import UnsafeValue, check_text, loads_strict
 from agentruns.selectors.pagination import encode_cursor
-from approvals import policy, services
-from approvals.cards import build_cards, card_for
+from approvals import services
 from approvals.claims import held_by_other
+from approvals.errors import (
+    AlreadyDecided,
+    DecisionError,
+    EditNotAllowed,
+    StaleProposal,
+    status_of,
+)
 from approvals.models import Approval, ApprovalKind
 from approvals.selectors import AGES, InboxFilters, approvals_query, inbox_page
+from approvals.web.cards import build_cards, card_for
 
 PAGE_SIZE = 25
 DECIDE_PERMISSION = "approvals.decide_approval"
@@ -122,7 +129,7 @@ def _parse_value(name: str, kind: str, raw: str) -> Any:
     """A form field's text as the JSON type the schema wants, by the API's rules (agentruns.runtime.text:
     ASCII digits only, finite numbers within 64 bits, strict JSON); refusals read like the API's."""
     if raw == "" and kind not in ("string", "boolean"):
-        raise policy.EditNotAllowed(name, "required", f"edit refused: {name}: a value is required")
+        raise EditNotAllowed(name, "required", f"edit refused: {name}: a value is required")
     if kind in ("integer", "number", "object", "array"):
         try:
             value = loads_strict(raw, name)
@@ -136,14 +143,14 @@ def _parse_value(name: str, kind: str, raw: str) -> Any:
             message = (
                 f"edit refused: {name} must be {type_words(kind)} (got {raw})"  # as the API says
             )
-            raise policy.EditNotAllowed(name, "type", message)
+            raise EditNotAllowed(name, "type", message)
         return value
     if kind == "boolean":
         return raw in ("1", "true", "on")
     try:
         check_text(raw, name)
     except UnsafeValue as exc:
-        raise policy.EditNotAllowed(name, "text", f"edit refused: {exc}") from None
+        raise EditNotAllowed(name, "text", f"edit refused: {exc}") from None
     return raw
 
 
@@ -182,50 +189,52 @@ def posted_version(request: HttpRequest) -> int:
         return 0
 
 
+DONE = {
+    "reject": "Rejected: “{reason}”. The agent will tell the customer.",
+    "happened": "Marked as happened; the run continues.",
+    "retry": "Marked as not happened; the step runs again.",
+    "abort": "The run was aborted.",
+}
+
+
 def _decide(request: HttpRequest, approval: Approval) -> tuple[str, str]:
     """Apply the posted decision. Returns (level, message) for the person who clicked."""
     action = request.POST.get("action", "")
     reason = request.POST.get("reason", "").strip()
-    version = posted_version(request)
+    edited, result = None, None
     if action == "approve":
         edited = form_args(approval, request.POST)
-        decided = services.approve(
-            approval.id, user=request.user, edited_args=edited, reason=reason, version=version
-        )
-        if decided.status == "pending":
-            return "success", (
-                f"Your approval is {decided.approvals_given} of {decided.approvals_required}"
-                f"{' (your edits started a new round)' if edited and decided.round > 1 else ''}; "
-                "the run waits for another approver."
-            )
-        if decided.edited_args is not None:
-            changes = ", ".join(
-                f"{k} {v['from']} → {v['to']}" for k, v in card_for(decided).diff.items()
-            )
-            return "success", f"Approved with changes ({changes}); the run continues."
-        return "success", "Approved; the run continues."
-    if action == "reject":
-        if not reason:
-            raise services.DecisionError(
-                "Give a reason for the rejection: the agent passes it on to the customer."
-            )
-        services.reject(approval.id, user=request.user, reason=reason, version=version)
-        return "success", f"Rejected: “{reason}”. The agent will tell the customer."
-    if action in services.RESOLUTIONS:
-        raw = request.POST.get("result", "").strip()
+    raw = request.POST.get("result", "").strip()
+    if raw and action == "happened":
         try:
-            result = loads_strict(raw, "result") if raw and action == "happened" else None
+            result = loads_strict(raw, "result")
         except UnsafeValue as exc:
-            raise services.DecisionError(f"The result is not valid JSON: {exc}") from None
-        services.reconcile(
-            approval.id, user=request.user, resolution=action, result=result, reason=reason
+            raise DecisionError(f"The result is not valid JSON: {exc}") from None
+    decided = services.decide(
+        approval.id,
+        action,
+        request.user,
+        edited_args=edited,
+        reason=reason,
+        # a reconciliation names no version: it is one person's answer to what happened
+        version=posted_version(request) if action in ("approve", "reject") else None,
+        result=result,
+        door=services.Door.INBOX,
+    )
+    if action != "approve":
+        return "success", DONE[action].format(reason=reason)
+    if decided.status == "pending":
+        return "success", (
+            f"Your approval is {decided.approvals_given} of {decided.approvals_required}"
+            f"{' (your edits started a new round)' if edited and decided.round > 1 else ''}; "
+            "the run waits for another approver."
         )
-        return "success", {
-            "happened": "Marked as happened; the run continues.",
-            "retry": "Marked as not happened; the step runs again.",
-            "abort": "The run was aborted.",
-        }[action]
-    raise services.DecisionError("Unknown action.")
+    if decided.edited_args is not None:
+        changes = ", ".join(
+            f"{k} {v['from']} → {v['to']}" for k, v in card_for(decided).diff.items()
+        )
+        return "success", f"Approved with changes ({changes}); the run continues."
+    return "success", "Approved; the run continues."
 
 
 @require_POST
@@ -249,23 +258,23 @@ def decide(request: HttpRequest, approval_id: int) -> HttpResponse:
         since = timezone.localtime(approval.claimed_at).strftime("%H:%M:%S %Z")
         level, note, status = (
             "warning",
-            f"Nothing changed: {holder.get_username()} is on this item (since {since}). "
+            f"Nothing changed: {actor_name(holder)} is on this item (since {since}). "
             "Confirm to decide it anyway.",
             409,
         )
     else:
         try:
             level, note = _decide(request, approval)
-        except services.AlreadyDecided as exc:
+        except AlreadyDecided as exc:
             level, note, status = "warning", f"Nothing changed: this item was {_human(exc)}.", 409
-        except services.StaleProposal as exc:
+        except StaleProposal as exc:
             level, note, status = (
                 "warning",
                 f"Nothing changed: {exc}. The card now shows the current proposal.",
                 409,
             )
-        except services.DecisionError as exc:
-            level, note, status = "error", str(exc), policy.status_of(exc)
+        except DecisionError as exc:
+            level, note, status = "error", str(exc), status_of(exc)
     if not request.htmx:
         # plain form post (no JavaScript): the message survives the redirect back to the inbox
         getattr(messages, level)(request, f"#{approval.id} {approval.tool}: {note}")
@@ -290,7 +299,7 @@ def decide(request: HttpRequest, approval_id: int) -> HttpResponse:
     return response
 
 
-def _human(exc: services.AlreadyDecided) -> str:
+def _human(exc: AlreadyDecided) -> str:
     """ "already approved by alice at 14:02:07 UTC" for people (the API keeps ISO 8601)."""
     text = str(exc)
     if exc.when is not None:
