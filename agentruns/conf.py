@@ -340,46 +340,24 @@ SETTINGS: tuple[Setting, ...] = (
     # quotas (per user; 0 turns one off): runtime/quotas.py, stream/sockets.py
     Setting("AGENTRUNS_START_BURST", int, 100, "runs a user may start at once (token bucket)", 0),
     Setting("AGENTRUNS_START_PER_SECOND", float, 10, "... refilled at this rate", 0),
-    Setting(
-        "AGENTRUNS_RUNS_IN_FLIGHT_PER_USER", int, 200, "a user's queued + running runs at most", 0
-    ),
-    Setting(
-        "AGENTRUNS_DECISION_BURST",
-        int,
-        200,
-        "decisions a user may make at once (each item of a bulk decision counts)",
-        0,
-    ),
+    Setting("AGENTRUNS_RUNS_IN_FLIGHT_PER_USER", int, 200, "queued + running runs per user", 0),
+    Setting("AGENTRUNS_DECISION_BURST", int, 200, "decisions at once (a bulk: each item)", 0),
     Setting("AGENTRUNS_DECISION_PER_SECOND", float, 2, "... refilled at this rate", 0),
-    Setting(
-        "AGENTRUNS_INPUT_MAX_KEY_BYTES",
-        int,
-        20_000,
-        "a run input's value per key at most, as JSON (0: no cap)",
-        0,
-    ),
-    Setting(
-        "AGENTRUNS_SOCKETS_PER_USER", int, 50, "open run sockets per user in each web process", 0
-    ),
-    Setting("AGENTRUNS_SOCKETS_PER_PROCESS", int, 5000, "open run sockets per web process", 0),
+    Setting("AGENTRUNS_INPUT_MAX_KEY_BYTES", int, 20_000, "a run input's value, as JSON", 0),
+    Setting("AGENTRUNS_SOCKETS_PER_USER", int, 50, "run sockets per user and web process", 0),
+    Setting("AGENTRUNS_SOCKETS_PER_PROCESS", int, 5000, "run sockets per web process", 0),
     # operations
     Setting("AGENTRUNS_WORKER_STALE_SECONDS", float, 30, "/healthz turns 503 past it", 1),
     Setting(
         "AGENTRUNS_METRICS_CACHE_SECONDS", float, 5, "/metrics is computed at most this often", 0
     ),
     Setting("AGENTRUNS_METRICS_WINDOW", int, 10_000, "step attempts in the duration histogram", 1),
-    Setting(
-        "AGENTRUNS_METRICS_TOKEN",
-        str,
-        "",
-        "/metrics answers a scraper sending `Authorization: Bearer <it>` (never logged)",
-    ),
+    Setting("AGENTRUNS_METRICS_TOKEN", str, "", "a bearer token that may read /metrics"),
     Setting(
         "AGENTRUNS_METRICS_ALLOW",
         str,
-        "",
-        "addresses or networks /metrics and /healthz's details answer without the token "
-        "(comma list; empty: none)",
+        "127.0.0.1,::1",
+        "addresses that may read /metrics",
     ),
     Setting(
         "AGENTRUNS_TRACE_LIBRARIES",

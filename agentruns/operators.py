@@ -1,9 +1,11 @@
 """Who may read the operational endpoints: /metrics, and the details of /healthz.
 
 A scraper sending `Authorization: Bearer <AGENTRUNS_METRICS_TOKEN>`, a client whose address is in
-AGENTRUNS_METRICS_ALLOW (addresses or networks, e.g. `10.0.0.0/8`), or a signed-in staff user.
-Anyone else gets 403 from /metrics and only `{"status": ...}` from /healthz, which is what a load
-balancer needs (its status code is the same for everyone).
+AGENTRUNS_METRICS_ALLOW (addresses or networks, e.g. `10.0.0.0/8`; default the loopback, so a
+scraper or probe on the machine itself works as before), or a signed-in staff user. Anyone else
+gets 403 from /metrics and only `{"status": ...}` from /healthz, which is what a load balancer
+needs (its status code is the same for everyone). Behind a proxy on the same machine every
+client's address is the loopback: set the allow-list to the scrapers' addresses (or empty).
 """
 
 from __future__ import annotations

@@ -53,8 +53,6 @@ def base_env(**overrides: object) -> dict[str, str]:
             "REFUND_APPROVAL_THRESHOLD_CENTS": "1000000000",
             "PYTHONUNBUFFERED": "1",
             "LOG_LEVEL": "WARNING",
-            # the tests read /healthz's details and /metrics from here (agentruns/operators.py)
-            "AGENTRUNS_METRICS_ALLOW": "127.0.0.1,::1",
         }
     )
     env.pop("AGENTRUNS_FAILPOINTS", None)

@@ -43,6 +43,11 @@ def deployed_tool(agent: str, tool: str, args: Any) -> tuple[Tool | None, str]:
             f"the arguments no longer fit the deployed schema of {tool} ({exc}): this call "
             "cannot run, approving is refused (reject it)"
         )
+    except Exception as exc:  # a schema the validator cannot even read: fail closed, say so
+        return found, (
+            f"the deployed schema of {tool} cannot check these arguments "
+            f"({type(exc).__name__}): this call cannot run, approving is refused (reject it)"
+        )
     return found, ""
 
 

@@ -26,6 +26,8 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
+from agentruns.runtime import weather
+
 # the inherited pools and connections a forked child must never use, close or collect
 _inherited: list[Any] = []
 
@@ -100,5 +102,10 @@ def cap_reconnect_backoff(cap: float = RECONNECT_BACKOFF_CAP_SECONDS) -> None:
 
 def _quiet_reconnects(record: logging.LogRecord) -> bool:
     """psycopg_pool warns at every failed reconnection (now every second) and every dead
-    connection it discards after a restart: the outage is logged once by `weather.py` instead."""
-    return not str(record.msg).startswith(("error connecting in", "discarding closed connection"))
+    connection it discards after a restart: the outage is logged once by `weather.py` instead
+    (a failed reconnection is how a process whose threads only wait for a connection notices)."""
+    message = str(record.msg)
+    if message.startswith("error connecting in"):
+        weather.database.noticed(ConnectionError(record.getMessage()), "the connection pool")
+        return False
+    return not message.startswith("discarding closed connection")

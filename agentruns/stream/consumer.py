@@ -31,7 +31,8 @@ from channels.layers import get_channel_layer
 
 from agentruns.conf import conf
 from agentruns.models import Run
-from agentruns.runtime.faults import is_infrastructure_error
+from agentruns.runtime import weather
+from agentruns.runtime.faults import is_infrastructure_error, redis_unavailable
 from agentruns.runtime.nudges import run_group
 from agentruns.stream import sockets
 from agentruns.stream.frames import encoded_frames_after
@@ -120,10 +121,8 @@ async def open_feed(run_id: str) -> RunFeed:
             feed.channel = await layer.new_channel()
             await layer.group_add(run_group(run_id), feed.channel)
             feed.tasks.append(asyncio.create_task(_listen(feed, layer)))
-        except Exception:  # no layer (Redis down): the poll alone keeps the stream whole
-            log.warning(
-                "run %s: no channel-layer subscription, polling only", run_id, exc_info=True
-            )
+        except Exception as exc:  # no layer (Redis down): the poll alone keeps the stream whole
+            _layer_fault(exc, f"run {run_id}: no channel-layer subscription, polling only")
             feed.channel = None
     feed.tasks.append(asyncio.create_task(_follow(feed)))
     return feed
@@ -141,8 +140,8 @@ async def close_feed_if_idle(run_id: str, feed: RunFeed) -> None:
     if layer is not None and feed.channel is not None:
         try:
             await layer.group_discard(run_group(run_id), feed.channel)
-        except Exception:  # the layer may be gone (Redis restarting): membership expires anyway
-            log.warning("group_discard failed for run %s", run_id, exc_info=True)
+        except Exception as exc:  # the layer may be gone (Redis restarting): membership expires
+            _layer_fault(exc, f"group_discard failed for run {run_id}")
 
 
 async def _listen(feed: RunFeed, layer) -> None:
@@ -152,15 +151,25 @@ async def _listen(feed: RunFeed, layer) -> None:
             await layer.receive(feed.channel)
         except asyncio.CancelledError:
             raise
-        except Exception:  # e.g. Redis away: the poll keeps the stream going meanwhile
-            log.warning("channel layer receive failed for run %s", feed.run_id, exc_info=True)
+        except Exception as exc:  # e.g. Redis away: the poll keeps the stream going meanwhile
+            _layer_fault(exc, f"channel layer receive failed for run {feed.run_id}")
             await asyncio.sleep(1.0)
             try:  # a restarted Redis may have lost the group: join again (idempotent)
                 await layer.group_add(run_group(feed.run_id), feed.channel)
             except Exception:
                 pass
             continue
+        weather.redis.passed()
         feed.wake.set()
+
+
+def _layer_fault(exc: BaseException, what: str) -> None:
+    """Redis away is weather: one line per process and outage (`weather.redis`), not a
+    traceback per feed per second; anything else is logged as it happens."""
+    if redis_unavailable(exc):
+        weather.redis.noticed(exc, "the run stream")
+    else:
+        log.warning("%s", what, exc_info=True)
 
 
 async def _follow(feed: RunFeed) -> None:

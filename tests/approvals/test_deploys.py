@@ -50,6 +50,17 @@ def approve(user, approval: Approval):
     return ApiClient(user).post(f"/api/approvals/{approval.id}", {"decision": "approve"})
 
 
+def unreadable_schema() -> registry.Tool:
+    """A release whose schema the validator cannot read (and the card's form cannot use)."""
+    tool = registry._tools["ap_refund"]
+    amount = {**tool.parameters["properties"]["amount_cents"], "minimum": "one"}
+    parameters = {
+        **tool.parameters,
+        "properties": {**tool.parameters["properties"], "amount_cents": amount},
+    }
+    return dataclasses.replace(tool, parameters=parameters, _compiled=None, _simple=None)
+
+
 CASES = {
     "tool removed": (
         lambda d: d["tools"].pop("ap_refund"),
@@ -58,6 +69,10 @@ CASES = {
     "schema changed": (
         lambda d: d["tools"].update(ap_refund=changed_schema()),
         "the arguments no longer fit the deployed schema of ap_refund",
+    ),
+    "schema unreadable": (
+        lambda d: d["tools"].update(ap_refund=unreadable_schema()),
+        "the deployed schema of ap_refund cannot check these arguments",
     ),
     "agent removed": (
         lambda d: d["agents"].pop("ap-script"),

@@ -21,13 +21,6 @@ from tests.conftest import ApiClient
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture(autouse=True)
-def _operators_address(settings):
-    settings.AGENTRUNS_METRICS_ALLOW = (
-        "127.0.0.1"  # the test client's address (agentruns/operators.py)
-    )
-
-
 @pytest.fixture
 def pools():
     record_heartbeat("qcluster@host-a:10", swept=True)

@@ -22,13 +22,6 @@ from tests.testkit import OPS_AGENT
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture(autouse=True)
-def _operators_address(settings):
-    settings.AGENTRUNS_METRICS_ALLOW = (
-        "127.0.0.1"  # the test client's address (agentruns/operators.py)
-    )
-
-
 def test_healthz_is_unhealthy_without_any_worker(client):
     response = client.get("/healthz")
     assert response.status_code == 503

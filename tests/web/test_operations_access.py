@@ -17,6 +17,9 @@ STAFF_FREE = ["agentruns.view_run"]
 def test_metrics_need_a_token_an_allowed_address_or_staff(
     settings, client, lead, django_user_model
 ):
+    assert client.get("/metrics").status_code == 200  # the default allow-list: the loopback
+    assert client.get("/metrics", REMOTE_ADDR="192.0.2.7").status_code == 403
+    settings.AGENTRUNS_METRICS_ALLOW = ""  # e.g. behind a proxy on the same machine
     settings.AGENTRUNS_METRICS_TOKEN = "scrape-secret-123"
     assert client.get("/metrics").status_code == 403
     assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 403
@@ -34,12 +37,12 @@ def test_metrics_need_a_token_an_allowed_address_or_staff(
 
 
 def test_healthz_details_are_for_operators_the_status_is_for_everyone(client, lead):
-    bare = client.get("/healthz")
+    bare = client.get("/healthz", REMOTE_ADDR="192.0.2.7")
     assert bare.status_code == 503  # no worker here: unhealthy, for everyone alike
     assert bare.json() == {"status": "unhealthy"}
     staff = Client()
     staff.force_login(lead)
-    detailed = staff.get("/healthz")
+    detailed = staff.get("/healthz", REMOTE_ADDR="192.0.2.7")
     assert detailed.status_code == 503
     assert set(detailed.json()["checks"]) == {"database", "worker", "sweeper"}
 
