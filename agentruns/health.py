@@ -38,11 +38,11 @@ from agentruns.conf import conf
 from agentruns.models import Run, RunStatus, Step, StepAttempt, WorkerHeartbeat
 from agentruns.oncall_metrics import (
     Families,
-    approval_families,
     derived_families,
     process_families,
 )
 from agentruns.operators import details_for_operators, operators_only
+from agentruns.runtime.inbox import inbox
 from agentruns.runtime.timestamps import iso
 
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -237,8 +237,8 @@ class RuntimeCollector(Collector):
             steps.add_metric([kind, status], n)
         yield steps
 
-        # the inbox: one query for every approval family (oncall_metrics.py)
-        yield from approval_families(now)
+        # the inbox: one query for every approval family (the inbox's port)
+        yield from inbox().metric_families(now)
 
         usage = GaugeMetricFamily(
             "agentruns_model_tokens", "Model tokens used by all runs", labels=["kind"]

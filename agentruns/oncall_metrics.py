@@ -1,8 +1,8 @@
 """The /metrics families an on-call pages on (docs/alerts.yml, runbooks in docs/operations.md).
 
-Beside the runtime's families (`health.py`): the inbox (pending and overdue items by agent, their
-ages as a histogram: one query), the webhook outbox's backlog and oldest undelivered row (one
-query), each worker's free run slots and runs ended by status as a counter (derived from the
+Beside the runtime's families (`health.py`): the inbox's, asked through its port
+(runtime/inbox.py: pending and overdue items by agent, their ages as a histogram: one query; the
+webhook outbox's backlog and oldest undelivered row: one query), each worker's free run slots and runs ended by status as a counter (derived from the
 runtime's families: no query), and what every process sees of the database and Redis, with its
 model-provider errors by class (`runtime/process_health.py`: the web process's own view, live,
 and each worker's from its heartbeat row: one query).
@@ -14,23 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
-from typing import Any
 
-from django.db.models import (
-    Count,
-    DateTimeField,
-    DurationField,
-    ExpressionWrapper,
-    F,
-    Min,
-    Q,
-    Sum,
-    Value,
-)
 from django.utils import timezone
 from prometheus_client.core import (
     CounterMetricFamily,
-    GaugeHistogramMetricFamily,
     GaugeMetricFamily,
     Metric,
 )
@@ -40,11 +27,9 @@ from agentruns.conf import conf
 from agentruns.models import RunStatus, WorkerHeartbeat
 from agentruns.runtime import process_health, weather
 from agentruns.runtime.ids import worker_name
-from approvals.models import Approval, DeliveryStatus, WebhookDelivery
+from agentruns.runtime.inbox import inbox
 
-APPROVAL_AGE_BUCKETS = (60, 300, 900, 1800, 3600, 4 * 3600, 24 * 3600)
 ENDED = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
-KINDS = ("approval", "reconciliation")
 
 
 class Families(Collector):
@@ -55,90 +40,6 @@ class Families(Collector):
 
     def collect(self) -> Iterator[Metric]:
         return iter(self.families)
-
-
-# ------------------------------------------------------------------ the inbox
-def approval_families(now: Any) -> Iterator[Metric]:
-    """Pending inbox items by agent and kind, in one query bucketed by the database."""
-    buckets = {
-        f"le_{i}": Count("id", filter=Q(created_at__gte=now - timedelta(seconds=bound)))
-        for i, bound in enumerate(APPROVAL_AGE_BUCKETS)
-    }
-    waited = ExpressionWrapper(
-        Value(now, output_field=DateTimeField()) - F("created_at"), output_field=DurationField()
-    )
-    rows = list(
-        Approval.objects.filter(status="pending")
-        .order_by()
-        .values("agent", "kind")
-        .annotate(
-            n=Count("id"),
-            overdue=Count("id", filter=Q(due_at__lt=now)),
-            oldest=Min("created_at"),
-            waited=Sum(waited),
-            **buckets,
-        )
-    )
-    oldest = min((row["oldest"] for row in rows), default=None)
-    yield GaugeMetricFamily(
-        "agentruns_oldest_pending_approval_age_seconds",
-        "Age of the oldest pending approval or reconciliation (0 when none)",
-        value=(now - oldest).total_seconds() if oldest else 0.0,
-    )
-    by_kind = GaugeMetricFamily(
-        "agentruns_pending_approvals", "Pending inbox items by kind", labels=["kind"]
-    )
-    for kind in KINDS:
-        by_kind.add_metric([kind], sum(row["n"] for row in rows if row["kind"] == kind))
-    yield by_kind
-
-    per_agent: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        agent = per_agent.setdefault(
-            row["agent"], {"n": 0, "overdue": 0, "waited": 0.0, "le": [0] * len(buckets)}
-        )
-        agent["n"] += row["n"]
-        agent["overdue"] += row["overdue"]
-        agent["waited"] += row["waited"].total_seconds() if row["waited"] else 0.0
-        for i in range(len(buckets)):
-            agent["le"][i] += row[f"le_{i}"]
-    ages = GaugeHistogramMetricFamily(
-        "agentruns_approval_age_seconds",
-        "Ages of the pending approvals and reconciliations, by agent",
-        labels=["agent"],
-    )
-    pending = GaugeMetricFamily(
-        "agentruns_pending_approvals_by_agent", "Pending inbox items by agent", labels=["agent"]
-    )
-    overdue = GaugeMetricFamily(
-        "agentruns_approvals_overdue",
-        "Pending inbox items past their due time (AGENTRUNS_APPROVAL_ESCALATE_SECONDS)",
-        labels=["agent"],
-    )
-    for name, agent in sorted(per_agent.items()):
-        cumulative = [(str(float(b)), agent["le"][i]) for i, b in enumerate(APPROVAL_AGE_BUCKETS)]
-        ages.add_metric([name], [*cumulative, ("+Inf", agent["n"])], gsum_value=agent["waited"])
-        pending.add_metric([name], agent["n"])
-        overdue.add_metric([name], agent["overdue"])
-    yield from (ages, pending, overdue)
-
-
-# ------------------------------------------------------------------ the outbox, derived families
-def outbox_families(now: Any) -> Iterator[Metric]:
-    backlog = WebhookDelivery.objects.filter(status=DeliveryStatus.PENDING).aggregate(
-        n=Count("id"), oldest=Min("created_at")
-    )
-    yield GaugeMetricFamily(
-        "agentruns_webhook_outbox_backlog",
-        "Webhook deliveries not delivered yet (pending, retries included)",
-        value=backlog["n"],
-    )
-    oldest = backlog["oldest"]
-    yield GaugeMetricFamily(
-        "agentruns_webhook_outbox_oldest_undelivered_age_seconds",
-        "Age of the oldest undelivered webhook delivery (0 when none)",
-        value=(now - oldest).total_seconds() if oldest else 0.0,
-    )
 
 
 def _samples(families: Iterable[Metric], name: str) -> dict[tuple, float]:
@@ -167,7 +68,7 @@ def derived_families(families: list[Metric]) -> list[Metric]:
     for key, room in sorted(capacity.items()):
         free = 0.0 if draining.get(key) else max(room - busy.get(key, 0.0), 0.0)
         slots.add_metric([dict(key)["worker"]], free)
-    return [ended, slots, *outbox_families(timezone.now())]
+    return [ended, slots, *inbox().delivery_families(timezone.now())]
 
 
 # ------------------------------------------------------------------ what each process sees

@@ -65,3 +65,8 @@ class ApprovalsConfig(AppConfig):
         if problems:
             raise ImproperlyConfigured("; ".join(problems))
         checks.register(check_webhook_secret_strength)
+        # the runtime's inbox port (agentruns/runtime/inbox.py): this app is its inbox
+        from agentruns.runtime.inbox import register
+        from approvals.inbox import ApprovalInbox
+
+        register(ApprovalInbox())

@@ -18,24 +18,9 @@ from django.utils import timezone
 
 from agentruns.conf import conf
 from agentruns.runtime.nudges import nudge_on_commit
-from agentruns.runtime.timestamps import iso
+from approvals.errors import AlreadyDecided, ClaimedByOther
 from approvals.models import Approval, ApprovalStatus
-from approvals.parking import AlreadyDecided
 from approvals.policy import check_may_decide
-
-
-class ClaimedByOther(Exception):
-    """Somebody else holds the item (and their claim has not lapsed)."""
-
-    def __init__(self, approval: Approval, holder: Any) -> None:
-        self.approval = approval
-        self.holder = holder.get_username()
-        self.since = approval.claimed_at
-        self.until = approval.claim_expires_at
-        super().__init__(
-            f"{self.holder} is on this item since {iso(self.since)} "
-            f"(the claim lapses at {iso(self.until)} unless renewed)"
-        )
 
 
 def _load(approval_id: int) -> Approval:

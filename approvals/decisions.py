@@ -26,31 +26,14 @@ from typing import Any
 from django.utils import timezone
 
 from agentruns.registry.edits import same_value
-from agentruns.runtime.events import EventType
+from agentruns.runtime.events import EventSpec, EventType
 from agentruns.runtime.ids import actor_name
 from agentruns.runtime.nudges import nudge_on_commit
-from agentruns.runtime.redaction import redact_fields
 from agentruns.runtime.timestamps import iso
 from agentruns.runtime.transitions import RunChange, apply
+from approvals.errors import StaleProposal
 from approvals.models import Approval, ApprovalDecision, DecisionKind
-from approvals.parking import DecisionError, approvals_required, args_diff
-from approvals.policy import current_approvals, is_edit
-
-
-class StaleProposal(DecisionError):
-    """The decision was made on an older version of the proposal: nothing was recorded. Carries
-    the item as it is now, so the door can show the current proposal."""
-
-    status = 409
-
-    def __init__(self, approval: Approval, seen: int | None) -> None:
-        self.approval, self.seen, self.current = approval, seen, approval.version
-        seen_text = f"version {seen}" if seen else "a version you did not name"
-        super().__init__(
-            f"the proposal changed since you saw it (you decided on {seen_text}, it is now "
-            f"version {approval.version}): review the current proposal and decide again",
-            code="stale_version",
-        )
+from approvals.policy import is_edit
 
 
 def was_edited(approval: Approval) -> bool:
@@ -88,8 +71,11 @@ def _row(approval: Approval, user: Any, decision: str, **fields: Any) -> Approva
     )
 
 
-def record_approval(approval: Approval, user: Any, args: dict, reason: str) -> Progress:
-    """Count `user`'s approval of `args` (checked by approvals.policy); saves the counters."""
+def record_approval(
+    approval: Approval, user: Any, args: dict, reason: str, required: int
+) -> Progress:
+    """Count `user`'s approval of `args` (checked by approvals.policy), which need `required`
+    approvers (the tool's `approvals_required`); saves the counters."""
     restarted = is_edit(approval, args)
     if restarted:
         if approval.approvals_given:
@@ -97,9 +83,7 @@ def record_approval(approval: Approval, user: Any, args: dict, reason: str) -> P
         approval.approvals_given = 0
         approval.edited_args = None if same_value(args, approval.requested_args) else args
     # an edit can raise the number required, never lower it
-    approval.approvals_required = max(
-        approval.approvals_required, approvals_required(approval.tool, args)
-    )
+    approval.approvals_required = max(approval.approvals_required, required)
     row = _row(approval, user, DecisionKind.APPROVE, args=args, edited=restarted, reason=reason)
     approval.approvals_given += 1
     approval.version += 1
@@ -117,16 +101,14 @@ def approvers(approval: Approval) -> list[dict]:
     """This round's approvals for the audit events and the API: who and when."""
     return [
         {"by": d.username, "at": iso(d.decided_at), "edited": d.edited}
-        for d in current_approvals(approval)
+        for d in approval.current_approvals()
     ]
 
 
 def announce_progress(approval: Approval, user: Any, progress: Progress) -> None:
     """A partial approval: on the run's timeline (`approval.given`) and the inbox, live; the
     run stays parked."""
-    hidden = approval.hidden_fields
-    requested = redact_fields(approval.requested_args, hidden)
-    proposal = redact_fields(approval.effective_args, hidden)
+    requested, proposal = approval.visible_args(), approval.redacted(approval.effective_args)
     data = {
         "approval": approval.id,
         "kind": approval.kind,
@@ -151,13 +133,12 @@ def announce_progress(approval: Approval, user: Any, progress: Progress) -> None
 
 def payload(approval: Approval) -> dict:
     """The two-person fields of an approval, for the API (decisions prefetched or not)."""
-    hidden = approval.hidden_fields
     return {
         "approvals_required": approval.approvals_required,
         "approvals_given": approval.approvals_given,
         "round": approval.round,
         "version": approval.version,
-        "starter": approval.run.created_by.get_username() if approval.run.created_by else None,
+        "starter": actor_name(approval.run.created_by),
         "decisions": [
             {
                 "by": d.username,
@@ -166,9 +147,35 @@ def payload(approval: Approval) -> dict:
                 "round": d.round,
                 "counted": d.decision == DecisionKind.APPROVE and d.round == approval.round,
                 "edited": d.edited,
-                "args": redact_fields(d.args, hidden),
+                "args": approval.redacted(d.args),
                 "reason": d.reason,
             }
             for d in approval.decisions.all()
         ],
     }
+
+
+# ------------------------------------------------------------------ the audit event
+def args_diff(before: dict, after: dict) -> dict:
+    return {
+        k: {"from": before.get(k), "to": after.get(k)}
+        for k in sorted(set(before) | set(after))
+        if before.get(k) != after.get(k)
+    }
+
+
+def decided_event(approval: Approval, user: Any, decision: str, **extra: Any) -> EventSpec:
+    return (
+        EventType.APPROVAL_DECIDED,
+        {
+            "approval": approval.id,
+            "kind": approval.kind,
+            "step": approval.step.index,
+            "tool": approval.tool,
+            "decision": decision,
+            "by": actor_name(user),
+            "at": iso(approval.decided_at),
+            "reason": approval.reason,
+            **extra,
+        },
+    )

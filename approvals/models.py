@@ -10,6 +10,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from agentruns.conf import conf
+from agentruns.runtime.ids import actor_name
+from agentruns.runtime.redaction import redact_fields
 
 
 class ApprovalKind(models.TextChoices):
@@ -109,6 +111,26 @@ class Approval(models.Model):
     @property
     def effective_args(self) -> dict:
         return self.edited_args if self.edited_args is not None else self.requested_args
+
+    def visible_args(self) -> dict:
+        """The requested arguments as a person may see them (the tool's secrets masked)."""
+        return redact_fields(self.requested_args, self.hidden_fields)
+
+    def redacted(self, args: object) -> object:
+        """Any arguments of this call (edited, approved, an earlier round's) as people see them."""
+        return redact_fields(args, self.hidden_fields)
+
+    @property
+    def decided_by_name(self) -> str | None:
+        return actor_name(self.decided_by)
+
+    def current_approvals(self) -> list[ApprovalDecision]:
+        """This round's approvals, oldest first (from a prefetch when the caller made one)."""
+        return [
+            d
+            for d in self.decisions.all()
+            if d.decision == DecisionKind.APPROVE and d.round == self.round
+        ]
 
     @property
     def amount_cents(self) -> int | None:

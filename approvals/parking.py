@@ -1,8 +1,9 @@
 """The runtime's side of the inbox: park a step for a human, withdraw it, expire it.
 
-Called by the executor (open an approval or a reconciliation), by cancelling (withdraw) and by
-the sweeper (expire). Staff decisions live in `services.py`; both use the compare-and-set
-`settle` here, so "first decision wins" is one rule whoever decides.
+Called through the runtime's inbox port (inbox.py): by the executor (open an approval or a
+reconciliation), by cancelling (withdraw) and by the sweeper (expire). Staff decisions live in
+`services.py`; both use the compare-and-set `settle` here, so "first decision wins" is one rule
+whoever decides.
 """
 
 from __future__ import annotations
@@ -17,73 +18,15 @@ from django.utils import timezone
 
 from agentruns.conf import conf
 from agentruns.models import Run, Step
-from agentruns.registry import ToolArgumentsError, UnknownAgent, UnknownTool, get_agent, get_tool
-from agentruns.runtime.events import EventSpec, EventType
-from agentruns.runtime.ids import actor_name
+from agentruns.registry.deployed import approvals_required
 from agentruns.runtime.nudges import nudge_on_commit
-from agentruns.runtime.redaction import redact_fields
 from agentruns.runtime.timestamps import iso
 from agentruns.runtime.transitions import resume_parked
+from approvals.decisions import decided_event
+from approvals.errors import AlreadyDecided, DecisionError
 from approvals.escalation import due_at_for
 from approvals.models import Approval, ApprovalKind, ApprovalStatus, MailNotice
 from approvals.notifications import outbox
-
-
-class AlreadyDecided(Exception):
-    """Somebody (or the sweeper, or a cancel) decided first; nothing was changed."""
-
-    def __init__(self, approval: Approval) -> None:
-        self.approval = approval
-        self.who = approval.decided_by.get_username() if approval.decided_by else "the system"
-        self.when = approval.decided_at
-        when = self.when.isoformat(timespec="seconds") if self.when else "earlier"
-        if approval.resolution == "withdrawn":
-            what = f"withdrawn ({approval.reason})" if approval.reason else "withdrawn"
-        elif approval.resolution:
-            what = f'resolved as "{approval.resolution}"'
-        else:
-            what = str(approval.status)
-        super().__init__(f"already {what} by {self.who} at {when}")
-
-
-class DecisionError(Exception):
-    """The decision is not acceptable as given (bad arguments, over the approver's limit).
-    `code` names the reason for scripts (the bulk API's per-item results)."""
-
-    def __init__(self, message: str, code: str = "not_acceptable") -> None:
-        super().__init__(message)
-        self.code = code
-
-
-# ------------------------------------------------------------------ can the call still run
-def cannot_run(agent: str, tool: str, args: Any) -> str:
-    """Why the code deployed now could not execute this parked call ("" when it can): a deploy
-    removed its agent or renamed/removed its tool, or changed the tool's schema so the arguments
-    no longer validate. Approving such a call is refused (fail closed); rejecting still works."""
-    try:
-        get_agent(agent)
-    except UnknownAgent:
-        return f"the agent {agent} is not deployed any more: approving is refused (reject it)"
-    try:
-        found = get_tool(tool)
-    except UnknownTool:
-        return (
-            f"the tool {tool} is not deployed any more (renamed or removed): this call cannot "
-            "run, approving is refused (reject it)"
-        )
-    try:
-        found.validate(args)
-    except ToolArgumentsError as exc:
-        return (
-            f"the arguments no longer fit the deployed schema of {tool} ({exc}): this call "
-            "cannot run, approving is refused (reject it)"
-        )
-    except Exception as exc:  # a schema the validator cannot even read: fail closed, say so
-        return (
-            f"the deployed schema of {tool} cannot check these arguments "
-            f"({type(exc).__name__}): this call cannot run, approving is refused (reject it)"
-        )
-    return ""
 
 
 def args_digest(args: Any) -> str:
@@ -115,15 +58,6 @@ def approved_call_refusal(step: Step) -> str:
 
 
 # ------------------------------------------------------------------ opened by the engine
-def approvals_required(tool: str, args: dict) -> int:
-    """How many people must approve `tool` called with `args` (the tool's `approvals_required`;
-    1 for a tool no longer registered)."""
-    try:
-        return get_tool(tool).approvals_for(args)
-    except UnknownTool:
-        return 1
-
-
 def open_approval(step: Step, agent: str) -> Approval:
     expiry, now = conf.APPROVAL_EXPIRY_SECONDS, timezone.now()
     run = Run.objects.get(id=step.run_id)
@@ -153,7 +87,7 @@ def _decision_record(approval: Approval) -> dict:
     return {
         "kind": approval.kind,
         "status": approval.status,
-        "decided_by": approval.decided_by.get_username() if approval.decided_by else None,
+        "decided_by": approval.decided_by_name,
         "decided_at": iso(approval.decided_at),
         "reason": approval.reason,
         "requested_args": approval.requested_args,
@@ -249,31 +183,6 @@ def _a(noun: str) -> str:
     return f"an {noun}" if noun[:1] in "aeiou" else f"a {noun}"
 
 
-def args_diff(before: dict, after: dict) -> dict:
-    return {
-        k: {"from": before.get(k), "to": after.get(k)}
-        for k in sorted(set(before) | set(after))
-        if before.get(k) != after.get(k)
-    }
-
-
-def decided_event(approval: Approval, user: Any, decision: str, **extra: Any) -> EventSpec:
-    return (
-        EventType.APPROVAL_DECIDED,
-        {
-            "approval": approval.id,
-            "kind": approval.kind,
-            "step": approval.step.index,
-            "tool": approval.tool,
-            "decision": decision,
-            "by": actor_name(user),
-            "at": iso(approval.decided_at),
-            "reason": approval.reason,
-            **extra,
-        },
-    )
-
-
 def reject_parked(
     approval_id: int, *, user: Any, reason: str, status: str = ApprovalStatus.REJECTED
 ) -> Approval:
@@ -281,9 +190,9 @@ def reject_parked(
     as the tool's result, so it can tell the customer why. Inside the caller's transaction."""
     approval = settle(approval_id, ApprovalKind.APPROVAL, user, status=status, reason=reason)
     approval.step.reject(reason)
-    requested = redact_fields(approval.requested_args, approval.hidden_fields)
     resume_parked(
-        approval.run_id, [decided_event(approval, user, str(status), requested=requested)]
+        approval.run_id,
+        [decided_event(approval, user, str(status), requested=approval.visible_args())],
     )
     return approval
 

@@ -18,35 +18,13 @@ from __future__ import annotations
 from typing import Any
 
 from agentruns.conf import conf
-from agentruns.registry import UnknownTool, get_tool
+from agentruns.registry import Tool
 from agentruns.registry.edits import EditRefused, same_value
+from agentruns.runtime.ids import actor_name
 from agentruns.runtime.money import format_cents
 from agentruns.runtime.redaction import MASK
-from approvals.models import Approval, ApprovalDecision, DecisionKind
-from approvals.parking import DecisionError
-
-
-class NotAllowed(DecisionError):
-    """This person may not make this decision (separation of duties, their limit)."""
-
-    status = 403
-
-
-class AlreadyGiven(DecisionError):
-    """This person already approved this round: someone else must give the next approval."""
-
-    status = 409
-
-
-class EditNotAllowed(DecisionError):
-    """An edit outside the tool's edit policy or schema; nothing was recorded."""
-
-    status = 400
-
-    def __init__(self, field: str, rule: str, message: str) -> None:
-        super().__init__(message, code="edit_not_allowed")
-        self.field, self.rule = field, rule
-
+from approvals.errors import AlreadyGiven, DecisionError, EditNotAllowed, NotAllowed
+from approvals.models import Approval
 
 DECIDE_PERMISSION = "approvals.decide_approval"
 VIEW_PERMISSION = "approvals.view_approval"
@@ -65,27 +43,9 @@ def check_may_decide(user: Any) -> None:
         )
 
 
-def status_of(exc: DecisionError) -> int:
-    """The HTTP status of a refused decision (the API's, and the inbox's X-Decision-Status)."""
-    return getattr(exc, "status", 422)
-
-
-def error_details(exc: DecisionError) -> dict:
-    return {"field": exc.field, "rule": exc.rule} if isinstance(exc, EditNotAllowed) else {}
-
-
 def is_starter(approval: Approval, user: Any) -> bool:
     uid = getattr(user, "pk", None)
     return bool(uid and approval.run.created_by_id == uid)
-
-
-def current_approvals(approval: Approval) -> list[ApprovalDecision]:
-    """This round's approvals, oldest first (from a prefetch when the caller made one)."""
-    return [
-        d
-        for d in approval.decisions.all()
-        if d.decision == DecisionKind.APPROVE and d.round == approval.round
-    ]
 
 
 def check_may_approve(approval: Approval, user: Any) -> None:
@@ -96,7 +56,7 @@ def check_may_approve(approval: Approval, user: Any) -> None:
             code="starter_may_not_approve",
         )
     uid = getattr(user, "pk", None)
-    mine = next((d for d in current_approvals(approval) if uid and d.user_id == uid), None)
+    mine = next((d for d in approval.current_approvals() if uid and d.user_id == uid), None)
     if mine is not None:
         raise AlreadyGiven(
             f"you already approved this at {mine.decided_at.isoformat(timespec='seconds')}: it "
@@ -106,9 +66,9 @@ def check_may_approve(approval: Approval, user: Any) -> None:
         )
 
 
-def proposed_args(approval: Approval, edited: Any) -> dict:
+def proposed_args(approval: Approval, edited: Any, tool: Tool) -> dict:
     """The arguments this approver approves: the current proposal with `edited` laid over it,
-    checked against the tool's edit policy (relative to what the agent requested)."""
+    checked against the deployed `tool`'s edit policy (relative to what the agent requested)."""
     current = approval.effective_args
     if edited is None or edited == {}:
         return current
@@ -117,12 +77,6 @@ def proposed_args(approval: Approval, edited: Any) -> dict:
     hidden = set(approval.hidden_fields)
     # an echo of the masked value of a field the approver never saw is not an edit
     edited = {k: v for k, v in edited.items() if not (k in hidden and v == MASK)}
-    try:
-        tool = get_tool(approval.tool)
-    except UnknownTool:
-        raise DecisionError(
-            f"the tool {approval.tool} is no longer registered; cannot edit"
-        ) from None
     merged = {**current, **edited}
     try:
         return tool.check_edit(approval.requested_args, merged)
@@ -153,19 +107,12 @@ def approver_limit(approval: Approval, user: Any) -> int | None:
     return limits.get("default") or None
 
 
-def amount_arg(approval: Approval) -> str | None:
-    """The argument that is the call's amount, as the tool declares it (`@tool(amount_arg=)`)."""
+def check_limit(approval: Approval, user: Any, args: dict, tool: Tool) -> None:
+    """The argument that is the call's amount (`@tool(amount_arg=)`, as frozen in the run's
+    snapshot, else as deployed) is within `user`'s limit."""
     name = approval.run.tool_permission(approval.tool).get("amount_arg")
     if name is None:
-        try:
-            name = get_tool(approval.tool).amount_arg
-        except UnknownTool:
-            return None
-    return name
-
-
-def check_limit(approval: Approval, user: Any, args: dict) -> None:
-    name = amount_arg(approval)
+        name = tool.amount_arg
     amount = args.get(name) if name else None
     if not isinstance(amount, int | float) or isinstance(amount, bool):
         return
@@ -192,7 +139,7 @@ def waiting_for(approval: Approval) -> str:
     excluded = []
     starter = approval.run.created_by
     if starter is not None:
-        excluded.append(f"{starter.get_username()} (started the run)")
-    excluded += [f"{d.username} (approved)" for d in current_approvals(approval)]
+        excluded.append(f"{actor_name(starter)} (started the run)")
+    excluded += [f"{d.username} (approved)" for d in approval.current_approvals()]
     others = f", except {', '.join(excluded)}" if excluded else ""
     return f"{needed} more approval{'s' if needed > 1 else ''} from anyone who may decide{others}"

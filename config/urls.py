@@ -17,7 +17,7 @@ urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("metrics", health.metrics, name="metrics"),
     path("runs/", include("agentruns.urls")),
-    path("approvals/", include("approvals.urls")),
+    path("approvals/", include("approvals.web.urls")),
     path("examples/chat/", examples.chat_page, name="example-chat"),
     path("examples/chat/chat.js", examples.chat_bundle, name="example-chat-bundle"),
 ]

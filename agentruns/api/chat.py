@@ -8,8 +8,8 @@ API's Idempotency-Key may not use): the first POST starts it with the last user
 message's text as the agent's `message` (over the request's `input` object); a repeated POST
 (double submit, a retry after a dropped connection, `regenerate-message`) streams the same run
 from its first chunk. A POST whose last assistant message holds tool parts in state
-`approval-responded` decides those approvals as the caller, through the inbox's own services
-(permission, limits, "already decided"), and streams the continuation of the same assistant
+`approval-responded` decides those approvals as the caller, through the inbox's one decision
+(the runtime's inbox port: permission, limits, "already decided"), and streams the continuation of the same assistant
 message: the chunks after the stop that asked for them. If somebody else decided first, the
 continuation shows what they decided (`tool-approval-response`, then the output or
 `tool-output-denied`) instead of an error: the chat then agrees with the inbox.
@@ -37,10 +37,8 @@ from agentruns.api.schemas import TRACEPARENT
 from agentruns.models import Run
 from agentruns.registry import UnknownAgent, get_agent
 from agentruns.runtime.ids import BadId, parse_versioned_id
+from agentruns.runtime.inbox import Refused, inbox
 from agentruns.stream.ui_stream import chunks_until_now, ui_message_stream_response
-from approvals import services as approval_services
-from approvals.models import Approval, ApprovalKind
-from approvals.policy import status_of
 
 VIEW = "agentruns.view_run"
 START = "agentruns.start_run"
@@ -173,24 +171,23 @@ def decide(request: HttpRequest, run: Run, answers: list[Answer]) -> tuple[int, 
     with transaction.atomic():
         for answer in answers:
             approval_id, approved, reason = answer.approval_id, answer.approved, answer.reason
-            approval = Approval.objects.filter(id=approval_id, run=run).first()
-            if approval is None:
-                raise BadRequest(f"approval {approval_id} is not part of this chat's run", 404)
-            if approval.kind != ApprovalKind.APPROVAL:
-                raise BadRequest(
-                    f"approval {approval_id} is a reconciliation: decide it in the inbox", 409
-                )
-            decide_one = approval_services.approve if approved else approval_services.reject
             try:
-                decide_one(approval_id, user=request.user, reason=reason, version=answer.version)
-            except approval_services.AlreadyDecided:
-                pass  # decided first elsewhere (or a repeated POST): the stream shows the outcome
-            except approval_services.StaleProposal:
-                stale = True  # the stream re-asked with the new proposal: the chat shows it
-            except approval_services.DecisionError as exc:  # the policy's status: 400/403/409/422
-                raise BadRequest(str(exc), status_of(exc), code=exc.code) from None
+                # decided first elsewhere (or a repeated POST): the stream shows the outcome
+                outcome = inbox().answer(
+                    run,
+                    approval_id,
+                    approved=approved,
+                    user=request.user,
+                    reason=reason,
+                    version=answer.version,
+                )
+            except Refused as exc:  # the inbox's status: 400/403/404/409/422
+                extra = {"code": exc.code} if exc.code else {}
+                raise BadRequest(str(exc), exc.status, **extra) from None
             except PermissionDenied as exc:  # a rule of who may decide (e.g. not the starter)
                 raise BadRequest(str(exc) or "you may not decide this approval", 403) from None
+            # stale: the stream re-asked with the new proposal; the chat shows it
+            stale = stale or outcome == "stale"
     fold = chunks_until_now(run)
     starts = [
         fold.continuation_of_request(answer.asked_as)

@@ -47,16 +47,18 @@ INT_ID = {"type": "string", "pattern": "^[0-9]{1,18}$"}
 
 @dataclass
 class Endpoint:
+    """One JSON endpoint as `@endpoint` declares it (its keywords are these fields)."""
+
     method: str
     path: str  # OpenAPI style, under /api: "/runs/{run_id}"
     view: Callable[..., Any]
     summary: str
-    permission: str | None
-    path_params: dict[str, dict]
-    query: dict[str, dict]
-    body: dict | None  # the body's JSON schema (an object), None: no body
-    responses: dict[int, str]
-    session_writes: bool
+    permission: str | None = None
+    path_params: dict[str, dict] = field(default_factory=dict)  # a schema per parameter
+    query: dict[str, dict] = field(default_factory=dict)  # a schema per parameter
+    body: dict | None = None  # the body's JSON schema (an object), None: no body
+    responses: dict[int, str] = field(default_factory=lambda: {200: "OK"})
+    session_writes: bool = False  # session callers may write (with the CSRF token)
     returns: dict | None = None  # the JSON schema of a 2xx answer's body
     headers: dict[str, dict] = field(default_factory=dict)  # request headers it reads
     example: dict | None = None  # a body that works (the description's example)
@@ -64,8 +66,8 @@ class Endpoint:
     # (the description links them to the operations that take that parameter)
     provides: dict[str, str] = field(default_factory=dict)
     streams: bool = False  # its 200 answer is a text/event-stream (the AI SDK's UI messages)
-    description: str = ""
-    tags: list[str] = field(default_factory=list)
+    description: str = ""  # the view's docstring
+    tags: tuple[str, ...] = ()
 
     def route(self) -> str:
         """The Django route: every parameter as <str:...>, so a malformed one reaches our JSON
@@ -95,8 +97,9 @@ def _check(validator: Any, value: Any, where: str, *, not_found: bool = False) -
         raise BadRequest(f"no such {where.removesuffix('_id')}", 404)
     path = [str(p) for p in error.absolute_path]
     if error.validator == "required":
-        missing = error.message.split("'")[1] if "'" in error.message else "?"
-        path.append(missing)
+        # the first required name the instance lacks (from the schema, not the message's text)
+        missing = [k for k in error.validator_value if k not in error.instance]
+        path.append(missing[0] if missing else "?")
     if error.validator == "additionalProperties":
         extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
         path.append(extra[0] if extra else "?")
@@ -156,27 +159,16 @@ def endpoint(
     path: str,
     *,
     summary: str,
-    permission: str | None = None,
-    path_params: dict[str, dict] | None = None,
-    query: dict[str, dict] | None = None,
     body: dict[str, dict] | dict | None = None,
     required: tuple[str, ...] = (),
-    responses: dict[int, str] | None = None,
-    session_writes: bool = False,
-    tags: tuple[str, ...] = (),
-    returns: dict | None = None,
-    headers: dict[str, dict] | None = None,
-    example: dict | None = None,
-    provides: dict[str, str] | None = None,
-    streams: bool = False,
+    **declared: Any,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Declare a JSON endpoint. `body`: the properties of the JSON object the body must be (or a
-    whole schema with "type"), `required` its required names; `path_params` and `query`: a
-    schema per parameter; `returns`: the schema of its 2xx answers (`api/schemas.py`);
-    `headers`: request headers it reads (documented; the view checks them); `example`: a body
-    that works; `provides`: path parameters its answer holds (`{"run_id": "/id"}`)."""
-    path_params = path_params or {}
-    query = query or {}
+    whole schema with "type"), `required` its required names; every other keyword is a field
+    of `Endpoint` (an unknown one is a TypeError at import): `path_params` and `query` a schema
+    per parameter, `returns` the schema of its 2xx answers (`api/schemas.py`), `headers` request
+    headers it reads (documented; the view checks them), `example` a body that works,
+    `provides` path parameters its answer holds (`{"run_id": "/id"}`)."""
     if body is not None and body.get("type") != "object":
         body = {
             "type": "object",
@@ -186,7 +178,17 @@ def endpoint(
         }
 
     def decorate(view: Callable[..., Any]) -> Callable[..., Any]:
-        checks = _Validated(path_params, query, body)
+        point = Endpoint(
+            method,
+            path,
+            view,
+            summary,
+            body=body,
+            description=(view.__doc__ or "").strip(),
+            **declared,
+        )
+        permission, query, session_writes = point.permission, point.query, point.session_writes
+        checks = _Validated(point.path_params, query, body)
 
         @wraps(view)
         def handle(request: HttpRequest, **kwargs: str) -> HttpResponseBase:
@@ -231,27 +233,8 @@ def endpoint(
             return json_response(payload, status)
 
         handle.csrf_exempt = True  # type: ignore[attr-defined]  # bearer: not ambient; sessions: checked above
-        ENDPOINTS.append(
-            Endpoint(
-                method=method,
-                path=path,
-                view=handle,
-                summary=summary,
-                permission=permission,
-                path_params=path_params,
-                query=query,
-                body=body,
-                responses=responses or {200: "OK"},
-                session_writes=session_writes,
-                returns=returns,
-                headers=headers or {},
-                example=example,
-                provides=provides or {},
-                streams=streams,
-                description=(view.__doc__ or "").strip(),
-                tags=list(tags),
-            )
-        )
+        point.view = handle
+        ENDPOINTS.append(point)
         return handle
 
     return decorate

@@ -77,7 +77,7 @@ def _operation(point: Endpoint) -> dict[str, Any]:
     operation: dict[str, Any] = {
         "operationId": point.view.__name__,
         "summary": point.summary,
-        "tags": point.tags,
+        "tags": list(point.tags),
         "parameters": parameters,
         "responses": _responses(point),
         "security": [{"bearer": []}, {"session": []}]

@@ -37,7 +37,13 @@ def _moment(raw: str | None, name: str) -> datetime | None:
         moment = None
     if moment is None:
         raise BadRequest(f"{name} must be an ISO 8601 date-time (2026-12-01T09:30:00Z)")
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=UTC)
+    try:
+        # in UTC: PostgreSQL refuses offsets beyond 15:59 that Python accepts (a 500 otherwise)
+        return moment.astimezone(UTC)
+    except OverflowError:  # e.g. 0001-01-01T00:00+05:00 is before the first representable UTC
+        raise BadRequest(f"{name} is out of range") from None
 
 
 def _cursor(raw: str | None, name: str) -> str:

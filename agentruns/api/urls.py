@@ -6,9 +6,8 @@ from collections import defaultdict
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import path, re_path
+from django.utils.module_loading import autodiscover_modules
 
-import approvals.api  # noqa: F401  (its endpoints register themselves)
-import approvals.api_actions  # noqa: F401
 from agentruns.api import chat, run_list, runs  # noqa: F401
 from agentruns.api.endpoint import ENDPOINTS, authenticate, method_router
 from agentruns.api.openapi import openapi_document
@@ -25,6 +24,8 @@ def not_found(request: HttpRequest, rest: str = "") -> JsonResponse:
 
 
 def _patterns() -> list:
+    # every installed app's `api` module declares its endpoints (as `admin` modules do theirs)
+    autodiscover_modules("api")
     by_route: dict[str, dict] = defaultdict(dict)
     for point in ENDPOINTS:
         by_route[point.route()][point.method] = point.view

@@ -15,8 +15,8 @@ from django.utils import timezone
 from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepStatus
 from agentruns.runtime import tracing
 from agentruns.runtime.events import EventSpec, EventType
+from agentruns.runtime.inbox import inbox
 from agentruns.runtime.transitions import ActionRefused, RunChange, apply, cancelled
-from approvals.parking import withdraw_approvals
 
 
 def cancel_run(run_id: uuid.UUID | str, *, who: str | None = None, reason: str = "") -> Run:
@@ -52,7 +52,7 @@ def cancel_run(run_id: uuid.UUID | str, *, who: str | None = None, reason: str =
 def withdraw_unrun_work(run: Run, now: datetime, *, who: str | None) -> list[EventSpec]:
     """What both ways of cancelling do: the run's pending inbox items are withdrawn and its
     steps nobody will run (planned, or waiting for a decision) skipped. Returns the events."""
-    withdrawn = withdraw_approvals(run, reason=f"run cancelled by {who or 'system'}")
+    withdrawn = inbox().withdraw(run, reason=f"run cancelled by {who or 'system'}")
     Step.objects.filter(
         run=run, status__in=[StepStatus.PENDING, StepStatus.WAITING_APPROVAL]
     ).update(status=StepStatus.SKIPPED, finished_at=now, next_attempt_at=None)

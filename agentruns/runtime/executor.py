@@ -43,6 +43,7 @@ from agentruns.runtime.conversation import Conversation
 from agentruns.runtime.events import EventSpec, EventType, LeaseLost, step_event_data
 from agentruns.runtime.faults import is_infrastructure_error
 from agentruns.runtime.ids import worker_id
+from agentruns.runtime.inbox import inbox
 from agentruns.runtime.lease import Heartbeat
 from agentruns.runtime.model_steps import ModelSteps, RunFailed
 from agentruns.runtime.providers import ModelError, get_provider
@@ -51,7 +52,6 @@ from agentruns.runtime.store import get_store
 from agentruns.runtime.store.rows import WriteBatch
 from agentruns.runtime.tool_steps import ToolSteps
 from agentruns.runtime.transitions import ActionRefused, RunChange
-from approvals.parking import open_reconciliation
 
 log = logging.getLogger(__name__)
 
@@ -366,7 +366,7 @@ class RunExecutor(ModelSteps, ToolSteps):
                 self._close_attempt(step, AttemptOutcome.UNKNOWN, "worker died mid-call", now)
                 step.status = StepStatus.UNKNOWN
                 step.save(update_fields=["status"])
-                open_reconciliation(step, self.run.agent)
+                inbox().open_reconciliation(step, self.run.agent)
                 return self.park(
                     events_before=[
                         (EventType.STEP_UNKNOWN, step_event_data(step)),

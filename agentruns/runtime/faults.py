@@ -24,6 +24,8 @@ statement fails again after any outage).
 
 from __future__ import annotations
 
+import sys
+
 from django.db import utils as db_utils
 
 try:  # psycopg is the PostgreSQL driver; SQLite-only installs may lack it
@@ -32,11 +34,6 @@ try:  # psycopg is the PostgreSQL driver; SQLite-only installs may lack it
 except ImportError:  # pragma: no cover
     psycopg = None  # type: ignore[assignment]
     psycopg_pool = None  # type: ignore[assignment]
-
-try:
-    import redis.exceptions as redis_exceptions
-except ImportError:  # pragma: no cover
-    redis_exceptions = None  # type: ignore[assignment]
 
 # SQLSTATE prefixes a server sends for faults that pass: connection exception (08), operator
 # intervention (57P01 admin shutdown, 57P02 crash shutdown, 57P03 cannot connect now),
@@ -57,13 +54,12 @@ def _database_classes() -> tuple[type[BaseException], ...]:
 DATABASE_ERRORS: tuple[type[BaseException], ...] = _database_classes()
 
 
-def _redis_classes() -> tuple[type[BaseException], ...]:
-    if redis_exceptions is None:
-        return ()
-    return (redis_exceptions.ConnectionError, redis_exceptions.TimeoutError)
-
-
-REDIS_ERRORS: tuple[type[BaseException], ...] = _redis_classes()
+def redis_errors() -> tuple[type[BaseException], ...]:
+    """Redis's connection errors, if Redis was ever imported in this process (no Redis client
+    loaded: no Redis error can exist). Not imported here: redis-py's import pulls in the
+    OpenTelemetry API when it is installed, and a set-up without REDIS_URL never needs it."""
+    module = sys.modules.get("redis.exceptions")
+    return (module.ConnectionError, module.TimeoutError) if module is not None else ()
 
 
 def _chain(exc: BaseException):
@@ -94,7 +90,8 @@ def database_unavailable(exc: BaseException) -> bool:
 
 
 def redis_unavailable(exc: BaseException) -> bool:
-    return any(isinstance(link, REDIS_ERRORS) for link in _chain(exc))
+    classes = redis_errors()
+    return bool(classes) and any(isinstance(link, classes) for link in _chain(exc))
 
 
 def is_infrastructure_error(exc: BaseException) -> bool:

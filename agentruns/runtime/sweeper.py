@@ -20,9 +20,8 @@ from agentruns.models import Run, RunStatus, WorkerHeartbeat
 from agentruns.runtime import weather
 from agentruns.runtime.faults import is_infrastructure_error
 from agentruns.runtime.ids import worker_name
+from agentruns.runtime.inbox import inbox
 from agentruns.runtime.queue import enqueue
-from approvals.escalation import escalate_due_approvals
-from approvals.parking import expire_due_approvals
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +56,8 @@ def sweep(now: datetime | None = None) -> int:
             if Run.objects.filter(id=run_id, enqueued_at=enqueued_at).update(enqueued_at=now):
                 enqueue(run_id)
                 rung += 1
-    expired = expire_due_approvals(now)
-    escalated = escalate_due_approvals(now)
+    expired = inbox().expire_due(now)
+    escalated = inbox().escalate_due(now)
     if rung or expired or escalated:
         log.info(
             "sweeper: re-enqueued %d run(s), expired %d and escalated %d approval(s)",

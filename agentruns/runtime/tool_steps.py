@@ -19,12 +19,12 @@ from agentruns.registry.context import stepping
 from agentruns.runtime import connections, failpoints, tracing
 from agentruns.runtime.events import EventType, step_event_data, succeeded_event_data
 from agentruns.runtime.faults import is_infrastructure_error
+from agentruns.runtime.inbox import inbox
 from agentruns.runtime.permissions import needs_approval
 from agentruns.runtime.redaction import redact_text, secret_values, secrets_in_scope
 from agentruns.runtime.store.rows import WriteBatch
 from agentruns.runtime.text import storable
 from agentruns.runtime.timestamps import iso
-from approvals.parking import approved_call_refusal, open_approval
 
 TOOL_RESULT_FIELDS = [
     "status",
@@ -63,7 +63,7 @@ class ToolSteps:
             return self._refuse(step, f"refused: the tool {step.tool} is not deployed any more")
         if step.approved:
             # fail closed: only the exact arguments the final approval approved ever run
-            if refusal := approved_call_refusal(step):
+            if refusal := inbox().approved_call_refusal(step):
                 return self._refuse(step, refusal)
         elif needs_approval(self.run, tool, step.arguments):
             return self._ask_approval(step)
@@ -83,7 +83,7 @@ class ToolSteps:
         with transaction.atomic():
             step.status = StepStatus.WAITING_APPROVAL
             step.save(update_fields=["status"])
-            approval = open_approval(step, self.run.agent)
+            approval_id = inbox().open_approval(step, self.run.agent)
             return self.park(
                 events_before=[
                     (EventType.STEP_WAITING_APPROVAL, step_event_data(step)),
@@ -91,7 +91,7 @@ class ToolSteps:
                         EventType.APPROVAL_REQUESTED,
                         {
                             "step": step.index,
-                            "approval": approval.id,
+                            "approval": approval_id,
                             "kind": "approval",
                             "tool": step.tool,
                         },

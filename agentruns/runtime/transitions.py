@@ -19,12 +19,12 @@ from django.utils import timezone
 from agentruns.models import Run, RunStatus
 from agentruns.runtime import tracing
 from agentruns.runtime.events import EventSpec, EventType
+from agentruns.runtime.inbox import inbox
 from agentruns.runtime.nudges import nudge_on_commit
 from agentruns.runtime.queue import enqueue
 from agentruns.runtime.redaction import redact_text
 from agentruns.runtime.store import get_store
 from agentruns.runtime.timestamps import iso
-from approvals.notifications import outbox
 
 
 class ActionRefused(Exception):
@@ -138,7 +138,7 @@ def announce(run_id: uuid.UUID | str, change: RunChange) -> None:
     """What the outside world hears of the change (a failing run's webhook), written in the
     transaction that writes the change: every writer of a RunChange calls this with it."""
     if change.fields.get("status") == RunStatus.FAILED:
-        outbox.run_failed(run_id, change.fields)
+        inbox().run_failed(run_id, change.fields)
 
 
 def apply(run_id: uuid.UUID | str, change: RunChange) -> int:

@@ -8,7 +8,7 @@ from datetime import datetime
 from django.db import connection
 
 from agentruns.models import Run, RunEvent, RunStatus, Step
-from approvals.models import Approval
+from agentruns.runtime.inbox import inbox
 
 
 def get_run(run_id: uuid.UUID | str) -> Run | None:
@@ -44,7 +44,7 @@ def nav_counts() -> dict:
     a capped count shows as "999+".
     """
     run_table = connection.ops.quote_name(Run._meta.db_table)
-    approval_table = connection.ops.quote_name(Approval._meta.db_table)
+    approval_table = connection.ops.quote_name(inbox().table)
     parts, params = [], []
     for key, table in [*((s, run_table) for s in NAV_STATUSES), ("pending", approval_table)]:
         parts.append(

@@ -17,8 +17,8 @@ from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
 from agentruns.models import Run, Step, StepAttempt, StepKind, StepStatus
+from agentruns.registry.deployed import cannot_run
 from agentruns.runtime.redaction import redact_fields, redact_text, redact_tool_calls
-from approvals.parking import cannot_run
 
 # outcome -> colour, shared by the SVG bars and its legend
 COLOURS = {

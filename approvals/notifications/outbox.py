@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from agentruns.conf import conf
 from agentruns.models import Run
+from agentruns.runtime.ids import actor_name
 from agentruns.runtime.redaction import redact_fields, redact_text
 from agentruns.runtime.timestamps import iso
 from approvals.models import Approval, MailNotice, WebhookDelivery, WebhookEndpoint
@@ -56,7 +57,7 @@ def _base_url() -> str:
 
 
 def inbox_url() -> str:
-    # the inbox and its item pages (approvals/urls.py), written out here because the runtime
+    # the inbox and its item pages (approvals/web/urls.py), written out here because the runtime
     # layer does not resolve URLs
     return f"{_base_url()}/approvals/"
 
@@ -81,13 +82,13 @@ def approval_data(approval: Approval) -> dict:
         "agent": approval.agent,
         "tool": approval.tool,
         "args": args,
-        "requested_args": redact_fields(approval.requested_args, hidden),
+        "requested_args": approval.visible_args(),
         "amount_cents": approval.amount_cents,
         "created_at": iso(approval.created_at),
         "due_at": iso(approval.due_at),
         "escalated_at": iso(approval.escalated_at),
-        "claimed_by": claimant.get_username() if claimant else None,
-        "decided_by": approval.decided_by.get_username() if approval.decided_by else None,
+        "claimed_by": actor_name(claimant),
+        "decided_by": approval.decided_by_name,
         "decided_at": iso(approval.decided_at),
         "reason": approval.reason,
         "resolution": approval.resolution or None,

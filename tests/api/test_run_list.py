@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from urllib.parse import quote
 
 import pytest
 from django.utils import timezone
@@ -87,6 +88,17 @@ def test_keyset_pages_walk_every_run_once_both_ways(api):
 )
 def test_bad_filters_are_json_400(api, query):
     assert_json_error(api.get(f"/api/runs{query}"), 400)
+
+
+def test_offsets_postgresql_cannot_store_are_read_in_utc(api):
+    """Python reads offsets up to 23:59, PostgreSQL's timestamptz only up to 15:59: schemathesis
+    found `created_before=1200-08-14T05:14:40+16:29` answering 500. The moment is the same moment
+    in UTC; one that has no UTC (year 1 before its offset) is a 400."""
+    run = refund("ORD-1001")
+    later = (timezone.now() + timedelta(hours=20)).strftime("%Y-%m-%dT%H:%M:%S+16:29")
+    assert ids(listed(api, f"?created_before={quote(later)}")) == [str(run.id)]
+    assert ids(listed(api, f"?created_after={quote(later)}")) == []
+    assert_json_error(api.get(f"/api/runs?created_after={quote('0001-01-01T00:00:00+16:29')}"), 400)
 
 
 def test_needs_view_run(django_user_model, client):

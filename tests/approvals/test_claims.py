@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.test import Client
 
-from approvals import claims
+from approvals import claims, errors
 from approvals.models import Approval, ApprovalStatus
 from tests.approvals.kit import login, parked_approval
 from tests.conftest import ApiClient, make_user
@@ -80,7 +80,7 @@ def test_two_people_claim_at_once_and_exactly_one_wins(approver, second):
     )
     outcome = dict(zip([approver.username, second.username], results, strict=True))
     winners = [name for name, v in outcome.items() if isinstance(v, Approval)]
-    losers = [v for v in outcome.values() if isinstance(v, claims.ClaimedByOther)]
+    losers = [v for v in outcome.values() if isinstance(v, errors.ClaimedByOther)]
     assert len(winners) == 1 and len(losers) == 1, outcome
     assert losers[0].holder == winners[0]
     assert Approval.objects.get(id=approval.id).claimed_by.username == winners[0]

@@ -13,7 +13,7 @@ import pytest
 from agentruns.models import Run, RunEvent, RunStatus, Step, StepStatus
 from agentruns.services import start_run
 from agentruns.tokens import create_token
-from approvals import services
+from approvals import errors, services
 from approvals.models import Approval, ApprovalDecision, ApprovalStatus
 from support.models import GatewayRefund
 from tests.conftest import ApiClient, make_user
@@ -172,7 +172,7 @@ def _race(users, approval_id: int) -> list[str]:
     def approve(user) -> str:
         try:
             return f"{user.username}: {services.approve(approval_id, user=user).status}"
-        except services.AlreadyDecided:
+        except errors.AlreadyDecided:
             return f"{user.username}: already decided"
 
     return sorted(race(*[lambda u=u: approve(u) for u in users]))

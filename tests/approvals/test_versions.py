@@ -10,8 +10,8 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 
 from agentruns.models import RunStatus, Step, StepStatus
-from approvals import services
-from approvals.api import already_decided
+from approvals import errors, services
+from approvals.api.approvals import already_decided
 from approvals.models import Approval, ApprovalStatus
 from tests.conftest import make_user
 from tests.helpers import ApiClient, advance, race
@@ -169,7 +169,7 @@ def test_racing_losers_are_told_the_real_decider(django_user_model):
         def approve(user, approval_id=approval.id):
             try:
                 return services.approve(approval_id, user=user).decided_by.username
-            except services.AlreadyDecided as exc:
+            except errors.AlreadyDecided as exc:
                 return ("lost", exc.who, already_decided(exc).extra["decided_by"])
 
         outcomes = race(*[lambda u=u: approve(u) for u in users])

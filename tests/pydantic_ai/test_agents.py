@@ -13,8 +13,8 @@ from django.contrib.auth.models import Group
 from agentruns.models import Run, RunEvent, RunStatus, Step, StepStatus, ToolPolicy, ToolRule
 from agentruns.registry import current_step
 from approvals import services
+from approvals.errors import DecisionError
 from approvals.models import Approval, ApprovalStatus
-from approvals.parking import DecisionError
 from tests.helpers import advance, assert_gapless, make_user, steps
 from tests.pydantic_ai import agents  # noqa: F401  (registers the test agents)
 from tests.pydantic_ai.kit import start

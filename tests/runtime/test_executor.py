@@ -320,16 +320,16 @@ def test_cancel_during_retry_backoff_is_noticed():
 
 @pytest.mark.django_db(transaction=True)
 def test_cancel_arriving_while_parking_cancels_the_parked_run(monkeypatch):
-    import agentruns.runtime.tool_steps as tool_steps  # where the executor calls it
+    from agentruns.runtime.inbox import inbox  # where the executor calls it: the inbox port
 
-    original = tool_steps.open_approval
+    original = inbox().open_approval
 
     def open_and_get_cancelled(step, agent):
         approval = original(step, agent)
         Run.objects.filter(id=step.run_id).update(cancel_requested=True)  # a cancel lands now
         return approval
 
-    monkeypatch.setattr(tool_steps, "open_approval", open_and_get_cancelled)
+    monkeypatch.setattr(inbox(), "open_approval", open_and_get_cancelled)
     run = advance(script_run([{"calls": [["t_pay", {"amount": 500}]]}, {"text": "ok"}]))
     assert run.status == "cancelled"
     assert Approval.objects.get(step=steps(run)[1]).status != "pending"

@@ -16,7 +16,7 @@ from agentruns.models import Run, RunStatus, Step, StepStatus, ToolPolicy, ToolR
 from agentruns.registry import Agent, ScriptedTurn, register_agent
 from agentruns.services import fork_run, retry_run, start_run
 from agentruns.tokens import create_token
-from approvals import policy, services
+from approvals import errors, policy, services
 from approvals.models import Approval, ApprovalStatus
 from support.models import GatewayRefund, OutboxMessage, TicketNote
 from tests import testkit
@@ -221,7 +221,7 @@ def test_approver_limits_by_group_replace_the_single_setting(seeded, settings, d
     ToolRule.objects.filter(tool="issue_refund", policy__group__name="approver").update(
         approver_limit=900_000
     )
-    with pytest.raises(services.NotAllowed, match="above your approval limit of 30.00"):
+    with pytest.raises(errors.NotAllowed, match="above your approval limit of 30.00"):
         services.approve(approval.id, user=approver)
     services.approve(approval.id, user=senior)
     assert Approval.objects.get(id=approval.id).status == ApprovalStatus.APPROVED

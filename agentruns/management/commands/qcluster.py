@@ -23,8 +23,8 @@ from django_q.management.commands.qcluster import Command as QClusterCommand
 
 from agentruns.runtime import nudges, pool, q2_cluster, weather
 from agentruns.runtime.faults import is_infrastructure_error
+from agentruns.runtime.inbox import inbox
 from agentruns.runtime.sweeper import SweeperLoop, ensure_schedule, sweep
-from approvals.notifications.loop import DeliveryLoop
 
 
 class Command(QClusterCommand):
@@ -59,7 +59,7 @@ class Command(QClusterCommand):
         loop = None if options.get("no_sweeper") else SweeperLoop()
         if loop:
             loop.start()
-        deliveries = None if options.get("no_deliveries") else DeliveryLoop()
+        deliveries = None if options.get("no_deliveries") else inbox().delivery_loop()
         if deliveries:
             deliveries.start()
         try:

@@ -21,11 +21,11 @@ from django.utils import timezone
 
 from agentruns.models import Step, StepAttempt, StepKind
 from agentruns.registry import UnknownTool, get_tool
+from agentruns.registry.deployed import cannot_run
 from agentruns.runtime.money import format_cents
-from agentruns.runtime.redaction import redact_fields
+from approvals.decisions import args_diff
 from approvals.models import Approval, ApprovalDecision, ApprovalKind, ApprovalStatus
-from approvals.parking import args_diff, cannot_run
-from approvals.policy import current_approvals, waiting_for
+from approvals.policy import waiting_for
 
 log = logging.getLogger(__name__)
 
@@ -199,10 +199,9 @@ def _safe_card(approval: Approval, earlier: list[Step], attempt: StepAttempt | N
         return _card(approval, earlier, attempt)
     except Exception as exc:  # anything a changed tool definition can throw at the form
         log.warning("approval %s: card without its form: %r", approval.id, exc)
-        hidden = approval.hidden_fields
         return Card(
             approval=approval,
-            args=redact_fields(approval.requested_args, hidden),
+            args=approval.visible_args(),
             fields=[],
             waited_seconds=(timezone.now() - approval.created_at).total_seconds(),
             reason_given="",
@@ -233,7 +232,7 @@ def card_for(approval: Approval) -> Card:
 def _card(approval: Approval, earlier: list[Step], attempt: StepAttempt | None) -> Card:
     run = approval.run
     hidden = approval.hidden_fields
-    requested = redact_fields(approval.requested_args, hidden)
+    requested = approval.visible_args()
     run_input = run.input if isinstance(run.input, dict) else {}
     # newest facts first: a later lookup wins over an earlier one, the args over both
     results = [s.result for s in earlier if s.kind == StepKind.TOOL and isinstance(s.result, dict)]
@@ -247,7 +246,7 @@ def _card(approval: Approval, earlier: list[Step], attempt: StepAttempt | None) 
     diff: dict = {}
     proposal = requested
     if approval.edited_args is not None:
-        proposal = redact_fields(approval.edited_args, hidden)
+        proposal = approval.redacted(approval.edited_args)
         diff = args_diff(requested, proposal)
     return Card(
         approval=approval,
@@ -264,7 +263,7 @@ def _card(approval: Approval, earlier: list[Step], attempt: StepAttempt | None) 
         recent_text=list(reversed(texts[:RECENT_MODEL_TEXTS])),
         attempt=attempt,
         diff=diff,
-        given=current_approvals(approval) if approval.is_multi else [],
+        given=approval.current_approvals() if approval.is_multi else [],
         waiting_for=waiting_for(approval) if approval.status == "pending" else "",
         cannot_run=cannot_run_now(approval),
     )

@@ -1,6 +1,7 @@
 from django.urls import path
 
-from approvals import inbox_actions, views
+from approvals.web import actions as inbox_actions
+from approvals.web import views
 
 urlpatterns = [
     path("", views.inbox, name="approval-inbox"),

@@ -1,7 +1,7 @@
 """The inbox's other actions: claim and release an item, decide many at once, one item's page.
 
-Same rules as the JSON API (`approvals/api_actions.py`): the services in `claims.py` and
-`bulk.py` decide. Deciding in bulk here skips items someone else holds unless the person
+Same rules as the JSON API (`approvals/api/actions.py`): `claims.py` and the decision
+service (`services.decide_many`) decide. Deciding in bulk here skips items someone else holds unless the person
 confirmed (the inbox asks first), like a single decision does.
 """
 
@@ -18,11 +18,12 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from agentruns.runtime.ids import BadId, parse_versioned_id
-from approvals import bulk, claims, policy, services
-from approvals.cards import card_for
+from approvals import claims, policy, services
+from approvals.errors import AlreadyDecided, ClaimedByOther, DecisionError
 from approvals.models import Approval
 from approvals.selectors import approvals_query
-from approvals.views import DECIDE_PERMISSION
+from approvals.web.cards import card_for
+from approvals.web.views import DECIDE_PERMISSION
 
 
 def _card_response(
@@ -82,12 +83,12 @@ def _claim_action(
         return HttpResponse("You may look but not decide.", status=403)
     try:
         action(approval_id, user=request.user)
-    except claims.ClaimedByOther as exc:
+    except ClaimedByOther as exc:
         note = f"{taken_note.format(holder=exc.holder)} (since {_since(exc.since)})."
         return _card_response(request, approval_id, note, "warning", 409)
-    except services.AlreadyDecided as exc:
+    except AlreadyDecided as exc:
         return _card_response(request, approval_id, f"Already decided: {exc}", "warning", 409)
-    except services.DecisionError as exc:  # may decide but not see: a claim shows everything
+    except DecisionError as exc:  # may decide but not see: a claim shows everything
         return HttpResponse(str(exc), status=403, content_type="text/plain; charset=utf-8")
     return _card_response(request, approval_id, done_note, "success", 200)
 
@@ -107,7 +108,7 @@ def _selected(request: HttpRequest) -> dict[int, int]:
 def bulk_decide(request: HttpRequest) -> HttpResponse:
     try:
         policy.check_may_decide(request.user)
-    except services.DecisionError as exc:
+    except DecisionError as exc:
         return HttpResponse(str(exc), status=403, content_type="text/plain; charset=utf-8")
     decision = request.POST.get("action", "")
     reason = request.POST.get("reason", "").strip()[:2000]
@@ -117,26 +118,26 @@ def bulk_decide(request: HttpRequest) -> HttpResponse:
         return HttpResponse(str(exc), status=400, content_type="text/plain; charset=utf-8")
     ids = list(selected)
     results: list[dict] = []
-    if decision not in bulk.DECISIONS:
+    if decision not in services.BULK_DECISIONS:
         results = [{"id": None, "ok": False, "code": "bad_request", "error": "Unknown action."}]
     elif not ids:
         results = [{"id": None, "ok": False, "code": "bad_request", "error": "Select items first."}]
-    elif decision == "reject" and not reason:
-        error = "Give a reason for the rejection: the agent passes it on to the customer."
-        results = [{"id": None, "ok": False, "code": "bad_request", "error": error}]
+    elif decision == "reject" and not reason:  # the inbox's rule, services.REASON_REQUIRED
+        results = [{"id": None, "ok": False, "code": "bad_request", "error": services.NO_REASON}]
     else:
-        ids = list(dict.fromkeys(ids))[: bulk.MAX_ITEMS]  # the inbox decides the first ones
+        ids = list(dict.fromkeys(ids))[: services.MAX_ITEMS]  # the inbox decides the first ones
         held = {}
         if not request.POST.get("override_claim"):
             rows = Approval.objects.select_related("claimed_by").filter(id__in=ids)
             held = {a.id: h for a in rows if (h := claims.held_by_other(a, request.user))}
-        results = bulk.decide_many(
+        results = services.decide_many(
             ids,
             decision=decision,
             user=request.user,
             reason=reason,
             held=held,
             versions=selected,
+            door=services.Door.INBOX,
         )
     if not request.htmx:
         for r in results:
@@ -146,7 +147,10 @@ def bulk_decide(request: HttpRequest) -> HttpResponse:
     response = render(
         request,
         "approvals/_bulk_results.html",
-        {"results": [{**r, "text": _line(r)} for r in results], "summary": bulk.summary(results)},
+        {
+            "results": [{**r, "text": _line(r)} for r in results],
+            "summary": services.summary(results),
+        },
     )
     response["HX-Trigger"] = "inbox-changed"
     return response

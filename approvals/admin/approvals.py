@@ -10,9 +10,8 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from agentruns.runtime.money import format_cents
-from agentruns.runtime.redaction import redact_fields
+from approvals.decisions import args_diff
 from approvals.models import Approval
-from approvals.parking import args_diff
 
 
 def _pretty(value: object) -> str:
@@ -115,7 +114,6 @@ class ApprovalAdmin(admin.ModelAdmin):
         rows = list(obj.decisions.all())
         if not rows:
             return "—"
-        hidden = obj.hidden_fields
         return format_html_join(
             mark_safe("<br>"),
             "round {}: {} {} at {}{}{}",
@@ -125,7 +123,7 @@ class ApprovalAdmin(admin.ModelAdmin):
                     d.username or "the system",
                     d.decision,
                     d.decided_at.isoformat(timespec="seconds"),
-                    f" with {_pretty(redact_fields(d.args, hidden))}" if d.edited else "",
+                    f" with {_pretty(obj.redacted(d.args))}" if d.edited else "",
                     f" ({d.reason})" if d.reason else "",
                 )
                 for d in rows
@@ -153,26 +151,19 @@ class ApprovalAdmin(admin.ModelAdmin):
 
     @admin.display(description="requested")
     def requested(self, obj: Approval):
-        return format_html(
-            "<pre>{}</pre>", _pretty(redact_fields(obj.requested_args, obj.hidden_fields))
-        )
+        return format_html("<pre>{}</pre>", _pretty(obj.visible_args()))
 
     @admin.display(description="approved")
     def approved(self, obj: Approval):
         if obj.status != "approved":
             return "—"
-        return format_html(
-            "<pre>{}</pre>", _pretty(redact_fields(obj.effective_args, obj.hidden_fields))
-        )
+        return format_html("<pre>{}</pre>", _pretty(obj.redacted(obj.effective_args)))
 
     @admin.display(description="changes")
     def changes(self, obj: Approval):
         if obj.edited_args is None:
             return "none"
-        hidden = obj.hidden_fields
-        diff = args_diff(
-            redact_fields(obj.requested_args, hidden), redact_fields(obj.edited_args, hidden)
-        )
+        diff = args_diff(obj.visible_args(), obj.redacted(obj.edited_args))
         return format_html(
             "<ul>{}</ul>",
             format_html_join(
@@ -187,7 +178,3 @@ class ApprovalAdmin(admin.ModelAdmin):
         if obj.resolution_result is None:
             return "—"
         return format_html("<pre>{}</pre>", _pretty(obj.resolution_result))
-
-
-# the webhook endpoints and the outbox's deliveries
-import approvals.admin_webhooks  # noqa: E402, F401

@@ -1,9 +1,11 @@
 """The HTMX inbox: pending items newest first, decided in place.
 
 Viewing needs `approvals.view_approval` (as the API does); deciding needs
-`approvals.decide_approval`. Decisions go through the same service functions as the JSON API, so
-the rules (limits, edit policies, the two-person rule, "already decided") and their messages are
-identical; the real status of a refusal rides in `X-Decision-Status`. Every page and fragment costs a constant number of queries (see selectors/cards).
+`approvals.decide_approval`. Decisions go through the one `services.decide` the JSON API calls
+too, so the rules (limits, edit policies, the two-person rule, "already decided") and their
+messages are identical (the inbox's one rule of its own, a reason to reject, is stated there);
+the real status of a refusal rides in `X-Decision-Status`. Every page and fragment costs a
+constant number of queries (see selectors/cards).
 """
 
 from __future__ import annotations
@@ -13,24 +15,29 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
-from django.http import HttpRequest, HttpResponse, QueryDict
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
-from agentruns.registry import UnknownTool, all_agents, get_tool
-from agentruns.registry.edits import same_value
-from agentruns.registry.schemas import type_words
-from agentruns.runtime.ids import BadId, parse_id
-from agentruns.runtime.text import UnsafeValue, check_text, loads_strict
+from agentruns.registry import all_agents
+from agentruns.runtime.ids import actor_name
+from agentruns.runtime.text import UnsafeValue, loads_strict
 from agentruns.selectors.pagination import encode_cursor
-from approvals import policy, services
-from approvals.cards import build_cards, card_for
+from approvals import services
 from approvals.claims import held_by_other
+from approvals.errors import (
+    AlreadyDecided,
+    DecisionError,
+    StaleProposal,
+    status_of,
+)
 from approvals.models import Approval, ApprovalKind
 from approvals.selectors import AGES, InboxFilters, approvals_query, inbox_page
+from approvals.web.cards import build_cards, card_for
+from approvals.web.forms import form_args, posted_version
 
 PAGE_SIZE = 25
 DECIDE_PERMISSION = "approvals.decide_approval"
@@ -115,117 +122,52 @@ def inbox(request: HttpRequest) -> HttpResponse:
     return render(request, "approvals/inbox.html", context)
 
 
-_NOT_PARSED = object()
-
-
-def _parse_value(name: str, kind: str, raw: str) -> Any:
-    """A form field's text as the JSON type the schema wants, by the API's rules (agentruns.runtime.text:
-    ASCII digits only, finite numbers within 64 bits, strict JSON); refusals read like the API's."""
-    if raw == "" and kind not in ("string", "boolean"):
-        raise policy.EditNotAllowed(name, "required", f"edit refused: {name}: a value is required")
-    if kind in ("integer", "number", "object", "array"):
-        try:
-            value = loads_strict(raw, name)
-        except UnsafeValue:
-            value = _NOT_PARSED
-        wrong_number = kind in ("integer", "number") and (
-            isinstance(value, bool)
-            or not isinstance(value, int if kind == "integer" else int | float)
-        )
-        if value is _NOT_PARSED or wrong_number:
-            message = (
-                f"edit refused: {name} must be {type_words(kind)} (got {raw})"  # as the API says
-            )
-            raise policy.EditNotAllowed(name, "type", message)
-        return value
-    if kind == "boolean":
-        return raw in ("1", "true", "on")
-    try:
-        check_text(raw, name)
-    except UnsafeValue as exc:
-        raise policy.EditNotAllowed(name, "text", f"edit refused: {exc}") from None
-    return raw
-
-
-def form_args(approval: Approval, post: QueryDict) -> dict | None:
-    """Edited arguments from the form generated from the tool's schema: the fields whose value
-    differs from the proposal the card showed (what the agent asked for, or an earlier
-    approver's edit). Only fields the tool's edit policy declares are in the form; fields the
-    tool redacts never are (the approver never saw their values)."""
-    try:
-        tool = get_tool(approval.tool)
-    except UnknownTool:
-        return None
-    properties = tool.parameters.get("properties", {})
-    hidden = set(approval.hidden_fields)
-    shown = approval.effective_args
-    edited: dict = {}
-    for name, prop in properties.items():
-        field = f"arg_{name}"
-        if name in hidden or (field not in post and f"present_{name}" not in post):
-            continue
-        kind = prop.get("type", "string")
-        if isinstance(kind, list):
-            kind = next((k for k in kind if k != "null"), "string")
-        value = _parse_value(name, kind, post.get(field, "").strip())
-        if name not in shown or not same_value(shown.get(name), value):
-            edited[name] = value
-    return edited or None
-
-
-def posted_version(request: HttpRequest) -> int:
-    """The version of the proposal the card showed (0, never current, for a form without one:
-    the inbox always names what the person saw)."""
-    try:
-        return parse_id(request.POST.get("version", ""), what="version")
-    except BadId:
-        return 0
+DONE = {
+    "reject": "Rejected: “{reason}”. The agent will tell the customer.",
+    "happened": "Marked as happened; the run continues.",
+    "retry": "Marked as not happened; the step runs again.",
+    "abort": "The run was aborted.",
+}
 
 
 def _decide(request: HttpRequest, approval: Approval) -> tuple[str, str]:
     """Apply the posted decision. Returns (level, message) for the person who clicked."""
     action = request.POST.get("action", "")
     reason = request.POST.get("reason", "").strip()
-    version = posted_version(request)
+    edited, result = None, None
     if action == "approve":
         edited = form_args(approval, request.POST)
-        decided = services.approve(
-            approval.id, user=request.user, edited_args=edited, reason=reason, version=version
-        )
-        if decided.status == "pending":
-            return "success", (
-                f"Your approval is {decided.approvals_given} of {decided.approvals_required}"
-                f"{' (your edits started a new round)' if edited and decided.round > 1 else ''}; "
-                "the run waits for another approver."
-            )
-        if decided.edited_args is not None:
-            changes = ", ".join(
-                f"{k} {v['from']} → {v['to']}" for k, v in card_for(decided).diff.items()
-            )
-            return "success", f"Approved with changes ({changes}); the run continues."
-        return "success", "Approved; the run continues."
-    if action == "reject":
-        if not reason:
-            raise services.DecisionError(
-                "Give a reason for the rejection: the agent passes it on to the customer."
-            )
-        services.reject(approval.id, user=request.user, reason=reason, version=version)
-        return "success", f"Rejected: “{reason}”. The agent will tell the customer."
-    if action in services.RESOLUTIONS:
-        raw = request.POST.get("result", "").strip()
+    raw = request.POST.get("result", "").strip()
+    if raw and action == "happened":
         try:
-            result = loads_strict(raw, "result") if raw and action == "happened" else None
+            result = loads_strict(raw, "result")
         except UnsafeValue as exc:
-            raise services.DecisionError(f"The result is not valid JSON: {exc}") from None
-        services.reconcile(
-            approval.id, user=request.user, resolution=action, result=result, reason=reason
+            raise DecisionError(f"The result is not valid JSON: {exc}") from None
+    decided = services.decide(
+        approval.id,
+        action,
+        request.user,
+        edited_args=edited,
+        reason=reason,
+        # a reconciliation names no version: it is one person's answer to what happened
+        version=posted_version(request) if action in ("approve", "reject") else None,
+        result=result,
+        door=services.Door.INBOX,
+    )
+    if action != "approve":
+        return "success", DONE[action].format(reason=reason)
+    if decided.status == "pending":
+        return "success", (
+            f"Your approval is {decided.approvals_given} of {decided.approvals_required}"
+            f"{' (your edits started a new round)' if edited and decided.round > 1 else ''}; "
+            "the run waits for another approver."
         )
-        return "success", {
-            "happened": "Marked as happened; the run continues.",
-            "retry": "Marked as not happened; the step runs again.",
-            "abort": "The run was aborted.",
-        }[action]
-    raise services.DecisionError("Unknown action.")
+    if decided.edited_args is not None:
+        changes = ", ".join(
+            f"{k} {v['from']} → {v['to']}" for k, v in card_for(decided).diff.items()
+        )
+        return "success", f"Approved with changes ({changes}); the run continues."
+    return "success", "Approved; the run continues."
 
 
 @require_POST
@@ -249,23 +191,23 @@ def decide(request: HttpRequest, approval_id: int) -> HttpResponse:
         since = timezone.localtime(approval.claimed_at).strftime("%H:%M:%S %Z")
         level, note, status = (
             "warning",
-            f"Nothing changed: {holder.get_username()} is on this item (since {since}). "
+            f"Nothing changed: {actor_name(holder)} is on this item (since {since}). "
             "Confirm to decide it anyway.",
             409,
         )
     else:
         try:
             level, note = _decide(request, approval)
-        except services.AlreadyDecided as exc:
+        except AlreadyDecided as exc:
             level, note, status = "warning", f"Nothing changed: this item was {_human(exc)}.", 409
-        except services.StaleProposal as exc:
+        except StaleProposal as exc:
             level, note, status = (
                 "warning",
                 f"Nothing changed: {exc}. The card now shows the current proposal.",
                 409,
             )
-        except services.DecisionError as exc:
-            level, note, status = "error", str(exc), policy.status_of(exc)
+        except DecisionError as exc:
+            level, note, status = "error", str(exc), status_of(exc)
     if not request.htmx:
         # plain form post (no JavaScript): the message survives the redirect back to the inbox
         getattr(messages, level)(request, f"#{approval.id} {approval.tool}: {note}")
@@ -290,7 +232,7 @@ def decide(request: HttpRequest, approval_id: int) -> HttpResponse:
     return response
 
 
-def _human(exc: services.AlreadyDecided) -> str:
+def _human(exc: AlreadyDecided) -> str:
     """ "already approved by alice at 14:02:07 UTC" for people (the API keeps ISO 8601)."""
     text = str(exc)
     if exc.when is not None:

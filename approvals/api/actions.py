@@ -11,8 +11,9 @@ from agentruns.api.parsing import BadRequest
 from agentruns.api.schemas import obj
 from agentruns.runtime.ids import BadId, parse_id
 from agentruns.runtime.timestamps import iso
-from approvals import bulk, claims, policy, services
-from approvals.api import APPROVAL, already_decided, approval_payload
+from approvals import claims, services
+from approvals.api.approvals import APPROVAL, already_decided, approval_payload
+from approvals.errors import AlreadyDecided, ClaimedByOther, DecisionError, status_of
 from approvals.models import Approval
 
 
@@ -22,15 +23,15 @@ def _claim_action(action: Callable[..., Approval], approval_id: str, request: Ht
         return approval_payload(action(int(approval_id), user=request.user))
     except Approval.DoesNotExist:
         raise BadRequest("no such approval", 404) from None
-    except claims.ClaimedByOther as exc:
+    except ClaimedByOther as exc:
         raise _claimed_by_other(exc) from None
-    except services.AlreadyDecided as exc:  # only a claim: releasing a decided item is a no-op
+    except AlreadyDecided as exc:  # only a claim: releasing a decided item is a no-op
         raise already_decided(exc) from None
-    except services.DecisionError as exc:  # no right to see what a claim answers with
-        raise BadRequest(str(exc), policy.status_of(exc), code=exc.code) from None
+    except DecisionError as exc:  # no right to see what a claim answers with
+        raise BadRequest(str(exc), status_of(exc), code=exc.code) from None
 
 
-def _claimed_by_other(exc: claims.ClaimedByOther) -> BadRequest:
+def _claimed_by_other(exc: ClaimedByOther) -> BadRequest:
     return BadRequest(
         str(exc),
         409,
@@ -87,15 +88,15 @@ def approval_release(request: HttpRequest, approval_id: str) -> dict:
             "type": "array",
             "items": {"type": "integer", "minimum": 1},
             "minItems": 1,
-            "maxItems": bulk.MAX_ITEMS,
+            "maxItems": services.MAX_ITEMS,
         },
-        "decision": {"type": "string", "enum": list(bulk.DECISIONS)},
+        "decision": {"type": "string", "enum": list(services.BULK_DECISIONS)},
         "reason": {"type": "string", "maxLength": 2000},
         # id -> the `version` of the proposal selected; an id without one is decided as the
         # single API decides one without a version
         "versions": {
             "type": "object",
-            "maxProperties": bulk.MAX_ITEMS,
+            "maxProperties": services.MAX_ITEMS,
             "additionalProperties": {"type": "integer", "minimum": 1, "maximum": 2**31 - 1},
         },
     },
@@ -140,13 +141,13 @@ def approval_bulk(request: HttpRequest, body: dict) -> dict:
     except BadId as exc:
         raise BadRequest(str(exc)) from None
     try:
-        results = bulk.decide_many(
+        results = services.decide_many(
             body["ids"],
             decision=body["decision"],
             user=request.user,
             reason=body.get("reason", ""),
             versions=versions,
         )
-    except services.DecisionError as exc:
-        raise BadRequest(str(exc), policy.status_of(exc), code=exc.code) from None
-    return {"results": results, "summary": bulk.summary(results)}
+    except DecisionError as exc:
+        raise BadRequest(str(exc), status_of(exc), code=exc.code) from None
+    return {"results": results, "summary": services.summary(results)}

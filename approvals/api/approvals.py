@@ -7,12 +7,21 @@ from django.http import HttpRequest
 from agentruns.api.endpoint import INT_ID, endpoint
 from agentruns.api.parsing import BadRequest
 from agentruns.api.schemas import COUNT, TEXT_OR_NULL, TIME, TIME_OR_NULL, obj
-from agentruns.runtime.redaction import redact_fields
+from agentruns.runtime.ids import actor_name
 from agentruns.runtime.timestamps import iso
-from approvals import cards, decisions, policy, services
-from approvals.cards import Card, build_cards
+from approvals import decisions, services
+from approvals.errors import (
+    AlreadyDecided,
+    AlreadyGiven,
+    DecisionError,
+    NotRunnable,
+    StaleProposal,
+    error_details,
+    status_of,
+)
 from approvals.models import Approval, ApprovalKind, ApprovalStatus
 from approvals.selectors import AGES, approvals_query
+from approvals.web.cards import Card, build_cards, cannot_run_now
 
 ARGS_OR_NULL = {"type": ["object", "null"]}
 APPROVAL = obj(
@@ -86,14 +95,13 @@ def claim_payload(approval: Approval) -> dict:
     """Who is on the item right now (nobody once the claim lapsed or the item is decided)."""
     holder = approval.claimant()
     return {
-        "claimed_by": holder.get_username() if holder else None,
+        "claimed_by": actor_name(holder),
         "claimed_at": iso(approval.claimed_at) if holder else None,
         "claim_expires_at": iso(approval.claim_expires_at) if holder else None,
     }
 
 
 def approval_payload(approval: Approval, card: Card | None = None) -> dict:
-    hidden = approval.hidden_fields
     payload = {
         "id": approval.id,
         "kind": approval.kind,
@@ -103,11 +111,11 @@ def approval_payload(approval: Approval, card: Card | None = None) -> dict:
         "step_index": approval.step.index,
         "agent": approval.agent,
         "tool": approval.tool,
-        "args": redact_fields(approval.effective_args, hidden),
-        "requested_args": redact_fields(approval.requested_args, hidden),
-        "edited_args": redact_fields(approval.edited_args, hidden),
+        "args": approval.redacted(approval.effective_args),
+        "requested_args": approval.visible_args(),
+        "edited_args": approval.redacted(approval.edited_args),
         "resolution": approval.resolution or None,
-        "decided_by": approval.decided_by.get_username() if approval.decided_by else None,
+        "decided_by": approval.decided_by_name,
         "decided_at": iso(approval.decided_at),
         "reason": approval.reason,
         "expires_at": iso(approval.expires_at),
@@ -119,14 +127,14 @@ def approval_payload(approval: Approval, card: Card | None = None) -> dict:
         "history": [
             {
                 **entry,
-                "requested_args": redact_fields(entry.get("requested_args"), hidden),
-                "edited_args": redact_fields(entry.get("edited_args"), hidden),
+                "requested_args": approval.redacted(entry.get("requested_args")),
+                "edited_args": approval.redacted(entry.get("edited_args")),
             }
             for entry in approval.history
         ],
         # the two-person rule: still `pending` until approvals_given reaches approvals_required
         **decisions.payload(approval),
-        "cannot_run": card.cannot_run if card is not None else cards.cannot_run_now(approval),
+        "cannot_run": card.cannot_run if card is not None else cannot_run_now(approval),
     }
     if card is not None:
         # what the inbox card shows, for scripts that triage without opening the run
@@ -170,7 +178,7 @@ def approval_list(
     return {"approvals": [approval_payload(card.approval, card) for card in build_cards(rows)]}
 
 
-def already_decided(exc: services.AlreadyDecided) -> BadRequest:
+def already_decided(exc: AlreadyDecided) -> BadRequest:
     """The 409 of a late decision (or claim): who decided, when, and the item as it is."""
     payload = approval_payload(exc.approval)
     return BadRequest(
@@ -183,9 +191,6 @@ def already_decided(exc: services.AlreadyDecided) -> BadRequest:
     )
 
 
-DECISIONS = ["approve", "reject", *services.RESOLUTIONS]
-
-
 @endpoint(
     "POST",
     "/approvals/{approval_id}",
@@ -193,7 +198,7 @@ DECISIONS = ["approve", "reject", *services.RESOLUTIONS]
     permission="approvals.decide_approval",
     path_params={"approval_id": INT_ID},
     body={
-        "decision": {"type": "string", "enum": DECISIONS},
+        "decision": {"type": "string", "enum": list(services.DECISIONS)},
         "reason": {"type": "string", "maxLength": 2000},
         "args": {"type": "object"},
         "result": {},
@@ -216,35 +221,24 @@ DECISIONS = ["approve", "reject", *services.RESOLUTIONS]
 def approval_decide(request: HttpRequest, approval_id: str, body: dict) -> dict | tuple[dict, int]:
     if not Approval.objects.filter(id=int(approval_id)).exists():
         raise BadRequest("no such approval", 404)
-    decision, reason, version = body["decision"], body.get("reason", ""), body.get("version")
     try:
-        if decision == "approve":
-            approval = services.approve(
-                int(approval_id),
-                user=request.user,
-                edited_args=body.get("args"),
-                reason=reason,
-                version=version,
-            )
-        elif decision == "reject":
-            approval = services.reject(
-                int(approval_id), user=request.user, reason=reason, version=version
-            )
-        else:
-            approval = services.reconcile(
-                int(approval_id),
-                user=request.user,
-                resolution=decision,
-                result=body.get("result"),
-                reason=reason,
-            )
-    except services.AlreadyDecided as exc:
+        approval = services.decide(
+            int(approval_id),
+            body["decision"],
+            request.user,
+            edited_args=body.get("args"),
+            reason=body.get("reason", ""),
+            version=body.get("version"),
+            result=body.get("result"),
+            door=services.Door.API,
+        )
+    except AlreadyDecided as exc:
         raise already_decided(exc) from None
-    except services.DecisionError as exc:
-        extra = policy.error_details(exc)
-        if isinstance(exc, services.AlreadyGiven | services.StaleProposal | services.NotRunnable):
+    except DecisionError as exc:
+        extra = error_details(exc)
+        if isinstance(exc, AlreadyGiven | StaleProposal | NotRunnable):
             extra["approval"] = approval_payload(_reloaded(approval_id))  # the current proposal
-        raise BadRequest(str(exc), policy.status_of(exc), **extra) from None
+        raise BadRequest(str(exc), status_of(exc), **extra) from None
     return approval_payload(_reloaded(approval.id))
 
 
