@@ -1,26 +1,21 @@
-"""The demo's refund agent and its tools: a Pydantic AI agent, plugged in through the public
-registry only (`register_agent(pydantic_ai.Agent)`; docs/pydantic-ai.md). Its tools declare the
-engine's semantics in their metadata and read their step with `current_step()`."""
+"""The demo's refund agent and its tools, plugged in through the public registry only."""
 
 from __future__ import annotations
 
-import json
 import os
-from typing import Annotated, Any
 
 import httpx
 from django.db import IntegrityError, transaction
-from pydantic import Field
-from pydantic_ai import Agent
 
 from agentruns.registry import (
+    Agent,
     Edit,
     FatalToolError,
     RetryableToolError,
     RetryPolicy,
-    current_step,
-    durable,
+    ToolContext,
     register_agent,
+    tool,
 )
 from support.conf import demo_conf
 from support.models import Order, OutboxMessage, Ticket, TicketNote
@@ -61,20 +56,8 @@ def refund_approvers(arguments: dict) -> int:
     return 2 if _two_person(int(arguments.get("amount_cents", 0))) else 1
 
 
-refund_agent = Agent(
-    name="refund",
-    instructions=(
-        "You are a support agent for an online shop. Look up the order, refund the amount "
-        "the customer is owed (the order amount unless they ask for less), note it on the "
-        "ticket and reply to the customer. If a refund is rejected, tell the customer why. "
-        "If you have no refund tool, tell the customer a colleague will take over and note "
-        "the hand-over on the ticket."
-    ),
-)
-
-
-@refund_agent.tool_plain(metadata=durable(redact=["customer_email"]))
-def lookup_order(order_id: str) -> dict:
+@tool(redact=("customer_email",))
+def lookup_order(ctx: ToolContext, order_id: str) -> dict:
     """Look up an order: customer, amount, currency, item and status."""
     order = Order.objects.filter(order_id=order_id).first()
     if order is None:
@@ -93,31 +76,34 @@ def lookup_order(order_id: str) -> dict:
     }
 
 
-@refund_agent.tool_plain(
-    metadata=durable(
-        side_effect=True,
-        idempotency="key",
-        requires_approval=needs_refund_approval,
-        approvals_required=refund_approvers,
-        # approvers may lower the amount, never raise it or change the order
-        editable={"amount_cents": Edit.at_most_requested(minimum=1), "reason": Edit.free()},
-        amount_arg="amount_cents",
-        retry=RetryPolicy(max_attempts=3, backoff_seconds=0.5, backoff_max_seconds=5),
-    )
+@tool(
+    side_effect=True,
+    idempotency="key",
+    requires_approval=needs_refund_approval,
+    approvals_required=refund_approvers,
+    # approvers may lower the amount, never raise it or change the order
+    editable={"amount_cents": Edit.at_most_requested(minimum=1), "reason": Edit.free()},
+    amount_arg="amount_cents",
+    retry=RetryPolicy(max_attempts=3, backoff_seconds=0.5, backoff_max_seconds=5),
+    parameters={
+        "type": "object",
+        "properties": {
+            "order_id": {"type": "string", "pattern": "^ORD-[0-9]+$"},
+            "amount_cents": {"type": "integer", "minimum": 1, "maximum": 10_000_000},
+            "reason": {"type": "string", "maxLength": 500},
+        },
+        "required": ["order_id", "amount_cents", "reason"],
+        "additionalProperties": False,
+    },
 )
-def issue_refund(
-    order_id: Annotated[str, Field(pattern="^ORD-[0-9]+$")],
-    amount_cents: Annotated[int, Field(ge=1, le=10_000_000)],
-    reason: Annotated[str, Field(max_length=500)],
-) -> dict:
+def issue_refund(ctx: ToolContext, order_id: str, amount_cents: int, reason: str) -> dict:
     """Refund an order through the payment gateway. Sends the step's idempotency key."""
     url = demo_conf.GATEWAY_URL.rstrip("/") + "/refunds"
-    step = current_step()
     try:
         response = gateway_client().post(
             url,
             json={"order_id": order_id, "amount_cents": amount_cents, "reason": reason},
-            headers=gateway_headers(step.idempotency_key, step.traceparent),
+            headers=gateway_headers(ctx.idempotency_key, ctx.traceparent),
         )
     except httpx.HTTPError as exc:
         raise RetryableToolError(f"gateway unreachable: {exc}") from exc
@@ -141,50 +127,54 @@ def _ticket_for(order_id: str) -> Ticket:
     return ticket
 
 
-@refund_agent.tool_plain(metadata=durable(side_effect=True, idempotency="key"))
-def add_ticket_note(order_id: str, note: str) -> dict:
+@tool(side_effect=True, idempotency="key")
+def add_ticket_note(ctx: ToolContext, order_id: str, note: str) -> dict:
     """Add an internal note to the order's open support ticket."""
     ticket = _ticket_for(order_id)
-    key = current_step().idempotency_key
     try:
         with transaction.atomic():
-            row = TicketNote.objects.create(ticket=ticket, body=note, idempotency_key=key)
+            row = TicketNote.objects.create(
+                ticket=ticket, body=note, idempotency_key=ctx.idempotency_key
+            )
     except IntegrityError:  # this step already wrote it before a crash: same note, once
-        row = TicketNote.objects.get(idempotency_key=key)
+        row = TicketNote.objects.get(idempotency_key=ctx.idempotency_key)
     return {"ticket_id": ticket.ticket_id, "note_id": row.pk}
 
 
-@refund_agent.tool_plain(metadata=durable(side_effect=True, idempotency="none"))
-def send_customer_reply(order_id: str, message: str) -> dict:
+@tool(side_effect=True, idempotency="none")
+def send_customer_reply(ctx: ToolContext, order_id: str, message: str) -> dict:
     """Send a reply to the customer by email (not idempotent: an interrupted send is unknown)."""
     order = Order.objects.filter(order_id=order_id).first()
     if order is None:
         raise FatalToolError(f"no order {order_id}")
-    step = current_step()
     row = OutboxMessage.objects.create(
-        order=order, to=order.customer_email, body=message, run_id=step.run.id, step_id=step.step.id
+        order=order, to=order.customer_email, body=message, run_id=ctx.run.id, step_id=ctx.step.id
     )
     return {"outbox_id": row.pk, "to": "customer"}
 
 
-def input_message(run_input: Any) -> str:
-    """The prompt is the whole input (order id, message, ticket id), as the native agents'."""
-    return json.dumps(run_input, sort_keys=True, ensure_ascii=False)
-
-
 register_agent(
-    refund_agent,
-    scripted_policy=refund_policy,  # the offline `scripted` model plays the refund flow
-    format_input=input_message,
-    search_fields=("order_id", "ticket_id"),
-    input_schema={
-        "type": "object",
-        "properties": {
-            "order_id": {"type": "string", "minLength": 1, "maxLength": 20},
-            "message": {"type": "string", "maxLength": 5000},
-            "ticket_id": {"type": "string", "maxLength": 50},
+    Agent(
+        name="refund",
+        instructions=(
+            "You are a support agent for an online shop. Look up the order, refund the amount "
+            "the customer is owed (the order amount unless they ask for less), note it on the "
+            "ticket and reply to the customer. If a refund is rejected, tell the customer why. "
+            "If you have no refund tool, tell the customer a colleague will take over and note "
+            "the hand-over on the ticket."
+        ),
+        tools=["lookup_order", "issue_refund", "add_ticket_note", "send_customer_reply"],
+        scripted_policy=refund_policy,
+        search_fields=("order_id", "ticket_id"),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "order_id": {"type": "string", "minLength": 1, "maxLength": 20},
+                "message": {"type": "string", "maxLength": 5000},
+                "ticket_id": {"type": "string", "maxLength": 50},
+            },
+            "required": ["order_id"],
+            "additionalProperties": False,  # an unknown key is a mistake, or a payload
         },
-        "required": ["order_id"],
-        "additionalProperties": False,  # an unknown key is a mistake, or a payload
-    },
+    )
 )
