@@ -1,3 +1,5 @@
+from pathlib import Path
+
 from pydantic_ai import Agent, RunContext
 from pydantic_ai.mcp import MCPToolset
 
@@ -7,7 +9,7 @@ agent = Agent(  # no model: AGENTRUNS_MODEL decides (scripted, openai:..., anthr
     name="shop",
     instructions="You help the shop's customers. Be brief.",
     # an MCP server (stdio; a URL works too): read-only tools run freely, the others need approval
-    toolsets=[MCPToolset("examples/pydantic_ai/backoffice.py").prefixed("bo")],
+    toolsets=[MCPToolset(Path("examples/pydantic_ai/backoffice.py")).prefixed("bo")],
 )
 
 
