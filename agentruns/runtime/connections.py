@@ -13,7 +13,9 @@ child forgets the inherited pools without touching them (`forget_inherited_pools
 start-up) and opens its own on first use.
 
 Outages: psycopg_pool's reconnection backoff is capped (`cap_reconnect_backoff`), so the pool
-has its connections back within a second or so of the database's return.
+has its connections back within a second or so of the database's return, and a reconnect series
+it gives up (after DB_POOL_RECONNECT_SECONDS) is started afresh while a thread still waits for a
+connection (`regrow_for_waiting_clients`).
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ def guard_forks() -> None:
     if pooled():
         os.register_at_fork(after_in_child=forget_inherited_pools)
         cap_reconnect_backoff()
+        regrow_for_waiting_clients()
 
 
 # psycopg_pool retries a failed connection 1, 2, 4, 8, 16 ... s apart without a cap: after an 8 s
@@ -98,6 +101,29 @@ def cap_reconnect_backoff(cap: float = RECONNECT_BACKOFF_CAP_SECONDS) -> None:
 
     sync_pool.AttemptWithBackoff = CappedBackoff
     logging.getLogger("psycopg.pool").addFilter(_quiet_reconnects)
+
+
+def regrow_for_waiting_clients() -> None:
+    """When psycopg_pool gives up a reconnect series it lowers its connection count and waits
+    for the *next* getconn() to start another: a thread already waiting then got nothing until
+    its own timeout (measured: an outage of 5 s, reconnect_timeout 2 s, the waiting thread's
+    PoolTimeout after the full 30 s with the database back since 25 s; pool_size 0). Patched,
+    a series given up while a client still waits is followed at once by a fresh one."""
+    from psycopg_pool import ConnectionPool
+
+    if getattr(ConnectionPool.reconnect_failed, "regrows", False):
+        return
+    original = ConnectionPool.reconnect_failed
+
+    def reconnect_failed(pool: ConnectionPool) -> None:
+        original(pool)  # the pool's own `reconnect_failed` callback, if one was configured
+        with pool._lock:
+            # a timed-out client stays queued (with its error) until a connection comes
+            if not pool.closed and any(not (w.conn or w.error) for w in pool._waiting):
+                pool._maybe_grow_pool()  # no-op while another growing series is under way
+
+    reconnect_failed.regrows = True  # type: ignore[attr-defined]
+    ConnectionPool.reconnect_failed = reconnect_failed  # type: ignore[method-assign]
 
 
 def _quiet_reconnects(record: logging.LogRecord) -> bool:

@@ -15,12 +15,13 @@ import time
 from collections import defaultdict
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 from django_q.models import OrmQ
 
 from agentruns.models import AttemptOutcome, Run, RunStatus, StepAttempt, StepStatus
 from agentruns.registry import Agent, RetryPolicy, ToolContext, register_agent, tool
 from agentruns.runtime.executor import RunExecutor
+from agentruns.runtime.faults import database_unavailable
 from agentruns.runtime.lease import Heartbeat
 from tests.helpers import advance, assert_gapless, event_types, leased_run, script_run, steps
 from tests.procs import wait_until
@@ -116,7 +117,14 @@ def _handed_back(run: Run) -> Run:
     """Wait until the lease keeper released the run's lease and rang it; the row."""
 
     def released() -> Run | None:
-        row = Run.objects.get(id=run.id)
+        try:
+            row = Run.objects.get(id=run.id)
+        except OperationalError as exc:
+            # this read, too, waits only the short pool timeout: right after the return the pool
+            # may still be reconnecting (its next try up to 1 s away, a connect on a loaded box)
+            assert database_unavailable(exc), exc
+            connection.close()
+            return None
         return row if not row.lease_owner and row.enqueued_at != run.enqueued_at else None
 
     return wait_until(released, timeout=30, message="the keeper to hand the run back")
