@@ -8,6 +8,7 @@ import os
 import pytest
 from django.contrib.auth.models import Group
 from django.core.management import call_command
+from django.db import connection
 
 from tests import testkit  # (registers the shared test agents and tools)
 from tests.helpers import ApiClient, make_user  # (importable from here too, as older tests do)
@@ -21,6 +22,19 @@ def _fast_settings(settings, tmp_path):
     settings.SCRIPTED_MODEL_DELAY_MS = 0
     settings.AGENTRUNS_FAILPOINT_DIR = str(tmp_path / "failpoints")
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def _no_connection_left_broken():
+    """A test that took the database away (tests/runtime/dbfaults.py) may leave this thread's
+    connection terminated; in a web process the request's end would close it, here nothing
+    would, and every later test of the process would fail with "the connection is closed"
+    (seen once in a suite run, on every browser test after it). Given back, the next query
+    connects afresh. Inside a test's transaction nothing can be done, nor is anything broken."""
+    if connection.connection is not None and not connection.in_atomic_block:
+        if not connection.is_usable():
+            connection.close()
+    yield
 
 
 @pytest.fixture

@@ -46,9 +46,15 @@ def refuse_connections() -> None:
 
 
 def allow_connections() -> None:
+    """Connections are taken again; this thread's own, which the outage may have terminated
+    under it (refused from another thread), is given back so its next query connects afresh:
+    a terminated connection left in a test's thread would fail every later test of the process
+    ("the connection is closed": nothing between tests closes it, as a request's end would)."""
     name = connection.settings_dict["NAME"]
     with _admin() as admin:
         admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+    if not connection.in_atomic_block:
+        connection.close()
 
 
 @contextlib.contextmanager
