@@ -3,8 +3,9 @@ from importlib import import_module
 from django.apps import AppConfig
 from django.utils.module_loading import autodiscover_modules
 
-from agentruns.conf import check_environment, conf, connect_reload
+from agentruns.conf import conf
 from agentruns.runtime import connections
+from agentruns.setting import check_environment, connect_reload
 
 
 class AgentRunsConfig(AppConfig):

@@ -14,7 +14,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
-from agentruns.conf import env_bool, env_float, env_int, env_str
+from agentruns.setting import env_bool, env_float, env_int, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from agentruns.conf import Conf, Setting
+from agentruns.setting import Conf, Setting
 
 
 def _gateway_url() -> str:

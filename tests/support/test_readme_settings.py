@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentruns.conf import all_settings
+from agentruns.setting import all_settings
 from tests.procs import ROOT
 
 
