@@ -37,7 +37,8 @@ sweeper's expiry), appears as `tool-approval-response` and then the tool's outpu
 `tool-output-denied`. While a call waits for several approvers, each approval given makes a new
 version of the proposal (approvals/decisions.py): the fold asks again in a segment of its own
 (the call's `tool-input-available` with the current arguments, then `tool-approval-request`
-under the approvalId `<approval>.<version>`), so an answer to an older request names what it saw.
+under the approvalId `<approval>.<version>`), so an answer to an older request names what it saw. (Those
+handlers: `ui_approvals.py`.)
 
 Only chunk types and fields that `uiMessageChunkSchema` of the pinned `ai` major defines are
 emitted (`reset-step` and `tool-approval-response` are 7.x chunks).
@@ -54,6 +55,7 @@ from typing import Any
 from agentruns.runtime.events import EventType
 from agentruns.runtime.redaction import redact_fields
 from agentruns.runtime.text import printable
+from agentruns.stream.ui_approvals import ApprovalFolding, ToolCall
 
 Chunk = dict[str, Any]
 
@@ -77,14 +79,7 @@ def encode_chunk(chunk: Chunk) -> str:
 
 
 @dataclass
-class _Call:
-    tool_call_id: str
-    tool: str
-    settled: bool = False  # output, error or denial emitted: later decisions change nothing
-
-
-@dataclass
-class UIChunks:
+class UIChunks(ApprovalFolding):
     """The fold (see the module docstring). `feed` takes events in seq order, without holes."""
 
     run_id: str
@@ -98,7 +93,7 @@ class UIChunks:
     step_text: tuple[int, int] | None = None  # attempt whose text is in the open step
     newest: dict[int, int] = field(default_factory=dict)  # step -> newest attempt seen
     superseded: set[tuple[int, int]] = field(default_factory=set)
-    calls: dict[int, _Call] = field(default_factory=dict)  # tool step index -> its part
+    calls: dict[int, ToolCall] = field(default_factory=dict)  # tool step index -> its part
     approval_steps: dict[int, int] = field(default_factory=dict)  # approval id -> step index
     approval_chunks: dict[int, int] = field(default_factory=dict)  # approval id -> chunk index
     # the chat's approvalId of each request made: "14" (version 1) or "14.3" -> its chunk index
@@ -256,7 +251,7 @@ class UIChunks:
     def _planned(self, data: dict) -> None:
         step, tool = int(data.get("step", 0)), str(data.get("tool") or "unknown")
         self._close_text()
-        call = _Call(tool_call_id=str(data.get("id") or f"step-{step}"), tool=tool)
+        call = ToolCall(tool_call_id=str(data.get("id") or f"step-{step}"), tool=tool)
         self.calls[step] = call
         chunk: Chunk = {
             "toolCallId": call.tool_call_id,
@@ -268,116 +263,6 @@ class UIChunks:
             call.settled = True
         else:
             self._emit({"type": "tool-input-available", **chunk})
-
-    # ---------------------------------------------------------------- approvals
-    def _approval_requested(self, data: dict) -> None:
-        if data.get("kind", "approval") != "approval" or data.get("approval") is None:
-            return  # a reconciliation is staff's business in the inbox, not the chat's
-        call = self.calls.get(int(data.get("step", -1)))
-        if call is None:
-            return
-        approval = int(data["approval"])
-        self.approval_steps[approval] = int(data["step"])
-        self._close_text()
-        self._ask(approval, str(approval), call)
-
-    def _ask(self, approval: int, asked_as: str, call: _Call) -> None:
-        self.approval_chunks[approval] = self.count + (0 if self.in_segment else 1)
-        self.request_chunks[asked_as] = self.approval_chunks[approval]
-        self.asked_as[approval] = asked_as
-        self._emit(
-            {
-                "type": "tool-approval-request",
-                "approvalId": asked_as,
-                "toolCallId": call.tool_call_id,
-            }
-        )
-
-    def _approval_given(self, data: dict) -> None:
-        """One of several approvals, or an edit: the proposal has a new version. The chat is
-        asked again, with the current arguments, under an approvalId naming that version
-        (`"<approval>.<version>"`), so an answer to what it showed before cannot approve it."""
-        approval, version = data.get("approval"), data.get("version")
-        step = self.approval_steps.get(int(approval)) if approval is not None else None
-        call = self.calls.get(step) if step is not None else None
-        if call is None or call.settled or not isinstance(version, int):
-            return  # not this chat's request (or an event from before versions)
-        opened_here = not self.in_segment
-        self._emit(
-            {
-                "type": "tool-input-available",
-                "toolCallId": call.tool_call_id,
-                "toolName": call.tool,
-                "input": self._shown(call.tool, data.get("arguments", {})),
-            }
-        )
-        self._ask(int(approval), f"{int(approval)}.{version}", call)
-        if opened_here:  # the run is still parked: this re-ask is a segment of its own
-            metadata = {"runId": str(self.run_id), "status": "waiting"}
-            self._emit(
-                {"type": "finish", "finishReason": "tool-calls", "messageMetadata": metadata}
-            )
-            self.in_segment = False
-
-    def _approval_decided(self, data: dict) -> None:
-        call = self.calls.get(int(data.get("step", -1)))
-        if call is None or call.settled:
-            return
-        decision = str(data.get("decision") or "")
-        if data.get("kind") == "reconciliation":
-            resolution = data.get("resolution")
-            if resolution == "happened":
-                output = data.get("result") or {"reconciled": True, "happened": True}
-                self._emit(
-                    {
-                        "type": "tool-output-available",
-                        "toolCallId": call.tool_call_id,
-                        "output": self._shown(call.tool, output),
-                    }
-                )
-                call.settled = True
-            elif resolution == "abort":
-                self._emit(
-                    {
-                        "type": "tool-output-error",
-                        "toolCallId": call.tool_call_id,
-                        "errorText": f"aborted by {data.get('by') or 'staff'}: outcome unknown",
-                    }
-                )
-                call.settled = True
-            return
-        approval = data.get("approval")
-        if decision not in ("approved", "rejected", "expired"):
-            return  # not final (e.g. one of several required approvals)
-        approved = decision == "approved"
-        if approval is not None and int(approval) in self.approval_steps:
-            reason = f"{decision} by {data.get('by') or 'the system'}"
-            if data.get("reason") and data.get("reason") != decision:
-                reason += f": {data['reason']}"
-            self._emit(
-                {
-                    "type": "tool-approval-response",
-                    "approvalId": self.asked_as.get(int(approval), str(approval)),
-                    "approved": approved,
-                    "reason": reason,
-                }
-            )
-        if not approved:
-            self._emit({"type": "tool-output-denied", "toolCallId": call.tool_call_id})
-            call.settled = True
-
-    def _approval_withdrawn(self, data: dict) -> None:
-        step = self.approval_steps.get(int(data.get("approval") or -1))
-        call = self.calls.get(step) if step is not None else None
-        if call is not None and not call.settled:
-            self._emit(
-                {
-                    "type": "tool-output-error",
-                    "toolCallId": call.tool_call_id,
-                    "errorText": "not run: the approval request was withdrawn",
-                }
-            )
-            call.settled = True
 
     # ---------------------------------------------------------------- the run
     def _run_created(self, data: dict) -> None:
