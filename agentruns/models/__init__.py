@@ -1,0 +1,37 @@
+"""The persisted truth of the runtime (DESIGN.md section 3), one module per concept: runs and
+their steps (`runs`), who may do what (`access`), rows every process shares (`shared`). Every
+model is importable from here, as Django and the migrations expect of the app's `models`."""
+
+from agentruns.models.access import ApiToken, ApprovalOverride, ToolPolicy, ToolRule
+from agentruns.models.runs import (
+    TERMINAL_RUN_STATUSES,
+    TERMINAL_STEP_STATUSES,
+    AttemptOutcome,
+    Run,
+    RunEvent,
+    RunStatus,
+    Step,
+    StepAttempt,
+    StepKind,
+    StepStatus,
+)
+from agentruns.models.shared import QuotaBucket, WorkerHeartbeat
+
+__all__ = [
+    "TERMINAL_RUN_STATUSES",
+    "TERMINAL_STEP_STATUSES",
+    "ApiToken",
+    "ApprovalOverride",
+    "AttemptOutcome",
+    "QuotaBucket",
+    "Run",
+    "RunEvent",
+    "RunStatus",
+    "Step",
+    "StepAttempt",
+    "StepKind",
+    "StepStatus",
+    "ToolPolicy",
+    "ToolRule",
+    "WorkerHeartbeat",
+]

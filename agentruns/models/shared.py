@@ -1,0 +1,40 @@
+"""Rows every process shares: the workers' heartbeats and the quota buckets."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class WorkerHeartbeat(models.Model):
+    """One row per worker process: /healthz reads how fresh the newest one is. `qcluster@...`
+    rows are written by the sweeper loop, `pool@...` rows by each q2 worker process's run pool
+    (runs in flight, capacity, whether it drains, its open database connections)."""
+
+    POOL_PREFIX = "pool@"  # the run pools' rows (the web side reads them without the pool)
+
+    worker = models.CharField(max_length=200, unique=True)
+    last_seen_at = models.DateTimeField()
+    last_sweep_at = models.DateTimeField(null=True, blank=True)
+    runs_in_flight = models.PositiveIntegerField(default=0)
+    run_capacity = models.PositiveIntegerField(default=0)
+    draining = models.BooleanField(default=False)
+    db_connections = models.PositiveIntegerField(default=0)
+    # what the process saw since it started (runtime/process_health.py): database and Redis
+    # reachability, model-provider errors by class
+    process_health = models.JSONField(default=dict, blank=True)
+
+    def __str__(self) -> str:
+        return self.worker
+
+
+class QuotaBucket(models.Model):
+    """A token bucket (`runtime/quotas.py`): one row per user and kind, shared by every web
+    process; `stamp` is the database clock (seconds) of the last check, `granted` its answer."""
+
+    key = models.CharField(max_length=100, primary_key=True)
+    tokens = models.FloatField()
+    stamp = models.FloatField()
+    granted = models.BooleanField(default=True)
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.tokens:.1f}"
