@@ -1,0 +1,157 @@
+"""Actions on a run that exists: cancel, retry, resolve a failed step by hand.
+
+Each is atomic and audited on the run's timeline: its RunEvent is written in the same
+transaction as the change, and the worker doorbell (`enqueue`) rings inside that transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from agentruns.conf import conf
+from agentruns.models import Run, RunStatus, Step, StepKind, StepStatus
+from agentruns.runtime import transitions
+from agentruns.runtime.cancel import cancel_run as _cancel_run
+from agentruns.runtime.events import EventSpec, EventType, step_event_data
+from agentruns.runtime.ids import actor_name
+from agentruns.runtime.queue import enqueue
+from agentruns.runtime.redaction import redact_fields
+from agentruns.runtime.timestamps import iso
+from agentruns.runtime.transitions import ActionRefused
+
+
+def _lock(run_id: uuid.UUID | str) -> Run:
+    return Run.objects.select_for_update().get(id=run_id)
+
+
+def cancel_run(run_id: uuid.UUID | str, *, user: Any = None, reason: str = "") -> Run:
+    """Cancel a queued, running or waiting run: now if nobody executes it, else at the next step
+    boundary (`runtime/cancel.py`)."""
+    return _cancel_run(run_id, who=actor_name(user), reason=reason)
+
+
+def _retryable_failed_step(run: Run) -> Step | None:
+    """The step the run failed on: the newest failed step that actually ran (a failed step with
+    no attempt is bad model output that was already fed back to the model)."""
+    return (
+        Step.objects.filter(run=run, status=StepStatus.FAILED)
+        .filter(Q(kind=StepKind.MODEL) | Q(attempts__gt=0))
+        .order_by("-index")
+        .first()
+    )
+
+
+def retry_run(run_id: uuid.UUID | str, *, user: Any = None) -> Run:
+    """Retry a failed run from its failed step: same step row, a new attempt, same idempotency key.
+
+    Completed steps are never executed again: the engine skips terminal steps and rebuilds the
+    conversation from their stored results. A run stopped by a limit (max steps, token budget,
+    deadline) gets that limit extended once more, so the retry has room to finish; the extension
+    is recorded on the timeline.
+    """
+    with transaction.atomic():
+        run = _lock(run_id)
+        if run.status != RunStatus.FAILED:
+            raise ActionRefused(f"only failed runs can be retried (this one is {run.status})")
+        who = actor_name(user)
+        now = timezone.now()
+        events: list[EventSpec] = []
+        failed = _retryable_failed_step(run)
+        if failed is not None:
+            failed.status, failed.finished_at, failed.next_attempt_at = (
+                StepStatus.PENDING,
+                None,
+                None,
+            )
+            failed.retry_base = failed.attempts  # a fresh automatic-retry budget from here
+            failed.save(update_fields=["status", "finished_at", "next_attempt_at", "retry_base"])
+            events.append(
+                (
+                    EventType.STEP_RETRY_REQUESTED,
+                    step_event_data(
+                        failed,
+                        next_attempt=failed.attempts + 1,
+                        idempotency_key=failed.idempotency_key,
+                        by=who,
+                    ),
+                )
+            )
+        extended, limits = _extended_limits(run, now)
+        events.append(
+            (
+                EventType.RUN_RETRIED,
+                {"by": who, "step": failed.index if failed else None, "extended": extended},
+            )
+        )
+        change = transitions.requeued(now).after(*events)
+        change.fields.update(limits)
+        transitions.apply(run.id, change)
+        change.apply_to(run)
+        enqueue(run.id)
+    return run
+
+
+def _extended_limits(run: Run, now: Any) -> tuple[dict, dict[str, Any]]:
+    """The room a run that a stop condition ended needs to continue: (for the timeline, fields)."""
+    if run.stop_reason == "max_steps":
+        max_steps = run.max_steps + conf.DEFAULT_MAX_STEPS
+        return {"max_steps": max_steps}, {"max_steps": max_steps}
+    if run.stop_reason == "token_budget" and run.token_budget:
+        budget = run.total_tokens + run.token_budget
+        return {"token_budget": budget}, {"token_budget": budget}
+    if run.stop_reason == "deadline" and run.deadline_at and run.started_at:
+        deadline = now + max(run.deadline_at - run.started_at, timedelta(seconds=1))
+        return {"deadline_at": iso(deadline)}, {"deadline_at": deadline}
+    return {}, {}
+
+
+def resolve_step(step_id: uuid.UUID | str, result: Any, *, user: Any = None) -> Step:
+    """Mark a failed side-effect step done with an operator-supplied result; the run continues.
+
+    For when staff fixed things by hand (refunded in the gateway's console, for example): the
+    step becomes succeeded with that result, which the model sees as the tool's answer, and the
+    failed run is queued again. The step's attempts keep their real outcomes.
+    """
+    with transaction.atomic():
+        step = Step.objects.select_for_update().get(id=step_id)
+        run = _lock(step.run_id)
+        if step.kind != StepKind.TOOL or step.status != StepStatus.FAILED:
+            raise ActionRefused(
+                f"only a failed tool step can be resolved (step #{step.index} is {step.status})"
+            )
+        if not run.tool_policy(step.tool).get("side_effect"):
+            raise ActionRefused(
+                f"{step.tool} has no side effect: retry the run instead of supplying a result"
+            )
+        if step.attempts == 0:
+            raise ActionRefused("this call never ran (bad arguments); the model was already told")
+        if run.status != RunStatus.FAILED:
+            raise ActionRefused(
+                f"the run is {run.status}; only steps of failed runs can be resolved"
+            )
+        if not isinstance(result, dict):
+            raise ActionRefused("the result must be a JSON object")
+        now = timezone.now()
+        who = actor_name(user)
+        previous_error = step.error
+        step.status, step.result, step.finished_at = StepStatus.SUCCEEDED, result, now
+        step.next_attempt_at = None
+        step.error = f"resolved by {who or 'operator'} (was: {previous_error})"[:2000]
+        step.save()
+        resolved = step_event_data(
+            step,
+            by=who,
+            result=redact_fields(result, run.redacted_fields(step.tool)),
+            was=previous_error,
+        )
+        transitions.apply(
+            run.id, transitions.requeued(now).after((EventType.STEP_RESOLVED, resolved))
+        )
+        enqueue(run.id)
+    return step
