@@ -4,7 +4,7 @@ from django.apps import AppConfig
 from django.utils.module_loading import autodiscover_modules
 
 from agentruns.conf import conf
-from agentruns.runtime import connections
+from agentruns.runtime.dispatch import connections
 from agentruns.setting import check_environment, connect_reload
 
 

@@ -229,7 +229,7 @@ SETTINGS: tuple[Setting, ...] = (
     # the API
     Setting("AGENTRUNS_API_MAX_BODY_BYTES", int, 1_000_000, "larger request bodies get 413", 1024),
     Setting("AGENTRUNS_API_TOKEN_DAYS", float, 90, "new API tokens expire after it (0: never)", 0),
-    # quotas (per user; 0 turns one off): runtime/quotas.py, stream/sockets.py
+    # quotas (per user; 0 turns one off): runtime/access/quotas.py, stream/sockets.py
     Setting("AGENTRUNS_START_BURST", int, 100, "runs a user may start at once (token bucket)", 0),
     Setting("AGENTRUNS_START_PER_SECOND", float, 10, "... refilled at this rate", 0),
     Setting("AGENTRUNS_RUNS_IN_FLIGHT_PER_USER", int, 200, "queued + running runs per user", 0),

@@ -43,7 +43,7 @@ from agentruns.oncall_metrics import (
 )
 from agentruns.operators import details_for_operators, operators_only
 from agentruns.runtime.inbox import inbox
-from agentruns.runtime.timestamps import iso
+from agentruns.runtime.values.timestamps import iso
 
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 METRICS_CACHE_KEY = "agentruns:metrics:v1"
@@ -89,7 +89,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
         "age_seconds": round((now - seen).total_seconds(), 3) if seen else None,
         "live_workers": beat["live"],
         "stale_after_seconds": stale_after,
-        # the run pools of the live worker processes (runtime/pool.py)
+        # the run pools of the live worker processes (runtime/workers/pool.py)
         "runs_in_flight": sum(p.runs_in_flight for p in pools),
         "run_capacity": sum(p.run_capacity for p in pools if not p.draining),
         "processes": [

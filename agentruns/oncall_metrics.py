@@ -4,7 +4,7 @@ Beside the runtime's families (`health.py`): the inbox's, asked through its port
 (runtime/inbox.py: pending and overdue items by agent, their ages as a histogram: one query; the
 webhook outbox's backlog and oldest undelivered row: one query), each worker's free run slots and runs ended by status as a counter (derived from the
 runtime's families: no query), and what every process sees of the database and Redis, with its
-model-provider errors by class (`runtime/process_health.py`: the web process's own view, live,
+model-provider errors by class (`runtime/outages/process_health.py`: the web process's own view, live,
 and each worker's from its heartbeat row: one query).
 
 The process families need no database: with it down, /metrics still answers, saying so.
@@ -25,9 +25,9 @@ from prometheus_client.registry import Collector
 
 from agentruns.conf import conf
 from agentruns.models import RunStatus, WorkerHeartbeat
-from agentruns.runtime import process_health, weather
-from agentruns.runtime.ids import worker_name
 from agentruns.runtime.inbox import inbox
+from agentruns.runtime.outages import process_health, weather
+from agentruns.runtime.values.ids import worker_name
 
 ENDED = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
 

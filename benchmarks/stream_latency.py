@@ -241,8 +241,8 @@ def persistence_benchmark() -> dict:
 
     from agentruns.models import RunEvent
     from agentruns.registry import Agent, ScriptedTurn, register_agent
-    from agentruns.runtime import nudges
-    from agentruns.runtime.executor import RunExecutor
+    from agentruns.runtime.execution.executor import RunExecutor
+    from agentruns.runtime.store import nudges
     from agentruns.services import start_run
 
     connections.close_all()  # a fresh connection after the long latency phase

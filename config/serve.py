@@ -6,7 +6,7 @@ puts a token in the URL (`?access_token=art_...`, refused by the app, which read
 from the Authorization header) would leave it in the log. This entry point is daphne's own
 command line with one change: every logged path has the values of credential-like query
 parameters masked, and anything that looks like a credential anywhere in it (our `art_` tokens,
-`sk-` keys, `Bearer ...`) masked too (`runtime/redaction.py`'s patterns, as in every log line).
+`sk-` keys, `Bearer ...`) masked too (`runtime/values/redaction.py`'s patterns, as in every log line).
 
 `--idle-timeout` (seconds, default 60: Twisted's own): an HTTP connection that sends nothing for
 this long while its request is incomplete (or between keep-alive requests) is closed. It is an
@@ -25,7 +25,7 @@ import daphne.server
 from daphne import http_protocol
 from daphne.access import AccessLogGenerator
 
-from agentruns.runtime.redaction import MASK, redact_text
+from agentruns.runtime.values.redaction import MASK, redact_text
 
 # query parameters whose values are never written to the log, whatever they look like
 SECRET_PARAMETER = re.compile(r"(?i)token|key|secret|pass|auth|sig|session|credential|code")

@@ -255,7 +255,7 @@ Q_CLUSTER = {
     "name": env_str("Q_CLUSTER_NAME", "agentruns"),
     "orm": "default",
     # the ORM broker, first in first out, with delayed doorbells (a retry backoff)
-    "broker_class": "agentruns.runtime.broker.DoorbellBroker",
+    "broker_class": "agentruns.runtime.dispatch.broker.DoorbellBroker",
     "workers": Q_WORKERS,
     "timeout": Q_TIMEOUT,
     "retry": env_int("Q_RETRY", Q_TIMEOUT * 3 + 60),
@@ -299,7 +299,7 @@ DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "agentruns@localhost")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"redact": {"()": "agentruns.runtime.redaction.RedactingFilter"}},
+    "filters": {"redact": {"()": "agentruns.runtime.values.redaction.RedactingFilter"}},
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact"]}

@@ -26,7 +26,7 @@ import httpx
 from django.db import connection
 
 from agentruns.models import Run, Step
-from agentruns.runtime import failpoints
+from agentruns.runtime.execution import failpoints
 from support.models import GatewayRefund, Order, OutboxMessage, Ticket, TicketNote
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,7 +14,7 @@ import re
 from decimal import Decimal, InvalidOperation
 
 from agentruns.registry import ScriptedTurn
-from agentruns.runtime.money import format_cents
+from agentruns.runtime.values.money import format_cents
 
 _NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d{1,2})?|\d+(?:[.,]\d{1,2})?"
 _CURRENCY_WORD = r"usd|eur|gbp|dollars?|euros?|pounds?|bucks"

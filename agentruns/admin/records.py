@@ -20,7 +20,7 @@ from agentruns.models import (
     Step,
     StepAttempt,
 )
-from agentruns.runtime.redaction import (
+from agentruns.runtime.values.redaction import (
     redact_fields,
     redact_text,
     redact_tool_calls,

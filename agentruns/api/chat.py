@@ -36,8 +36,8 @@ from agentruns.api.runs import CHAT_KEY_PREFIX
 from agentruns.api.schemas import TRACEPARENT
 from agentruns.models import Run
 from agentruns.registry import UnknownAgent, get_agent
-from agentruns.runtime.ids import BadId, parse_versioned_id
 from agentruns.runtime.inbox import Refused, inbox
+from agentruns.runtime.values.ids import BadId, parse_versioned_id
 from agentruns.stream.ui_stream import chunks_until_now, ui_message_stream_response
 
 VIEW = "agentruns.view_run"

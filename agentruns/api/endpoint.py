@@ -29,8 +29,8 @@ from django.middleware.csrf import CsrfViewMiddleware
 from agentruns.api.parsing import BadRequest, json_error, json_response, parse_json_body
 from agentruns.registry import strict_validator
 from agentruns.registry.schemas import type_words
-from agentruns.runtime.quotas import QuotaExceeded
-from agentruns.runtime.transitions import ActionRefused
+from agentruns.runtime.access.quotas import QuotaExceeded
+from agentruns.runtime.execution.transitions import ActionRefused
 from agentruns.stream.sockets import credential_of_request, ended_with_credential
 from agentruns.tokens import bearer_from_header, user_for_token
 

@@ -2,7 +2,7 @@
 
 A body is read only up to `API_MAX_BODY_BYTES` (413), only as JSON (415), and only as JSON that
 every column and every consumer can hold (400 naming the field; the rules are
-`agentruns.runtime.text`'s): no NaN or Infinity, no number too large for a 64-bit column or too long to
+`agentruns.runtime.values.text`'s): no NaN or Infinity, no number too large for a 64-bit column or too long to
 parse cheaply, no nesting deeper than `MAX_DEPTH`, no NUL byte and no lone surrogate in any
 string or key.
 """
@@ -17,8 +17,8 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.http import HttpRequest, HttpResponse
 
 from agentruns.conf import conf
-from agentruns.runtime import text
-from agentruns.runtime.text import INT_LIMIT, MAX_DEPTH, MAX_NUMBER_CHARS, UnsafeValue
+from agentruns.runtime.values import text
+from agentruns.runtime.values.text import INT_LIMIT, MAX_DEPTH, MAX_NUMBER_CHARS, UnsafeValue
 
 __all__ = [
     "INT_LIMIT",

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from agentruns.models import Run, Step
-from agentruns.runtime.redaction import redact_fields, redact_text
-from agentruns.runtime.timestamps import iso
+from agentruns.runtime.values.redaction import redact_fields, redact_text
+from agentruns.runtime.values.timestamps import iso
 
 
 def step_payload(run: Run, step: Step) -> dict:

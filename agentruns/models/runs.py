@@ -1,6 +1,6 @@
 """Runs, their steps, attempts and events: the persisted truth of the runtime (DESIGN.md 3).
 
-Run status changes are written in `agentruns.runtime.transitions` (fields + events, applied by the
+Run status changes are written in `agentruns.runtime.execution.transitions` (fields + events, applied by the
 executor's fenced commit or by `transitions.apply`); these classes hold the data, the policy
 lookups on it and the small step changes that need no event of their own.
 """

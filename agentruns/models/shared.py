@@ -19,7 +19,7 @@ class WorkerHeartbeat(models.Model):
     run_capacity = models.PositiveIntegerField(default=0)
     draining = models.BooleanField(default=False)
     db_connections = models.PositiveIntegerField(default=0)
-    # what the process saw since it started (runtime/process_health.py): database and Redis
+    # what the process saw since it started (runtime/outages/process_health.py): database and Redis
     # reachability, model-provider errors by class
     process_health = models.JSONField(default=dict, blank=True)
 
@@ -28,7 +28,7 @@ class WorkerHeartbeat(models.Model):
 
 
 class QuotaBucket(models.Model):
-    """A token bucket (`runtime/quotas.py`): one row per user and kind, shared by every web
+    """A token bucket (`runtime/access/quotas.py`): one row per user and kind, shared by every web
     process; `stamp` is the database clock (seconds) of the last check, `granted` its answer."""
 
     key = models.CharField(max_length=100, primary_key=True)

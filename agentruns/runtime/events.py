@@ -11,8 +11,8 @@ from enum import StrEnum
 from typing import Any
 
 from agentruns.models import Run, RunEvent, Step
-from agentruns.runtime.redaction import redact_fields, redact_text
-from agentruns.runtime.timestamps import iso
+from agentruns.runtime.values.redaction import redact_fields, redact_text
+from agentruns.runtime.values.timestamps import iso
 
 
 class EventType(StrEnum):

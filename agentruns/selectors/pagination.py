@@ -16,7 +16,7 @@ from typing import Any, Generic, TypeVar
 
 from django.db.models import Model, Q, QuerySet
 
-from agentruns.runtime.ids import parse_id
+from agentruns.runtime.values.ids import parse_id
 
 T = TypeVar("T", bound=Model)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

@@ -2,8 +2,8 @@
 starting one (`start`: start, execute inline, fork) and acting on one that exists (`actions`:
 cancel, retry, resolve a step). The views, the API and the chat call them from here."""
 
-from agentruns.runtime.quotas import QuotaExceeded
-from agentruns.runtime.transitions import ActionRefused
+from agentruns.runtime.access.quotas import QuotaExceeded
+from agentruns.runtime.execution.transitions import ActionRefused
 from agentruns.services.actions import cancel_run, resolve_step, retry_run
 from agentruns.services.start import (
     KeyInUse,

@@ -16,14 +16,14 @@ from django.utils import timezone
 
 from agentruns.conf import conf
 from agentruns.models import Run, RunStatus, Step, StepKind, StepStatus
-from agentruns.runtime import transitions
-from agentruns.runtime.cancel import cancel_run as _cancel_run
+from agentruns.runtime.dispatch.queue import enqueue
 from agentruns.runtime.events import EventSpec, EventType, step_event_data
-from agentruns.runtime.ids import actor_name
-from agentruns.runtime.queue import enqueue
-from agentruns.runtime.redaction import redact_fields
-from agentruns.runtime.timestamps import iso
-from agentruns.runtime.transitions import ActionRefused
+from agentruns.runtime.execution import transitions
+from agentruns.runtime.execution.cancel import cancel_run as _cancel_run
+from agentruns.runtime.execution.transitions import ActionRefused
+from agentruns.runtime.values.ids import actor_name
+from agentruns.runtime.values.redaction import redact_fields
+from agentruns.runtime.values.timestamps import iso
 
 
 def _lock(run_id: uuid.UUID | str) -> Run:
@@ -32,7 +32,7 @@ def _lock(run_id: uuid.UUID | str) -> Run:
 
 def cancel_run(run_id: uuid.UUID | str, *, user: Any = None, reason: str = "") -> Run:
     """Cancel a queued, running or waiting run: now if nobody executes it, else at the next step
-    boundary (`runtime/cancel.py`)."""
+    boundary (`runtime/execution/cancel.py`)."""
     return _cancel_run(run_id, who=actor_name(user), reason=reason)
 
 

@@ -21,14 +21,15 @@ from django.utils import timezone
 from agentruns.conf import conf
 from agentruns.models import Run, Step, StepKind
 from agentruns.registry import get_agent
-from agentruns.runtime import permissions, quotas, transitions
+from agentruns.runtime.access import permissions, quotas
+from agentruns.runtime.dispatch.queue import enqueue
 from agentruns.runtime.events import EventType
-from agentruns.runtime.executor import RunExecutor
-from agentruns.runtime.ids import actor_name, step_key, worker_id
-from agentruns.runtime.queue import enqueue
+from agentruns.runtime.execution import transitions
+from agentruns.runtime.execution.executor import RunExecutor
+from agentruns.runtime.execution.transitions import ActionRefused
 from agentruns.runtime.store import get_store
-from agentruns.runtime.tracecontext import new_run_trace
-from agentruns.runtime.transitions import ActionRefused
+from agentruns.runtime.tracing.tracecontext import new_run_trace
+from agentruns.runtime.values.ids import actor_name, step_key, worker_id
 
 START_PERMISSION = "agentruns.start_run"
 VIEW_PERMISSION = "agentruns.view_run"

@@ -31,9 +31,9 @@ from channels.layers import get_channel_layer
 
 from agentruns.conf import conf
 from agentruns.models import Run
-from agentruns.runtime import weather
-from agentruns.runtime.faults import is_infrastructure_error, redis_unavailable
-from agentruns.runtime.nudges import run_group
+from agentruns.runtime.outages import weather
+from agentruns.runtime.outages.faults import is_infrastructure_error, redis_unavailable
+from agentruns.runtime.store.nudges import run_group
 from agentruns.stream import sockets
 from agentruns.stream.frames import encoded_frames_after
 from agentruns.stream.unavailable import REASON, TRY_AGAIN_LATER

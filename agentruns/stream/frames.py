@@ -19,7 +19,7 @@ from django.template.loader import render_to_string
 
 from agentruns.models import RunEvent
 from agentruns.runtime.events import event_payload
-from agentruns.runtime.text import printable
+from agentruns.runtime.values.text import printable
 
 EVENT_TEMPLATE = "agentruns/_event.html"
 TEXT_ONLY_TYPES = frozenset({"model.delta"})  # shown as conversation text, not as event lines

@@ -53,8 +53,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentruns.runtime.events import EventType
-from agentruns.runtime.redaction import redact_fields
-from agentruns.runtime.text import printable
+from agentruns.runtime.values.redaction import redact_fields
+from agentruns.runtime.values.text import printable
 from agentruns.stream.ui_approvals import ApprovalFolding, ToolCall
 
 Chunk = dict[str, Any]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from agentruns.runtime.faults import is_infrastructure_error
+from agentruns.runtime.outages.faults import is_infrastructure_error
 
 log = logging.getLogger(__name__)
 

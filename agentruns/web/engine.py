@@ -3,7 +3,7 @@
 A stored row can hold text that UTF-8 cannot encode (a lone surrogate in JSON on SQLite, from
 before the API refused it). Rendered as is, it makes the response fail to encode, a 500 for
 every user who opens that page (the inbox, the run page, the admin). Every render goes through
-`agentruns.runtime.text.printable`, so such a character shows as U+FFFD and the page still works.
+`agentruns.runtime.values.text.printable`, so such a character shows as U+FFFD and the page still works.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from django.template.backends.django import DjangoTemplates
 from django.utils.safestring import SafeString, mark_safe
 
-from agentruns.runtime.text import printable
+from agentruns.runtime.values.text import printable
 
 
 class EncodableTemplate:

@@ -1,5 +1,5 @@
 """Refuse query strings and form posts that no column can hold, before any view reads them;
-answer a quota refusal (`runtime/quotas.py`) as 429 with Retry-After wherever it is raised.
+answer a quota refusal (`runtime/access/quotas.py`) as 429 with Retry-After wherever it is raised.
 
 Django decodes form and query values with errors="replace", so they never hold a lone
 surrogate, but `%00` decodes to a NUL byte, which PostgreSQL refuses in any text or jsonb
@@ -18,7 +18,7 @@ from django.shortcuts import render
 
 from agentruns.api.endpoint import quota_refusal
 from agentruns.api.parsing import json_error
-from agentruns.runtime.quotas import QuotaExceeded
+from agentruns.runtime.access.quotas import QuotaExceeded
 
 
 class RefuseUnstorableInput:

@@ -3,7 +3,7 @@
 While the database (or Redis) is unreachable, every request that needs it answers 503 with
 `Retry-After`: `{"error": ...}` under `/api/`, a plain page without the base layout elsewhere
 (the layout reads the user and the navigation counts, i.e. the database), never a traceback or
-Django's debug page. `runtime/faults.py` decides what counts as an outage.
+Django's debug page. `runtime/outages/faults.py` decides what counts as an outage.
 
 Where the error is raised decides how it is caught. A view (or the template it renders: the
 navigation's context processor) raises into `process_exception`, which answers at once. The
@@ -30,7 +30,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.loader import render_to_string
 
 from agentruns.api.parsing import json_error
-from agentruns.runtime.faults import database_unavailable, redis_unavailable
+from agentruns.runtime.outages.faults import database_unavailable, redis_unavailable
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from agentruns.models import Run, Step, StepAttempt, StepKind, StepStatus
 from agentruns.registry.deployed import cannot_run
-from agentruns.runtime.redaction import redact_fields, redact_text, redact_tool_calls
+from agentruns.runtime.values.redaction import redact_fields, redact_text, redact_tool_calls
 
 # outcome -> colour, shared by the SVG bars and its legend
 COLOURS = {

@@ -22,8 +22,8 @@ from django.views.decorators.http import require_POST
 from agentruns import services
 from agentruns.models import Run, RunEvent, RunStatus, Step, StepAttempt
 from agentruns.registry import all_agents
-from agentruns.runtime.ids import parse_id
-from agentruns.runtime.text import UnsafeValue, loads_strict
+from agentruns.runtime.values.ids import parse_id
+from agentruns.runtime.values.text import UnsafeValue, loads_strict
 from agentruns.selectors import AGES, RunFilters, backoff_of, live_turns, run_page
 from agentruns.web.permissions import permission_view
 from agentruns.web.timeline import legend, timeline_svg, view_steps

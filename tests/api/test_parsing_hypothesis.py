@@ -1,4 +1,4 @@
-"""Property tests of the request parser (`api/parsing.py` over `agentruns/runtime/text.py`): whatever
+"""Property tests of the request parser (`api/parsing.py` over `agentruns/runtime/values/text.py`): whatever
 hostile text or number a body holds, the parser either returns JSON that PostgreSQL stores and
 UTF-8 encodes, or refuses it with a 4xx BadRequest naming the problem; never anything else."""
 
@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentruns.api.parsing import INT_LIMIT, MAX_DEPTH, BadRequest, loads
-from agentruns.runtime.text import printable, storable
+from agentruns.runtime.values.text import printable, storable
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

@@ -1,4 +1,4 @@
-"""Quotas (runtime/quotas.py): the start bucket shared by real web processes, the cap on runs in
+"""Quotas (runtime/access/quotas.py): the start bucket shared by real web processes, the cap on runs in
 flight, the decision bucket, and agent inputs (extra keys, a size cap per key).
 
 The burst test drives two real daphne processes on the test database with bearer tokens: a
@@ -14,7 +14,7 @@ import pytest
 from django.test import Client
 
 from agentruns.models import Run, RunStatus
-from agentruns.runtime import quotas
+from agentruns.runtime.access import quotas
 from agentruns.tokens import create_token
 from approvals.models import Approval, ApprovalStatus
 from tests.approvals.kit import bulk_pending, login
@@ -134,7 +134,7 @@ def test_the_bucket_is_one_statement_on_sqlite_too(tmp_path):
     env = base_env(**sqlite_env(tmp_path / "db.sqlite3", "http://127.0.0.1:1"))
     manage(env, "migrate", "--noinput", "-v0")
     code = (
-        "from agentruns.runtime.quotas import take; import time\n"
+        "from agentruns.runtime.access.quotas import take; import time\n"
         "first = [take('start:1', burst=3, per_second=2) for _ in range(4)]\n"
         "time.sleep(0.6)\n"
         "print([w > 0 for w in first], take('start:1', burst=3, per_second=2) == 0)"

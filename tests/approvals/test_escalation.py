@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from agentruns.models import RunEvent
 from agentruns.registry import Agent, ToolContext, register_agent, tool
-from agentruns.runtime.sweeper import sweep
+from agentruns.runtime.workers.sweeper import sweep
 from agentruns.services import start_run
 from approvals import services
 from approvals.escalation import escalate_due_approvals

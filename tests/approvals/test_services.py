@@ -10,7 +10,7 @@ from django.utils import timezone
 from django_q.models import OrmQ
 
 from agentruns.models import Run, RunEvent, RunStatus, Step, StepStatus
-from agentruns.runtime.sweeper import sweep
+from agentruns.runtime.workers.sweeper import sweep
 from agentruns.services import cancel_run, start_run
 from approvals import errors, parking, services
 from approvals.models import Approval, ApprovalKind, ApprovalStatus
@@ -145,7 +145,7 @@ def test_reject_feeds_the_reason_back_to_the_agent(approver, django_capture_on_c
     assert run.status == RunStatus.SUCCEEDED
     assert CALLS["ap_refund"] == []
     # the model's next turn saw the rejection as the tool's result
-    from agentruns.runtime.conversation import tool_result_content
+    from agentruns.runtime.execution.conversation import tool_result_content
 
     assert "outside the 30-day window" in tool_result_content(step)
     (event,) = events(run.id, "approval.decided")

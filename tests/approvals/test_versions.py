@@ -226,7 +226,7 @@ def test_the_inbox_bulk_form_refuses_ids_that_are_not_ascii_digits(approver, raw
     [("14", (14, None)), ("14.3", (14, 3)), ("²", None), ("١٤", None), ("14.", None), ("", None)],
 )
 def test_one_parser_for_ids_ascii_digits_only(raw, parsed):
-    from agentruns.runtime.ids import BadId, parse_versioned_id
+    from agentruns.runtime.values.ids import BadId, parse_versioned_id
     from agentruns.selectors.pagination import decode_cursor
 
     if parsed is None:

@@ -222,7 +222,7 @@ def test_sweeper_rerings_a_dead_workers_run_as_soon_as_its_lease_expires(setting
     resweep guard that protects runs whose task is still waiting in the queue."""
     from datetime import timedelta
 
-    from agentruns.runtime.sweeper import sweep
+    from agentruns.runtime.workers.sweeper import sweep
 
     settings.AGENTRUNS_LEASE_TTL_SECONDS = 2
     now = timezone.now()

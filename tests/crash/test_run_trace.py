@@ -20,7 +20,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from agentruns.models import Run, RunStatus, Step, StepStatus
-from agentruns.runtime.tracecontext import root_span_id, slice_span_id
+from agentruns.runtime.tracing.tracecontext import root_span_id, slice_span_id
 from agentruns.tokens import create_token
 from support.models import GatewayRefund, Order
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan

@@ -20,7 +20,7 @@ import pytest
 from django.db import connections
 
 from agentruns.models import Run, RunStatus, Step
-from agentruns.runtime.money import format_cents
+from agentruns.runtime.values.money import format_cents
 from agentruns.services import start_run
 from approvals.models import Approval
 from support.models import Order, OutboxMessage

@@ -1,4 +1,4 @@
-"""A model-provider outage is weather (runtime/model_outage.py): the fake OpenAI-compatible server
+"""A model-provider outage is weather (runtime/outages/model_outage.py): the fake OpenAI-compatible server
 is really stopped and started again on its port, and answers 503 and 429 with Retry-After.
 
 With a real worker: the run backs off (queued, with the reason and the next try, on the run page

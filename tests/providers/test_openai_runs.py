@@ -107,7 +107,7 @@ def test_rate_limit_then_success_is_one_attempt(openai_settings, fake):
 
 
 def test_server_errors_beyond_sdk_retries_are_weather_not_an_attempt(openai_settings, fake):
-    """A 500 before any text is an outage the run backs off from (runtime/model_outage.py):
+    """A 500 before any text is an outage the run backs off from (runtime/outages/model_outage.py):
     the step's only attempt is the one that answered."""
     openai_settings.OPENAI_MAX_RETRIES = 0
     fake.script(Fail(500), Reply(text="Back again."))

@@ -10,7 +10,7 @@ from django.db import connection
 from django.utils import timezone
 
 from agentruns.models import AttemptOutcome, Run, RunEvent, Step, StepAttempt, StepStatus
-from agentruns.runtime.executor import RunExecutor
+from agentruns.runtime.execution.executor import RunExecutor
 from agentruns.services import start_run
 from approvals import services as approval_services
 from approvals.models import Approval
@@ -384,7 +384,7 @@ def test_stop_per_agent_cost_budget(settings):
 def test_cancel_read_with_the_model_commit_that_began_a_side_effect_call(monkeypatch):
     """The model's commit both begins a side-effect call (its "running + attempt" rows) and
     reads a cancel that just landed: the call is never made, and nothing is left running."""
-    from agentruns.runtime import model_steps
+    from agentruns.runtime.execution import model_steps
 
     original = model_steps.ModelSteps._commit_model_step
 

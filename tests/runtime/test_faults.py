@@ -1,4 +1,4 @@
-"""Which errors are weather (runtime/faults.py): one test per class in its table, with the
+"""Which errors are weather (runtime/outages/faults.py): one test per class in its table, with the
 errors a real PostgreSQL, a real pool and a real Redis client raise wherever one can be made."""
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from django.db import InterfaceError as DjangoInterfaceError
 from django.db import OperationalError as DjangoOperationalError
 
 from agentruns.models import Run
-from agentruns.runtime.faults import (
+from agentruns.runtime.outages.faults import (
     database_unavailable,
     is_infrastructure_error,
     redis_unavailable,
 )
-from agentruns.runtime.weather import Backoff, Outage, outage_of
+from agentruns.runtime.outages.weather import Backoff, Outage, outage_of
 from tests.runtime.dbfaults import _admin
 
 
@@ -223,7 +223,7 @@ def test_an_outage_logs_once_when_it_starts_and_once_when_it_ends(caplog):
             outage.noticed(error, "a thread")
 
     threads = [threading.Thread(target=hit) for _ in range(8)]
-    with caplog.at_level("WARNING", logger="agentruns.runtime.weather"):
+    with caplog.at_level("WARNING", logger="agentruns.runtime.outages.weather"):
         for t in threads:
             t.start()
         for t in threads:

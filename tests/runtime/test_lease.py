@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from agentruns.models import Run
-from agentruns.runtime.lease import Heartbeat
+from agentruns.runtime.dispatch.lease import Heartbeat
 from tests.helpers import leased_run
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the keeper has its own connection

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentruns.runtime.money import format_cents
+from agentruns.runtime.values.money import format_cents
 
 
 @pytest.mark.parametrize(

@@ -12,10 +12,10 @@ from django_q.models import OrmQ
 
 from agentruns.models import Run, RunEvent, Step, StepAttempt, StepKind
 from agentruns.runtime.events import LeaseLost
-from agentruns.runtime.executor import RunExecutor
+from agentruns.runtime.execution.executor import RunExecutor
 from agentruns.runtime.store import pg_function as pgcommit
 from agentruns.runtime.store.rows import WriteBatch
-from agentruns.runtime.sweeper import sweep
+from agentruns.runtime.workers.sweeper import sweep
 from agentruns.services import execute_inline, start_run
 from support.models import GatewayRefund
 from tests import testkit

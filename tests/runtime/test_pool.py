@@ -28,10 +28,10 @@ from agentruns.models import (
     StepAttempt,
     StepStatus,
 )
-from agentruns.runtime.broker import DoorbellBroker
-from agentruns.runtime.lease import Heartbeat, renew
-from agentruns.runtime.pool import RunPool
-from agentruns.runtime.queue import enqueue
+from agentruns.runtime.dispatch.broker import DoorbellBroker
+from agentruns.runtime.dispatch.lease import Heartbeat, renew
+from agentruns.runtime.dispatch.queue import enqueue
+from agentruns.runtime.workers.pool import RunPool
 from agentruns.services import start_run
 from tests import testkit
 from tests.helpers import advance, assert_gapless, events
@@ -327,7 +327,7 @@ def test_the_broker_hands_out_the_oldest_doorbell_first():
 def test_a_hand_over_takes_the_doorbells_behind_it_and_leaves_other_tasks(pool):
     from django_q.tasks import async_task
 
-    from agentruns.runtime.queue import ADVANCE_TASK
+    from agentruns.runtime.dispatch.queue import ADVANCE_TASK
 
     runs = [script() for _ in range(3)]
     enqueue(runs[0].id)

@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agentruns.health import METRICS_CACHE_KEY
 from agentruns.models import Run, RunStatus, WorkerHeartbeat
-from agentruns.runtime import sweeper
-from agentruns.runtime.sweeper import record_heartbeat
+from agentruns.runtime.workers import sweeper
+from agentruns.runtime.workers.sweeper import record_heartbeat
 from agentruns.services import start_run
 from tests.conftest import ApiClient
 

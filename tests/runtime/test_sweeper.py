@@ -9,7 +9,7 @@ from django.utils import timezone
 from django_q.models import OrmQ
 
 from agentruns.models import Run
-from agentruns.runtime.sweeper import sweep
+from agentruns.runtime.workers.sweeper import sweep
 from tests.helpers import advance, script_run
 
 pytestmark = pytest.mark.django_db

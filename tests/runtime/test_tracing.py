@@ -14,7 +14,7 @@ import pytest
 
 from agentruns.models import Run
 from agentruns.runtime import tracing
-from agentruns.runtime.tracecontext import (
+from agentruns.runtime.tracing.tracecontext import (
     new_run_trace,
     parse_traceparent,
     root_span_id,

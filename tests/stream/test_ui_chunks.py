@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from agentruns.models import Run, RunEvent, Step
-from agentruns.runtime.redaction import MASK
+from agentruns.runtime.values.redaction import MASK
 from agentruns.services import start_run
 from agentruns.stream.ui_chunks import UIChunks, chunks_of, encode_chunk, message_id
 from approvals import services as approval_services

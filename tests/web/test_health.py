@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agentruns.health import METRICS_CACHE_KEY
 from agentruns.models import RunStatus, WorkerHeartbeat
-from agentruns.runtime.sweeper import record_heartbeat
+from agentruns.runtime.workers.sweeper import record_heartbeat
 from approvals.models import Approval
 from tests import testkit
 from tests.helpers import advance, script_run

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agentruns.health import METRICS_CACHE_KEY
 from agentruns.models import Run, RunStatus, WorkerHeartbeat
-from agentruns.runtime.sweeper import record_heartbeat
+from agentruns.runtime.workers.sweeper import record_heartbeat
 from approvals.models import Approval, DeliveryStatus, WebhookDelivery
 from tests.helpers import advance, script_run
 from tests.testkit import OPS_AGENT
@@ -110,7 +110,7 @@ def test_oncall_families(client, busy_system):
 def test_model_error_classes():
     import httpx
 
-    from agentruns.runtime.process_health import model_error_class
+    from agentruns.runtime.outages.process_health import model_error_class
     from agentruns.runtime.providers import ModelError
 
     def chained(outer: Exception, inner: Exception) -> Exception:

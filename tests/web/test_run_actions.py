@@ -20,8 +20,8 @@ from agentruns.models import (
     StepKind,
     StepStatus,
 )
-from agentruns.runtime.executor import RunExecutor
-from agentruns.runtime.ids import step_key
+from agentruns.runtime.execution.executor import RunExecutor
+from agentruns.runtime.values.ids import step_key
 from agentruns.services import ActionRefused, cancel_run, fork_run, resolve_step, retry_run
 from approvals.models import Approval, ApprovalStatus
 from approvals.selectors import approvals_query

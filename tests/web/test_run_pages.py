@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from agentruns.models import Run, RunStatus, Step, StepStatus
-from agentruns.runtime.redaction import MASK
+from agentruns.runtime.values.redaction import MASK
 from agentruns.selectors import runs as selectors
 from agentruns.selectors.run_list import PAGE_SIZE, RunFilters, id_prefix_range, run_page
 from tests import testkit

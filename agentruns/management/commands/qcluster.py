@@ -5,9 +5,9 @@ Wraps django-q2's command (agentruns is listed before django_q, so this one wins
 and the sweeper schedule at start, then a fast sweeper loop in this process, because q2
 schedules fire at 30 s granularity at best (../shared/notes/django-q2-measured.md).
 A SIGTERM (or Ctrl-C) tells every worker process's run pool to drain at once, then stops q2 as
-usual (`runtime/pool.py`); `runtime/q2_cluster.py` keeps a worker process killed while idle from
+usual (`runtime/workers/pool.py`); `runtime/workers/q2_cluster.py` keeps a worker process killed while idle from
 stopping the whole cluster. A database outage stops none of its processes: each loop backs off
-and carries on when the database is back (`runtime/weather.py`, docs/crashlab.md).
+and carries on when the database is back (`runtime/outages/weather.py`, docs/crashlab.md).
 """
 
 from __future__ import annotations
@@ -21,10 +21,12 @@ from django.db import connections
 from django_q.cluster import Cluster
 from django_q.management.commands.qcluster import Command as QClusterCommand
 
-from agentruns.runtime import nudges, pool, q2_cluster, weather
-from agentruns.runtime.faults import is_infrastructure_error
 from agentruns.runtime.inbox import inbox
-from agentruns.runtime.sweeper import SweeperLoop, ensure_schedule, sweep
+from agentruns.runtime.outages import weather
+from agentruns.runtime.outages.faults import is_infrastructure_error
+from agentruns.runtime.store import nudges
+from agentruns.runtime.workers import pool, q2_cluster
+from agentruns.runtime.workers.sweeper import SweeperLoop, ensure_schedule, sweep
 
 
 class Command(QClusterCommand):

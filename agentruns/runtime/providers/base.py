@@ -33,7 +33,7 @@ class Usage:
 
 class ModelError(Exception):
     """A model call failed. `retryable=False` fails the run with this message; a retryable one
-    is an outage the run backs off from (runtime/model_outage.py), not before `retry_after`
+    is an outage the run backs off from (runtime/outages/model_outage.py), not before `retry_after`
     seconds when the server said so."""
 
     def __init__(

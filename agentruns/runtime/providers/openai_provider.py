@@ -9,7 +9,7 @@ Failures become `ModelError`s the engine understands:
 - 429 / 5xx / 408 / 409 / connection errors are first retried by the SDK inside the same model
   attempt (`OPENAI_MAX_RETRIES`, exponential backoff that honours `Retry-After`); if they persist
   the error is retryable (with the answer's `Retry-After`): an outage the run backs off from for
-  up to `AGENTRUNS_MODEL_OUTAGE_SECONDS` without counting attempts (runtime/model_outage.py);
+  up to `AGENTRUNS_MODEL_OUTAGE_SECONDS` without counting attempts (runtime/outages/model_outage.py);
 - a stream that breaks or stalls mid-way (`OPENAI_TIMEOUT_SECONDS` between bytes) is retryable:
   the engine re-requests the whole turn as a new attempt and marks the partial text superseded;
 - 401 / 403 (credentials), 400 / 404 / 422 (the request or the model name is wrong) and 429
@@ -35,7 +35,7 @@ import openai
 
 from agentruns.conf import conf
 from agentruns.runtime.providers.base import ModelError, ModelRequest, TextDelta, ToolCall, Usage
-from agentruns.runtime.redaction import MASK, redact_text
+from agentruns.runtime.values.redaction import MASK, redact_text
 
 log = logging.getLogger(__name__)
 

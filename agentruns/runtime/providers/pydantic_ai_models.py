@@ -9,7 +9,7 @@ read their provider's own environment variables, as Pydantic AI does.
 The request is streamed with `pydantic_ai.direct.model_request_stream_sync` on the executor
 thread's event loop; text deltas go out as they arrive (the executor batches them into events),
 tool calls and usage at the end. The SDK's own retries are off: a retryable error (429, 5xx, a
-broken connection or stream) is an outage the engine backs off from (runtime/model_outage.py);
+broken connection or stream) is an outage the engine backs off from (runtime/outages/model_outage.py);
 the rest fail the run with the reason.
 
 The conversation arrives as the engine's (OpenAI-style) messages rebuilt from the steps and is
@@ -72,7 +72,7 @@ def build_model(name: str) -> Model:
 
 def model_error(exc: Exception) -> ModelError:
     """Retryable (rate limit, server error, connection, broken stream: an outage the run backs
-    off from, runtime/model_outage.py, honouring the provider's Retry-After) or fatal, with the
+    off from, runtime/outages/model_outage.py, honouring the provider's Retry-After) or fatal, with the
     reason."""
     retry_after = getattr(exc, "retry_after", None)
     if isinstance(exc, pa_errors.ModelHTTPError):

@@ -20,8 +20,8 @@ from django.utils import timezone
 
 from agentruns.models import Run, RunEvent, RunStatus, Step, StepAttempt
 from agentruns.runtime.events import EventSpec, LeaseLost
-from agentruns.runtime.nudges import nudge_on_commit
 from agentruns.runtime.store.base import RunStore
+from agentruns.runtime.store.nudges import nudge_on_commit
 from agentruns.runtime.store.pg_function import FUNCTION, LEASE_LOST_SQLSTATE
 from agentruns.runtime.store.rows import WriteBatch
 from agentruns.runtime.store.sql import run_update_sql, run_value

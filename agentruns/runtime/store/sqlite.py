@@ -13,8 +13,8 @@ from django.db import connection, models, transaction
 
 from agentruns.models import Run
 from agentruns.runtime.events import LeaseLost
-from agentruns.runtime.nudges import nudge_on_commit
 from agentruns.runtime.store.base import RunStore
+from agentruns.runtime.store.nudges import nudge_on_commit
 from agentruns.runtime.store.rows import WriteBatch
 from agentruns.runtime.store.sql import events_insert_sql, insert_sql, run_update_sql, update_sql
 

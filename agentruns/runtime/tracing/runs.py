@@ -10,11 +10,6 @@ from typing import Any
 from django.db import transaction
 
 from agentruns.models import Run, RunEvent, StepAttempt
-from agentruns.runtime.tracecontext import (
-    parse_traceparent,
-    root_span_id,
-    slice_span_id,
-)
 from agentruns.runtime.tracing.sdk import (
     _SLICE,
     TERMINAL,
@@ -27,6 +22,11 @@ from agentruns.runtime.tracing.sdk import (
     _start,
     enabled,
     model_names,
+)
+from agentruns.runtime.tracing.tracecontext import (
+    parse_traceparent,
+    root_span_id,
+    slice_span_id,
 )
 
 log = logging.getLogger(__name__)

@@ -11,11 +11,11 @@ from datetime import datetime
 from typing import Any
 
 from agentruns.models import Run
-from agentruns.runtime.redaction import redact_text
-from agentruns.runtime.tracecontext import (
+from agentruns.runtime.tracing.tracecontext import (
     caller_flags,
     root_span_id,
 )
+from agentruns.runtime.values.redaction import redact_text
 
 log = logging.getLogger(__name__)
 

@@ -7,11 +7,6 @@ import logging
 from typing import Any
 
 from agentruns.models import Run
-from agentruns.runtime.redaction import redact_fields, redact_text, secret_values
-from agentruns.runtime.tracecontext import (
-    format_traceparent,
-    run_traceparent,
-)
 from agentruns.runtime.tracing.sdk import (
     _NULL,
     _SLICE,
@@ -22,6 +17,11 @@ from agentruns.runtime.tracing.sdk import (
     _state,
     model_names,
 )
+from agentruns.runtime.tracing.tracecontext import (
+    format_traceparent,
+    run_traceparent,
+)
+from agentruns.runtime.values.redaction import redact_fields, redact_text, secret_values
 
 log = logging.getLogger(__name__)
 

@@ -42,8 +42,8 @@ from django_q.conf import Conf
 from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 
-from agentruns.runtime import weather
-from agentruns.runtime.faults import is_infrastructure_error
+from agentruns.runtime.outages import weather
+from agentruns.runtime.outages.faults import is_infrastructure_error
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from agentruns.conf import conf
 from agentruns.models import RunEvent, RunStatus
 from agentruns.runtime.events import EventType
 from agentruns.runtime.providers import ModelError
-from agentruns.runtime.timestamps import iso
+from agentruns.runtime.values.timestamps import iso
 
 JITTER = 0.2  # each wait is its backoff +-20%: runs that lost the same server do not return at once
 

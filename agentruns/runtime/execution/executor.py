@@ -37,21 +37,24 @@ from django.utils import timezone
 from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepKind, StepStatus
 from agentruns.registry import UnknownAgent, get_agent, get_tool, has_tool
-from agentruns.runtime import lease, tracing, transitions, weather
-from agentruns.runtime.cancel import cancel_run, withdraw_unrun_work
-from agentruns.runtime.conversation import Conversation
+from agentruns.runtime import tracing
+from agentruns.runtime.dispatch import lease
+from agentruns.runtime.dispatch.lease import Heartbeat
+from agentruns.runtime.dispatch.queue import enqueue
 from agentruns.runtime.events import EventSpec, EventType, LeaseLost, step_event_data
-from agentruns.runtime.faults import is_infrastructure_error
-from agentruns.runtime.ids import worker_id
+from agentruns.runtime.execution import transitions
+from agentruns.runtime.execution.cancel import cancel_run, withdraw_unrun_work
+from agentruns.runtime.execution.conversation import Conversation
+from agentruns.runtime.execution.model_steps import ModelSteps, RunFailed
+from agentruns.runtime.execution.tool_steps import ToolSteps
+from agentruns.runtime.execution.transitions import ActionRefused, RunChange
 from agentruns.runtime.inbox import inbox
-from agentruns.runtime.lease import Heartbeat
-from agentruns.runtime.model_steps import ModelSteps, RunFailed
+from agentruns.runtime.outages import weather
+from agentruns.runtime.outages.faults import is_infrastructure_error
 from agentruns.runtime.providers import ModelError, get_provider
-from agentruns.runtime.queue import enqueue
 from agentruns.runtime.store import get_store
 from agentruns.runtime.store.rows import WriteBatch
-from agentruns.runtime.tool_steps import ToolSteps
-from agentruns.runtime.transitions import ActionRefused, RunChange
+from agentruns.runtime.values.ids import worker_id
 
 log = logging.getLogger(__name__)
 

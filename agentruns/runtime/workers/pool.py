@@ -45,12 +45,13 @@ from django.utils import timezone
 
 from agentruns.conf import conf
 from agentruns.models import WorkerHeartbeat
-from agentruns.runtime import connections, process_health, weather
-from agentruns.runtime.executor import RunExecutor
-from agentruns.runtime.faults import is_infrastructure_error
-from agentruns.runtime.ids import worker_name
-from agentruns.runtime.lease import release_leases
-from agentruns.runtime.queue import ADVANCE_TASK, enqueue
+from agentruns.runtime.dispatch import connections
+from agentruns.runtime.dispatch.lease import release_leases
+from agentruns.runtime.dispatch.queue import ADVANCE_TASK, enqueue
+from agentruns.runtime.execution.executor import RunExecutor
+from agentruns.runtime.outages import process_health, weather
+from agentruns.runtime.outages.faults import is_infrastructure_error
+from agentruns.runtime.values.ids import worker_name
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ class RunPool:
         # q2's broker, imported only where q2 runs: q2 reads its settings on import
         from django_q.conf import Conf
 
-        from agentruns.runtime.broker import DoorbellBroker
+        from agentruns.runtime.dispatch.broker import DoorbellBroker
 
         with self._cond:
             free = 0 if self.closing.is_set() else self.capacity - self._busy

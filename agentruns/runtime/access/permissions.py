@@ -29,8 +29,8 @@ from django.utils import timezone
 from agentruns.conf import conf
 from agentruns.models import ApprovalOverride, Run, ToolPolicy, ToolRule
 from agentruns.registry import Tool, UnknownTool, get_tool
-from agentruns.runtime.ids import actor_name
-from agentruns.runtime.timestamps import iso
+from agentruns.runtime.values.ids import actor_name
+from agentruns.runtime.values.timestamps import iso
 
 
 def group_names(user: Any) -> list[str]:

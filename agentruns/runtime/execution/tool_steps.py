@@ -16,15 +16,17 @@ from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepStatus
 from agentruns.registry import ApprovalRequested, Tool, ToolContext, UnknownTool, get_tool
 from agentruns.registry.context import stepping
-from agentruns.runtime import connections, failpoints, tracing
+from agentruns.runtime import tracing
+from agentruns.runtime.access.permissions import needs_approval
+from agentruns.runtime.dispatch import connections
 from agentruns.runtime.events import EventType, step_event_data, succeeded_event_data
-from agentruns.runtime.faults import is_infrastructure_error
+from agentruns.runtime.execution import failpoints
 from agentruns.runtime.inbox import inbox
-from agentruns.runtime.permissions import needs_approval
-from agentruns.runtime.redaction import redact_text, secret_values, secrets_in_scope
+from agentruns.runtime.outages.faults import is_infrastructure_error
 from agentruns.runtime.store.rows import WriteBatch
-from agentruns.runtime.text import storable
-from agentruns.runtime.timestamps import iso
+from agentruns.runtime.values.redaction import redact_text, secret_values, secrets_in_scope
+from agentruns.runtime.values.text import storable
+from agentruns.runtime.values.timestamps import iso
 
 TOOL_RESULT_FIELDS = [
     "status",

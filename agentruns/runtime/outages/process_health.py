@@ -16,7 +16,7 @@ import threading
 from typing import Any
 
 from agentruns.conf import conf
-from agentruns.runtime import weather
+from agentruns.runtime.outages import weather
 
 _lock = threading.Lock()
 _model_errors: dict[str, int] = {}

@@ -15,8 +15,8 @@ from django.utils import timezone
 from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepStatus
 from agentruns.runtime import tracing
 from agentruns.runtime.events import EventSpec, EventType
+from agentruns.runtime.execution.transitions import ActionRefused, RunChange, apply, cancelled
 from agentruns.runtime.inbox import inbox
-from agentruns.runtime.transitions import ActionRefused, RunChange, apply, cancelled
 
 
 def cancel_run(run_id: uuid.UUID | str, *, who: str | None = None, reason: str = "") -> Run:

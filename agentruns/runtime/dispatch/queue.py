@@ -20,7 +20,7 @@ def enqueue(run_id: uuid.UUID | str, *, not_before: datetime | None = None) -> N
 
     extra = {}
     if not_before is not None:
-        from agentruns.runtime.broker import DoorbellBroker  # imports q2 as well
+        from agentruns.runtime.dispatch.broker import DoorbellBroker  # imports q2 as well
 
         extra["broker"] = DoorbellBroker.ring_at(not_before)
     async_task(ADVANCE_TASK, str(run_id), task_name=f"run-{run_id}"[:100], **extra)

@@ -19,8 +19,8 @@ from channels.layers import get_channel_layer
 from django.db import transaction
 
 from agentruns.conf import conf
-from agentruns.runtime import weather
-from agentruns.runtime.faults import redis_unavailable
+from agentruns.runtime.outages import weather
+from agentruns.runtime.outages.faults import redis_unavailable
 
 log = logging.getLogger(__name__)
 

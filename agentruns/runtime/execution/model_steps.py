@@ -15,21 +15,24 @@ from django.utils import timezone
 from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, RunStatus, Step, StepAttempt, StepKind, StepStatus
 from agentruns.registry import get_tool
-from agentruns.runtime import connections, failpoints, process_health, tracing, transitions
-from agentruns.runtime.costs import model_cost_usd
+from agentruns.runtime import tracing
+from agentruns.runtime.dispatch import connections
 from agentruns.runtime.events import (
     EventType,
     planned_event_data,
     step_event_data,
     succeeded_event_data,
 )
-from agentruns.runtime.ids import step_key
-from agentruns.runtime.model_outage import ModelOutage
-from agentruns.runtime.planned_steps import EagerCallFailed, PlannedSteps
+from agentruns.runtime.execution import failpoints, transitions
+from agentruns.runtime.execution.planned_steps import EagerCallFailed, PlannedSteps
+from agentruns.runtime.outages import process_health
+from agentruns.runtime.outages.model_outage import ModelOutage
 from agentruns.runtime.providers import ModelError, ModelRequest, TextDelta, ToolCall, Usage
-from agentruns.runtime.redaction import redact_text
+from agentruns.runtime.providers.costs import model_cost_usd
 from agentruns.runtime.store.rows import WriteBatch, build
-from agentruns.runtime.text import storable, storable_text
+from agentruns.runtime.values.ids import step_key
+from agentruns.runtime.values.redaction import redact_text
+from agentruns.runtime.values.text import storable, storable_text
 
 # the first text of a turn is shown at once when the model took this long to say anything (a
 # model answering instantly, like the scripted one without delay, keeps the normal batching)

@@ -18,13 +18,13 @@ from django.utils import timezone
 
 from agentruns.models import Run, RunStatus
 from agentruns.runtime import tracing
+from agentruns.runtime.dispatch.queue import enqueue
 from agentruns.runtime.events import EventSpec, EventType
 from agentruns.runtime.inbox import inbox
-from agentruns.runtime.nudges import nudge_on_commit
-from agentruns.runtime.queue import enqueue
-from agentruns.runtime.redaction import redact_text
 from agentruns.runtime.store import get_store
-from agentruns.runtime.timestamps import iso
+from agentruns.runtime.store.nudges import nudge_on_commit
+from agentruns.runtime.values.redaction import redact_text
+from agentruns.runtime.values.timestamps import iso
 
 
 class ActionRefused(Exception):

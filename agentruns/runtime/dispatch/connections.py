@@ -28,7 +28,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from agentruns.runtime import weather
+from agentruns.runtime.outages import weather
 
 # the inherited pools and connections a forked child must never use, close or collect
 _inherited: list[Any] = []

@@ -17,11 +17,11 @@ from django.utils import timezone
 
 from agentruns.conf import conf
 from agentruns.models import Run, RunStatus, WorkerHeartbeat
-from agentruns.runtime import weather
-from agentruns.runtime.faults import is_infrastructure_error
-from agentruns.runtime.ids import worker_name
+from agentruns.runtime.dispatch.queue import enqueue
 from agentruns.runtime.inbox import inbox
-from agentruns.runtime.queue import enqueue
+from agentruns.runtime.outages import weather
+from agentruns.runtime.outages.faults import is_infrastructure_error
+from agentruns.runtime.values.ids import worker_name
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any
 
-from agentruns.runtime.faults import database_unavailable, redis_unavailable
+from agentruns.runtime.outages.faults import database_unavailable, redis_unavailable
 
 log = logging.getLogger(__name__)
 

@@ -29,9 +29,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from agentruns.models import Run, RunStatus
-from agentruns.runtime import weather
-from agentruns.runtime.faults import is_infrastructure_error
-from agentruns.runtime.queue import enqueue
+from agentruns.runtime.dispatch.queue import enqueue
+from agentruns.runtime.outages import weather
+from agentruns.runtime.outages.faults import is_infrastructure_error
 from agentruns.runtime.store.sql import run_value
 
 log = logging.getLogger(__name__)

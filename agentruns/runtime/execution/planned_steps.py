@@ -13,14 +13,14 @@ from django.utils import timezone
 
 from agentruns.models import AttemptOutcome, Step, StepAttempt, StepKind, StepStatus
 from agentruns.registry import ToolArgumentsError, ToolContext, UnknownTool, get_tool
-from agentruns.runtime import failpoints
-from agentruns.runtime.faults import is_infrastructure_error
-from agentruns.runtime.ids import step_key
-from agentruns.runtime.permissions import needs_approval, refused_message
+from agentruns.runtime.access.permissions import needs_approval, refused_message
+from agentruns.runtime.execution import failpoints
+from agentruns.runtime.execution.tool_steps import call_tool
+from agentruns.runtime.outages.faults import is_infrastructure_error
 from agentruns.runtime.providers import ToolCall
 from agentruns.runtime.store.rows import build
-from agentruns.runtime.text import UnsafeValue, loads_strict, storable_text
-from agentruns.runtime.tool_steps import call_tool
+from agentruns.runtime.values.ids import step_key
+from agentruns.runtime.values.text import UnsafeValue, loads_strict, storable_text
 
 
 class EagerCallFailed(Exception):
