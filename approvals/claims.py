@@ -17,7 +17,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from agentruns.conf import conf
-from agentruns.runtime.nudges import nudge_on_commit
+from agentruns.runtime.store.nudges import nudge_on_commit
 from approvals.errors import AlreadyDecided, ClaimedByOther
 from approvals.models import Approval, ApprovalStatus
 from approvals.policy import check_may_decide

@@ -27,10 +27,10 @@ from django.utils import timezone
 
 from agentruns.registry.edits import same_value
 from agentruns.runtime.events import EventSpec, EventType
-from agentruns.runtime.ids import actor_name
-from agentruns.runtime.nudges import nudge_on_commit
-from agentruns.runtime.timestamps import iso
-from agentruns.runtime.transitions import RunChange, apply
+from agentruns.runtime.execution.transitions import RunChange, apply
+from agentruns.runtime.store.nudges import nudge_on_commit
+from agentruns.runtime.values.ids import actor_name
+from agentruns.runtime.values.timestamps import iso
 from approvals.errors import StaleProposal
 from approvals.models import Approval, ApprovalDecision, DecisionKind
 from approvals.policy import is_edit

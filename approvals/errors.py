@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentruns.runtime.ids import actor_name
-from agentruns.runtime.timestamps import iso
+from agentruns.runtime.values.ids import actor_name
+from agentruns.runtime.values.timestamps import iso
 from approvals.models import Approval
 
 

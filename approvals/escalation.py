@@ -17,9 +17,9 @@ from django.utils import timezone
 from agentruns.conf import conf
 from agentruns.models import Run
 from agentruns.runtime.events import EventType
-from agentruns.runtime.nudges import nudge_on_commit
 from agentruns.runtime.store import get_store
-from agentruns.runtime.timestamps import iso
+from agentruns.runtime.store.nudges import nudge_on_commit
+from agentruns.runtime.values.timestamps import iso
 from approvals.models import Approval, ApprovalStatus, MailNotice
 from approvals.notifications import outbox
 

@@ -10,8 +10,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from agentruns.conf import conf
-from agentruns.runtime.ids import actor_name
-from agentruns.runtime.redaction import redact_fields
+from agentruns.runtime.values.ids import actor_name
+from agentruns.runtime.values.redaction import redact_fields
 
 
 class ApprovalKind(models.TextChoices):

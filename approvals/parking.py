@@ -19,9 +19,9 @@ from django.utils import timezone
 from agentruns.conf import conf
 from agentruns.models import Run, Step
 from agentruns.registry.deployed import approvals_required
-from agentruns.runtime.nudges import nudge_on_commit
-from agentruns.runtime.timestamps import iso
-from agentruns.runtime.transitions import resume_parked
+from agentruns.runtime.execution.transitions import resume_parked
+from agentruns.runtime.store.nudges import nudge_on_commit
+from agentruns.runtime.values.timestamps import iso
 from approvals.decisions import decided_event
 from approvals.errors import AlreadyDecided, DecisionError
 from approvals.escalation import due_at_for

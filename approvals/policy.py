@@ -20,9 +20,9 @@ from typing import Any
 from agentruns.conf import conf
 from agentruns.registry import Tool
 from agentruns.registry.edits import EditRefused, same_value
-from agentruns.runtime.ids import actor_name
-from agentruns.runtime.money import format_cents
-from agentruns.runtime.redaction import MASK
+from agentruns.runtime.values.ids import actor_name
+from agentruns.runtime.values.money import format_cents
+from agentruns.runtime.values.redaction import MASK
 from approvals.errors import AlreadyGiven, DecisionError, EditNotAllowed, NotAllowed
 from approvals.models import Approval
 

@@ -26,12 +26,12 @@ from django.utils import timezone
 
 from agentruns.models import Run, RunStatus, Step, StepStatus
 from agentruns.registry.deployed import deployed_tool
+from agentruns.runtime.access.quotas import QuotaExceeded, check_decision
 from agentruns.runtime.events import EventSpec, EventType
-from agentruns.runtime.ids import actor_name
-from agentruns.runtime.nudges import nudge_on_commit
-from agentruns.runtime.quotas import QuotaExceeded, check_decision
-from agentruns.runtime.timestamps import iso
-from agentruns.runtime.transitions import RunChange, aborted, apply, resume_parked
+from agentruns.runtime.execution.transitions import RunChange, aborted, apply, resume_parked
+from agentruns.runtime.store.nudges import nudge_on_commit
+from agentruns.runtime.values.ids import actor_name
+from agentruns.runtime.values.timestamps import iso
 from approvals import decisions, policy
 from approvals.decisions import args_diff, decided_event
 from approvals.errors import AlreadyDecided, DecisionError, NotRunnable, StaleProposal

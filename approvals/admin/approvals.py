@@ -9,7 +9,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
-from agentruns.runtime.money import format_cents
+from agentruns.runtime.values.money import format_cents
 from approvals.decisions import args_diff
 from approvals.models import Approval
 

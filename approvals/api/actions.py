@@ -9,8 +9,8 @@ from django.http import HttpRequest
 from agentruns.api.endpoint import INT_ID, endpoint
 from agentruns.api.parsing import BadRequest
 from agentruns.api.schemas import obj
-from agentruns.runtime.ids import BadId, parse_id
-from agentruns.runtime.timestamps import iso
+from agentruns.runtime.values.ids import BadId, parse_id
+from agentruns.runtime.values.timestamps import iso
 from approvals import claims, services
 from approvals.api.approvals import APPROVAL, already_decided, approval_payload
 from approvals.errors import AlreadyDecided, ClaimedByOther, DecisionError, status_of

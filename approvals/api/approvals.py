@@ -7,8 +7,8 @@ from django.http import HttpRequest
 from agentruns.api.endpoint import INT_ID, endpoint
 from agentruns.api.parsing import BadRequest
 from agentruns.api.schemas import COUNT, TEXT_OR_NULL, TIME, TIME_OR_NULL, obj
-from agentruns.runtime.ids import actor_name
-from agentruns.runtime.timestamps import iso
+from agentruns.runtime.values.ids import actor_name
+from agentruns.runtime.values.timestamps import iso
 from approvals import decisions, services
 from approvals.errors import (
     AlreadyDecided,

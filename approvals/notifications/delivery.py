@@ -28,7 +28,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from agentruns.conf import conf
-from agentruns.runtime.timestamps import iso
+from agentruns.runtime.values.timestamps import iso
 from approvals.models import DeliveryStatus, WebhookDelivery, WebhookEndpoint
 from approvals.notifications.outbox import settings_endpoint_events
 from approvals.notifications.signing import BadSecret, signed_headers

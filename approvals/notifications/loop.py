@@ -3,7 +3,7 @@
 Every AGENTRUNS_WEBHOOK_POLL_SECONDS it sends what is due from the outbox (several at once) and
 the mail digests that are ready. Any number of workers may run it: deliveries and notices are
 claimed with leases and SKIP LOCKED, so two workers never send the same one at once. While the
-database is away it backs off (`runtime/weather.py`) and logs the outage once.
+database is away it backs off (`runtime/outages/weather.py`) and logs the outage once.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import httpx
 from django.db import close_old_connections, connection
 
 from agentruns.conf import conf
-from agentruns.runtime import weather
-from agentruns.runtime.faults import is_infrastructure_error
-from agentruns.runtime.ids import worker_id
+from agentruns.runtime.outages import weather
+from agentruns.runtime.outages.faults import is_infrastructure_error
+from agentruns.runtime.values.ids import worker_id
 from approvals.notifications.delivery import deliver_due
 from approvals.notifications.mail import send_due_digests
 

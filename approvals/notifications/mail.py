@@ -23,7 +23,7 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 
 from agentruns.conf import conf
-from agentruns.runtime.money import format_cents
+from agentruns.runtime.values.money import format_cents
 from approvals.models import Approval, ApprovalStatus, MailNotice
 from approvals.notifications.outbox import approval_url, inbox_url
 

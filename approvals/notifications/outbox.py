@@ -19,9 +19,9 @@ from django.utils import timezone
 
 from agentruns.conf import conf
 from agentruns.models import Run
-from agentruns.runtime.ids import actor_name
-from agentruns.runtime.redaction import redact_fields, redact_text
-from agentruns.runtime.timestamps import iso
+from agentruns.runtime.values.ids import actor_name
+from agentruns.runtime.values.redaction import redact_fields, redact_text
+from agentruns.runtime.values.timestamps import iso
 from approvals.models import Approval, MailNotice, WebhookDelivery, WebhookEndpoint
 
 APPROVAL_REQUESTED = "approval.requested"

@@ -17,7 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from agentruns.runtime.ids import BadId, parse_versioned_id
+from agentruns.runtime.values.ids import BadId, parse_versioned_id
 from approvals import claims, policy, services
 from approvals.errors import AlreadyDecided, ClaimedByOther, DecisionError
 from approvals.models import Approval

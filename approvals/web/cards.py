@@ -22,7 +22,7 @@ from django.utils import timezone
 from agentruns.models import Step, StepAttempt, StepKind
 from agentruns.registry import UnknownTool, get_tool
 from agentruns.registry.deployed import cannot_run
-from agentruns.runtime.money import format_cents
+from agentruns.runtime.values.money import format_cents
 from approvals.decisions import args_diff
 from approvals.models import Approval, ApprovalDecision, ApprovalKind, ApprovalStatus
 from approvals.policy import waiting_for

@@ -11,8 +11,8 @@ from django.http import HttpRequest, QueryDict
 from agentruns.registry import UnknownTool, get_tool
 from agentruns.registry.edits import same_value
 from agentruns.registry.schemas import type_words
-from agentruns.runtime.ids import BadId, parse_id
-from agentruns.runtime.text import UnsafeValue, check_text, loads_strict
+from agentruns.runtime.values.ids import BadId, parse_id
+from agentruns.runtime.values.text import UnsafeValue, check_text, loads_strict
 from approvals.errors import EditNotAllowed
 from approvals.models import Approval
 
@@ -20,7 +20,7 @@ _NOT_PARSED = object()
 
 
 def _parse_value(name: str, kind: str, raw: str) -> Any:
-    """A form field's text as the JSON type the schema wants, by the API's rules (agentruns.runtime.text:
+    """A form field's text as the JSON type the schema wants, by the API's rules (agentruns.runtime.values.text:
     ASCII digits only, finite numbers within 64 bits, strict JSON); refusals read like the API's."""
     if raw == "" and kind not in ("string", "boolean"):
         raise EditNotAllowed(name, "required", f"edit refused: {name}: a value is required")

@@ -23,8 +23,8 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
 from agentruns.registry import all_agents
-from agentruns.runtime.ids import actor_name
-from agentruns.runtime.text import UnsafeValue, loads_strict
+from agentruns.runtime.values.ids import actor_name
+from agentruns.runtime.values.text import UnsafeValue, loads_strict
 from agentruns.selectors.pagination import encode_cursor
 from approvals import services
 from approvals.claims import held_by_other
