@@ -33,6 +33,7 @@ from agentruns.registry.errors import (
     ToolArgumentsError,
     ToolError,
 )
+from agentruns.registry.model_names import check_model_name
 from agentruns.registry.schemas import (
     _simple_plan,
     _simple_valid,
@@ -318,6 +319,8 @@ def register_agent(
         raise TypeError("tools=, deps= and options are for a pydantic_ai.Agent")
     for tool_name in agent.tools:
         get_tool(tool_name)  # fail at startup, not at run time
+    if agent.model_instance is None:  # a provider SDK not installed: here, not mid-run
+        check_model_name(agent.model)
     _agents[agent.name] = agent
     return agent
 
