@@ -35,9 +35,9 @@ def scrub(text: str) -> str:
     return redact_text(text)
 
 
-def _detail(exc: pa.ModelAPIError) -> str:
+def _detail(exc: BaseException) -> str:
     """The provider's own message: `error.message` of an OpenAI-shaped body, else the body."""
-    body = exc.body
+    body = getattr(exc, "body", None)
     if isinstance(body, dict):
         error = body.get("error", body)
         if isinstance(error, dict) and error.get("message"):
@@ -46,24 +46,26 @@ def _detail(exc: pa.ModelAPIError) -> str:
             return str(body["message"])[:DETAIL_CHARS]
     if body:
         return str(body)[:DETAIL_CHARS]
-    return str(exc.message)[:DETAIL_CHARS]
+    return str(getattr(exc, "message", exc))[:DETAIL_CHARS]
 
 
-def _status(exc: Exception) -> int | None:
+def _status(exc: BaseException) -> int | None:
     return exc.status_code if isinstance(exc, pa.ModelHTTPError) else None
 
 
-def _fatal(what: str, exc: pa.ModelAPIError, at: str, hint: str = "") -> ModelError:
+def _fatal(what: str, exc: BaseException, at: str, hint: str = "") -> ModelError:
     status = _status(exc)
     code = f" (HTTP {status})" if status else ""
     return ModelError(scrub(f"{what}{code}{at}: {_detail(exc)}{hint}"), retryable=False)
 
 
-def _outage(what: str, exc: pa.ModelAPIError, at: str) -> ModelError:
+def _outage(what: str, exc: BaseException, at: str) -> ModelError:
     status = _status(exc)
     code = f" (HTTP {status})" if status else ""
     return ModelError(
-        scrub(f"{what}{code}{at}: {_detail(exc)}"), retryable=True, retry_after=exc.retry_after
+        scrub(f"{what}{code}{at}: {_detail(exc)}"),
+        retryable=True,
+        retry_after=getattr(exc, "retry_after", None),
     )
 
 
@@ -76,13 +78,13 @@ def model_error(exc: BaseException, endpoint: str | None = None) -> ModelError: 
         hint = " (OPENAI_API_KEY is not set)" if endpoint and not conf.OPENAI_API_KEY else ""
         if endpoint:
             hint += "; check OPENAI_API_KEY and OPENAI_BASE_URL"
-        return _fatal("authentication failed", exc, at, hint)  # type: ignore[arg-type]
+        return _fatal("authentication failed", exc, at, hint)
     if isinstance(exc, pa.ModelQuotaExceededError) or (
         isinstance(exc, pa.ModelAPIError) and exc.provider_error_code == "insufficient_quota"
     ):
         return _fatal("quota exhausted", exc, at)
     if isinstance(exc, pa.ModelRateLimitError) or _status(exc) == 429:
-        return _outage("rate limited", exc, at)  # type: ignore[arg-type]
+        return _outage("rate limited", exc, at)
     if isinstance(exc, pa.ModelTimeoutError | pa.ModelRequestTimeout):
         return ModelError(
             scrub(f"model endpoint{at} timed out: {exc}"), retryable=True, retry_after=None
@@ -100,11 +102,11 @@ def model_error(exc: BaseException, endpoint: str | None = None) -> ModelError: 
     if isinstance(exc, pa.ModelUnavailableError | pa.ModelServerError) or (
         status is not None and (status >= 500 or status in RETRYABLE_STATUS)
     ):
-        return _outage("model server error", exc, at)  # type: ignore[arg-type]
+        return _outage("model server error", exc, at)
     if isinstance(exc, pa.ModelNotFoundError) or status == 404:
-        return _fatal("model not found or wrong OPENAI_BASE_URL", exc, at)  # type: ignore[arg-type]
+        return _fatal("model not found or wrong OPENAI_BASE_URL", exc, at)
     if isinstance(exc, pa.ModelRequestRejectedError) or status is not None:
-        return _fatal("invalid request", exc, at)  # type: ignore[arg-type]
+        return _fatal("invalid request", exc, at)
     if isinstance(exc, pa.ContentFilterError):
         return ModelError(scrub(f"the model's content filter refused: {exc}"), retryable=False)
     if isinstance(exc, pa.ModelAPIError | pa.UnexpectedModelBehavior):
