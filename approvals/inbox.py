@@ -25,7 +25,7 @@ from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily
 
 from agentruns.models import Run, Step
 from agentruns.runtime.inbox import Refused
-from approvals import escalation, parking
+from approvals.domain import escalation, parking
 from approvals.models import Approval, ApprovalKind, DeliveryStatus, WebhookDelivery
 from approvals.notifications import outbox
 

@@ -32,11 +32,11 @@ from agentruns.runtime.execution.transitions import RunChange, aborted, apply, r
 from agentruns.runtime.store.nudges import nudge_on_commit
 from agentruns.runtime.values.ids import actor_name
 from agentruns.runtime.values.timestamps import iso
-from approvals import decisions, policy
-from approvals.decisions import args_diff, decided_event
+from approvals.domain import decisions, policy
+from approvals.domain.decisions import args_diff, decided_event
+from approvals.domain.parking import refuse_if_decided, reject_parked, settle, withdraw_approvals
 from approvals.errors import AlreadyDecided, DecisionError, NotRunnable, StaleProposal
 from approvals.models import Approval, ApprovalKind, ApprovalStatus
-from approvals.parking import refuse_if_decided, reject_parked, settle, withdraw_approvals
 
 RESOLUTIONS = ("happened", "retry", "abort")
 DECISIONS = ("approve", "reject", *RESOLUTIONS)

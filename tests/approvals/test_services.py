@@ -12,7 +12,8 @@ from django_q.models import OrmQ
 from agentruns.models import Run, RunEvent, RunStatus, Step, StepStatus
 from agentruns.runtime.workers.sweeper import sweep
 from agentruns.services import cancel_run, start_run
-from approvals import errors, parking, services
+from approvals import errors, services
+from approvals.domain import parking
 from approvals.models import Approval, ApprovalKind, ApprovalStatus
 from tests.helpers import ApiClient, advance, assert_gapless, event_types, events, race
 

@@ -22,9 +22,9 @@ from agentruns.registry.deployed import approvals_required
 from agentruns.runtime.execution.transitions import resume_parked
 from agentruns.runtime.store.nudges import nudge_on_commit
 from agentruns.runtime.values.timestamps import iso
-from approvals.decisions import decided_event
+from approvals.domain.decisions import decided_event
+from approvals.domain.escalation import due_at_for
 from approvals.errors import AlreadyDecided, DecisionError
-from approvals.escalation import due_at_for
 from approvals.models import Approval, ApprovalKind, ApprovalStatus, MailNotice
 from approvals.notifications import outbox
 

@@ -31,9 +31,9 @@ from agentruns.runtime.execution.transitions import RunChange, apply
 from agentruns.runtime.store.nudges import nudge_on_commit
 from agentruns.runtime.values.ids import actor_name
 from agentruns.runtime.values.timestamps import iso
+from approvals.domain.policy import is_edit
 from approvals.errors import StaleProposal
 from approvals.models import Approval, ApprovalDecision, DecisionKind
-from approvals.policy import is_edit
 
 
 def was_edited(approval: Approval) -> bool:
@@ -74,7 +74,7 @@ def _row(approval: Approval, user: Any, decision: str, **fields: Any) -> Approva
 def record_approval(
     approval: Approval, user: Any, args: dict, reason: str, required: int
 ) -> Progress:
-    """Count `user`'s approval of `args` (checked by approvals.policy), which need `required`
+    """Count `user`'s approval of `args` (checked by approvals.domain.policy), which need `required`
     approvers (the tool's `approvals_required`); saves the counters."""
     restarted = is_edit(approval, args)
     if restarted:
