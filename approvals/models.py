@@ -69,7 +69,7 @@ class Approval(models.Model):
     round = models.PositiveSmallIntegerField(default=1)
     # the proposal's version: 1 when the item opens, one more on every approval given (an edit
     # is one). Every door's decision names the version it was made on, and a decision on an older
-    # one changes nothing (approvals/domain/decisions.py `check_version`)
+    # one changes nothing (approvals/domain/outcomes.py `check_open`)
     version = models.PositiveIntegerField(default=1)
 
     class Meta:

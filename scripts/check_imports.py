@@ -22,6 +22,7 @@ PACKAGES = ("agentruns", "approvals", "support", "config")
 RUNTIME = (
     "agentruns/runtime",
     "approvals/domain/parking.py",
+    "approvals/domain/outcomes.py",
     "approvals/domain/escalation.py",
     "approvals/notifications/outbox.py",
 )
