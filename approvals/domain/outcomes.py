@@ -18,7 +18,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from agentruns.models import Run, Step, StepStatus
+from agentruns.models import Run, RunStatus, Step, StepStatus
 from agentruns.runtime.events import EventSpec, EventType
 from agentruns.runtime.execution.transitions import ABORT, RESUME, WAIT, resume_parked
 from agentruns.runtime.values.ids import actor_name
@@ -44,7 +44,7 @@ class Outcome:
     approval: Approval  # as settled (or, for a partial approval, as recorded)
     user: Any  # who decided (None: the system)
     decision: str  # the audit event's: approved, rejected, expired, "reconciled: retry"...
-    then: str = RESUME  # the runtime's resume_parked: resume, wait or abort
+    then: str = RESUME  # the runtime's resume_parked: resume, wait (left as it is) or abort
     error: str = ""  # why the run ends (abort)
     args: Any = None  # the approved arguments (approved)
     edited: bool = False  # an approver changed the arguments (approved)
@@ -215,7 +215,9 @@ def reconciled(approval: Approval, user: Any, resolution: str, result: Any, reas
     ).update(status=StepStatus.SKIPPED, finished_at=now)
     withdrawn = withdraw_approvals(run, reason=f"run aborted by {who}")
     outcome.after = [(EventType.APPROVAL_WITHDRAWN, {"approval": a}) for a in withdrawn]
-    outcome.then, outcome.error = ABORT, f"aborted by {who} after an unknown outcome of {step.tool}"
+    outcome.error = f"aborted by {who} after an unknown outcome of {step.tool}"
+    # (a run cancelled meanwhile only gets the audit events)
+    outcome.then = ABORT if run.status == RunStatus.WAITING else WAIT
     return outcome
 
 

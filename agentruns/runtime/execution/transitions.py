@@ -155,18 +155,17 @@ def resume_parked(
     run_id: uuid.UUID | str, events: list[EventSpec], *, then: str = RESUME, error: str = ""
 ) -> bool:
     """A decision on a parked run, inside the decider's transaction: the audit `events`, then
-    `resume` (waiting -> queued, rung on commit), `wait` (a partial approval: it stays parked)
-    or `abort` (waiting -> failed with `error`; the decider skipped the steps after it). A
-    cancelled or finished run only gets the events. Returns whether the run moved."""
-    waiting = Run.objects.filter(id=run_id, status=RunStatus.WAITING)
+    `resume` (waiting -> queued, rung on commit; a cancelled or finished run only gets the
+    events), `wait` (the run is left as it is: a partial approval) or `abort` (waiting ->
+    failed with `error`: the decider holds the run's lock, saw it waiting and skipped the steps
+    after this one). Returns whether the run moved."""
+    moved = then == ABORT
+    change = aborted(error).after(*events) if moved else RunChange({}, events)
     if then == RESUME:
+        waiting = Run.objects.filter(id=run_id, status=RunStatus.WAITING)
         moved = bool(waiting.update(status=RunStatus.QUEUED, enqueued_at=timezone.now()))
-        change = RunChange({}, events)
         if moved:
             change = change.then(_status_event(RunStatus.QUEUED))
-    else:
-        moved = then == ABORT and waiting.exists()
-        change = aborted(error).after(*events) if moved else RunChange({}, events)
     apply(run_id, change)
     if then == RESUME:
         tracing.approvals_decided(run_id, change.events)
