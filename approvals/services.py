@@ -36,7 +36,6 @@ from approvals.models import Approval, ApprovalKind, ApprovalStatus
 RESOLUTIONS = ("happened", "retry", "abort")
 DECISIONS = ("approve", "reject", *RESOLUTIONS)
 BULK_DECISIONS = ("approve", "reject")
-KIND = {False: ApprovalKind.APPROVAL, True: ApprovalKind.RECONCILIATION}  # by "reconciling"
 MAX_ITEMS = 200
 
 
@@ -93,8 +92,9 @@ def decide(
     with transaction.atomic():
         approval = _locked(approval_id)
         reconciling = decision in RESOLUTIONS
+        kind = ApprovalKind.RECONCILIATION if reconciling else ApprovalKind.APPROVAL
         # a late click must learn who decided, not that its edits are invalid
-        check_open(approval, KIND[reconciling], version)
+        check_open(approval, kind, version)
         if reconciling:
             outcome = reconciled(approval, user, decision, result, reason)
         elif decision == "reject":

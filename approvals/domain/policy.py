@@ -73,26 +73,25 @@ def check_approval(approval: Approval, user: Any, edited: Any) -> tuple[dict, To
     the call run; does the edit keep to the tool's policy and schema); the rules are then applied
     in their order: the call can run (409), the starter and once per round (403, 409), the edit
     (422 when it is no JSON object, 400 outside the policy), the approver's limit (403)."""
-    proposal = _proposal(approval, edited)
+    args = _proposal(approval, edited)
     tool, why = deployed_tool(approval.agent, approval.tool, approval.effective_args)
-    checked: dict | EditRefused | None = proposal
-    if tool is not None and not why and proposal is not None and edited not in (None, {}):
+    refused: EditRefused | None = None
+    if tool is not None and not why and args is not None and edited not in (None, {}):
         # the edit against the tool's policy, relative to what the agent requested: a refusal
         # is kept, to be raised in its turn
         try:
-            checked = tool.check_edit(approval.requested_args, proposal)
+            args = tool.check_edit(approval.requested_args, args)
         except EditRefused as exc:
-            checked = exc
+            refused = exc
     if why or tool is None:
         raise NotRunnable(why, code="not_runnable")
     check_may_approve(approval, user)
-    if proposal is None:
+    if args is None:
         raise DecisionError("edited arguments must be a JSON object")
-    if isinstance(checked, EditRefused):
-        raise EditNotAllowed(checked.field, checked.rule, f"edit refused: {checked}")
-    assert checked is not None  # a JSON object by now: the edit was checked, or there was none
-    check_limit(approval, user, checked, tool)
-    return checked, tool
+    if refused is not None:
+        raise EditNotAllowed(refused.field, refused.rule, f"edit refused: {refused}")
+    check_limit(approval, user, args, tool)
+    return args, tool
 
 
 def _proposal(approval: Approval, edited: Any) -> dict | None:
