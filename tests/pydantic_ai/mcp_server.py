@@ -6,6 +6,12 @@ effect, which is what the tests assert on.
 
 Tools and their annotations: `get_stock` read-only; `set_status` idempotent (the same call twice
 leaves one status, but both calls are counted); `send_mail` neither (every call sends one mail).
+
+Faults a test sets in `<ledger>.faults` (JSON, read on every request, so a test may change them
+while the server runs): `{"http_status": [503, 2]}` answers the next two `tools/call` requests
+over HTTP with that status (the call is not made); `{"exit_in": "send_mail"}` makes that tool
+do its effect and then the server process exit before it answers (the connection drops
+mid-call), once.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import argparse
 import fcntl
 import json
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,16 +38,82 @@ def read_ledger(path: Path) -> dict:
         return {}
 
 
-def _record(change: Callable[[dict], Any]) -> Any:
-    LEDGER.touch()
-    with LEDGER.open("r+") as handle:
+def faults_path(ledger: Path) -> Path:
+    return ledger.with_name(ledger.name + ".faults")
+
+
+def set_faults(ledger: Path, **faults: Any) -> None:
+    """What the server at `ledger` does wrong from its next request on (module docstring)."""
+    faults_path(ledger).write_text(json.dumps(faults))
+
+
+def _update(path: Path, change: Callable[[dict], Any]) -> Any:
+    path.touch()
+    with path.open("r+") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
-        ledger = json.loads(handle.read() or "{}")
-        result = change(ledger)
+        data = json.loads(handle.read() or "{}")
+        result = change(data)
         handle.seek(0)
         handle.truncate()
-        handle.write(json.dumps(ledger))
+        handle.write(json.dumps(data))
     return result
+
+
+def _record(change: Callable[[dict], Any]) -> Any:
+    return _update(LEDGER, change)
+
+
+def _take_fault(name: str) -> Any:
+    """The fault `name` if it is set, used up: a count is decremented, anything else cleared."""
+
+    def take(faults: dict) -> Any:
+        value = faults.get(name)
+        if isinstance(value, list) and value[1] > 0:
+            value[1] -= 1
+            return value[0]
+        faults.pop(name, None)
+        return None if isinstance(value, list) else value
+
+    return _update(faults_path(LEDGER), take)
+
+
+def _maybe_exit(tool: str) -> None:
+    if _take_fault("exit_in") == tool:
+        sys.stdout.flush()
+        os._exit(3)  # after the effect, before the answer: the client's connection drops
+
+
+class HttpFaults:
+    """ASGI middleware: answers a `tools/call` with the status the faults file names."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        status = _take_fault("http_status") if b'"tools/call"' in body else None
+        if status:
+            headers = [(b"content-type", b"application/json"), (b"retry-after", b"1")]
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": b'{"error": "injected"}'})
+            return
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
 
 
 server = MCPServer("backoffice")
@@ -62,7 +135,9 @@ def set_status(ticket: str, status: str) -> dict:
         ledger["status_calls"] = ledger.get("status_calls", 0) + 1
         return {"ticket": ticket, "status": status}
 
-    return _record(change)
+    done = _record(change)
+    _maybe_exit("set_status")
+    return done
 
 
 @server.tool(annotations=ToolAnnotations(readOnlyHint=False, idempotentHint=False))
@@ -74,7 +149,9 @@ def send_mail(to: str, text: str) -> dict:
         mails.append({"to": to, "text": text})
         return {"sent": len(mails)}
 
-    return _record(change)
+    sent = _record(change)
+    _maybe_exit("send_mail")
+    return sent
 
 
 def main() -> None:
@@ -85,7 +162,10 @@ def main() -> None:
     options = parser.parse_args()
     LEDGER = Path(options.ledger)
     if options.port:
-        server.run(transport="streamable-http", host="127.0.0.1", port=options.port)
+        import uvicorn
+
+        app = HttpFaults(server.streamable_http_app(host="127.0.0.1"))
+        uvicorn.run(app, host="127.0.0.1", port=options.port, log_level="warning")
     else:
         server.run(transport="stdio")
 
