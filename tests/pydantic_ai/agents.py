@@ -168,7 +168,8 @@ def backoffice(
         FunctionModel(stream_function=play, model_name="mcp-script"),
         name=name,
         instructions="You run the shop's back office.",
-        toolsets=[MCPToolset(source, id="backoffice").prefixed(prefix)],
+        # a generous handshake: a stdio server is a new Python process per call, on a busy machine
+        toolsets=[MCPToolset(source, id="backoffice", init_timeout=60).prefixed(prefix)],
     )
     tools = {tool: {"requires_approval": False} for tool in waive}
     for tool, declared in (declare or {}).items():

@@ -11,7 +11,8 @@ Faults a test sets in `<ledger>.faults` (JSON, read on every request, so a test 
 while the server runs): `{"http_status": [503, 2]}` answers the next two `tools/call` requests
 over HTTP with that status (the call is not made); `{"exit_in": "send_mail"}` makes that tool
 do its effect and then the server process exit before it answers (the connection drops
-mid-call), once.
+mid-call), once; `{"hold_in": {"send_mail": 30}}` makes it wait that long after the effect
+before it answers (a call under way, for a test to kill the caller mid-call), once per tool.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import fcntl
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -77,10 +79,17 @@ def _take_fault(name: str) -> Any:
     return _update(faults_path(LEDGER), take)
 
 
-def _maybe_exit(tool: str) -> None:
+def _after_effect(tool: str) -> None:
+    """The faults that strike between a tool's effect and its answer."""
     if _take_fault("exit_in") == tool:
         sys.stdout.flush()
-        os._exit(3)  # after the effect, before the answer: the client's connection drops
+        os._exit(3)  # the client's connection drops
+
+    def take_hold(faults: dict) -> float:
+        return float((faults.get("hold_in") or {}).pop(tool, 0))
+
+    if hold := _update(faults_path(LEDGER), take_hold):
+        time.sleep(hold)  # a call still under way: time for a test to kill its caller
 
 
 class HttpFaults:
@@ -136,7 +145,7 @@ def set_status(ticket: str, status: str) -> dict:
         return {"ticket": ticket, "status": status}
 
     done = _record(change)
-    _maybe_exit("set_status")
+    _after_effect("set_status")
     return done
 
 
@@ -150,7 +159,7 @@ def send_mail(to: str, text: str) -> dict:
         return {"sent": len(mails)}
 
     sent = _record(change)
-    _maybe_exit("send_mail")
+    _after_effect("send_mail")
     return sent
 
 

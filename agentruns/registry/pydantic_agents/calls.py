@@ -221,7 +221,9 @@ def call(
     except Exception as exc:
         if _ours(exc):
             raise  # this app's database or Redis: the engine's weather, never the tool's verdict
-        if _unreachable(exc) or ((rerun_safe or not sent) and _transport_failure(exc)):
+        if not sent or _unreachable(exc) or (rerun_safe and _transport_failure(exc)):
+            # not sent: the toolset could not be entered (an MCP server that did not start or
+            # answer its handshake in time), so nothing of the call reached it
             raise RetryableToolError(f"{definition.name}: server unreachable: {exc!r}") from exc
         if _broken_connection(exc):
             _connection_broke(definition.name, exc, safe=False)
