@@ -12,7 +12,8 @@ while the server runs): `{"http_status": [503, 2]}` answers the next two `tools/
 over HTTP with that status (the call is not made); `{"exit_in": "send_mail"}` makes that tool
 do its effect and then the server process exit before it answers (the connection drops
 mid-call), once; `{"hold_in": {"send_mail": 30}}` makes it wait that long after the effect
-before it answers (a call under way, for a test to kill the caller mid-call), once per tool.
+before it answers (a call under way, for a test to kill the caller mid-call), once per tool;
+`{"fail_start": [true, 2]}` makes the next two server processes exit as they start.
 """
 
 from __future__ import annotations
@@ -170,6 +171,8 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0)
     options = parser.parse_args()
     LEDGER = Path(options.ledger)
+    if _take_fault("fail_start"):
+        sys.exit(4)  # a server that does not come up (a stdio server started for a call)
     if options.port:
         import uvicorn
 

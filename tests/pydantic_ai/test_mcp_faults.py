@@ -116,6 +116,24 @@ def test_a_connection_dropped_mid_call_of_an_idempotent_tool_runs_it_again(tmp_p
     assert book["statuses"] == {"T-3": "closed"} and book["status_calls"] == 2
 
 
+def test_a_stdio_server_that_does_not_come_up_is_a_retryable_failure(tmp_path):
+    path = tmp_path / "stdio-ledger.json"
+    stdio_backoffice(str(path))
+    set_faults(path, fail_start=[True, 2])  # the next two servers started for the call exit
+    run = advance(start("pa-mcp-io", ("io_send_mail", MAIL)))
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    step = Step.objects.get(run=run, tool="io_send_mail")
+    assert attempt_outcomes(step) == [
+        (1, AttemptOutcome.RETRYING),
+        (2, AttemptOutcome.RETRYING),
+        (3, AttemptOutcome.SUCCEEDED),
+    ]
+    assert all(
+        "server unreachable" in a.error for a in StepAttempt.objects.filter(step=step, number__lt=3)
+    )
+    assert ledger(path)["mails"] == [MAIL]  # nothing was sent until a server was up: sent once
+
+
 def test_tool_policies_and_the_snapshot_name_mcp_tools_by_their_prefixed_names(
     http_server, django_user_model, api
 ):
