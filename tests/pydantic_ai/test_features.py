@@ -1,8 +1,8 @@
 """docs/pydantic-ai.md's feature list, held to what it says: every feature it lists as "refused"
 is a NotDurable naming it when the agent registers (checks.py), never a surprise mid-run; the
 toolsets of each kind it lists as durable (combined, renamed, filtered, approval-marking,
-metadata-setting, a user's own wrapper) register, and their calls run as tool steps with the
-semantics they declare (PostgreSQL)."""
+metadata-setting, return-schema-including, a user's own wrapper) register, and their calls run as tool steps with the
+semantics they declare (PostgreSQL). (`MCPToolset`, prefixed, is tested in test_mcp*.py.)"""
 
 from __future__ import annotations
 
@@ -189,8 +189,10 @@ def _kinds_agent() -> Agent:
     wiping = Audited(FunctionToolset([feat_wipe])).approval_required(
         lambda ctx, tool_def, args: args.get("ticket") != "T-0"
     )
-    charging = FunctionToolset([feat_charge]).with_metadata(
-        agentruns={"side_effect": True, "idempotency": "key", "amount_arg": "cents"}
+    charging = (
+        FunctionToolset([feat_charge])
+        .include_return_schemas()
+        .with_metadata(agentruns={"side_effect": True, "idempotency": "key", "amount_arg": "cents"})
     )
     from pydantic_ai.models.function import FunctionModel
 
