@@ -1,8 +1,9 @@
 """docs/pydantic-ai.md's feature list, held to what it says: every feature it lists as "refused"
 is a NotDurable naming it when the agent registers (checks.py), never a surprise mid-run; the
 toolsets of each kind it lists as durable (combined, renamed, filtered, approval-marking,
-metadata-setting, return-schema-including, a user's own wrapper) register, and their calls run as tool steps with the
-semantics they declare (PostgreSQL). (`MCPToolset`, prefixed, is tested in test_mcp*.py.)"""
+metadata-setting, return-schema-including, a user's own wrapper) register, and their calls run
+as tool steps with the semantics they declare (PostgreSQL). `MCPToolset`, prefixed: test_mcp*.py.
+"""
 
 from __future__ import annotations
 
