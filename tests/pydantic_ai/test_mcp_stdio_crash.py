@@ -31,6 +31,7 @@ FAILPOINTS = ",".join(
     ]
 )
 MAIL = {"to": "ann@example.com", "text": "Refunded"}
+SETTLE = 300  # seconds: every call starts a Python process (the stdio server), every kill a q2 one
 
 
 def _worker(tmp_path, procs, name: str, path, **env: object):
@@ -81,7 +82,7 @@ def test_crash_matrix_over_a_stdio_mcp_server(tmp_path, procs, api):
         word_delay=0.01,
     )
     mail_run = start("pa-mcp-io", ("io_send_mail", MAIL))
-    statuses = wait_settled([status_run.id, mail_run.id], [worker])
+    statuses = wait_settled([status_run.id, mail_run.id], [worker], timeout=SETTLE)
     assert statuses == {
         status_run.id: RunStatus.SUCCEEDED,
         mail_run.id: RunStatus.WAITING,  # the unknown outcome waits for a person
@@ -118,7 +119,7 @@ def test_crash_matrix_over_a_stdio_mcp_server(tmp_path, procs, api):
     assert attempt_outcomes(mail) == [(1, AttemptOutcome.UNKNOWN)]
     assert book["mails"] == [MAIL]
     _reconcile_through_the_api(api, mail, {"sent": 1})
-    wait_settled([mail_run.id], [worker])
+    wait_settled([mail_run.id], [worker], timeout=SETTLE)
     assert Run.objects.get(id=mail_run.id).status == RunStatus.SUCCEEDED
     mail.refresh_from_db()
     assert (mail.status, mail.result) == (StepStatus.SUCCEEDED, {"sent": 1})
@@ -135,13 +136,13 @@ def test_a_worker_sigkilled_while_a_stdio_call_is_under_way(tmp_path, procs, api
     status_run = start("pa-mcp-io", ("io_set_status", {"ticket": "T-8", "status": "closed"}))
     wait_until(
         lambda: (b := ledger(path)).get("mails") and b.get("status_calls"),
-        timeout=90,
+        timeout=180,  # a stdio server is a new Python process per call: generous on a busy box
         message="both calls under way on the server",
     )
     first.kill()  # SIGKILL, the whole worker (and the servers it started) mid-call
     assert Step.objects.get(run=mail_run, tool="io_send_mail").status == StepStatus.RUNNING
     second = _worker(tmp_path, procs, "pa-io-second", path)
-    statuses = wait_settled([mail_run.id, status_run.id], [first, second])
+    statuses = wait_settled([mail_run.id, status_run.id], [first, second], timeout=SETTLE)
     assert statuses == {
         mail_run.id: RunStatus.WAITING,
         status_run.id: RunStatus.SUCCEEDED,
@@ -157,6 +158,6 @@ def test_a_worker_sigkilled_while_a_stdio_call_is_under_way(tmp_path, procs, api
     assert attempt_outcomes(mail) == [(1, AttemptOutcome.UNKNOWN)]
     assert book["mails"] == [MAIL]
     _reconcile_through_the_api(api, mail, {"sent": 1})
-    wait_settled([mail_run.id], [second])
+    wait_settled([mail_run.id], [second], timeout=SETTLE)
     assert Run.objects.get(id=mail_run.id).status == RunStatus.SUCCEEDED
     assert ledger(path)["mails"] == [MAIL]
