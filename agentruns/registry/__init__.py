@@ -29,6 +29,7 @@ from agentruns.registry.edits import Edit, EditRefused, check_declaration, check
 from agentruns.registry.errors import (
     ApprovalRequested,
     FatalToolError,
+    OutcomeUnknown,
     RetryableToolError,
     ToolArgumentsError,
     ToolError,
@@ -47,6 +48,7 @@ __all__ = [
     "Edit",
     "EditRefused",
     "FatalToolError",
+    "OutcomeUnknown",
     "RetryableToolError",
     "ToolArgumentsError",
     "ToolError",

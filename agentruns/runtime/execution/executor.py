@@ -365,26 +365,28 @@ class RunExecutor(ModelSteps, ToolSteps):
             return None
         policy = self.run.tool_policy(step.tool)
         if policy.get("side_effect") and policy.get("idempotency") == "none":
-            with transaction.atomic():
-                self._close_attempt(step, AttemptOutcome.UNKNOWN, "worker died mid-call", now)
-                step.status = StepStatus.UNKNOWN
-                step.save(update_fields=["status"])
-                inbox().open_reconciliation(step, self.run.agent)
-                return self.park(
-                    events_before=[
-                        (EventType.STEP_UNKNOWN, step_event_data(step)),
-                        (
-                            EventType.APPROVAL_REQUESTED,
-                            {"step": step.index, "kind": "reconciliation"},
-                        ),
-                    ]
-                )
+            return self.outcome_unknown(step, "worker died mid-call")
         with transaction.atomic():
             self._close_attempt(step, AttemptOutcome.CRASHED, "worker died mid-call", now)
             step.status = StepStatus.PENDING
             step.save(update_fields=["status"])
             self.commit([(EventType.STEP_RECOVERED, step_event_data(step))])
         return None
+
+    def outcome_unknown(self, step: Step, why: str) -> str:
+        """Nobody can tell whether the call took effect: the step is `unknown`, a reconciliation
+        item goes to the inbox and the run waits for a person (DESIGN.md 4.5). Never guessed."""
+        with transaction.atomic():
+            self._close_attempt(step, AttemptOutcome.UNKNOWN, why, timezone.now())
+            step.status = StepStatus.UNKNOWN
+            step.save(update_fields=["status"])
+            inbox().open_reconciliation(step, self.run.agent)
+            return self.park(
+                events_before=[
+                    (EventType.STEP_UNKNOWN, step_event_data(step)),
+                    (EventType.APPROVAL_REQUESTED, {"step": step.index, "kind": "reconciliation"}),
+                ]
+            )
 
     def _close_attempt(self, step: Step, outcome: str, error: str, now: Any) -> None:
         StepAttempt.objects.filter(
