@@ -73,8 +73,12 @@ format: venv
 
 bench: venv
 	$(BIN)/pip install -q -e '.[dev,bench]'
+	rm -f var/bench-engine.json var/bench-pydantic-ai.json var/bench-inflight.json
 	PG_EXTRA_OPTS=" " scripts/with-postgres.sh $(BIN)/python -m benchmarks.run
+	PG_EXTRA_OPTS=" " scripts/with-postgres.sh $(BIN)/python -m benchmarks.pydantic_ai_flow \
+		--runs 40 --rounds 3 --json var/bench-pydantic-ai.json
 	PG_EXTRA_OPTS=" " scripts/with-postgres.sh $(BIN)/python -m benchmarks.inflight --write-docs
+	$(BIN)/python -m benchmarks.targets --write-docs
 
 clean:
 	rm -rf var .pytest_cache
