@@ -8,9 +8,10 @@ flame graphs of the real web and worker processes (issue 22, item 1).
 Two phases, each with fresh processes: `light` (one POST every 0.3 s: the path without
 contention) and `burst` (N runs POSTed at once by 8 clients: the latency-bound batch of
 `benchmarks.inflight`). Each phase runs daphne and `qcluster` (its defaults: 2 worker processes)
-under `py-spy record --subprocesses --nonblocking` (CPU samples only: a thread waiting on the
-model or the database is not sampled; samples inside imports, i.e. start-up, are left out) and under `benchmarks/probes.py`, which timestamps the
-hand-offs of every run in those processes. Writes, per phase, `<out>/<workload>-<phase>-worker.svg`
+under `benchmarks/probes.py`, which timestamps the hand-offs of every run in those processes;
+after a warm-up, `py-spy record --pid --subprocesses --gil --nonblocking` attaches to both
+(`--gil`: only the thread holding the interpreter lock is sampled, so the samples are Python
+CPU time; a thread waiting on the model or the database is not sampled). Writes, per phase, `<out>/<workload>-<phase>-worker.svg`
 and `-web.svg` (flame graphs), and prints the breakdown (medians over the runs) and the top
 costs; `--markdown` also writes `<out>/<workload>-<phase>.md`.
 """
@@ -47,6 +48,14 @@ WORKLOADS = {
         {"SCRIPTED_MODEL_LATENCY_MS": 0, "SCRIPTED_MODEL_DELAY_MS": TOKEN_MS},
     ),
 }
+ROLES = (  # where a worker's CPU goes, by the thread or process a sample is in
+    ("run threads (RunPool._work)", "RunPool._work"),
+    ("q2 pusher (doorbells off the broker)", "pusher (django_q"),
+    ("q2 worker task loops (hand-overs)", "worker (django_q"),
+    ("q2 monitor (task results)", "monitor (django_q"),
+    ("sweeper + heartbeat", "SweeperLoop.run"),
+    ("lease keeper", "_LeaseKeeper"),
+)
 SEGMENTS = (  # (label, from point, to point): the start path, in order
     ("HTTP in: parse, auth, validation, snapshot", "sent", "insert"),
     ("run insert", "insert", "inserted"),
@@ -69,10 +78,10 @@ def model_wait_s(workload: str) -> float:
     return TURN_MS / 1000
 
 
-def under_pyspy(out: Path, args: list[str], env: dict, log: Path) -> subprocess.Popen:
-    cmd = [PYSPY, "record", "--subprocesses", "--nonblocking", "-r", str(RATE), "-f", "raw"]
+def start_probed(args: list[str], env: dict, log: Path) -> subprocess.Popen:
+    """`benchmarks.probes` running daphne or qcluster, in its own process group."""
     return subprocess.Popen(
-        [*cmd, "-o", str(out), "--", sys.executable, "-m", "benchmarks.probes", *args],
+        [sys.executable, "-m", "benchmarks.probes", *args],
         cwd=ROOT,
         env=env,
         stdout=log.open("ab"),
@@ -81,18 +90,33 @@ def under_pyspy(out: Path, args: list[str], env: dict, log: Path) -> subprocess.
     )
 
 
-def stop_pyspy(proc: subprocess.Popen) -> None:
-    """SIGINT to py-spy alone (it writes its samples and ends), then the processes it ran."""
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(10)
+def attach_pyspy(pid: int, out: Path, log: Path) -> subprocess.Popen:
+    """py-spy on a running process and its children, sampling only the thread that holds the
+    GIL (`--gil`: Python CPU time; a thread waiting on the model, the database or a lock is not
+    sampled), without pausing the process (`--nonblocking`)."""
+    cmd = [PYSPY, "record", "--pid", str(pid), "--subprocesses", "--gil", "--nonblocking"]
+    return subprocess.Popen(
+        [*cmd, "-r", str(RATE), "-f", "raw", "-o", str(out)],
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+def stop_all(spies: list[subprocess.Popen], procs: list[subprocess.Popen]) -> None:
+    """SIGINT to each py-spy (it writes its samples and ends), then SIGKILL the processes."""
+    for spy in spies:
+        spy.send_signal(signal.SIGINT)
+    for spy in spies:
+        try:
+            spy.wait(60)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(10)
 
 
 def post_runs(base_url: str, token: str, agent: str, count: int, together: bool) -> dict:
@@ -205,25 +229,28 @@ def phase(workload: str, name: str, count: int, out: Path, tmp: Path, token: str
     port = free_port()
     stem = out / f"{workload}-{name}"
     raw_web, raw_worker = tmp / f"{name}-web.txt", tmp / f"{name}-worker.txt"
-    web = under_pyspy(
-        raw_web,
-        ["web", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
-        env,
-        tmp / "web.log",
+    web = start_probed(
+        ["web", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"], env, tmp / "web.log"
     )
-    worker = under_pyspy(raw_worker, ["worker"], env, tmp / "worker.log")
+    worker = start_probed(["worker"], env, tmp / "worker.log")
     base_url = f"http://127.0.0.1:{port}"
+    spies: list[subprocess.Popen] = []
     try:
         wait_http(base_url + "/healthz", timeout=60)
         time.sleep(4)
         wait_finished(list(post_runs(base_url, token, agent, 8, together=True)))  # warm-up
+        # sampled from here: start-up and warm-up are not part of the profile
+        spies = [
+            attach_pyspy(web.pid, raw_web, tmp / "py-spy.log"),
+            attach_pyspy(worker.pid, raw_worker, tmp / "py-spy.log"),
+        ]
+        time.sleep(1)
         started = time.time()
         times = post_runs(base_url, token, agent, count, together=name == "burst")
         wait_finished(list(times))
         wall = max(times.values())[1] - started
     finally:
-        stop_pyspy(web)
-        stop_pyspy(worker)
+        stop_all(spies, [web, worker])
     table = breakdown(probe_file, times, model_wait_s(workload))
     lines = [
         f"### {workload}, {name}: {count} runs "
@@ -244,7 +271,7 @@ def phase(workload: str, name: str, count: int, out: Path, tmp: Path, token: str
         _, own_all, _ = flamegraph.top_costs(stacks)
         lines += [
             "",
-            f"{role} process(es): {total} CPU samples at {RATE}/s ({total / RATE:.1f} s of CPU); "
+            f"{role} process(es): {total} GIL-holding samples at {RATE}/s ({total / RATE:.1f} s holding the GIL); "
             + ", ".join(
                 f"{k} {flamegraph.share(stacks, n):.0%}"
                 for k, n in (
@@ -257,6 +284,16 @@ def phase(workload: str, name: str, count: int, out: Path, tmp: Path, token: str
                 )
             ),
             "",
+            *(
+                [
+                    "| where (worker) | share of samples |",
+                    "|---|---:|",
+                    *(f"| {k} | {flamegraph.share(stacks, n):.1%} |" for k, n in ROLES),
+                    "",
+                ]
+                if role == "worker"
+                else []
+            ),
             "| top agentruns frames (inclusive) | share |",
             "|---|---:|",
         ]
