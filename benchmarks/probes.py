@@ -70,7 +70,8 @@ def install_worker() -> None:
         return tasks
 
     DoorbellBroker.dequeue = dequeue
-    wrap(RunPool, "hand_over", "hand_over", run_of=lambda a: a[1])
+    # "started", or "requeued" when the process had no free slot (the doorbell rings again)
+    wrap(RunPool, "hand_over", "hand_over", "handed", run_of=lambda a: a[1])
     wrap(RunExecutor, "claim", "claim", "claimed")
     wrap(RunExecutor, "advance", "advance", "advanced")
     wrap(RunExecutor, "_stream_model", "model_call")

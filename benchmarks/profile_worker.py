@@ -11,9 +11,10 @@ contention) and `burst` (N runs POSTed at once by 8 clients: the latency-bound b
 under `benchmarks/probes.py`, which timestamps the hand-offs of every run in those processes;
 after a warm-up, `py-spy record --pid --subprocesses --gil --nonblocking` attaches to both
 (`--gil`: only the thread holding the interpreter lock is sampled, so the samples are Python
-CPU time; a thread waiting on the model or the database is not sampled). Writes, per phase, `<out>/<workload>-<phase>-worker.svg`
-and `-web.svg` (flame graphs), and prints the breakdown (medians over the runs) and the top
-costs; `--markdown` also writes `<out>/<workload>-<phase>.md`.
+CPU time; a thread waiting on the model or the database is not sampled). Writes, per phase,
+`<out>/<workload>-<phase>-<runs>-worker.svg` and `-web.svg` (flame graphs), and prints the
+breakdown (medians over the runs) and the top costs; `--markdown` also writes
+`<out>/<workload>-<phase>-<runs>.md`.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ SEGMENTS = (  # (label, from point, to point): the start path, in order
     ("run insert", "insert", "inserted"),
     ("doorbell (q2 task row)", "inserted", "doorbell"),
     ("commit + HTTP response", "doorbell", "responded"),
-    ("q2 pick-up: NOTIFY, pusher, task queue", "doorbell", "hand_over"),
+    ("q2 pick-up: NOTIFY, pusher, task queue (to the hand-over taken)", "doorbell", "hand_over"),
     ("hand-over: job queue to the run's thread", "hand_over", "claim"),
     ("claim (lease + running events)", "claim", "claimed"),
     ("claimed -> first model call (load run, agent, tools)", "claimed", "model_call"),
@@ -119,6 +120,26 @@ def stop_all(spies: list[subprocess.Popen], procs: list[subprocess.Popen]) -> No
         proc.wait(10)
 
 
+def start_in_process(agent: str, count: int) -> dict:
+    """`--start service`: the runs started by `services.start_run` from 8 threads of this
+    process, as `benchmarks.inflight` starts its batches (no HTTP: starts 5-10x faster);
+    {run id: (called, returned)} in epoch seconds."""
+    from django.db import connection
+
+    from agentruns.services import start_run
+
+    def one(i: int) -> tuple[str, tuple[float, float]]:
+        try:
+            called = time.time()
+            run = start_run(agent, {"order_id": f"ORD-{1001 + i % 250}"}).run
+            return str(run.id), (called, time.time())
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        return dict(pool.map(one, range(count)))
+
+
 def post_runs(base_url: str, token: str, agent: str, count: int, together: bool) -> dict:
     """POST the runs; {run id: (sent, responded)} in epoch seconds."""
     import httpx
@@ -156,10 +177,17 @@ def breakdown(probe_file: Path, times: dict, model_wait_s: float) -> dict:
         elif row["run"] in times:
             points[row["run"]][row["at"]].append(row)
     segments: dict[str, list[float]] = defaultdict(list)
-    model_gaps, tool_gaps, cpu = [], [], []
+    model_gaps, tool_gaps, cpu, handovers, requeued = [], [], [], [], []
     for run_id, (sent, responded) in times.items():
         p = points[run_id]
         at = {k: v[0]["t"] for k, v in p.items()}
+        # a run handed over to a full process is re-rung (and the sweeper may ring a running
+        # one): the hand-over that led to the claim is the last one before it
+        if p["hand_over"] and "claimed" in at:
+            before = [h["t"] for h in p["hand_over"] if h["t"] <= at["claimed"]]
+            at["hand_over"] = max(before) if before else at["hand_over"]
+        handovers.append(len(p["hand_over"]))
+        requeued.append(sum(1 for h in p["handed"] if h.get("result") == "requeued"))
         at.update(sent=sent, responded=responded)
         for label, a, b in SEGMENTS:
             if a in at and b in at:
@@ -190,6 +218,16 @@ def breakdown(probe_file: Path, times: dict, model_wait_s: float) -> dict:
     if tool_gaps:
         result["per tool step run on its own"] = _stat(tool_gaps)
     result["executor CPU per run (its thread)"] = _stat([c * 1000 for c in cpu])
+    result["hand-overs per run (mean; re-rung or rung again by the sweeper)"] = {
+        "p50": statistics.fmean(handovers) if handovers else 0.0,
+        "p90": max(handovers, default=0),
+        "n": len(handovers),
+    }
+    result["hand-overs refused per run (mean; no free slot: re-rung)"] = {
+        "p50": statistics.fmean(requeued) if requeued else 0.0,
+        "p90": max(requeued, default=0),
+        "n": len(requeued),
+    }
     result["doorbells per pusher dequeue (mean)"] = {
         "p50": statistics.fmean(dequeues) if dequeues else 0.0,
         "p90": max(dequeues, default=0),
@@ -218,7 +256,9 @@ def wait_finished(ids: list[str], timeout: float = 600) -> None:
         time.sleep(0.1)
 
 
-def phase(workload: str, name: str, count: int, out: Path, tmp: Path, token: str) -> str:
+def phase(
+    workload: str, name: str, count: int, out: Path, tmp: Path, token: str, via: str = "http"
+) -> str:
     from tests.procs import free_port, wait_http
 
     agent, model_env = WORKLOADS[workload]
@@ -227,7 +267,8 @@ def phase(workload: str, name: str, count: int, out: Path, tmp: Path, token: str
     env.update({k: str(v) for k, v in model_env.items()})
     env.update(PROBE_FILE=str(probe_file), LOG_LEVEL="WARNING", PYTHONUNBUFFERED="1")
     port = free_port()
-    stem = out / f"{workload}-{name}"
+    service = via == "service" and name == "burst"
+    stem = out / f"{workload}-{name}-{count}{'-service' if service else ''}"
     raw_web, raw_worker = tmp / f"{name}-web.txt", tmp / f"{name}-worker.txt"
     web = start_probed(
         ["web", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"], env, tmp / "web.log"
@@ -246,7 +287,14 @@ def phase(workload: str, name: str, count: int, out: Path, tmp: Path, token: str
         ]
         time.sleep(1)
         started = time.time()
-        times = post_runs(base_url, token, agent, count, together=name == "burst")
+        if service:
+            from benchmarks import probes
+
+            os.environ["PROBE_FILE"] = str(probe_file)  # this process's starts are probed too
+            probes.install_web()
+            times = start_in_process(agent, count)
+        else:
+            times = post_runs(base_url, token, agent, count, together=name == "burst")
         wait_finished(list(times))
         wall = max(times.values())[1] - started
     finally:
@@ -254,7 +302,13 @@ def phase(workload: str, name: str, count: int, out: Path, tmp: Path, token: str
     table = breakdown(probe_file, times, model_wait_s(workload))
     lines = [
         f"### {workload}, {name}: {count} runs "
-        + ("POSTed at once by 8 clients" if name == "burst" else "POSTed one every 0.3 s"),
+        + (
+            "started at once by 8 threads (services.start_run, no HTTP)"
+            if service
+            else "POSTed at once by 8 clients"
+            if name == "burst"
+            else "POSTed one every 0.3 s"
+        ),
         "",
         f"1-minute load average {os.getloadavg()[0]:.1f}; POSTs took {wall:.1f} s.",
         "",
@@ -310,6 +364,12 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=200)
     parser.add_argument("--out", default=str(ROOT / "docs" / "perf"))
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument(
+        "--start",
+        choices=["http", "service"],
+        default="http",
+        help="burst: POST /api/runs (default) or services.start_run from 8 threads",
+    )
     args = parser.parse_args()
     if not os.environ.get("DATABASE_URL"):
         sys.exit("run under scripts/with-postgres.sh (or set DATABASE_URL)")
@@ -325,10 +385,11 @@ def main() -> None:
         for name, count in (("light", args.light), ("burst", args.burst)):
             if not count:
                 continue
-            text = phase(args.workload, name, count, out, Path(tmp), token)
+            text = phase(args.workload, name, count, out, Path(tmp), token, args.start)
             print(text, flush=True)
             if args.markdown:
-                (out / f"{args.workload}-{name}.md").write_text(text)
+                suffix = "-service" if args.start == "service" and name == "burst" else ""
+                (out / f"{args.workload}-{name}-{count}{suffix}.md").write_text(text)
 
 
 if __name__ == "__main__":
