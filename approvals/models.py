@@ -61,7 +61,7 @@ class Approval(models.Model):
     # past `due_at` a pending item escalates, once: the sweeper stamps `escalated_at`
     due_at = models.DateTimeField(null=True, blank=True)
     escalated_at = models.DateTimeField(null=True, blank=True)
-    # the two-person rule (approvals/domain/decisions.py): approved when `approvals_required` distinct
+    # the two-person rule (approvals/domain/outcomes.py): approved when `approvals_required` distinct
     # people approved the same arguments; an edit starts a new `round` (the count starts again
     # from the editor); `approvals_given` counts this round's approvals (one ApprovalDecision each)
     approvals_required = models.PositiveSmallIntegerField(default=1)

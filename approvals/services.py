@@ -80,7 +80,7 @@ def decide(
     (`happened`, `retry`, `abort`, with the `result` when it happened).
 
     An item needing several approvers stays pending until that many distinct people approved
-    the same arguments (decisions.py; who may: policy.py), and the run stays parked meanwhile.
+    the same arguments (outcomes.py; who may: policy.py), and the run stays parked meanwhile.
     `version`: the version of the proposal the person saw (outcomes.check_open); a call
     the deployed code cannot run is never approved (`NotRunnable`), rejecting still works.
     """

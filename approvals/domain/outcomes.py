@@ -1,13 +1,30 @@
 """Deciding an item, and what the decision does to its run: ONE call down to the runtime.
 
 First decision wins: `check_open` (still pending, of the kind decided, on the current version:
-decisions.py says how versions work) and the compare-and-set `settle`. Each decision (approved,
+see below) and the compare-and-set `settle`. Each decision (approved,
 rejected, expired by the sweeper, reconciled, and a partial approval of a two-person item)
 changes the item and its step here and ends in an `Outcome`: the settled item, what the audit
 event says, and what becomes of the parked run (`then`: resumed, left waiting, or ended). The
 event data is built once, at the end, from the settled item (its arguments redacted as people
 see them), and `carry_out` hands the events and `then` to the runtime's `resume_parked`, inside
 the decider's transaction.
+
+The two-person rule (DESIGN.md 3, 4.6): one row per person's decision (`ApprovalDecision`); an
+item is approved when `approvals_required` distinct people approved the same arguments in the
+current round. What an edit does: approving with arguments that differ from the current
+proposal (what the agent asked for, or an earlier approver's edit) makes them the new proposal
+and starts a new round: earlier approvals were for other arguments, so the count starts again
+from the editor (who counts as its first approval). Everyone, including earlier approvers, may
+approve the new proposal. So whatever finally executes was approved, exactly as executed, by the
+required number of different people. The number required is fixed when the item opens (from the
+agent's arguments) and an edit can raise it, never lower it. The caller holds the approval row's
+lock (`services.decide`), so two approvers racing for the last approval are serialised: the
+second sees the item approved and loses.
+
+Versions: every item carries `version` (1 when it opens, one more on every approval given, an
+edit being one), so a decision names what the person saw. A decision on an older version changes
+nothing (`StaleProposal`, a 409 with the current proposal, in every door). Without a version
+(the JSON API only) a decision is accepted only while nobody has edited the arguments.
 """
 
 from __future__ import annotations
@@ -19,21 +36,16 @@ from django.db import transaction
 from django.utils import timezone
 
 from agentruns.models import Run, RunStatus, Step, StepStatus
+from agentruns.registry.edits import same_value
 from agentruns.runtime.events import EventSpec, EventType
 from agentruns.runtime.execution.transitions import ABORT, RESUME, WAIT, resume_parked
 from agentruns.runtime.values.ids import actor_name
 from agentruns.runtime.values.timestamps import iso
-from approvals.domain.decisions import (
-    Progress,
-    approvers,
-    args_diff,
-    record_approval,
-    record_rejection,
-)
+from approvals.domain.decisions import approvers, args_diff
 from approvals.domain.parking import withdraw_approvals
-from approvals.domain.policy import check_approval
+from approvals.domain.policy import check_approval, is_edit
 from approvals.errors import AlreadyDecided, DecisionError, StaleProposal
-from approvals.models import Approval, ApprovalKind, ApprovalStatus
+from approvals.models import Approval, ApprovalDecision, ApprovalKind, ApprovalStatus, DecisionKind
 from approvals.notifications import outbox
 
 APPROVED = "approved"
@@ -149,6 +161,53 @@ def settle(approval: Approval, kind: str, user: Any, **changes: Any) -> Approval
         setattr(approval, name, value)
     outbox.record(outbox.APPROVAL_DECIDED, approval=approval)
     return approval
+
+
+# ------------------------------------------------------------------ people's decisions
+@dataclass
+class Progress:
+    decision: ApprovalDecision
+    complete: bool  # the required count is reached: the caller settles the item as approved
+    restarted: bool  # this approval changed the arguments and started a new round
+
+
+def _row(approval: Approval, user: Any, decision: str, **fields: Any) -> ApprovalDecision:
+    return ApprovalDecision.objects.create(
+        approval=approval,
+        user=user if getattr(user, "is_authenticated", False) else None,
+        username=actor_name(user) or "",
+        decision=decision,
+        round=approval.round,
+        decided_at=timezone.now(),
+        **fields,
+    )
+
+
+def record_approval(
+    approval: Approval, user: Any, args: dict, reason: str, required: int
+) -> Progress:
+    """Count `user`'s approval of `args` (checked by approvals.domain.policy) as the module's
+    docstring says: `args` need `required` approvers (the tool's `approvals_required`); saves
+    the counters."""
+    restarted = is_edit(approval, args)
+    if restarted:
+        if approval.approvals_given:
+            approval.round += 1
+        approval.approvals_given = 0
+        approval.edited_args = None if same_value(args, approval.requested_args) else args
+    # an edit can raise the number required, never lower it
+    approval.approvals_required = max(approval.approvals_required, required)
+    row = _row(approval, user, DecisionKind.APPROVE, args=args, edited=restarted, reason=reason)
+    approval.approvals_given += 1
+    approval.version += 1
+    approval.save(
+        update_fields=["round", "approvals_given", "approvals_required", "edited_args", "version"]
+    )
+    return Progress(row, approval.approvals_given >= approval.approvals_required, restarted)
+
+
+def record_rejection(approval: Approval, user: Any, reason: str) -> ApprovalDecision:
+    return _row(approval, user, DecisionKind.REJECT, reason=reason)
 
 
 # ------------------------------------------------------------------ each decision

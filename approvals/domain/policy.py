@@ -49,31 +49,18 @@ def is_starter(approval: Approval, user: Any) -> bool:
     return bool(uid and approval.run.created_by_id == uid)
 
 
-def check_may_approve(approval: Approval, user: Any) -> None:
-    if approval.is_multi and is_starter(approval, user):
-        raise NotAllowed(
-            f"you started this run, and this call needs {approval.approvals_required} approvers "
-            "other than its starter: someone else must approve it (you may still reject it)",
-            code="starter_may_not_approve",
-        )
-    uid = getattr(user, "pk", None)
-    mine = next((d for d in approval.current_approvals() if uid and d.user_id == uid), None)
-    if mine is not None:
-        raise AlreadyGiven(
-            f"you already approved this at {mine.decided_at.isoformat(timespec='seconds')}: it "
-            f"needs {approval.approvals_required - approval.approvals_given} more approval(s) "
-            "from someone else",
-            code="already_given",
-        )
-
-
 def check_approval(approval: Approval, user: Any, edited: Any) -> tuple[dict, Tool]:
     """May `user` approve `approval`, with `edited` laid over its current proposal? Returns the
-    arguments approved and the deployed tool. The deployed code is asked everything at once (can
-    the call run; does the edit keep to the tool's policy and schema); the rules are then applied
-    in their order: the call can run (409), the starter and once per round (403, 409), the edit
-    (422 when it is no JSON object, 400 outside the policy), the approver's limit (403)."""
+    arguments approved and the deployed tool. What the rules need is gathered first, the
+    deployed code last, asked everything at once (can the call run; does the edit keep to the
+    tool's policy and schema); the rules are then applied in their order: the call can run
+    (409), the starter and once per round (403, 409), the edit (422 when it is no JSON object,
+    400 outside the policy), the approver's limit (403)."""
     args = _proposal(approval, edited)
+    starter = approval.is_multi and is_starter(approval, user)
+    uid = getattr(user, "pk", None)
+    mine = next((d for d in approval.current_approvals() if uid and d.user_id == uid), None)
+    permission = approval.run.tool_permission(approval.tool)
     tool, why = deployed_tool(approval.agent, approval.tool, approval.effective_args)
     refused: EditRefused | None = None
     if tool is not None and not why and args is not None and edited not in (None, {}):
@@ -85,12 +72,39 @@ def check_approval(approval: Approval, user: Any, edited: Any) -> tuple[dict, To
             refused = exc
     if why or tool is None:
         raise NotRunnable(why, code="not_runnable")
-    check_may_approve(approval, user)
+    if starter:
+        raise NotAllowed(
+            f"you started this run, and this call needs {approval.approvals_required} approvers "
+            "other than its starter: someone else must approve it (you may still reject it)",
+            code="starter_may_not_approve",
+        )
+    if mine is not None:
+        raise AlreadyGiven(
+            f"you already approved this at {mine.decided_at.isoformat(timespec='seconds')}: it "
+            f"needs {approval.approvals_required - approval.approvals_given} more approval(s) "
+            "from someone else",
+            code="already_given",
+        )
     if args is None:
         raise DecisionError("edited arguments must be a JSON object")
     if refused is not None:
         raise EditNotAllowed(refused.field, refused.rule, f"edit refused: {refused}")
-    check_limit(approval, user, args, tool)
+    # the argument that is the call's amount (`@tool(amount_arg=)`, as frozen in the run's
+    # snapshot, else as deployed) is within `user`'s limit
+    name = permission.get("amount_arg")
+    if name is None:
+        name = tool.amount_arg
+    amount = args.get(name) if name else None
+    if not isinstance(amount, int | float) or isinstance(amount, bool):
+        return args, tool
+    limit = limit_of(permission, user)
+    if limit is not None and amount > limit:
+        # amounts and limits are in minor units (AGENTRUNS_APPROVER_LIMIT_CENTS)
+        raise NotAllowed(
+            f"{format_cents(amount)} is above your approval limit of {format_cents(limit)}: lower "
+            f"{name}, or ask someone with a higher limit to approve",
+            code="above_limit",
+        )
     return args, tool
 
 
@@ -118,35 +132,20 @@ def _user_groups(user: Any) -> set[str]:
 
 def approver_limit(approval: Approval, user: Any) -> int | None:
     """The most `user` may approve on this item's tool (None: no limit)."""
+    return limit_of(approval.run.tool_permission(approval.tool), user)
+
+
+def limit_of(permission: dict, user: Any) -> int | None:
+    """The most `user` may approve under a run's snapshot entry for a tool (None: no limit)."""
     if getattr(user, "is_superuser", False):
         return None
-    entry = approval.run.tool_permission(approval.tool)
-    limits = entry.get("limits")
+    limits = permission.get("limits")
     if limits is None:  # a run from before snapshots: today's default
         return conf.APPROVER_LIMIT_CENTS or None
     mine = [v for g, v in (limits.get("groups") or {}).items() if g in _user_groups(user)]
     if mine:
         return max(mine)
     return limits.get("default") or None
-
-
-def check_limit(approval: Approval, user: Any, args: dict, tool: Tool) -> None:
-    """The argument that is the call's amount (`@tool(amount_arg=)`, as frozen in the run's
-    snapshot, else as deployed) is within `user`'s limit."""
-    name = approval.run.tool_permission(approval.tool).get("amount_arg")
-    if name is None:
-        name = tool.amount_arg
-    amount = args.get(name) if name else None
-    if not isinstance(amount, int | float) or isinstance(amount, bool):
-        return
-    limit = approver_limit(approval, user)
-    if limit is not None and amount > limit:
-        # amounts and limits are in minor units (AGENTRUNS_APPROVER_LIMIT_CENTS)
-        raise NotAllowed(
-            f"{format_cents(amount)} is above your approval limit of {format_cents(limit)}: lower "
-            f"{name}, or ask someone with a higher limit to approve",
-            code="above_limit",
-        )
 
 
 def is_edit(approval: Approval, args: dict) -> bool:
