@@ -75,9 +75,13 @@ def side(ns: tuple[int, ...]) -> dict:
         done = original_wait(ids, timeout)
         counted[-1] = (commits() - counted[-1]) / len(ids)
         # how evenly the worker processes shared the batch: the busiest one's share of attempts
-        per_worker = StepAttempt.objects.filter(step__run_id__in=ids).values("worker")
-        counts = [row["n"] for row in per_worker.annotate(n=Count("id"))]
-        shares.append(max(counts) / sum(counts) if counts else 0.0)
+        per_owner = StepAttempt.objects.filter(step__run_id__in=ids).values("worker")
+        per_process: dict[str, int] = {}
+        for row in per_owner.annotate(n=Count("id")):  # an owner is host:pid:<executor tag>
+            process = row["worker"].rsplit(":", 1)[0]
+            per_process[process] = per_process.get(process, 0) + row["n"]
+        total = sum(per_process.values())
+        shares.append(max(per_process.values()) / total if total else 0.0)
         return done
 
     inflight.wait_done = wait_done
