@@ -56,10 +56,12 @@ def side(ns: tuple[int, ...]) -> dict:
             return int(cursor.fetchone()[0])
 
     counted: list[int] = []
+    cpu: list[tuple[float, float]] = []
     original = inflight.start_together
 
-    def start_together(n: int):  # the harness's own start, with the commit counter around it
+    def start_together(n: int):  # the harness's own start, with the counters around it
         counted.append(commits())
+        cpu.append(cpu_seconds())
         return original(n)
 
     inflight.start_together = start_together
@@ -74,6 +76,8 @@ def side(ns: tuple[int, ...]) -> dict:
 
         done = original_wait(ids, timeout)
         counted[-1] = (commits() - counted[-1]) / len(ids)
+        workers, server = cpu_seconds()
+        cpu[-1] = ((workers - cpu[-1][0]) / len(ids), (server - cpu[-1][1]) / len(ids))
         # how evenly the worker processes shared the batch: the busiest one's share of attempts
         per_owner = StepAttempt.objects.filter(step__run_id__in=ids).values("worker")
         per_process: dict[str, int] = {}
@@ -86,9 +90,49 @@ def side(ns: tuple[int, ...]) -> dict:
 
     inflight.wait_done = wait_done
     rows, config = inflight.ours_latency_bound(ns, TURN_MS)
-    for row, xacts, share in zip(rows, counted[-len(ns) :], shares[-len(ns) :], strict=True):
+    measured = zip(rows, counted[-len(ns) :], shares[-len(ns) :], cpu[-len(ns) :], strict=True)
+    for row, xacts, share, (workers_cpu, server_cpu) in measured:
         row["xact_per_run"], row["busiest_share"] = xacts, share
+        row["worker_cpu_ms"], row["pg_cpu_ms"] = workers_cpu * 1000, server_cpu * 1000
     return {"rows": rows, "config": config, "start_statements": statements}
+
+
+def _process_cpu(pid: int, children: bool = False) -> float:
+    """utime + stime (and the reaped children's, with `children`) of a process, in seconds."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime
+    if children:
+        ticks += int(fields[13]) + int(fields[14])  # cutime, cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds() -> tuple[float, float]:
+    """CPU so far of (the q2 worker processes, the whole PostgreSQL server: the postmaster with
+    its reaped backends plus the live ones)."""
+    from django.db import connection
+
+    from agentruns.models import WorkerHeartbeat
+
+    names = WorkerHeartbeat.objects.filter(worker__startswith="pool@").values_list(
+        "worker", flat=True
+    )
+    workers = sum(_process_cpu(int(name.rsplit(":", 1)[1])) for name in names)
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW data_directory")
+        (data_dir,) = cursor.fetchone()
+    postmaster = int((Path(data_dir) / "postmaster.pid").read_text().split()[0])
+    server = _process_cpu(postmaster, children=True)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (FileNotFoundError, ProcessLookupError, ValueError, IndexError):
+            continue
+        if ppid == postmaster:
+            server += _process_cpu(int(stat.parent.name))
+    return workers, server
 
 
 def run_side(checkout: Path, ns: tuple[int, ...]) -> dict:
@@ -113,8 +157,9 @@ def run_side(checkout: Path, ns: tuple[int, ...]) -> dict:
 def markdown(base: dict, ours: dict, base_label: str) -> str:
     head = (
         "| side | round | runs per process | N | wall (s) | x one run | runs/s | peak RSS (MB) | "
-        "RSS growth (MB) | peak PG connections | commits per run | busiest process's share |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        "RSS growth (MB) | peak PG connections | commits per run | busiest process's share | "
+        "worker CPU per run (ms) | PostgreSQL CPU per run (ms) |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
     lines = []
     for label, data in ((base_label, base), ("claims (this branch)", ours)):
@@ -128,7 +173,8 @@ def markdown(base: dict, ours: dict, base_label: str) -> str:
                 f"| {label} | {r['round']} | {data['config']['per_process']} | {r['n']} | "
                 f"{r['wall_s']:.2f} | {ratio} | {r['n'] / r['wall_s']:.1f} | {r['rss_mb']:.0f} | "
                 f"{r['rss_growth_mb']:.0f} | {r['pg_connections']} | {r['xact_per_run']:.1f} | "
-                f"{r['busiest_share']:.2f} |"
+                f"{r['busiest_share']:.2f} | {r.get('worker_cpu_ms', 0):.1f} | "
+                f"{r.get('pg_cpu_ms', 0):.1f} |"
             )
     statements = (
         f"Statements one start sends (`start_run` as the API calls it): {base_label} "
