@@ -110,28 +110,36 @@ def _process_cpu(pid: int, children: bool = False) -> float:
 
 
 def cpu_seconds() -> tuple[float, float]:
-    """CPU so far of (the q2 worker processes, the whole PostgreSQL server: the postmaster with
-    its reaped backends plus the live ones)."""
+    """CPU so far of (the whole `qcluster`: every process of its process group, q2's pusher,
+    monitor and sentinel included; the whole PostgreSQL server: the postmaster with its reaped
+    backends plus the live ones)."""
     from django.db import connection
 
     from agentruns.models import WorkerHeartbeat
 
-    names = WorkerHeartbeat.objects.filter(worker__startswith="pool@").values_list(
+    groups = set()
+    for name in WorkerHeartbeat.objects.filter(worker__startswith="pool@").values_list(
         "worker", flat=True
-    )
-    workers = sum(_process_cpu(int(name.rsplit(":", 1)[1])) for name in names)
+    ):
+        try:
+            groups.add(os.getpgid(int(name.rsplit(":", 1)[1])))
+        except ProcessLookupError:  # a row of an earlier cluster
+            pass
     with connection.cursor() as cursor:
         cursor.execute("SHOW data_directory")
         (data_dir,) = cursor.fetchone()
     postmaster = int((Path(data_dir) / "postmaster.pid").read_text().split()[0])
-    server = _process_cpu(postmaster, children=True)
+    workers, server = 0.0, _process_cpu(postmaster, children=True)
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (FileNotFoundError, ProcessLookupError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
             continue
+        ppid, pgrp = int(fields[1]), int(fields[2])
         if ppid == postmaster:
             server += _process_cpu(int(stat.parent.name))
+        elif pgrp in groups:
+            workers += _process_cpu(int(stat.parent.name))
     return workers, server
 
 
@@ -158,7 +166,7 @@ def markdown(base: dict, ours: dict, base_label: str) -> str:
     head = (
         "| side | round | runs per process | N | wall (s) | x one run | runs/s | peak RSS (MB) | "
         "RSS growth (MB) | peak PG connections | commits per run | busiest process's share | "
-        "worker CPU per run (ms) | PostgreSQL CPU per run (ms) |\n"
+        "qcluster CPU per run (ms) | PostgreSQL CPU per run (ms) |\n"
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
     lines = []
