@@ -25,7 +25,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TURN_MS = 500
-MARK = ("<!-- claims-ab:start -->", "<!-- claims-ab:end -->")
 
 
 def side(ns: tuple[int, ...]) -> dict:
@@ -212,10 +211,9 @@ def main() -> None:
     text = markdown(base, ours, "main (doorbell per start)")
     print(text)
     if args.write_docs:
-        doc = ROOT / "docs" / "BENCHMARKS.md"
-        content = doc.read_text()
-        start, end = content.index(MARK[0]), content.index(MARK[1])
-        doc.write_text(content[: start + len(MARK[0])] + "\n" + text + content[end:])
+        from benchmarks.docs import write_marked_section
+
+        write_marked_section("claims-ab", text)
 
 
 if __name__ == "__main__":
