@@ -1,6 +1,7 @@
 """Claims from PostgreSQL with real qcluster processes, the real gateway and SIGKILL: a NOTIFY
-nobody heard is caught by q2's doorbell (the sweeper's backstop), and a cluster killed right after
-its claimers took a batch loses no run and executes none twice (the gateway's ledger).
+nobody heard is caught by q2's doorbell (the sweeper's backstop), a cluster killed right after
+its claimers took a batch loses no run and executes none twice (the gateway's ledger), and a
+database restart leaves the claimers listening again (on a PostgreSQL server of the test's own).
 
 In-process (one statement per start, batches, two claimers, the poll): tests/runtime/test_claims.py.
 """
@@ -8,6 +9,7 @@ In-process (one statement per start, batches, two claimers, the poll): tests/run
 from __future__ import annotations
 
 import os
+import time
 from datetime import datetime
 
 import pytest
@@ -21,7 +23,17 @@ from support.models import GatewayRefund, Order
 from tests.crash import kit
 from tests.crash.kit import assert_refunded_exactly_once
 from tests.helpers import assert_gapless
-from tests.procs import Proc, start_web, wait_until
+from tests.pgserver import PrivatePostgres
+from tests.procs import (
+    Proc,
+    base_env,
+    gateway_refunds,
+    manage,
+    start_run_over_http,
+    start_web,
+    start_worker,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.crash]
 
@@ -127,3 +139,70 @@ def test_sigkill_right_after_a_claim_batch_loses_no_run_and_runs_none_twice(
         .filter(n__gt=1)
     )
     assert not twice.exists(), "a step that succeeded was executed again"
+
+
+# ------------------------------------------------------------------ a database restart
+@pytest.fixture
+def private_pg():
+    pg = PrivatePostgres("claims")
+    pg.start()
+    pg.create_database()
+    yield pg
+    pg.close()
+
+
+def claim_delay(pg: PrivatePostgres, run_id: str) -> float | None:
+    """Seconds from the run's creation to its claim once it succeeded, None before."""
+    with pg.connect() as conn:
+        row = conn.execute(
+            f"SELECT status, started_at - created_at FROM {Run._meta.db_table} WHERE id = %s",
+            [run_id],
+        ).fetchone()
+    return row[1].total_seconds() if row and row[0] == RunStatus.SUCCEEDED else None
+
+
+def start_when_up(url: str, token: str, order_id: str) -> str:
+    """POST /api/runs, again while the web answers 503 (its pool reconnecting after a restart)."""
+    run_input = {"order_id": order_id, "message": "It arrived broken, refund it."}
+
+    def started() -> str | None:
+        try:
+            return start_run_over_http(url, token, run_input)
+        except AssertionError:
+            return None
+
+    return wait_until(started, timeout=60, interval=0.5, message="the web to start a run")
+
+
+def test_a_claimer_listens_again_after_a_database_restart(tmp_path, private_pg):
+    # the web is the refund gateway too; the claimers wake only on a NOTIFY (poll far away) or
+    # when they have just (re)connected
+    env = {"DATABASE_URL": private_pg.url, "AGENTRUNS_RUN_CLAIM_POLL_SECONDS": "600"}
+    private_pg.migrate(base_env(**env))
+    token = manage(base_env(**env), "create_api_token", "lead").strip().splitlines()[-1]
+    web, url = start_web(tmp_path, **env)
+    worker_proc = start_worker(
+        tmp_path, name="worker-restart", REFUND_GATEWAY_URL=f"{url}/gateway", **env
+    )
+    try:
+        first = start_when_up(url, token, "ORD-1001")
+        wait_until(lambda: claim_delay(private_pg, first) is not None, timeout=90, message="first")
+        private_pg.restart()  # every session ends, the claimers' LISTEN connections included
+        private_pg.wait_up()
+        time.sleep(3)  # the claimers listen again (their backoff is capped at 1 s)
+        second = start_when_up(url, token, "ORD-1002")
+        wait_until(
+            lambda: claim_delay(private_pg, second) is not None, timeout=90, message="second"
+        )
+        # claimed on its NOTIFY, not rung by the sweeper's q2 doorbell (at least 5 s later)
+        assert claim_delay(private_pg, second) < 4.5
+        assert worker_proc.alive, worker_proc.log()
+        for order_id in ("ORD-1001", "ORD-1002"):
+            assert len(gateway_refunds(url, order_id)) == 1
+    except TimeoutError:
+        with private_pg.connect() as conn:
+            runs = conn.execute(f"SELECT id, status, error FROM {Run._meta.db_table}").fetchall()
+        pytest.fail(f"{runs}\n{worker_proc.log()}\n{web.log()}")
+    finally:
+        worker_proc.kill()
+        web.kill()
