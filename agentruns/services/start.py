@@ -2,7 +2,9 @@
 (scripts, benchmarks) and `fork_run`, with the checks every start passes.
 
 Each writes its RunEvent in the same transaction as the change and rings the worker doorbell
-(`enqueue`) inside that transaction: with the ORM broker a rolled-back change leaves no task.
+(`enqueue`) inside that transaction: with the ORM broker a rolled-back change leaves no task. On
+PostgreSQL a start instead NOTIFYs the workers' claimers from the statement that creates the run
+(`runtime/dispatch/claims.py`): one statement, no q2 task.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ A django-q2 task (`tasks.advance_run`) only hands its run to this process's `Run
 returns; the run executes on one of the pool's threads (a model stream or a tool's HTTP call
 waits without holding the process, and without a database connection: `connections.py`).
 django-q2 stays the doorbell, the lease stays the truth: an executor still claims its run with
-the conditional UPDATE, so a duplicated doorbell costs a slot for one failed claim.
+the conditional UPDATE, so a duplicated doorbell costs a slot for one failed claim. On
+PostgreSQL most runs come from the process's claimer instead (`claimer.py`): already leased by a
+batch claim, on slots it reserved (`reserve`, `start_claimed`).
 
 Backpressure: with every slot taken, the hand-over waits (at most AGENTRUNS_HANDOVER_WAIT_SECONDS,
 well inside q2's `timeout`) for one to free. Meanwhile this q2 worker takes no further task, so a
