@@ -96,6 +96,41 @@ def side(ns: tuple[int, ...]) -> dict:
     return {"rows": rows, "config": config, "start_statements": statements}
 
 
+def pickup(samples: int = 30) -> dict:
+    """In a side's subprocess: one start at a time against an idle `qcluster`, the time from the
+    run's creation to its claim (`started_at - created_at`, both stamped by the database side)."""
+    import time
+
+    import django
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    os.environ.setdefault("AGENTRUNS_AGENT_MODULES", "benchmarks.workload")
+    os.environ.setdefault("LOG_LEVEL", "WARNING")
+    from benchmarks import inflight
+
+    inflight.setup()
+    django.setup()
+    from agentruns.models import Run
+    from agentruns.services import start_run
+    from benchmarks import procs
+
+    proc = inflight.start_qcluster(SCRIPTED_MODEL_LATENCY_MS=0, SCRIPTED_MODEL_DELAY_MS=0)
+    try:
+        time.sleep(3)
+        inflight.wait_done(inflight.start_together(8)[0])  # warm up
+        ids = []
+        for i in range(samples):
+            ids.append(start_run("bench-refund", {"order_id": f"ORD-{1001 + i}"}).run.id)
+            time.sleep(0.3)
+        inflight.wait_done(ids)
+    finally:
+        procs.stop(proc)
+    delays = sorted(
+        (r.started_at - r.created_at).total_seconds() * 1000 for r in Run.objects.filter(id__in=ids)
+    )
+    return {"p50_ms": inflight.pct(delays, 50), "p90_ms": inflight.pct(delays, 90)}
+
+
 def _process_cpu(pid: int, children: bool = False) -> float:
     """utime + stime (and the reaped children's, with `children`) of a process, in seconds."""
     try:
@@ -142,14 +177,14 @@ def cpu_seconds() -> tuple[float, float]:
     return workers, server
 
 
-def run_side(checkout: Path, ns: tuple[int, ...]) -> dict:
+def run_side(checkout: Path, ns: tuple[int, ...], call: str = "") -> dict:
     # this file's `side`, loaded by path in a process whose `benchmarks` and `agentruns` are the
     # checkout's
     code = (
         f"import sys, json, importlib.util; sys.path.insert(0, {str(checkout)!r}); "
         f"spec = importlib.util.spec_from_file_location('claims_ab_side', {__file__!r}); "
         "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module); "
-        f"print('@@' + json.dumps(module.side({ns!r})))"
+        f"print('@@' + json.dumps({call or f'module.side({ns!r})'}))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=checkout, capture_output=True, text=True, timeout=1800
@@ -195,11 +230,20 @@ def main() -> None:
     parser.add_argument("--base", required=True, help="checkout of the main to compare with")
     parser.add_argument("--ns", default="1,200,1000")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--pickup", action="store_true", help="only creation -> claim, one at a time"
+    )
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
     if not os.environ.get("DATABASE_URL"):
         sys.exit("run under scripts/with-postgres.sh (or set DATABASE_URL)")
     ns = tuple(int(n) for n in args.ns.split(","))
+    if args.pickup:
+        for round_no in range(args.rounds):
+            for label, checkout in (("main", Path(args.base).resolve()), ("claims", ROOT)):
+                got = run_side(checkout, ns, call="module.pickup()")
+                print(f"pickup round {round_no + 1} {label}: {got}", flush=True)
+        return
     base, ours = {"rows": []}, {"rows": []}
     for round_no in range(args.rounds):  # alternating: a shared machine's load drifts
         for into, checkout in ((base, Path(args.base).resolve()), (ours, ROOT)):
