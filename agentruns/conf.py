@@ -101,8 +101,23 @@ SETTINGS: tuple[Setting, ...] = (
         "AGENTRUNS_RUNS_PER_PROCESS",
         int,
         lambda: _runs_per_process_default(),
-        "runs executing at once in each worker process (default: 100 on PostgreSQL, 16 on SQLite)",
+        "runs executing at once in each worker process (default: 500 on PostgreSQL, 16 on SQLite)",
         1,
+    ),
+    Setting(
+        "AGENTRUNS_RUN_CLAIM_BATCH",
+        int,
+        50,
+        "PostgreSQL: each worker process claims up to this many queued runs per statement, woken "
+        "by the start's NOTIFY (0: starts ring a q2 doorbell each, as on SQLite)",
+        0,
+    ),
+    Setting(
+        "AGENTRUNS_RUN_CLAIM_POLL_SECONDS",
+        float,
+        1,
+        "a worker's claimer with free slots looks for queued runs this often without a NOTIFY",
+        0.05,
     ),
     Setting(
         "AGENTRUNS_DRAIN_SECONDS",
@@ -266,11 +281,12 @@ SETTINGS: tuple[Setting, ...] = (
 
 
 def _runs_per_process_default() -> int:
-    # threads wait on the model without holding the process (100 runs at 500 ms per model turn
-    # cost ~40% of a core); SQLite serialises every writer, so fewer runs at once keep its lock
+    # threads wait on the model without holding the process (an idle pool thread costs ~16 KB of
+    # RSS, a waiting run holds no connection: 500 per process carry 1000 runs on the default two
+    # worker processes; docs/BENCHMARKS.md, "Claims and 1000 in flight"); SQLite serialises every writer, so fewer runs at once keep its lock
     # queue short (measurements: docs/BENCHMARKS.md, "Choosing the defaults")
     engine = settings.DATABASES["default"]["ENGINE"]
-    return 100 if "postgresql" in engine else 16
+    return 500 if "postgresql" in engine else 16
 
 
 def _base_dir() -> Any:

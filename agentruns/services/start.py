@@ -2,7 +2,9 @@
 (scripts, benchmarks) and `fork_run`, with the checks every start passes.
 
 Each writes its RunEvent in the same transaction as the change and rings the worker doorbell
-(`enqueue`) inside that transaction: with the ORM broker a rolled-back change leaves no task.
+(`enqueue`) inside that transaction: with the ORM broker a rolled-back change leaves no task. On
+PostgreSQL a start instead NOTIFYs the workers' claimers from the statement that creates the run
+(`runtime/dispatch/claims.py`): one statement, no q2 task.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from agentruns.conf import conf
 from agentruns.models import Run, Step, StepKind
 from agentruns.registry import get_agent
 from agentruns.runtime.access import permissions, quotas
+from agentruns.runtime.dispatch import claims
 from agentruns.runtime.dispatch.queue import enqueue
 from agentruns.runtime.events import EventType
 from agentruns.runtime.execution import transitions
@@ -132,15 +135,22 @@ def start_run(
         run.enqueued_at = None
         events += started.events
     store = get_store()
+    # PostgreSQL: the creating statement NOTIFYs the workers' claimers instead of ringing a q2
+    # doorbell (runtime/dispatch/claims.py); the sweeper's doorbell catches a NOTIFY nobody heard
+    notify = enqueue_task and claims.starts_by_notify()
     try:
         # one statement needs no transaction of its own; inside the caller's, a savepoint keeps a
         # dedupe conflict from breaking it
         single = (
-            store.create_is_one_statement and not enqueue_task and not connection.in_atomic_block
+            store.create_is_one_statement
+            and (notify or not enqueue_task)
+            and not connection.in_atomic_block
         )
         with nullcontext() if single else transaction.atomic():
-            run.last_seq = store.create_run(run, events, owner=claim_for, now=now)
-            if enqueue_task:  # False: the caller executes it in-process (benchmarks, scripts)
+            run.last_seq = store.create_run(
+                run, events, owner=claim_for, now=now, notify=claims.CHANNEL if notify else None
+            )
+            if enqueue_task and not notify:  # False: executed in-process (benchmarks, scripts)
                 enqueue(run.id)
     except IntegrityError:
         if dedupe_key is None:

@@ -316,12 +316,16 @@ def test_sigterm_drains_and_a_second_worker_continues_at_once(tmp_path, procs, g
         assert_gapless(run)
 
 
-def test_q2_recycling_never_kills_runs_in_flight(tmp_path, procs, gateway, seeded):
+def test_q2_recycling_never_kills_runs_in_flight(tmp_path, procs, gateway, seeded, settings):
+    # q2 counts its tasks: starts ring a q2 doorbell each here (claimed starts are no q2 task,
+    # so a process fed by its claimer is recycled only by the doorbells it still gets)
+    settings.AGENTRUNS_RUN_CLAIM_BATCH = 0
     w = worker(
         tmp_path,
         procs,
         gateway,
         "worker-recycle",
+        AGENTRUNS_RUN_CLAIM_BATCH=0,
         Q_RECYCLE=4,  # a worker process ends after 4 q2 tasks, with those runs in flight
         AGENTRUNS_RUNS_PER_PROCESS=20,
         AGENTRUNS_DRAIN_SECONDS=30,

@@ -6,7 +6,8 @@ and the sweeper schedule at start, then a fast sweeper loop in this process, bec
 schedules fire at 30 s granularity at best (../shared/notes/django-q2-measured.md).
 A SIGTERM (or Ctrl-C) tells every worker process's run pool to drain at once, then stops q2 as
 usual (`runtime/workers/pool.py`); `runtime/workers/q2_cluster.py` keeps a worker process killed while idle from
-stopping the whole cluster. A database outage stops none of its processes: each loop backs off
+stopping the whole cluster; `runtime/workers/claimer.py` has every worker process claim queued
+runs straight from PostgreSQL, woken by the starts' NOTIFY. A database outage stops none of its processes: each loop backs off
 and carries on when the database is back (`runtime/outages/weather.py`, docs/crashlab.md).
 """
 
@@ -20,12 +21,14 @@ from django.conf import settings
 from django.db import connections
 from django_q.cluster import Cluster
 from django_q.management.commands.qcluster import Command as QClusterCommand
+from django_q.signals import post_spawn
 
 from agentruns.runtime.inbox import inbox
 from agentruns.runtime.outages import weather
 from agentruns.runtime.outages.faults import is_infrastructure_error
 from agentruns.runtime.store import nudges
 from agentruns.runtime.workers import pool, q2_cluster
+from agentruns.runtime.workers.claimer import start_claimer
 from agentruns.runtime.workers.sweeper import SweeperLoop, ensure_schedule, sweep
 
 
@@ -51,6 +54,8 @@ class Command(QClusterCommand):
         connections.close_all()
         pool.expect_cluster_stop()
         q2_cluster.install()  # a worker dying while idle must not stop the cluster
+        # each worker process claims queued runs itself (PostgreSQL), beside q2's doorbells
+        post_spawn.connect(start_claimer, dispatch_uid="agentruns.run_claimer")
         cluster = Cluster()
         pool.forward_stop_signals(cluster.sig_handler)
         cluster.start()

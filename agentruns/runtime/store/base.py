@@ -67,9 +67,16 @@ class RunStore(ABC):
 
     @abstractmethod
     def create_run(
-        self, run: Run, events: list[EventSpec], *, owner: str | None, now: datetime
+        self,
+        run: Run,
+        events: list[EventSpec],
+        *,
+        owner: str | None,
+        now: datetime,
+        notify: str | None = None,
     ) -> int:
-        """Insert `run` (already leased by `owner` when given) with its first events."""
+        """Insert `run` (already leased by `owner` when given) with its first events; `notify`:
+        a channel NOTIFYed by the same statement (PostgreSQL only: `dispatch/claims.py`)."""
 
     def claim(
         self,

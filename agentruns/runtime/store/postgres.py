@@ -154,11 +154,13 @@ def call_function(
     new_run: dict[str, Any] | None = None,
     rows: dict[str, list[dict[str, Any]]] | None = None,
     end_transaction: bool = False,
+    notify: str | None = None,
 ) -> tuple[int, bool]:
     """One call of the commit function; returns (last seq, cancel_requested).
 
     `end_transaction`: the caller's transaction.atomic() block ends right after this call, so the
-    COMMIT rides in the same round trip (psycopg then skips its own COMMIT: the server is idle)."""
+    COMMIT rides in the same round trip (psycopg then skips its own COMMIT: the server is idle).
+    `notify`: a channel the same statement NOTIFYs (sent when its transaction commits)."""
     payload: dict[str, Any] = {"run": str(run_id), "now": now.isoformat(), "events": events}
     if owner is not None:
         payload["owner"] = owner
@@ -171,11 +173,15 @@ def call_function(
     if rows:
         payload.update(rows)
     sql = f"SELECT * FROM {FUNCTION}(%s::jsonb)"
+    params = [dumps(payload)]
+    if notify is not None:
+        sql = f"SELECT f.* FROM {FUNCTION}(%s::jsonb) AS f, pg_notify(%s, '') AS n"
+        params.append(notify)
     if end_transaction:
         sql += "; COMMIT"
     try:
         with connection.cursor() as cursor:
-            cursor.execute(sql, [dumps(payload)])
+            cursor.execute(sql, params)
             last_seq, cancel = cursor.fetchone()
     except DatabaseError as exc:
         if getattr(exc.__cause__, "sqlstate", None) == LEASE_LOST_SQLSTATE:
@@ -270,8 +276,10 @@ class PostgresStore(RunStore):
             nudge_on_commit(run_id, last_seq)
         return last_seq
 
-    def create_run(self, run, events, *, owner, now) -> int:
-        last_seq, _ = call_function(run.id, owner, events, now=now, new_run=row(run, now))
+    def create_run(self, run, events, *, owner, now, notify=None) -> int:
+        last_seq, _ = call_function(
+            run.id, owner, events, now=now, new_run=row(run, now), notify=notify
+        )
         return last_seq
 
     def claim(self, run_id, owner, events, *, lease, now) -> bool:

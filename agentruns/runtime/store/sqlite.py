@@ -81,6 +81,8 @@ class SqliteStore(RunStore):
         last_seq, _ = _record(run_id, events, set_fields=set_fields, incr_fields=incr_fields)
         return last_seq
 
-    def create_run(self, run, events, *, owner, now) -> int:
+    def create_run(self, run, events, *, owner, now, notify=None) -> int:
+        if notify is not None:
+            raise NotImplementedError("SQLite has no NOTIFY: its starts ring a q2 doorbell")
         run.save(force_insert=True)
         return self.append(run.id, events)

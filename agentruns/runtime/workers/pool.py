@@ -4,7 +4,9 @@ A django-q2 task (`tasks.advance_run`) only hands its run to this process's `Run
 returns; the run executes on one of the pool's threads (a model stream or a tool's HTTP call
 waits without holding the process, and without a database connection: `connections.py`).
 django-q2 stays the doorbell, the lease stays the truth: an executor still claims its run with
-the conditional UPDATE, so a duplicated doorbell costs a slot for one failed claim.
+the conditional UPDATE, so a duplicated doorbell costs a slot for one failed claim. On
+PostgreSQL most runs come from the process's claimer instead (`claimer.py`): already leased by a
+batch claim, on slots it reserved (`reserve`, `start_claimed`).
 
 Backpressure: with every slot taken, the hand-over waits (at most AGENTRUNS_HANDOVER_WAIT_SECONDS,
 well inside q2's `timeout`) for one to free. Meanwhile this q2 worker takes no further task, so a
@@ -36,6 +38,7 @@ import queue
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -44,9 +47,9 @@ from django.db import connection
 from django.utils import timezone
 
 from agentruns.conf import conf
-from agentruns.models import WorkerHeartbeat
+from agentruns.models import Run, WorkerHeartbeat
 from agentruns.runtime.dispatch import connections
-from agentruns.runtime.dispatch.lease import release_leases
+from agentruns.runtime.dispatch.lease import hand_back, release_leases
 from agentruns.runtime.dispatch.queue import ADVANCE_TASK, enqueue
 from agentruns.runtime.execution.executor import RunExecutor
 from agentruns.runtime.outages import process_health, weather
@@ -77,7 +80,9 @@ class RunPool:
         self._cond = threading.Condition()
         self._busy = 0  # slots taken (handed over, not yet finished)
         self._executors: set[RunExecutor] = set()
-        self._jobs: queue.SimpleQueue[str] = queue.SimpleQueue()
+        # (run id, lease owner): a doorbell's run (no owner: its executor claims it) or a run
+        # the process's claimer already leased (`claimer.py`)
+        self._jobs: queue.SimpleQueue[tuple[str, str | None]] = queue.SimpleQueue()
         # every thread up front: starting one waits for it to get the interpreter lock, which
         # under load (100 runs in this process) made each hand-over slow; idle threads wait on
         # the job queue and cost a stack's touched pages
@@ -116,8 +121,33 @@ class RunPool:
                 # the database is away: this doorbell is lost, the sweeper rings the run again
                 weather.database.noticed(exc, "a hand-over")
             return "requeued"
-        self._jobs.put(run_id)
+        self._jobs.put((run_id, None))
         return "started"
+
+    def reserve(self, most: int) -> int:
+        """Take up to `most` free slots for a claim batch (0 when full or stopping)."""
+        with self._cond:
+            free = 0 if self.closing.is_set() else min(most, self.capacity - self._busy)
+            free = max(free, 0)
+            self._busy += free
+        return free
+
+    def unreserve(self, slots: int) -> None:
+        """Give back reserved slots the claim did not fill."""
+        if slots > 0:
+            with self._cond:
+                self._busy -= slots
+                self._cond.notify_all()
+
+    def start_claimed(self, run_id: uuid.UUID, owner: str) -> None:
+        """Execute a run already leased by `owner` on a reserved slot."""
+        self._jobs.put((str(run_id), owner))
+
+    def wait_for_free_slot(self, timeout: float) -> bool:
+        with self._cond:
+            if self._busy >= self.capacity and not self.closing.is_set():
+                self._cond.wait(timeout)
+            return self._busy < self.capacity and not self.closing.is_set()
 
     def take_waiting(self) -> int:
         """After a hand-over (in the q2 worker): take the doorbells queued behind it, as many as
@@ -151,18 +181,24 @@ class RunPool:
 
     def _work(self) -> None:
         while True:
-            run_id = self._jobs.get()
-            executor = RunExecutor(run_id, drain=self.drain)
+            run_id, owner = self._jobs.get()
+            executor = RunExecutor(run_id, owner, drain=self.drain)
             with self._cond:
                 self._executors.add(executor)
             try:
-                if self.closing.is_set():
+                if owner is None and self.closing.is_set():
                     enqueue(run_id)  # taken just before the stop: never claimed, give it back
-                else:
+                elif owner is None:
                     executor.advance()
+                elif self.closing.is_set():  # claimed just before the stop: release and ring
+                    release_leases([(executor.run_id, owner)])
+                else:
+                    executor.advance(claimed=Run.objects.get(id=run_id))
             except Exception as exc:  # advance() contains engine errors; this is the doorbell's
                 if is_infrastructure_error(exc):  # the give-back failed: the sweeper rings it
                     weather.database.noticed(exc, f"run {run_id}")
+                    if owner is not None:  # our lease: the keeper releases it once it answers
+                        hand_back(executor.run_id, owner)
                 else:
                     log.exception("run %s: could not be executed", run_id)
             finally:

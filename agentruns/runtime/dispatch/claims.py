@@ -1,0 +1,100 @@
+"""Claiming queued runs straight from PostgreSQL, a batch per statement (issue 22).
+
+On PostgreSQL a start does not ring a q2 doorbell: the statement that creates the run also
+sends `NOTIFY agentruns_runs` (delivered on commit). Every worker process listens
+(`workers/claimer.py`) and, with free slots, takes the oldest queued runs whose lease is free in
+ONE statement: `FOR UPDATE SKIP LOCKED` keeps concurrent claimers off each other's rows, and the
+same statement does what `RunExecutor.claim` does per run (queued -> running, a lease per run,
+its status event, the seq). A start then costs one statement and no q2 task, pusher, hand-over
+or acknowledgement.
+
+Nothing about the lease changes (DESIGN.md 4.1-4.3): each claimed run gets a lease owner of its
+own (the batch's tag plus the run's id) and every later commit is fenced on it; a process killed
+after the claim leaves leases that expire, and the sweeper rings those runs (its
+"claimed since the doorbell" rule) within TTL + sweep interval. A NOTIFY nobody heard (no
+claimer listening, a listener reconnecting) is caught by the claimer's poll and, if no claimer
+runs at all, by the sweeper's q2 doorbell for a run queued longer than its resweep time: q2
+stays the at-least-once backstop. Runs queued by anything else (an approval, a yield, a retry)
+keep their q2 doorbell, and a claimer may take them first (the doorbell then finds the lease
+held). A run backing off has `enqueued_at` in the future: not claimable before it is due.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import timedelta
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import connection
+from django.utils import timezone
+
+from agentruns.conf import conf
+from agentruns.models import Run, RunEvent, RunStatus
+from agentruns.runtime.events import EventSpec
+from agentruns.runtime.store.nudges import nudge_on_commit
+from agentruns.runtime.store.sql import run_value
+from agentruns.runtime.values.ids import worker_id
+
+CHANNEL = "agentruns_runs"
+OWNER_ID_CHARS = 8  # of the run's id, after the batch's tag: a lease owner per claimed run
+
+
+def starts_by_notify() -> bool:
+    """A start announces itself with a NOTIFY instead of a q2 doorbell (PostgreSQL, claims on)."""
+    return conf.RUN_CLAIM_BATCH > 0 and connection.vendor == "postgresql"
+
+
+def lease_owner(tag: str, run_id: uuid.UUID | str) -> str:
+    """The owner a batch claim gives one run (the SQL computes the same)."""
+    return f"{tag}/{str(run_id)[:OWNER_ID_CHARS]}"
+
+
+def claim_queued(limit: int, events: list[EventSpec]) -> list[tuple[uuid.UUID, str]]:
+    """Take up to `limit` of the oldest due queued runs whose lease is free, in one statement
+    (autocommit: committed when it returns), appending `events` (the claim's status change,
+    `transitions.started()`) to each. Returns (run id, lease owner) per claimed run."""
+    if limit <= 0:
+        return []
+    now = timezone.now()
+    tag = worker_id()
+    runs, event_table = Run._meta.db_table, RunEvent._meta.db_table
+    values = ", ".join(["(%s::int, %s::text, %s::jsonb)"] * len(events))
+    stamp = run_value("updated_at", now)
+    params: list = [
+        RunStatus.QUEUED,
+        stamp,
+        stamp,
+        limit,
+        RunStatus.RUNNING,
+        f"{tag}/",
+        run_value("lease_expires_at", now + timedelta(seconds=conf.LEASE_TTL_SECONDS)),
+        stamp,
+        len(events),
+        stamp,
+    ]
+    for i, (etype, data) in enumerate(events):
+        params += [i, str(etype), json.dumps(data, cls=DjangoJSONEncoder)]
+    params += [len(events) - 1, stamp]
+    sql = (
+        f"WITH picked AS (SELECT id FROM {runs} WHERE status = %s "
+        "AND (lease_expires_at IS NULL OR lease_expires_at < %s) AND enqueued_at <= %s "
+        "ORDER BY enqueued_at, id LIMIT %s FOR UPDATE SKIP LOCKED), "
+        f"r AS (UPDATE {runs} AS run SET status = %s, "
+        f"lease_owner = %s || left(run.id::text, {OWNER_ID_CHARS}), lease_expires_at = %s, "
+        "started_at = COALESCE(run.started_at, %s), last_seq = run.last_seq + %s, "
+        "updated_at = %s FROM picked WHERE run.id = picked.id RETURNING run.id, run.last_seq), "
+        f"v(i, t, d) AS (VALUES {values}) "
+        f"INSERT INTO {event_table} (run_id, seq, type, data, created_at) "
+        "SELECT r.id, r.last_seq - %s + v.i, v.t, v.d, %s FROM r, v RETURNING run_id, seq"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    last: dict[uuid.UUID, int] = {}
+    for run_id, seq in rows:
+        key = uuid.UUID(str(run_id))
+        last[key] = max(last.get(key, 0), int(seq))
+    for run_id, seq in last.items():
+        nudge_on_commit(run_id, seq)  # autocommit: sent now
+    return [(run_id, lease_owner(tag, run_id)) for run_id in last]
