@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from pydantic_ai import exceptions as pa_errors
-from pydantic_ai.direct import model_request_stream_sync
+from pydantic_ai.direct import model_request_stream, model_request_stream_sync
 from pydantic_ai.messages import (
     ModelMessage,
     ModelResponse,
@@ -43,6 +43,7 @@ from pydantic_ai.models import Model, ModelRequestParameters, infer_model
 from pydantic_ai.tools import ToolDefinition
 
 from agentruns.conf import conf
+from agentruns.registry.pydantic_agents.calls import run_sync
 from agentruns.runtime.providers.base import ModelError, ModelRequest, TextDelta, ToolCall, Usage
 
 OPENAI_PREFIXES = ("openai:", "openai-chat:")
@@ -176,10 +177,21 @@ def _tool_definitions(tools: list[dict]) -> list[ToolDefinition]:
     ]
 
 
+async def _drained(model: Model, messages: list[ModelMessage], options: dict) -> list[Any]:
+    async with model_request_stream(model, messages, **options) as stream:
+        events: list[Any] = [event async for event in stream]
+        events.append(stream.get())
+    return events
+
+
 class PydanticAIProvider:
     """One per executor pass (`get_provider`)."""
 
     waits = True  # a real model keeps us waiting: the executor lends its connection back
+    # True for a model that never waits (an offline function): the request runs to its end in
+    # one pass of this thread's event loop and its events are handed on after it (the same
+    # events; without the sync stream bridge, which builds an event loop per request)
+    instant = False
 
     def __init__(self, model: Model | str, settings: dict | None = None) -> None:
         self._model = model
@@ -192,38 +204,48 @@ class PydanticAIProvider:
             self._model = build_model(self._model)
         return self._model
 
+    def _events(
+        self, messages: list[ModelMessage], params: ModelRequestParameters
+    ) -> Iterator[Any]:
+        """The request's stream events as they arrive, then (last) its ModelResponse."""
+        options: dict[str, Any] = {
+            "model_settings": self.settings,
+            "model_request_parameters": params,
+            "instrument": False,
+        }
+        if self.instant:
+            yield from run_sync(_drained(self.model, messages, options))
+            return
+        with model_request_stream_sync(self.model, messages, **options) as stream:
+            yield from stream
+            yield stream.response
+
     def stream(self, request: ModelRequest) -> Iterator[TextDelta | ToolCall | Usage]:
         messages = self._messages.messages(request.messages)
         params = ModelRequestParameters(
             function_tools=_tool_definitions(request.tools), allow_text_output=True
         )
+        response = ModelResponse(parts=[])
         try:
-            with model_request_stream_sync(
-                self.model,
-                messages,
-                model_settings=self.settings,
-                model_request_parameters=params,
-                instrument=False,
-            ) as stream:
-                for event in stream:
-                    if isinstance(event, PartStartEvent) and isinstance(event.part, TextPart):
-                        if event.part.content:
-                            yield TextDelta(event.part.content)
-                    elif isinstance(event, PartDeltaEvent) and isinstance(
-                        event.delta, TextPartDelta
-                    ):
-                        if event.delta.content_delta:
-                            yield TextDelta(event.delta.content_delta)
-                response = stream.response
+            for event in self._events(messages, params):
+                if isinstance(event, ModelResponse):
+                    response = event
+                elif isinstance(event, PartStartEvent) and isinstance(event.part, TextPart):
+                    if event.part.content:
+                        yield TextDelta(event.part.content)
+                elif isinstance(event, PartDeltaEvent) and isinstance(event.delta, TextPartDelta):
+                    if event.delta.content_delta:
+                        yield TextDelta(event.delta.content_delta)
         except ModelError:
             raise
         except Exception as exc:
             raise model_error(exc) from exc
         for part in response.parts:
             if isinstance(part, ToolCallPart):
-                yield ToolCall(
-                    id=part.tool_call_id, name=part.tool_name, arguments=part.args_as_json_str()
-                )
+                # the arguments as the model produced them: args_as_json_str() would rewrite
+                # malformed JSON into a valid {"INVALID_JSON": ...} the engine cannot tell apart
+                raw = part.args if isinstance(part.args, str) else part.args_as_json_str()
+                yield ToolCall(id=part.tool_call_id, name=part.tool_name, arguments=raw)
         yield Usage(
             prompt_tokens=response.usage.input_tokens or 0,
             completion_tokens=response.usage.output_tokens or 0,
