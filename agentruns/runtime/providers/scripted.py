@@ -5,8 +5,11 @@ a demo agent behaves like a real support agent without any network. Same convers
 turn out, which is what makes a resumed run indistinguishable from an uninterrupted one.
 
 The request goes the way of every Pydantic AI model (`PydanticAIProvider`: the conversation
-converted to Pydantic AI messages, `model_request_stream_sync`, its stream events); the
-function streams the turn's text a token at a time and then its tool calls as `DeltaToolCall`s.
+converted to Pydantic AI messages, then `model_request_stream_sync` and its stream events): the
+stream function yields the turn's text a token at a time (SCRIPTED_MODEL_DELAY_MS apart), then
+its tool calls as `DeltaToolCall`s. With no delay configured there is nothing to wait for, so the
+provider is `instant`: the FunctionModel's plain function answers the whole turn at once, one
+text part per token (the same deltas), through `model_request`, at a fifth of the CPU.
 A policy reads the conversation in the engine's form (OpenAI-style dicts, the form policies are
 written against: `messages[1]` is the run's input), which is the form the Pydantic AI messages
 of this request were converted from; the tools it is told of are the ones Pydantic AI offers.
@@ -21,7 +24,7 @@ import json
 import re
 from collections.abc import AsyncIterator, Callable, Iterator
 
-from pydantic_ai.messages import ModelMessage
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
 
 from agentruns.conf import conf
@@ -35,6 +38,10 @@ _TOKEN = re.compile(r"\S+\s*|\s+")
 def _default_policy(messages: list[dict]) -> ScriptedTurn:
     last_user = next((m for m in reversed(messages) if m["role"] == "user"), None)
     return ScriptedTurn(text=f"Received: {last_user['content'] if last_user else ''}")
+
+
+def _raw(args: dict | str) -> str:
+    return args if isinstance(args, str) else json.dumps(args)  # str: deliberately bad JSON
 
 
 def _estimate_tokens(text: str) -> int:
@@ -54,7 +61,9 @@ class ScriptedProvider(PydanticAIProvider):
     """One per executor pass (`get_provider`), which sends one growing conversation."""
 
     def __init__(self) -> None:
-        super().__init__(FunctionModel(stream_function=self._play, model_name="scripted"))
+        super().__init__(
+            FunctionModel(self._answer, stream_function=self._play, model_name="scripted")
+        )
         # SCRIPTED_MODEL_LATENCY_MS before each turn's first token (a real model's time to first
         # token), SCRIPTED_MODEL_DELAY_MS between tokens; with neither it answers instantly
         self.latency = conf.SCRIPTED_MODEL_LATENCY_MS / 1000.0
@@ -76,10 +85,8 @@ class ScriptedProvider(PydanticAIProvider):
             return policy(request.messages, tools=offered)
         return policy(request.messages)
 
-    async def _play(
-        self, messages: list[ModelMessage], info: AgentInfo
-    ) -> AsyncIterator[str | dict[int, DeltaToolCall]]:
-        """The FunctionModel's stream function: the policy's turn, text first, then calls."""
+    def _turn_for(self, info: AgentInfo) -> tuple[ScriptedTurn, list[str], int]:
+        """The policy's turn for the request being played, its tokens and the call ids' base."""
         request = self._request
         assert request is not None, "the scripted model is driven through stream()"
         try:
@@ -88,17 +95,35 @@ class ScriptedProvider(PydanticAIProvider):
             self._policy_error = exc
             raise
         self._turn = turn
+        return turn, _TOKEN.findall(turn.text), len(request.messages)
+
+    async def _answer(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        """The FunctionModel's function (no delay configured): the whole turn at once, its text
+        as one part per token (the deltas a streamed turn would have had), then its calls."""
+        turn, tokens, position = self._turn_for(info)
+        parts: list[TextPart | ToolCallPart] = [TextPart(token) for token in tokens]
+        for i, (name, args) in enumerate(turn.tool_calls):
+            parts.append(ToolCallPart(name, _raw(args), tool_call_id=f"call_{position}_{i}"))
+        return ModelResponse(parts=parts)
+
+    async def _play(
+        self, messages: list[ModelMessage], info: AgentInfo
+    ) -> AsyncIterator[str | dict[int, DeltaToolCall]]:
+        """The FunctionModel's stream function: the turn's text a token at a time (after the
+        configured latency, each token after the delay), then its calls."""
+        turn, tokens, position = self._turn_for(info)
         if self.latency:
             await asyncio.sleep(self.latency)
-        tokens = _TOKEN.findall(turn.text)
         for token in tokens:
             if self.delay:
                 await asyncio.sleep(self.delay)
             yield token
-        position = len(request.messages)
         for i, (name, args) in enumerate(turn.tool_calls):
-            raw = args if isinstance(args, str) else json.dumps(args)  # str: deliberately bad JSON
-            yield {i: DeltaToolCall(name=name, json_args=raw, tool_call_id=f"call_{position}_{i}")}
+            yield {
+                i: DeltaToolCall(
+                    name=name, json_args=_raw(args), tool_call_id=f"call_{position}_{i}"
+                )
+            }
         if not tokens and not turn.tool_calls:
             yield ""  # an empty turn (a FunctionModel stream must yield something)
 
