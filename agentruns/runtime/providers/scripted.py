@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
+from pydantic_ai.usage import RequestUsage
 
 from agentruns.conf import conf
 from agentruns.registry import ScriptedTurn
@@ -104,7 +105,8 @@ class ScriptedProvider(PydanticAIProvider):
         parts: list[TextPart | ToolCallPart] = [TextPart(token) for token in tokens]
         for i, (name, args) in enumerate(turn.tool_calls):
             parts.append(ToolCallPart(name, _raw(args), tool_call_id=f"call_{position}_{i}"))
-        return ModelResponse(parts=parts)
+        # a usage of its own spares FunctionModel its estimate (replaced in stream() anyway)
+        return ModelResponse(parts=parts, usage=RequestUsage(output_tokens=len(tokens) or 1))
 
     async def _play(
         self, messages: list[ModelMessage], info: AgentInfo
