@@ -1,21 +1,30 @@
-"""The demo's refund agent and its tools, plugged in through the public registry only."""
+"""The demo's refund agent: a Pydantic AI agent, plugged in through the public registry only.
+
+Its four tools are Pydantic AI tools; what the engine must know about each (side effect,
+idempotency, edit policy, approvals, redaction, retries) is its `metadata["agentruns"]`, built by
+`durable(...)`. A tool reads its step (the idempotency key, the trace context) with
+`current_step()`. The agent has no model of its own: `AGENTRUNS_MODEL` applies, offline the
+`scripted` model, which plays `refund_policy` (support/policy.py).
+"""
 
 from __future__ import annotations
 
 import os
+from typing import Annotated
 
 import httpx
 from django.db import IntegrityError, transaction
+from pydantic import Field
+from pydantic_ai import Agent
 
 from agentruns.registry import (
-    Agent,
     Edit,
     FatalToolError,
     RetryableToolError,
     RetryPolicy,
-    ToolContext,
+    current_step,
+    durable,
     register_agent,
-    tool,
 )
 from support.conf import demo_conf
 from support.models import Order, OutboxMessage, Ticket, TicketNote
@@ -56,8 +65,20 @@ def refund_approvers(arguments: dict) -> int:
     return 2 if _two_person(int(arguments.get("amount_cents", 0))) else 1
 
 
-@tool(redact=("customer_email",))
-def lookup_order(ctx: ToolContext, order_id: str) -> dict:
+refund_agent = Agent(
+    name="refund",
+    instructions=(
+        "You are a support agent for an online shop. Look up the order, refund the amount "
+        "the customer is owed (the order amount unless they ask for less), note it on the "
+        "ticket and reply to the customer. If a refund is rejected, tell the customer why. "
+        "If you have no refund tool, tell the customer a colleague will take over and note "
+        "the hand-over on the ticket."
+    ),
+)
+
+
+@refund_agent.tool_plain(metadata=durable(redact=("customer_email",)))
+def lookup_order(order_id: str) -> dict:
     """Look up an order: customer, amount, currency, item and status."""
     order = Order.objects.filter(order_id=order_id).first()
     if order is None:
@@ -76,28 +97,25 @@ def lookup_order(ctx: ToolContext, order_id: str) -> dict:
     }
 
 
-@tool(
-    side_effect=True,
-    idempotency="key",
-    requires_approval=needs_refund_approval,
-    approvals_required=refund_approvers,
-    # approvers may lower the amount, never raise it or change the order
-    editable={"amount_cents": Edit.at_most_requested(minimum=1), "reason": Edit.free()},
-    amount_arg="amount_cents",
-    retry=RetryPolicy(max_attempts=3, backoff_seconds=0.5, backoff_max_seconds=5),
-    parameters={
-        "type": "object",
-        "properties": {
-            "order_id": {"type": "string", "pattern": "^ORD-[0-9]+$"},
-            "amount_cents": {"type": "integer", "minimum": 1, "maximum": 10_000_000},
-            "reason": {"type": "string", "maxLength": 500},
-        },
-        "required": ["order_id", "amount_cents", "reason"],
-        "additionalProperties": False,
-    },
+@refund_agent.tool_plain(
+    metadata=durable(
+        side_effect=True,
+        idempotency="key",
+        requires_approval=needs_refund_approval,
+        approvals_required=refund_approvers,
+        # approvers may lower the amount, never raise it or change the order
+        editable={"amount_cents": Edit.at_most_requested(minimum=1), "reason": Edit.free()},
+        amount_arg="amount_cents",
+        retry=RetryPolicy(max_attempts=3, backoff_seconds=0.5, backoff_max_seconds=5),
+    )
 )
-def issue_refund(ctx: ToolContext, order_id: str, amount_cents: int, reason: str) -> dict:
+def issue_refund(
+    order_id: Annotated[str, Field(pattern="^ORD-[0-9]+$")],
+    amount_cents: Annotated[int, Field(ge=1, le=10_000_000)],
+    reason: Annotated[str, Field(max_length=500)],
+) -> dict:
     """Refund an order through the payment gateway. Sends the step's idempotency key."""
+    ctx = current_step()
     url = demo_conf.GATEWAY_URL.rstrip("/") + "/refunds"
     try:
         response = gateway_client().post(
@@ -127,9 +145,10 @@ def _ticket_for(order_id: str) -> Ticket:
     return ticket
 
 
-@tool(side_effect=True, idempotency="key")
-def add_ticket_note(ctx: ToolContext, order_id: str, note: str) -> dict:
+@refund_agent.tool_plain(metadata=durable(side_effect=True, idempotency="key"))
+def add_ticket_note(order_id: str, note: str) -> dict:
     """Add an internal note to the order's open support ticket."""
+    ctx = current_step()
     ticket = _ticket_for(order_id)
     try:
         with transaction.atomic():
@@ -141,9 +160,10 @@ def add_ticket_note(ctx: ToolContext, order_id: str, note: str) -> dict:
     return {"ticket_id": ticket.ticket_id, "note_id": row.pk}
 
 
-@tool(side_effect=True, idempotency="none")
-def send_customer_reply(ctx: ToolContext, order_id: str, message: str) -> dict:
+@refund_agent.tool_plain(metadata=durable(side_effect=True, idempotency="none"))
+def send_customer_reply(order_id: str, message: str) -> dict:
     """Send a reply to the customer by email (not idempotent: an interrupted send is unknown)."""
+    ctx = current_step()
     order = Order.objects.filter(order_id=order_id).first()
     if order is None:
         raise FatalToolError(f"no order {order_id}")
@@ -154,27 +174,19 @@ def send_customer_reply(ctx: ToolContext, order_id: str, message: str) -> dict:
 
 
 register_agent(
-    Agent(
-        name="refund",
-        instructions=(
-            "You are a support agent for an online shop. Look up the order, refund the amount "
-            "the customer is owed (the order amount unless they ask for less), note it on the "
-            "ticket and reply to the customer. If a refund is rejected, tell the customer why. "
-            "If you have no refund tool, tell the customer a colleague will take over and note "
-            "the hand-over on the ticket."
-        ),
-        tools=["lookup_order", "issue_refund", "add_ticket_note", "send_customer_reply"],
-        scripted_policy=refund_policy,
-        search_fields=("order_id", "ticket_id"),
-        input_schema={
-            "type": "object",
-            "properties": {
-                "order_id": {"type": "string", "minLength": 1, "maxLength": 20},
-                "message": {"type": "string", "maxLength": 5000},
-                "ticket_id": {"type": "string", "maxLength": 50},
-            },
-            "required": ["order_id"],
-            "additionalProperties": False,  # an unknown key is a mistake, or a payload
+    refund_agent,
+    scripted_policy=refund_policy,
+    # the model reads the whole input (order, ticket, message) as JSON, not only the message
+    format_input=None,
+    search_fields=("order_id", "ticket_id"),
+    input_schema={
+        "type": "object",
+        "properties": {
+            "order_id": {"type": "string", "minLength": 1, "maxLength": 20},
+            "message": {"type": "string", "maxLength": 5000},
+            "ticket_id": {"type": "string", "maxLength": 50},
         },
-    )
+        "required": ["order_id"],
+        "additionalProperties": False,  # an unknown key is a mistake, or a payload
+    },
 )

@@ -6,6 +6,7 @@ tests/crash/test_run_trace.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -191,22 +192,38 @@ def test_traceparent_parsing():
 
 @pytest.mark.django_db(transaction=True)
 def test_unset_nothing_is_imported_or_exported():
-    """A whole run in a fresh process without OTEL_* variables: no opentelemetry module loaded."""
+    """A whole run in a fresh process without OTEL_* variables: no OpenTelemetry SDK or exporter
+    module loaded, no tracer provider installed, so no span is recorded and nothing can be sent.
+
+    The OpenTelemetry *API* does load: pydantic-ai imports it (the demo's refund agent is a
+    Pydantic AI agent, the scripted model a FunctionModel), and without an SDK every tracer it
+    hands out is the API's no-op proxy. The promise is no SDK, no exporter, nothing recorded."""
     env = {k: v for k, v in base_env().items() if not k.startswith("OTEL_")}
     env["AGENTRUNS_AGENT_MODULES"] = "tests.testkit"
     code = (
-        "import os, sys, django; django.setup()\n"
+        "import json, os, sys, django; django.setup()\n"
         "from agentruns.services import execute_inline\n"
+        "from agentruns.runtime import tracing\n"
         "script = [{'calls': [['t_echo', {'text': 'x'}]]}, {'text': 'ok'}]\n"
         "_, outcome = execute_inline('script', {'script': script})\n"
         "assert outcome == 'succeeded', outcome\n"
-        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n"
+        "from opentelemetry import trace\n"
+        "span = trace.get_tracer('probe').start_span('probe')\n"
+        "print(json.dumps({'sdk': sorted(m for m in sys.modules if m.startswith(\n"
+        "    ('opentelemetry.sdk', 'opentelemetry.exporter', 'opentelemetry.instrumentation'))),\n"
+        "    'provider': type(trace.get_tracer_provider()).__name__,\n"
+        "    'recording': span.is_recording(), 'enabled': tracing.enabled()}))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip().splitlines()[-1] == "[]"
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {
+        "sdk": [],
+        "provider": "ProxyTracerProvider",  # none installed: the API's no-op
+        "recording": False,
+        "enabled": False,
+    }
     assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in os.environ
 
 

@@ -22,7 +22,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from pydantic_ai.direct import model_request_stream_sync
+from pydantic_ai.direct import model_request, model_request_stream_sync
 from pydantic_ai.messages import (
     ModelMessage,
     ModelResponse,
@@ -42,6 +42,7 @@ from pydantic_ai.models import Model, ModelRequestParameters, infer_model
 from pydantic_ai.tools import ToolDefinition
 
 from agentruns.registry.model_names import pydantic_ai_name
+from agentruns.registry.pydantic_agents.calls import run_sync
 from agentruns.runtime.providers import openai_compatible
 from agentruns.runtime.providers.base import ModelError, ModelRequest, TextDelta, ToolCall, Usage
 from agentruns.runtime.providers.model_errors import model_error
@@ -155,6 +156,11 @@ class PydanticAIProvider:
     """One per executor pass (`get_provider`)."""
 
     waits = True  # a real model keeps us waiting: the executor lends its connection back
+    # True for a model that never waits (an offline function): it is asked without streaming
+    # (`model_request` on this thread's event loop) and its text parts are handed on in order;
+    # a streamed request costs ~0.5 ms of CPU more (the sync bridge's loop, a lock and a cancel
+    # scope per event), for deltas that would all arrive at once anyway
+    instant = False
 
     def __init__(self, model: Model | str, settings: dict | None = None) -> None:
         self._model = model
@@ -186,26 +192,32 @@ class PydanticAIProvider:
             function_tools=_tool_definitions(request.tools), allow_text_output=True
         )
         text: list[str] = []
+        options: dict[str, Any] = {
+            "model_settings": self._settings(),
+            "model_request_parameters": params,
+            "instrument": False,
+        }
         try:
-            with model_request_stream_sync(
-                self.model,
-                messages,
-                model_settings=self._settings(),
-                model_request_parameters=params,
-                instrument=False,
-            ) as stream:
-                for event in stream:
-                    delta = ""
-                    if isinstance(event, PartStartEvent) and isinstance(event.part, TextPart):
-                        delta = event.part.content
-                    elif isinstance(event, PartDeltaEvent) and isinstance(
-                        event.delta, TextPartDelta
-                    ):
-                        delta = event.delta.content_delta
-                    if delta:
-                        text.append(delta)
-                        yield TextDelta(delta)
-                response = stream.response
+            if self.instant:  # nothing to wait for: the answer, as the model's parts
+                response = run_sync(model_request(self.model, messages, **options))
+                for part in response.parts:
+                    if isinstance(part, TextPart) and part.content:
+                        text.append(part.content)
+                        yield TextDelta(part.content)
+            else:
+                with model_request_stream_sync(self.model, messages, **options) as stream:
+                    for event in stream:
+                        delta = ""
+                        if isinstance(event, PartStartEvent) and isinstance(event.part, TextPart):
+                            delta = event.part.content
+                        elif isinstance(event, PartDeltaEvent) and isinstance(
+                            event.delta, TextPartDelta
+                        ):
+                            delta = event.delta.content_delta
+                        if delta:
+                            text.append(delta)
+                            yield TextDelta(delta)
+                    response = stream.response
         except ModelError:
             raise
         except Exception as exc:

@@ -1,22 +1,37 @@
-"""The offline default model: deterministic, streams token by token.
+"""The offline default model: a Pydantic AI `FunctionModel` that streams token by token.
 
-It asks the agent's `scripted_policy(messages)` what a plausible model would do next, so a demo
-agent behaves like a real support agent without any network. Same conversation in, same turn out,
-which is what makes a resumed run indistinguishable from an uninterrupted one.
+Each turn asks the agent's `scripted_policy(messages)` what a plausible model would do next, so
+a demo agent behaves like a real support agent without any network. Same conversation in, same
+turn out, which is what makes a resumed run indistinguishable from an uninterrupted one.
+
+The request goes the way of every Pydantic AI model (`PydanticAIProvider`: the conversation
+converted to Pydantic AI messages, then `model_request_stream_sync` and its stream events): the
+stream function yields the turn's text a token at a time (SCRIPTED_MODEL_DELAY_MS apart), then
+its tool calls as `DeltaToolCall`s. With no delay configured there is nothing to wait for, so the
+provider is `instant`: the FunctionModel's plain function answers the whole turn at once, one
+text part per token (the same deltas), through `model_request`, at a fifth of the CPU.
+A policy reads the conversation in the engine's form (OpenAI-style dicts, the form policies are
+written against: `messages[1]` is the run's input), which is the form the Pydantic AI messages
+of this request were converted from; the tools it is told of are the ones Pydantic AI offers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import json
 import re
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
+from pydantic_ai.usage import RequestUsage
 
 from agentruns.conf import conf
 from agentruns.registry import ScriptedTurn
 from agentruns.runtime.providers.base import ModelRequest, TextDelta, ToolCall, Usage
+from agentruns.runtime.providers.pydantic_ai_models import PydanticAIProvider
 
 _TOKEN = re.compile(r"\S+\s*|\s+")
 
@@ -24,6 +39,10 @@ _TOKEN = re.compile(r"\S+\s*|\s+")
 def _default_policy(messages: list[dict]) -> ScriptedTurn:
     last_user = next((m for m in reversed(messages) if m["role"] == "user"), None)
     return ScriptedTurn(text=f"Received: {last_user['content'] if last_user else ''}")
+
+
+def _raw(args: dict | str) -> str:
+    return args if isinstance(args, str) else json.dumps(args)  # str: deliberately bad JSON
 
 
 def _estimate_tokens(text: str) -> int:
@@ -39,27 +58,76 @@ def _wants_tools(policy: Callable[..., ScriptedTurn]) -> bool:
         return False
 
 
-def _turn(policy: Callable[..., ScriptedTurn], request: ModelRequest) -> ScriptedTurn:
-    if _wants_tools(policy):
-        offered = [t["function"]["name"] for t in request.tools]
-        return policy(request.messages, tools=offered)
-    return policy(request.messages)
-
-
-class ScriptedProvider:
+class ScriptedProvider(PydanticAIProvider):
     """One per executor pass (`get_provider`), which sends one growing conversation."""
 
     def __init__(self) -> None:
+        super().__init__(
+            FunctionModel(self._answer, stream_function=self._play, model_name="scripted")
+        )
         # SCRIPTED_MODEL_LATENCY_MS before each turn's first token (a real model's time to first
         # token), SCRIPTED_MODEL_DELAY_MS between tokens; with neither it answers instantly
         self.latency = conf.SCRIPTED_MODEL_LATENCY_MS / 1000.0
         self.delay = conf.SCRIPTED_MODEL_DELAY_MS / 1000.0
         # the executor gives its database connection back while a model keeps it waiting
         self.waits = bool(self.latency or self.delay)
+        self.instant = not self.waits
+        self._request: ModelRequest | None = None  # the engine's request being played
+        self._turn: ScriptedTurn | None = None
+        self._policy_error: Exception | None = None
         # (the conversation's first message, messages counted, their tokens): the executor only
         # appends, so each turn counts its new messages only (a full recount made a long run's
         # steps slower and slower: O(n) per turn)
         self._counted: tuple[object, int, int] | None = None
+
+    def _decide(self, request: ModelRequest, offered: list[str]) -> ScriptedTurn:
+        policy = getattr(request.agent, "scripted_policy", None) or _default_policy
+        if _wants_tools(policy):
+            return policy(request.messages, tools=offered)
+        return policy(request.messages)
+
+    def _turn_for(self, info: AgentInfo) -> tuple[ScriptedTurn, list[str], int]:
+        """The policy's turn for the request being played, its tokens and the call ids' base."""
+        request = self._request
+        assert request is not None, "the scripted model is driven through stream()"
+        try:
+            turn = self._decide(request, [t.name for t in info.function_tools])
+        except Exception as exc:  # the policy's own bug, not a model outage: raised as it is
+            self._policy_error = exc
+            raise
+        self._turn = turn
+        return turn, _TOKEN.findall(turn.text), len(request.messages)
+
+    async def _answer(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        """The FunctionModel's function (no delay configured): the whole turn at once, its text
+        as one part per token (the deltas a streamed turn would have had), then its calls."""
+        turn, tokens, position = self._turn_for(info)
+        parts: list[TextPart | ToolCallPart] = [TextPart(token) for token in tokens]
+        for i, (name, args) in enumerate(turn.tool_calls):
+            parts.append(ToolCallPart(name, _raw(args), tool_call_id=f"call_{position}_{i}"))
+        # a usage of its own spares FunctionModel its estimate (replaced in stream() anyway)
+        return ModelResponse(parts=parts, usage=RequestUsage(output_tokens=len(tokens) or 1))
+
+    async def _play(
+        self, messages: list[ModelMessage], info: AgentInfo
+    ) -> AsyncIterator[str | dict[int, DeltaToolCall]]:
+        """The FunctionModel's stream function: the turn's text a token at a time (after the
+        configured latency, each token after the delay), then its calls."""
+        turn, tokens, position = self._turn_for(info)
+        if self.latency:
+            await asyncio.sleep(self.latency)
+        for token in tokens:
+            if self.delay:
+                await asyncio.sleep(self.delay)
+            yield token
+        for i, (name, args) in enumerate(turn.tool_calls):
+            yield {
+                i: DeltaToolCall(
+                    name=name, json_args=_raw(args), tool_call_id=f"call_{position}_{i}"
+                )
+            }
+        if not tokens and not turn.tool_calls:
+            yield ""  # an empty turn (a FunctionModel stream must yield something)
 
     def _prompt_tokens(self, messages: list[dict]) -> int:
         first, count, tokens = self._counted or (None, 0, 0)
@@ -70,19 +138,19 @@ class ScriptedProvider:
         return tokens
 
     def stream(self, request: ModelRequest) -> Iterator[TextDelta | ToolCall | Usage]:
-        policy = getattr(request.agent, "scripted_policy", None) or _default_policy
-        turn = _turn(policy, request)
-        delay = self.delay
-        if self.latency:
-            time.sleep(self.latency)
-        for token in _TOKEN.findall(turn.text):
-            if delay:
-                time.sleep(delay)
-            yield TextDelta(token)
-        position = len(request.messages)
-        for i, (name, args) in enumerate(turn.tool_calls):
-            raw = args if isinstance(args, str) else json.dumps(args)  # str: deliberately bad JSON
-            yield ToolCall(id=f"call_{position}_{i}", name=name, arguments=raw)
-        prompt = self._prompt_tokens(request.messages)
-        completion = _estimate_tokens(turn.text) + 10 * len(turn.tool_calls)
-        yield Usage(prompt_tokens=prompt, completion_tokens=completion)
+        self._request, self._turn, self._policy_error = request, None, None
+        try:
+            for item in super().stream(request):
+                if not isinstance(item, Usage):
+                    yield item
+        except Exception:
+            if self._policy_error is not None:
+                raise self._policy_error from None
+            raise
+        turn = self._turn or ScriptedTurn()
+        # the engine's estimate (FunctionModel's own counts words and adds a fixed 50 to every
+        # request): token budgets and prices of `scripted` runs are written against this one
+        yield Usage(
+            prompt_tokens=self._prompt_tokens(request.messages),
+            completion_tokens=_estimate_tokens(turn.text) + 10 * len(turn.tool_calls),
+        )
