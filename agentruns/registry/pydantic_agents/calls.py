@@ -14,7 +14,6 @@ is unknown and reconciled by a person (`OutcomeUnknown`), never guessed.
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -37,17 +36,25 @@ from agentruns.registry.errors import (
 )
 
 T = TypeVar("T")
-_loops = threading.local()
+
+
+def thread_loop() -> asyncio.AbstractEventLoop:
+    """This thread's event loop, made current and reused: the one pydantic-ai's sync stream
+    bridge (`model_request_stream_sync`) runs on, so an async client bound to a loop (the OpenAI
+    model's, kept per thread) and every tool call of the thread see the same loop."""
+    try:
+        loop = asyncio.get_event_loop_policy().get_event_loop()
+    except RuntimeError:
+        loop = None
+    if loop is None or loop.is_closed():
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+    return loop
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
-    """Run `coro` on this thread's event loop (one per executor thread, reused, so async clients
-    bound to a loop, and pydantic-ai's own sync stream bridge, see the same one)."""
-    loop = getattr(_loops, "loop", None)
-    if loop is None or loop.is_closed():
-        loop = _loops.loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-    return loop.run_until_complete(coro)
+    """Run `coro` on this thread's event loop (`thread_loop`)."""
+    return thread_loop().run_until_complete(coro)
 
 
 @dataclass

@@ -15,7 +15,6 @@ so a client is never shared across a fork or a loop.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import threading
@@ -27,6 +26,7 @@ from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
 from agentruns.conf import conf
+from agentruns.registry.pydantic_agents.calls import thread_loop
 from agentruns.runtime.providers.base import ModelError
 
 PLACEHOLDER_KEY = "not-set"
@@ -35,18 +35,6 @@ PREFIXES = ("openai:", "openai-chat:")
 OWNED_FIELDS = ("model", "messages", "tools", "stream", "stream_options")
 
 _local = threading.local()
-
-
-def thread_loop() -> asyncio.AbstractEventLoop:
-    """This thread's event loop, made current (the one `model_request_stream_sync` runs on)."""
-    try:
-        loop = asyncio.get_event_loop_policy().get_event_loop()
-    except RuntimeError:
-        loop = None
-    if loop is None or loop.is_closed():
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-    return loop
 
 
 def _config() -> tuple:
