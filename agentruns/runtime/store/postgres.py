@@ -14,6 +14,7 @@ from datetime import date, datetime, time
 from decimal import Decimal
 from typing import Any
 
+import psycopg
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections, models
 from django.utils import timezone
@@ -170,13 +171,8 @@ def call_function(
         payload["new_run"] = new_run
     if rows:
         payload.update(rows)
-    sql = f"SELECT * FROM {FUNCTION}(%s::jsonb)"
-    if end_transaction:
-        sql += "; COMMIT"
     try:
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [dumps(payload)])
-            last_seq, cancel = cursor.fetchone()
+        last_seq, cancel = _execute_call(dumps(payload), end_transaction)
     except DatabaseError as exc:
         if getattr(exc.__cause__, "sqlstate", None) == LEASE_LOST_SQLSTATE:
             if owner is None:
@@ -185,6 +181,27 @@ def call_function(
         raise
     nudge_on_commit(run_id, last_seq)
     return int(last_seq), bool(cancel)
+
+
+CALL_SQL = f"SELECT * FROM {FUNCTION}(%s::jsonb)"
+
+
+def _execute_call(document: str, end_transaction: bool) -> tuple[int, bool]:
+    """The commit function on `document`. The statement is constant, so it is bound on the server
+    and prepared once per connection (psycopg's cursor, not Django's client-side one: no quoting
+    of a kilobytes-long JSON literal, no parse per call). With `end_transaction` the COMMIT rides
+    along, and two statements in one round trip take the client-side path."""
+    db = connections[DEFAULT_DB_ALIAS]
+    if end_transaction:
+        with db.cursor() as cursor:
+            cursor.execute(CALL_SQL + "; COMMIT", [document])
+            return cursor.fetchone()
+    db.ensure_connection()
+    db.validate_no_broken_transaction()
+    with db.wrap_database_errors:  # psycopg's errors as Django's (the cause kept), as a cursor does
+        with psycopg.Cursor(db.connection) as cursor:
+            cursor.execute(CALL_SQL, [document], prepare=True)
+            return cursor.fetchone()
 
 
 def _outermost_atomic(db: Any) -> bool:
