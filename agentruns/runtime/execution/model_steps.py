@@ -307,12 +307,8 @@ class ModelSteps(PlannedSteps):
             )
         else:
             batch.update(step, MODEL_STEP_FIELDS)
-            batch.update(
-                StepAttempt(
-                    step=step, number=attempt, finished_at=now, outcome=AttemptOutcome.SUCCEEDED
-                ),
-                ["finished_at", "outcome"],
-                where={"step": step.id, "number": attempt},
+            self._end_attempt(
+                batch, step, attempt, finished_at=now, outcome=AttemptOutcome.SUCCEEDED
             )
         if answer.tail:
             events.append(
@@ -375,11 +371,7 @@ class ModelSteps(PlannedSteps):
         batch = WriteBatch()
         if streamed:
             batch.update(step, ["error", "status", "finished_at"])
-            batch.update(
-                StepAttempt(step=step, number=attempt, **ended),
-                list(ended),
-                where={"step": step.id, "number": attempt},
-            )
+            self._end_attempt(batch, step, attempt, **ended)
         else:
             self._begin_attempt(
                 step, attempt, now, batch, update_fields=["error", "finished_at"], **ended

@@ -19,7 +19,7 @@ from agentruns.runtime.execution.slice_state import ExecutorHost
 from agentruns.runtime.execution.tool_steps import call_tool
 from agentruns.runtime.outages.faults import is_infrastructure_error
 from agentruns.runtime.providers import ToolCall
-from agentruns.runtime.store.rows import build
+from agentruns.runtime.store.rows import WriteBatch, build
 from agentruns.runtime.values.ids import step_key
 from agentruns.runtime.values.text import UnsafeValue, loads_strict, storable_text
 
@@ -102,6 +102,12 @@ class PlannedSteps(ExecutorHost):
             started_at=started,
             **values,
         )
+
+    @staticmethod
+    def _end_attempt(batch: WriteBatch, step: Step, number: int, **values: Any) -> None:
+        """Into `batch`: the update of attempt `number` of `step` with `values` (how it ended)."""
+        row = build(StepAttempt, step_id=step.id, number=number, **values)
+        batch.update(row, list(values), where={"step": step.id, "number": number})
 
     def _plan_tool_steps(self, calls: list[ToolCall], now: Any) -> list[Step]:
         """Tool calls become rows in the commit that records the model response (invariant 3).

@@ -199,12 +199,8 @@ class ToolSteps(ExecutorHost):
                 ]
             )
         else:
-            batch.update(
-                StepAttempt(
-                    step=step, number=attempt, finished_at=now, outcome=AttemptOutcome.SUCCEEDED
-                ),
-                ["finished_at", "outcome"],
-                where={"step": step.id, "number": attempt},
+            self._end_attempt(
+                batch, step, attempt, finished_at=now, outcome=AttemptOutcome.SUCCEEDED
             )
         step.status, step.result, step.error = StepStatus.SUCCEEDED, result, ""
         step.attempts, step.finished_at, step.next_attempt_at = attempt, now, None
