@@ -69,10 +69,11 @@ class DeltaFeed:
         """Queue `text` for the next tick; raises what stopped an earlier flush of this feed."""
         self.writer.add(self, text)
 
-    def close(self) -> str:
+    def close(self, *, raise_failure: bool = True) -> str:
         """Stop the feed once the flush in flight (if any) is written; returns the text no flush
-        took, for the executor's own commit. Raises what stopped a flush of this feed."""
-        return self.writer.close(self)
+        took, for the executor's own commit. Raises what stopped a flush of this feed (unless the
+        attempt already failed: `raise_failure=False` keeps its own error)."""
+        return self.writer.close(self, raise_failure=raise_failure)
 
     def raise_failure(self) -> None:
         if self.failure is not None:
@@ -111,13 +112,14 @@ class DeltaWriter:
                 self.early = True
             self.lock.notify_all()
 
-    def close(self, feed: DeltaFeed) -> str:
+    def close(self, feed: DeltaFeed, *, raise_failure: bool = True) -> str:
         with self.lock:
             while feed.in_flight:
                 self.lock.wait()
             feed.closed = True
             self.ready.pop(id(feed), None)
-            feed.raise_failure()
+            if raise_failure:
+                feed.raise_failure()
             text = "".join(feed.pending)
             feed.pending, feed.pending_chars = [], 0
             return text

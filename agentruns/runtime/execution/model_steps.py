@@ -180,10 +180,11 @@ class ModelSteps(PlannedSteps):
                 elif isinstance(chunk, Usage):
                     usage = chunk
             if feed is not None:  # before our own commit: what the writer has not written yet
-                pending, feed = feed.close(), None
+                closing, feed = feed, None
+                pending = closing.close()
         finally:
-            if feed is not None:  # the attempt failed: its text is superseded, waits for nothing
-                feed.close()
+            if feed is not None:  # the attempt failed: its text is superseded, its error stands
+                feed.close(raise_failure=False)
         answer = ModelAnswer(step, attempt, started, "".join(text), pending, calls, usage)
         return self._complete_model_step(answer)
 
