@@ -214,36 +214,32 @@ class RunExecutor(ModelSteps, ToolSteps):
             steps=[] if fresh else list(Step.objects.filter(run_id=self.run_id).order_by("index")),
             conversation=Conversation(agent, run),
         )
+        state = self.state
         slice_ends = time.monotonic() + conf.SLICE_SECONDS
 
         while True:
             self.check_lease()
-            while (
-                self.state.cursor < len(self.state.steps)
-                and self.state.steps[self.state.cursor].is_terminal
-            ):
-                self.state.cursor += 1
+            step = state.next_step()
             if self.cancel_requested:
                 return self.cancel_at_boundary()
-            if self.state.run.deadline_at and timezone.now() >= self.state.run.deadline_at:
+            if state.run.deadline_at and timezone.now() >= state.run.deadline_at:
                 return self.finish(
                     RunStatus.FAILED, stop_reason="deadline", error="the run's deadline passed"
                 )
             # a side-effect call whose "running + attempt" went out with the model's commit is
             # part of that step: made here first, or the next worker would take it for a call
             # a crash interrupted (an idempotency="none" one would go to reconciliation)
-            if not self.state.begun_here:
+            if not state.begun_here:
                 if time.monotonic() >= slice_ends:
                     return self.yield_slice()
                 if self.drain is not None and self.drain.is_set():
                     # the process stops (SIGTERM, recycle): hand the run over between two steps
                     return self.yield_slice(reason="worker draining")
 
-            if self.state.cursor < len(self.state.steps):
-                step = self.state.steps[self.state.cursor]
+            if step is not None:
                 if step.status in (StepStatus.WAITING_APPROVAL, StepStatus.UNKNOWN):
                     return self.park()
-                if step.status == StepStatus.RUNNING and step.id not in self.state.begun_here:
+                if step.status == StepStatus.RUNNING and step.id not in state.begun_here:
                     outcome = self.recover(step)
                 elif step.kind == StepKind.MODEL:
                     with tracing.model_span(self, step):
@@ -254,7 +250,7 @@ class RunExecutor(ModelSteps, ToolSteps):
                     return outcome
                 continue
 
-            last = self.state.steps[-1] if self.state.steps else None
+            last = state.steps[-1] if state.steps else None
             if last is not None and last.kind == StepKind.MODEL and not last.tool_calls:
                 return self.finish(RunStatus.SUCCEEDED, output=last.text)
             stop = self.stop_condition()
@@ -266,23 +262,24 @@ class RunExecutor(ModelSteps, ToolSteps):
                 return outcome
 
     def stop_condition(self) -> tuple[str, str] | None:
-        if len(self.state.steps) >= self.state.run.max_steps:
+        state = self.state
+        if len(state.steps) >= state.run.max_steps:
             return (
                 "max_steps",
-                f"stopped after {len(self.state.steps)} steps (max_steps={self.state.run.max_steps})",
+                f"stopped after {len(state.steps)} steps (max_steps={state.run.max_steps})",
             )
-        budget = self.state.run.token_budget
-        if budget and self.state.run.total_tokens >= budget:
+        budget = state.run.token_budget
+        if budget and state.run.total_tokens >= budget:
             return (
                 "token_budget",
-                f"token budget exhausted ({self.state.run.total_tokens} of {budget})",
+                f"token budget exhausted ({state.run.total_tokens} of {budget})",
             )
-        limit = getattr(self.state.agent, "max_cost_usd", None)
+        limit = getattr(state.agent, "max_cost_usd", None)
         max_cost = Decimal(str(limit if limit is not None else conf.MAX_COST_USD or 0))
-        if max_cost and self.state.run.cost_usd >= max_cost:
+        if max_cost and state.run.cost_usd >= max_cost:
             return (
                 "cost_budget",
-                f"cost budget exhausted (${self.state.run.cost_usd} of ${max_cost})",
+                f"cost budget exhausted (${state.run.cost_usd} of ${max_cost})",
             )
         return None
 

@@ -37,6 +37,14 @@ class SliceState:
     # side-effect steps whose "running + attempt" row went out in the model's commit
     begun_here: set[uuid.UUID] = field(default_factory=set)
 
+    def next_step(self) -> Step | None:
+        """The first step that is not terminal (moving the cursor past those that are); None
+        when every step is."""
+        steps = self.steps
+        while self.cursor < len(steps) and steps[self.cursor].is_terminal:
+            self.cursor += 1
+        return steps[self.cursor] if self.cursor < len(steps) else None
+
 
 class ExecutorHost:
     """What the step mixins rely on; `RunExecutor` provides every one of these."""
