@@ -71,10 +71,15 @@ format: venv
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# BENCH_QUICK=1 make bench: smaller rounds, no N=1000, for working on the harness (a few minutes)
 bench: venv
 	$(BIN)/pip install -q -e '.[dev,bench]'
+	rm -f var/bench-engine.json var/bench-pydantic-ai.json var/bench-inflight.json
 	PG_EXTRA_OPTS=" " scripts/with-postgres.sh $(BIN)/python -m benchmarks.run
+	PG_EXTRA_OPTS=" " scripts/with-postgres.sh $(BIN)/python -m benchmarks.pydantic_ai_flow \
+		$(if $(BENCH_QUICK),--runs 10 --rounds 1,--runs 40 --rounds 3) --json var/bench-pydantic-ai.json
 	PG_EXTRA_OPTS=" " scripts/with-postgres.sh $(BIN)/python -m benchmarks.inflight --write-docs
+	$(BIN)/python -m benchmarks.targets --write-docs
 
 clean:
 	rm -rf var .pytest_cache

@@ -1,9 +1,11 @@
 from importlib import import_module
 
 from django.apps import AppConfig
+from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import autodiscover_modules
 
 from agentruns.conf import conf
+from agentruns.registry.model_names import UnusableModel, check_model_name
 from agentruns.runtime.dispatch import connections
 from agentruns.setting import check_environment, connect_reload
 
@@ -28,3 +30,7 @@ class AgentRunsConfig(AppConfig):
         autodiscover_modules("agents")
         for module in filter(None, conf.AGENT_MODULES.split(",")):
             import_module(module.strip())
+        try:  # the default model's SDK must be installed (each agent's is checked as it registers)
+            check_model_name(conf.MODEL)
+        except UnusableModel as exc:
+            raise ImproperlyConfigured(f"AGENTRUNS_MODEL: {exc}") from None

@@ -20,7 +20,12 @@ def _q_timeout() -> float:
 
 SETTINGS: tuple[Setting, ...] = (
     # the model
-    Setting("AGENTRUNS_MODEL", str, "scripted", "`scripted` (offline) or `openai/<model name>`"),
+    Setting(
+        "AGENTRUNS_MODEL",
+        str,
+        "scripted",
+        "`scripted` (offline), `openai/<model name>` or a Pydantic AI model name (`anthropic:...`)",
+    ),
     Setting("SCRIPTED_MODEL_DELAY_MS", float, 15, "per-token delay of the scripted model", 0),
     Setting(
         "SCRIPTED_MODEL_LATENCY_MS",

@@ -25,7 +25,7 @@ from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily
 
 from agentruns.models import Run, Step
 from agentruns.runtime.inbox import Refused
-from approvals import escalation, parking
+from approvals.domain import escalation, outcomes, parking
 from approvals.models import Approval, ApprovalKind, DeliveryStatus, WebhookDelivery
 from approvals.notifications import outbox
 
@@ -51,7 +51,7 @@ class ApprovalInbox:
         return parking.withdraw_approvals(run, reason=reason)
 
     def expire_due(self, now: datetime) -> int:
-        return parking.expire_due_approvals(now)
+        return outcomes.expire_due_approvals(now)
 
     def escalate_due(self, now: datetime) -> int:
         return escalation.escalate_due_approvals(now)

@@ -61,7 +61,7 @@ class Approval(models.Model):
     # past `due_at` a pending item escalates, once: the sweeper stamps `escalated_at`
     due_at = models.DateTimeField(null=True, blank=True)
     escalated_at = models.DateTimeField(null=True, blank=True)
-    # the two-person rule (approvals/decisions.py): approved when `approvals_required` distinct
+    # the two-person rule (approvals/domain/decisions.py): approved when `approvals_required` distinct
     # people approved the same arguments; an edit starts a new `round` (the count starts again
     # from the editor); `approvals_given` counts this round's approvals (one ApprovalDecision each)
     approvals_required = models.PositiveSmallIntegerField(default=1)
@@ -69,7 +69,7 @@ class Approval(models.Model):
     round = models.PositiveSmallIntegerField(default=1)
     # the proposal's version: 1 when the item opens, one more on every approval given (an edit
     # is one). Every door's decision names the version it was made on, and a decision on an older
-    # one changes nothing (approvals/decisions.py `check_version`)
+    # one changes nothing (approvals/domain/outcomes.py `check_open`)
     version = models.PositiveIntegerField(default=1)
 
     class Meta:

@@ -8,11 +8,13 @@ decide (`approvals.decide_approval` + `approvals.view_approval`), the decision r
 under the item's row lock: still pending, the version of the proposal decided on, whether the
 deployed code can run the call, the two-person rule, the edit policy and the approver's limit.
 
-Each decision is one transaction: a compare-and-set on the approval (`status=pending`), the
-step and run changes, the audit event `approval.decided` on the run's timeline (who, when,
-requested and approved arguments, the diff), and the worker's doorbell, rung on commit. A second
-decision on the same item changes nothing and raises `AlreadyDecided` naming who decided and
-when. `decide_many` (bulk) decides each item on its own through `decide`.
+Each decision is one transaction: the item is locked and loaded once and passed down as an
+object; the domain (domain/outcomes.py) makes the compare-and-set on it (`status=pending`) and
+the step change, and gathers the `Outcome`: the audit event `approval.decided` on the run's
+timeline (who, when, requested and approved arguments, the diff) and what becomes of the run,
+handed to the runtime in one call (resumed and its doorbell rung on commit, left waiting, or
+ended). A second decision on the same item changes nothing and raises `AlreadyDecided` naming
+who decided and when. `decide_many` (bulk) decides each item on its own through `decide`.
 """
 
 from __future__ import annotations
@@ -22,21 +24,14 @@ from enum import StrEnum
 from typing import Any
 
 from django.db import transaction
-from django.utils import timezone
 
-from agentruns.models import Run, RunStatus, Step, StepStatus
-from agentruns.registry.deployed import deployed_tool
 from agentruns.runtime.access.quotas import QuotaExceeded, check_decision
-from agentruns.runtime.events import EventSpec, EventType
-from agentruns.runtime.execution.transitions import RunChange, aborted, apply, resume_parked
-from agentruns.runtime.store.nudges import nudge_on_commit
 from agentruns.runtime.values.ids import actor_name
 from agentruns.runtime.values.timestamps import iso
-from approvals import decisions, policy
-from approvals.decisions import args_diff, decided_event
-from approvals.errors import AlreadyDecided, DecisionError, NotRunnable, StaleProposal
+from approvals.domain import policy
+from approvals.domain.outcomes import approved, check_open, reconciled, rejected
+from approvals.errors import AlreadyDecided, DecisionError, StaleProposal
 from approvals.models import Approval, ApprovalKind, ApprovalStatus
-from approvals.parking import refuse_if_decided, reject_parked, settle, withdraw_approvals
 
 RESOLUTIONS = ("happened", "retry", "abort")
 DECISIONS = ("approve", "reject", *RESOLUTIONS)
@@ -86,7 +81,7 @@ def decide(
 
     An item needing several approvers stays pending until that many distinct people approved
     the same arguments (decisions.py; who may: policy.py), and the run stays parked meanwhile.
-    `version`: the version of the proposal the person saw (decisions.check_version); a call
+    `version`: the version of the proposal the person saw (outcomes.check_open); a call
     the deployed code cannot run is never approved (`NotRunnable`), rejecting still works.
     """
     if decision not in DECISIONS:
@@ -95,17 +90,19 @@ def decide(
     policy.check_may_decide(user)
     check_decision(user)
     with transaction.atomic():
-        if decision in RESOLUTIONS:
-            return _reconcile(approval_id, user, decision, result, reason)
-        current = _locked(approval_id)
+        approval = _locked(approval_id)
+        reconciling = decision in RESOLUTIONS
+        kind = ApprovalKind.RECONCILIATION if reconciling else ApprovalKind.APPROVAL
         # a late click must learn who decided, not that its edits are invalid
-        refuse_if_decided(current, ApprovalKind.APPROVAL)
-        decisions.check_version(current, version)
-        if decision == "reject":
-            approval = reject_parked(approval_id, user=user, reason=reason)
-            decisions.record_rejection(approval, user, reason)
-            return approval
-        return _approve(current, user, edited_args, reason)
+        check_open(approval, kind, version)
+        if reconciling:
+            outcome = reconciled(approval, user, decision, result, reason)
+        elif decision == "reject":
+            outcome = rejected(approval, user, reason)
+        else:
+            outcome = approved(approval, user, edited_args, reason)
+        outcome.carry_out()
+        return approval
 
 
 def approve(
@@ -150,112 +147,6 @@ def _locked(approval_id: int) -> Approval:
     return Approval.objects.select_related("run", "run__created_by", "step", "decided_by").get(
         id=approval_id
     )
-
-
-def _approve(current: Approval, user: Any, edited_args: dict | None, reason: str) -> Approval:
-    """The step keeps its idempotency key and runs with the approved arguments; the requested
-    ones stay on the approval, the full approved set goes to `edited_args` when it differs."""
-    # the deployed tool, looked up once: whether the call can run, its edit policy, its amount
-    # argument and how many approvers the approved arguments need
-    tool, why = deployed_tool(current.agent, current.tool, current.effective_args)
-    if why or tool is None:
-        raise NotRunnable(why, code="not_runnable")
-    policy.check_may_approve(current, user)
-    args = policy.proposed_args(current, edited_args, tool)
-    policy.check_limit(current, user, args, tool)
-    progress = decisions.record_approval(current, user, args, reason, tool.approvals_for(args))
-    if not progress.complete:
-        decisions.announce_progress(current, user, progress)
-        return current
-    edited = current.edited_args
-    approval = settle(
-        current.id,
-        ApprovalKind.APPROVAL,
-        user,
-        status=ApprovalStatus.APPROVED,
-        edited_args=edited,
-        reason=reason,
-    )
-    step = approval.step
-    step.arguments, step.approved, step.status = args, True, StepStatus.PENDING
-    step.save(update_fields=["arguments", "approved", "status"])
-    requested, approved = approval.visible_args(), approval.redacted(args)
-    resume_parked(
-        approval.run_id,
-        [
-            decided_event(
-                approval,
-                user,
-                "approved",
-                requested=requested,
-                approved=approved,
-                diff=args_diff(requested, approved) if edited is not None else {},
-                edited=edited is not None,
-                approvals=decisions.approvers(approval),
-            )
-        ],
-    )
-    return approval
-
-
-def _reconcile(approval_id: int, user: Any, resolution: str, result: Any, reason: str) -> Approval:
-    """Staff say what happened to a call whose outcome is unknown (DESIGN.md 4.4).
-
-    happened: the step succeeds with the given result (or a marker) and the run continues;
-    retry: the step runs again (same idempotency key); abort: the run fails, nothing more runs.
-    """
-    who = actor_name(user) or "staff"
-    approval = settle(
-        approval_id,
-        ApprovalKind.RECONCILIATION,
-        user,
-        status=ApprovalStatus.RESOLVED,
-        resolution=resolution,
-        resolution_result=result if resolution == "happened" else None,
-        reason=reason,
-    )
-    step, now = approval.step, timezone.now()
-    run = Run.objects.select_for_update().get(id=approval.run_id)
-    events: list[EventSpec] = [
-        decided_event(
-            approval,
-            user,
-            f"reconciled: {resolution}",
-            resolution=resolution,
-            requested=approval.visible_args(),
-            result=result if resolution == "happened" else None,
-        ),
-    ]
-    if resolution == "happened":
-        step.status, step.finished_at = StepStatus.SUCCEEDED, now
-        step.result = (
-            result if result is not None else {"reconciled": True, "happened": True, "by": who}
-        )
-        step.error = f"outcome unknown; {who} confirmed it happened"
-    elif resolution == "retry":
-        step.status, step.finished_at = StepStatus.PENDING, None
-        step.error = f"outcome unknown; {who} confirmed it did not happen, retrying"
-    else:
-        step.status, step.finished_at = StepStatus.FAILED, now
-        step.error = f"aborted by {who}: outcome unknown"
-    step.save(update_fields=["status", "result", "finished_at", "error"])
-    if resolution != "abort":
-        resume_parked(run.id, events)
-        return approval
-    # abort: the run ends here; steps planned after this one never run
-    Step.objects.filter(
-        run=run,
-        index__gt=step.index,
-        status__in=[StepStatus.PENDING, StepStatus.WAITING_APPROVAL, StepStatus.UNKNOWN],
-    ).update(status=StepStatus.SKIPPED, finished_at=now)
-    withdrawn = withdraw_approvals(run, reason=f"run aborted by {who}")
-    events += [(EventType.APPROVAL_WITHDRAWN, {"approval": a}) for a in withdrawn]
-    change = aborted(f"aborted by {who} after an unknown outcome of {step.tool}").after(*events)
-    if run.status != RunStatus.WAITING:  # (cancelled meanwhile): only the audit events
-        change = RunChange({}, events)
-    apply(run.id, change)
-    nudge_on_commit(run.id, 0, inbox=True)
-    return approval
 
 
 # ------------------------------------------------------------------ many at once

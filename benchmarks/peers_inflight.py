@@ -7,9 +7,12 @@ Both get a psycopg pool for their own database work (the checkpointer's, the too
 the pools of our two worker processes together. Run in a process of its own (DBOS keeps
 background threads, and the RSS measured is this process's):
 
-    python -m benchmarks.peers_inflight dbos|langgraph DSN N[,N...] TURN_MS CONCURRENCY POOL
+    python -m benchmarks.peers_inflight dbos|langgraph DSN N[,N...] TURN_MS CONCURRENCY POOL [TOKENS]
 
-prints one JSON object per N.
+prints one JSON object per N. TOKENS (the streaming workload): a model turn is TOKENS tokens
+TURN_MS / TOKENS apart instead of one wait of TURN_MS. The peers have no durable stream, so
+their tokens are only waited for, never written: the streaming workload costs them nothing
+more than the sleeping one, while ours persists the deltas (DESIGN 5).
 """
 
 from __future__ import annotations
@@ -41,7 +44,18 @@ def tools_pool(dsn: str, app: str, size: int, **kwargs: object) -> ConnectionPoo
     )
 
 
-def dbos_peer(dsn: str, turn_s: float, concurrency: int, pool_size: int) -> Callable:
+def model_wait(turn_s: float, tokens: int) -> None:
+    """A model turn: one wait, or `tokens` tokens streamed over the same time."""
+    if not tokens:
+        time.sleep(turn_s)
+        return
+    for _ in range(tokens):
+        time.sleep(turn_s / tokens)
+
+
+def dbos_peer(
+    dsn: str, turn_s: float, concurrency: int, pool_size: int, tokens: int = 0
+) -> Callable:
     from dbos import DBOS
 
     app = "bench-peer-dbos"
@@ -49,7 +63,7 @@ def dbos_peer(dsn: str, turn_s: float, concurrency: int, pool_size: int) -> Call
 
     @DBOS.step()
     def model_step(i: int) -> str:
-        time.sleep(turn_s)
+        model_wait(turn_s, tokens)
         return model_turn(i)
 
     @DBOS.step()
@@ -101,7 +115,9 @@ def dbos_peer(dsn: str, turn_s: float, concurrency: int, pool_size: int) -> Call
     return run_all
 
 
-def langgraph_peer(dsn: str, turn_s: float, concurrency: int, pool_size: int) -> Callable:
+def langgraph_peer(
+    dsn: str, turn_s: float, concurrency: int, pool_size: int, tokens: int = 0
+) -> Callable:
     from typing import TypedDict
 
     from langgraph.checkpoint.postgres import PostgresSaver
@@ -122,7 +138,7 @@ def langgraph_peer(dsn: str, turn_s: float, concurrency: int, pool_size: int) ->
 
     def model(i: int) -> Callable:
         def node(state: State) -> dict:
-            time.sleep(turn_s)
+            model_wait(turn_s, tokens)
             return {"text": model_turn(i)}
 
         return node
@@ -170,8 +186,9 @@ def langgraph_peer(dsn: str, turn_s: float, concurrency: int, pool_size: int) ->
 
 def main() -> None:
     peer, dsn, ns, turn_ms, concurrency, pool_size = sys.argv[1:7]
+    tokens = int(sys.argv[7]) if len(sys.argv) > 7 else 0
     build = {"dbos": dbos_peer, "langgraph": langgraph_peer}[peer]
-    run_all = build(dsn, float(turn_ms) / 1000, int(concurrency), int(pool_size))
+    run_all = build(dsn, float(turn_ms) / 1000, int(concurrency), int(pool_size), tokens)
     sampler = Sampler(dsn, f"bench-peer-{peer}", [os.getpid()])
     sampler.start()
     run_all([f"ORD-{1001 + i}" for i in range(4)])  # warm up: connections, imports, plans

@@ -20,6 +20,7 @@ import os
 import statistics
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 os.environ.setdefault("SCRIPTED_MODEL_DELAY_MS", "0")  # zero model latency, as benchmarks.run
@@ -134,6 +135,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", default="", help="also write the figures to this file")
     options = parser.parse_args()
     call_command("migrate", verbosity=0)
     call_command("seed_demo", stdout=open(os.devnull, "w"))
@@ -145,9 +147,14 @@ def main() -> None:
     for _ in range(options.rounds):
         for name, agent in agents.items():
             rates[name].append(measure(agent, options.runs))
+    figures = {}
     for name, values in rates.items():
         rate = statistics.median(values)
+        figures[name] = {"runs_per_s": rate, "ms_per_step": 1000 / rate / STEPS_PER_RUN}
         print(f"{name:9} {rate:7.1f} runs/s  {1000 / rate / STEPS_PER_RUN:6.2f} ms/step")
+    if options.json:
+        Path(options.json).parent.mkdir(exist_ok=True)
+        Path(options.json).write_text(json.dumps(figures, indent=2))
 
 
 if __name__ == "__main__":

@@ -60,3 +60,9 @@ class Sampler(threading.Thread):
 
 def with_app(dsn: str, app: str) -> str:
     return dsn + ("&" if "?" in dsn else "?") + f"application_name={app}"
+
+
+def pct(values: list[float], p: float) -> float:
+    """The p-th percentile of `values` (nearest rank)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]

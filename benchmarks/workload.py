@@ -81,6 +81,28 @@ register_agent(
         scripted_policy=flow_policy,
     )
 )
+STREAM_TOKENS_PER_TURN = 25  # at 20 ms a token (50 a second), a 0.5 s turn like the sleeping one
+
+
+def stream_policy(messages: list[dict]) -> ScriptedTurn:
+    """The refund flow, every turn's text STREAM_TOKENS_PER_TURN tokens long: with
+    SCRIPTED_MODEL_DELAY_MS=20 the model streams 50 tokens a second per run."""
+    turn = flow_policy(messages)
+    words = turn.text.split()
+    filler = ["(checking", "the", "order", "and", "the", "policy", "before", "answering)"]
+    while len(words) < STREAM_TOKENS_PER_TURN:
+        words.append(filler[len(words) % len(filler)])
+    return ScriptedTurn(" ".join(words), turn.tool_calls)
+
+
+register_agent(
+    Agent(
+        name="bench-stream",
+        instructions="Refund the order.",
+        tools=["bench_lookup", "bench_refund", "bench_reply"],
+        scripted_policy=stream_policy,
+    )
+)
 register_agent(
     Agent(
         name="bench-long",

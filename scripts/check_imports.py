@@ -3,7 +3,10 @@
 1. no import cycle among the project's modules (migrations and tests aside), counting imports
    inside functions too (grimp sees those);
 2. the runtime imports none of Django's HTTP, template, URL or view modules, nor Channels'
-   consumers (import-linter only sees external packages as a whole).
+   consumers (import-linter only sees external packages as a whole);
+3. sizes: no module of agentruns/, approvals/ or support/ over MAX_LINES lines, and no package
+   there (the apps' roots and every subpackage) holding more than MAX_MODULES .py modules of its
+   own (`__init__.py` counted, subpackages and migrations not).
 """
 
 from __future__ import annotations
@@ -18,10 +21,14 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("agentruns", "approvals", "support", "config")
 RUNTIME = (
     "agentruns/runtime",
-    "approvals/parking.py",
-    "approvals/escalation.py",
+    "approvals/domain/parking.py",
+    "approvals/domain/outcomes.py",
+    "approvals/domain/escalation.py",
     "approvals/notifications/outbox.py",
 )
+SIZED = ("agentruns", "approvals", "support")
+MAX_LINES = 400
+MAX_MODULES = 12
 FORBIDDEN_IN_RUNTIME = (
     "django.http",
     "django.shortcuts",
@@ -105,6 +112,29 @@ def runtime_imports() -> list[str]:
     return problems
 
 
+def sizes() -> list[str]:
+    """Modules over MAX_LINES lines and packages over MAX_MODULES .py modules (migrations aside)."""
+    problems = []
+    for app in SIZED:
+        for package in sorted({p.parent for p in (ROOT / app).rglob("__init__.py")}):
+            if "migrations" in package.relative_to(ROOT).parts:
+                continue
+            modules = sorted(p.name for p in package.glob("*.py"))
+            if len(modules) > MAX_MODULES:
+                problems.append(
+                    f"{package.relative_to(ROOT)}/ holds {len(modules)} .py modules at its root "
+                    f"(at most {MAX_MODULES}, __init__.py counted): group some into a subpackage"
+                )
+            for name in modules:
+                path = package / name
+                lines = len(path.read_text().splitlines())
+                if lines > MAX_LINES:
+                    problems.append(
+                        f"{path.relative_to(ROOT)} has {lines} lines (at most {MAX_LINES})"
+                    )
+    return problems
+
+
 def main() -> int:
     sys.path.insert(0, str(ROOT))
     failed = False
@@ -114,8 +144,14 @@ def main() -> int:
     for problem in runtime_imports():
         print("runtime import:", problem)
         failed = True
+    for problem in sizes():
+        print("size:", problem)
+        failed = True
     if not failed:
-        print("imports: no cycles among the project's modules; the runtime imports no web modules")
+        print(
+            "imports: no cycles among the project's modules; the runtime imports no web modules; "
+            f"sizes: no module over {MAX_LINES} lines, no package over {MAX_MODULES} .py modules"
+        )
     return 1 if failed else 0
 
 

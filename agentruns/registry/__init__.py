@@ -29,10 +29,12 @@ from agentruns.registry.edits import Edit, EditRefused, check_declaration, check
 from agentruns.registry.errors import (
     ApprovalRequested,
     FatalToolError,
+    OutcomeUnknown,
     RetryableToolError,
     ToolArgumentsError,
     ToolError,
 )
+from agentruns.registry.model_names import check_model_name
 from agentruns.registry.schemas import (
     _simple_plan,
     _simple_valid,
@@ -46,6 +48,7 @@ __all__ = [
     "Edit",
     "EditRefused",
     "FatalToolError",
+    "OutcomeUnknown",
     "RetryableToolError",
     "ToolArgumentsError",
     "ToolError",
@@ -318,6 +321,8 @@ def register_agent(
         raise TypeError("tools=, deps= and options are for a pydantic_ai.Agent")
     for tool_name in agent.tools:
         get_tool(tool_name)  # fail at startup, not at run time
+    if agent.model_instance is None:  # a provider SDK not installed: here, not mid-run
+        check_model_name(agent.model)
     _agents[agent.name] = agent
     return agent
 

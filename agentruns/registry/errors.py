@@ -17,6 +17,12 @@ class FatalToolError(ToolError):
     """A permanent failure: the step fails and so does the run, with this message kept."""
 
 
+class OutcomeUnknown(ToolError):
+    """The call may or may not have taken effect (its connection broke after it was sent): for a
+    side-effect tool that is not idempotent the step is `unknown` and a person reconciles it in
+    the inbox (DESIGN.md 4.5), exactly as after a worker died mid-call. Never retried."""
+
+
 class ToolArgumentsError(ValueError):
     """The model's arguments do not fit the tool's schema; fed back to the model."""
 

@@ -35,7 +35,7 @@ continuation extends the same assistant message; readers end their HTTP stream a
 that is the last chunk so far. A decision, wherever it was made (the chat, the inbox, the
 sweeper's expiry), appears as `tool-approval-response` and then the tool's output or
 `tool-output-denied`. While a call waits for several approvers, each approval given makes a new
-version of the proposal (approvals/decisions.py): the fold asks again in a segment of its own
+version of the proposal (approvals/domain/decisions.py): the fold asks again in a segment of its own
 (the call's `tool-input-available` with the current arguments, then `tool-approval-request`
 under the approvalId `<approval>.<version>`), so an answer to an older request names what it saw. (Those
 handlers: `ui_approvals.py`.)

@@ -10,7 +10,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from agentruns.runtime.values.money import format_cents
-from approvals.decisions import args_diff
+from approvals.domain.decisions import args_diff
 from approvals.models import Approval
 
 

@@ -11,8 +11,9 @@ from agentruns.api.parsing import BadRequest
 from agentruns.api.schemas import obj
 from agentruns.runtime.values.ids import BadId, parse_id
 from agentruns.runtime.values.timestamps import iso
-from approvals import claims, services
+from approvals import services
 from approvals.api.approvals import APPROVAL, already_decided, approval_payload
+from approvals.domain import claims
 from approvals.errors import AlreadyDecided, ClaimedByOther, DecisionError, status_of
 from approvals.models import Approval
 

@@ -9,7 +9,9 @@ from agentruns.api.parsing import BadRequest
 from agentruns.api.schemas import COUNT, TEXT_OR_NULL, TIME, TIME_OR_NULL, obj
 from agentruns.runtime.values.ids import actor_name
 from agentruns.runtime.values.timestamps import iso
-from approvals import decisions, services
+from approvals import services
+from approvals.domain import decisions
+from approvals.domain.selectors import AGES, approvals_query
 from approvals.errors import (
     AlreadyDecided,
     AlreadyGiven,
@@ -20,7 +22,6 @@ from approvals.errors import (
     status_of,
 )
 from approvals.models import Approval, ApprovalKind, ApprovalStatus
-from approvals.selectors import AGES, approvals_query
 from approvals.web.cards import Card, build_cards, cannot_run_now
 
 ARGS_OR_NULL = {"type": ["object", "null"]}

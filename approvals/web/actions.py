@@ -18,10 +18,11 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from agentruns.runtime.values.ids import BadId, parse_versioned_id
-from approvals import claims, policy, services
+from approvals import services
+from approvals.domain import claims, policy
+from approvals.domain.selectors import approvals_query
 from approvals.errors import AlreadyDecided, ClaimedByOther, DecisionError
 from approvals.models import Approval
-from approvals.selectors import approvals_query
 from approvals.web.cards import card_for
 from approvals.web.views import DECIDE_PERMISSION
 

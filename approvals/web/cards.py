@@ -23,9 +23,9 @@ from agentruns.models import Step, StepAttempt, StepKind
 from agentruns.registry import UnknownTool, get_tool
 from agentruns.registry.deployed import cannot_run
 from agentruns.runtime.values.money import format_cents
-from approvals.decisions import args_diff
+from approvals.domain.decisions import args_diff
+from approvals.domain.policy import waiting_for
 from approvals.models import Approval, ApprovalDecision, ApprovalKind, ApprovalStatus
-from approvals.policy import waiting_for
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,8 @@ from agentruns.runtime.values.ids import actor_name
 from agentruns.runtime.values.text import UnsafeValue, loads_strict
 from agentruns.selectors.pagination import encode_cursor
 from approvals import services
-from approvals.claims import held_by_other
+from approvals.domain.claims import held_by_other
+from approvals.domain.selectors import AGES, InboxFilters, approvals_query, inbox_page
 from approvals.errors import (
     AlreadyDecided,
     DecisionError,
@@ -35,7 +36,6 @@ from approvals.errors import (
     status_of,
 )
 from approvals.models import Approval, ApprovalKind
-from approvals.selectors import AGES, InboxFilters, approvals_query, inbox_page
 from approvals.web.cards import build_cards, card_for
 from approvals.web.forms import form_args, posted_version
 

@@ -120,7 +120,7 @@ def test_bulk_refuses_what_it_cannot_do(approver, viewer):
 
 @pytest.mark.django_db
 def test_bulk_in_the_inbox_skips_items_others_hold_unless_confirmed(client, approver, lead):
-    from approvals import claims
+    from approvals.domain import claims
     from tests.approvals.kit import login
 
     a, b = bulk_pending(2)

@@ -8,7 +8,8 @@ from datetime import timedelta
 import pytest
 from django.test import Client
 
-from approvals import claims, errors
+from approvals import errors
+from approvals.domain import claims
 from approvals.models import Approval, ApprovalStatus
 from tests.approvals.kit import login, parked_approval
 from tests.conftest import ApiClient, make_user

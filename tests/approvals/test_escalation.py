@@ -15,7 +15,7 @@ from agentruns.registry import Agent, ToolContext, register_agent, tool
 from agentruns.runtime.workers.sweeper import sweep
 from agentruns.services import start_run
 from approvals import services
-from approvals.escalation import escalate_due_approvals
+from approvals.domain.escalation import escalate_due_approvals
 from approvals.models import Approval, MailNotice, WebhookDelivery
 from approvals.notifications.signing import new_secret
 from tests.approvals.kit import bulk_pending, login, parked_approval

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from agentruns.services import start_run
-from approvals import policy, services
+from approvals import services
+from approvals.domain import policy
 from approvals.models import Approval, ApprovalStatus
 from tests.approvals.kit import SECRET, parked_approval
 from tests.conftest import ApiClient

@@ -12,7 +12,8 @@ from django_q.models import OrmQ
 from agentruns.models import Run, RunEvent, RunStatus, Step, StepStatus
 from agentruns.runtime.workers.sweeper import sweep
 from agentruns.services import cancel_run, start_run
-from approvals import errors, parking, services
+from approvals import errors, services
+from approvals.domain import outcomes
 from approvals.models import Approval, ApprovalKind, ApprovalStatus
 from tests.helpers import ApiClient, advance, assert_gapless, event_types, events, race
 
@@ -194,7 +195,7 @@ def test_expiry_through_the_sweeper_rejects_with_reason_expired(
     settings.AGENTRUNS_APPROVAL_EXPIRY_SECONDS = 60
     approval = parked_approval()
     assert approval.expires_at is not None
-    assert parking.expire_due_approvals(timezone.now()) == 0  # not due yet
+    assert outcomes.expire_due_approvals(timezone.now()) == 0  # not due yet
     with django_capture_on_commit_callbacks(execute=True):
         sweep(now=timezone.now() + timedelta(seconds=61))
     approval.refresh_from_db()

@@ -15,6 +15,7 @@ import json
 import os
 import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 from django.db import connection
@@ -167,7 +168,8 @@ def backoffice(
         FunctionModel(stream_function=play, model_name="mcp-script"),
         name=name,
         instructions="You run the shop's back office.",
-        toolsets=[MCPToolset(source, id="backoffice").prefixed(prefix)],
+        # a generous handshake: a stdio server is a new Python process per call, on a busy machine
+        toolsets=[MCPToolset(source, id="backoffice", init_timeout=60).prefixed(prefix)],
     )
     tools = {tool: {"requires_approval": False} for tool in waive}
     for tool, declared in (declare or {}).items():
@@ -175,7 +177,22 @@ def backoffice(
     register_agent(agent, tools=tools)
 
 
+def stdio_backoffice(ledger_path: str) -> None:
+    """The same server over stdio (a process per call) as agent `pa-mcp-io`, tools `io_*`, whose
+    side-effect tools run without the inbox (the crash tests exercise recovery, not approvals)."""
+    from tests.pydantic_ai.kit import stdio_transport
+
+    backoffice(
+        stdio_transport(Path(ledger_path)),
+        name="pa-mcp-io",
+        prefix="io",
+        waive=("io_set_status", "io_send_mail"),
+    )
+
+
 # worker processes of the crash tests: the server's side-effect tools run without the inbox there
 # (they exercise recovery by idempotency class, not approvals)
 if os.environ.get("TEST_MCP_URL"):
     backoffice(os.environ["TEST_MCP_URL"], waive=("bo_set_status", "bo_send_mail"))
+if os.environ.get("TEST_MCP_STDIO_LEDGER"):
+    stdio_backoffice(os.environ["TEST_MCP_STDIO_LEDGER"])

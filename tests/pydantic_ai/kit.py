@@ -9,7 +9,7 @@ from pathlib import Path
 
 from agentruns.models import Run
 from agentruns.services import start_run
-from tests.procs import Proc, base_env, free_port, wait_http
+from tests.procs import ROOT, Proc, base_env, free_port, wait_http
 from tests.pydantic_ai.mcp_server import read_ledger
 
 
@@ -40,3 +40,16 @@ def start_mcp(tmp_path: Path, port: int | None = None) -> tuple[Proc, str, Path]
 
 def ledger(path: Path) -> dict:
     return read_ledger(path)
+
+
+def stdio_transport(ledger_path: Path) -> object:
+    """The test MCP server over stdio: a real process started for each session (each call)."""
+    from fastmcp.client.transports import StdioTransport
+
+    return StdioTransport(
+        sys.executable,
+        ["-m", "tests.pydantic_ai.mcp_server", "--ledger", str(ledger_path)],
+        env=base_env(),
+        cwd=str(ROOT),
+        keep_alive=False,
+    )

@@ -6,6 +6,14 @@ effect, which is what the tests assert on.
 
 Tools and their annotations: `get_stock` read-only; `set_status` idempotent (the same call twice
 leaves one status, but both calls are counted); `send_mail` neither (every call sends one mail).
+
+Faults a test sets in `<ledger>.faults` (JSON, read on every request, so a test may change them
+while the server runs): `{"http_status": [503, 2]}` answers the next two `tools/call` requests
+over HTTP with that status (the call is not made); `{"exit_in": "send_mail"}` makes that tool
+do its effect and then the server process exit before it answers (the connection drops
+mid-call), once; `{"hold_in": {"send_mail": 30}}` makes it wait that long after the effect
+before it answers (a call under way, for a test to kill the caller mid-call), once per tool;
+`{"fail_start": [true, 2]}` makes the next two server processes exit as they start.
 """
 
 from __future__ import annotations
@@ -14,6 +22,8 @@ import argparse
 import fcntl
 import json
 import os
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,16 +41,89 @@ def read_ledger(path: Path) -> dict:
         return {}
 
 
-def _record(change: Callable[[dict], Any]) -> Any:
-    LEDGER.touch()
-    with LEDGER.open("r+") as handle:
+def faults_path(ledger: Path) -> Path:
+    return ledger.with_name(ledger.name + ".faults")
+
+
+def set_faults(ledger: Path, **faults: Any) -> None:
+    """What the server at `ledger` does wrong from its next request on (module docstring)."""
+    faults_path(ledger).write_text(json.dumps(faults))
+
+
+def _update(path: Path, change: Callable[[dict], Any]) -> Any:
+    path.touch()
+    with path.open("r+") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
-        ledger = json.loads(handle.read() or "{}")
-        result = change(ledger)
+        data = json.loads(handle.read() or "{}")
+        result = change(data)
         handle.seek(0)
         handle.truncate()
-        handle.write(json.dumps(ledger))
+        handle.write(json.dumps(data))
     return result
+
+
+def _record(change: Callable[[dict], Any]) -> Any:
+    return _update(LEDGER, change)
+
+
+def _take_fault(name: str) -> Any:
+    """The fault `name` if it is set, used up: a count is decremented, anything else cleared."""
+
+    def take(faults: dict) -> Any:
+        value = faults.get(name)
+        if isinstance(value, list) and value[1] > 0:
+            value[1] -= 1
+            return value[0]
+        faults.pop(name, None)
+        return None if isinstance(value, list) else value
+
+    return _update(faults_path(LEDGER), take)
+
+
+def _after_effect(tool: str) -> None:
+    """The faults that strike between a tool's effect and its answer."""
+    if _take_fault("exit_in") == tool:
+        sys.stdout.flush()
+        os._exit(3)  # the client's connection drops
+
+    def take_hold(faults: dict) -> float:
+        return float((faults.get("hold_in") or {}).pop(tool, 0))
+
+    if hold := _update(faults_path(LEDGER), take_hold):
+        time.sleep(hold)  # a call still under way: time for a test to kill its caller
+
+
+class HttpFaults:
+    """ASGI middleware: answers a `tools/call` with the status the faults file names."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        status = _take_fault("http_status") if b'"tools/call"' in body else None
+        if status:
+            headers = [(b"content-type", b"application/json"), (b"retry-after", b"1")]
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": b'{"error": "injected"}'})
+            return
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
 
 
 server = MCPServer("backoffice")
@@ -62,7 +145,9 @@ def set_status(ticket: str, status: str) -> dict:
         ledger["status_calls"] = ledger.get("status_calls", 0) + 1
         return {"ticket": ticket, "status": status}
 
-    return _record(change)
+    done = _record(change)
+    _after_effect("set_status")
+    return done
 
 
 @server.tool(annotations=ToolAnnotations(readOnlyHint=False, idempotentHint=False))
@@ -74,7 +159,9 @@ def send_mail(to: str, text: str) -> dict:
         mails.append({"to": to, "text": text})
         return {"sent": len(mails)}
 
-    return _record(change)
+    sent = _record(change)
+    _after_effect("send_mail")
+    return sent
 
 
 def main() -> None:
@@ -84,8 +171,13 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0)
     options = parser.parse_args()
     LEDGER = Path(options.ledger)
+    if _take_fault("fail_start"):
+        sys.exit(4)  # a server that does not come up (a stdio server started for a call)
     if options.port:
-        server.run(transport="streamable-http", host="127.0.0.1", port=options.port)
+        import uvicorn
+
+        app = HttpFaults(server.streamable_http_app(host="127.0.0.1"))
+        uvicorn.run(app, host="127.0.0.1", port=options.port, log_level="warning")
     else:
         server.run(transport="stdio")
 

@@ -5,20 +5,18 @@ registration waives it, and a server that is down is a retryable failure the run
 
 from __future__ import annotations
 
-import sys
 import threading
 
 import pytest
 from django.db import connection
-from fastmcp.client.transports import StdioTransport
 
 from agentruns.models import AttemptOutcome, RunStatus, Step, StepAttempt, StepStatus
 from agentruns.registry import Edit
 from approvals import services
 from approvals.models import Approval, ApprovalStatus
 from tests.helpers import advance, make_user
-from tests.procs import ROOT, base_env, wait_until
-from tests.pydantic_ai.agents import backoffice
+from tests.procs import wait_until
+from tests.pydantic_ai.agents import backoffice, stdio_backoffice
 from tests.pydantic_ai.kit import ledger, start, start_mcp
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -129,17 +127,10 @@ def test_a_server_that_is_down_is_a_retryable_failure(tmp_path, procs, mcp):
 
 def test_a_stdio_server(tmp_path):
     path = tmp_path / "stdio-ledger.json"
-    transport = StdioTransport(
-        sys.executable,
-        ["-m", "tests.pydantic_ai.mcp_server", "--ledger", str(path)],
-        env=base_env(),
-        cwd=str(ROOT),
-        keep_alive=False,
-    )
-    backoffice(transport, name="pa-mcp-stdio", prefix="io", waive=("io_send_mail",))
+    stdio_backoffice(str(path))
     run = advance(
         start(
-            "pa-mcp-stdio",
+            "pa-mcp-io",
             ("io_get_stock", {"sku": "DESK"}),
             ("io_send_mail", {"to": "cy@example.com", "text": "Shipped"}),
         )

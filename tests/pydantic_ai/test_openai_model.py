@@ -32,6 +32,7 @@ def pa_openai(settings, fake):
     settings.OPENAI_BASE_URL = fake.url
     settings.OPENAI_API_KEY = API_KEY
     settings.OPENAI_TIMEOUT_SECONDS = 10
+    settings.OPENAI_MAX_RETRIES = 0  # each try one request: the engine's backoff is under test
     settings.AGENTRUNS_MODEL_PRICES = "fake-model=1/2"
     return settings
 

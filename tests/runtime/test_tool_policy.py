@@ -16,7 +16,8 @@ from agentruns.models import Run, RunStatus, Step, StepStatus, ToolPolicy, ToolR
 from agentruns.registry import Agent, ScriptedTurn, register_agent
 from agentruns.services import fork_run, retry_run, start_run
 from agentruns.tokens import create_token
-from approvals import errors, policy, services
+from approvals import errors, services
+from approvals.domain import policy
 from approvals.models import Approval, ApprovalStatus
 from support.models import GatewayRefund, OutboxMessage, TicketNote
 from tests import testkit

@@ -23,8 +23,8 @@ from agentruns.models import (
 from agentruns.runtime.execution.executor import RunExecutor
 from agentruns.runtime.values.ids import step_key
 from agentruns.services import ActionRefused, cancel_run, fork_run, resolve_step, retry_run
+from approvals.domain.selectors import approvals_query
 from approvals.models import Approval, ApprovalStatus
-from approvals.selectors import approvals_query
 from approvals.services import AlreadyDecided, approve
 from tests import testkit
 from tests.helpers import advance, assert_gapless, events, script_run, steps

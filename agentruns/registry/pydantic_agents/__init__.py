@@ -93,15 +93,6 @@ def _is_mcp(toolset: AbstractToolset) -> bool:
     return any(type(leaf).__name__ == "MCPToolset" for leaf in leaves)
 
 
-def _check_tools(name: str, toolset: AbstractToolset) -> None:
-    for tool in getattr(toolset, "tools", {}).values():
-        if getattr(tool, "prepare", None) is not None:
-            raise NotDurable(
-                f"Pydantic AI agent {name!r}: tool {tool.name!r} has a prepare function, which "
-                "cannot run durably: the run's tools are frozen when it starts"
-            )
-
-
 def _options(
     agent_name: str,
     definition: ToolDefinition,
@@ -170,7 +161,6 @@ def adopt(
     )
     seen: set[str] = set()
     for toolset in agent.toolsets:
-        _check_tools(agent_name, toolset)
         binding = ToolsetBinding(toolset=toolset, agent=agent, deps=deps, mcp=_is_mcp(toolset))
         for definition in binding.discover().values():
             if definition.name in seen:

@@ -5,7 +5,10 @@ registered (`get_tool_for_tool_def`: an MCP tool needs no listing), validates th
 the tool's own validator and calls it, on the executor thread's own event loop. What the tool
 raises is translated into the engine's vocabulary: `ApprovalRequired` parks the call in the
 inbox, `ModelRetry`/`ToolFailed` go back to the model as the tool's answer, an unreachable MCP
-server is a retryable failure (same idempotency key on the next attempt).
+server (refused, or an HTTP error status such as 429 or 503 instead of the call's answer) is a
+retryable failure (same idempotency key on the next attempt), and a connection that broke after
+the call was sent is retried only for a read-only or idempotent tool: for any other the outcome
+is unknown and reconciled by a person (`OutcomeUnknown`), never guessed.
 """
 
 from __future__ import annotations
@@ -26,7 +29,12 @@ from pydantic_ai.toolsets import AbstractToolset, FunctionToolset
 from pydantic_ai.usage import RunUsage
 
 from agentruns.registry.context import stepping
-from agentruns.registry.errors import ApprovalRequested, FatalToolError, RetryableToolError
+from agentruns.registry.errors import (
+    ApprovalRequested,
+    FatalToolError,
+    OutcomeUnknown,
+    RetryableToolError,
+)
 
 T = TypeVar("T")
 _loops = threading.local()
@@ -126,6 +134,31 @@ def _transport_failure(exc: BaseException) -> bool:
     return _is(exc, _TRANSPORT_FAILURES) or isinstance(exc, OSError | EOFError | TimeoutError)
 
 
+def _broken_connection(exc: BaseException) -> bool:
+    """The connection of a call broke under it (not a tool's own OSError, say)."""
+    return _is(exc, _TRANSPORT_FAILURES) or isinstance(exc, ConnectionError | EOFError)
+
+
+# the MCP client's stand-ins, which pydantic-ai's MCPToolset turns into a ModelRetry for the model:
+# an HTTP error status with no JSON-RPC answer (the server or its gateway refused the request:
+# 429, 5xx; a server that ran a call answers it with 200, its errors inside) and a connection
+# that closed before the answer (a stdio server that died, a dropped stream)
+_HTTP_ERROR_ANSWER = (-32603, "Server returned an error response")
+_CONNECTION_CLOSED = -32000
+
+
+def _mcp_error(exc: BaseException) -> Any:
+    """The MCP SDK's MCPError that `exc` was raised from, if any."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if type(link).__name__ == "MCPError" and hasattr(link, "code"):
+            return link
+        link = link.__cause__ or link.__context__
+    return None
+
+
 def call(
     binding: ToolsetBinding,
     definition: ToolDefinition,
@@ -146,8 +179,12 @@ def call(
             await _maybe_await(tool.args_validator_func(ctx, **args))
         return args
 
+    sent = inline is not None  # False until the toolset is entered (an MCP session is up)
+
     async def invoke() -> Any:
+        nonlocal sent
         async with binding.toolset:
+            sent = True
             args = await validated()
             tool = await binding.toolset.get_tool_for_tool_def(definition, ctx)
             return await binding.toolset.call_tool(definition.name, args, ctx, tool)
@@ -165,6 +202,11 @@ def call(
     except ApprovalRequired as exc:
         raise ApprovalRequested(definition.name, metadata=exc.metadata) from None
     except (ModelRetry, ToolFailed) as exc:
+        broke = _mcp_error(exc)
+        if broke is not None and (broke.code, broke.message) == _HTTP_ERROR_ANSWER:
+            raise RetryableToolError(f"{definition.name}: server answered an error: {exc}") from exc
+        if broke is not None and broke.code == _CONNECTION_CLOSED:
+            _connection_broke(definition.name, exc, safe=rerun_safe or not sent)
         # the model is told, as Pydantic AI tells it, and may try again
         return {"error": getattr(exc, "message", str(exc)), "retry": isinstance(exc, ModelRetry)}
     except ValidationError as exc:
@@ -179,9 +221,24 @@ def call(
     except Exception as exc:
         if _ours(exc):
             raise  # this app's database or Redis: the engine's weather, never the tool's verdict
-        if _unreachable(exc) or (rerun_safe and _transport_failure(exc)):
+        if not sent or _unreachable(exc) or (rerun_safe and _transport_failure(exc)):
+            # not sent: the toolset could not be entered (an MCP server that did not start or
+            # answer its handshake in time), so nothing of the call reached it
             raise RetryableToolError(f"{definition.name}: server unreachable: {exc!r}") from exc
+        if _broken_connection(exc):
+            _connection_broke(definition.name, exc, safe=False)
         raise
+
+
+def _connection_broke(name: str, exc: BaseException, *, safe: bool) -> None:
+    """The call's connection broke: tried again when that is `safe` (read-only or idempotent, or
+    nothing was sent yet), else an unknown outcome for a person to reconcile."""
+    if safe:
+        raise RetryableToolError(f"{name}: the connection broke: {exc!r}") from exc
+    raise OutcomeUnknown(
+        f"{name}: the connection broke mid-call ({exc!r}): the call may or may not have "
+        "taken effect"
+    ) from exc
 
 
 def _inline_function(toolset: AbstractToolset, name: str) -> Any:

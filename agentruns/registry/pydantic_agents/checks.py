@@ -13,7 +13,16 @@ from typing import Any
 
 from pydantic_ai import Agent as PydanticAgent
 from pydantic_ai import DeferredToolRequests
-from pydantic_ai.toolsets import AbstractToolset
+from pydantic_ai.toolsets import (
+    AbstractToolset,
+    CombinedToolset,
+    DeferredLoadingToolset,
+    DynamicToolset,
+    ExternalToolset,
+    FunctionToolset,
+    PreparedToolset,
+    WrapperToolset,
+)
 
 
 class NotDurable(ValueError):
@@ -82,12 +91,60 @@ def check_durable(agent: PydanticAgent, name: str, *, has_deps: bool) -> None:
             "toolset functions (DynamicToolset)",
             "the run's tool snapshot is frozen when it starts; pass the toolset itself",
         )
+    if getattr(agent, "_validation_context", None) is not None:
+        _refuse(
+            name,
+            "validation_context",
+            "a tool's arguments are validated when its step runs, from the recorded call alone",
+        )
+    if getattr(agent, "_tool_timeout", None) is not None:
+        _refuse(name, "tool_timeout", _NO_TIMEOUT)
     for toolset in agent.toolsets:
         if not isinstance(toolset, AbstractToolset):
             _refuse(name, f"toolset {toolset!r}", "not a Pydantic AI toolset")
+        check_toolset(name, toolset)
     if agent.deps_type not in (object, type(None)) and not has_deps:
         _refuse(
             name,
             f"deps_type {agent.deps_type!r} without deps=",
             "register it with deps=<function of the run> so every step can rebuild its deps",
         )
+
+
+_FROZEN = "the run's tools are frozen when it starts (its permission snapshot names them)"
+_NO_TIMEOUT = (
+    "the engine does not cut a call short (a call cut mid-way has an unknown outcome); give "
+    "the tool's own client a timeout and raise RetryableToolError"
+)
+
+
+def check_toolset(name: str, toolset: AbstractToolset) -> None:
+    """Raise NotDurable for the first part of `toolset` (wrappers and members included) that
+    cannot run durably. Wrappers that only rename, prefix, filter (once, at registration), mark
+    approvals or set metadata are fine: their calls go through them inside the tool step."""
+    if type(toolset) is PreparedToolset:
+        _refuse(name, "a prepared toolset (.prepared())", f"its function runs per step; {_FROZEN}")
+    if isinstance(toolset, DeferredLoadingToolset):
+        _refuse(name, "deferred loading (.defer_loading())", f"tools found mid-run; {_FROZEN}")
+    if isinstance(toolset, DynamicToolset):
+        _refuse(name, "toolset functions (DynamicToolset)", _FROZEN)
+    if isinstance(toolset, ExternalToolset):
+        _refuse(
+            name,
+            "ExternalToolset (deferred tools)",
+            "their result comes from outside the run; use requires_approval for a person's "
+            "decision",
+        )
+    if isinstance(toolset, FunctionToolset):
+        for tool in toolset.tools.values():
+            if tool.prepare is not None:
+                _refuse(name, f"tool {tool.name!r} with a prepare function", _FROZEN)
+            if tool.defer_loading:
+                _refuse(name, f"tool {tool.name!r} with defer_loading", _FROZEN)
+            if tool.timeout is not None:
+                _refuse(name, f"tool {tool.name!r} with a timeout", _NO_TIMEOUT)
+    if isinstance(toolset, WrapperToolset):
+        check_toolset(name, toolset.wrapped)
+    if isinstance(toolset, CombinedToolset):
+        for member in toolset.toolsets:
+            check_toolset(name, member)

@@ -61,9 +61,7 @@ log = logging.getLogger(__name__)
 
 
 class RunExecutor(ModelSteps, ToolSteps):
-    """Drives one run for one slice; its per-slice state is `self.state` (`SliceState`), set
-    once `_drive` has loaded the run, its agent and its model."""
-
+    # `self.state` (slice_state.SliceState): set once `_drive` has loaded the run and its agent
     def __init__(
         self,
         run_id: uuid.UUID | str,
@@ -268,19 +266,13 @@ class RunExecutor(ModelSteps, ToolSteps):
                 "max_steps",
                 f"stopped after {len(state.steps)} steps (max_steps={state.run.max_steps})",
             )
-        budget = state.run.token_budget
-        if budget and state.run.total_tokens >= budget:
-            return (
-                "token_budget",
-                f"token budget exhausted ({state.run.total_tokens} of {budget})",
-            )
+        run, budget = state.run, state.run.token_budget
+        if budget and run.total_tokens >= budget:
+            return "token_budget", f"token budget exhausted ({run.total_tokens} of {budget})"
         limit = getattr(state.agent, "max_cost_usd", None)
         max_cost = Decimal(str(limit if limit is not None else conf.MAX_COST_USD or 0))
-        if max_cost and state.run.cost_usd >= max_cost:
-            return (
-                "cost_budget",
-                f"cost budget exhausted (${state.run.cost_usd} of ${max_cost})",
-            )
+        if max_cost and run.cost_usd >= max_cost:
+            return "cost_budget", f"cost budget exhausted (${run.cost_usd} of ${max_cost})"
         return None
 
     # ---------------------------------------------------------------- status changes
@@ -374,26 +366,28 @@ class RunExecutor(ModelSteps, ToolSteps):
             return None
         policy = self.state.run.tool_policy(step.tool)
         if policy.get("side_effect") and policy.get("idempotency") == "none":
-            with transaction.atomic():
-                self._close_attempt(step, AttemptOutcome.UNKNOWN, "worker died mid-call", now)
-                step.status = StepStatus.UNKNOWN
-                step.save(update_fields=["status"])
-                inbox().open_reconciliation(step, self.state.run.agent)
-                return self.park(
-                    events_before=[
-                        (EventType.STEP_UNKNOWN, step_event_data(step)),
-                        (
-                            EventType.APPROVAL_REQUESTED,
-                            {"step": step.index, "kind": "reconciliation"},
-                        ),
-                    ]
-                )
+            return self.outcome_unknown(step, "worker died mid-call")
         with transaction.atomic():
             self._close_attempt(step, AttemptOutcome.CRASHED, "worker died mid-call", now)
             step.status = StepStatus.PENDING
             step.save(update_fields=["status"])
             self.commit([(EventType.STEP_RECOVERED, step_event_data(step))])
         return None
+
+    def outcome_unknown(self, step: Step, why: str) -> str:
+        """Nobody can tell whether the call took effect: the step is `unknown`, a reconciliation
+        item goes to the inbox and the run waits for a person (DESIGN.md 4.5). Never guessed."""
+        with transaction.atomic():
+            self._close_attempt(step, AttemptOutcome.UNKNOWN, why, timezone.now())
+            step.status = StepStatus.UNKNOWN
+            step.save(update_fields=["status"])
+            inbox().open_reconciliation(step, self.state.run.agent)
+            return self.park(
+                events_before=[
+                    (EventType.STEP_UNKNOWN, step_event_data(step)),
+                    (EventType.APPROVAL_REQUESTED, {"step": step.index, "kind": "reconciliation"}),
+                ]
+            )
 
     def _close_attempt(self, step: Step, outcome: str, error: str, now: Any) -> None:
         StepAttempt.objects.filter(

@@ -81,3 +81,6 @@ class ExecutorHost:
 
     def back_off(self, until: Any, **why: Any) -> str:
         raise NotImplementedError
+
+    def outcome_unknown(self, step: Step, why: str) -> str:
+        raise NotImplementedError

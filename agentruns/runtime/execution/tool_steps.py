@@ -14,7 +14,14 @@ from django.utils import timezone
 
 from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepStatus
-from agentruns.registry import ApprovalRequested, Tool, ToolContext, UnknownTool, get_tool
+from agentruns.registry import (
+    ApprovalRequested,
+    OutcomeUnknown,
+    Tool,
+    ToolContext,
+    UnknownTool,
+    get_tool,
+)
 from agentruns.registry.context import stepping
 from agentruns.runtime import tracing
 from agentruns.runtime.access.permissions import needs_approval
@@ -172,6 +179,10 @@ class ToolSteps(ExecutorHost):
             pass
         if isinstance(failure, ApprovalRequested) and not step.approved:
             return self._tool_asked_approval(step, tool, attempt)
+        if isinstance(failure, OutcomeUnknown) and tool.commits_before_call:
+            # the call's connection broke after it was sent: reconciled, as after a dead worker
+            secrets = secret_values([step.arguments], self.state.run.redacted_fields(step.tool))
+            return self.outcome_unknown(step, redact_text(str(failure), secrets)[:2000])
         if failure is not None:
             return self._tool_failed(step, tool, attempt, started, failure, failure_tb)
         failpoints.hit("step_persisted", tool=step.tool, step_id=step.id)

@@ -147,22 +147,31 @@ def apply(run_id: uuid.UUID | str, change: RunChange) -> int:
     return get_store().append(run_id, change.events, set_fields=change.fields)
 
 
-def resume_parked(run_id: uuid.UUID | str, events: list[EventSpec]) -> bool:
-    """A decision resumes a parked run: waiting -> queued, rung on commit. A cancelled or
-    finished run only gets the audit `events`. Returns whether the run was resumed."""
-    now = timezone.now()
-    resumed = bool(
-        Run.objects.filter(id=run_id, status=RunStatus.WAITING).update(
-            status=RunStatus.QUEUED, enqueued_at=now
-        )
-    )
-    if resumed:
-        events = [*events, _status_event(RunStatus.QUEUED)]
-    get_store().append(run_id, events)
-    tracing.approvals_decided(run_id, events)
-    if resumed:
-        # on commit: a worker must never pick the task up before the decision is visible, and a
-        # rolled-back decision must not ring at all (the sweeper re-rings a queued run if lost)
-        transaction.on_commit(lambda: enqueue(run_id))
+# what a decision does to the run it parked (`resume_parked`'s `then`)
+RESUME, WAIT, ABORT = "resume", "wait", "abort"
+
+
+def resume_parked(
+    run_id: uuid.UUID | str, events: list[EventSpec], *, then: str = RESUME, error: str = ""
+) -> bool:
+    """A decision on a parked run, inside the decider's transaction: the audit `events`, then
+    `resume` (waiting -> queued, rung on commit; a cancelled or finished run only gets the
+    events), `wait` (the run is left as it is: a partial approval) or `abort` (waiting ->
+    failed with `error`: the decider holds the run's lock, saw it waiting and skipped the steps
+    after this one). Returns whether the run moved."""
+    moved = then == ABORT
+    change = aborted(error).after(*events) if moved else RunChange({}, events)
+    if then == RESUME:
+        waiting = Run.objects.filter(id=run_id, status=RunStatus.WAITING)
+        moved = bool(waiting.update(status=RunStatus.QUEUED, enqueued_at=timezone.now()))
+        if moved:
+            change = change.then(_status_event(RunStatus.QUEUED))
+    apply(run_id, change)
+    if then == RESUME:
+        tracing.approvals_decided(run_id, change.events)
+        if moved:
+            # on commit: a worker must never pick the task up before the decision is visible,
+            # and a rolled-back decision must not ring at all (the sweeper re-rings if lost)
+            transaction.on_commit(lambda: enqueue(run_id))
     nudge_on_commit(uuid.UUID(str(run_id)), 0, inbox=True)
-    return resumed
+    return moved

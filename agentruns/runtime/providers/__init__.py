@@ -16,22 +16,21 @@ from agentruns.runtime.providers.base import (
 
 def get_provider(model: str, agent: Any = None) -> ModelProvider:
     """`scripted`, `openai/<model name>`, any Pydantic AI model name (`openai:gpt-4o`,
-    `anthropic:...`; DESIGN.md 7), or a Pydantic AI agent's own model instance."""
+    `anthropic:...`; DESIGN.md 7, registry/model_names.py), or a Pydantic AI agent's own model
+    instance. Every model but the scripted one goes through Pydantic AI."""
     instance = getattr(agent, "model_instance", None)
     if instance is not None and model == agent.model:
         from agentruns.runtime.providers.pydantic_ai_models import PydanticAIProvider
 
         return PydanticAIProvider(instance, agent.model_settings)
-    # each provider is imported when first chosen: the OpenAI SDK alone takes a few hundred ms
+    # each provider is imported when first chosen: Pydantic AI and the OpenAI SDK take a few
+    # hundred ms, which a process serving only the scripted model never pays
     if model == "scripted" or model.startswith("scripted/"):
         from agentruns.runtime.providers.scripted import ScriptedProvider
 
         return ScriptedProvider()
-    if model.startswith("openai/"):
-        from agentruns.runtime.providers.openai_provider import OpenAIProvider
-
-        return OpenAIProvider(model.split("/", 1)[1])
-    if ":" in model or model == "test":  # "test": Pydantic AI's TestModel (calls every tool)
+    # "test": Pydantic AI's TestModel (calls every tool)
+    if model.startswith("openai/") or ":" in model or model == "test":
         from agentruns.runtime.providers.pydantic_ai_models import PydanticAIProvider
 
         return PydanticAIProvider(model, getattr(agent, "model_settings", None))

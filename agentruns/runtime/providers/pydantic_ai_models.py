@@ -1,16 +1,16 @@
 """Every model Pydantic AI speaks, as a provider of the engine (one model step per request).
 
 `AGENTRUNS_MODEL` (or an agent's own model) may be any Pydantic AI model name (`openai:gpt-4o`,
-`anthropic:...`, `google-gla:...`, `groq:...`, `mistral:...`, `bedrock:...`, `ollama:...`), and
-a Pydantic AI agent may bring its own `Model` instance (a `FunctionModel` offline). `openai:`
-names go to `OPENAI_BASE_URL` (any OpenAI-compatible server) with `OPENAI_API_KEY`; the others
-read their provider's own environment variables, as Pydantic AI does.
+`anthropic:...`, `google:...` (`google-gla:`), `groq:...`, `mistral:...`, `bedrock:...`,
+`ollama:...`; registry/model_names.py), `openai/<name>` as before, and a Pydantic AI agent may
+bring its own `Model` instance (a `FunctionModel` offline). `openai:` and `openai/` names go to
+OPENAI_BASE_URL (any OpenAI-compatible server, openai_compatible.py); the others read their
+provider's own environment variables, as Pydantic AI does.
 
 The request is streamed with `pydantic_ai.direct.model_request_stream_sync` on the executor
 thread's event loop; text deltas go out as they arrive (the executor batches them into events),
-tool calls and usage at the end. The SDK's own retries are off: a retryable error (429, 5xx, a
-broken connection or stream) is an outage the engine backs off from (runtime/outages/model_outage.py);
-the rest fail the run with the reason.
+tool calls and usage at the end. Failures are classified by model_errors.py: an outage the engine
+backs off from (runtime/outages/model_outage.py), or a verdict that fails the run with the reason.
 
 The conversation arrives as the engine's (OpenAI-style) messages rebuilt from the steps and is
 converted to Pydantic AI messages incrementally (each turn converts only its new messages).
@@ -22,7 +22,6 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from pydantic_ai import exceptions as pa_errors
 from pydantic_ai.direct import model_request_stream_sync
 from pydantic_ai.messages import (
     ModelMessage,
@@ -42,58 +41,34 @@ from pydantic_ai.messages import (
 from pydantic_ai.models import Model, ModelRequestParameters, infer_model
 from pydantic_ai.tools import ToolDefinition
 
-from agentruns.conf import conf
+from agentruns.registry.model_names import pydantic_ai_name
+from agentruns.runtime.providers import openai_compatible
 from agentruns.runtime.providers.base import ModelError, ModelRequest, TextDelta, ToolCall, Usage
-
-OPENAI_PREFIXES = ("openai:", "openai-chat:")
+from agentruns.runtime.providers.model_errors import model_error
 
 
 def build_model(name: str) -> Model:
-    """A Pydantic AI model for a model name; ModelError (fatal) when it cannot be built."""
+    """A Pydantic AI model for a model name; ModelError (fatal) when it cannot be built (an SDK
+    extra, a key or a base URL missing: registration and start-up refuse the first already)."""
+    resolved = pydantic_ai_name(name)
     try:
-        if name.startswith(OPENAI_PREFIXES):
-            from openai import AsyncOpenAI
-            from pydantic_ai.models.openai import OpenAIChatModel
-            from pydantic_ai.providers.openai import OpenAIProvider
-
-            client = AsyncOpenAI(
-                base_url=conf.OPENAI_BASE_URL,
-                api_key=conf.OPENAI_API_KEY or "unset",
-                max_retries=0,  # the engine retries, as attempts
-                timeout=conf.OPENAI_TIMEOUT_SECONDS or None,
-            )
-            return OpenAIChatModel(
-                name.split(":", 1)[1], provider=OpenAIProvider(openai_client=client)
-            )
-        return infer_model(name)
+        if resolved.startswith(openai_compatible.PREFIXES):
+            return openai_compatible.openai_model(resolved)
+        return infer_model(resolved)
     except Exception as exc:  # unknown provider, missing SDK or key
         raise ModelError(f"cannot use model {name!r}: {exc}", retryable=False) from exc
 
 
-def model_error(exc: Exception) -> ModelError:
-    """Retryable (rate limit, server error, connection, broken stream: an outage the run backs
-    off from, runtime/outages/model_outage.py, honouring the provider's Retry-After) or fatal, with the
-    reason."""
-    retry_after = getattr(exc, "retry_after", None)
-    if isinstance(exc, pa_errors.ModelHTTPError):
-        status = exc.status_code
-        body = str(exc.body or "")[:500]
-        if status == 429 and "insufficient_quota" not in body:
-            return ModelError(
-                f"rate limited (HTTP 429): {body}", retryable=True, retry_after=retry_after
-            )
-        if status >= 500 or status in (408, 409):
-            return ModelError(
-                f"model server error (HTTP {status}): {body}",
-                retryable=True,
-                retry_after=retry_after,
-            )
-        return ModelError(f"model request refused (HTTP {status}): {body}", retryable=False)
-    if isinstance(exc, pa_errors.ModelAPIError | pa_errors.UnexpectedModelBehavior):
-        return ModelError(f"model unavailable: {exc}", retryable=True, retry_after=retry_after)
-    if isinstance(exc, OSError | TimeoutError):
-        return ModelError(f"model unreachable: {exc!r}", retryable=True)
-    return ModelError(f"model error: {exc!r}", retryable=False)
+def _arguments(part: ToolCallPart) -> str:
+    """The call's arguments as the model produced them: broken JSON stays broken (the engine
+    feeds the parse error back), where `args_as_json_str` would wrap it as INVALID_JSON."""
+    if isinstance(part.args, str):
+        return part.args
+    return json.dumps(part.args or {})
+
+
+def _estimate_tokens(text: str) -> int:
+    return max(1, len(text) // 4) if text else 0
 
 
 def _tool_result(message: dict, tool_name: str) -> ToolReturnPart:
@@ -185,6 +160,9 @@ class PydanticAIProvider:
         self._model = model
         self.settings = settings
         self._messages = _Converted()
+        self._openai = isinstance(model, str) and pydantic_ai_name(model).startswith(
+            openai_compatible.PREFIXES
+        )
 
     @property
     def model(self) -> Model:
@@ -192,39 +170,60 @@ class PydanticAIProvider:
             self._model = build_model(self._model)
         return self._model
 
+    def _settings(self) -> dict | None:
+        if not self._openai:
+            return self.settings
+        options = openai_compatible.request_options()
+        if not options:
+            return self.settings
+        settings = dict(self.settings or {})
+        settings["extra_body"] = {**options, **(settings.get("extra_body") or {})}
+        return settings
+
     def stream(self, request: ModelRequest) -> Iterator[TextDelta | ToolCall | Usage]:
         messages = self._messages.messages(request.messages)
         params = ModelRequestParameters(
             function_tools=_tool_definitions(request.tools), allow_text_output=True
         )
+        text: list[str] = []
         try:
             with model_request_stream_sync(
                 self.model,
                 messages,
-                model_settings=self.settings,
+                model_settings=self._settings(),
                 model_request_parameters=params,
                 instrument=False,
             ) as stream:
                 for event in stream:
+                    delta = ""
                     if isinstance(event, PartStartEvent) and isinstance(event.part, TextPart):
-                        if event.part.content:
-                            yield TextDelta(event.part.content)
+                        delta = event.part.content
                     elif isinstance(event, PartDeltaEvent) and isinstance(
                         event.delta, TextPartDelta
                     ):
-                        if event.delta.content_delta:
-                            yield TextDelta(event.delta.content_delta)
+                        delta = event.delta.content_delta
+                    if delta:
+                        text.append(delta)
+                        yield TextDelta(delta)
                 response = stream.response
         except ModelError:
             raise
         except Exception as exc:
-            raise model_error(exc) from exc
-        for part in response.parts:
-            if isinstance(part, ToolCallPart):
-                yield ToolCall(
-                    id=part.tool_call_id, name=part.tool_name, arguments=part.args_as_json_str()
-                )
-        yield Usage(
+            raise model_error(exc, openai_compatible.endpoint() if self._openai else None) from exc
+        calls = [part for part in response.parts if isinstance(part, ToolCallPart)]
+        for part in calls:
+            yield ToolCall(id=part.tool_call_id, name=part.tool_name, arguments=_arguments(part))
+        usage = Usage(
             prompt_tokens=response.usage.input_tokens or 0,
             completion_tokens=response.usage.output_tokens or 0,
         )
+        if not (usage.prompt_tokens or usage.completion_tokens):
+            # a server that reports no usage: estimate, so the token and cost budgets still work
+            usage = Usage(
+                prompt_tokens=sum(
+                    _estimate_tokens(str(m.get("content") or "")) for m in request.messages
+                ),
+                completion_tokens=_estimate_tokens("".join(text))
+                + sum(_estimate_tokens(_arguments(part)) for part in calls),
+            )
+        yield usage

@@ -1,9 +1,8 @@
-"""The runtime's side of the inbox: park a step for a human, withdraw it, expire it.
+"""The runtime's side of the inbox: park a step for a human, withdraw it.
 
 Called through the runtime's inbox port (inbox.py): by the executor (open an approval or a
-reconciliation), by cancelling (withdraw) and by the sweeper (expire). Staff decisions live in
-`services.py`; both use the compare-and-set `settle` here, so "first decision wins" is one rule
-whoever decides.
+reconciliation, and check an approved call's arguments right before it runs) and by cancelling
+(withdraw). Decisions, the sweeper's expiry among them, are outcomes.py's.
 """
 
 from __future__ import annotations
@@ -13,18 +12,14 @@ import json
 from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
 from django.utils import timezone
 
 from agentruns.conf import conf
 from agentruns.models import Run, Step
 from agentruns.registry.deployed import approvals_required
-from agentruns.runtime.execution.transitions import resume_parked
 from agentruns.runtime.store.nudges import nudge_on_commit
 from agentruns.runtime.values.timestamps import iso
-from approvals.decisions import decided_event
-from approvals.errors import AlreadyDecided, DecisionError
-from approvals.escalation import due_at_for
+from approvals.domain.escalation import due_at_for
 from approvals.models import Approval, ApprovalKind, ApprovalStatus, MailNotice
 from approvals.notifications import outbox
 
@@ -151,69 +146,3 @@ def withdraw_approvals(run: Run, *, reason: str) -> list[int]:
             outbox.record(outbox.APPROVAL_WITHDRAWN, approval=approval, run=run)
         nudge_on_commit(run.id, 0, inbox=True)
     return ids
-
-
-# ------------------------------------------------------------------ first decision wins
-def settle(approval_id: int, kind: str, user: Any, **changes: Any) -> Approval:
-    """Compare-and-set pending -> decided; the loser gets AlreadyDecided.
-
-    The conditional UPDATE is the arbiter: on PostgreSQL a concurrent decider blocks on the row
-    lock, re-reads `status` after the winner commits, matches nothing and loses.
-    """
-    won = Approval.objects.filter(id=approval_id, kind=kind, status=ApprovalStatus.PENDING).update(
-        decided_by=user if getattr(user, "is_authenticated", False) else None,
-        decided_at=timezone.now(),
-        **changes,
-    )
-    approval = Approval.objects.select_related("step", "run", "decided_by").get(id=approval_id)
-    if not won:
-        refuse_if_decided(approval, kind)
-    outbox.record(outbox.APPROVAL_DECIDED, approval=approval)
-    return approval
-
-
-def refuse_if_decided(approval: Approval, kind: str) -> None:
-    if approval.status != ApprovalStatus.PENDING:
-        raise AlreadyDecided(approval)
-    if approval.kind != kind:
-        raise DecisionError(f"this item is {_a(approval.kind)}, not {_a(kind)}", code="wrong_kind")
-
-
-def _a(noun: str) -> str:
-    return f"an {noun}" if noun[:1] in "aeiou" else f"a {noun}"
-
-
-def reject_parked(
-    approval_id: int, *, user: Any, reason: str, status: str = ApprovalStatus.REJECTED
-) -> Approval:
-    """Settle as rejected (or expired); the agent receives `{"error": "rejected", "reason": ...}`
-    as the tool's result, so it can tell the customer why. Inside the caller's transaction."""
-    approval = settle(approval_id, ApprovalKind.APPROVAL, user, status=status, reason=reason)
-    approval.step.reject(reason)
-    resume_parked(
-        approval.run_id,
-        [decided_event(approval, user, str(status), requested=approval.visible_args())],
-    )
-    return approval
-
-
-def expire_due_approvals(now: Any = None) -> int:
-    """Called by the sweeper: pending approvals past their expiry are rejected as "expired".
-
-    Runs in every sweeper at once without harm: each item is claimed by the compare-and-set.
-    """
-    now = now or timezone.now()
-    due = Approval.objects.filter(
-        status=ApprovalStatus.PENDING, kind=ApprovalKind.APPROVAL, expires_at__lte=now
-    ).values_list("id", flat=True)[:200]
-    expired = 0
-    for approval_id in list(due):
-        try:
-            with transaction.atomic():
-                reject_parked(
-                    approval_id, user=None, reason="expired", status=ApprovalStatus.EXPIRED
-                )
-            expired += 1
-        except AlreadyDecided:
-            pass  # a person (or another sweeper) decided first
-    return expired

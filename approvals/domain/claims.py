@@ -18,9 +18,9 @@ from django.utils import timezone
 
 from agentruns.conf import conf
 from agentruns.runtime.store.nudges import nudge_on_commit
+from approvals.domain.policy import check_may_decide
 from approvals.errors import AlreadyDecided, ClaimedByOther
 from approvals.models import Approval, ApprovalStatus
-from approvals.policy import check_may_decide
 
 
 def _load(approval_id: int) -> Approval:

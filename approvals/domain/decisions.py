@@ -14,7 +14,7 @@ edit being one), so a decision names what the person saw. A decision on an older
 nothing (`StaleProposal`, a 409 with the current proposal, in every door). Without a version
 (the JSON API only) a decision is accepted only while nobody has edited the arguments.
 
-The caller holds the approval row's lock (`services.approve` / `reject`), so two approvers
+The caller holds the approval row's lock (`services.decide`), so two approvers
 racing for the last approval are serialised: the second sees the item approved and loses.
 """
 
@@ -26,30 +26,10 @@ from typing import Any
 from django.utils import timezone
 
 from agentruns.registry.edits import same_value
-from agentruns.runtime.events import EventSpec, EventType
-from agentruns.runtime.execution.transitions import RunChange, apply
-from agentruns.runtime.store.nudges import nudge_on_commit
 from agentruns.runtime.values.ids import actor_name
 from agentruns.runtime.values.timestamps import iso
-from approvals.errors import StaleProposal
+from approvals.domain.policy import is_edit
 from approvals.models import Approval, ApprovalDecision, DecisionKind
-from approvals.policy import is_edit
-
-
-def was_edited(approval: Approval) -> bool:
-    """Has anybody changed the arguments of this item (then every decision must name a version)?"""
-    return approval.decisions.filter(edited=True).exists()
-
-
-def check_version(approval: Approval, version: int | None) -> None:
-    """The decision is on the current proposal (see the module docstring); the caller holds the
-    row lock, so the version cannot move before the decision is recorded."""
-    if version is None:
-        if was_edited(approval):
-            raise StaleProposal(approval, None)
-        return
-    if version != approval.version:
-        raise StaleProposal(approval, version)
 
 
 @dataclass
@@ -74,7 +54,7 @@ def _row(approval: Approval, user: Any, decision: str, **fields: Any) -> Approva
 def record_approval(
     approval: Approval, user: Any, args: dict, reason: str, required: int
 ) -> Progress:
-    """Count `user`'s approval of `args` (checked by approvals.policy), which need `required`
+    """Count `user`'s approval of `args` (checked by approvals.domain.policy), which need `required`
     approvers (the tool's `approvals_required`); saves the counters."""
     restarted = is_edit(approval, args)
     if restarted:
@@ -105,32 +85,6 @@ def approvers(approval: Approval) -> list[dict]:
     ]
 
 
-def announce_progress(approval: Approval, user: Any, progress: Progress) -> None:
-    """A partial approval: on the run's timeline (`approval.given`) and the inbox, live; the
-    run stays parked."""
-    requested, proposal = approval.visible_args(), approval.redacted(approval.effective_args)
-    data = {
-        "approval": approval.id,
-        "kind": approval.kind,
-        "step": approval.step.index,
-        "tool": approval.tool,
-        "decision": "approved",
-        "by": actor_name(user),
-        "at": iso(progress.decision.decided_at),
-        "reason": progress.decision.reason,
-        "given": approval.approvals_given,
-        "required": approval.approvals_required,
-        "round": approval.round,
-        "version": approval.version,
-        "restarted": progress.restarted,
-        "diff": args_diff(requested, proposal),
-        # the whole proposal as it now is (redacted): the chat re-asks with it
-        "arguments": proposal,
-    }
-    apply(approval.run_id, RunChange({}, [(EventType.APPROVAL_GIVEN, data)]))
-    nudge_on_commit(approval.run_id, 0, inbox=True)
-
-
 def payload(approval: Approval) -> dict:
     """The two-person fields of an approval, for the API (decisions prefetched or not)."""
     return {
@@ -155,27 +109,10 @@ def payload(approval: Approval) -> dict:
     }
 
 
-# ------------------------------------------------------------------ the audit event
+# ------------------------------------------------------------------ the audit event's diff
 def args_diff(before: dict, after: dict) -> dict:
     return {
         k: {"from": before.get(k), "to": after.get(k)}
         for k in sorted(set(before) | set(after))
         if before.get(k) != after.get(k)
     }
-
-
-def decided_event(approval: Approval, user: Any, decision: str, **extra: Any) -> EventSpec:
-    return (
-        EventType.APPROVAL_DECIDED,
-        {
-            "approval": approval.id,
-            "kind": approval.kind,
-            "step": approval.step.index,
-            "tool": approval.tool,
-            "decision": decision,
-            "by": actor_name(user),
-            "at": iso(approval.decided_at),
-            "reason": approval.reason,
-            **extra,
-        },
-    )

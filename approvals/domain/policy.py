@@ -19,11 +19,12 @@ from typing import Any
 
 from agentruns.conf import conf
 from agentruns.registry import Tool
+from agentruns.registry.deployed import deployed_tool
 from agentruns.registry.edits import EditRefused, same_value
 from agentruns.runtime.values.ids import actor_name
 from agentruns.runtime.values.money import format_cents
 from agentruns.runtime.values.redaction import MASK
-from approvals.errors import AlreadyGiven, DecisionError, EditNotAllowed, NotAllowed
+from approvals.errors import AlreadyGiven, DecisionError, EditNotAllowed, NotAllowed, NotRunnable
 from approvals.models import Approval
 
 DECIDE_PERMISSION = "approvals.decide_approval"
@@ -66,22 +67,44 @@ def check_may_approve(approval: Approval, user: Any) -> None:
         )
 
 
-def proposed_args(approval: Approval, edited: Any, tool: Tool) -> dict:
-    """The arguments this approver approves: the current proposal with `edited` laid over it,
-    checked against the deployed `tool`'s edit policy (relative to what the agent requested)."""
+def check_approval(approval: Approval, user: Any, edited: Any) -> tuple[dict, Tool]:
+    """May `user` approve `approval`, with `edited` laid over its current proposal? Returns the
+    arguments approved and the deployed tool. The deployed code is asked everything at once (can
+    the call run; does the edit keep to the tool's policy and schema); the rules are then applied
+    in their order: the call can run (409), the starter and once per round (403, 409), the edit
+    (422 when it is no JSON object, 400 outside the policy), the approver's limit (403)."""
+    args = _proposal(approval, edited)
+    tool, why = deployed_tool(approval.agent, approval.tool, approval.effective_args)
+    refused: EditRefused | None = None
+    if tool is not None and not why and args is not None and edited not in (None, {}):
+        # the edit against the tool's policy, relative to what the agent requested: a refusal
+        # is kept, to be raised in its turn
+        try:
+            args = tool.check_edit(approval.requested_args, args)
+        except EditRefused as exc:
+            refused = exc
+    if why or tool is None:
+        raise NotRunnable(why, code="not_runnable")
+    check_may_approve(approval, user)
+    if args is None:
+        raise DecisionError("edited arguments must be a JSON object")
+    if refused is not None:
+        raise EditNotAllowed(refused.field, refused.rule, f"edit refused: {refused}")
+    check_limit(approval, user, args, tool)
+    return args, tool
+
+
+def _proposal(approval: Approval, edited: Any) -> dict | None:
+    """The current proposal with `edited` laid over it (None: `edited` is no JSON object)."""
     current = approval.effective_args
     if edited is None or edited == {}:
         return current
     if not isinstance(edited, dict):
-        raise DecisionError("edited arguments must be a JSON object")
+        return None
     hidden = set(approval.hidden_fields)
     # an echo of the masked value of a field the approver never saw is not an edit
     edited = {k: v for k, v in edited.items() if not (k in hidden and v == MASK)}
-    merged = {**current, **edited}
-    try:
-        return tool.check_edit(approval.requested_args, merged)
-    except EditRefused as exc:
-        raise EditNotAllowed(exc.field, exc.rule, f"edit refused: {exc}") from None
+    return {**current, **edited}
 
 
 def _user_groups(user: Any) -> set[str]:

@@ -1,0 +1,114 @@
+"""`openai:` / `openai/` models: Pydantic AI's OpenAI Chat Completions model on OPENAI_BASE_URL.
+
+Any OpenAI-compatible server (OpenAI, vLLM, Ollama, LM Studio, OpenRouter) with OPENAI_API_KEY
+(local servers ignore it; the SDK insists on one). The SDK's own retries stay on
+(`OPENAI_MAX_RETRIES`, exponential, honouring `Retry-After`) inside one model attempt: a 429 or
+5xx before anything streamed re-sends the same request, which has no effect to repeat; what
+persists is an outage for the engine (model_errors.py). `OPENAI_TIMEOUT_SECONDS` is the
+wait between bytes. `OPENAI_REQUEST_OPTIONS` (a JSON object) is merged into every request body
+(`extra_body`), unvalidated, so server-specific knobs (vLLM's `top_k`, Ollama's `options`) work.
+
+One client (one keep-alive pool) per process, thread and configuration: the async client's pool
+belongs to the event loop of the executor thread that streams through it, and q2 forks workers,
+so a client is never shared across a fork or a loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from openai import AsyncOpenAI
+from pydantic_ai.models.openai import OpenAIChatModel
+from pydantic_ai.providers.openai import OpenAIProvider
+
+from agentruns.conf import conf
+from agentruns.runtime.providers.base import ModelError
+
+PLACEHOLDER_KEY = "not-set"
+PREFIXES = ("openai:", "openai-chat:")
+# the provider owns these: the conversation, the tools and the streaming protocol
+OWNED_FIELDS = ("model", "messages", "tools", "stream", "stream_options")
+
+_local = threading.local()
+
+
+def thread_loop() -> asyncio.AbstractEventLoop:
+    """This thread's event loop, made current (the one `model_request_stream_sync` runs on)."""
+    try:
+        loop = asyncio.get_event_loop_policy().get_event_loop()
+    except RuntimeError:
+        loop = None
+    if loop is None or loop.is_closed():
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+    return loop
+
+
+def _config() -> tuple:
+    return (
+        os.getpid(),
+        thread_loop(),
+        conf.OPENAI_BASE_URL,
+        conf.OPENAI_API_KEY,
+        conf.OPENAI_TIMEOUT_SECONDS,
+        conf.OPENAI_MAX_RETRIES,
+    )
+
+
+def openai_model(name: str) -> OpenAIChatModel:
+    """The Chat Completions model for `openai:<model>` at OPENAI_BASE_URL, kept per thread with
+    its client (building one costs more than a streamed chunk)."""
+    config = _config()
+    if getattr(_local, "config", None) != config:
+        _local.config, _local.client, _local.models = config, _new_client(), {}
+    model = _local.models.get(name)
+    if model is None:
+        model = OpenAIChatModel(
+            name.split(":", 1)[1], provider=OpenAIProvider(openai_client=_local.client)
+        )
+        _local.models[name] = model
+    return model
+
+
+def _new_client() -> AsyncOpenAI:
+    return AsyncOpenAI(
+        base_url=conf.OPENAI_BASE_URL,
+        api_key=conf.OPENAI_API_KEY or PLACEHOLDER_KEY,
+        timeout=conf.OPENAI_TIMEOUT_SECONDS or None,
+        max_retries=conf.OPENAI_MAX_RETRIES,
+    )
+
+
+def endpoint() -> str:
+    """The base URL without any user:password part, safe to put in an error message."""
+    parts = urlsplit(conf.OPENAI_BASE_URL)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def request_options() -> dict[str, Any]:
+    """OPENAI_REQUEST_OPTIONS as a dict (e.g. `{"temperature": 0, "max_tokens": 1024}`)."""
+    raw = conf.OPENAI_REQUEST_OPTIONS
+    if isinstance(raw, dict):
+        options = dict(raw)
+    elif not raw.strip():
+        return {}
+    else:
+        try:
+            options = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ModelError(
+                f"OPENAI_REQUEST_OPTIONS is not valid JSON: {exc}", retryable=False
+            ) from None
+    if not isinstance(options, dict):
+        raise ModelError("OPENAI_REQUEST_OPTIONS must be a JSON object", retryable=False)
+    for owned in OWNED_FIELDS:
+        options.pop(owned, None)
+    return options

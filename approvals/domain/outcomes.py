@@ -1,0 +1,262 @@
+"""Deciding an item, and what the decision does to its run: ONE call down to the runtime.
+
+First decision wins: `check_open` (still pending, of the kind decided, on the current version:
+decisions.py says how versions work) and the compare-and-set `settle`. Each decision (approved,
+rejected, expired by the sweeper, reconciled, and a partial approval of a two-person item)
+changes the item and its step here and ends in an `Outcome`: the settled item, what the audit
+event says, and what becomes of the parked run (`then`: resumed, left waiting, or ended). The
+event data is built once, at the end, from the settled item (its arguments redacted as people
+see them), and `carry_out` hands the events and `then` to the runtime's `resume_parked`, inside
+the decider's transaction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from agentruns.models import Run, RunStatus, Step, StepStatus
+from agentruns.runtime.events import EventSpec, EventType
+from agentruns.runtime.execution.transitions import ABORT, RESUME, WAIT, resume_parked
+from agentruns.runtime.values.ids import actor_name
+from agentruns.runtime.values.timestamps import iso
+from approvals.domain.decisions import (
+    Progress,
+    approvers,
+    args_diff,
+    record_approval,
+    record_rejection,
+)
+from approvals.domain.parking import withdraw_approvals
+from approvals.domain.policy import check_approval
+from approvals.errors import AlreadyDecided, DecisionError, StaleProposal
+from approvals.models import Approval, ApprovalKind, ApprovalStatus
+from approvals.notifications import outbox
+
+APPROVED = "approved"
+
+
+@dataclass
+class Outcome:
+    approval: Approval  # as settled (or, for a partial approval, as recorded)
+    user: Any  # who decided (None: the system)
+    decision: str  # the audit event's: approved, rejected, expired, "reconciled: retry"...
+    then: str = RESUME  # the runtime's resume_parked: resume, wait (left as it is) or abort
+    error: str = ""  # why the run ends (abort)
+    args: Any = None  # the approved arguments (approved)
+    edited: bool = False  # an approver changed the arguments (approved)
+    extra: dict[str, Any] = field(default_factory=dict)  # more event fields (a reconciliation)
+    after: list[EventSpec] = field(default_factory=list)  # (items withdrawn as the run aborts)
+    progress: Progress | None = None  # a partial approval: its `approval.given` event instead
+
+    def events(self) -> list[EventSpec]:
+        """The run's timeline entries for this decision (arguments as people may see them)."""
+        approval, given = self.approval, self.progress
+        counted = approvers(approval) if self.decision == APPROVED and given is None else []
+        shown = approval.effective_args if given is not None else self.args
+        requested, proposal = approval.visible_args(), approval.redacted(shown)
+        diff = args_diff(requested, proposal) if given is not None or self.edited else {}
+        data: dict[str, Any] = {
+            "approval": approval.id,
+            "kind": approval.kind,
+            "step": approval.step.index,
+            "tool": approval.tool,
+            "decision": self.decision,
+            "by": actor_name(self.user),
+        }
+        if given is not None:
+            # a partial approval: the run stays parked; the chat re-asks with the whole proposal
+            data |= {
+                "at": iso(given.decision.decided_at),
+                "reason": given.decision.reason,
+                "given": approval.approvals_given,
+                "required": approval.approvals_required,
+                "round": approval.round,
+                "version": approval.version,
+                "restarted": given.restarted,
+                "diff": diff,
+                "arguments": proposal,
+            }
+            return [(EventType.APPROVAL_GIVEN, data)]
+        data |= {"at": iso(approval.decided_at), "reason": approval.reason}
+        if self.decision == APPROVED:
+            data |= {
+                "requested": requested,
+                "approved": proposal,
+                "diff": diff,
+                "edited": self.edited,
+                "approvals": counted,
+            }
+        elif approval.kind == ApprovalKind.RECONCILIATION:
+            data |= {"resolution": self.extra["resolution"], "requested": requested}
+            data["result"] = self.extra["result"]
+        else:
+            data["requested"] = requested
+        return [(EventType.APPROVAL_DECIDED, data), *self.after]
+
+    def carry_out(self) -> bool:
+        """The one call down: the events and what becomes of the run. Whether the run moved."""
+        events = self.events()
+        return resume_parked(self.approval.run_id, events, then=self.then, error=self.error)
+
+
+# ------------------------------------------------------------------ first decision wins
+def check_open(approval: Approval, kind: str, version: int | None = None) -> None:
+    """The item can take this decision: still pending (else `AlreadyDecided`, naming who decided:
+    a late click must learn that, not that its edits are invalid), of this `kind`, and (for an
+    approval) decided on its current proposal: `version` as decisions.py's docstring says. The
+    caller holds the row lock, so the version cannot move before the decision is recorded."""
+    if approval.status != ApprovalStatus.PENDING:
+        raise AlreadyDecided(approval)
+    if approval.kind != kind:
+        raise DecisionError(f"this item is {_a(approval.kind)}, not {_a(kind)}", code="wrong_kind")
+    if kind != ApprovalKind.APPROVAL:
+        return
+    if version is None:
+        # has anybody changed the arguments of this item (then every decision must name one)?
+        if approval.decisions.filter(edited=True).exists():
+            raise StaleProposal(approval, None)
+        return
+    if version != approval.version:
+        raise StaleProposal(approval, version)
+
+
+def _a(noun: str) -> str:
+    return f"an {noun}" if noun[:1] in "aeiou" else f"a {noun}"
+
+
+def settle(approval: Approval, kind: str, user: Any, **changes: Any) -> Approval:
+    """First decision wins: compare-and-set pending -> decided on the row, mirrored on
+    `approval`; the loser gets AlreadyDecided (or wrong_kind) and nothing changes.
+
+    The conditional UPDATE is the arbiter: on PostgreSQL a concurrent decider blocks on the row
+    lock, re-reads `status` after the winner commits, matches nothing and loses.
+    """
+    changes |= {
+        "decided_by": user if getattr(user, "is_authenticated", False) else None,
+        "decided_at": timezone.now(),
+    }
+    won = Approval.objects.filter(id=approval.id, kind=kind, status=ApprovalStatus.PENDING).update(
+        **changes
+    )
+    if not won:
+        approval.refresh_from_db()
+        check_open(approval, kind)
+    for name, value in changes.items():
+        setattr(approval, name, value)
+    outbox.record(outbox.APPROVAL_DECIDED, approval=approval)
+    return approval
+
+
+# ------------------------------------------------------------------ each decision
+def approved(current: Approval, user: Any, edited_args: dict | None, reason: str) -> Outcome:
+    """The step keeps its idempotency key and runs with the approved arguments; the requested
+    ones stay on the approval, the full approved set goes to `edited_args` when it differs."""
+    args, tool = check_approval(current, user, edited_args)
+    progress = record_approval(current, user, args, reason, tool.approvals_for(args))
+    if not progress.complete:
+        return partial(current, user, progress)
+    edited = current.edited_args
+    settle(current, ApprovalKind.APPROVAL, user, status=ApprovalStatus.APPROVED, reason=reason)
+    step = current.step
+    step.arguments, step.approved, step.status = args, True, StepStatus.PENDING
+    step.save(update_fields=["arguments", "approved", "status"])
+    return Outcome(current, user, APPROVED, args=args, edited=edited is not None)
+
+
+def reconciled(approval: Approval, user: Any, resolution: str, result: Any, reason: str) -> Outcome:
+    """Staff say what happened to a call whose outcome is unknown (DESIGN.md 4.4).
+
+    happened: the step succeeds with the given result (or a marker) and the run continues;
+    retry: the step runs again (same idempotency key); abort: the run fails, nothing more runs.
+    """
+    who = actor_name(user) or "staff"
+    happened = result if resolution == "happened" else None
+    settle(
+        approval,
+        ApprovalKind.RECONCILIATION,
+        user,
+        status=ApprovalStatus.RESOLVED,
+        resolution=resolution,
+        resolution_result=happened,
+        reason=reason,
+    )
+    step, now = approval.step, timezone.now()
+    run = Run.objects.select_for_update().get(id=approval.run_id)
+    outcome = Outcome(
+        approval,
+        user,
+        f"reconciled: {resolution}",
+        extra={"resolution": resolution, "result": happened},
+    )
+    if resolution == "happened":
+        step.status, step.finished_at = StepStatus.SUCCEEDED, now
+        step.result = (
+            result if result is not None else {"reconciled": True, "happened": True, "by": who}
+        )
+        step.error = f"outcome unknown; {who} confirmed it happened"
+    elif resolution == "retry":
+        step.status, step.finished_at = StepStatus.PENDING, None
+        step.error = f"outcome unknown; {who} confirmed it did not happen, retrying"
+    else:
+        step.status, step.finished_at = StepStatus.FAILED, now
+        step.error = f"aborted by {who}: outcome unknown"
+    step.save(update_fields=["status", "result", "finished_at", "error"])
+    if resolution != "abort":
+        return outcome
+    # abort: the run ends here; steps planned after this one never run
+    Step.objects.filter(
+        run=run,
+        index__gt=step.index,
+        status__in=[StepStatus.PENDING, StepStatus.WAITING_APPROVAL, StepStatus.UNKNOWN],
+    ).update(status=StepStatus.SKIPPED, finished_at=now)
+    withdrawn = withdraw_approvals(run, reason=f"run aborted by {who}")
+    outcome.after = [(EventType.APPROVAL_WITHDRAWN, {"approval": a}) for a in withdrawn]
+    outcome.error = f"aborted by {who} after an unknown outcome of {step.tool}"
+    # (a run cancelled meanwhile only gets the audit events)
+    outcome.then = ABORT if run.status == RunStatus.WAITING else WAIT
+    return outcome
+
+
+def rejected(
+    approval: Approval, user: Any, reason: str, status: str = ApprovalStatus.REJECTED
+) -> Outcome:
+    """Settle as rejected (or expired); the agent receives `{"error": "rejected", "reason": ...}`
+    as the tool's result, so it can tell the customer why. Inside the caller's transaction."""
+    settle(approval, ApprovalKind.APPROVAL, user, status=status, reason=reason)
+    approval.step.reject(reason)
+    if status == ApprovalStatus.REJECTED:  # a person's decision (an expiry is nobody's): its row
+        record_rejection(approval, user, reason)
+    return Outcome(approval, user, str(status))
+
+
+def partial(approval: Approval, user: Any, progress: Progress) -> Outcome:
+    """A partial approval: on the run's timeline (`approval.given`) and the inbox, live; the
+    run stays parked."""
+    return Outcome(approval, user, APPROVED, then=WAIT, progress=progress)
+
+
+def expire_due_approvals(now: Any = None) -> int:
+    """Called by the sweeper: pending approvals past their expiry are rejected as "expired".
+
+    Runs in every sweeper at once without harm: each item is claimed by the compare-and-set.
+    """
+    now = now or timezone.now()
+    due = Approval.objects.filter(
+        status=ApprovalStatus.PENDING, kind=ApprovalKind.APPROVAL, expires_at__lte=now
+    ).values_list("id", flat=True)[:200]
+    expired = 0
+    for approval_id in list(due):
+        try:
+            with transaction.atomic():
+                approval = Approval.objects.select_related("step", "run", "decided_by").get(
+                    id=approval_id
+                )
+                rejected(approval, None, "expired", ApprovalStatus.EXPIRED).carry_out()
+            expired += 1
+        except AlreadyDecided:
+            pass  # a person (or another sweeper) decided first
+    return expired

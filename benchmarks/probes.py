@@ -1,0 +1,101 @@
+"""Timestamps at the hand-offs of a run's start, recorded inside the real processes without
+changing the engine: `python -m benchmarks.probes web|worker ARGS...` installs wrappers around
+a few engine methods, then runs daphne (`config.serve ARGS`) or `manage.py qcluster` as usual.
+q2 forks its workers from the process that installed them, so they carry the wrappers too.
+
+Every wrapped call appends one JSON line `{"at": "<point>", "run": "<id>", "t": <epoch s>, ...}`
+to $PROBE_FILE (one O_APPEND write per line: lines of concurrent processes never interleave).
+Used by `benchmarks/profile_worker.py`; each wrapper costs a few microseconds.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+_fd: int | None = None
+
+
+def record(at: str, run: object = "", **extra: object) -> None:
+    global _fd
+    if _fd is None:
+        _fd = os.open(os.environ["PROBE_FILE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    line = {"at": at, "run": str(run), "t": time.time(), "pid": os.getpid(), **extra}
+    os.write(_fd, (json.dumps(line) + "\n").encode())
+
+
+def wrap(owner: Any, name: str, before: str = "", after: str = "", run_of=None) -> None:
+    """Record `before` on entry and `after` on return of owner.name; `run_of(args)` names the
+    run (default: the instance's run_id)."""
+    original: Callable = getattr(owner, name)
+    run_of = run_of or (lambda args: getattr(args[0], "run_id", ""))
+
+    @functools.wraps(original)
+    def probed(*args: Any, **kwargs: Any) -> Any:
+        run = run_of(args)
+        if before:
+            record(before, run, cpu=time.thread_time())
+        result = original(*args, **kwargs)
+        if after:
+            record(after, run, cpu=time.thread_time(), result=str(result)[:40])
+        return result
+
+    setattr(owner, name, probed)
+
+
+def install_web() -> None:
+    from agentruns.runtime.store.postgres import PostgresStore
+    from agentruns.services import start
+
+    wrap(PostgresStore, "create_run", "insert", "inserted", run_of=lambda a: a[1].id)
+    wrap(start, "enqueue", "", "doorbell", run_of=lambda a: a[0])
+
+
+def install_worker() -> None:
+    from agentruns.runtime.dispatch.broker import DoorbellBroker
+    from agentruns.runtime.execution.executor import RunExecutor
+    from agentruns.runtime.workers.pool import RunPool
+
+    original = DoorbellBroker.dequeue
+
+    def dequeue(self: DoorbellBroker) -> Any:
+        tasks = original(self)
+        if tasks:
+            record("dequeued", n=len(tasks))
+        return tasks
+
+    DoorbellBroker.dequeue = dequeue
+    # "started", or "requeued" when the process had no free slot (the doorbell rings again)
+    wrap(RunPool, "hand_over", "hand_over", "handed", run_of=lambda a: a[1])
+    wrap(RunExecutor, "claim", "claim", "claimed")
+    wrap(RunExecutor, "advance", "advance", "advanced")
+    wrap(RunExecutor, "_stream_model", "model_call")
+    wrap(RunExecutor, "tool_step", "tool_call")
+
+
+def main() -> None:
+    role, args = sys.argv[1], sys.argv[2:]
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    import django
+
+    django.setup()
+    if role == "web":
+        install_web()
+        import runpy
+
+        sys.argv = ["config.serve", *args]
+        runpy.run_module("config.serve", run_name="__main__", alter_sys=True)
+    else:
+        install_worker()
+        from django.core.management import execute_from_command_line
+
+        execute_from_command_line(["manage.py", "qcluster", *args])
+
+
+if __name__ == "__main__":
+    main()
