@@ -46,6 +46,7 @@ from agentruns.runtime.execution import transitions
 from agentruns.runtime.execution.cancel import cancel_run, withdraw_unrun_work
 from agentruns.runtime.execution.conversation import Conversation
 from agentruns.runtime.execution.model_steps import ModelSteps, RunFailed
+from agentruns.runtime.execution.slice_state import SliceState
 from agentruns.runtime.execution.tool_steps import ToolSteps
 from agentruns.runtime.execution.transitions import ActionRefused, RunChange
 from agentruns.runtime.inbox import inbox
@@ -60,6 +61,7 @@ log = logging.getLogger(__name__)
 
 
 class RunExecutor(ModelSteps, ToolSteps):
+    # `self.state` (slice_state.SliceState): set once `_drive` has loaded the run and its agent
     def __init__(
         self,
         run_id: uuid.UUID | str,
@@ -75,6 +77,7 @@ class RunExecutor(ModelSteps, ToolSteps):
         self.heartbeat: Heartbeat | None = None
         # set by the pool this executor runs in (None: executed in-process, nobody drains it)
         self.drain = drain
+        self.trace_slice: Any = None  # tracing.begin_slice: the slice span, None when off
 
     # ---------------------------------------------------------------- lease
     def claim(self) -> bool:
@@ -180,64 +183,61 @@ class RunExecutor(ModelSteps, ToolSteps):
         return "weather"
 
     def _drive(self, claimed: Run | None) -> str:
-        self.run = claimed if claimed is not None else Run.objects.get(id=self.run_id)
-        self.trace_slice = tracing.begin_slice(self)
-        self.cancel_requested = self.run.cancel_requested
+        run = claimed if claimed is not None else Run.objects.get(id=self.run_id)
+        self.trace_slice = tracing.begin_slice(self, run)
+        self.cancel_requested = run.cancel_requested
         try:
-            self.agent = get_agent(self.run.agent)
+            agent = get_agent(run.agent)
         except UnknownAgent as exc:  # a deploy without its module: wait for it, no verdict
             return self.back_off(
                 timezone.now() + timedelta(seconds=conf.AGENT_MISSING_RETRY_SECONDS),
                 waiting=f"{exc}: not deployed in this worker, the run waits for it",
             )
-        if self.run.error:  # what it waited for (its agent) is back
+        if run.error:  # what it waited for (its agent) is back
             Run.objects.filter(id=self.run_id, status=RunStatus.RUNNING).update(error="")
         try:
-            self.provider = get_provider(self.run.model or conf.MODEL, self.agent)
+            provider = get_provider(run.model or conf.MODEL, agent)
         except ModelError as exc:
             return self.finish(RunStatus.FAILED, error=f"model error: {exc}")
-        # only what the run's permission snapshot allows (DESIGN.md 4.6); a call to anything else
-        # is refused when planned (`_validated_arguments`)
-        self.tool_schemas = [
-            get_tool(name).schema() for name in self.run.allowed_tools if has_tool(name)
-        ]
         # a brand-new run (no steps counted, only its created + running events) has no history
         # to read; anything else loads it once
-        fresh = self.run.step_count == 0 and self.run.last_seq <= 2
-        self.steps: list[Step] = (
-            [] if fresh else list(Step.objects.filter(run_id=self.run_id).order_by("index"))
+        fresh = run.step_count == 0 and run.last_seq <= 2
+        self.state = SliceState(
+            run=run,
+            agent=agent,
+            provider=provider,
+            # only what the run's permission snapshot allows (DESIGN.md 4.6); a call to anything
+            # else is refused when planned (`_validated_arguments`)
+            tool_schemas=[get_tool(name).schema() for name in run.allowed_tools if has_tool(name)],
+            steps=[] if fresh else list(Step.objects.filter(run_id=self.run_id).order_by("index")),
+            conversation=Conversation(agent, run),
         )
-        self.conversation = Conversation(self.agent, self.run)
-        self.cursor = 0  # steps[:cursor] are terminal
-        # side-effect steps whose "running + attempt" row went out in the model's commit
-        self.begun_here: set[uuid.UUID] = set()
+        state = self.state
         slice_ends = time.monotonic() + conf.SLICE_SECONDS
 
         while True:
             self.check_lease()
-            while self.cursor < len(self.steps) and self.steps[self.cursor].is_terminal:
-                self.cursor += 1
+            step = state.next_step()
             if self.cancel_requested:
                 return self.cancel_at_boundary()
-            if self.run.deadline_at and timezone.now() >= self.run.deadline_at:
+            if state.run.deadline_at and timezone.now() >= state.run.deadline_at:
                 return self.finish(
                     RunStatus.FAILED, stop_reason="deadline", error="the run's deadline passed"
                 )
             # a side-effect call whose "running + attempt" went out with the model's commit is
             # part of that step: made here first, or the next worker would take it for a call
             # a crash interrupted (an idempotency="none" one would go to reconciliation)
-            if not self.begun_here:
+            if not state.begun_here:
                 if time.monotonic() >= slice_ends:
                     return self.yield_slice()
                 if self.drain is not None and self.drain.is_set():
                     # the process stops (SIGTERM, recycle): hand the run over between two steps
                     return self.yield_slice(reason="worker draining")
 
-            if self.cursor < len(self.steps):
-                step = self.steps[self.cursor]
+            if step is not None:
                 if step.status in (StepStatus.WAITING_APPROVAL, StepStatus.UNKNOWN):
                     return self.park()
-                if step.status == StepStatus.RUNNING and step.id not in self.begun_here:
+                if step.status == StepStatus.RUNNING and step.id not in state.begun_here:
                     outcome = self.recover(step)
                 elif step.kind == StepKind.MODEL:
                     with tracing.model_span(self, step):
@@ -248,7 +248,7 @@ class RunExecutor(ModelSteps, ToolSteps):
                     return outcome
                 continue
 
-            last = self.steps[-1] if self.steps else None
+            last = state.steps[-1] if state.steps else None
             if last is not None and last.kind == StepKind.MODEL and not last.tool_calls:
                 return self.finish(RunStatus.SUCCEEDED, output=last.text)
             stop = self.stop_condition()
@@ -260,18 +260,19 @@ class RunExecutor(ModelSteps, ToolSteps):
                 return outcome
 
     def stop_condition(self) -> tuple[str, str] | None:
-        if len(self.steps) >= self.run.max_steps:
+        state = self.state
+        if len(state.steps) >= state.run.max_steps:
             return (
                 "max_steps",
-                f"stopped after {len(self.steps)} steps (max_steps={self.run.max_steps})",
+                f"stopped after {len(state.steps)} steps (max_steps={state.run.max_steps})",
             )
-        budget = self.run.token_budget
-        if budget and self.run.total_tokens >= budget:
-            return "token_budget", f"token budget exhausted ({self.run.total_tokens} of {budget})"
-        limit = getattr(self.agent, "max_cost_usd", None)
+        run, budget = state.run, state.run.token_budget
+        if budget and run.total_tokens >= budget:
+            return "token_budget", f"token budget exhausted ({run.total_tokens} of {budget})"
+        limit = getattr(state.agent, "max_cost_usd", None)
         max_cost = Decimal(str(limit if limit is not None else conf.MAX_COST_USD or 0))
-        if max_cost and self.run.cost_usd >= max_cost:
-            return "cost_budget", f"cost budget exhausted (${self.run.cost_usd} of ${max_cost})"
+        if max_cost and run.cost_usd >= max_cost:
+            return "cost_budget", f"cost budget exhausted (${run.cost_usd} of ${max_cost})"
         return None
 
     # ---------------------------------------------------------------- status changes
@@ -301,16 +302,16 @@ class RunExecutor(ModelSteps, ToolSteps):
         not_made = "the run was cancelled before the call was made"
         events: list[EventSpec] = []
         with transaction.atomic(savepoint=False):
-            for step in self.steps[self.cursor :]:
-                if step.id in self.begun_here:
+            for step in self.state.steps[self.state.cursor :]:
+                if step.id in self.state.begun_here:
                     StepAttempt.objects.filter(
                         step=step, number=step.attempts, finished_at__isnull=True
                     ).update(finished_at=now, outcome=AttemptOutcome.FAILED, error=not_made)
                     step.status, step.error, step.finished_at = StepStatus.FAILED, not_made, now
                     step.save(update_fields=["status", "error", "finished_at"])
                     events.append((EventType.STEP_FAILED, step_event_data(step)))
-            self.begun_here.clear()
-            events += withdraw_unrun_work(self.run, now, who=None)
+            self.state.begun_here.clear()
+            events += withdraw_unrun_work(self.state.run, now, who=None)
             self.apply(
                 transitions.finished(
                     RunStatus.CANCELLED, stop_reason="cancelled", error="cancelled on request"
@@ -363,7 +364,7 @@ class RunExecutor(ModelSteps, ToolSteps):
                     [(EventType.MODEL_SUPERSEDED, {"step": step.index, "attempt": step.attempts})]
                 )
             return None
-        policy = self.run.tool_policy(step.tool)
+        policy = self.state.run.tool_policy(step.tool)
         if policy.get("side_effect") and policy.get("idempotency") == "none":
             return self.outcome_unknown(step, "worker died mid-call")
         with transaction.atomic():
@@ -380,7 +381,7 @@ class RunExecutor(ModelSteps, ToolSteps):
             self._close_attempt(step, AttemptOutcome.UNKNOWN, why, timezone.now())
             step.status = StepStatus.UNKNOWN
             step.save(update_fields=["status"])
-            inbox().open_reconciliation(step, self.run.agent)
+            inbox().open_reconciliation(step, self.state.run.agent)
             return self.park(
                 events_before=[
                     (EventType.STEP_UNKNOWN, step_event_data(step)),

@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 import uuid
 from contextlib import nullcontext
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -24,6 +25,7 @@ from agentruns.runtime.events import (
     succeeded_event_data,
 )
 from agentruns.runtime.execution import failpoints, transitions
+from agentruns.runtime.execution.delta_writer import DeltaFeed, delta_writer
 from agentruns.runtime.execution.planned_steps import EagerCallFailed, PlannedSteps
 from agentruns.runtime.outages import process_health
 from agentruns.runtime.outages.model_outage import ModelOutage
@@ -48,18 +50,31 @@ MODEL_STEP_FIELDS = [
 ]
 
 
+@dataclass(slots=True)
+class ModelAnswer:
+    """What one attempt of a model step streamed back: what its commit records."""
+
+    step: Step
+    attempt: int
+    started: datetime
+    text: str
+    tail: str  # the end of `text` that no delta event carries yet
+    calls: list[ToolCall]
+    usage: Usage
+
+
 class RunFailed(Exception):
     """The run cannot go on (the model keeps failing): it ends as failed with this message."""
 
 
 class ModelSteps(PlannedSteps):
-    """Mixin of RunExecutor (see executor.py for the state it relies on)."""
+    """Mixin of RunExecutor: the host and the slice state it relies on are `slice_state.py`."""
 
     # ---------------------------------------------------------------- model steps
     def model_turn(self, step: Step | None) -> str | None:
         """One model step; returns the run's final status when the answer finished the run."""
         if step is None:
-            index = len(self.steps)
+            index = len(self.state.steps)
             step_id = uuid.uuid4()
             step = build(
                 Step,
@@ -70,8 +85,8 @@ class ModelSteps(PlannedSteps):
                 idempotency_key=step_key(self.run_id, step_id),
                 status=StepStatus.RUNNING,
             )
-            self.steps.append(step)
-        messages = self.conversation.extend(self.steps[: step.index])
+            self.state.steps.append(step)
+        messages = self.state.conversation.extend(self.state.steps[: step.index])
         outage: ModelOutage | None = None
         while True:
             attempt = step.attempts + 1
@@ -80,7 +95,7 @@ class ModelSteps(PlannedSteps):
             except ModelError as exc:
                 # an attempt that streamed text is one (its text is superseded); a call that
                 # failed before any text is an outage, not an attempt (model_outage.py)
-                streamed = not (step._state.adding or step.attempts < attempt)
+                streamed = not self._attempt_is_new(step, attempt)
                 if not exc.retryable or (streamed and attempt >= conf.MODEL_MAX_ATTEMPTS):
                     self._record_model_failure(step, attempt, exc, final=True)
                     raise RunFailed(f"model error: {exc}") from exc
@@ -114,67 +129,106 @@ class ModelSteps(PlannedSteps):
     def _stream_model(self, step: Step, attempt: int, messages: list[dict]) -> str | None:
         started = timezone.now()
         request = ModelRequest(
-            model=self.run.model, messages=messages, tools=self.tool_schemas, agent=self.agent
+            model=self.state.run.model,
+            messages=messages,
+            tools=self.state.tool_schemas,
+            agent=self.state.agent,
         )
         flush_s = conf.DELTA_FLUSH_MS / 1000.0
         flush_chars = conf.DELTA_FLUSH_CHARS
         # a model that keeps us waiting: no database connection held while it does
-        lends_connection = getattr(self.provider, "waits", True)
+        lends_connection = getattr(self.state.provider, "waits", True)
         text: list[str] = []
-        pending = ""
+        pending = ""  # the text before the attempt's first flush
         calls: list[ToolCall] = []
         usage = Usage()
         last_flush = time.monotonic()
+        # after the first flush, in a worker: the process's delta writer takes the text
+        feed: DeltaFeed | None = None
         flushed = False
         if lends_connection:
             connections.release()
-        for chunk in self.provider.stream(request):
-            if isinstance(chunk, TextDelta):
-                piece = storable_text(chunk.text)  # a model may send NUL or lone surrogates
-                text.append(piece)
-                pending += piece
-                since = time.monotonic() - last_flush
-                if (
-                    len(pending) >= flush_chars
-                    or since >= flush_s
-                    or (not flushed and since >= FIRST_DELTA_AFTER_S)
-                ):
-                    self._flush_delta(step, attempt, pending, started)
-                    pending, last_flush, flushed = "", time.monotonic(), True
-                    failpoints.hit("model_streaming", tool=self.run.agent, step_id=step.id)
-                    if lends_connection:
-                        connections.release()
-            elif isinstance(chunk, ToolCall):
-                calls.append(chunk)
-            elif isinstance(chunk, Usage):
-                usage = chunk
-        return self._complete_model_step(
-            step, attempt, "".join(text), pending, calls, usage, started
-        )
+        try:
+            for chunk in self.state.provider.stream(request):
+                if isinstance(chunk, TextDelta):
+                    piece = storable_text(chunk.text)  # a model may send NUL or lone surrogates
+                    text.append(piece)
+                    if feed is not None:
+                        feed.add(piece)
+                        self.check_lease()
+                        continue
+                    pending += piece
+                    since = time.monotonic() - last_flush
+                    if (
+                        len(pending) >= flush_chars
+                        or since >= flush_s
+                        or (not flushed and since >= FIRST_DELTA_AFTER_S)
+                    ):
+                        self._flush_delta(step, attempt, pending, started)
+                        pending, last_flush, flushed = "", time.monotonic(), True
+                        failpoints.hit(
+                            "model_streaming", tool=self.state.run.agent, step_id=step.id
+                        )
+                        if lends_connection:
+                            connections.release()
+                        if self.drain is not None:  # a worker: its runs' deltas go out together
+                            feed = delta_writer().open(
+                                self.run_id, self.owner, step.index, attempt, self._feed_committed
+                            )
+                elif isinstance(chunk, ToolCall):
+                    calls.append(chunk)
+                elif isinstance(chunk, Usage):
+                    usage = chunk
+            if feed is not None:  # before our own commit: what the writer has not written yet
+                closing, feed = feed, None
+                pending = closing.close()
+        finally:
+            if feed is not None:  # the attempt failed: its text is superseded, its error stands
+                feed.close(raise_failure=False)
+        answer = ModelAnswer(step, attempt, started, "".join(text), pending, calls, usage)
+        return self._complete_model_step(answer)
 
-    def _begin_attempt(self, step: Step, attempt: int, started: Any, status: str) -> None:
-        """Persist the step (first time: insert) as running with a fresh attempt row."""
-        step.status = status
+    def _feed_committed(self, cancel_requested: bool) -> None:
+        """The delta writer committed this attempt's text (which renewed the lease)."""
+        self.cancel_requested = self.cancel_requested or cancel_requested
+        if self.heartbeat is not None:
+            self.heartbeat.renewed()
+
+    def _begin_attempt(
+        self,
+        step: Step,
+        attempt: int,
+        started: Any,
+        batch: WriteBatch,
+        *,
+        update_fields: list[str] = (),
+        **attempt_values: Any,
+    ) -> None:
+        """Into `batch`: the step on its attempt `attempt` (first time: its insert, otherwise an
+        update of `update_fields` as well) and that attempt's row (with `attempt_values`)."""
         step.attempts = attempt
         step.started_at = step.started_at or started
-        step.save()  # insert on first flush, update afterwards
-        step._state.adding = False
-        StepAttempt.objects.create(step=step, number=attempt, worker=self.owner, started_at=started)
+        if step._state.adding:
+            batch.insert([step])
+        else:  # a step a dead worker left behind, or one whose first attempt failed
+            fields = dict.fromkeys([*update_fields, "status", "attempts", "started_at"])
+            batch.update(step, list(fields))
+        batch.insert([self._attempt_row(step, attempt, started, **attempt_values)])
+
+    @staticmethod
+    def _attempt_is_new(step: Step, attempt: int) -> bool:
+        """No row of this attempt was written yet (nothing streamed by it)."""
+        return step._state.adding or step.attempts < attempt
 
     def _flush_delta(self, step: Step, attempt: int, text: str, started: Any) -> None:
         """One commit: the streamed text (and, on the attempt's first flush, the step as running
         with its attempt row)."""
         events = []
         batch = None
-        if step._state.adding or step.attempts < attempt:
+        if self._attempt_is_new(step, attempt):
             batch = WriteBatch()
-            step.status, step.attempts = StepStatus.RUNNING, attempt
-            step.started_at = step.started_at or started
-            if step._state.adding:
-                batch.insert([step])
-            else:  # a step a dead worker left behind, asked again
-                batch.update(step, ["status", "attempts", "started_at"])
-            batch.insert([self._attempt_row(step, attempt, started)])
+            step.status = StepStatus.RUNNING
+            self._begin_attempt(step, attempt, started, batch)
             events.append((EventType.STEP_STARTED, step_event_data(step)))
         events.append(
             (EventType.MODEL_DELTA, {"step": step.index, "attempt": attempt, "text": text})
@@ -182,18 +236,9 @@ class ModelSteps(PlannedSteps):
         self.commit(events, batch=batch)
         self.check_lease()
 
-    def _complete_model_step(
-        self,
-        step: Step,
-        attempt: int,
-        text: str,
-        tail: str,
-        calls: list[ToolCall],
-        usage: Usage,
-        started: Any,
-    ) -> None:
+    def _complete_model_step(self, answer: ModelAnswer) -> str | None:
         now = timezone.now()
-        planned = self._plan_tool_steps(calls, now)
+        planned = self._plan_tool_steps(answer.calls, now)
         # read-only and transactional calls at the head of the plan run now and are recorded in
         # the model's commit (transactional ones inside it): if we die first, the model turn and
         # those calls are simply done again
@@ -205,17 +250,7 @@ class ModelSteps(PlannedSteps):
                 with transaction.atomic() if in_txn else nullcontext():
                     eager = self._run_eager_prefix(head, in_txn)
                     final, begun = self._commit_model_step(
-                        step,
-                        attempt,
-                        text,
-                        tail,
-                        calls,
-                        usage,
-                        started,
-                        now,
-                        planned,
-                        eager,
-                        end_transaction=in_txn,
+                        answer, planned, eager, now=now, end_transaction=in_txn
                     )
                 break
             except EagerCallFailed as failed:
@@ -237,82 +272,70 @@ class ModelSteps(PlannedSteps):
 
     def _commit_model_step(
         self,
-        step: Step,
-        attempt: int,
-        text: str,
-        tail: str,
-        calls: list[ToolCall],
-        usage: Usage,
-        started: Any,
-        now: Any,
+        answer: ModelAnswer,
         planned: list[Step],
         eager: list[tuple[Step, StepAttempt]],
         *,
+        now: Any,
         end_transaction: bool,
     ) -> tuple[bool, list[StepAttempt]]:
         """One commit: the model step, its plan, the eager calls, and the finish if it answered.
         Returns (the run finished, the side-effect attempts begun in it)."""
+        step, attempt, usage = answer.step, answer.attempt, answer.usage
+        run = self.state.run
         events: list[tuple[str, dict]] = []
         batch = WriteBatch()
-        first_commit = step._state.adding or step.attempts < attempt
         step.status = StepStatus.SUCCEEDED
-        step.text = text
+        step.text = answer.text
         step.tool_calls = storable(
-            [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls]
+            [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in answer.calls]
         )
         step.prompt_tokens, step.completion_tokens = usage.prompt_tokens, usage.completion_tokens
         step.finished_at = now
         step.error = ""
-        new_rows: list[Step] = []
-        new_attempts: list[StepAttempt] = []
-        if first_commit:  # nothing streamed by this attempt: its rows go in with the plan
-            step.attempts = attempt
-            step.started_at = step.started_at or started
-            if step._state.adding:
-                new_rows.append(step)
-            else:  # a re-run of a step a dead worker left behind
-                batch.update(step, MODEL_STEP_FIELDS + ["attempts", "started_at"])
-            new_attempts.append(
-                self._attempt_row(
-                    step, attempt, started, finished_at=now, outcome=AttemptOutcome.SUCCEEDED
-                )
+        if self._attempt_is_new(step, attempt):  # nothing streamed by it: its rows go in now
+            self._begin_attempt(
+                step,
+                attempt,
+                answer.started,
+                batch,
+                update_fields=MODEL_STEP_FIELDS,
+                finished_at=now,
+                outcome=AttemptOutcome.SUCCEEDED,
             )
             events.append(
                 (EventType.STEP_STARTED, step_event_data(step, status=StepStatus.RUNNING))
             )
         else:
             batch.update(step, MODEL_STEP_FIELDS)
-            batch.update(
-                StepAttempt(
-                    step=step, number=attempt, finished_at=now, outcome=AttemptOutcome.SUCCEEDED
-                ),
-                ["finished_at", "outcome"],
-                where={"step": step.id, "number": attempt},
+            self._end_attempt(
+                batch, step, attempt, finished_at=now, outcome=AttemptOutcome.SUCCEEDED
             )
-        if tail:
+        if answer.tail:
             events.append(
-                (EventType.MODEL_DELTA, {"step": step.index, "attempt": attempt, "text": tail})
+                (
+                    EventType.MODEL_DELTA,
+                    {"step": step.index, "attempt": attempt, "text": answer.tail},
+                )
             )
         events.append((EventType.STEP_SUCCEEDED, step_event_data(step)))
         begun = self._begin_next_side_effect(planned, eager, now)
-        batch.insert(new_rows + planned)
-        batch.insert(new_attempts + [row for _, row in eager] + begun)
+        batch.insert(planned)
+        batch.insert([row for _, row in eager] + begun)
         for planned_step in planned:
-            events.append((EventType.STEP_PLANNED, planned_event_data(self.run, planned_step)))
+            events.append((EventType.STEP_PLANNED, planned_event_data(run, planned_step)))
             if planned_step.status == StepStatus.SUCCEEDED:
-                events.append(
-                    (EventType.STEP_SUCCEEDED, succeeded_event_data(self.run, planned_step))
-                )
+                events.append((EventType.STEP_SUCCEEDED, succeeded_event_data(run, planned_step)))
             elif planned_step.status == StepStatus.RUNNING:
                 events.append((EventType.STEP_STARTED, step_event_data(planned_step)))
-        self.run.prompt_tokens += usage.prompt_tokens
-        self.run.completion_tokens += usage.completion_tokens
-        cost = model_cost_usd(self.run.model or conf.MODEL, usage)
-        self.run.cost_usd = Decimal(self.run.cost_usd) + cost
-        fields: dict[str, Any] = {"step_count": len(self.steps)}
-        final = not calls  # the answer: finish the run in this same commit
+        run.prompt_tokens += usage.prompt_tokens
+        run.completion_tokens += usage.completion_tokens
+        cost = model_cost_usd(run.model or conf.MODEL, usage)
+        run.cost_usd = Decimal(run.cost_usd) + cost
+        fields: dict[str, Any] = {"step_count": len(self.state.steps)}
+        final = not answer.calls  # the answer: finish the run in this same commit
         if final:
-            done = transitions.finished(RunStatus.SUCCEEDED, output=text)
+            done = transitions.finished(RunStatus.SUCCEEDED, output=answer.text)
             events.extend(done.events)
             fields.update(done.fields)
         self.commit(
@@ -335,25 +358,27 @@ class ModelSteps(PlannedSteps):
         error = redact_text(storable_text(str(exc)))
         process_health.model_error(exc)
         tracing.model_attempt_failed(attempt, exc, final=final)
-        with transaction.atomic():
-            # deltas of this attempt were already flushed: a retry must not merge with them
-            streamed = not (step._state.adding or step.attempts < attempt)
-            if not streamed:
-                self._begin_attempt(step, attempt, now, StepStatus.RUNNING)
-            StepAttempt.objects.filter(step=step, number=attempt).update(
-                finished_at=now,
-                outcome=AttemptOutcome.FAILED if final else AttemptOutcome.RETRYING,
-                error=error,
+        # deltas of this attempt were already flushed: a retry must not merge with them
+        streamed = not self._attempt_is_new(step, attempt)
+        step.error = error
+        step.status = StepStatus.FAILED if final else StepStatus.RUNNING
+        if final:
+            step.finished_at = now
+        ended = {
+            "finished_at": now,
+            "outcome": AttemptOutcome.FAILED if final else AttemptOutcome.RETRYING,
+            "error": error,
+        }
+        batch = WriteBatch()
+        if streamed:
+            batch.update(step, ["error", "status", "finished_at"])
+            self._end_attempt(batch, step, attempt, **ended)
+        else:
+            self._begin_attempt(
+                step, attempt, now, batch, update_fields=["error", "finished_at"], **ended
             )
-            step.error = error
-            step.status = StepStatus.FAILED if final else StepStatus.RUNNING
-            if final:
-                step.finished_at = now
-            step.save(update_fields=["error", "status", "finished_at"])
-            etype = EventType.STEP_FAILED if final else EventType.STEP_RETRY_SCHEDULED
-            events = [(etype, step_event_data(step))]
-            if streamed and not final:  # the next attempt re-streams the turn from scratch
-                events.append(
-                    (EventType.MODEL_SUPERSEDED, {"step": step.index, "attempt": attempt})
-                )
-            self.commit(events)
+        etype = EventType.STEP_FAILED if final else EventType.STEP_RETRY_SCHEDULED
+        events = [(etype, step_event_data(step))]
+        if streamed and not final:  # the next attempt re-streams the turn from scratch
+            events.append((EventType.MODEL_SUPERSEDED, {"step": step.index, "attempt": attempt}))
+        self.commit(events, batch=batch)

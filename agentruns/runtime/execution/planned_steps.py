@@ -15,10 +15,11 @@ from agentruns.models import AttemptOutcome, Step, StepAttempt, StepKind, StepSt
 from agentruns.registry import ToolArgumentsError, ToolContext, UnknownTool, get_tool
 from agentruns.runtime.access.permissions import needs_approval, refused_message
 from agentruns.runtime.execution import failpoints
+from agentruns.runtime.execution.slice_state import ExecutorHost
 from agentruns.runtime.execution.tool_steps import call_tool
 from agentruns.runtime.outages.faults import is_infrastructure_error
 from agentruns.runtime.providers import ToolCall
-from agentruns.runtime.store.rows import build
+from agentruns.runtime.store.rows import WriteBatch, build
 from agentruns.runtime.values.ids import step_key
 from agentruns.runtime.values.text import UnsafeValue, loads_strict, storable_text
 
@@ -31,8 +32,8 @@ class EagerCallFailed(Exception):
         self.position = position
 
 
-class PlannedSteps:
-    """Mixin of RunExecutor (see executor.py for the state it relies on)."""
+class PlannedSteps(ExecutorHost):
+    """Mixin of RunExecutor: the host and the slice state it relies on are `slice_state.py`."""
 
     def _eager_prefix(self, planned: list[Step]) -> list[Step]:
         """The calls at the head of the plan that may run before the model's commit."""
@@ -41,7 +42,7 @@ class PlannedSteps:
             if step.status != StepStatus.PENDING:
                 continue  # a refused call: already failed, its error goes back to the model
             tool = get_tool(step.tool)
-            if tool.commits_before_call or needs_approval(self.run, tool, step.arguments):
+            if tool.commits_before_call or needs_approval(self.state.run, tool, step.arguments):
                 break  # order matters: nothing after a side effect runs ahead of it
             head.append(step)
         return head
@@ -53,10 +54,10 @@ class PlannedSteps:
             started = timezone.now()
             failpoints.hit("step_started", tool=step.tool, step_id=step.id)
             ctx = ToolContext(
-                run=self.run, step=step, attempt=1, idempotency_key=step.idempotency_key
+                run=self.state.run, step=step, attempt=1, idempotency_key=step.idempotency_key
             )
             try:
-                result = call_tool(self.run, step, tool, ctx)
+                result = call_tool(self.state.run, step, tool, ctx)
             except Exception as exc:
                 if is_infrastructure_error(exc):
                     raise  # weather: the whole model commit stops, nothing is recorded
@@ -83,10 +84,10 @@ class PlannedSteps:
             if step.id in eager_ids or step.status != StepStatus.PENDING:
                 continue
             tool = get_tool(step.tool)
-            if not tool.commits_before_call or needs_approval(self.run, tool, step.arguments):
+            if not tool.commits_before_call or needs_approval(self.state.run, tool, step.arguments):
                 return []
             step.status, step.attempts, step.started_at = StepStatus.RUNNING, 1, now
-            self.begun_here.add(step.id)
+            self.state.begun_here.add(step.id)
             return [self._attempt_row(step, 1, now)]
         return []
 
@@ -102,6 +103,12 @@ class PlannedSteps:
             **values,
         )
 
+    @staticmethod
+    def _end_attempt(batch: WriteBatch, step: Step, number: int, **values: Any) -> None:
+        """Into `batch`: the update of attempt `number` of `step` with `values` (how it ended)."""
+        row = build(StepAttempt, step_id=step.id, number=number, **values)
+        batch.update(row, list(values), where={"step": step.id, "number": number})
+
     def _plan_tool_steps(self, calls: list[ToolCall], now: Any) -> list[Step]:
         """Tool calls become rows in the commit that records the model response (invariant 3).
         Bad calls (unknown tool, outside the snapshot, bad JSON, schema) are failed steps whose
@@ -113,7 +120,7 @@ class PlannedSteps:
                 Step,
                 id=step_id,
                 run_id=self.run_id,
-                index=len(self.steps),
+                index=len(self.state.steps),
                 kind=StepKind.TOOL,
                 tool=call.name[:100],
                 call_id=call.id[:100],
@@ -125,13 +132,13 @@ class PlannedSteps:
                 step.status = StepStatus.FAILED
                 step.error = storable_text(str(exc))
                 step.finished_at = now
-            self.steps.append(step)
+            self.state.steps.append(step)
             planned.append(step)
         return planned
 
     def _validated_arguments(self, call: ToolCall) -> dict:
-        if not self.run.tool_allowed(call.name):
-            raise UnknownTool(refused_message(self.run, call.name))
+        if not self.state.run.tool_allowed(call.name):
+            raise UnknownTool(refused_message(self.state.run, call.name))
         try:
             # strict: a NaN, a 5000-digit number or a NUL could not be stored as the arguments
             arguments = loads_strict(call.arguments or "{}", "arguments", repair_text=True)

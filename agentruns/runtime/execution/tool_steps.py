@@ -28,6 +28,7 @@ from agentruns.runtime.access.permissions import needs_approval
 from agentruns.runtime.dispatch import connections
 from agentruns.runtime.events import EventType, step_event_data, succeeded_event_data
 from agentruns.runtime.execution import failpoints
+from agentruns.runtime.execution.slice_state import ExecutorHost
 from agentruns.runtime.inbox import inbox
 from agentruns.runtime.outages.faults import is_infrastructure_error
 from agentruns.runtime.store.rows import WriteBatch
@@ -61,8 +62,8 @@ class _CallFailed(Exception):
     """The tool raised (inside its transaction, when it has one)."""
 
 
-class ToolSteps:
-    """Mixin of RunExecutor (see executor.py for the state it relies on)."""
+class ToolSteps(ExecutorHost):
+    """Mixin of RunExecutor: the host and the slice state it relies on are `slice_state.py`."""
 
     # ---------------------------------------------------------------- tool steps
     def tool_step(self, step: Step) -> str | None:
@@ -74,7 +75,7 @@ class ToolSteps:
             # fail closed: only the exact arguments the final approval approved ever run
             if refusal := inbox().approved_call_refusal(step):
                 return self._refuse(step, refusal)
-        elif needs_approval(self.run, tool, step.arguments):
+        elif needs_approval(self.state.run, tool, step.arguments):
             return self._ask_approval(step)
         if step.next_attempt_at:
             delay = (step.next_attempt_at - timezone.now()).total_seconds()
@@ -92,7 +93,7 @@ class ToolSteps:
         with transaction.atomic():
             step.status = StepStatus.WAITING_APPROVAL
             step.save(update_fields=["status"])
-            approval_id = inbox().open_approval(step, self.run.agent)
+            approval_id = inbox().open_approval(step, self.state.run.agent)
             return self.park(
                 events_before=[
                     (EventType.STEP_WAITING_APPROVAL, step_event_data(step)),
@@ -138,8 +139,8 @@ class ToolSteps:
         return True
 
     def _execute(self, step: Step, tool: Tool) -> str | None:
-        if step.id in self.begun_here:  # its "before" commit was the model's commit
-            self.begun_here.discard(step.id)
+        if step.id in self.state.begun_here:  # its "before" commit was the model's commit
+            self.state.begun_here.discard(step.id)
             attempt, started = step.attempts, step.started_at
         else:
             attempt = step.attempts + 1
@@ -153,7 +154,7 @@ class ToolSteps:
                 self.commit([(EventType.STEP_STARTED, step_event_data(step))], batch=batch)
             failpoints.hit("step_started", tool=step.tool, step_id=step.id)
         ctx = ToolContext(
-            run=self.run, step=step, attempt=attempt, idempotency_key=step.idempotency_key
+            run=self.state.run, step=step, attempt=attempt, idempotency_key=step.idempotency_key
         )
         failure: Exception | None = None
         failure_tb = ""
@@ -164,7 +165,7 @@ class ToolSteps:
         try:
             with transaction.atomic() if tool.transactional else nullcontext():
                 try:
-                    result = call_tool(self.run, step, tool, ctx)
+                    result = call_tool(self.state.run, step, tool, ctx)
                 except Exception as exc:
                     if is_infrastructure_error(exc):
                         raise  # the database went away under the tool: weather, not an attempt
@@ -180,7 +181,7 @@ class ToolSteps:
             return self._tool_asked_approval(step, tool, attempt)
         if isinstance(failure, OutcomeUnknown) and tool.commits_before_call:
             # the call's connection broke after it was sent: reconciled, as after a dead worker
-            secrets = secret_values([step.arguments], self.run.redacted_fields(step.tool))
+            secrets = secret_values([step.arguments], self.state.run.redacted_fields(step.tool))
             return self.outcome_unknown(step, redact_text(str(failure), secrets)[:2000])
         if failure is not None:
             return self._tool_failed(step, tool, attempt, started, failure, failure_tb)
@@ -209,18 +210,14 @@ class ToolSteps:
                 ]
             )
         else:
-            batch.update(
-                StepAttempt(
-                    step=step, number=attempt, finished_at=now, outcome=AttemptOutcome.SUCCEEDED
-                ),
-                ["finished_at", "outcome"],
-                where={"step": step.id, "number": attempt},
+            self._end_attempt(
+                batch, step, attempt, finished_at=now, outcome=AttemptOutcome.SUCCEEDED
             )
         step.status, step.result, step.error = StepStatus.SUCCEEDED, result, ""
         step.attempts, step.finished_at, step.next_attempt_at = attempt, now, None
         batch.update(step, TOOL_RESULT_FIELDS)
         self.commit(
-            [(EventType.STEP_SUCCEEDED, succeeded_event_data(self.run, step))],
+            [(EventType.STEP_SUCCEEDED, succeeded_event_data(self.state.run, step))],
             batch=batch,
             end_transaction=end_transaction,
         )
@@ -233,7 +230,9 @@ class ToolSteps:
         outcome = AttemptOutcome.RETRYING if retry else AttemptOutcome.FAILED
         # people read these (pages, admin, events): the step's secret values and anything that
         # looks like a credential are masked before they are written
-        secrets = secret_values([step.arguments, step.result], self.run.redacted_fields(step.tool))
+        secrets = secret_values(
+            [step.arguments, step.result], self.state.run.redacted_fields(step.tool)
+        )
         with transaction.atomic():
             fields = dict(
                 finished_at=now,

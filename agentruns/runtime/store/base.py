@@ -9,7 +9,9 @@ every committed seq is contiguous.
   renewing the lease and reading the cancel flag in the same round trip;
 - `append`: everyone else's write (services, the sweeper, decisions), unfenced;
 - `claim`: take a free lease (queued -> running, or a running run whose worker died);
-- `create_run`: the new run and its first events.
+- `create_run`: the new run and its first events;
+- `commit_deltas`: the streamed text of many runs (a worker process's delta writer), each run
+  fenced on its lease, in one transaction.
 
 The backend is chosen once per process (`get_store`), like DBOS's system database: no
 `vendor ==` branches in the code that uses it.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import uuid
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -27,8 +30,18 @@ from django.db.models import Q, Value
 from django.db.models.functions import Coalesce
 
 from agentruns.models import Run, RunStatus
-from agentruns.runtime.events import EventSpec
+from agentruns.runtime.events import EventSpec, LeaseLost
 from agentruns.runtime.store.rows import WriteBatch
+
+
+@dataclass(slots=True, frozen=True)
+class RunDeltas:
+    """Events of one run for `commit_deltas`, written only while `owner` holds its lease."""
+
+    run_id: uuid.UUID
+    owner: str
+    lease_expires_at: datetime
+    events: list[EventSpec]
 
 
 class RunStore(ABC):
@@ -77,6 +90,27 @@ class RunStore(ABC):
     ) -> int:
         """Insert `run` (already leased by `owner` when given) with its first events; `notify`:
         a channel NOTIFYed by the same statement (PostgreSQL only: `dispatch/claims.py`)."""
+
+    def commit_deltas(
+        self, deltas: list[RunDeltas], *, now: datetime
+    ) -> dict[uuid.UUID, tuple[int, bool]]:
+        """The events of many runs in one transaction, each run fenced on its lease (which is
+        renewed): {run: (last seq, cancel_requested)}; a run missing from it lost its lease
+        and none of its events were written."""
+        done: dict[uuid.UUID, tuple[int, bool]] = {}
+        with transaction.atomic():
+            for delta in deltas:
+                try:
+                    done[delta.run_id] = self.commit(
+                        delta.run_id,
+                        delta.owner,
+                        delta.events,
+                        now=now,
+                        set_fields={"lease_expires_at": delta.lease_expires_at},
+                    )
+                except LeaseLost:
+                    pass
+        return done
 
     def claim(
         self,

@@ -14,13 +14,14 @@ from datetime import date, datetime, time
 from decimal import Decimal
 from typing import Any
 
+import psycopg
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections, models
 from django.utils import timezone
 
 from agentruns.models import Run, RunEvent, RunStatus, Step, StepAttempt
 from agentruns.runtime.events import EventSpec, LeaseLost
-from agentruns.runtime.store.base import RunStore
+from agentruns.runtime.store.base import RunDeltas, RunStore
 from agentruns.runtime.store.nudges import nudge_on_commit
 from agentruns.runtime.store.pg_function import FUNCTION, LEASE_LOST_SQLSTATE
 from agentruns.runtime.store.rows import WriteBatch
@@ -172,17 +173,8 @@ def call_function(
         payload["new_run"] = new_run
     if rows:
         payload.update(rows)
-    sql = f"SELECT * FROM {FUNCTION}(%s::jsonb)"
-    params = [dumps(payload)]
-    if notify is not None:
-        sql = f"SELECT f.* FROM {FUNCTION}(%s::jsonb) AS f, pg_notify(%s, '') AS n"
-        params.append(notify)
-    if end_transaction:
-        sql += "; COMMIT"
     try:
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            last_seq, cancel = cursor.fetchone()
+        last_seq, cancel = _execute_call(dumps(payload), end_transaction, notify)
     except DatabaseError as exc:
         if getattr(exc.__cause__, "sqlstate", None) == LEASE_LOST_SQLSTATE:
             if owner is None:
@@ -191,6 +183,35 @@ def call_function(
         raise
     nudge_on_commit(run_id, last_seq)
     return int(last_seq), bool(cancel)
+
+
+CALL_SQL = f"SELECT * FROM {FUNCTION}(%s::jsonb)"
+
+
+def _execute_call(
+    document: str, end_transaction: bool, notify: str | None = None
+) -> tuple[int, bool]:
+    """The commit function on `document`. The statement is constant, so it is bound on the server
+    and prepared once per connection (psycopg's cursor, not Django's client-side one: no quoting
+    of a kilobytes-long JSON literal, no parse per call). With `end_transaction` the COMMIT rides
+    along, and two statements in one round trip take the client-side path, as does a start that
+    NOTIFYs the claimers in the same statement."""
+    db = connections[DEFAULT_DB_ALIAS]
+    if notify is not None:
+        sql = f"SELECT f.* FROM {FUNCTION}(%s::jsonb) AS f, pg_notify(%s, '') AS n"
+        with db.cursor() as cursor:
+            cursor.execute(sql + ("; COMMIT" if end_transaction else ""), [document, notify])
+            return cursor.fetchone()
+    if end_transaction:
+        with db.cursor() as cursor:
+            cursor.execute(CALL_SQL + "; COMMIT", [document])
+            return cursor.fetchone()
+    db.ensure_connection()
+    db.validate_no_broken_transaction()
+    with db.wrap_database_errors:  # psycopg's errors as Django's (the cause kept), as a cursor does
+        with psycopg.Cursor(db.connection) as cursor:
+            cursor.execute(CALL_SQL, [document], prepare=True)
+            return cursor.fetchone()
 
 
 def _outermost_atomic(db: Any) -> bool:
@@ -232,6 +253,29 @@ def record_statement(
     return sql, params
 
 
+_RUN_T, _EVENT_T = Run._meta.db_table, RunEvent._meta.db_table
+# the deltas of many runs as ONE statement: each run's seqs bumped (fenced on its lease, which is
+# renewed) and its events inserted; a run whose lease moved matches nothing and writes nothing
+DELTAS_SQL = f"""
+WITH d AS (
+    SELECT * FROM jsonb_to_recordset(%s::jsonb)
+        AS d(run uuid, owner text, lease timestamptz, events jsonb)
+), r AS (
+    UPDATE {_RUN_T} AS r SET
+        last_seq = r.last_seq + jsonb_array_length(d.events),
+        lease_expires_at = d.lease,
+        updated_at = %s
+    FROM d WHERE r.id = d.run AND r.lease_owner = d.owner
+    RETURNING r.id, r.last_seq, r.cancel_requested, d.events
+), e AS (
+    INSERT INTO {_EVENT_T} (run_id, seq, type, data, created_at)
+    SELECT r.id, r.last_seq - jsonb_array_length(r.events) + x.i, x.v->>0, x.v->1, %s
+    FROM r, jsonb_array_elements(r.events) WITH ORDINALITY AS x(v, i)
+)
+SELECT id, last_seq, cancel_requested FROM r
+"""
+
+
 class PostgresStore(RunStore):
     create_is_one_statement = True
 
@@ -258,6 +302,28 @@ class PostgresStore(RunStore):
             rows=batch_rows(batch, now) if batch is not None else None,
             end_transaction=end_transaction and _outermost_atomic(db),
         )
+
+    def commit_deltas(
+        self, deltas: list[RunDeltas], *, now: datetime
+    ) -> dict[uuid.UUID, tuple[int, bool]]:
+        # in run order: two writers that ever share a run take its row lock in the same order
+        payload = [
+            {
+                "run": str(d.run_id),
+                "owner": d.owner,
+                "lease": d.lease_expires_at.isoformat(),
+                "events": d.events,
+            }
+            for d in sorted(deltas, key=lambda d: d.run_id)
+        ]
+        with connection.cursor() as cursor:
+            cursor.execute(DELTAS_SQL, [dumps(payload), now, now])
+            rows = cursor.fetchall()
+        done = {}
+        for run_id, last_seq, cancel in rows:
+            done[run_id] = (int(last_seq), bool(cancel))
+            nudge_on_commit(run_id, last_seq)
+        return done
 
     def append(self, run_id, events, *, set_fields=None, incr_fields=None) -> int:
         if not events:

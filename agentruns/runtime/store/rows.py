@@ -15,10 +15,11 @@ from django.db.models.base import ModelState
 M = TypeVar("M", bound=models.Model)
 
 
-_BUILD_SPECS: dict[type[models.Model], tuple[dict[str, Any], list[tuple[str, Any]]]] = {}
+_BuildSpec = tuple[dict[str, Any], list[tuple[str, Any]], frozenset[str]]
+_BUILD_SPECS: dict[type[models.Model], _BuildSpec] = {}
 
 
-def _build_spec(model: type[models.Model]) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+def _build_spec(model: type[models.Model]) -> _BuildSpec:
     static: dict[str, Any] = {}
     dynamic: list[tuple[str, Any]] = []
     for f in model._meta.concrete_fields:
@@ -26,7 +27,7 @@ def _build_spec(model: type[models.Model]) -> tuple[dict[str, Any], list[tuple[s
             dynamic.append((f.attname, f.default))
         else:  # a constant (Django refuses mutable constants as defaults), or None/""
             static[f.attname] = f.get_default()
-    return static, dynamic
+    return static, dynamic, frozenset(static) | {attname for attname, _ in dynamic}
 
 
 def build(model: type[M], related: dict[str, models.Model] | None = None, **values: Any) -> M:
@@ -37,10 +38,9 @@ def build(model: type[M], related: dict[str, models.Model] | None = None, **valu
     spec = _BUILD_SPECS.get(model)
     if spec is None:
         spec = _BUILD_SPECS[model] = _build_spec(model)
-    static, dynamic = spec
-    unknown = values.keys() - static.keys() - {attname for attname, _ in dynamic}
-    if unknown:
-        raise TypeError(f"{model.__name__} has no fields {sorted(unknown)}")
+    static, dynamic, attnames = spec
+    if not attnames.issuperset(values):  # no set built per call: this is the hot path
+        raise TypeError(f"{model.__name__} has no fields {sorted(values.keys() - attnames)}")
     obj = model.__new__(model)
     obj._state = ModelState()
     attrs = obj.__dict__

@@ -36,8 +36,7 @@ log = logging.getLogger(__name__)
 class RunSlice:
     """The live `advance_run` span of one executor, current while it drives the run."""
 
-    def __init__(self, executor: Any) -> None:
-        run = executor.run
+    def __init__(self, executor: Any, run: Run) -> None:
         self.run, self.executor = run, executor
         self.lost_owners: set[str] = set()
         self.span = _start(
@@ -58,7 +57,7 @@ class RunSlice:
         self.span.end()
         if outcome == "succeeded":  # all it needs is in memory: no query on the common path
             run = self.run
-            _emit_safely(run.id, run, "succeeded", steps=len(self.executor.steps))
+            _emit_safely(run.id, run, "succeeded", steps=len(self.executor.state.steps))
         elif outcome in TERMINAL:  # the error and stop reason were written by the final commit
             _emit_safely(self.run.id)
 
@@ -79,12 +78,12 @@ def sliced(advance: Any) -> Any:
     return traced
 
 
-def begin_slice(executor: Any) -> RunSlice | None:
+def begin_slice(executor: Any, run: Run) -> RunSlice | None:
     """Called once the executor has loaded its run; None (and nothing else) when tracing is off."""
-    if not enabled() or not executor.run.trace_id:
+    if not enabled() or not run.trace_id:
         return None
     try:
-        return RunSlice(executor)
+        return RunSlice(executor, run)
     except Exception:  # tracing must never stop a run
         log.warning("could not start the slice span of run %s", executor.run_id, exc_info=True)
         return None
@@ -173,7 +172,7 @@ def worker_lost(executor: Any, step: Any) -> None:
             .values_list("started_at", flat=True)
             .first()
         )
-        run = executor.run
+        run = executor.state.run
         span = _start(
             f"advance_run {run.agent}",
             _root_context(run),

@@ -60,8 +60,8 @@ class _StepSpan:
 class _ModelSpan(_StepSpan):
     def __init__(self, executor: Any, step: Any) -> None:
         self.executor = executor
-        self.index = step.index if step is not None else len(executor.steps)
-        provider, model = model_names(executor.run.model or "")
+        self.index = step.index if step is not None else len(executor.state.steps)
+        provider, model = model_names(executor.state.run.model or "")
         super().__init__(
             f"chat {model}",
             {
@@ -75,7 +75,7 @@ class _ModelSpan(_StepSpan):
         )
 
     def finished(self, exc: BaseException | None) -> None:
-        steps = self.executor.steps
+        steps = self.executor.state.steps
         step = steps[self.index] if self.index < len(steps) else None
         if step is None:
             return
@@ -87,7 +87,7 @@ class _ModelSpan(_StepSpan):
         elif step.status == "succeeded":
             self.span.set_attribute("gen_ai.response.finish_reasons", ["stop"])
         if _state.capture_content and step.status == "succeeded":
-            run = self.executor.run
+            run = self.executor.state.run
             secrets = _run_secrets(self.executor)
             parts: list[dict] = [{"type": "text", "content": redact_text(step.text, secrets)}]
             for call in step.tool_calls or []:
@@ -106,9 +106,9 @@ class _ModelSpan(_StepSpan):
 
 def _run_secrets(executor: Any) -> list[str]:
     """Every value a tool of this run declared secret, so model text echoing one is masked."""
-    run = executor.run
+    run = executor.state.run
     values: list[str] = []
-    for step in executor.steps:
+    for step in executor.state.steps:
         if step.tool:
             values += secret_values([step.arguments, step.result], run.redacted_fields(step.tool))
     return values
