@@ -73,6 +73,21 @@ def install_worker() -> None:
     # "started", or "requeued" when the process had no free slot (the doorbell rings again)
     wrap(RunPool, "hand_over", "hand_over", "handed", run_of=lambda a: a[1])
     wrap(RunExecutor, "claim", "claim", "claimed")
+    # the claim path on PostgreSQL (runtime/dispatch/claims.py): a start NOTIFYs, the process's
+    # claimer takes a batch of queued runs straight from the database and starts them in slots
+    from agentruns.runtime.dispatch import claims
+
+    original_claim = claims.claim_queued
+
+    def claim_queued(limit: int, events: Any) -> Any:
+        record("claim_batch", n=limit)
+        claimed = original_claim(limit, events)
+        for run_id, _owner in claimed:
+            record("claimed", run_id, cpu=time.thread_time())
+        return claimed
+
+    claims.claim_queued = claim_queued
+    wrap(RunPool, "start_claimed", "hand_over", "handed", run_of=lambda a: a[1])
     wrap(RunExecutor, "advance", "advance", "advanced")
     wrap(RunExecutor, "_stream_model", "model_call")
     wrap(RunExecutor, "tool_step", "tool_call")
