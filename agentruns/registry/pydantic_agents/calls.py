@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -53,8 +54,15 @@ def thread_loop() -> asyncio.AbstractEventLoop:
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
-    """Run `coro` on this thread's event loop (`thread_loop`)."""
-    return thread_loop().run_until_complete(coro)
+    """Run `coro` on this thread's event loop (`thread_loop`). A thread whose loop is already
+    running (a run advanced inline from a notebook, or under Playwright's sync API) cannot run
+    another on it: the call runs on a loop of its own in a short-lived thread instead."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return thread_loop().run_until_complete(coro)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentruns-call") as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 @dataclass
