@@ -42,6 +42,7 @@ from django_q.conf import Conf
 from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 
+from agentruns.runtime.dispatch.connections import close_listener, open_listener
 from agentruns.runtime.outages import weather
 from agentruns.runtime.outages.faults import is_infrastructure_error
 
@@ -144,24 +145,11 @@ class DoorbellBroker(ORM):
     @classmethod
     def stop_listening(cls) -> None:
         listener, cls._listener = cls._listener, None
-        if listener is not None:
-            try:
-                listener.close()
-            except Exception:  # a listener the server dropped: nothing left to close
-                pass
+        close_listener(listener)
 
     @staticmethod
     def _listen() -> Any:
-        import psycopg  # the PostgreSQL driver, only on PostgreSQL
-
-        db = connections[Conf.ORM]
-        params = db.get_connection_params()
-        params.pop("pool", None)
-        params.pop("cursor_factory", None)
-        params.pop("context", None)
-        listener = psycopg.connect(**params, autocommit=True)
-        listener.execute(f"LISTEN {CHANNEL}")
-        return listener
+        return open_listener(CHANNEL, Conf.ORM)
 
     def take(self, limit: int, func: str) -> list[tuple[int, tuple]]:
         """Up to `limit` of the oldest due tasks, locked as q2's dequeue locks them; those that

@@ -135,3 +135,24 @@ def _quiet_reconnects(record: logging.LogRecord) -> bool:
         weather.database.noticed(ConnectionError(record.getMessage()), "the connection pool")
         return False
     return not message.startswith("discarding closed connection")
+
+
+def open_listener(channel: str, alias: str = DEFAULT_DB_ALIAS) -> Any:
+    """A connection of its own, outside the pool and autocommit, LISTENing on `channel`
+    (PostgreSQL only): the doorbell broker's and each worker's claimer."""
+    import psycopg  # the PostgreSQL driver, only on PostgreSQL
+
+    params = connections[alias].get_connection_params()
+    for pooled_only in ("pool", "cursor_factory", "context"):
+        params.pop(pooled_only, None)
+    conn = psycopg.connect(**params, autocommit=True)
+    conn.execute(f"LISTEN {channel}")
+    return conn
+
+
+def close_listener(conn: Any) -> None:
+    if conn is not None:
+        try:
+            conn.close()
+        except Exception:  # a listener the server dropped: nothing left to close
+            pass

@@ -23,7 +23,7 @@ from typing import Any
 from django.db import connection
 
 from agentruns.conf import conf
-from agentruns.runtime.dispatch import claims
+from agentruns.runtime.dispatch import claims, connections
 from agentruns.runtime.execution import transitions
 from agentruns.runtime.outages import weather
 from agentruns.runtime.outages.faults import is_infrastructure_error
@@ -91,22 +91,11 @@ class RunClaimer(threading.Thread):
 
     @staticmethod
     def _listen() -> Any:
-        import psycopg  # the PostgreSQL driver, only on PostgreSQL
-
-        params = connection.get_connection_params()
-        for pooled_only in ("pool", "cursor_factory", "context"):
-            params.pop(pooled_only, None)
-        listener = psycopg.connect(**params, autocommit=True)
-        listener.execute(f"LISTEN {claims.CHANNEL}")
-        return listener
+        return connections.open_listener(claims.CHANNEL)
 
     def _drop_listener(self) -> None:
         listener, self.listener = self.listener, None
-        if listener is not None:
-            try:
-                listener.close()
-            except Exception:  # a listener the server dropped: nothing left to close
-                pass
+        connections.close_listener(listener)
 
 
 def start_claimer(**_: Any) -> RunClaimer | None:
