@@ -61,6 +61,14 @@ SETTINGS: tuple[Setting, ...] = (
         0,
     ),
     Setting(
+        "AGENTRUNS_TOOL_OUTAGE_SECONDS",
+        float,
+        600,
+        "an MCP server refusing connections, not starting or answering 429/503 is waited for "
+        "this long (the model's backoff, no tool attempt used) before the step fails",
+        0,
+    ),
+    Setting(
         "AGENTRUNS_MODEL_MAX_ATTEMPTS",
         int,
         3,

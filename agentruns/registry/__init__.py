@@ -31,6 +31,7 @@ from agentruns.registry.errors import (
     FatalToolError,
     OutcomeUnknown,
     RetryableToolError,
+    ServerUnavailable,
     ToolArgumentsError,
     ToolError,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "FatalToolError",
     "OutcomeUnknown",
     "RetryableToolError",
+    "ServerUnavailable",
     "ToolArgumentsError",
     "ToolError",
     "_simple_plan",

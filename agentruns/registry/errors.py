@@ -13,6 +13,18 @@ class RetryableToolError(ToolError):
     """A transient failure (timeout, 503): the engine retries with backoff, same idempotency key."""
 
 
+class ServerUnavailable(RetryableToolError):
+    """The tool's server could not take the call (refused the connection, did not start, or
+    answered 429/503 before processing it): nothing of the call reached it. Weather, not an
+    attempt: the step waits for the server with capped backoff and calls it again, without
+    using up its retry policy (runtime/outages/tool_outage.py)."""
+
+    def __init__(self, message: str, *, server: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.server = server
+        self.retry_after = retry_after
+
+
 class FatalToolError(ToolError):
     """A permanent failure: the step fails and so does the run, with this message kept."""
 

@@ -9,7 +9,9 @@ leaves one status, but both calls are counted); `send_mail` neither (every call 
 
 Faults a test sets in `<ledger>.faults` (JSON, read on every request, so a test may change them
 while the server runs): `{"http_status": [503, 2]}` answers the next two `tools/call` requests
-over HTTP with that status (the call is not made); `{"exit_in": "send_mail"}` makes that tool
+over HTTP with that status (the call is not made); `{"http_status_after": [500, 1]}` makes the next
+call and then answers it with that status instead of its result (a server that failed after the
+effect); `{"exit_in": "send_mail"}` makes that tool
 do its effect and then the server process exit before it answers (the connection drops
 mid-call), once; `{"hold_in": {"send_mail": 30}}` makes it wait that long after the effect
 before it answers (a call under way, for a test to kill the caller mid-call), once per tool;
@@ -94,7 +96,8 @@ def _after_effect(tool: str) -> None:
 
 
 class HttpFaults:
-    """ASGI middleware: answers a `tools/call` with the status the faults file names."""
+    """ASGI middleware: answers a `tools/call` with the status the faults file names, before
+    the call (`http_status`) or after it was made (`http_status_after`)."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -108,12 +111,12 @@ class HttpFaults:
             message = await receive()
             body += message.get("body", b"")
             more = message.get("more_body", False)
-        status = _take_fault("http_status") if b'"tools/call"' in body else None
+        call = b'"tools/call"' in body
+        status = _take_fault("http_status") if call else None
         if status:
-            headers = [(b"content-type", b"application/json"), (b"retry-after", b"1")]
-            await send({"type": "http.response.start", "status": status, "headers": headers})
-            await send({"type": "http.response.body", "body": b'{"error": "injected"}'})
+            await _answer(send, status)
             return
+        after = _take_fault("http_status_after") if call else None
         replayed = False
 
         async def replay() -> dict:
@@ -123,7 +126,21 @@ class HttpFaults:
             replayed = True
             return {"type": "http.request", "body": body, "more_body": False}
 
+        if after:
+
+            async def swallow(message: dict) -> None:
+                pass  # the call's own answer is lost: the server failed after its effect
+
+            await self.app(scope, replay, swallow)
+            await _answer(send, after)
+            return
         await self.app(scope, replay, send)
+
+
+async def _answer(send: Callable, status: int) -> None:
+    headers = [(b"content-type", b"application/json"), (b"retry-after", b"1")]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": b'{"error": "injected"}'})
 
 
 server = MCPServer("backoffice")

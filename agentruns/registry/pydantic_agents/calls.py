@@ -4,11 +4,15 @@ Each call enters the toolset, rebuilds the tool from the definition recorded whe
 registered (`get_tool_for_tool_def`: an MCP tool needs no listing), validates the arguments with
 the tool's own validator and calls it, on the executor thread's own event loop. What the tool
 raises is translated into the engine's vocabulary: `ApprovalRequired` parks the call in the
-inbox, `ModelRetry`/`ToolFailed` go back to the model as the tool's answer, an unreachable MCP
-server (refused, or an HTTP error status such as 429 or 503 instead of the call's answer) is a
-retryable failure (same idempotency key on the next attempt), and a connection that broke after
-the call was sent is retried only for a read-only or idempotent tool: for any other the outcome
-is unknown and reconciled by a person (`OutcomeUnknown`), never guessed.
+inbox, `ModelRetry`/`ToolFailed` go back to the model as the tool's answer. An MCP server that
+could not take the call (refused the connection, did not start, answered 429 or 503) is
+`ServerUnavailable`: weather the step waits out without using an attempt (nothing of the call
+reached it). An answer that may come after the server ran the call (a 500, a 502/504 from its
+gateway, a connection that broke after the call was sent) is retried under the tool's policy
+only for a read-only or idempotent tool: for any other the outcome is unknown and reconciled by
+a person (`OutcomeUnknown`), never guessed. The MCP client reports every HTTP error status as
+the same JSON-RPC error, so a response hook on the HTTP transport notes the status of each
+`tools/call` answer for the call that made it (`_observe_http`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -34,6 +39,7 @@ from agentruns.registry.errors import (
     FatalToolError,
     OutcomeUnknown,
     RetryableToolError,
+    ServerUnavailable,
 )
 
 T = TypeVar("T")
@@ -74,6 +80,11 @@ class ToolsetBinding:
     deps: Callable[[Any], Any] | None = None  # deps from the run (register_agent(..., deps=))
     mcp: bool = False
     definitions: dict[str, ToolDefinition] = field(default_factory=dict)
+    server: str = ""  # an MCP toolset's server, as the run's events name it
+
+    def __post_init__(self) -> None:
+        if self.mcp:
+            self.server = _observe_http(self.toolset)
 
     def run_context(self, tool_ctx: Any = None, tool_name: str | None = None) -> RunContext:
         model = self.agent.model
@@ -162,6 +173,81 @@ _HTTP_ERROR_ANSWER = (-32603, "Server returned an error response")
 _CONNECTION_CLOSED = -32000
 
 
+# (HTTP status, Retry-After seconds) of each `tools/call` answer of the call under way: a list of
+# the call's own, set in its task; the MCP session's tasks start inside the call and copy it
+_http_answers: ContextVar[list[tuple[int, float | None]] | None] = ContextVar(
+    "agentruns_mcp_http_answers", default=None
+)
+# refused before processing: the server is busy or down, the call was not run
+_NOT_PROCESSED = frozenset({429, 503})
+# from a gateway in front of the server: it may have passed the call on (502) or given up
+# waiting for the answer (504); weather for a tool that is safe to call again
+_GATEWAY = frozenset({502, 504})
+
+
+def _observe_http(toolset: AbstractToolset) -> str:
+    """Hook the streamable HTTP transports of `toolset`'s MCP servers to note each answer's
+    status (the transport's own response hook, `_capture_session_id`, is wrapped: it is
+    installed on whichever HTTP client the transport makes). Returns the server's name."""
+    leaves: list[AbstractToolset] = []
+    toolset.apply(leaves.append)
+    names = []
+    for leaf in leaves:
+        if type(leaf).__name__ != "MCPToolset":
+            continue
+        names.append(str(getattr(leaf, "id", None) or getattr(leaf, "label", "MCP server")))
+        transport = getattr(getattr(leaf, "client", None), "transport", None)
+        original = getattr(transport, "_capture_session_id", None)
+        if original is None or getattr(original, "agentruns_observed", False):
+            continue  # stdio, SSE (statuses unknown: answered conservatively), or hooked already
+
+        async def hook(response: Any, original: Any = original) -> None:
+            _note_http_answer(response)
+            await original(response)
+
+        hook.agentruns_observed = True  # type: ignore[attr-defined]
+        transport._capture_session_id = hook  # type: ignore[union-attr]
+    return ", ".join(names) or "MCP server"
+
+
+def _note_http_answer(response: Any) -> None:
+    answers = _http_answers.get()
+    if answers is None or response.status_code < 400:
+        return
+    try:
+        if b'"tools/call"' not in response.request.content:
+            return
+    except Exception:  # a streamed request body: not a call of ours
+        return
+    retry_after = response.headers.get("retry-after", "")
+    answers.append((response.status_code, float(retry_after) if retry_after.isdigit() else None))
+
+
+def _error_answer(
+    binding: ToolsetBinding,
+    name: str,
+    exc: BaseException,
+    answers: list[tuple[int, float | None]],
+    *,
+    rerun_safe: bool,
+) -> None:
+    """The server answered the call with an HTTP error status and no JSON-RPC answer."""
+    status, retry_after = answers[-1] if answers else (None, None)
+    said = f"HTTP {status}" if status is not None else "an error"
+    if status in _NOT_PROCESSED or (rerun_safe and status in _GATEWAY):
+        raise ServerUnavailable(
+            f"{name}: {binding.server} answered {said}",
+            server=binding.server,
+            retry_after=retry_after,
+        ) from exc
+    if (status is not None and status < 500) or rerun_safe:
+        # refused (a 4xx: not run), or safe to run again: the tool's retry policy decides
+        raise RetryableToolError(f"{name}: server answered an error: {said}: {exc}") from exc
+    raise OutcomeUnknown(
+        f"{name}: the server answered {said} to the call: it may have run it before failing"
+    ) from exc
+
+
 def _mcp_error(exc: BaseException) -> Any:
     """The MCP SDK's MCPError that `exc` was raised from, if any."""
     seen: set[int] = set()
@@ -195,9 +281,11 @@ def call(
         return args
 
     sent = inline is not None  # False until the toolset is entered (an MCP session is up)
+    answers: list[tuple[int, float | None]] = []
 
     async def invoke() -> Any:
         nonlocal sent
+        _http_answers.set(answers)
         async with binding.toolset:
             sent = True
             args = await validated()
@@ -219,7 +307,7 @@ def call(
     except (ModelRetry, ToolFailed) as exc:
         broke = _mcp_error(exc)
         if broke is not None and (broke.code, broke.message) == _HTTP_ERROR_ANSWER:
-            raise RetryableToolError(f"{definition.name}: server answered an error: {exc}") from exc
+            _error_answer(binding, definition.name, exc, answers, rerun_safe=rerun_safe)
         if broke is not None and broke.code == _CONNECTION_CLOSED:
             _connection_broke(definition.name, exc, safe=rerun_safe or not sent)
         # the model is told, as Pydantic AI tells it, and may try again
@@ -236,9 +324,13 @@ def call(
     except Exception as exc:
         if _ours(exc):
             raise  # this app's database or Redis: the engine's weather, never the tool's verdict
-        if not sent or _unreachable(exc) or (rerun_safe and _transport_failure(exc)):
+        if binding.mcp and (not sent or _unreachable(exc)):
             # not sent: the toolset could not be entered (an MCP server that did not start or
             # answer its handshake in time), so nothing of the call reached it
+            raise ServerUnavailable(
+                f"{definition.name}: {binding.server} unreachable: {exc!r}", server=binding.server
+            ) from exc
+        if not sent or _unreachable(exc) or (rerun_safe and _transport_failure(exc)):
             raise RetryableToolError(f"{definition.name}: server unreachable: {exc!r}") from exc
         if _broken_connection(exc):
             _connection_broke(definition.name, exc, safe=False)

@@ -17,6 +17,7 @@ from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, 
 from agentruns.registry import (
     ApprovalRequested,
     OutcomeUnknown,
+    ServerUnavailable,
     Tool,
     ToolContext,
     UnknownTool,
@@ -31,6 +32,7 @@ from agentruns.runtime.execution import failpoints
 from agentruns.runtime.execution.slice_state import ExecutorHost
 from agentruns.runtime.inbox import inbox
 from agentruns.runtime.outages.faults import is_infrastructure_error
+from agentruns.runtime.outages.tool_outage import ToolOutage
 from agentruns.runtime.store.rows import WriteBatch
 from agentruns.runtime.values.redaction import redact_text, secret_values, secrets_in_scope
 from agentruns.runtime.values.text import storable
@@ -60,6 +62,14 @@ def call_tool(run: Run, step: Step, tool: Tool, ctx: ToolContext) -> Any:
 
 class _CallFailed(Exception):
     """The tool raised (inside its transaction, when it has one)."""
+
+
+class _Unreachable(Exception):
+    """The call's server could not take it (`ServerUnavailable`): weather, not an attempt."""
+
+    def __init__(self, error: ServerUnavailable, attempt: int, started: Any) -> None:
+        super().__init__(str(error))
+        self.error, self.attempt, self.started = error, attempt, started
 
 
 class ToolSteps(ExecutorHost):
@@ -139,6 +149,47 @@ class ToolSteps(ExecutorHost):
         return True
 
     def _execute(self, step: Step, tool: Tool) -> str | None:
+        """Call the tool, waiting out its server's outage (tool_outage.py) between calls."""
+        outage: ToolOutage | None = None
+        while True:
+            try:
+                return self._attempt(step, tool)
+            except _Unreachable as down:
+                outage = outage or ToolOutage.resume(self.run_id, step.index)
+                wait = outage.failed(down.error)
+                if wait is None:  # down for AGENTRUNS_TOOL_OUTAGE_SECONDS: the step fails
+                    verdict = outage.verdict(down.error)
+                    return self._tool_failed(step, tool, down.attempt, down.started, verdict)
+                if outcome := self._wait_out_tool_outage(step, tool, down, outage, wait):
+                    return outcome
+
+    def _wait_out_tool_outage(
+        self, step: Step, tool: Tool, down: _Unreachable, outage: ToolOutage, wait: float
+    ) -> str | None:
+        """The call reached nothing: its attempt is undone (the policy's attempts are for the
+        tool's own failures), the step says what it waits on, and the run backs off."""
+        until = timezone.now() + timedelta(seconds=wait)
+        secrets = secret_values([step.arguments], self.state.run.redacted_fields(step.tool))
+        reason = redact_text(outage.reason(down.error), secrets)[:2000]
+        with transaction.atomic():
+            if tool.commits_before_call:
+                StepAttempt.objects.filter(step=step, number=down.attempt).delete()
+            step.status, step.attempts, step.error = StepStatus.PENDING, down.attempt - 1, reason
+            step.save(update_fields=["status", "attempts", "error"])
+            data = step_event_data(
+                step, next_attempt_at=iso(until), waiting_on=down.error.server, reason=reason
+            )
+            self.commit([(EventType.STEP_RETRY_SCHEDULED, data)])
+        if self.drain is not None and wait > conf.RETRY_SLEEP_MAX_SECONDS:
+            return self.back_off(until, reason=reason, tool_outage=outage.state())
+        connections.release()
+        if not self._wait_for_retry(until):
+            return self.finish(
+                RunStatus.CANCELLED, stop_reason="cancelled", error="cancelled on request"
+            )
+        return None
+
+    def _attempt(self, step: Step, tool: Tool) -> str | None:
         if step.id in self.state.begun_here:  # its "before" commit was the model's commit
             self.state.begun_here.discard(step.id)
             attempt, started = step.attempts, step.started_at
@@ -179,6 +230,8 @@ class ToolSteps(ExecutorHost):
             pass
         if isinstance(failure, ApprovalRequested) and not step.approved:
             return self._tool_asked_approval(step, tool, attempt)
+        if isinstance(failure, ServerUnavailable):
+            raise _Unreachable(failure, attempt, started)
         if isinstance(failure, OutcomeUnknown) and tool.commits_before_call:
             # the call's connection broke after it was sent: reconciled, as after a dead worker
             secrets = secret_values([step.arguments], self.state.run.redacted_fields(step.tool))

@@ -21,6 +21,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import ClassVar
 
 from agentruns.conf import conf
 from agentruns.models import RunEvent, RunStatus
@@ -33,6 +34,10 @@ JITTER = 0.2  # each wait is its backoff +-20%: runs that lost the same server d
 
 @dataclass
 class ModelOutage:
+    """One step's outage of its dependency (a tool server's: `tool_outage.py`, a subclass)."""
+
+    KEY: ClassVar[str] = "model_outage"  # the backing-off event's key for `state()`
+
     step: int  # the model step's index
     since: float  # epoch seconds of the first failure
     failures: int = 0
@@ -48,7 +53,7 @@ class ModelOutage:
             .values_list("data", flat=True)
             .first()
         )
-        state = (latest or {}).get("model_outage")
+        state = (latest or {}).get(cls.KEY)
         if isinstance(state, dict) and state.get("step") == step:
             try:
                 since = datetime.fromisoformat(state["since"]).timestamp()
@@ -61,19 +66,22 @@ class ModelOutage:
     def elapsed(self) -> float:
         return max(0.0, time.time() - self.since)
 
+    @property
+    def budget(self) -> float:
+        return conf.MODEL_OUTAGE_SECONDS
+
     def failed(self, exc: ModelError) -> float | None:
         """Count one more failure; the seconds to wait before the next try, or None when the
-        outage has lasted AGENTRUNS_MODEL_OUTAGE_SECONDS (the step fails)."""
+        outage has lasted `budget` (AGENTRUNS_MODEL_OUTAGE_SECONDS: the step fails)."""
         self.failures += 1
-        budget = conf.MODEL_OUTAGE_SECONDS
-        left = budget - self.elapsed
+        left = self.budget - self.elapsed
         if left <= 0:
             return None
         backoff = min(
             conf.MODEL_BACKOFF_MAX_SECONDS, conf.MODEL_BACKOFF_SECONDS * 2 ** (self.failures - 1)
         )
         wait = backoff * random.uniform(1 - JITTER, 1 + JITTER)
-        if exc.retry_after is not None:
+        if getattr(exc, "retry_after", None) is not None:
             wait = max(wait, exc.retry_after)  # the server said when; never sooner
         return min(wait, left)  # the last try comes when the budget ends
 
