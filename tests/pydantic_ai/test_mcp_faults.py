@@ -1,11 +1,14 @@
 """An MCP server's faults, against the `mcp` SDK's server as a real process (streamable HTTP and
 stdio; tests/pydantic_ai/mcp_server.py) and PostgreSQL, asserted on the server's own ledger:
-an HTTP error answer (429, 5xx) is a retryable failure with backoff; a connection that drops
-mid-call re-runs a read-only or idempotent tool and turns any other into an unknown outcome
-that a person reconciles through the API; tool policies and the permission snapshot name MCP
-tools by their prefixed names."""
+a 429/503 answer (refused before processing) and a server that does not start are weather (no
+attempt used; test_mcp_weather.py for long outages); a 500 answer, which may come after the
+effect, and a connection that drops mid-call re-run a read-only or idempotent tool under its
+retry policy and turn any other into an unknown outcome that a person reconciles through the
+API; tool policies and the permission snapshot name MCP tools by their prefixed names."""
 
 from __future__ import annotations
+
+from datetime import datetime
 
 import pytest
 from django.contrib.auth.models import Group
@@ -19,10 +22,11 @@ from agentruns.models import (
     ToolPolicy,
     ToolRule,
 )
+from agentruns.runtime.events import EventType
 from approvals import services
 from approvals.models import Approval, ApprovalKind, ApprovalStatus
 from tests.crash.kit import attempt_outcomes
-from tests.helpers import advance, make_user
+from tests.helpers import advance, events, make_user
 from tests.pydantic_ai.agents import backoffice, stdio_backoffice
 from tests.pydantic_ai.kit import ledger, start, start_mcp
 from tests.pydantic_ai.mcp_server import set_faults
@@ -49,29 +53,65 @@ def _agent(transport: str, http_server, tmp_path) -> tuple[str, str, object]:
     return "pa-mcp-io", "io", path
 
 
-@pytest.mark.parametrize("status", [429, 500, 503])
-def test_an_http_error_answer_is_retried_with_backoff_and_the_call_made_once(status, http_server):
+def _waits(run) -> list:
+    """The step's `step.retry_scheduled` events that say it waits on its server."""
+    return [e for e in events(run, EventType.STEP_RETRY_SCHEDULED) if e.data.get("waiting_on")]
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_a_429_or_503_answer_is_waited_out_without_an_attempt_and_the_call_made_once(
+    status, http_server
+):
     url, path = http_server
     backoffice(url, waive=("bo_send_mail",))
     set_faults(path, http_status=[status, 2])  # the next two calls are answered with `status`
     run = advance(start("pa-mcp", ("bo_send_mail", MAIL)))
     assert run.status == RunStatus.SUCCEEDED, run.error
     step = Step.objects.get(run=run, tool="bo_send_mail")
-    assert attempt_outcomes(step) == [
-        (1, AttemptOutcome.RETRYING),
-        (2, AttemptOutcome.RETRYING),
-        (3, AttemptOutcome.SUCCEEDED),
-    ]
-    attempts = list(StepAttempt.objects.filter(step=step).order_by("number"))
-    assert all("server answered an error" in a.error for a in attempts[:2])
-    # backoff: 1 s then 2 s (+-25% jitter) between the attempts, the same idempotency key
-    gaps = [
-        (b.started_at - a.finished_at).total_seconds()
-        for a, b in zip(attempts, attempts[1:], strict=False)
-    ]
-    assert gaps[0] >= 0.75 and gaps[1] >= 1.5, gaps
+    assert attempt_outcomes(step) == [(1, AttemptOutcome.SUCCEEDED)]  # refusals are no attempts
+    waits = _waits(run)
+    assert len(waits) == 2
+    assert all(f"backoffice answered HTTP {status}" in w.data["reason"] for w in waits)
+    # the server's Retry-After (1 s) is honoured over the first backoff (0.5 s)
+    for wait in waits:
+        due = datetime.fromisoformat(wait.data["next_attempt_at"])
+        assert (due - wait.created_at).total_seconds() >= 0.95, wait.data
     assert step.result == {"sent": 1}
     assert ledger(path)["mails"] == [MAIL]  # refused twice, sent once
+
+
+def test_a_500_after_the_effect_of_a_non_idempotent_tool_is_reconciled_never_resent(
+    http_server,
+):
+    """The MCP client reports every HTTP error status alike; a 500 may come after the server
+    ran the call (this one does), so a tool that is not idempotent is not sent again."""
+    url, path = http_server
+    backoffice(url, waive=("bo_send_mail",))
+    set_faults(path, http_status_after=[500, 1])
+    run = advance(start("pa-mcp", ("bo_send_mail", MAIL)))
+    assert run.status == RunStatus.WAITING, run.error
+    step = Step.objects.get(run=run, tool="bo_send_mail")
+    assert step.status == StepStatus.UNKNOWN
+    assert attempt_outcomes(step) == [(1, AttemptOutcome.UNKNOWN)]
+    assert "answered HTTP 500" in StepAttempt.objects.get(step=step).error
+    item = Approval.objects.get(step=step)
+    assert (item.kind, item.status) == (ApprovalKind.RECONCILIATION, ApprovalStatus.PENDING)
+    assert ledger(path)["mails"] == [MAIL]  # sent once, never again
+
+
+def test_a_500_of_an_idempotent_tool_follows_its_retry_policy(http_server):
+    url, path = http_server
+    backoffice(url, waive=("bo_set_status",))
+    set_faults(path, http_status_after=[500, 1])
+    run = advance(start("pa-mcp", ("bo_set_status", {"ticket": "T-9", "status": "closed"})))
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    step = Step.objects.get(run=run, tool="bo_set_status")
+    assert attempt_outcomes(step) == [(1, AttemptOutcome.RETRYING), (2, AttemptOutcome.SUCCEEDED)]
+    assert (
+        "server answered an error: HTTP 500" in StepAttempt.objects.get(step=step, number=1).error
+    )
+    book = ledger(path)
+    assert book["statuses"] == {"T-9": "closed"} and book["status_calls"] == 2
 
 
 @pytest.mark.parametrize("transport", ["http", "stdio"])
@@ -116,21 +156,16 @@ def test_a_connection_dropped_mid_call_of_an_idempotent_tool_runs_it_again(tmp_p
     assert book["statuses"] == {"T-3": "closed"} and book["status_calls"] == 2
 
 
-def test_a_stdio_server_that_does_not_come_up_is_a_retryable_failure(tmp_path):
+def test_a_stdio_server_that_does_not_come_up_is_waited_for_without_an_attempt(tmp_path):
     path = tmp_path / "stdio-ledger.json"
     stdio_backoffice(str(path))
     set_faults(path, fail_start=[True, 2])  # the next two servers started for the call exit
     run = advance(start("pa-mcp-io", ("io_send_mail", MAIL)))
     assert run.status == RunStatus.SUCCEEDED, run.error
     step = Step.objects.get(run=run, tool="io_send_mail")
-    assert attempt_outcomes(step) == [
-        (1, AttemptOutcome.RETRYING),
-        (2, AttemptOutcome.RETRYING),
-        (3, AttemptOutcome.SUCCEEDED),
-    ]
-    assert all(
-        "server unreachable" in a.error for a in StepAttempt.objects.filter(step=step, number__lt=3)
-    )
+    assert attempt_outcomes(step) == [(1, AttemptOutcome.SUCCEEDED)]
+    waits = _waits(run)
+    assert len(waits) == 2 and all("backoffice unreachable" in w.data["reason"] for w in waits)
     assert ledger(path)["mails"] == [MAIL]  # nothing was sent until a server was up: sent once
 
 
