@@ -177,6 +177,12 @@ def backoffice(
     register_agent(agent, tools=tools)
 
 
+def sse_backoffice(url: str) -> None:
+    """The same server over SSE (`<base>/sse`) as agent `pa-mcp-sse`, tools `sse_*`, whose
+    side-effect tools run without the inbox."""
+    backoffice(url, name="pa-mcp-sse", prefix="sse", waive=("sse_set_status", "sse_send_mail"))
+
+
 def stdio_backoffice(ledger_path: str) -> None:
     """The same server over stdio (a process per call) as agent `pa-mcp-io`, tools `io_*`, whose
     side-effect tools run without the inbox (the crash tests exercise recovery, not approvals)."""
@@ -194,5 +200,7 @@ def stdio_backoffice(ledger_path: str) -> None:
 # (they exercise recovery by idempotency class, not approvals)
 if os.environ.get("TEST_MCP_URL"):
     backoffice(os.environ["TEST_MCP_URL"], waive=("bo_set_status", "bo_send_mail"))
+if os.environ.get("TEST_MCP_SSE_URL"):
+    sse_backoffice(os.environ["TEST_MCP_SSE_URL"])
 if os.environ.get("TEST_MCP_STDIO_LEDGER"):
     stdio_backoffice(os.environ["TEST_MCP_STDIO_LEDGER"])

@@ -22,20 +22,24 @@ def start(agent: str, *calls: tuple[str, dict], user=None, say: str = "Done.", *
     return start_run(agent, {"message": plan(*calls, say=say, **extra)}, user=user).run
 
 
-def start_mcp(tmp_path: Path, port: int | None = None) -> tuple[Proc, str, Path]:
-    """The test MCP server (tests/pydantic_ai/mcp_server.py) over streamable HTTP, a real
-    process: (process, its /mcp URL, its ledger file)."""
+def start_mcp(
+    tmp_path: Path, port: int | None = None, *, sse: bool = False
+) -> tuple[Proc, str, Path]:
+    """The test MCP server (tests/pydantic_ai/mcp_server.py) over streamable HTTP (or SSE), a
+    real process: (process, its /mcp (or /sse) URL, its ledger file)."""
     port = port or free_port()
     ledger = tmp_path / "mcp-ledger.json"
     proc = Proc(
         [sys.executable, "-m", "tests.pydantic_ai.mcp_server", "--ledger", str(ledger)]
-        + ["--port", str(port)],
+        + ["--port", str(port)]
+        + (["--sse"] if sse else []),
         base_env(),
         tmp_path / f"mcp-{port}.log",
     ).start()
-    url = f"http://127.0.0.1:{port}/mcp"
-    wait_http(url, proc)
-    return proc, url, ledger
+    base = f"http://127.0.0.1:{port}"
+    # the SSE endpoint is a stream that never ends: its message path answers at once
+    wait_http(base + ("/messages/" if sse else "/mcp"), proc)
+    return proc, base + ("/sse" if sse else "/mcp"), ledger
 
 
 def ledger(path: Path) -> dict:

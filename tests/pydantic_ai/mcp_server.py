@@ -2,7 +2,7 @@
 whose own ledger (a JSON file, so a stdio server started per session shares it) counts every
 effect, which is what the tests assert on.
 
-    python -m tests.pydantic_ai.mcp_server --ledger PATH [--port N]   (no port: stdio)
+    python -m tests.pydantic_ai.mcp_server --ledger PATH [--port N [--sse]]   (no port: stdio)
 
 Tools and their annotations: `get_stock` read-only; `set_status` idempotent (the same call twice
 leaves one status, but both calls are counted); `send_mail` neither (every call sends one mail).
@@ -186,6 +186,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ledger", required=True)
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--sse", action="store_true", help="the SSE transport (/sse, /messages/)")
     options = parser.parse_args()
     LEDGER = Path(options.ledger)
     if _take_fault("fail_start"):
@@ -193,7 +194,10 @@ def main() -> None:
     if options.port:
         import uvicorn
 
-        app = HttpFaults(server.streamable_http_app(host="127.0.0.1"))
+        if options.sse:
+            app = HttpFaults(server.sse_app(host="127.0.0.1"))
+        else:
+            app = HttpFaults(server.streamable_http_app(host="127.0.0.1"))
         uvicorn.run(app, host="127.0.0.1", port=options.port, log_level="warning")
     else:
         server.run(transport="stdio")
