@@ -157,11 +157,12 @@ def backoffice(
     prefix: str = "bo",
     waive: tuple[str, ...] = (),
     declare: dict | None = None,
+    read_timeout: float = 5 * 60,
 ) -> None:
     """Register an agent with the MCP server at `source` (a URL or a stdio transport) as the
     toolset `prefix`: its tools are bo_get_stock, bo_set_status, bo_send_mail. `waive`: tools
     whose default approval (not read-only) this registration waives; `declare`: more
-    declarations by tool name."""
+    declarations by tool name; `read_timeout`: how long a call waits for its answer."""
     from pydantic_ai.mcp import MCPToolset
 
     agent = Agent(
@@ -169,7 +170,11 @@ def backoffice(
         name=name,
         instructions="You run the shop's back office.",
         # a generous handshake: a stdio server is a new Python process per call, on a busy machine
-        toolsets=[MCPToolset(source, id="backoffice", init_timeout=60).prefixed(prefix)],
+        toolsets=[
+            MCPToolset(
+                source, id="backoffice", init_timeout=60, read_timeout=read_timeout
+            ).prefixed(prefix)
+        ],
     )
     tools = {tool: {"requires_approval": False} for tool in waive}
     for tool, declared in (declare or {}).items():

@@ -99,6 +99,37 @@ def test_a_500_after_the_effect_of_a_non_idempotent_tool_is_reconciled_never_res
     assert ledger(path)["mails"] == [MAIL]  # sent once, never again
 
 
+@pytest.mark.parametrize(
+    ("tool", "args"),
+    [("send_mail", MAIL), ("set_status", {"ticket": "T-4", "status": "open"})],
+)
+def test_a_call_whose_answer_times_out_is_reconciled_or_retried_by_its_class(
+    tool, args, http_server
+):
+    """The call was sent and the session gave up on its answer: it may have run. Before, the
+    timeout reached the model as the tool's error (the model could send the mail again)."""
+    url, path = http_server
+    backoffice(url, name="pa-mcp-slow", prefix="slow", read_timeout=2, waive=(f"slow_{tool}",))
+    set_faults(path, hold_in={tool: 6})  # the effect, then 6 s before the answer (once)
+    run = advance(start("pa-mcp-slow", (f"slow_{tool}", args)))
+    step = Step.objects.get(run=run, tool=f"slow_{tool}")
+    book = ledger(path)
+    if tool == "send_mail":
+        assert run.status == RunStatus.WAITING, run.error
+        assert step.status == StepStatus.UNKNOWN
+        assert attempt_outcomes(step) == [(1, AttemptOutcome.UNKNOWN)]
+        assert Approval.objects.get(step=step).kind == ApprovalKind.RECONCILIATION
+        assert book["mails"] == [MAIL]  # sent once, never again
+    else:
+        assert run.status == RunStatus.SUCCEEDED, run.error
+        assert attempt_outcomes(step) == [
+            (1, AttemptOutcome.RETRYING),
+            (2, AttemptOutcome.SUCCEEDED),
+        ]
+        assert book["status_calls"] == 2
+    assert "timed out" in StepAttempt.objects.get(step=step, number=1).error
+
+
 def test_a_500_of_an_idempotent_tool_follows_its_retry_policy(http_server):
     url, path = http_server
     backoffice(url, waive=("bo_set_status",))

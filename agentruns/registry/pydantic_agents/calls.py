@@ -171,6 +171,10 @@ def _broken_connection(exc: BaseException) -> bool:
 # that closed before the answer (a stdio server that died, a dropped stream)
 _HTTP_ERROR_ANSWER = (-32603, "Server returned an error response")
 _CONNECTION_CLOSED = -32000
+# the session gave up waiting for the answer (the toolset's `read_timeout`): the call was sent,
+# and may have run; an answer over SSE that was an HTTP error status ends so too (the SDK's SSE
+# client drops a POST's error status)
+_REQUEST_TIMED_OUT = -32001
 
 
 # (HTTP status, Retry-After seconds) of each `tools/call` answer of the call under way: a list of
@@ -308,7 +312,7 @@ def call(
         broke = _mcp_error(exc)
         if broke is not None and (broke.code, broke.message) == _HTTP_ERROR_ANSWER:
             _error_answer(binding, definition.name, exc, answers, rerun_safe=rerun_safe)
-        if broke is not None and broke.code == _CONNECTION_CLOSED:
+        if broke is not None and broke.code in (_CONNECTION_CLOSED, _REQUEST_TIMED_OUT):
             _connection_broke(definition.name, exc, safe=rerun_safe or not sent)
         # the model is told, as Pydantic AI tells it, and may try again
         return {"error": getattr(exc, "message", str(exc)), "retry": isinstance(exc, ModelRetry)}
