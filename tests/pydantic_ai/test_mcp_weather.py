@@ -33,6 +33,7 @@ MAIL = {"to": "ann@example.com", "text": "Your refund is on its way"}
 def down(tmp_path, procs, settings):
     """The back office's server, registered and then stopped: (restart(), ledger path)."""
     settings.AGENTRUNS_MODEL_BACKOFF_MAX_SECONDS = 2  # the test's own cap: quick to notice
+    settings.AGENTRUNS_SLICE_SECONDS = 300  # in process, the whole outage is one slice
     proc, url, path = start_mcp(tmp_path)
     procs.append(proc)
     backoffice(url, waive=("bo_send_mail",))
