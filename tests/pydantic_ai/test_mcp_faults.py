@@ -100,6 +100,40 @@ def test_a_500_after_the_effect_of_a_non_idempotent_tool_is_reconciled_never_res
 
 
 @pytest.mark.parametrize(
+    ("fault", "tool", "outcomes", "effects"),
+    [
+        # a gateway's 502 after the server did it: weather for an idempotent tool (no attempt)
+        ("http_status_after", "set_status", [(1, AttemptOutcome.SUCCEEDED)], 2),
+        # ... and an unknown outcome for one that is not
+        ("http_status_after", "send_mail", [(1, AttemptOutcome.UNKNOWN)], 1),
+        # a 400 refuses the call before running it: the tool's retry policy
+        (
+            "http_status",
+            "send_mail",
+            [(1, AttemptOutcome.RETRYING), (2, AttemptOutcome.SUCCEEDED)],
+            1,
+        ),
+    ],
+)
+def test_each_other_http_status_by_its_class(fault, tool, outcomes, effects, http_server):
+    url, path = http_server
+    backoffice(url, waive=(f"bo_{tool}",))
+    status = 400 if fault == "http_status" else 502
+    set_faults(path, **{fault: [status, 1]})
+    args = MAIL if tool == "send_mail" else {"ticket": "T-5", "status": "open"}
+    run = advance(start("pa-mcp", (f"bo_{tool}", args)))
+    step = Step.objects.get(run=run, tool=f"bo_{tool}")
+    assert attempt_outcomes(step) == outcomes, run.error
+    book = ledger(path)
+    assert len(book.get("mails", [])) + book.get("status_calls", 0) == effects
+    assert run.status == (
+        RunStatus.WAITING if outcomes[-1][1] == AttemptOutcome.UNKNOWN else RunStatus.SUCCEEDED
+    )
+    if outcomes == [(1, AttemptOutcome.SUCCEEDED)]:
+        assert [w.data["waiting_on"] for w in _waits(run)] == ["backoffice"]
+
+
+@pytest.mark.parametrize(
     ("tool", "args"),
     [("send_mail", MAIL), ("set_status", {"ticket": "T-4", "status": "open"})],
 )
