@@ -100,3 +100,20 @@ class ToolRule(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tool}: {'allowed' if self.allowed else 'not allowed'}"
+
+
+class AccessGeneration(models.Model):
+    """One row (id 1) whose `value` changes, to a fresh random number, on every write to what
+    decides a user's permissions: group membership, user and group permissions, groups,
+    permissions, content types, tool policies and their rules.
+
+    Database triggers change it (migration 0011), so a queryset `update()`, the admin, a raw SQL
+    statement or another process all invalidate what `runtime/access/cache.py` keeps per
+    process. Random rather than counting: a rolled-back change restores the value it had, and a
+    value is never reused for another state."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True)
+    value = models.BigIntegerField()
+
+    def __str__(self) -> str:
+        return f"access generation {self.value}"
