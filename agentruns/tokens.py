@@ -49,20 +49,14 @@ def user_for_token(raw: str) -> Any | None:
     """The token's user, or None when it is unknown, revoked, expired or its user inactive."""
     if not raw:
         return None
-    # one query: the token, its user and the access generation its permissions are kept under
-    token = (
-        ApiToken.valid()
-        .select_related("user")
-        .annotate(access_generation=cache.generation_subquery())
-        .filter(token_hash=hash_token(raw.strip()))
-        .first()
-    )
+    # one statement: the token, its user and the access generation its permissions are kept under
+    token = ApiToken.authenticating(hash_token(raw.strip()))
     if token is None:
         return None
     cache.stamp(token.user, token.access_generation)
     now = timezone.now()
     if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
-        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        ApiToken.objects.filter(pk=token.token_id).update(last_used_at=now)
     return token.user
 
 

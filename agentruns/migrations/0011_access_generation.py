@@ -2,7 +2,7 @@
 random value on every write to what decides a user's permissions (runtime/access/cache.py).
 
 PostgreSQL: one statement-level trigger per table (INSERT, UPDATE, DELETE, TRUNCATE); SQLite: a
-row-level trigger per table and kind. A bump is an upsert, so a flushed table gets its row back.
+row-level trigger per table and kind. A bump recreates a missing row (a flushed table).
 """
 
 from django.conf import settings
@@ -46,10 +46,13 @@ def install(apps, schema_editor) -> None:
     elif schema_editor.connection.vendor == "sqlite":
         for watched in _watched_tables(apps):
             for kind in ("INSERT", "UPDATE", "DELETE"):
+                # no conflict clause: the firing statement's own (Django's m2m add is an
+                # INSERT OR IGNORE) would override it and skip the bump
                 run(
                     f"CREATE TRIGGER {watched}_access_generation_{kind.lower()} AFTER {kind} "
-                    f"ON {watched} BEGIN INSERT OR REPLACE INTO {table} (id, value) "
-                    "VALUES (1, random()); END"
+                    f"ON {watched} BEGIN UPDATE {table} SET value = random() WHERE id = 1; "
+                    f"INSERT INTO {table} (id, value) SELECT 1, random() "
+                    f"WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE id = 1); END"
                 )
     else:  # no triggers: the cache stays off (a NULL generation is never cached)
         return
