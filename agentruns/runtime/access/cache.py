@@ -58,6 +58,13 @@ def stamp(user: Any, generation: int | None) -> None:
         )
 
 
+def answers_from_memory(user: Any) -> bool:
+    """`user.has_perm` answers without a query: an active superuser, or permissions stamped."""
+    if getattr(user, "is_superuser", False) and getattr(user, "is_active", False):
+        return True
+    return hasattr(user, "_perm_cache")
+
+
 def remembered(user: Any, what: Hashable, compute: Callable[[], T]) -> T:
     """`compute()`, kept for `user` under the generation it was stamped with. What it returns is
     shared between requests: return immutable values (tuples, frozensets, strings)."""
