@@ -3,6 +3,8 @@
 A token expires `AGENTRUNS_API_TOKEN_DAYS` (default 90) after it is made; a revoked or expired
 token is refused on its next request, and an open socket or chat stream it authenticated ends
 within `SOCKET_RECHECK_SECONDS` (stream/sockets.py re-checks them, one query per process).
+Authenticating is one query, which also reads the access generation: the user's permissions,
+groups and policies then come from `runtime/access/cache.py` until any of them changes.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from django.utils import timezone
 
 from agentruns.conf import conf
 from agentruns.models import ApiToken
+from agentruns.runtime.access import cache
 
 PREFIX = "art_"
 SOCKET_RECHECK_SECONDS = 2.0
@@ -46,14 +49,14 @@ def user_for_token(raw: str) -> Any | None:
     """The token's user, or None when it is unknown, revoked, expired or its user inactive."""
     if not raw:
         return None
-    token = (
-        ApiToken.valid().select_related("user").filter(token_hash=hash_token(raw.strip())).first()
-    )
+    # one statement: the token, its user and the access generation its permissions are kept under
+    token = ApiToken.authenticating(hash_token(raw.strip()))
     if token is None:
         return None
+    cache.stamp(token.user, token.access_generation)
     now = timezone.now()
     if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
-        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        ApiToken.objects.filter(pk=token.token_id).update(last_used_at=now)
     return token.user
 
 

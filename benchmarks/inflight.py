@@ -171,11 +171,16 @@ def ours_latency_bound(ns: tuple[int, ...], workload: dict) -> tuple[list[dict],
         procs.stop(proc)
     from django.conf import settings
 
+    from agentruns.runtime.dispatch import claims
+
     pool = settings.DATABASES["default"]["OPTIONS"].get("pool") or {}
     config = {
         "q_workers": settings.Q_CLUSTER["workers"],
         "per_process": conf.RUNS_PER_PROCESS,
         "pool_max": pool.get("max_size", 0),
+        # connections outside the pools (benchmarks/targets.py `connection_bound`)
+        "claimer_listeners": int(claims.starts_by_notify()),
+        "doorbell_listeners": 1,
     }
     return rows, config
 

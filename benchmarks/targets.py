@@ -21,10 +21,9 @@ from benchmarks.inflight_report import OURS, row_at
 
 ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var"
-# the cluster's processes besides its workers (qcluster's main process, q2's sentinel, pusher
-# and monitor) hold at most this many connections each: their pool's one, the pusher's LISTEN
+# the cluster's processes besides its workers: qcluster's main process (the sweeper loop and
+# the outbox's deliveries), q2's sentinel, pusher and monitor; each has a pool of its own
 AUX_PROCESSES = 4
-AUX_CONNECTIONS = 2
 FLAT_PER_STEP = 1.25  # "flat": a 1001-step run's cost per step within 1.25x an 11-step run's
 SYNC_PEERS = ("DBOS Transact", "LangGraph + PostgresSaver")  # the async LangGraph is reference only
 
@@ -102,6 +101,24 @@ def _start_latency(issue: int, inflight: dict, bound_ms: float) -> Target:
     return Target(issue, text, redis["p50_ms"] < bound_ms, figures)
 
 
+def connection_bound(cfg: dict) -> tuple[int, str]:
+    """The most PostgreSQL connections the cluster can hold, from the code and the settings the
+    bench ran with: every process's psycopg pool (DB_POOL_MAX_SIZE; a pool never opens more),
+    plus the connections outside the pools: each worker process's claimer LISTENs on one of its
+    own (runtime/workers/claimer.py, when claims are on) and q2's pusher one for the doorbell
+    broker (runtime/dispatch/broker.py), both through `dispatch/connections.open_listener`,
+    which opens a new one only after the old one is closed."""
+    workers, pool_max = cfg["q_workers"], cfg["pool_max"]
+    claimers = cfg.get("claimer_listeners", 1)  # per worker process (an older file: claims on)
+    doorbell = cfg.get("doorbell_listeners", 1)
+    bound = workers * (pool_max + claimers) + AUX_PROCESSES * pool_max + doorbell
+    formula = (
+        f"{workers} worker processes x ({pool_max} pool + {claimers} claimer LISTEN) + "
+        f"{AUX_PROCESSES} other q2 processes x {pool_max} pool + {doorbell} doorbell LISTEN"
+    )
+    return bound, formula
+
+
 def collect() -> list[Target]:
     engine, inflight, pa = _load("bench-engine.json"), _load("bench-inflight.json"), None
     pa = _load("bench-pydantic-ai.json")
@@ -124,14 +141,13 @@ def collect() -> list[Target]:
                 f"+{top['rss_growth_mb']:.0f} MB (largest worker process, peak {top['rss_mb']:.0f} MB)",
             )
         )
-        bound = cfg["q_workers"] * cfg["pool_max"] + AUX_PROCESSES * AUX_CONNECTIONS
+        bound, formula = connection_bound(cfg)
         found.append(
             Target(
                 22,
                 "sleeping: N=1000 PostgreSQL connections bounded by the pools",
                 top["pg_connections"] <= bound,
-                f"peak {top['pg_connections']}; bound {cfg['q_workers']} worker pools x "
-                f"{cfg['pool_max']} + {AUX_PROCESSES} other q2 processes x {AUX_CONNECTIONS} = {bound}",
+                f"peak {top['pg_connections']}; bound {formula} = {bound}",
             )
         )
     else:

@@ -2,7 +2,13 @@
 their steps (`runs`), who may do what (`access`), rows every process shares (`shared`). Every
 model is importable from here, as Django and the migrations expect of the app's `models`."""
 
-from agentruns.models.access import ApiToken, ApprovalOverride, ToolPolicy, ToolRule
+from agentruns.models.access import (
+    AccessGeneration,
+    ApiToken,
+    ApprovalOverride,
+    ToolPolicy,
+    ToolRule,
+)
 from agentruns.models.runs import (
     TERMINAL_RUN_STATUSES,
     TERMINAL_STEP_STATUSES,
@@ -20,6 +26,7 @@ from agentruns.models.shared import QuotaBucket, WorkerHeartbeat
 __all__ = [
     "TERMINAL_RUN_STATUSES",
     "TERMINAL_STEP_STATUSES",
+    "AccessGeneration",
     "ApiToken",
     "ApprovalOverride",
     "AttemptOutcome",

@@ -31,6 +31,7 @@ from channels.layers import get_channel_layer
 
 from agentruns.conf import conf
 from agentruns.models import Run
+from agentruns.runtime.access import cache
 from agentruns.runtime.outages import weather
 from agentruns.runtime.outages.faults import is_infrastructure_error, redis_unavailable
 from agentruns.runtime.store.nudges import run_group
@@ -103,13 +104,16 @@ class RunFeed:
 _FEEDS: dict[tuple[int, str], RunFeed] = {}
 
 
-async def open_feed(run_id: str) -> RunFeed:
-    """The process's feed for a run (created on first viewer): subscribed before its first read."""
+async def open_feed(run_id: str, head: int | None = None) -> RunFeed:
+    """The process's feed for a run (created on first viewer): subscribed before its first read.
+    `head`: the run's last_seq as the caller just read it (saves a read; a commit between that
+    read and the subscription is found by the feed's first read, which follows it)."""
     key = (id(asyncio.get_running_loop()), run_id)
     feed = _FEEDS.get(key)
     if feed is not None:
         return feed
-    head = await database_sync_to_async(_run_last_seq)(run_id)
+    if head is None:
+        head = await database_sync_to_async(_run_last_seq)(run_id)
     feed = _FEEDS.get(key)  # another viewer may have opened it while we read
     if feed is not None:
         return feed
@@ -228,7 +232,12 @@ def _contiguous_prefix(feed: RunFeed, frames: list[tuple[int, str]]) -> list[tup
 
 
 def _run_last_seq(run_id: str) -> int:
-    return Run.objects.filter(id=run_id).values_list("last_seq", flat=True).first() or 0
+    return _run_head(run_id) or 0
+
+
+def _run_head(run_id: str) -> int | None:
+    """The run's last_seq; None when there is no such run."""
+    return Run.objects.filter(id=run_id).values_list("last_seq", flat=True).first()
 
 
 class RunStreamConsumer(AsyncWebsocketConsumer):
@@ -257,7 +266,7 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
             await self.close(code=sockets.TRY_LATER, reason=busy)
             return
         self.slot_of = user_id
-        self.feed = await open_feed(self.run_id)
+        self.feed = await open_feed(self.run_id, self.head)
         self.outages_seen = self.feed.outages
         self.feed.viewers.add(self.wakeup)
         self.sender = asyncio.create_task(self.pump())
@@ -279,7 +288,12 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
             return 4401, str(self.scope["auth_error"])
         if user is None or not user.is_authenticated:
             return 4401, "login required"
-        if not await database_sync_to_async(user.has_perm)("agentruns.view_run"):
+        # a token's user has its permissions in memory (runtime/access/cache.py): no thread hop
+        if cache.answers_from_memory(user):
+            allowed = user.has_perm("agentruns.view_run")
+        else:
+            allowed = await database_sync_to_async(user.has_perm)("agentruns.view_run")
+        if not allowed:
             return 4403, "permission agentruns.view_run required"
         query = parse_qs(self.scope.get("query_string", b"").decode())
         try:
@@ -287,7 +301,9 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
             uuid.UUID(self.run_id)
         except ValueError:
             return 4400, "after must be an integer"
-        if not await database_sync_to_async(Run.objects.filter(id=self.run_id).exists)():
+        # the run's last_seq, which the feed starts from: one read for both
+        self.head = await database_sync_to_async(_run_head)(self.run_id)
+        if self.head is None:
             return 4404, "no such run"
         return None
 

@@ -15,6 +15,9 @@ Rules (group policies are `ToolPolicy` rows, edited in the admin):
 - approvers' limits are frozen for every group that sets one for the tool (the approver's
   groups at decision time pick from them), with AGENTRUNS_APPROVER_LIMIT_CENTS as the default.
 
+What the database says (groups, policies, limits) is kept per process under the access
+generation (`cache.py`): any write to those tables is seen by the next start.
+
 The run keeps the snapshot: retry and resume read it, a policy edited later does not change it.
 """
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from django.utils import timezone
@@ -29,14 +33,57 @@ from django.utils import timezone
 from agentruns.conf import conf
 from agentruns.models import ApprovalOverride, Run, ToolPolicy, ToolRule
 from agentruns.registry import Tool, UnknownTool, get_tool
+from agentruns.runtime.access import cache
 from agentruns.runtime.values.ids import actor_name
 from agentruns.runtime.values.timestamps import iso
 
 
 def group_names(user: Any) -> list[str]:
+    return list(_grants(user).groups)
+
+
+@dataclass(frozen=True)
+class _Policy:
+    group: str
+    other_tools_allowed: bool
+    rules: dict[str, tuple[bool, str]]  # tool -> (allowed, approval override)
+
+
+@dataclass(frozen=True)
+class _Grants:
+    """What the database says about a user's tools: their groups, those groups' policies."""
+
+    groups: tuple[str, ...]
+    policies: tuple[_Policy, ...]
+
+
+def _grants(user: Any) -> _Grants:
     if user is None or not getattr(user, "is_authenticated", False):
-        return []
-    return sorted(user.groups.values_list("name", flat=True))
+        return _Grants((), ())
+    return cache.remembered(user, "grants", lambda: _read_grants(user))
+
+
+def _read_grants(user: Any) -> _Grants:
+    groups = tuple(sorted(user.groups.values_list("name", flat=True)))
+    if not groups:
+        return _Grants((), ())
+    policies = (
+        ToolPolicy.objects.filter(group__name__in=groups)
+        .select_related("group")
+        .prefetch_related("rules")
+        .order_by("group__name")
+    )
+    return _Grants(
+        groups,
+        tuple(
+            _Policy(
+                p.group.name,
+                p.other_tools_allowed,
+                {r.tool: (r.allowed, r.approval) for r in p.rules.all()},
+            )
+            for p in policies
+        ),
+    )
 
 
 def _tool(name: str) -> Tool | None:
@@ -54,27 +101,18 @@ def snapshot(user: Any, tool_names: Iterable[str]) -> dict:
     """The permissions a run started by `user` (None: a trusted in-process caller) has."""
     names = list(tool_names)
     tools = {name: _tool(name) for name in names}
-    groups = group_names(user)
-    policies = (
-        list(
-            ToolPolicy.objects.filter(group__name__in=groups)
-            .select_related("group")
-            .prefetch_related("rules")
-            .order_by("group__name")
-        )
-        if groups
-        else []
-    )
-    rules = {p.group.name: {r.tool: r for r in p.rules.all()} for p in policies}
-    limits = _group_limits([n for n, t in tools.items() if t is not None and t.amount_arg])
+    grants = _grants(user)
+    policies = grants.policies
+    limited = tuple(sorted(n for n, t in tools.items() if t is not None and t.amount_arg))
+    limits = _group_limits(user, limited)
     out: dict[str, dict] = {}
     for name, tool in tools.items():
         allowing, always = [], False
         for policy in policies:
-            rule = rules[policy.group.name].get(name)
-            if rule.allowed if rule is not None else policy.other_tools_allowed:
-                allowing.append(policy.group.name)
-            always = always or (rule is not None and rule.approval == ApprovalOverride.ALWAYS)
+            rule = policy.rules.get(name)
+            if rule[0] if rule is not None else policy.other_tools_allowed:
+                allowing.append(policy.group)
+            always = always or (rule is not None and rule[1] == ApprovalOverride.ALWAYS)
         entry: dict[str, Any] = {
             "allowed": tool is not None and (not policies or bool(allowing)),
             "allowed_by": allowing if policies else None,
@@ -86,28 +124,35 @@ def snapshot(user: Any, tool_names: Iterable[str]) -> dict:
             entry["approvals"] = policy["approvals"]
             if tool.amount_arg:
                 entry["amount_arg"] = tool.amount_arg
-                entry["limits"] = {"default": default_limit(), "groups": limits.get(name, {})}
+                entry["limits"] = {"default": default_limit(), "groups": dict(limits.get(name, ()))}
         out[name] = entry
     return {
         "user": actor_name(user) or None,
-        "groups": groups,
-        "policies": [p.group.name for p in policies],
+        "groups": list(grants.groups),
+        "policies": [p.group for p in policies],
         "tools": out,
         "taken_at": iso(timezone.now()),
     }
 
 
-def _group_limits(names: list[str]) -> dict[str, dict[str, int]]:
-    """tool -> {group: the most its approvers may approve}, for every group that sets one."""
+def _group_limits(user: Any, names: tuple[str, ...]) -> dict[str, tuple[tuple[str, int], ...]]:
+    """tool -> ((group, the most its approvers may approve), ...), for every group that sets one
+    (every group's, not only the user's: kept under the access generation all the same)."""
     if not names:
         return {}
+    if user is None or not getattr(user, "is_authenticated", False):
+        return _read_group_limits(names)
+    return cache.remembered(user, ("limits", names), lambda: _read_group_limits(names))
+
+
+def _read_group_limits(names: tuple[str, ...]) -> dict[str, tuple[tuple[str, int], ...]]:
     rows = ToolRule.objects.filter(tool__in=names, approver_limit__isnull=False).values_list(
         "tool", "policy__group__name", "approver_limit"
     )
-    out: dict[str, dict[str, int]] = defaultdict(dict)
+    out: dict[str, list[tuple[str, int]]] = defaultdict(list)
     for tool, group, limit in rows:
-        out[tool][group] = limit
-    return dict(out)
+        out[tool].append((group, limit))
+    return {tool: tuple(pairs) for tool, pairs in out.items()}
 
 
 def needs_approval(run: Run, tool: Tool, arguments: dict) -> bool:

@@ -95,14 +95,32 @@ def _check_bucket(kind: str, what: str, user: Any, burst: float, per_second: flo
         )
 
 
+def runs_in_flight(user_id: int, cap: int) -> int:
+    """How many of the user's runs are queued or running, counting to `cap` at most. SQL of its
+    own: the ORM's count built its query in 1.0 ms of CPU per start, the statement takes 0.2."""
+    table, status = connection.ops.quote_name(_RUNS), connection.ops.quote_name(_STATUS)
+    by = connection.ops.quote_name(_CREATED_BY)
+    sql = (
+        f"SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {by} = %s "
+        f"AND {status} IN ({', '.join(['%s'] * len(IN_FLIGHT))}) LIMIT %s) AS in_flight"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [user_id, *[str(s) for s in IN_FLIGHT], cap])
+        return int(cursor.fetchone()[0])
+
+
+_RUNS = Run._meta.db_table
+_STATUS = Run._meta.get_field("status").column
+_CREATED_BY = Run._meta.get_field("created_by").column
+
+
 def check_start(user: Any) -> None:
     """A run start by `user`: the in-flight cap, then the start bucket."""
     if not _metered(user):
         return
     cap = conf.RUNS_IN_FLIGHT_PER_USER
     if cap > 0:
-        in_flight = Run.objects.filter(created_by=user, status__in=IN_FLIGHT)[:cap].count()
-        if in_flight >= cap:
+        if runs_in_flight(user.pk, cap) >= cap:
             raise QuotaExceeded(
                 f"too many runs in flight: you have {cap} queued or running; "
                 "start more when some have finished",
