@@ -47,7 +47,7 @@ from django.db import connection
 from django.utils import timezone
 
 from agentruns.conf import conf
-from agentruns.models import Run, WorkerHeartbeat
+from agentruns.models import WorkerHeartbeat
 from agentruns.runtime.dispatch import connections
 from agentruns.runtime.dispatch.lease import hand_back, release_leases
 from agentruns.runtime.dispatch.queue import ADVANCE_TASK, enqueue
@@ -193,7 +193,7 @@ class RunPool:
                 elif self.closing.is_set():  # claimed just before the stop: release and ring
                     release_leases([(executor.run_id, owner)])
                 else:
-                    executor.advance(claimed=Run.objects.get(id=run_id))
+                    executor.advance(claimed=executor.store.load_run(executor.run_id))
             except Exception as exc:  # advance() contains engine errors; this is the doorbell's
                 if is_infrastructure_error(exc):  # the give-back failed: the sweeper rings it
                     weather.database.noticed(exc, f"run {run_id}")
