@@ -24,6 +24,7 @@ from agentruns.runtime.store.base import RunDeltas, RunStore
 from agentruns.runtime.store.documents import batch_rows, dumps, row
 from agentruns.runtime.store.nudges import nudge_on_commit
 from agentruns.runtime.store.pg_function import FUNCTION, LEASE_LOST_SQLSTATE
+from agentruns.runtime.store.rows import loaded_run, run_columns
 from agentruns.runtime.store.sql import run_update_sql, run_value
 
 
@@ -175,27 +176,9 @@ SELECT id, last_seq, cancel_requested FROM r
 """
 
 
-_RUN_FIELDS = Run._meta.concrete_fields
 # the run row by id: a constant statement, prepared once per connection (the ORM's `get` compiled
-# its SQL anew every time: ~0.2 ms of the claim path, measured)
-_RUN_COLUMNS = ", ".join(f'"{f.column}"' for f in _RUN_FIELDS)
-LOAD_RUN_SQL = f"SELECT {_RUN_COLUMNS} FROM {_RUN_T} WHERE id = %s"
-_run_converters: list[tuple[int, list[Any], Any]] | None = None
-
-
-def _converters(db: Any) -> list[tuple[int, list[Any], Any]]:
-    """Per column of LOAD_RUN_SQL that needs one, Django's converters (JSON text -> value), as
-    the ORM's compiler finds them; computed once per process."""
-    global _run_converters
-    if _run_converters is None:
-        found = []
-        for i, field in enumerate(_RUN_FIELDS):
-            col = field.get_col(_RUN_T)
-            convs = db.ops.get_db_converters(col) + col.get_db_converters(db)
-            if convs:
-                found.append((i, convs, col))
-        _run_converters = found
-    return _run_converters
+# its SQL anew every time: ~4x the CPU, measured)
+LOAD_RUN_SQL = f"SELECT {run_columns(_RUN_T)} FROM {_RUN_T} WHERE id = %s"
 
 
 class PostgresStore(RunStore):
@@ -235,11 +218,7 @@ class PostgresStore(RunStore):
             found = prepared.fetchone()
         if found is None:
             raise Run.DoesNotExist(f"run {run_id} does not exist")
-        values = list(found)
-        for i, convs, col in _converters(db):
-            for convert in convs:
-                values[i] = convert(values[i], col, db)
-        return Run.from_db(DEFAULT_DB_ALIAS, None, values)
+        return loaded_run(found, db)
 
     def commit_deltas(
         self, deltas: list[RunDeltas], *, now: datetime
