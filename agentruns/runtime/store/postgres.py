@@ -87,15 +87,25 @@ def _execute_call(
         with db.cursor() as cursor:
             cursor.execute(sql + ("; COMMIT" if end_transaction else ""), [document, notify])
             return cursor.fetchone()
+    if end_transaction:
+        return _fetch(CALL_SQL_COMMIT, [document], client=True)[0]
+    return _fetch(CALL_SQL, [document])[0]
+
+
+def _fetch(sql: str, params: list[Any], *, client: bool = False) -> list[tuple]:
+    """The rows of `sql` on this thread's connection, through a kept cursor: prepared once per
+    connection (a constant statement), or bound client-side (`client`: several statements).
+    psycopg's errors come out as Django's (the cause kept), as from a Django cursor."""
+    db = connections[DEFAULT_DB_ALIAS]
     db.ensure_connection()
     db.validate_no_broken_transaction()
-    with db.wrap_database_errors:  # psycopg's errors as Django's (the cause kept), as a cursor does
-        prepared, client = _kept_cursors(db)
-        if end_transaction:
-            client.execute(CALL_SQL_COMMIT, [document])
-            return client.fetchone()
-        prepared.execute(CALL_SQL, [document], prepare=True)
-        return prepared.fetchone()
+    with db.wrap_database_errors:
+        prepared, client_cursor = _kept_cursors(db)
+        if client:
+            client_cursor.execute(sql, params)
+            return client_cursor.fetchall()
+        prepared.execute(sql, params, prepare=True)
+        return prepared.fetchall()
 
 
 CALL_SQL_COMMIT = CALL_SQL + "; COMMIT"
@@ -209,16 +219,10 @@ class PostgresStore(RunStore):
         )
 
     def load_run(self, run_id: uuid.UUID) -> Run:
-        db = connections[DEFAULT_DB_ALIAS]
-        db.ensure_connection()
-        db.validate_no_broken_transaction()
-        with db.wrap_database_errors:
-            prepared, _ = _kept_cursors(db)
-            prepared.execute(LOAD_RUN_SQL, [uuid.UUID(str(run_id))], prepare=True)
-            found = prepared.fetchone()
-        if found is None:
+        found = _fetch(LOAD_RUN_SQL, [uuid.UUID(str(run_id))])
+        if not found:
             raise Run.DoesNotExist(f"run {run_id} does not exist")
-        return loaded_run(found, db)
+        return loaded_run(found[0], connections[DEFAULT_DB_ALIAS])
 
     def commit_deltas(
         self, deltas: list[RunDeltas], *, now: datetime
@@ -233,9 +237,8 @@ class PostgresStore(RunStore):
             }
             for d in sorted(deltas, key=lambda d: d.run_id)
         ]
-        with connection.cursor() as cursor:
-            cursor.execute(DELTAS_SQL, [dumps(payload), now, now])
-            rows = cursor.fetchall()
+        # a constant statement: prepared once per connection, not parsed and planned per tick
+        rows = _fetch(DELTAS_SQL, [dumps(payload), now, now])
         done = {}
         for run_id, last_seq, cancel in rows:
             done[run_id] = (int(last_seq), bool(cancel))
