@@ -53,16 +53,14 @@ def _text(value: Any) -> Any:
     return str(value)
 
 
-def _iso(value: Any) -> Any:
-    return value.isoformat()
-
-
 def _spec(
     model: type[models.Model],
 ) -> tuple[list[tuple[str, str]], list[tuple[str, str, Any]], list[str]]:
     """How `row` reads a model: (column, attname) of values JSON takes as they are, (column,
-    attname, to-JSON) of the others, and the attnames stamped with `now` when empty. Converting
-    here keeps the JSON encoder on its C fast path."""
+    attname, to-JSON) of the others, and the attnames stamped with `now` when empty. orjson
+    writes datetimes and UUIDs itself, as their `isoformat()` and `str()` (what the json module's
+    fallback writes too); only decimals are converted here, which keeps it off the Python
+    callback."""
     spec = _SPECS.get(model)
     if spec is None:
         plain, converted, stamped = [], [], []
@@ -71,11 +69,7 @@ def _spec(
                 continue
             if getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False):
                 stamped.append(f.attname)
-            if isinstance(f, models.DateTimeField | models.DateField | models.TimeField):
-                converted.append((f.column, f.attname, _iso))
-            elif isinstance(f, models.UUIDField | models.DecimalField) or (
-                f.is_relation and isinstance(f.target_field, models.UUIDField)
-            ):
+            if isinstance(f, models.DecimalField):
                 converted.append((f.column, f.attname, _text))
             else:
                 plain.append((f.column, f.attname))
