@@ -22,7 +22,6 @@ held). A run backing off has `enqueued_at` in the future: not claimable before i
 from __future__ import annotations
 
 import json
-import uuid
 from datetime import timedelta
 
 from django.core.serializers.json import DjangoJSONEncoder
@@ -44,11 +43,6 @@ OWNER_ID_CHARS = 8  # of the run's id, after the batch's tag: a lease owner per 
 def starts_by_notify() -> bool:
     """A start announces itself with a NOTIFY instead of a q2 doorbell (PostgreSQL, claims on)."""
     return conf.RUN_CLAIM_BATCH > 0 and connection.vendor == "postgresql"
-
-
-def lease_owner(tag: str, run_id: uuid.UUID | str) -> str:
-    """The owner a batch claim gives one run (the SQL computes the same)."""
-    return f"{tag}/{str(run_id)[:OWNER_ID_CHARS]}"
 
 
 def claim_queued(limit: int, events: list[EventSpec]) -> list[Run]:
