@@ -82,12 +82,12 @@ def install_worker() -> None:
     def claim_queued(limit: int, events: Any) -> Any:
         record("claim_batch", n=limit)
         claimed = original_claim(limit, events)
-        for run_id, _owner in claimed:
-            record("claimed", run_id, cpu=time.thread_time())
+        for run in claimed:
+            record("claimed", run.id, cpu=time.thread_time())
         return claimed
 
     claims.claim_queued = claim_queued
-    wrap(RunPool, "start_claimed", "hand_over", "handed", run_of=lambda a: a[1])
+    wrap(RunPool, "start_claimed", "hand_over", "handed", run_of=lambda a: a[1].id)
     wrap(RunExecutor, "advance", "advance", "advanced")
     wrap(RunExecutor, "_stream_model", "model_call")
     wrap(RunExecutor, "tool_step", "tool_call")

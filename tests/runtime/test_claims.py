@@ -138,9 +138,16 @@ def test_a_run_backing_off_is_not_claimed_before_it_is_due():
     Run.objects.filter(id=run.id).update(enqueued_at=due)
     assert claims.claim_queued(10, transitions.started().events) == []
     Run.objects.filter(id=run.id).update(enqueued_at=timezone.now() - timedelta(seconds=1))
-    ((run_id, owner),) = claims.claim_queued(10, transitions.started().events)
+    (claimed,) = claims.claim_queued(10, transitions.started().events)
     stored = Run.objects.get(id=run.id)
-    assert (run_id, stored.status, stored.lease_owner) == (run.id, RunStatus.RUNNING, owner)
+    assert (claimed.id, stored.status, stored.lease_owner) == (
+        run.id,
+        RunStatus.RUNNING,
+        claimed.lease_owner,
+    )
+    # the claim returns the row as it left it: what the run thread executes without reading it
+    for field in Run._meta.concrete_fields:
+        assert getattr(claimed, field.attname) == getattr(stored, field.attname), field.name
     assert stored.lease_expires_at > timezone.now()
     assert claims.claim_queued(10, transitions.started().events) == []  # its lease is held
     assert_gapless(run)

@@ -157,3 +157,18 @@ def test_a_dedupe_conflict_inside_the_callers_transaction_leaves_it_usable(monke
         result = start_run("script", {"script": []}, dedupe_key="inline-race", claim_for="me:1:z")
         assert not result.created and result.run.id == first.id
         assert Run.objects.count() == 1  # the transaction still works
+
+
+def test_the_store_loads_a_run_as_the_orm_does():
+    """`load_run` (a prepared statement, Django's converters) reads every field as `get` does."""
+    from agentruns.runtime.store import get_store
+
+    run = start_run("script", {"script": [{"text": "hi ' \" ünï"}]}, enqueue_task=False).run
+    Run.objects.filter(id=run.id).update(lease_expires_at=timezone.now(), cost_usd="1.250000")
+    loaded, expected = get_store().load_run(run.id), Run.objects.get(id=run.id)
+    assert type(loaded) is Run and not loaded._state.adding and loaded._state.db == "default"
+    for field in Run._meta.concrete_fields:
+        assert getattr(loaded, field.attname) == getattr(expected, field.attname), field.name
+    assert isinstance(loaded.input, dict) and isinstance(loaded.tool_snapshot, dict)
+    with pytest.raises(Run.DoesNotExist):
+        get_store().load_run(uuid.uuid4())

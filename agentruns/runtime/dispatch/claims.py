@@ -22,7 +22,6 @@ held). A run backing off has `enqueued_at` in the future: not claimable before i
 from __future__ import annotations
 
 import json
-import uuid
 from datetime import timedelta
 
 from django.core.serializers.json import DjangoJSONEncoder
@@ -33,6 +32,7 @@ from agentruns.conf import conf
 from agentruns.models import Run, RunEvent, RunStatus
 from agentruns.runtime.events import EventSpec
 from agentruns.runtime.store.nudges import nudge_on_commit
+from agentruns.runtime.store.rows import loaded_run, run_columns
 from agentruns.runtime.store.sql import run_value
 from agentruns.runtime.values.ids import worker_id
 
@@ -45,15 +45,12 @@ def starts_by_notify() -> bool:
     return conf.RUN_CLAIM_BATCH > 0 and connection.vendor == "postgresql"
 
 
-def lease_owner(tag: str, run_id: uuid.UUID | str) -> str:
-    """The owner a batch claim gives one run (the SQL computes the same)."""
-    return f"{tag}/{str(run_id)[:OWNER_ID_CHARS]}"
-
-
-def claim_queued(limit: int, events: list[EventSpec]) -> list[tuple[uuid.UUID, str]]:
+def claim_queued(limit: int, events: list[EventSpec]) -> list[Run]:
     """Take up to `limit` of the oldest due queued runs whose lease is free, in one statement
     (autocommit: committed when it returns), appending `events` (the claim's status change,
-    `transitions.started()`) to each. Returns (run id, lease owner) per claimed run."""
+    `transitions.started()`) to each. Returns the claimed runs as the claim left their rows
+    (running, `lease_owner` theirs): the statement returns them, so the run thread that executes
+    one does not read it again."""
     if limit <= 0:
         return []
     now = timezone.now()
@@ -83,18 +80,15 @@ def claim_queued(limit: int, events: list[EventSpec]) -> list[tuple[uuid.UUID, s
         f"r AS (UPDATE {runs} AS run SET status = %s, "
         f"lease_owner = %s || left(run.id::text, {OWNER_ID_CHARS}), lease_expires_at = %s, "
         "started_at = COALESCE(run.started_at, %s), last_seq = run.last_seq + %s, "
-        "updated_at = %s FROM picked WHERE run.id = picked.id RETURNING run.id, run.last_seq), "
-        f"v(i, t, d) AS (VALUES {values}) "
-        f"INSERT INTO {event_table} (run_id, seq, type, data, created_at) "
-        "SELECT r.id, r.last_seq - %s + v.i, v.t, v.d, %s FROM r, v RETURNING run_id, seq"
+        f"updated_at = %s FROM picked WHERE run.id = picked.id RETURNING {run_columns('run')}), "
+        f"v(i, t, d) AS (VALUES {values}), "
+        f"e AS (INSERT INTO {event_table} (run_id, seq, type, data, created_at) "
+        "SELECT r.id, r.last_seq - %s + v.i, v.t, v.d, %s FROM r, v) "
+        f"SELECT {run_columns('r')} FROM r"
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        rows = cursor.fetchall()
-    last: dict[uuid.UUID, int] = {}
-    for run_id, seq in rows:
-        key = uuid.UUID(str(run_id))
-        last[key] = max(last.get(key, 0), int(seq))
-    for run_id, seq in last.items():
-        nudge_on_commit(run_id, seq)  # autocommit: sent now
-    return [(run_id, lease_owner(tag, run_id)) for run_id in last]
+        runs_claimed = [loaded_run(values, connection) for values in cursor.fetchall()]
+    for run in runs_claimed:
+        nudge_on_commit(run.id, run.last_seq)  # autocommit: sent now (last_seq: its last event)
+    return runs_claimed

@@ -183,7 +183,7 @@ class RunExecutor(ModelSteps, ToolSteps):
         return "weather"
 
     def _drive(self, claimed: Run | None) -> str:
-        run = claimed if claimed is not None else Run.objects.get(id=self.run_id)
+        run = claimed if claimed is not None else self.store.load_run(self.run_id)
         self.trace_slice = tracing.begin_slice(self, run)
         self.cancel_requested = run.cancel_requested
         try:

@@ -48,6 +48,11 @@ class RunStore(ABC):
     # `create_run` is one statement, atomic without a transaction around it
     create_is_one_statement = False
 
+    def load_run(self, run_id: uuid.UUID) -> Run:
+        """The run's row, as an executor reads it once its lease is taken (Run.DoesNotExist when
+        it is gone)."""
+        return Run.objects.get(id=run_id)
+
     @abstractmethod
     def commit(
         self,

@@ -1,147 +1,31 @@
 """The PostgreSQL store: an engine commit is one call of `agentruns_commit(jsonb)`.
 
 The client sends the constant statement `SELECT * FROM agentruns_commit(%s::jsonb)` with one
-JSON document (encoded by the C json module); the function (`pg_function.py`) writes the fenced
-run update, the events and the batch's step and attempt rows. Unfenced appends and the lease
-claim are one statement each: the run UPDATE and the event INSERT as a data-modifying CTE.
+JSON document (`documents.py`); the function (`pg_function.py`) writes the fenced run update,
+the events and the batch's step and attempt rows. Unfenced appends and the lease claim are one
+statement each: the run UPDATE and the event INSERT as a data-modifying CTE.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from datetime import date, datetime, time
-from decimal import Decimal
+from datetime import datetime
 from typing import Any
 
 import psycopg
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections, models
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections
 from django.utils import timezone
 
-from agentruns.models import Run, RunEvent, RunStatus, Step, StepAttempt
+from agentruns.models import Run, RunEvent, RunStatus
 from agentruns.runtime.events import EventSpec, LeaseLost
 from agentruns.runtime.store.base import RunDeltas, RunStore
+from agentruns.runtime.store.documents import batch_rows, dumps, row
 from agentruns.runtime.store.nudges import nudge_on_commit
 from agentruns.runtime.store.pg_function import FUNCTION, LEASE_LOST_SQLSTATE
-from agentruns.runtime.store.rows import WriteBatch
+from agentruns.runtime.store.rows import loaded_run, run_columns
 from agentruns.runtime.store.sql import run_update_sql, run_value
-
-_django_default = DjangoJSONEncoder().default
-
-
-def _json_default(value: Any) -> Any:
-    # full precision (DjangoJSONEncoder would cut datetimes to milliseconds)
-    if isinstance(value, datetime | date | time):
-        return value.isoformat()
-    if isinstance(value, uuid.UUID | Decimal):
-        return str(value)
-    return _django_default(value)
-
-
-def dumps(payload: Any) -> str:
-    return json.dumps(payload, default=_json_default, separators=(",", ":"))
-
-
-# ---------------------------------------------------------------- rows as JSON objects
-_SPECS: dict[
-    type[models.Model], tuple[list[tuple[str, str]], list[tuple[str, str, Any]], list[str]]
-] = {}
-
-
-def _text(value: Any) -> Any:
-    return str(value)
-
-
-def _iso(value: Any) -> Any:
-    return value.isoformat()
-
-
-def _spec(
-    model: type[models.Model],
-) -> tuple[list[tuple[str, str]], list[tuple[str, str, Any]], list[str]]:
-    """How `row` reads a model: (column, attname) of values JSON takes as they are, (column,
-    attname, to-JSON) of the others, and the attnames stamped with `now` when empty. Converting
-    here keeps the JSON encoder on its C fast path."""
-    spec = _SPECS.get(model)
-    if spec is None:
-        plain, converted, stamped = [], [], []
-        for f in model._meta.concrete_fields:
-            if isinstance(f, models.AutoField | models.BigAutoField):
-                continue
-            if getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False):
-                stamped.append(f.attname)
-            if isinstance(f, models.DateTimeField | models.DateField | models.TimeField):
-                converted.append((f.column, f.attname, _iso))
-            elif isinstance(f, models.UUIDField | models.DecimalField) or (
-                f.is_relation and isinstance(f.target_field, models.UUIDField)
-            ):
-                converted.append((f.column, f.attname, _text))
-            else:
-                plain.append((f.column, f.attname))
-        spec = _SPECS[model] = (plain, converted, stamped)
-    return spec
-
-
-def row(obj: models.Model, now: datetime) -> dict[str, Any]:
-    """The INSERT row of `obj` (its defaults were applied when it was built)."""
-    plain, converted, stamped = _spec(type(obj))
-    attrs = obj.__dict__  # concrete field values live here (none is deferred on a new row)
-    for attname in stamped:
-        if attrs[attname] is None:
-            attrs[attname] = now
-    values = {column: attrs[attname] for column, attname in plain}
-    for column, attname, convert in converted:
-        value = attrs[attname]
-        values[column] = None if value is None else convert(value)
-    obj._state.adding = False
-    obj._state.db = DEFAULT_DB_ALIAS  # the engine writes through the default connection
-    return values
-
-
-def patch(obj: models.Model, fields: list[str], key: dict[str, Any]) -> dict[str, Any]:
-    """An UPDATE of `fields` of the row identified by `key` (column -> value)."""
-    meta = obj._meta
-    values = dict(key)
-    for name in fields:
-        field = meta.get_field(name)
-        values[field.column] = getattr(obj, field.attname)
-    return values
-
-
-def batch_rows(batch: WriteBatch, now: datetime) -> dict[str, list[dict[str, Any]]]:
-    """The batch as the function takes it: steps, attempts, step_updates, attempt_updates."""
-    out: dict[str, list[dict[str, Any]]] = {
-        "steps": [],
-        "attempts": [],
-        "step_updates": [],
-        "attempt_updates": [],
-    }
-    for obj in batch.inserts:
-        kind = (
-            "steps"
-            if isinstance(obj, Step)
-            else "attempts"
-            if isinstance(obj, StepAttempt)
-            else None
-        )
-        if kind is None:
-            raise TypeError(f"WriteBatch cannot insert {type(obj).__name__} on PostgreSQL")
-        out[kind].append(row(obj, now))
-    for obj, fields, where in batch.updates:
-        if isinstance(obj, Step) and where is None:
-            out["step_updates"].append(patch(obj, fields, {"id": obj.pk}))
-        elif (
-            isinstance(obj, StepAttempt) and where is not None and set(where) == {"step", "number"}
-        ):
-            out["attempt_updates"].append(
-                patch(obj, fields, {"step_id": where["step"], "number": where["number"]})
-            )
-        else:
-            raise TypeError(
-                f"WriteBatch cannot update {type(obj).__name__} by {where} on PostgreSQL"
-            )
-    return {k: v for k, v in out.items() if v}
 
 
 def call_function(
@@ -195,7 +79,8 @@ def _execute_call(
     and prepared once per connection (psycopg's cursor, not Django's client-side one: no quoting
     of a kilobytes-long JSON literal, no parse per call). With `end_transaction` the COMMIT rides
     along, and two statements in one round trip take the client-side path, as does a start that
-    NOTIFYs the claimers in the same statement."""
+    NOTIFYs the claimers in the same statement (through Django's cursor: it is one start, and
+    the query log counts it)."""
     db = connections[DEFAULT_DB_ALIAS]
     if notify is not None:
         sql = f"SELECT f.* FROM {FUNCTION}(%s::jsonb) AS f, pg_notify(%s, '') AS n"
@@ -203,15 +88,40 @@ def _execute_call(
             cursor.execute(sql + ("; COMMIT" if end_transaction else ""), [document, notify])
             return cursor.fetchone()
     if end_transaction:
-        with db.cursor() as cursor:
-            cursor.execute(CALL_SQL + "; COMMIT", [document])
-            return cursor.fetchone()
+        return _fetch(CALL_SQL_COMMIT, [document], client=True)[0]
+    return _fetch(CALL_SQL, [document])[0]
+
+
+def _fetch(sql: str, params: list[Any], *, client: bool = False) -> list[tuple]:
+    """The rows of `sql` on this thread's connection, through a kept cursor: prepared once per
+    connection (a constant statement), or bound client-side (`client`: several statements).
+    psycopg's errors come out as Django's (the cause kept), as from a Django cursor."""
+    db = connections[DEFAULT_DB_ALIAS]
     db.ensure_connection()
     db.validate_no_broken_transaction()
-    with db.wrap_database_errors:  # psycopg's errors as Django's (the cause kept), as a cursor does
-        with psycopg.Cursor(db.connection) as cursor:
-            cursor.execute(CALL_SQL, [document], prepare=True)
-            return cursor.fetchone()
+    with db.wrap_database_errors:
+        prepared, client_cursor = _kept_cursors(db)
+        if client:
+            client_cursor.execute(sql, params)
+            return client_cursor.fetchall()
+        prepared.execute(sql, params, prepare=True)
+        return prepared.fetchall()
+
+
+CALL_SQL_COMMIT = CALL_SQL + "; COMMIT"
+
+
+def _kept_cursors(db: Any) -> tuple[psycopg.Cursor, psycopg.ClientCursor]:
+    """The commit's two cursors of the thread's current connection, made once per connection:
+    building a psycopg cursor (its transformer, its result loaders) per commit was half the
+    client CPU of the call (~40 of ~80 us, measured). A new connection (pooled, reconnected)
+    gets new ones; a cursor is only ever used by the thread whose wrapper holds its connection."""
+    conn = db.connection
+    kept = db.__dict__.get("_agentruns_commit_cursors")
+    if kept is None or kept[0] is not conn:
+        kept = (conn, psycopg.Cursor(conn), psycopg.ClientCursor(conn))
+        db._agentruns_commit_cursors = kept
+    return kept[1], kept[2]
 
 
 def _outermost_atomic(db: Any) -> bool:
@@ -276,6 +186,11 @@ SELECT id, last_seq, cancel_requested FROM r
 """
 
 
+# the run row by id: a constant statement, prepared once per connection (the ORM's `get` compiled
+# its SQL anew every time: ~4x the CPU, measured)
+LOAD_RUN_SQL = f"SELECT {run_columns(_RUN_T)} FROM {_RUN_T} WHERE id = %s"
+
+
 class PostgresStore(RunStore):
     create_is_one_statement = True
 
@@ -303,6 +218,12 @@ class PostgresStore(RunStore):
             end_transaction=end_transaction and _outermost_atomic(db),
         )
 
+    def load_run(self, run_id: uuid.UUID) -> Run:
+        found = _fetch(LOAD_RUN_SQL, [uuid.UUID(str(run_id))])
+        if not found:
+            raise Run.DoesNotExist(f"run {run_id} does not exist")
+        return loaded_run(found[0], connections[DEFAULT_DB_ALIAS])
+
     def commit_deltas(
         self, deltas: list[RunDeltas], *, now: datetime
     ) -> dict[uuid.UUID, tuple[int, bool]]:
@@ -316,9 +237,8 @@ class PostgresStore(RunStore):
             }
             for d in sorted(deltas, key=lambda d: d.run_id)
         ]
-        with connection.cursor() as cursor:
-            cursor.execute(DELTAS_SQL, [dumps(payload), now, now])
-            rows = cursor.fetchall()
+        # a constant statement: prepared once per connection, not parsed and planned per tick
+        rows = _fetch(DELTAS_SQL, [dumps(payload), now, now])
         done = {}
         for run_id, last_seq, cancel in rows:
             done[run_id] = (int(last_seq), bool(cancel))

@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from django.db import models
+from django.db import DEFAULT_DB_ALIAS, models
 from django.db.models.base import ModelState
+
+from agentruns.models import Run
 
 M = TypeVar("M", bound=models.Model)
 
@@ -72,3 +74,37 @@ class WriteBatch:
     ) -> WriteBatch:
         self.updates.append((obj, list(fields), where))
         return self
+
+
+_RUN_FIELDS = Run._meta.concrete_fields
+_run_converters: list[tuple[int, list[Any], Any]] | None = None
+
+
+def run_columns(alias: str) -> str:
+    """Every column of the run row, in the order `loaded_run` takes them, qualified by `alias`."""
+    return ", ".join(f'{alias}."{f.column}"' for f in _RUN_FIELDS)
+
+
+def _converters(db: Any) -> list[tuple[int, list[Any], Any]]:
+    """Per column that needs one, Django's converters (JSON text -> value), as the ORM's
+    compiler finds them; computed once per process."""
+    global _run_converters
+    if _run_converters is None:
+        found = []
+        for i, field in enumerate(_RUN_FIELDS):
+            col = field.get_col(Run._meta.db_table)
+            convs = db.ops.get_db_converters(col) + col.get_db_converters(db)
+            if convs:
+                found.append((i, convs, col))
+        _run_converters = found
+    return _run_converters
+
+
+def loaded_run(values: Sequence[Any], db: Any) -> Run:
+    """The Run of a row of `run_columns`, as `Run.objects.get` would build it (its SQL is
+    compiled per call; a statement of our own that reads or returns the row is not)."""
+    values = list(values)
+    for i, convs, col in _converters(db):
+        for convert in convs:
+            values[i] = convert(values[i], col, db)
+    return Run.from_db(DEFAULT_DB_ALIAS, None, values)

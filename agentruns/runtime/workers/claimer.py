@@ -76,8 +76,8 @@ class RunClaimer(threading.Thread):
             taken = claims.claim_queued(slots, transitions.started().events)
         finally:
             self.pool.unreserve(slots - len(taken))
-        for run_id, owner in taken:
-            self.pool.start_claimed(run_id, owner)
+        for run in taken:
+            self.pool.start_claimed(run)
         self.claimed += len(taken)
         return slots > 0 and len(taken) == slots
 

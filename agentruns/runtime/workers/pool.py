@@ -38,7 +38,6 @@ import queue
 import signal
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -82,7 +81,7 @@ class RunPool:
         self._executors: set[RunExecutor] = set()
         # (run id, lease owner): a doorbell's run (no owner: its executor claims it) or a run
         # the process's claimer already leased (`claimer.py`)
-        self._jobs: queue.SimpleQueue[tuple[str, str | None]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[str, str | None, Run | None]] = queue.SimpleQueue()
         # every thread up front: starting one waits for it to get the interpreter lock, which
         # under load (100 runs in this process) made each hand-over slow; idle threads wait on
         # the job queue and cost a stack's touched pages
@@ -121,7 +120,7 @@ class RunPool:
                 # the database is away: this doorbell is lost, the sweeper rings the run again
                 weather.database.noticed(exc, "a hand-over")
             return "requeued"
-        self._jobs.put((run_id, None))
+        self._jobs.put((run_id, None, None))
         return "started"
 
     def reserve(self, most: int) -> int:
@@ -139,9 +138,10 @@ class RunPool:
                 self._busy -= slots
                 self._cond.notify_all()
 
-    def start_claimed(self, run_id: uuid.UUID, owner: str) -> None:
-        """Execute a run already leased by `owner` on a reserved slot."""
-        self._jobs.put((str(run_id), owner))
+    def start_claimed(self, run: Run) -> None:
+        """Execute a run already leased (`run.lease_owner`) on a reserved slot; `run` is its row
+        as the claim returned it."""
+        self._jobs.put((str(run.id), run.lease_owner, run))
 
     def wait_for_free_slot(self, timeout: float) -> bool:
         with self._cond:
@@ -181,7 +181,7 @@ class RunPool:
 
     def _work(self) -> None:
         while True:
-            run_id, owner = self._jobs.get()
+            run_id, owner, claimed = self._jobs.get()
             executor = RunExecutor(run_id, owner, drain=self.drain)
             with self._cond:
                 self._executors.add(executor)
@@ -193,7 +193,7 @@ class RunPool:
                 elif self.closing.is_set():  # claimed just before the stop: release and ring
                     release_leases([(executor.run_id, owner)])
                 else:
-                    executor.advance(claimed=Run.objects.get(id=run_id))
+                    executor.advance(claimed=claimed)
             except Exception as exc:  # advance() contains engine errors; this is the doorbell's
                 if is_infrastructure_error(exc):  # the give-back failed: the sweeper rings it
                     weather.database.noticed(exc, f"run {run_id}")
