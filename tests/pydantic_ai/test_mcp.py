@@ -6,6 +6,7 @@ registration waives it, and a server that is down is a retryable failure the run
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 
 import pytest
 from django.db import connection
@@ -17,13 +18,27 @@ from approvals.models import Approval, ApprovalStatus
 from tests.helpers import advance, make_user
 from tests.procs import wait_until
 from tests.pydantic_ai.agents import backoffice, stdio_backoffice
-from tests.pydantic_ai.kit import ledger, start, start_mcp
+from tests.pydantic_ai.kit import SharedMcp, ledger, start, start_mcp
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+@pytest.fixture(scope="module")
+def shared_mcp(tmp_path_factory) -> Iterator[SharedMcp]:
+    server = SharedMcp(tmp_path_factory.mktemp("mcp"))
+    yield server
+    server.stop()
+
+
 @pytest.fixture
-def mcp(tmp_path, procs):
+def mcp(shared_mcp):
+    """The module's MCP server, its ledger empty (kit.SharedMcp)."""
+    return shared_mcp.fresh()
+
+
+@pytest.fixture
+def own_mcp(tmp_path, procs):
+    """An MCP server of the test's own (one it kills and starts again)."""
     proc, url, path = start_mcp(tmp_path)
     procs.append(proc)
     return proc, url, path
@@ -93,8 +108,8 @@ def test_a_side_effect_mcp_tool_parks_for_approval_by_default(mcp, django_user_m
     assert ledger(path) == {"mails": [{"to": "ann@example.com", "text": "Hello"}]}
 
 
-def test_a_server_that_is_down_is_a_retryable_failure(tmp_path, procs, mcp):
-    proc, url, path = mcp
+def test_a_server_that_is_down_is_a_retryable_failure(tmp_path, procs, own_mcp):
+    proc, url, path = own_mcp
     backoffice(url, waive=("bo_send_mail",))
     run = start("pa-mcp", ("bo_send_mail", {"to": "bob@example.com", "text": "Hi"}))
     proc.kill()
