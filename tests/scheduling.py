@@ -1,18 +1,19 @@
-"""The order tests are handed to xdist workers in: the slowest first, dealt evenly.
+"""The order modules are handed to xdist workers in: the slowest first.
 
-`--dist worksteal` splits the collected list into one contiguous chunk per worker and, when a
-worker runs dry, moves half of the longest queue's tail to it. In collection order the slow
-tests (real processes, SIGKILL drills, browsers) sit in a few directories, so one worker's chunk
-holds most of them and the suite waits for that worker alone at the end. Here the tests are
-sorted by their expected seconds and dealt to the chunks in a snake (0, 1, 2, 2, 1, 0, ...):
-every chunk starts with its share of the slow tests and ends with quick ones, which are what
-stealing moves. Nothing is skipped or changed, only the order; without xdist (`-n 0`) the
-collection order stays as it is.
+`make test` runs `--dist loadscope --no-loadscope-reorder`: every module goes to one worker as
+a whole, in collection order, the next one to whichever worker runs dry. That keeps a module's
+tests together, so its module-scoped fixtures (a shared daphne, MCP server or OTLP receiver)
+start once in the whole suite, and lets a few drills of minutes run beside the quick tests
+instead of after them: here the modules are sorted by their expected seconds, the slowest
+first (a longest-processing-time-first schedule; the quick ones fill the end). Inside a module
+the order stays as collected (pytest-django's database kinds first); nothing is skipped or
+changed. Without xdist (`-n 0`) the collection order stays as it is.
 
 The expected seconds are pytest's own `--durations` lines kept in tests/durations.txt (setup,
 call and teardown of a test are added up); a test not listed there is estimated by its marks.
-Regenerate the file from a suite run: `pytest -n 3 --dist worksteal --durations=150 | grep -E
-'^[0-9.]+s (setup|call|teardown) ' > tests/durations.txt`.
+Regenerate the file from a suite run: `make test PYTEST_ARGS=--durations=150 | grep -E
+'^[0-9.]+s (setup|call|teardown) ' > tests/durations.txt` (drop the first setups of each
+worker: they create its test database).
 """
 
 from __future__ import annotations
@@ -51,21 +52,22 @@ def expected_seconds(item: pytest.Item, measured: dict[str, float]) -> float:
     return estimate
 
 
-def snake_chunks(items: list, workers: int) -> list:
-    """`items` (slowest first) dealt to `workers` chunks in a snake, the chunks concatenated."""
-    chunks: list[list] = [[] for _ in range(workers)]
-    for n, item in enumerate(items):
-        lap, seat = divmod(n, workers)
-        chunks[seat if lap % 2 == 0 else workers - 1 - seat].append(item)
-    return [item for chunk in chunks for item in chunk]
+def module_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+def slowest_modules_first(items: list[pytest.Item], measured: dict[str, float]) -> list:
+    """`items` grouped by module, the modules by their expected seconds (ties: as collected)."""
+    modules: dict[str, list[pytest.Item]] = defaultdict(list)
+    for item in items:
+        modules[module_of(item)].append(item)
+    seconds = {m: sum(expected_seconds(i, measured) for i in its) for m, its in modules.items()}
+    ranked = sorted(modules, key=lambda m: -seconds[m])  # (sorted is stable)
+    return [item for module in ranked for item in modules[module]]
 
 
 @pytest.hookimpl(trylast=True)  # after pytest-django's own ordering (its database kinds)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    worker_input = getattr(config, "workerinput", None)
-    if worker_input is None:  # (a worker's own --dist is "no": every xdist mode is ordered)
+    if getattr(config, "workerinput", None) is None:  # (an xdist worker's own --dist is "no")
         return
-    measured = measured_seconds()
-    position = {id(item): n for n, item in enumerate(items)}
-    ranked = sorted(items, key=lambda i: (-expected_seconds(i, measured), position[id(i)]))
-    items[:] = snake_chunks(ranked, int(worker_input["workercount"]))
+    items[:] = slowest_modules_first(items, measured_seconds())

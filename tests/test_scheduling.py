@@ -1,16 +1,24 @@
-"""The order tests reach xdist workers in (tests/scheduling.py): nothing lost, the slowest
-spread over the workers' chunks."""
+"""The order modules reach xdist workers in (tests/scheduling.py): nothing lost, a module's
+tests kept together, the slowest modules first."""
 
 from __future__ import annotations
 
-from tests.scheduling import measured_seconds, snake_chunks
+from types import SimpleNamespace
+
+from tests.scheduling import measured_seconds, slowest_modules_first
 
 
-def test_the_snake_deals_every_item_once_slowest_first_in_every_chunk():
-    ranked = list(range(10))  # 0 the slowest
-    dealt = snake_chunks(ranked, 3)
-    assert sorted(dealt) == ranked
-    assert dealt == [0, 5, 6, 1, 4, 7, 2, 3, 8, 9]  # chunks of 3, 3, 4, as xdist splits 10
+def item(nodeid: str):
+    return SimpleNamespace(
+        nodeid=nodeid, iter_markers=lambda: [], get_closest_marker=lambda _: None
+    )
+
+
+def test_modules_stay_together_the_slowest_first():
+    items = [item(n) for n in ("a.py::t1", "b.py::t1", "a.py::t2", "c.py::t1", "b.py::t2")]
+    measured = {"b.py::t1": 30.0, "c.py::t1": 40.0, "a.py::t2": 5.0}
+    ordered = [i.nodeid for i in slowest_modules_first(items, measured)]
+    assert ordered == ["c.py::t1", "b.py::t1", "b.py::t2", "a.py::t1", "a.py::t2"]
 
 
 def test_the_durations_file_adds_up_the_phases_of_a_test(tmp_path):
