@@ -3,8 +3,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 WEB_PORT ?= 8000
 PYTEST_ARGS ?=
-# test processes (pytest-xdist; most tests wait on real servers, so 3 on 2 cores; 0: serial)
+# test processes (pytest-xdist; most tests wait on real servers, so 3 on 2 cores; 0: serial).
+# Whole modules go to a worker (their shared servers start once), the slowest modules first
+# (tests/scheduling.py orders them from tests/durations.txt; xdist must not reorder them).
 TEST_WORKERS ?= 3
+TEST_DIST ?= --dist loadscope --no-loadscope-reorder
 
 NODE_TESTS := tests/node/node_modules/.installed
 EXAMPLE := examples/chat/dist/chat.js
@@ -59,7 +62,7 @@ passwords: venv
 	$(BIN)/python manage.py seed_demo --reset-passwords
 
 test: venv $(NODE_TESTS) $(EXAMPLE)
-	scripts/with-postgres.sh $(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	scripts/with-postgres.sh $(BIN)/pytest -n $(TEST_WORKERS) $(TEST_DIST) $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check .

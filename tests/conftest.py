@@ -13,6 +13,7 @@ from django.db import connection
 from tests import testkit  # (registers the shared test agents and tools)
 from tests.helpers import ApiClient, make_user  # (importable from here too, as older tests do)
 from tests.procs import Proc
+from tests.scheduling import pytest_collection_modifyitems  # noqa: F401  (the slowest first)
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 

@@ -15,6 +15,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -119,6 +121,20 @@ def start_web(tmp_path: Path, port: int | None = None, **env: object) -> tuple[P
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/healthz", proc)
     return proc, url
+
+
+@contextmanager
+def module_web(tmp_path_factory, django_db_blocker, **env: object) -> Iterator[str]:
+    """One daphne for a whole module (the body of a module-scoped fixture that also asks for
+    `django_db_setup`): its URL. Starting one costs seconds; tests that only need a live web or
+    refund gateway share it. Its ledger is the database's, so each test still sees only its own
+    refunds (the tables are truncated after every transactional test)."""
+    with django_db_blocker.unblock():
+        proc, url = start_web(tmp_path_factory.mktemp("web"), **env)
+    try:
+        yield url
+    finally:
+        proc.kill()
 
 
 def wait_http(url: str, proc: Proc | None = None, timeout: float = 30) -> None:

@@ -9,7 +9,6 @@ In-process (one statement per start, batches, two claimers, the poll): tests/run
 from __future__ import annotations
 
 import os
-import time
 from datetime import datetime
 
 import pytest
@@ -18,6 +17,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from agentruns.models import AttemptOutcome, Run, RunStatus, StepAttempt, WorkerHeartbeat
+from agentruns.runtime.dispatch import claims
 from agentruns.services import start_run
 from support.models import GatewayRefund, Order
 from tests.crash import kit
@@ -29,6 +29,7 @@ from tests.procs import (
     base_env,
     gateway_refunds,
     manage,
+    module_web,
     start_run_over_http,
     start_web,
     start_worker,
@@ -40,10 +41,8 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.crash]
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory, django_db_setup, django_db_blocker):
-    with django_db_blocker.unblock():
-        proc, url = start_web(tmp_path_factory.mktemp("web"), REFUND_GATEWAY_DELAY_MS=200)
-    yield url
-    proc.kill()
+    with module_web(tmp_path_factory, django_db_blocker, REFUND_GATEWAY_DELAY_MS=200) as url:
+        yield url
 
 
 @pytest.fixture
@@ -52,8 +51,7 @@ def seeded(transactional_db):
         call_command("seed_demo", orders=60, stdout=devnull)
 
 
-def worker(tmp_path, procs: list[Proc], gateway: str, name: str, **env: object) -> Proc:
-    return kit.worker(tmp_path, procs, gateway, name, SCRIPTED_MODEL_DELAY_MS=0, **env)
+worker = kit.worker  # (a qcluster calling the gateway; base_env: no model delay)
 
 
 def pools_up(proc: Proc, since: datetime, processes: int = 2) -> None:
@@ -161,6 +159,14 @@ def claim_delay(pg: PrivatePostgres, run_id: str) -> float | None:
     return row[1].total_seconds() if row and row[0] == RunStatus.SUCCEEDED else None
 
 
+def listening_claimers(pg: PrivatePostgres) -> int:
+    """Sessions whose last statement was the claimers' LISTEN (each claimer has its own)."""
+    with pg.connect() as conn:
+        return conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE query = %s", [f"LISTEN {claims.CHANNEL}"]
+        ).fetchone()[0]
+
+
 def start_when_up(url: str, token: str, order_id: str) -> str:
     """POST /api/runs, again while the web answers 503 (its pool reconnecting after a restart)."""
     run_input = {"order_id": order_id, "message": "It arrived broken, refund it."}
@@ -189,7 +195,11 @@ def test_a_claimer_listens_again_after_a_database_restart(tmp_path, private_pg):
         wait_until(lambda: claim_delay(private_pg, first) is not None, timeout=90, message="first")
         private_pg.restart()  # every session ends, the claimers' LISTEN connections included
         private_pg.wait_up()
-        time.sleep(3)  # the claimers listen again (their backoff is capped at 1 s)
+        wait_until(  # the claimers listen again (their backoff is capped at 1 s)
+            lambda: listening_claimers(private_pg) >= 2,  # one per q2 worker process (Q_WORKERS)
+            timeout=30,
+            message="both claimers to LISTEN again",
+        )
         second = start_when_up(url, token, "ORD-1002")
         wait_until(
             lambda: claim_delay(private_pg, second) is not None, timeout=90, message="second"

@@ -8,6 +8,7 @@ Run with `-s` to see the measured time from a SIGKILL to the run continuing.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -35,7 +36,7 @@ from tests.crash.kit import (
     worker,
 )
 from tests.helpers import assert_gapless, steps
-from tests.procs import start_web
+from tests.procs import module_web
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.crash]
 
@@ -43,12 +44,14 @@ GATEWAY_DELAY_MS = 150
 
 
 # ------------------------------------------------------------------ processes
-@pytest.fixture
-def gateway(tmp_path, procs) -> str:
-    """A real daphne serving the app, whose /gateway is the refund service the workers call."""
-    proc, url = start_web(tmp_path, REFUND_GATEWAY_DELAY_MS=GATEWAY_DELAY_MS)
-    procs.append(proc)
-    return url
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory, django_db_setup, django_db_blocker) -> Iterator[str]:
+    """A real daphne serving the app, whose /gateway is the refund service the workers call
+    (one for the module: its ledger is the database's, truncated after every test)."""
+    with module_web(
+        tmp_path_factory, django_db_blocker, REFUND_GATEWAY_DELAY_MS=GATEWAY_DELAY_MS
+    ) as url:
+        yield url
 
 
 # ------------------------------------------------------------------ runs and waiting

@@ -14,7 +14,6 @@ import socket
 import time
 from collections import Counter
 from datetime import timedelta
-from pathlib import Path
 
 import httpx
 import pytest
@@ -39,7 +38,7 @@ from support.models import GatewayRefund, Order, OutboxMessage, TicketNote
 from tests.crash import kit
 from tests.crash.kit import assert_refunded_exactly_once
 from tests.helpers import assert_gapless
-from tests.procs import Proc, start_web, wait_until
+from tests.procs import Proc, module_web, wait_until
 from tests.runtime import poolkit
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.crash]
@@ -52,12 +51,10 @@ HOST = socket.gethostname()
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory, django_db_setup, django_db_blocker):
     """One daphne for the module: the refund gateway every worker calls, and /healthz."""
-    with django_db_blocker.unblock():
-        proc, url = start_web(
-            tmp_path_factory.mktemp("web"), REFUND_GATEWAY_DELAY_MS=GATEWAY_DELAY_MS
-        )
-    yield url
-    proc.kill()
+    with module_web(
+        tmp_path_factory, django_db_blocker, REFUND_GATEWAY_DELAY_MS=GATEWAY_DELAY_MS
+    ) as url:
+        yield url
 
 
 @pytest.fixture
@@ -66,8 +63,7 @@ def seeded(transactional_db):
         call_command("seed_demo", orders=100, stdout=devnull)
 
 
-def worker(tmp_path: Path, procs: list[Proc], gateway: str, name: str, **env: object) -> Proc:
-    return kit.worker(tmp_path, procs, gateway, name, SCRIPTED_MODEL_DELAY_MS=0, **env)
+worker = kit.worker  # (a qcluster calling the gateway; base_env: no model delay)
 
 
 def cluster_up(proc: Proc) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from django.conf import global_settings
+from django.contrib.auth.hashers import make_password
 
 from tests.procs import ROOT
 
@@ -44,10 +45,17 @@ document.addEventListener("securitypolicyviolation", (e) => {
 
 
 def set_browser_password(user: Any, settings: Any) -> None:
-    """The suite hashes with MD5 for speed; the server processes know only the real hashers."""
+    """The suite hashes with MD5 for speed; the server processes know only the real hashers.
+    The real (PBKDF2, a million rounds) hash of PASSWORD is made once per test process and
+    given to every user (one salt for all: these are test users; the server still checks it)."""
     settings.PASSWORD_HASHERS = global_settings.PASSWORD_HASHERS
-    user.set_password(PASSWORD)
-    user.save()
+    if PASSWORD not in _REAL_HASHES:
+        _REAL_HASHES[PASSWORD] = make_password(PASSWORD)
+    user.password = _REAL_HASHES[PASSWORD]
+    user.save(update_fields=["password"])
+
+
+_REAL_HASHES: dict[str, str] = {}
 
 
 def logged_in_page(browser, base_url: str, username: str, init_script: str, next_path: str = ""):

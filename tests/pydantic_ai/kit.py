@@ -10,7 +10,7 @@ from pathlib import Path
 from agentruns.models import Run
 from agentruns.services import start_run
 from tests.procs import ROOT, Proc, base_env, free_port, wait_http
-from tests.pydantic_ai.mcp_server import read_ledger
+from tests.pydantic_ai.mcp_server import faults_path, read_ledger
 
 
 def plan(*calls: tuple[str, dict], say: str = "Done.", **extra: object) -> str:
@@ -40,6 +40,38 @@ def start_mcp(
     # the SSE endpoint is a stream that never ends: its message path answers at once
     wait_http(base + ("/messages/" if sse else "/mcp"), proc)
     return proc, base + ("/sse" if sse else "/mcp"), ledger
+
+
+class SharedMcp:
+    """The test MCP server over streamable HTTP for a whole module (a module-scoped fixture
+    holds it): starting one is a Python process importing the `mcp` SDK, seconds on a busy box.
+    `fresh()` hands it to one test with an empty ledger and no faults, started again (same
+    port, same ledger) if an earlier test's fault made it exit."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.proc: Proc | None = None
+
+    def fresh(self) -> tuple[Proc, str, Path]:
+        if self.proc is not None and self.proc.alive:
+            self.path.write_text("{}")
+            faults_path(self.path).unlink(missing_ok=True)
+        else:
+            port = None
+            if self.proc is not None:
+                self.proc.kill()
+                port = int(self.url.rsplit(":", 1)[1].split("/")[0])
+            for stale in (
+                self.directory / "mcp-ledger.json",
+                faults_path(self.directory / "mcp-ledger.json"),
+            ):
+                stale.unlink(missing_ok=True)
+            self.proc, self.url, self.path = start_mcp(self.directory, port)
+        return self.proc, self.url, self.path
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
 
 
 def ledger(path: Path) -> dict:

@@ -5,6 +5,8 @@ registration waives it; a server that is down is weather the run waits out (test
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from agentruns.models import RunStatus, Step
@@ -13,16 +15,22 @@ from approvals import services
 from approvals.models import Approval, ApprovalStatus
 from tests.helpers import advance, make_user
 from tests.pydantic_ai.agents import backoffice, stdio_backoffice
-from tests.pydantic_ai.kit import ledger, start, start_mcp
+from tests.pydantic_ai.kit import SharedMcp, ledger, start
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+@pytest.fixture(scope="module")
+def shared_mcp(tmp_path_factory) -> Iterator[SharedMcp]:
+    server = SharedMcp(tmp_path_factory.mktemp("mcp"))
+    yield server
+    server.stop()
+
+
 @pytest.fixture
-def mcp(tmp_path, procs):
-    proc, url, path = start_mcp(tmp_path)
-    procs.append(proc)
-    return proc, url, path
+def mcp(shared_mcp):
+    """The module's MCP server, its ledger empty (kit.SharedMcp)."""
+    return shared_mcp.fresh()
 
 
 def test_annotations_set_the_defaults_a_registration_may_waive(mcp):

@@ -8,6 +8,7 @@ API; tool policies and the permission snapshot name MCP tools by their prefixed 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import datetime
 
 import pytest
@@ -28,24 +29,31 @@ from approvals.models import Approval, ApprovalKind, ApprovalStatus
 from tests.crash.kit import attempt_outcomes
 from tests.helpers import advance, events, make_user
 from tests.pydantic_ai.agents import backoffice, stdio_backoffice
-from tests.pydantic_ai.kit import ledger, start, start_mcp
+from tests.pydantic_ai.kit import SharedMcp, ledger, start
 from tests.pydantic_ai.mcp_server import set_faults
 
 pytestmark = pytest.mark.django_db(transaction=True)
 MAIL = {"to": "ann@example.com", "text": "Your refund is on its way"}
 
 
+@pytest.fixture(scope="module")
+def shared_mcp(tmp_path_factory) -> Iterator[SharedMcp]:
+    server = SharedMcp(tmp_path_factory.mktemp("mcp"))
+    yield server
+    server.stop()
+
+
 @pytest.fixture
-def http_server(tmp_path, procs):
-    proc, url, path = start_mcp(tmp_path)
-    procs.append(proc)
+def http_server(shared_mcp):
+    """The module's MCP server over HTTP, its ledger empty and no faults (kit.SharedMcp)."""
+    _, url, path = shared_mcp.fresh()
     return url, path
 
 
-def _agent(transport: str, http_server, tmp_path) -> tuple[str, str, object]:
+def _agent(transport: str, request, tmp_path) -> tuple[str, str, object]:
     """Register the back office over `transport`: (agent, tool prefix, ledger path)."""
     if transport == "http":
-        url, path = http_server
+        url, path = request.getfixturevalue("http_server")  # (stdio needs no HTTP server)
         backoffice(url, waive=("bo_set_status", "bo_send_mail"))
         return "pa-mcp", "bo", path
     path = tmp_path / "stdio-ledger.json"
@@ -181,9 +189,9 @@ def test_a_500_of_an_idempotent_tool_follows_its_retry_policy(http_server):
 
 @pytest.mark.parametrize("transport", ["http", "stdio"])
 def test_a_connection_dropped_mid_call_of_a_non_idempotent_tool_is_reconciled_via_the_api(
-    transport, http_server, tmp_path, api
+    transport, request, tmp_path, api
 ):
-    agent, prefix, path = _agent(transport, http_server, tmp_path)
+    agent, prefix, path = _agent(transport, request, tmp_path)
     set_faults(path, exit_in="send_mail")  # the server sends it, then dies before answering
     run = advance(start(agent, (f"{prefix}_send_mail", MAIL), say="Mailed:"))
     assert run.status == RunStatus.WAITING, run.error

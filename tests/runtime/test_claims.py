@@ -63,9 +63,13 @@ def claimer():
 
     yield make
     testkit.GATE.set()
-    for pool, each in made:
+    for pool, _ in made:
         pool.closing.set()
+    with connection.cursor() as cursor:  # wakes every claimer waiting for a NOTIFY (poll: 600 s)
+        cursor.execute(f"NOTIFY {claims.CHANNEL}")
+    for pool, each in made:
         each.join(timeout=15)
+        assert not each.is_alive(), "the claimer stopped once its pool closed"
         wait_until(lambda p=pool: p.in_flight == 0, timeout=30, message="pool threads to finish")
     DoorbellBroker.stop_listening()
 

@@ -19,6 +19,7 @@ import json
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
@@ -29,8 +30,8 @@ from agentruns.runtime.events import event_payload
 from agentruns.tokens import create_token
 from tests.helpers import assert_gapless
 from tests.procs import (
-    free_port,
     gateway_refunds,
+    module_web,
     start_run_over_http,
     start_web,
     start_worker,
@@ -95,17 +96,23 @@ class Viewer(threading.Thread):
             time.sleep(0.2)
 
 
-def environment(tmp_path) -> tuple[dict[str, str], list]:
-    gateway_port = free_port()
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory, django_db_setup, django_db_blocker) -> Iterator[str]:
+    """The refund gateway, a daphne of its own shared by the module's tests (its ledger is the
+    database's: each test sees only its own refunds)."""
+    with module_web(tmp_path_factory, django_db_blocker) as url:
+        yield url
+
+
+def environment(gateway: str) -> tuple[dict[str, str], list]:
     env = {
         "SCRIPTED_MODEL_DELAY_MS": "20",
         "REFUND_APPROVAL_THRESHOLD_CENTS": "1000000000",
-        "REFUND_GATEWAY_URL": f"http://127.0.0.1:{gateway_port}/gateway",
+        "REFUND_GATEWAY_URL": f"{gateway}/gateway",
         "Q_WORKERS": "1",  # one worker process carries every run
         "AGENTRUNS_STREAM_POLL_SECONDS": "0.1",
     }
-    gateway, _ = start_web(tmp_path, port=gateway_port, **env)
-    return env, [gateway]
+    return env, []
 
 
 def start_runs(base_url: str, token: str) -> list[str]:
@@ -138,8 +145,10 @@ def assert_frames_are_the_log(viewer: Viewer, run: Run) -> None:
     assert text_from_frames(viewer.frames) == expected_text(run.id) == model_text
 
 
-def test_many_streaming_runs_in_one_process_share_their_delta_commits(tmp_path, lead, seeded):
-    env, procs = environment(tmp_path)
+def test_many_streaming_runs_in_one_process_share_their_delta_commits(
+    tmp_path, lead, seeded, gateway
+):
+    env, procs = environment(gateway)
     token = create_token(lead)
     try:
         web, base_url = start_web(tmp_path, **env)
@@ -181,10 +190,10 @@ def test_many_streaming_runs_in_one_process_share_their_delta_commits(tmp_path, 
     )
 
 
-def test_sigkill_mid_stream_leaves_no_hole_and_no_second_refund(tmp_path, lead, seeded):
-    env, procs = environment(tmp_path)
+def test_sigkill_mid_stream_leaves_no_hole_and_no_second_refund(tmp_path, lead, seeded, gateway):
+    env, procs = environment(gateway)
     token = create_token(lead)
-    gateway_url = env["REFUND_GATEWAY_URL"].removesuffix("/gateway")
+    gateway_url = gateway
     try:
         web, base_url = start_web(tmp_path, **env)
         procs.append(web)

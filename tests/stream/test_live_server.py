@@ -17,7 +17,7 @@ import json
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -30,6 +30,7 @@ from agentruns.tokens import create_token
 from tests.procs import (
     free_port,
     gateway_refunds,
+    module_web,
     start_run_over_http,
     start_web,
     start_worker,
@@ -119,20 +120,26 @@ def assert_stream_is_the_log(viewer: ResumingViewer, run: Run, base_url: str, to
     assert model_text.endswith(run.output) and run.output
 
 
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory, django_db_setup, django_db_blocker) -> Iterator[str]:
+    """The refund gateway, a daphne of its own for the module (its ledger is the database's:
+    each test sees only its own refunds); slow, to keep a run in flight across a web restart."""
+    with module_web(tmp_path_factory, django_db_blocker, REFUND_GATEWAY_DELAY_MS=1500) as url:
+        yield url
+
+
 def run_stream_scenario(
-    tmp_path, lead, extra_env: dict[str, str], seed: int
+    tmp_path, lead, gateway_url: str, extra_env: dict[str, str], seed: int
 ) -> list[ResumingViewer]:
     rng = random.Random(seed)
     token = create_token(lead)
-    web_port, gateway_port = free_port(), free_port()
+    web_port = free_port()
     env = {
         "SCRIPTED_MODEL_DELAY_MS": "20",
         "REFUND_APPROVAL_THRESHOLD_CENTS": "1000000000",
-        "REFUND_GATEWAY_URL": f"http://127.0.0.1:{gateway_port}/gateway",
-        "REFUND_GATEWAY_DELAY_MS": "1500",  # keeps the run in flight across the web restart
+        "REFUND_GATEWAY_URL": f"{gateway_url}/gateway",
         **extra_env,
     }
-    gateway, gateway_url = start_web(tmp_path, port=gateway_port, **env)
     web, base_url = start_web(tmp_path, port=web_port, **env)
     webs = [web]  # every web process started, for cleanup
     restarts: list[float] = []
@@ -184,11 +191,12 @@ def run_stream_scenario(
         worker.stop()
         for proc in webs:
             proc.stop()
-        gateway.stop()
     return viewers
 
 
-def test_resume_across_random_disconnects_and_a_restart_with_memory_layer(tmp_path, lead, seeded):
+def test_resume_across_random_disconnects_and_a_restart_with_memory_layer(
+    tmp_path, lead, seeded, gateway
+):
     env = {
         "AGENTRUNS_STREAM_POLL_SECONDS": "0.1",
         # the worker also dies once in every model step, mid-stream: the partial text of that
@@ -196,21 +204,21 @@ def test_resume_across_random_disconnects_and_a_restart_with_memory_layer(tmp_pa
         "AGENTRUNS_FAILPOINTS": "model_streaming:refund=crash_once",
         "AGENTRUNS_FAILPOINT_DIR": str(tmp_path / "failpoints"),
     }
-    viewers = run_stream_scenario(tmp_path, lead, env, seed=4)
+    viewers = run_stream_scenario(tmp_path, lead, gateway, env, seed=4)
     assert viewers[0].failed_connects >= 1  # the restart was seen by the client
     for viewer in viewers:
         assert any(f["type"] == "model.superseded" for f in viewer.frames)
 
 
 def test_resume_across_random_disconnects_and_a_restart_with_redis(
-    tmp_path, lead, seeded, redis_server
+    tmp_path, lead, seeded, redis_server, gateway
 ):
     env = {
         "REDIS_URL": redis_server.url,
         # the safety-net poll is far slower than the stream: delivery rides on Redis nudges
         "AGENTRUNS_STREAM_POLL_SECONDS": "5",
     }
-    viewers = run_stream_scenario(tmp_path, lead, env, seed=44)
+    viewers = run_stream_scenario(tmp_path, lead, gateway, env, seed=44)
     assert viewers[0].failed_connects >= 1
     stats = redis_server.client().info("commandstats")
     # nudges really crossed Redis: worker group_send (Lua) and the web's receive (BZPOPMIN)
