@@ -101,7 +101,9 @@ def main() -> None:
         for mode, figures in seen[side].items():
             per_request = statistics.median(f[0] for f in figures)
             per_chunk = statistics.median(f[1] for f in figures)
-            print(f"  {side.upper()} {mode:8s} {per_request:8.0f} µs/request {per_chunk:6.1f} µs/chunk")
+            print(
+                f"  {side.upper()} {mode:8s} {per_request:8.0f} µs/request {per_chunk:6.1f} µs/chunk"
+            )
     for mode in seen["a"]:
         a = statistics.median(f[0] for f in seen["a"][mode])
         b = statistics.median(f[0] for f in seen["b"].get(mode, seen["a"][mode]))
