@@ -9,8 +9,9 @@ carried by one `qcluster` of `--checkout` (default: this one) with its defaults.
 wall time, the model.delta events and the commits that wrote them (a statement stamps all its
 events with one time, so distinct stamps are commits), the server's transactions
 (pg_stat_database), and start to first delta per run as the database saw it (`run.created` to
-the first `model.delta`, p50/p95). Runs are started by this checkout's code; the worker is the
-checkout's, so the same command against an older checkout is the before/after.
+the first `model.delta`, p50/p95), and the worker's CPU per run (every process of the qcluster's
+process group). Runs are started by this checkout's code; the worker is the checkout's, so the
+same command against an older checkout is the before/after.
 """
 
 from __future__ import annotations
@@ -59,6 +60,19 @@ register_agent(
 )
 """
 CLIENTS = 8
+
+
+def group_cpu(pgid: int) -> float:
+    """CPU seconds of process group `pgid`: its live processes' and the children they reaped."""
+    ticks = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[2]) == pgid:
+            ticks += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -126,10 +140,11 @@ def main() -> None:
         time.sleep(3)
         wait(start_all(8))  # warm-up: imports, pools, plans
         time.sleep(1)
-        before, started = transactions(), time.monotonic()
+        before, started, cpu = transactions(), time.monotonic(), group_cpu(worker.pid)
         ids = start_all(args.runs)
         wait(ids)
         wall, xacts = time.monotonic() - started, transactions() - before
+        cpu = group_cpu(worker.pid) - cpu
     finally:
         procs.stop(worker)
     deltas = RunEvent.objects.filter(run_id__in=ids, type="model.delta")
@@ -154,6 +169,7 @@ def main() -> None:
         f"  model.delta events {deltas.count()}, written by {len(stamps)} commits "
         f"({deltas.count() / max(1, len(stamps)):.1f} events per commit)\n"
         f"  server transactions {xacts} ({xacts / wall:.0f}/s)\n"
+        f"  worker CPU {cpu:.2f} s ({cpu * 1000 / args.runs:.1f} ms per run)\n"
         f"  start to first delta (database clock) p50 {statistics.median(latencies):.0f} ms, "
         f"p95 {p95:.0f} ms"
     )

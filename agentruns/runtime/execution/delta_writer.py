@@ -107,10 +107,14 @@ class DeltaWriter:
             feed.raise_failure()
             feed.pending.append(text)
             feed.pending_chars += len(text)
+            # the writer is woken only when it must act sooner than its tick (its first text, a
+            # full feed): a wake-up per delta was a thread switch per delta of every run
+            wake = not self.ready or (not self.early and feed.pending_chars >= self.flush_chars)
             self.ready[id(feed)] = feed
             if feed.pending_chars >= self.flush_chars:
                 self.early = True
-            self.lock.notify_all()
+            if wake:
+                self.lock.notify_all()
 
     def close(self, feed: DeltaFeed, *, raise_failure: bool = True) -> str:
         with self.lock:

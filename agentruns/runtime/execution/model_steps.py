@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -30,6 +31,7 @@ from agentruns.runtime.execution.planned_steps import EagerCallFailed, PlannedSt
 from agentruns.runtime.outages import process_health
 from agentruns.runtime.outages.model_outage import ModelOutage
 from agentruns.runtime.providers import ModelError, ModelRequest, TextDelta, ToolCall, Usage
+from agentruns.runtime.providers.base import TextSink
 from agentruns.runtime.providers.costs import model_cost_usd
 from agentruns.runtime.store.rows import WriteBatch, build
 from agentruns.runtime.values.ids import step_key
@@ -143,13 +145,15 @@ class ModelSteps(PlannedSteps):
         calls: list[ToolCall] = []
         usage = Usage()
         last_flush = time.monotonic()
-        # after the first flush, in a worker: the process's delta writer takes the text
+        # after the first flush, in a worker: the process's delta writer takes the text (`sink`)
         feed: DeltaFeed | None = None
+        sink = TextSink()
         flushed = False
         if lends_connection:
             connections.release()
+        chunks = self.state.provider.stream(request, sink=sink)
         try:
-            for chunk in self.state.provider.stream(request):
+            for chunk in chunks:
                 if isinstance(chunk, TextDelta):
                     piece = storable_text(chunk.text)  # a model may send NUL or lone surrogates
                     text.append(piece)
@@ -175,6 +179,7 @@ class ModelSteps(PlannedSteps):
                             feed = delta_writer().open(
                                 self.run_id, self.owner, step.index, attempt, self._feed_committed
                             )
+                            sink.take = self._feed_taker(feed, text)
                 elif isinstance(chunk, ToolCall):
                     calls.append(chunk)
                 elif isinstance(chunk, Usage):
@@ -183,10 +188,21 @@ class ModelSteps(PlannedSteps):
                 closing, feed = feed, None
                 pending = closing.close()
         finally:
+            chunks.close()  # a stream left early: its task ends here, on this thread
             if feed is not None:  # the attempt failed: its text is superseded, its error stands
                 feed.close(raise_failure=False)
         answer = ModelAnswer(step, attempt, started, "".join(text), pending, calls, usage)
         return self._complete_model_step(answer)
+
+    def _feed_taker(self, feed: DeltaFeed, text: list[str]) -> Callable[[str], None]:
+        """`sink.take` once `feed` is open: called inside the provider's stream (no database)."""
+
+        def take(delta: str) -> None:
+            text.append(piece := storable_text(delta))
+            feed.add(piece)
+            self.check_lease()
+
+        return take
 
     def _feed_committed(self, cancel_requested: bool) -> None:
         """The delta writer committed this attempt's text (which renewed the lease)."""

@@ -9,6 +9,7 @@ from agentruns.runtime.providers.base import (
     ModelProvider,
     ModelRequest,
     TextDelta,
+    TextSink,
     ToolCall,
     Usage,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "ModelProvider",
     "ModelRequest",
     "TextDelta",
+    "TextSink",
     "ToolCall",
     "Usage",
     "get_provider",

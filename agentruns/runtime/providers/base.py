@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -31,6 +31,21 @@ class Usage:
     completion_tokens: int = 0
 
 
+class TextSink:
+    """Where a provider that streams can hand text deltas without returning to its caller.
+
+    While `take` is None every delta is yielded as a `TextDelta`; once the caller sets it (the
+    executor: after a turn's first delta, to its delta feed), the provider calls `take(text)`
+    for each later delta instead, from inside the stream's coroutine: `take` must not touch the
+    database (Django refuses inside a running loop) and must be thread-safe. What `take` raises
+    ends the stream and is raised from `stream()` as it is."""
+
+    __slots__ = ("take",)
+
+    def __init__(self) -> None:
+        self.take: Callable[[str], None] | None = None
+
+
 class ModelError(Exception):
     """A model call failed. `retryable=False` fails the run with this message; a retryable one
     is an outage the run backs off from (runtime/outages/model_outage.py), not before `retry_after`
@@ -48,6 +63,9 @@ class ModelProvider(Protocol):
     # optional attribute `waits: bool` (default True): the model keeps the executor waiting, so
     # it gives its database connection back for the stream (False only for instant answers)
 
-    def stream(self, request: ModelRequest) -> Iterator[TextDelta | ToolCall | Usage]:
-        """Yield text deltas as they arrive, then complete tool calls, then usage."""
+    def stream(
+        self, request: ModelRequest, sink: TextSink | None = None
+    ) -> Iterator[TextDelta | ToolCall | Usage]:
+        """Yield text deltas as they arrive (those `sink.take` does not take), then complete tool
+        calls, then usage."""
         ...

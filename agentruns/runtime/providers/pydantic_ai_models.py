@@ -7,9 +7,10 @@ bring its own `Model` instance (a `FunctionModel` offline). `openai:` and `opena
 OPENAI_BASE_URL (any OpenAI-compatible server, openai_compatible.py); the others read their
 provider's own environment variables, as Pydantic AI does.
 
-The request is streamed with `pydantic_ai.direct.model_request_stream_sync` on the executor
-thread's event loop; text deltas go out as they arrive (the executor batches them into events),
-tool calls and usage at the end. Failures are classified by model_errors.py: an outage the engine
+The request is streamed with `pydantic_ai.direct.model_request_stream`, consumed by one task on
+the executor thread's event loop (stream_pump.py); text deltas go out as they arrive (yielded,
+or handed to the caller's `TextSink` inside that task: the executor's delta feed), tool calls
+and usage at the end. Failures are classified by model_errors.py: an outage the engine
 backs off from (runtime/outages/model_outage.py), or a verdict that fails the run with the reason.
 
 The conversation arrives as the engine's (OpenAI-style) messages rebuilt from the steps and is
@@ -22,15 +23,12 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from pydantic_ai.direct import model_request, model_request_stream_sync
+from pydantic_ai.direct import model_request_stream
 from pydantic_ai.messages import (
     ModelMessage,
     ModelResponse,
-    PartDeltaEvent,
-    PartStartEvent,
     SystemPromptPart,
     TextPart,
-    TextPartDelta,
     ToolCallPart,
     ToolReturnPart,
     UserPromptPart,
@@ -42,10 +40,17 @@ from pydantic_ai.models import Model, ModelRequestParameters, infer_model
 from pydantic_ai.tools import ToolDefinition
 
 from agentruns.registry.model_names import pydantic_ai_name
-from agentruns.registry.pydantic_agents.calls import run_sync
 from agentruns.runtime.providers import openai_compatible
-from agentruns.runtime.providers.base import ModelError, ModelRequest, TextDelta, ToolCall, Usage
+from agentruns.runtime.providers.base import (
+    ModelError,
+    ModelRequest,
+    TextDelta,
+    TextSink,
+    ToolCall,
+    Usage,
+)
 from agentruns.runtime.providers.model_errors import model_error
+from agentruns.runtime.providers.stream_pump import SinkFailed, answer_now, stream_deltas
 
 
 def build_model(name: str) -> Model:
@@ -157,9 +162,10 @@ class PydanticAIProvider:
 
     waits = True  # a real model keeps us waiting: the executor lends its connection back
     # True for a model that never waits (an offline function): it is asked without streaming
-    # (`model_request` on this thread's event loop) and its text parts are handed on in order;
-    # a streamed request costs ~0.5 ms of CPU more (the sync bridge's loop, a lock and a cancel
-    # scope per event), for deltas that would all arrive at once anyway
+    # (`Model.request`, run eagerly: stream_pump.answer_now) and its text parts are handed on;
+    # a streamed request costs more CPU (stream events, the hand-over to sync code), for deltas
+    # that would all arrive at once anyway; `Model.request` is called directly: `model_request`'s
+    # preparation (instrumentation, retry-part and instruction scans) finds nothing to do here
     instant = False
 
     def __init__(self, model: Model | str, settings: dict | None = None) -> None:
@@ -186,38 +192,40 @@ class PydanticAIProvider:
         settings["extra_body"] = {**options, **(settings.get("extra_body") or {})}
         return settings
 
-    def stream(self, request: ModelRequest) -> Iterator[TextDelta | ToolCall | Usage]:
+    def stream(
+        self, request: ModelRequest, sink: TextSink | None = None
+    ) -> Iterator[TextDelta | ToolCall | Usage]:
         messages = self._messages.messages(request.messages)
         params = ModelRequestParameters(
             function_tools=_tool_definitions(request.tools), allow_text_output=True
         )
-        text: list[str] = []
-        options: dict[str, Any] = {
-            "model_settings": self._settings(),
-            "model_request_parameters": params,
-            "instrument": False,
-        }
+        settings = self._settings()
         try:
             if self.instant:  # nothing to wait for: the answer, as the model's parts
-                response = run_sync(model_request(self.model, messages, **options))
+                response = answer_now(self.model.request(messages, settings, params))
                 for part in response.parts:
                     if isinstance(part, TextPart) and part.content:
-                        text.append(part.content)
                         yield TextDelta(part.content)
             else:
-                with model_request_stream_sync(self.model, messages, **options) as stream:
-                    for event in stream:
-                        delta = ""
-                        if isinstance(event, PartStartEvent) and isinstance(event.part, TextPart):
-                            delta = event.part.content
-                        elif isinstance(event, PartDeltaEvent) and isinstance(
-                            event.delta, TextPartDelta
-                        ):
-                            delta = event.delta.content_delta
-                        if delta:
-                            text.append(delta)
-                            yield TextDelta(delta)
-                    response = stream.response
+                deltas = stream_deltas(
+                    lambda: model_request_stream(
+                        self.model,
+                        messages,
+                        model_settings=settings,
+                        model_request_parameters=params,
+                        instrument=False,
+                    ),
+                    sink,
+                )
+                try:
+                    while True:
+                        yield TextDelta(next(deltas))
+                except StopIteration as end:
+                    response = end.value
+                finally:
+                    deltas.close()  # the caller stopped early: the stream's task is cancelled
+        except SinkFailed as failed:
+            raise failed.error from None  # the caller's own error (a lost lease), not the model's
         except ModelError:
             raise
         except Exception as exc:
@@ -235,7 +243,9 @@ class PydanticAIProvider:
                 prompt_tokens=sum(
                     _estimate_tokens(str(m.get("content") or "")) for m in request.messages
                 ),
-                completion_tokens=_estimate_tokens("".join(text))
+                completion_tokens=_estimate_tokens(
+                    "".join(p.content for p in response.parts if isinstance(p, TextPart))
+                )
                 + sum(_estimate_tokens(_arguments(part)) for part in calls),
             )
         yield usage

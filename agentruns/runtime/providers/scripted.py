@@ -5,11 +5,11 @@ a demo agent behaves like a real support agent without any network. Same convers
 turn out, which is what makes a resumed run indistinguishable from an uninterrupted one.
 
 The request goes the way of every Pydantic AI model (`PydanticAIProvider`: the conversation
-converted to Pydantic AI messages, then `model_request_stream_sync` and its stream events): the
+converted to Pydantic AI messages, then `model_request_stream` and its stream events): the
 stream function yields the turn's text a token at a time (SCRIPTED_MODEL_DELAY_MS apart), then
 its tool calls as `DeltaToolCall`s. With no delay configured there is nothing to wait for, so the
-provider is `instant`: the FunctionModel's plain function answers the whole turn at once, one
-text part per token (the same deltas), through `model_request`, at a fifth of the CPU.
+provider is `instant`: the FunctionModel's function answers the whole turn at once, one text part
+per token (the same deltas), through `FunctionModel.request`, at a fraction of the CPU.
 A policy reads the conversation in the engine's form (OpenAI-style dicts, the form policies are
 written against: `messages[1]` is the run's input), which is the form the Pydantic AI messages
 of this request were converted from; the tools it is told of are the ones Pydantic AI offers.
@@ -30,7 +30,7 @@ from pydantic_ai.usage import RequestUsage
 
 from agentruns.conf import conf
 from agentruns.registry import ScriptedTurn
-from agentruns.runtime.providers.base import ModelRequest, TextDelta, ToolCall, Usage
+from agentruns.runtime.providers.base import ModelRequest, TextDelta, TextSink, ToolCall, Usage
 from agentruns.runtime.providers.pydantic_ai_models import PydanticAIProvider
 
 _TOKEN = re.compile(r"\S+\s*|\s+")
@@ -137,10 +137,12 @@ class ScriptedProvider(PydanticAIProvider):
         self._counted = (messages[0] if messages else None, len(messages), tokens)
         return tokens
 
-    def stream(self, request: ModelRequest) -> Iterator[TextDelta | ToolCall | Usage]:
+    def stream(
+        self, request: ModelRequest, sink: TextSink | None = None
+    ) -> Iterator[TextDelta | ToolCall | Usage]:
         self._request, self._turn, self._policy_error = request, None, None
         try:
-            for item in super().stream(request):
+            for item in super().stream(request, sink):
                 if not isinstance(item, Usage):
                     yield item
         except Exception:

@@ -1,0 +1,140 @@
+"""A streamed model request consumed by one task (providers/stream_pump.py): the deltas a caller's
+`TextSink` takes inside the stream, a caller that stops early, and a caller on a thread whose
+event loop is already running (Playwright's sync API, a notebook)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from django.db import connections
+
+from agentruns.models import RunEvent
+from agentruns.registry import get_agent
+from agentruns.registry.pydantic_agents.calls import thread_loop
+from agentruns.runtime.events import LeaseLost
+from agentruns.runtime.providers import TextDelta, TextSink, get_provider
+from agentruns.services import execute_inline
+from tests.helpers import assert_gapless
+from tests.support.test_refund_agent import EXPECTED_FIRST_TURN, _first_turn
+
+TEXT = "".join(item.text for item in EXPECTED_FIRST_TURN if isinstance(item, TextDelta))
+
+
+@pytest.fixture
+def streaming(settings):
+    settings.SCRIPTED_MODEL_DELAY_MS = 2
+    provider = get_provider("scripted", get_agent("refund"))
+    assert provider.waits and not provider.instant
+    return provider
+
+
+def _in_a_running_loop(work):
+    """`work()` called synchronously from inside a running event loop, as Playwright's sync API
+    or a notebook cell calls code (the loop is blocked while it runs)."""
+
+    async def main():
+        try:
+            return work()
+        finally:  # Django keeps a connection per asyncio context: this one's ends with it
+            connections.close_all()
+
+    return asyncio.run(main())
+
+
+def _stream_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "agentruns-stream"]
+
+
+def _taking_after_the_first(provider) -> tuple[list, list[str], set[int]]:
+    """(what stream() yielded, what the sink took, the threads `take` ran on): `take` is set
+    once the first delta is out, as the executor does after its first commit."""
+    sink = TextSink()
+    taken: list[str] = []
+    threads: set[int] = set()
+
+    def take(text: str) -> None:
+        threads.add(threading.get_ident())
+        taken.append(text)
+
+    yielded = []
+    for item in provider.stream(_first_turn(), sink=sink):
+        yielded.append(item)
+        sink.take = take
+    return yielded, taken, threads
+
+
+def test_a_streaming_model_called_from_a_thread_whose_loop_runs_streams_its_turn(streaming):
+    """The bug: `model_request_stream_sync` refuses a running loop ("Cannot use a synchronous
+    streaming method from within an async context"), which failed the run's model step."""
+    assert _in_a_running_loop(lambda: list(streaming.stream(_first_turn()))) == (
+        EXPECTED_FIRST_TURN
+    )
+    assert not _stream_threads()
+
+
+def test_after_the_first_delta_the_sink_takes_the_rest_inside_the_stream(streaming):
+    yielded, taken, threads = _taking_after_the_first(streaming)
+    assert yielded[0] == EXPECTED_FIRST_TURN[0]
+    assert yielded[1:] == [i for i in EXPECTED_FIRST_TURN if not isinstance(i, TextDelta)]
+    assert yielded[0].text + "".join(taken) == TEXT
+    assert threads == {threading.get_ident()}  # on this thread's loop
+
+
+def test_from_a_running_loop_the_sink_takes_the_rest_on_the_streams_thread(streaming):
+    yielded, taken, threads = _in_a_running_loop(lambda: _taking_after_the_first(streaming))
+    assert yielded[0].text + "".join(taken) == TEXT
+    assert yielded[-2:] == EXPECTED_FIRST_TURN[-2:]  # its tool call and usage
+    assert threading.get_ident() not in threads
+    assert not _stream_threads()
+
+
+def test_what_the_sink_raises_ends_the_stream_and_is_raised_as_it_is(streaming):
+    """A lost lease inside the stream is the executor's, never a model error to retry."""
+    sink = TextSink()
+
+    def take(text: str) -> None:
+        raise LeaseLost("run-1")
+
+    with pytest.raises(LeaseLost):
+        for _ in streaming.stream(_first_turn(), sink=sink):
+            sink.take = take
+    assert not asyncio.all_tasks(thread_loop())
+
+
+@pytest.mark.parametrize("running_loop", [False, True], ids=["own loop", "running loop"])
+def test_a_caller_that_stops_early_ends_the_streams_task(streaming, running_loop):
+    def first_delta_then_close():
+        chunks = streaming.stream(_first_turn())
+        first = next(chunks)
+        chunks.close()
+        return first
+
+    call = _in_a_running_loop if running_loop else (lambda work: work())
+    assert call(first_delta_then_close) == EXPECTED_FIRST_TURN[0]
+    assert not asyncio.all_tasks(thread_loop())
+    assert not _stream_threads()
+
+
+def test_an_instant_model_from_a_running_loop_still_answers(settings):
+    settings.SCRIPTED_MODEL_DELAY_MS = 0
+    provider = get_provider("scripted", get_agent("refund"))
+    assert provider.instant
+    assert _in_a_running_loop(lambda: list(provider.stream(_first_turn()))) == (EXPECTED_FIRST_TURN)
+
+
+@pytest.mark.django_db(transaction=True)  # its writes are not the test's transaction's
+def test_a_run_advanced_inline_from_a_running_loop_streams_and_succeeds(streaming, monkeypatch):
+    """The whole run, as a Playwright sync test or a notebook advances one (Django's ORM is
+    allowed there by DJANGO_ALLOW_ASYNC_UNSAFE, as pytest-playwright sets it)."""
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    text = "one two three four five six"
+    script = {"script": [{"calls": [["t_echo", {"text": "a"}]]}, {"text": text}]}
+    run, outcome = _in_a_running_loop(lambda: execute_inline("script", script))
+    assert outcome == "succeeded"
+    run.refresh_from_db()
+    assert run.status == "succeeded" and run.output == text
+    deltas = RunEvent.objects.filter(run=run, type="model.delta", data__step=2).order_by("seq")
+    assert "".join(event.data["text"] for event in deltas) == text
+    assert_gapless(run)
