@@ -28,6 +28,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
+from benchmarks.procs import start_web, stop_web
+
 ROOT = Path(__file__).resolve().parent.parent
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -128,37 +130,8 @@ def case(
         f"[print(Run.objects.create(agent='refund', input={{}}, status='running').id) "
         f"for _ in range({runs})]",
     ).split()[-runs:]
-    port = 20000 + uuid.uuid4().int % 20000
-    serve = "config.serve" if (checkout / "config" / "serve.py").exists() else "daphne"
-    web = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            serve,
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "config.asgi:application",
-        ],
-        cwd=checkout,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
+    web, url = start_web(checkout, env)
     try:
-        import httpx
-
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                httpx.get(url + "/healthz", timeout=2)
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
 
         def measure(window: float) -> dict:
             cpu0, tx0, t0 = cpu_seconds(web.pid), commits(name), time.monotonic()
@@ -174,8 +147,7 @@ def case(
         idle = measure(seconds)
         held = asyncio.run(hold(url, run_ids, token, sockets, seconds, measure))
     finally:
-        web.terminate()
-        web.wait(timeout=30)
+        stop_web(web)
         admin(f"DROP DATABASE {name} WITH (FORCE)")
     row = {"case": label, "runs": runs, "env": extra, "idle": idle, **held}
     print(json.dumps(row))

@@ -1,4 +1,5 @@
-"""Processes of the benchmarks: a real `qcluster` of this checkout, and stopping it."""
+"""Processes of the benchmarks: a real `qcluster` of this checkout, a checkout's web process
+(daphne), and stopping them."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,3 +35,45 @@ def stop(proc: subprocess.Popen) -> None:
     except ProcessLookupError:
         pass
     proc.wait(10)
+
+
+def start_web(checkout: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+    """`checkout`'s daphne (`config.serve` as the Procfile runs it; a checkout older than that
+    module: plain daphne) on a free-ish port, once its /healthz answers: (process, base URL)."""
+    import httpx
+
+    port = 20000 + uuid.uuid4().int % 20000
+    serve = "config.serve" if (checkout / "config" / "serve.py").exists() else "daphne"
+    web = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            serve,
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "config.asgi:application",
+        ],
+        cwd=checkout,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            httpx.get(url + "/healthz", timeout=2)
+            return web, url
+        except httpx.HTTPError:
+            if time.monotonic() > deadline or web.poll() is not None:
+                stop_web(web)
+                raise
+            time.sleep(0.2)
+
+
+def stop_web(web: subprocess.Popen) -> None:
+    """A graceful stop of a web process started by `start_web`."""
+    web.terminate()
+    web.wait(timeout=30)

@@ -19,14 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import threading
-import time
 import uuid
 from pathlib import Path
 
 from benchmarks.idle_sockets import ROOT, admin, cpu_seconds, database_url, manage
+from benchmarks.procs import start_web, stop_web
 
 QUOTAS_OFF_THE_WAY = {  # metered as usual, never refusing within a burst
     "AGENTRUNS_START_BURST": "1000000",
@@ -62,7 +60,6 @@ def _post_burst(url: str, token: str, posts: int, clients: int) -> None:
 
 def case(checkout: Path, users: list[str], posts: int, clients: int) -> dict[str, float]:
     """daphne's CPU ms per POST for each user, on a fresh database of `checkout`."""
-    import httpx
 
     name = f"webcpu_{uuid.uuid4().hex[:8]}"
     admin(f"CREATE DATABASE {name}")
@@ -79,43 +76,16 @@ def case(checkout: Path, users: list[str], posts: int, clients: int) -> dict[str
         u: manage(checkout, env, "create_api_token", u).strip().splitlines()[-1].strip()
         for u in users
     }
-    port = 20000 + uuid.uuid4().int % 20000
-    web = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "config.serve",
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "config.asgi:application",
-        ],
-        cwd=checkout,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
+    web, url = start_web(checkout, env)
     out: dict[str, float] = {}
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                httpx.get(url + "/healthz", timeout=2)
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
         for user in users:
             _post_burst(url, tokens[user], 20, 2)  # warm-up: imports, connections, caches
             before = cpu_seconds(web.pid)
             _post_burst(url, tokens[user], posts, clients)
             out[user] = (cpu_seconds(web.pid) - before) * 1000 / posts
     finally:
-        web.terminate()
-        web.wait(timeout=30)
+        stop_web(web)
         admin(f"DROP DATABASE {name} WITH (FORCE)")
     return out
 
