@@ -5,8 +5,6 @@ registration waives it; a server that is down is weather the run waits out (test
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from agentruns.models import RunStatus, Step
@@ -15,16 +13,9 @@ from approvals import services
 from approvals.models import Approval, ApprovalStatus
 from tests.helpers import advance, make_user
 from tests.pydantic_ai.agents import backoffice, stdio_backoffice
-from tests.pydantic_ai.kit import SharedMcp, ledger, start
+from tests.pydantic_ai.kit import ledger, start
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(scope="module")
-def shared_mcp(tmp_path_factory) -> Iterator[SharedMcp]:
-    server = SharedMcp(tmp_path_factory.mktemp("mcp"))
-    yield server
-    server.stop()
 
 
 @pytest.fixture

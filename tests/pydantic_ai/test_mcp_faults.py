@@ -8,7 +8,6 @@ API; tool policies and the permission snapshot name MCP tools by their prefixed 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import datetime
 
 import pytest
@@ -29,18 +28,11 @@ from approvals.models import Approval, ApprovalKind, ApprovalStatus
 from tests.crash.kit import attempt_outcomes
 from tests.helpers import advance, events, make_user
 from tests.pydantic_ai.agents import backoffice, stdio_backoffice
-from tests.pydantic_ai.kit import SharedMcp, ledger, start
+from tests.pydantic_ai.kit import ledger, start
 from tests.pydantic_ai.mcp_server import set_faults
 
 pytestmark = pytest.mark.django_db(transaction=True)
 MAIL = {"to": "ann@example.com", "text": "Your refund is on its way"}
-
-
-@pytest.fixture(scope="module")
-def shared_mcp(tmp_path_factory) -> Iterator[SharedMcp]:
-    server = SharedMcp(tmp_path_factory.mktemp("mcp"))
-    yield server
-    server.stop()
 
 
 @pytest.fixture
