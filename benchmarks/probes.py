@@ -11,6 +11,7 @@ Used by `benchmarks/profile_worker.py`; each wrapper costs a few microseconds.
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import os
 import sys
@@ -56,7 +57,55 @@ def install_web() -> None:
     wrap(start, "enqueue", "", "doorbell", run_of=lambda a: a[0])
 
 
+def install_gc_probe() -> None:
+    """The cyclic collector's time in this process, by generation: a cumulative "gc" row at
+    every full collection and at most a second apart (the last row of a pid is its total)."""
+    spent = [0.0, 0.0, 0.0]
+    counts = [0, 0, 0]
+    began = [0.0]
+    reported = [0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        now = time.perf_counter()
+        if phase == "start":
+            began[0] = now
+            return
+        generation = info["generation"]
+        spent[generation] += now - began[0]
+        counts[generation] += 1
+        if generation == 2 or now - reported[0] >= 1.0:
+            reported[0] = now
+            record("gc", pid=os.getpid(), seconds=list(spent), counts=list(counts))
+
+    gc.callbacks.append(on_gc)
+
+
+def install_pool_probe() -> None:
+    """In every q2 process, once spawned: its psycopg pool's counters, a cumulative "pool" row
+    a second apart (requests, those that had to wait for a connection, their total wait)."""
+    import threading
+
+    from django.db import DEFAULT_DB_ALIAS, connections
+    from django_q.signals import post_spawn
+
+    def report() -> None:
+        while True:
+            time.sleep(1.0)
+            pool = connections[DEFAULT_DB_ALIAS].pool
+            if pool is not None:
+                stats = pool.get_stats()
+                keys = ("requests_num", "requests_queued", "requests_wait_ms", "pool_size")
+                record("pool", pid=os.getpid(), **{k: stats.get(k, 0) for k in keys})
+
+    def spawned(**_: Any) -> None:
+        threading.Thread(target=report, name="pool-probe", daemon=True).start()
+
+    post_spawn.connect(spawned, dispatch_uid="benchmarks.pool_probe", weak=False)
+
+
 def install_worker() -> None:
+    install_gc_probe()
+    install_pool_probe()
     from agentruns.runtime.dispatch.broker import DoorbellBroker
     from agentruns.runtime.execution.executor import RunExecutor
     from agentruns.runtime.workers.pool import RunPool

@@ -32,7 +32,8 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks import flamegraph
+from benchmarks import cpu_split, flamegraph
+from benchmarks.cpu_split import CpuSplit
 from benchmarks.inflight import TOKEN_MS, TURN_MS, dsn, setup
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -170,10 +171,16 @@ def post_runs(base_url: str, token: str, agent: str, count: int, together: bool)
 def breakdown(probe_file: Path, times: dict, model_wait_s: float) -> dict:
     points: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     dequeues = []
+    gc_of: dict[int, dict] = {}  # per worker process: its last (cumulative) collector row
+    pool_of: dict[int, dict] = {}  # ... and its psycopg pool's counters
     for line in probe_file.read_text().splitlines():
         row = json.loads(line)
         if row["at"] == "dequeued":
             dequeues.append(row["n"])
+        elif row["at"] == "gc":
+            gc_of[row["pid"]] = row
+        elif row["at"] == "pool":
+            pool_of[row["pid"]] = row
         elif row["run"] in times:
             points[row["run"]][row["at"]].append(row)
     segments: dict[str, list[float]] = defaultdict(list)
@@ -233,6 +240,30 @@ def breakdown(probe_file: Path, times: dict, model_wait_s: float) -> dict:
         "p90": max(dequeues, default=0),
         "n": len(dequeues),
     }
+    if gc_of and times:  # the collector pauses every thread of its process while it runs
+        gc_s = [sum(r["seconds"][g] for r in gc_of.values()) for g in range(3)]
+        full = sum(r["counts"][2] for r in gc_of.values())
+        result[
+            "cyclic GC per run, all generations (p90 column: full collections only; n: those)"
+        ] = {
+            "p50": sum(gc_s) * 1000 / len(times),
+            "p90": gc_s[2] * 1000 / len(times),
+            "n": full,
+        }
+    if pool_of and times:
+        asked = sum(r["requests_num"] for r in pool_of.values())
+        waited = sum(r["requests_queued"] for r in pool_of.values())
+        wait_ms = sum(r["requests_wait_ms"] for r in pool_of.values())
+        result["pool connections per run (p90 column: of those, waited for one)"] = {
+            "p50": asked / len(times),
+            "p90": waited / len(times),
+            "n": len(pool_of),
+        }
+        result["waiting for a pooled connection per run, ms (p90 column: per wait)"] = {
+            "p50": wait_ms / len(times),
+            "p90": wait_ms / waited if waited else 0.0,
+            "n": waited,
+        }
     return result
 
 
@@ -257,8 +288,17 @@ def wait_finished(ids: list[str], timeout: float = 600) -> None:
 
 
 def phase(
-    workload: str, name: str, count: int, out: Path, tmp: Path, token: str, via: str = "http"
+    workload: str,
+    name: str,
+    count: int,
+    out: Path,
+    tmp: Path,
+    token: str,
+    via: str = "http",
+    spy: bool = True,
 ) -> str:
+    from django.db import connection
+
     from tests.procs import free_port, wait_http
 
     agent, model_env = WORKLOADS[workload]
@@ -281,11 +321,19 @@ def phase(
         time.sleep(4)
         wait_finished(list(post_runs(base_url, token, agent, 8, together=True)))  # warm-up
         # sampled from here: start-up and warm-up are not part of the profile
-        spies = [
-            attach_pyspy(web.pid, raw_web, tmp / "py-spy.log"),
-            attach_pyspy(worker.pid, raw_worker, tmp / "py-spy.log"),
-        ]
+        spies = (
+            [
+                attach_pyspy(web.pid, raw_web, tmp / "py-spy.log"),
+                attach_pyspy(worker.pid, raw_worker, tmp / "py-spy.log"),
+            ]
+            if spy
+            else []
+        )
         time.sleep(1)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            cpu = CpuSplit(worker.pid, cursor.fetchone()[0])
+        statements = cpu_split.StatementCounts()  # when the server preloads pg_stat_statements
         started = time.time()
         if service:
             from benchmarks import probes
@@ -296,6 +344,9 @@ def phase(
         else:
             times = post_runs(base_url, token, agent, count, together=name == "burst")
         wait_finished(list(times))
+        finished = time.time()
+        cpu_s = cpu.since()
+        top = statements.top(count)
         wall = max(times.values())[1] - started
     finally:
         stop_all(spies, [web, worker])
@@ -310,13 +361,20 @@ def phase(
             else "POSTed one every 0.3 s"
         ),
         "",
-        f"1-minute load average {os.getloadavg()[0]:.1f}; POSTs took {wall:.1f} s.",
+        f"1-minute load average {os.getloadavg()[0]:.1f}; POSTs took {wall:.1f} s; "
+        f"the batch {finished - started:.1f} s.",
         "",
+        "CPU during the batch (its floor on 2 cores: the sum / 2): "
+        + ", ".join(f"{k} {v:.1f} s ({v * 1000 / count:.1f} ms a run)" for k, v in cpu_s.items())
+        + f"; sum {sum(cpu_s.values()):.1f} s, floor {sum(cpu_s.values()) / 2:.1f} s"
+        + ("" if spy else "; no py-spy attached"),
+        "",
+        *top,
         "| segment | p50 (ms) | p90 (ms) | runs |",
         "|---|---:|---:|---:|",
     ]
     lines += [f"| {k} | {v['p50']:.1f} | {v['p90']:.1f} | {v['n']} |" for k, v in table.items()]
-    for role, raw in (("worker", raw_worker), ("web", raw_web)):
+    for role, raw in (("worker", raw_worker), ("web", raw_web)) if spy else ():
         stacks = flamegraph.read_stacks(raw)
         flamegraph.write_svg(
             stacks, stem.with_name(stem.name + f"-{role}.svg"), f"{role}: {workload}, {name}"
@@ -370,6 +428,11 @@ def main() -> None:
         default="http",
         help="burst: POST /api/runs (default) or services.start_run from 8 threads",
     )
+    parser.add_argument(
+        "--no-pyspy",
+        action="store_true",
+        help="no flame graphs: py-spy's sampling of ~1000 threads takes CPU from the batch",
+    )
     args = parser.parse_args()
     if not os.environ.get("DATABASE_URL"):
         sys.exit("run under scripts/with-postgres.sh (or set DATABASE_URL)")
@@ -385,7 +448,9 @@ def main() -> None:
         for name, count in (("light", args.light), ("burst", args.burst)):
             if not count:
                 continue
-            text = phase(args.workload, name, count, out, Path(tmp), token, args.start)
+            text = phase(
+                args.workload, name, count, out, Path(tmp), token, args.start, not args.no_pyspy
+            )
             print(text, flush=True)
             if args.markdown:
                 suffix = "-service" if args.start == "service" and name == "burst" else ""

@@ -27,7 +27,7 @@ from agentruns.runtime.inbox import inbox
 from agentruns.runtime.outages import weather
 from agentruns.runtime.outages.faults import is_infrastructure_error
 from agentruns.runtime.store import nudges
-from agentruns.runtime.workers import pool, q2_cluster
+from agentruns.runtime.workers import collector, pool, q2_cluster
 from agentruns.runtime.workers.claimer import start_claimer
 from agentruns.runtime.workers.sweeper import SweeperLoop, ensure_schedule, sweep
 
@@ -56,6 +56,8 @@ class Command(QClusterCommand):
         q2_cluster.install()  # a worker dying while idle must not stop the cluster
         # each worker process claims queued runs itself (PostgreSQL), beside q2's doorbells
         post_spawn.connect(start_claimer, dispatch_uid="agentruns.run_claimer")
+        # and carries its runs with a collector tuned for them (runtime/workers/collector.py)
+        post_spawn.connect(collector.tune, dispatch_uid="agentruns.collector")
         cluster = Cluster()
         pool.forward_stop_signals(cluster.sig_handler)
         cluster.start()

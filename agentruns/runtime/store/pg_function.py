@@ -91,6 +91,7 @@ DECLARE
     v_n integer := coalesce(jsonb_array_length(p->'events'), 0);
     v_seq bigint;
     v_cancel boolean;
+    v_u jsonb;
 BEGIN
     IF p ? 'new_run' THEN
         INSERT INTO {run_t} SELECT * FROM jsonb_populate_record(NULL::{run_t}, p->'new_run');
@@ -109,22 +110,22 @@ BEGIN
     IF p ? 'steps' THEN
         INSERT INTO {step_t} SELECT * FROM jsonb_populate_recordset(NULL::{step_t}, p->'steps');
     END IF;
-    IF p ? 'step_updates' THEN
+    -- an update per row by its key (a loop, not UPDATE ... FROM jsonb_array_elements): the
+    -- join's generic plan scanned the whole table, a cost that grew with every run stored
+    FOR v_u IN SELECT u.v FROM jsonb_array_elements(p->'step_updates') AS u(v) LOOP
         UPDATE {step_t} AS t SET
-            {(newline + "    ").join(_assign("t", "u.v", c, d) for c, d in step_cols)}
-        FROM jsonb_array_elements(p->'step_updates') AS u(v)
-        WHERE t.id = (u.v->>'id')::uuid;
-    END IF;
+            {(newline + "    ").join(_assign("t", "v_u", c, d) for c, d in step_cols)}
+        WHERE t.id = (v_u->>'id')::uuid;
+    END LOOP;
     IF p ? 'attempts' THEN
         INSERT INTO {attempt_t} ({attempt_names})
         SELECT {attempt_names} FROM jsonb_populate_recordset(NULL::{attempt_t}, p->'attempts');
     END IF;
-    IF p ? 'attempt_updates' THEN
+    FOR v_u IN SELECT u.v FROM jsonb_array_elements(p->'attempt_updates') AS u(v) LOOP
         UPDATE {attempt_t} AS t SET
-            {(newline + "    ").join(_assign("t", "u.v", c, d) for c, d in attempt_patch)}
-        FROM jsonb_array_elements(p->'attempt_updates') AS u(v)
-        WHERE t.step_id = (u.v->>'step_id')::uuid AND t.number = (u.v->>'number')::integer;
-    END IF;
+            {(newline + "    ").join(_assign("t", "v_u", c, d) for c, d in attempt_patch)}
+        WHERE t.step_id = (v_u->>'step_id')::uuid AND t.number = (v_u->>'number')::integer;
+    END LOOP;
     IF v_n > 0 THEN
         INSERT INTO {event_t} (run_id, seq, type, data, created_at)
         SELECT v_run, v_seq - v_n + e.i, e.v->>0, e.v->1, v_now
