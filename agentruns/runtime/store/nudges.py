@@ -100,6 +100,8 @@ def _messages(run_id: uuid.UUID | None, seq: int, inbox: bool) -> list[tuple[str
 
 
 async def _group_send_all(layer: Any, sends: list[tuple[str, dict]]) -> None:
+    # one after another on one connection: side by side, a tick's hundred-odd sends took more
+    # than the client pool's 100 connections (MaxConnectionsError: nudges lost, Redis "away")
     for group, message in sends:
         await layer.group_send(group, message)
 
