@@ -5,13 +5,21 @@ test data (transaction=True)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from datetime import timedelta
 
 import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.utils import timezone
 
 from agentruns.models import Run, RunEvent
 from agentruns.runtime.events import LeaseLost
 from agentruns.runtime.execution.delta_writer import DeltaWriter
+from agentruns.runtime.store import get_store
+from agentruns.runtime.store.base import RunDeltas
+from agentruns.runtime.store.nudges import run_group
 from tests.helpers import assert_gapless, leased_run
 from tests.procs import wait_until
 
@@ -80,3 +88,37 @@ def test_a_cancel_requested_meanwhile_reaches_the_executor():
     wait_until(lambda: seen, timeout=10, message="the flush")
     assert seen == [True]
     feed.close()
+
+
+def test_one_tick_nudges_every_run_it_wrote_with_its_last_seq():
+    """The tick's nudges go out together (one hook for the statement); each viewer's group still
+    gets its own run's last seq, and a run whose lease moved (nothing written) gets none."""
+    layer = get_channel_layer()
+    runs = [leased_run(owner=f"me:1:{i}") for i in range(3)]
+    Run.objects.filter(id=runs[2].id).update(lease_owner="thief:2:x")
+    channels = [async_to_sync(layer.new_channel)() for _ in runs]
+    for run, channel in zip(runs, channels, strict=True):
+        async_to_sync(layer.group_add)(run_group(run.id), channel)
+    now = timezone.now()
+    deltas = [
+        RunDeltas(
+            run_id=run.id,
+            owner=f"me:1:{i}",
+            lease_expires_at=now + timedelta(seconds=30),
+            events=[("model.delta", {"step": 0, "attempt": 1, "text": f"t{i}"})],
+        )
+        for i, run in enumerate(runs)
+    ]
+    done = get_store().commit_deltas(deltas, now=now)
+    assert set(done) == {runs[0].id, runs[1].id}
+
+    async def next_message(channel: str) -> dict | None:
+        try:
+            return await asyncio.wait_for(layer.receive(channel), timeout=1)
+        except TimeoutError:
+            return None
+
+    for run, channel in zip(runs[:2], channels[:2], strict=True):
+        last_seq = Run.objects.get(id=run.id).last_seq
+        assert async_to_sync(next_message)(channel) == {"type": "run.nudge", "seq": last_seq}
+    assert async_to_sync(next_message)(channels[2]) is None

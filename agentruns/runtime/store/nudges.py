@@ -54,6 +54,19 @@ def nudge_on_commit(run_id: uuid.UUID | None, seq: int = 0, *, inbox: bool = Fal
     transaction.on_commit(lambda: send_nudge(run_id, seq, inbox=inbox))
 
 
+def nudge_runs_on_commit(last_seqs: list[tuple[uuid.UUID, int]]) -> None:
+    """Nudge every run of `last_seqs` (run, its last seq) with ONE on-commit hook and one hand-over
+    to the sender: the delta writer's tick writes text of many runs, and a hook, a future and a
+    wake of the sender's loop per run was per-run work on every tick."""
+    if not last_seqs or not _nudges_reach_viewers():
+        return
+    if not conf.REDIS_URL and not _anyone_listens_here():
+        return
+    transaction.on_commit(
+        lambda: _send([(run_group(run_id), _run_nudge(seq)) for run_id, seq in last_seqs])
+    )
+
+
 _nudge_loop: Any = None  # (pid, event loop) of the background sender, see _nudge_sender_loop
 _nudge_loop_lock = threading.Lock()
 
@@ -73,16 +86,22 @@ def _nudge_sender_loop() -> asyncio.AbstractEventLoop:
         return _nudge_loop[1]
 
 
+def _run_nudge(seq: int) -> dict:
+    return {"type": "run.nudge", "seq": seq}
+
+
 def _messages(run_id: uuid.UUID | None, seq: int, inbox: bool) -> list[tuple[str, dict]]:
     sends = []
     if run_id is not None:
-        sends.append((run_group(run_id), {"type": "run.nudge", "seq": seq}))
+        sends.append((run_group(run_id), _run_nudge(seq)))
     if inbox:
         sends.append((INBOX_GROUP, {"type": "inbox.nudge"}))
     return sends
 
 
 async def _group_send_all(layer: Any, sends: list[tuple[str, dict]]) -> None:
+    # one after another on one connection: side by side, a tick's hundred-odd sends took more
+    # than the client pool's 100 connections (MaxConnectionsError: nudges lost, Redis "away")
     for group, message in sends:
         await layer.group_send(group, message)
 
@@ -102,11 +121,15 @@ def _log_failed_nudge(future: concurrent.futures.Future) -> None:
 
 def send_nudge(run_id: uuid.UUID | None, seq: int = 0, *, inbox: bool = False) -> None:
     """Tell viewers "new events exist". At-most-once by design: losing one costs latency only."""
+    _send(_messages(run_id, seq, inbox))
+
+
+def _send(sends: list[tuple[str, dict]]) -> None:
+    """Send `sends` (group, message) on the channel layer; never raises."""
     try:
         layer = get_channel_layer()
         if layer is None:
             return
-        sends = _messages(run_id, seq, inbox)
         if conf.REDIS_URL:
             # cross-process layer: fire and forget on the background loop (never blocks a commit)
             future = asyncio.run_coroutine_threadsafe(

@@ -22,7 +22,7 @@ from agentruns.models import Run, RunEvent, RunStatus
 from agentruns.runtime.events import EventSpec, LeaseLost
 from agentruns.runtime.store.base import RunDeltas, RunStore
 from agentruns.runtime.store.documents import batch_rows, dumps, row
-from agentruns.runtime.store.nudges import nudge_on_commit
+from agentruns.runtime.store.nudges import nudge_on_commit, nudge_runs_on_commit
 from agentruns.runtime.store.pg_function import FUNCTION, LEASE_LOST_SQLSTATE
 from agentruns.runtime.store.rows import loaded_run, run_columns
 from agentruns.runtime.store.sql import run_update_sql, run_value
@@ -239,10 +239,8 @@ class PostgresStore(RunStore):
         ]
         # a constant statement: prepared once per connection, not parsed and planned per tick
         rows = _fetch(DELTAS_SQL, [dumps(payload), now, now])
-        done = {}
-        for run_id, last_seq, cancel in rows:
-            done[run_id] = (int(last_seq), bool(cancel))
-            nudge_on_commit(run_id, last_seq)
+        done = {run_id: (int(last_seq), bool(cancel)) for run_id, last_seq, cancel in rows}
+        nudge_runs_on_commit([(run_id, seq) for run_id, (seq, _) in done.items()])
         return done
 
     def append(self, run_id, events, *, set_fields=None, incr_fields=None) -> int:
