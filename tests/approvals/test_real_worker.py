@@ -13,18 +13,19 @@ from agentruns.services import start_run
 from agentruns.tokens import create_token
 from approvals.models import Approval, ApprovalKind, ApprovalStatus
 from support.models import GatewayRefund, Order, OutboxMessage
-from tests.procs import gateway_refunds, start_web, start_worker, wait_finished, wait_until
+from tests.procs import gateway_refunds, module_web, start_worker, wait_finished, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 WAIT = 120
 
 
-@pytest.fixture
-def web(tmp_path):
-    proc, url = start_web(tmp_path)
-    yield url
-    proc.stop()
+@pytest.fixture(scope="module")
+def web(tmp_path_factory, django_db_setup, django_db_blocker):
+    """One daphne for the module: the API staff decide through and the refund gateway (no test
+    restarts it; each test still sees only its own rows, the tables are truncated after it)."""
+    with module_web(tmp_path_factory, django_db_blocker) as url:
+        yield url
 
 
 @pytest.fixture

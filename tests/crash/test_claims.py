@@ -26,9 +26,7 @@ from tests.helpers import assert_gapless
 from tests.pgserver import PrivatePostgres
 from tests.procs import (
     Proc,
-    base_env,
     gateway_refunds,
-    manage,
     module_web,
     start_run_over_http,
     start_web,
@@ -184,8 +182,8 @@ def test_a_claimer_listens_again_after_a_database_restart(tmp_path, private_pg):
     # the web is the refund gateway too; the claimers wake only on a NOTIFY (poll far away) or
     # when they have just (re)connected
     env = {"DATABASE_URL": private_pg.url, "AGENTRUNS_RUN_CLAIM_POLL_SECONDS": "600"}
-    private_pg.migrate(base_env(**env))
-    token = manage(base_env(**env), "create_api_token", "lead").strip().splitlines()[-1]
+    private_pg.migrate()
+    token = private_pg.lead_token
     web, url = start_web(tmp_path, **env)
     worker_proc = start_worker(
         tmp_path, name="worker-restart", REFUND_GATEWAY_URL=f"{url}/gateway", **env

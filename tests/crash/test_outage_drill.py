@@ -41,8 +41,6 @@ from support.models import GatewayRefund, OutboxMessage
 from tests.pgserver import PrivatePostgres
 from tests.procs import (
     Proc,
-    base_env,
-    manage,
     start_redis,
     start_run_over_http,
     start_web,
@@ -91,10 +89,6 @@ def private_pg():
     pg.create_database()
     yield pg
     pg.close()
-
-
-def api_token(env: dict[str, str]) -> str:
-    return manage(env, "create_api_token", "lead").strip().splitlines()[-1]
 
 
 # ------------------------------------------------------------------ measuring
@@ -224,8 +218,8 @@ def test_restarts_and_an_outage_fail_no_run_and_refund_each_order_once(
         "REFUND_APPROVAL_THRESHOLD_CENTS": "1000000000",
         "Q_WORKERS": "1",
     }
-    private_pg.migrate(base_env(**env))
-    token = api_token(base_env(**env))
+    private_pg.migrate()
+    token = private_pg.lead_token
     web, url = start_web(tmp_path, **env)
     workers = [start_worker(tmp_path, name=f"worker-{n}", **env) for n in (1, 2)]
     procs = [gateway, web, *workers]
@@ -350,8 +344,8 @@ def test_a_lease_that_lapsed_in_an_outage_never_runs_a_refund_twice(tmp_path, pr
         "REFUND_APPROVAL_THRESHOLD_CENTS": "1000000000",
         "Q_WORKERS": "1",
     }
-    private_pg.migrate(base_env(**env))
-    token = api_token(base_env(**env))
+    private_pg.migrate()
+    token = private_pg.lead_token
     web, url = start_web(tmp_path, **env)
     a = start_worker(tmp_path, name="worker-a", **env)
     procs = [gateway, web, a]

@@ -19,7 +19,7 @@ import pytest
 from tests.e2e.kit import PASSWORD, WAIT_MS, browser_marks, logged_in_page
 from tests.e2e.test_run_page import RECORDER
 from tests.pgserver import PrivatePostgres
-from tests.procs import base_env, manage, start_run_over_http, start_web, start_worker
+from tests.procs import start_run_over_http, start_web, start_worker
 
 pytestmark = [m for m in browser_marks() if m.name != "django_db"]
 
@@ -73,15 +73,9 @@ def test_run_page_says_reconnecting_through_a_database_outage_and_misses_nothing
         "REFUND_APPROVAL_THRESHOLD_CENTS": "1000000000",
         "AGENTRUNS_STREAM_POLL_SECONDS": "0.1",
     }
-    pg.migrate(base_env(**env))
-    manage(
-        base_env(**env),
-        "shell",
-        "-c",
-        "from django.contrib.auth.models import User; u = User.objects.get(username='lead'); "
-        f"u.set_password('{PASSWORD}'); u.save()",
-    )
-    token = manage(base_env(**env), "create_api_token", "lead").strip().splitlines()[-1]
+    pg.migrate()
+    pg.set_password("lead", PASSWORD)
+    token = pg.lead_token
     web, base_url = start_web(tmp_path, **env)
     env["REFUND_GATEWAY_URL"] = base_url + "/gateway"
     workers = [start_worker(tmp_path, name="worker-1", **env)]

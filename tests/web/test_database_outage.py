@@ -21,7 +21,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from tests.pgserver import PrivatePostgres
-from tests.procs import base_env, manage, start_run_over_http, start_web, wait_until
+from tests.procs import start_run_over_http, start_web, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -35,16 +35,9 @@ def drill(tmp_path):
     pg = PrivatePostgres("web-outage")
     pg.start()
     pg.create_database()
-    env = base_env(DATABASE_URL=pg.url)
-    pg.migrate(env)
-    token = manage(env, "create_api_token", "lead").strip().splitlines()[-1]
-    manage(
-        env,
-        "shell",
-        "-c",
-        "from django.contrib.auth.models import User; u = User.objects.get(username='lead'); "
-        f"u.set_password('{PASSWORD}'); u.save()",
-    )
+    pg.migrate()
+    token = pg.lead_token
+    pg.set_password("lead", PASSWORD)
     web, url = start_web(tmp_path, DATABASE_URL=pg.url, DEBUG=1, WEB_DB_POOL_TIMEOUT=WEB_POOL_WAIT)
     try:
         yield pg, web, url, token

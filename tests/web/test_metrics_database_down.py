@@ -8,7 +8,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.pgserver import PrivatePostgres
-from tests.procs import base_env, start_web
+from tests.procs import start_web
 
 pytestmark = pytest.mark.crash
 
@@ -30,7 +30,7 @@ def test_metrics_answer_with_the_database_down(tmp_path, procs):
         pg.create_database()
         # a request waits up to DB_POOL_TIMEOUT for a connection: that bounds the answer's time
         env = {"DATABASE_URL": pg.url, "AGENTRUNS_METRICS_CACHE_SECONDS": 0, "DB_POOL_TIMEOUT": 2}
-        pg.migrate(base_env(**env), seed=False)
+        pg.migrate(seed=False)
         web, url = start_web(tmp_path, **env)
         procs.append(web)
         assert web_database_up(url) == 1
