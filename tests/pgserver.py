@@ -117,17 +117,23 @@ class PrivatePostgres:
     def __init__(self, name: str = "drill", from_template: bool = True) -> None:
         self.bin = _pg_bin()
         self.as_postgres = _as_postgres()
+        self.database = "agentruns"
+        self.lead_token = ""  # a bearer token of seed_demo's lead, once migrate() seeded
+        source, self._template_token = template_cluster() if from_template else (None, "")
         self.root = _own_dir(f"agentruns-{name}-pg.")
         self.data = self.root / "data"
         self.port = free_port()
-        self.database = "agentruns"
-        self.lead_token = ""  # a bearer token of seed_demo's lead, once migrate() seeded
-        self._template_token = ""
-        if from_template:
-            source, self._template_token = template_cluster()
-            subprocess.run([*self.as_postgres, "cp", "-a", str(source), str(self.data)], check=True)
-        else:
-            self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync")
+        try:
+            if source is not None:
+                copy = [*self.as_postgres, "cp", "-a", str(source), str(self.data)]
+                subprocess.run(copy, check=True)
+            else:
+                self._run(
+                    "initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync"
+                )
+        except BaseException:
+            shutil.rmtree(self.root, ignore_errors=True)
+            raise
 
     @property
     def url(self) -> str:
