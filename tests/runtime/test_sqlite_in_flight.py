@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.procs import Proc, base_env, free_port, manage, sqlite_env, start_web, start_worker
+from tests.procs import Proc, base_env, free_port, prepare_demo, sqlite_env, start_web, start_worker
 
 RUNS = 24
 
@@ -37,9 +37,7 @@ def test_many_runs_in_flight_on_the_sqlite_default(tmp_path: Path):
         REFUND_APPROVAL_THRESHOLD_CENTS=1_000_000_000,
     )
     env = base_env(**overrides)
-    manage(env, "migrate", "--noinput")
-    manage(env, "seed_demo")
-    token = manage(env, "create_api_token", "lead").strip().splitlines()[-1].strip()
+    token = prepare_demo(env)[-1].strip()
     procs: list[Proc] = []
     try:
         web, _ = start_web(tmp_path, port=port, **overrides)

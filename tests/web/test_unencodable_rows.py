@@ -20,7 +20,7 @@ from websockets.sync.client import connect
 from tests.procs import (
     base_env,
     free_port,
-    manage,
+    prepare_demo,
     sqlite_env,
     start_web,
     start_worker,
@@ -45,11 +45,8 @@ def test_a_lone_surrogate_in_a_stored_run_breaks_no_page_and_no_stream(tmp_path:
     overrides = {**sqlite_env(tmp_path / "db.sqlite3", base_url)}
     overrides["REFUND_APPROVAL_THRESHOLD_CENTS"] = 0  # it parks: an inbox card for everyone
     env = base_env(**overrides)
-    manage(env, "migrate", "--noinput")
-    seeded = manage(env, "seed_demo")
-    password = re.search(r"user lead\s+password (\S+)", seeded).group(1)
-    token = manage(env, "create_api_token", "lead").strip().splitlines()[-1]
-    run_id = manage(env, "shell", "-c", WRITE_RUN).strip().splitlines()[-1]
+    *seeded, token, run_id = prepare_demo(env, then=WRITE_RUN)
+    password = re.search(r"user lead\s+password (\S+)", "\n".join(seeded)).group(1)
 
     web, url = start_web(tmp_path, port=port, **overrides)
     procs.append(web)
