@@ -24,13 +24,7 @@ import uuid
 from pathlib import Path
 
 from benchmarks.idle_sockets import ROOT, admin, cpu_seconds, database_url, manage
-from benchmarks.procs import start_web, stop_web
-
-QUOTAS_OFF_THE_WAY = {  # metered as usual, never refusing within a burst
-    "AGENTRUNS_START_BURST": "1000000",
-    "AGENTRUNS_START_PER_SECOND": "1000",
-    "AGENTRUNS_RUNS_IN_FLIGHT_PER_USER": "1000000",
-}
+from benchmarks.procs import QUOTAS_OFF_THE_WAY, start_web, stop_web
 
 
 def _post_burst(url: str, token: str, posts: int, clients: int) -> None:

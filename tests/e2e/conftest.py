@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import pytest
-from playwright.sync_api import sync_playwright
+from django.db import connections
+from playwright.sync_api import Browser, sync_playwright
 
 # Debian's chromium, never a downloaded browser; these flags keep it off the (closed) network
 CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
@@ -19,10 +22,28 @@ CHROMIUM_ARGS = [
 ]
 
 
-@pytest.fixture
-def browser():
-    """A real headless Chromium driven by Playwright's sync API."""
+@contextlib.contextmanager
+def chromium_browser() -> Iterator[Browser]:
+    """A real headless Chromium driven by Playwright's sync API.
+
+    Inside the block an event loop runs on this thread, so Django keeps this thread's database
+    connections in a context variable of the thread's main context (asgiref's thread-critical
+    Local), apart from the ones the test's sync code and pytest-django see. Left open, such a
+    connection stays checked out of the pool for the rest of the process, and every later
+    `asyncio.run()` on this thread inherits it: a test that took the database away meanwhile
+    left it terminated, and a test that advanced a run from a running loop failed with
+    "terminating connection due to administrator command" (tests/e2e/test_browser_connections.py).
+    So they are given back before the loop ends."""
     with sync_playwright() as p:
         chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            connections.close_all()  # the connections of the loop's context (see above)
+            chromium.close()
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    with chromium_browser() as chromium:
         yield chromium
-        chromium.close()

@@ -1,6 +1,7 @@
-"""A streamed model request consumed by one task (providers/stream_pump.py): the deltas a caller's
-`TextSink` takes inside the stream, a caller that stops early, and a caller on a thread whose
-event loop is already running (Playwright's sync API, a notebook)."""
+"""A streamed model request consumed by one task on the process's stream loop
+(providers/stream_pump.py): the deltas a caller's `TextSink` takes inside the stream, a caller
+that stops early, a caller on a thread whose event loop is already running (Playwright's sync
+API, a notebook), and many callers' streams sharing the one loop."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from agentruns.registry import get_agent
 from agentruns.registry.pydantic_agents.calls import thread_loop
 from agentruns.runtime.events import LeaseLost
 from agentruns.runtime.providers import TextDelta, TextSink, get_provider
+from agentruns.runtime.providers.stream_pump import stream_loop
 from agentruns.services import execute_inline
 from tests.helpers import assert_gapless
 from tests.support.test_refund_agent import EXPECTED_FIRST_TURN, _first_turn
@@ -44,7 +46,15 @@ def _in_a_running_loop(work):
 
 
 def _stream_threads() -> list[threading.Thread]:
+    """Threads started for a stream: none (every stream runs on the one stream loop)."""
     return [t for t in threading.enumerate() if t.name == "agentruns-stream"]
+
+
+def _tasks_on_the_stream_loop() -> int:
+    async def others() -> int:
+        return len(asyncio.all_tasks()) - 1
+
+    return asyncio.run_coroutine_threadsafe(others(), stream_loop()[0]).result(timeout=5)
 
 
 def _taking_after_the_first(provider) -> tuple[list, list[str], set[int]]:
@@ -79,7 +89,7 @@ def test_after_the_first_delta_the_sink_takes_the_rest_inside_the_stream(streami
     assert yielded[0] == EXPECTED_FIRST_TURN[0]
     assert yielded[1:] == [i for i in EXPECTED_FIRST_TURN if not isinstance(i, TextDelta)]
     assert yielded[0].text + "".join(taken) == TEXT
-    assert threads == {threading.get_ident()}  # on this thread's loop
+    assert threads == {stream_loop()[1].ident}  # inside the stream, on the process's stream loop
 
 
 def test_from_a_running_loop_the_sink_takes_the_rest_on_the_streams_thread(streaming):
@@ -100,7 +110,7 @@ def test_what_the_sink_raises_ends_the_stream_and_is_raised_as_it_is(streaming):
     with pytest.raises(LeaseLost):
         for _ in streaming.stream(_first_turn(), sink=sink):
             sink.take = take
-    assert not asyncio.all_tasks(thread_loop())
+    assert _tasks_on_the_stream_loop() == 0
 
 
 @pytest.mark.parametrize("running_loop", [False, True], ids=["own loop", "running loop"])
@@ -113,7 +123,7 @@ def test_a_caller_that_stops_early_ends_the_streams_task(streaming, running_loop
 
     call = _in_a_running_loop if running_loop else (lambda work: work())
     assert call(first_delta_then_close) == EXPECTED_FIRST_TURN[0]
-    assert not asyncio.all_tasks(thread_loop())
+    assert _tasks_on_the_stream_loop() == 0  # cancelled and finished before close() returned
     assert not _stream_threads()
 
 
@@ -138,3 +148,28 @@ def test_a_run_advanced_inline_from_a_running_loop_streams_and_succeeds(streamin
     deltas = RunEvent.objects.filter(run=run, type="model.delta", data__step=2).order_by("seq")
     assert "".join(event.data["text"] for event in deltas) == text
     assert_gapless(run)
+
+
+def test_many_threads_stream_their_turns_on_the_one_stream_loop(streaming, settings):
+    """Each run thread's turn streams on the process's loop, whole and in order per stream; the
+    run threads' own loops run nothing."""
+    results: dict[int, tuple[list, list[str], set[int]]] = {}
+    loops_used: set[int] = set()
+
+    def one(number: int) -> None:
+        provider = get_provider("scripted", get_agent("refund"))
+        results[number] = _taking_after_the_first(provider)
+        if not thread_loop().is_closed():
+            loops_used.add(len(asyncio.all_tasks(thread_loop())))
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert sorted(results) == list(range(20))
+    for yielded, taken, on in results.values():
+        assert yielded[0].text + "".join(taken) == TEXT
+        assert yielded[-2:] == EXPECTED_FIRST_TURN[-2:]
+        assert on == {stream_loop()[1].ident}
+    assert loops_used <= {0} and _tasks_on_the_stream_loop() == 0

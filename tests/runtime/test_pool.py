@@ -27,6 +27,7 @@ from agentruns.models import (
     Step,
     StepAttempt,
     StepStatus,
+    WorkerHeartbeat,
 )
 from agentruns.runtime.dispatch.broker import DoorbellBroker
 from agentruns.runtime.dispatch.lease import Heartbeat, renew
@@ -309,6 +310,25 @@ def test_the_keeper_renews_every_due_lease_in_one_statement_and_flags_a_taken_on
         row = Run.objects.get(id=run.id)
         assert row.lease_owner == owner and row.lease_expires_at > soon + timedelta(seconds=20)
     assert Run.objects.get(id=runs[1].id).lease_expires_at == soon  # not ours: untouched
+
+
+def test_the_pools_heartbeat_is_one_statement_that_inserts_then_updates_its_row(pool):
+    """/healthz and /metrics read this row; the beat runs about once a second per process."""
+    p = pool(3)
+    WorkerHeartbeat.objects.create(worker="qcluster@other", last_seen_at=timezone.now())
+    with CaptureQueriesContext(connection) as queries:
+        p._beat()
+    assert len(queries.captured_queries) == 1
+    first = WorkerHeartbeat.objects.get(worker=p.name)
+    assert (first.runs_in_flight, first.run_capacity, first.draining) == (0, 3, False)
+    assert first.process_health["database"]["up"] is True
+    p.closing.set()
+    with CaptureQueriesContext(connection) as queries:
+        p._beat()
+    assert len(queries.captured_queries) == 1
+    again = WorkerHeartbeat.objects.get(worker=p.name)
+    assert again.pk == first.pk and again.draining and again.last_seen_at > first.last_seen_at
+    assert WorkerHeartbeat.objects.get(worker="qcluster@other").last_sweep_at is None
 
 
 def test_the_broker_hands_out_the_oldest_doorbell_first():

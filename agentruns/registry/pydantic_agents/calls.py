@@ -46,9 +46,9 @@ T = TypeVar("T")
 
 
 def thread_loop() -> asyncio.AbstractEventLoop:
-    """This thread's event loop, made current and reused: the one pydantic-ai's sync stream
-    bridge (`model_request_stream_sync`) runs on, so an async client bound to a loop (the OpenAI
-    model's, kept per thread) and every tool call of the thread see the same loop."""
+    """This thread's event loop, made current and reused, so every tool call of the thread sees
+    the same loop (and an async client bound to a loop is kept per loop: on the process's model
+    stream loop, runtime/providers/stream_pump.py, this is that loop)."""
     try:
         loop = asyncio.get_event_loop_policy().get_event_loop()
     except RuntimeError:

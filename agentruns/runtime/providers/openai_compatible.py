@@ -9,8 +9,9 @@ wait between bytes. `OPENAI_REQUEST_OPTIONS` (a JSON object) is merged into ever
 (`extra_body`), unvalidated, so server-specific knobs (vLLM's `top_k`, Ollama's `options`) work.
 
 One client (one keep-alive pool) per process, thread and configuration: the async client's pool
-belongs to the event loop of the executor thread that streams through it, and q2 forks workers,
-so a client is never shared across a fork or a loop.
+belongs to the event loop it streams on (the process's stream loop, stream_pump.py, so in effect
+one client per process), and q2 forks workers, so a client is never shared across a fork or a
+loop.
 """
 
 from __future__ import annotations

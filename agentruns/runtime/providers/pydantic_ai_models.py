@@ -8,7 +8,7 @@ OPENAI_BASE_URL (any OpenAI-compatible server, openai_compatible.py); the others
 provider's own environment variables, as Pydantic AI does.
 
 The request is streamed with `pydantic_ai.direct.model_request_stream`, consumed by one task on
-the executor thread's event loop (stream_pump.py); text deltas go out as they arrive (yielded,
+the process's stream loop (stream_pump.py); text deltas go out as they arrive (yielded,
 or handed to the caller's `TextSink` inside that task: the executor's delta feed), tool calls
 and usage at the end. Failures are classified by model_errors.py: an outage the engine
 backs off from (runtime/outages/model_outage.py), or a verdict that fails the run with the reason.

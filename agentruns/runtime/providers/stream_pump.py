@@ -1,4 +1,4 @@
-"""One model request's stream, consumed by ONE task on an event loop, handing text to sync code.
+"""Model streams: every model request of the process consumed by a task on ONE event loop.
 
 `pydantic_ai.direct.model_request_stream_sync` enters the event loop, a lock, a memory stream
 and a fresh task per stream event (~70 µs of CPU per delta, benchmarks/model_path.py). Here one
@@ -7,13 +7,17 @@ stay in that one task), iterates it, and returns to the synchronous caller only 
 has to act: a text delta while the caller's `TextSink` has no `take` (the turn's first delta,
 which the executor commits itself), and the end. Once `take` is set, deltas are handed to it
 inside the task (the executor's delta feed: a lock and a list append, no database), so a
-streamed turn costs two loop entries however many deltas it has.
+streamed turn costs two hand-overs however many deltas it has.
 
-The task runs on the calling thread's own loop (`thread_loop`) while the caller waits, so the
-caller's database work never runs inside a running loop. A thread whose loop is already running
-(Playwright's sync API, a notebook) cannot run it there: the task then runs on a loop of its own
-in a short-lived thread, handing over the same way (`take` is then called on that thread: it
-must be thread-safe, as the delta feed is).
+The tasks of every run of the process share one loop on a thread of its own (`stream_loop`,
+per pid: q2 forks workers). Each run thread used to drive its stream on its own loop: with 200
+runs streaming 50 tokens a second that was 10,000 thread wake-ups a second, each taking the
+interpreter lock from the others (py-spy: a third of the worker's lock-holding samples were
+threads coming back from `select`). On one loop the tokens due at a moment are one wake of one
+thread, and the run threads sleep on a lock until a hand-over. The caller's own database work
+never runs inside a running loop, and a caller whose thread runs a loop of its own (Playwright's
+sync API, a notebook) waits the same way. `take` is called on the stream loop's thread: it must
+be thread-safe (the delta feed is). The caller's context variables go with its task.
 
 `answer_now` is the unstreamed request of a model that never waits (the scripted model without
 delay): its coroutine is run to the end right here when it awaits nothing, with no task and no
@@ -24,6 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
+import os
 import threading
 import types
 from collections.abc import Callable, Coroutine, Generator
@@ -44,6 +50,7 @@ from agentruns.runtime.providers.base import TextSink
 
 _END = object()
 T = TypeVar("T")
+STREAM_THREAD = "agentruns-streams"
 
 
 class SinkFailed(Exception):
@@ -53,6 +60,27 @@ class SinkFailed(Exception):
     def __init__(self, error: BaseException) -> None:
         super().__init__(repr(error))
         self.error = error
+
+
+_stream_loop: tuple[int, asyncio.AbstractEventLoop, threading.Thread] | None = None
+_stream_loop_lock = threading.Lock()
+
+
+def stream_loop() -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
+    """The process's model-stream loop and its thread (started on first use, per pid)."""
+    global _stream_loop
+    with _stream_loop_lock:
+        if _stream_loop is None or _stream_loop[0] != os.getpid():
+            loop = asyncio.new_event_loop()
+
+            def run() -> None:
+                asyncio.set_event_loop(loop)  # thread_loop() there: this loop (clients key on it)
+                loop.run_forever()
+
+            thread = threading.Thread(target=run, name=STREAM_THREAD, daemon=True)
+            thread.start()
+            _stream_loop = (os.getpid(), loop, thread)
+        return _stream_loop[1], _stream_loop[2]
 
 
 def _text(event: Any) -> str:
@@ -70,25 +98,15 @@ class _Pump:
         self,
         open_stream: Callable[[], AbstractAsyncContextManager[StreamedResponse]],
         sink: TextSink | None,
-        threaded: bool,
     ) -> None:
-        self.open_stream, self.sink, self.threaded = open_stream, sink, threaded
-        self.loop: asyncio.AbstractEventLoop | None = None
+        self.open_stream, self.sink = open_stream, sink
         self.task: asyncio.Task | None = None
         self.resume: asyncio.Future | None = None  # the task waits on it after a hand-over
-        self.wake: Any = self._new_wake()  # the caller waits on it: a delta, or _END
-
-    def _new_wake(self) -> Any:
-        return concurrent.futures.Future() if self.threaded else self.loop_future()
-
-    def loop_future(self) -> asyncio.Future:
-        if self.loop is None:
-            self.loop = thread_loop()
-        return self.loop.create_future()
+        # the caller waits on it: a delta, or _END
+        self.wake: concurrent.futures.Future = concurrent.futures.Future()
 
     async def consume(self) -> ModelResponse:
-        self.loop = asyncio.get_running_loop()
-        self.task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
         sink = self.sink
         try:
             async with self.open_stream() as stream:
@@ -98,7 +116,7 @@ class _Pump:
                         continue
                     take = sink.take if sink is not None else None
                     if take is None:
-                        self.resume = self.loop.create_future()
+                        self.resume = loop.create_future()
                         self.wake.set_result(delta)
                         await self.resume
                         continue
@@ -113,49 +131,42 @@ class _Pump:
 
     # ------------------------------------------------------------ the caller's side
     def deltas(self) -> Generator[str, None, ModelResponse]:
-        if self.threaded:
-            return (yield from self._threaded())
-        loop = self.loop or thread_loop()
-        task = loop.create_task(self.consume())
-        try:
-            while (delta := loop.run_until_complete(self.wake)) is not _END:
-                yield delta
-                self.wake = loop.create_future()
-                self.resume.set_result(None)
-            return loop.run_until_complete(task)
-        finally:
-            if not task.done():  # the caller stopped early (its commit failed, a lost lease)
-                task.cancel()
-                with suppress(BaseException):
-                    loop.run_until_complete(task)
+        loop, thread = stream_loop()
+        if threading.current_thread() is thread:
+            raise RuntimeError("a model stream cannot be waited for on the stream loop itself")
+        context = contextvars.copy_context()
+        outcome = concurrent.futures.Future()
 
-    def _threaded(self) -> Generator[str, None, ModelResponse]:
-        outcome: list[Any] = []
+        def start() -> None:
+            self.task = loop.create_task(self.consume(), context=context)
+            self.task.add_done_callback(lambda done: _settle(outcome, done))
 
-        def run() -> None:
-            try:
-                outcome.append(asyncio.run(self.consume()))
-            except BaseException as exc:  # handed to the caller below
-                outcome.append(exc)
-                if not self.wake.done():
-                    self.wake.set_result(_END)
-
-        thread = threading.Thread(target=run, name="agentruns-stream", daemon=True)
-        thread.start()
+        loop.call_soon_threadsafe(start)
         try:
             while (delta := self.wake.result()) is not _END:
                 yield delta
                 self.wake = concurrent.futures.Future()
-                self.loop.call_soon_threadsafe(self.resume.set_result, None)
-            thread.join()
+                loop.call_soon_threadsafe(self.resume.set_result, None)
+            return outcome.result()
         finally:
-            if thread.is_alive():
-                with suppress(RuntimeError):  # its loop closed meanwhile
-                    self.loop.call_soon_threadsafe(self.task.cancel)
-                thread.join()
-        if isinstance(outcome[0], BaseException):
-            raise outcome[0]
-        return outcome[0]
+            if not outcome.done():  # the caller stopped early (its commit failed, a lost lease)
+                loop.call_soon_threadsafe(self._cancel)
+                with suppress(BaseException):
+                    outcome.result()
+
+    def _cancel(self) -> None:
+        if self.task is not None:  # it is: `start` was handed to the loop first
+            self.task.cancel()
+
+
+def _settle(outcome: concurrent.futures.Future, task: asyncio.Task) -> None:
+    """The task's end, for the caller's thread (once the task is done: nothing left running)."""
+    if task.cancelled():
+        outcome.set_exception(asyncio.CancelledError())
+    elif task.exception() is not None:
+        outcome.set_exception(task.exception())
+    else:
+        outcome.set_result(task.result())
 
 
 def stream_deltas(
@@ -163,12 +174,7 @@ def stream_deltas(
     sink: TextSink | None = None,
 ) -> Generator[str, None, ModelResponse]:
     """Yield the text deltas `sink` does not take, then return the stream's response."""
-    try:
-        asyncio.get_running_loop()
-        threaded = True
-    except RuntimeError:
-        threaded = False
-    return (yield from _Pump(open_stream, sink, threaded).deltas())
+    return (yield from _Pump(open_stream, sink).deltas())
 
 
 def answer_now(coro: Coroutine[Any, Any, T]) -> T:

@@ -102,8 +102,34 @@ def _messages(run_id: uuid.UUID | None, seq: int, inbox: bool) -> list[tuple[str
 async def _group_send_all(layer: Any, sends: list[tuple[str, dict]]) -> None:
     # one after another on one connection: side by side, a tick's hundred-odd sends took more
     # than the client pool's 100 connections (MaxConnectionsError: nudges lost, Redis "away")
+    listened = await _listened(layer, [group for group, _ in sends])
     for group, message in sends:
-        await layer.group_send(group, message)
+        if listened is None or group in listened:
+            await layer.group_send(group, message)
+
+
+async def _listened(layer: Any, groups: list[str]) -> set[str] | None:
+    """The groups of `groups` someone is a member of, asked in one pipeline per Redis shard
+    (None: every group, for a layer other than channels_redis's sorted-set one).
+
+    channels_redis's `group_send` costs two round trips (prune the members, list them) even for
+    a group without members, which is most runs of a delta tick: nobody watches them. A group
+    whose members all expired still counts as listened to; its `group_send` prunes them."""
+    from channels_redis.core import RedisChannelLayer  # only with Redis configured
+
+    if not isinstance(layer, RedisChannelLayer):
+        return None
+    by_shard: dict[int, list[str]] = {}
+    for group in groups:
+        by_shard.setdefault(layer.consistent_hash(group), []).append(group)
+    listened: set[str] = set()
+    for shard, shard_groups in by_shard.items():
+        pipe = layer.connection(shard).pipeline(transaction=False)
+        for group in shard_groups:
+            pipe.exists(layer._group_key(group))
+        found = await pipe.execute()
+        listened.update(group for group, n in zip(shard_groups, found, strict=True) if n)
+    return listened
 
 
 def _log_failed_nudge(future: concurrent.futures.Future) -> None:

@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 
 TAKE_AT_MOST = 50  # doorbells a hand-over takes from the queue behind its own, per statement
 HEARTBEAT_SECONDS = 2.0  # how often a pool reports its runs in flight (WorkerHeartbeat)
-CHANGE_REPORT_SECONDS = 0.5  # ... and sooner when that number changed, at most this often
+CHANGE_REPORT_SECONDS = 1.0  # ... and sooner when that number changed, at most this often
 STOP_POLL_SECONDS = 0.2  # how soon the supervisor notices that the process stops
 
 # set in the `qcluster` process before it forks (`expect_cluster_stop`); inherited by every
@@ -272,19 +272,22 @@ class RunPool:
             connection.close()
 
     def _beat(self) -> None:
-        """Report this process's runs in flight and capacity (/healthz, /metrics)."""
+        """Report this process's runs in flight and capacity (/healthz, /metrics): one
+        INSERT ... ON CONFLICT DO UPDATE in autocommit. `update_or_create` was a transaction of
+        four statements (BEGIN, SELECT ... FOR UPDATE, UPDATE, COMMIT) and the ORM's model and
+        query building for each."""
         try:
-            WorkerHeartbeat.objects.update_or_create(
-                worker=self.name,
-                defaults={
-                    "last_seen_at": timezone.now(),
-                    "runs_in_flight": self._busy,
-                    "run_capacity": self.capacity,
-                    "draining": self.closing.is_set(),
-                    "db_connections": connections.pool_size(),
-                    "process_health": process_health.snapshot(),
-                },
-            )
+            values = {
+                "worker": self.name,
+                "last_seen_at": timezone.now(),
+                "runs_in_flight": self._busy,
+                "run_capacity": self.capacity,
+                "draining": self.closing.is_set(),
+                "db_connections": connections.pool_size(),
+                "process_health": process_health.snapshot(),
+            }
+            with connection.cursor() as cursor:
+                cursor.execute(_beat_sql(), _db_values(values))
             weather.database.passed()
         except Exception as exc:
             if is_infrastructure_error(exc):
@@ -293,6 +296,37 @@ class RunPool:
                 log.warning("pool heartbeat failed", exc_info=True)
         finally:
             connection.close()
+
+
+BEAT_COLUMNS = (
+    "worker",
+    "last_seen_at",
+    "runs_in_flight",
+    "run_capacity",
+    "draining",
+    "db_connections",
+    "process_health",
+)
+
+
+def _beat_sql() -> str:
+    """The heartbeat's UPSERT (PostgreSQL and SQLite alike; `last_sweep_at` is the sweeper's)."""
+    table = connection.ops.quote_name(WorkerHeartbeat._meta.db_table)
+    quoted = [connection.ops.quote_name(column) for column in BEAT_COLUMNS]
+    updates = ", ".join(f"{column} = EXCLUDED.{column}" for column in quoted[1:])
+    return (
+        f"INSERT INTO {table} ({', '.join(quoted)}) VALUES ({', '.join(['%s'] * len(quoted))}) "
+        f"ON CONFLICT ({quoted[0]}) DO UPDATE SET {updates}"
+    )
+
+
+def _db_values(values: dict[str, Any]) -> list[Any]:
+    """`values` as the backend stores them (the JSON field's adapter, the datetime's form)."""
+    meta = WorkerHeartbeat._meta
+    return [
+        meta.get_field(column).get_db_prep_value(values[column], connection)
+        for column in BEAT_COLUMNS
+    ]
 
 
 def handover_wait() -> float:
