@@ -119,7 +119,9 @@ class Run(models.Model):
             models.Index(fields=["-created_at", "-id"], name="run_created_idx"),
             models.Index(fields=["status", "-created_at"], name="run_status_created_idx"),
             models.Index(fields=["agent", "-created_at"], name="run_agent_created_idx"),
-            models.Index(fields=["search_text"], name="run_search_idx"),
+            # no plain index on search_text: the list searches it with istartswith / icontains,
+            # which the trigram index on UPPER(search_text) serves (migration 0002); a btree on
+            # the raw column served no query and cost every run's insert and final update
         ]
         permissions = [
             ("operate_run", "Can retry, cancel and resolve runs"),
@@ -177,8 +179,10 @@ class Step(models.Model):
     # the model's id for this tool call, so the conversation can be rebuilt exactly
     call_id = models.CharField(max_length=100, blank=True, default="")
     arguments = models.JSONField(default=dict, blank=True)
-    # stable for the step's whole life: every attempt sends the same key
-    idempotency_key = models.CharField(max_length=100, unique=True)
+    # stable for the step's whole life: every attempt sends the same key. Unique through a
+    # constraint in Meta, not `unique=True`: on PostgreSQL that also builds a second,
+    # varchar_pattern_ops index for LIKE, which no query uses and every step insert paid for
+    idempotency_key = models.CharField(max_length=100)
     status = models.CharField(max_length=20, choices=StepStatus.choices, default=StepStatus.PENDING)
     # a human approved this call (possibly with edited arguments); the engine may now execute it
     approved = models.BooleanField(default=False)
@@ -201,6 +205,7 @@ class Step(models.Model):
         ordering = ["run", "index"]
         constraints = [
             models.UniqueConstraint(fields=["run", "index"], name="step_unique_run_index"),
+            models.UniqueConstraint(fields=["idempotency_key"], name="step_unique_idempotency_key"),
         ]
         indexes = [models.Index(fields=["status", "kind"], name="step_status_kind_idx")]
 

@@ -172,6 +172,9 @@ class PydanticAIProvider:
         self._model = model
         self.settings = settings
         self._messages = _Converted()
+        # (the engine's tool schemas, their request parameters): a slice offers the same tools
+        # (one list) every turn, so the parameters are built once per pass, not once per turn
+        self._params: tuple[list[dict], ModelRequestParameters] | None = None
         self._openai = isinstance(model, str) and pydantic_ai_name(model).startswith(
             openai_compatible.PREFIXES
         )
@@ -192,13 +195,19 @@ class PydanticAIProvider:
         settings["extra_body"] = {**options, **(settings.get("extra_body") or {})}
         return settings
 
+    def _request_parameters(self, tools: list[dict]) -> ModelRequestParameters:
+        if self._params is None or self._params[0] is not tools:
+            params = ModelRequestParameters(
+                function_tools=_tool_definitions(tools), allow_text_output=True
+            )
+            self._params = (tools, params)
+        return self._params[1]
+
     def stream(
         self, request: ModelRequest, sink: TextSink | None = None
     ) -> Iterator[TextDelta | ToolCall | Usage]:
         messages = self._messages.messages(request.messages)
-        params = ModelRequestParameters(
-            function_tools=_tool_definitions(request.tools), allow_text_output=True
-        )
+        params = self._request_parameters(request.tools)
         settings = self._settings()
         try:
             if self.instant:  # nothing to wait for: the answer, as the model's parts
