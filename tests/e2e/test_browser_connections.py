@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from django.db import connections
+from django.db import DatabaseError, connection, connections
 
 from agentruns.models import Run
 from tests.e2e.conftest import chromium_browser
+from tests.procs import wait_until
 from tests.runtime.dbfaults import allow_connections, refuse_connections
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -23,6 +24,18 @@ def _checked_out_in_a_running_loop():
         return connections["default"].connection
 
     return asyncio.run(main())
+
+
+def _answers_again() -> bool:
+    """This thread's own (sync) connection works again: the pool may still be in its reconnect
+    backoff right after the outage, which is not what the test below is about."""
+    try:
+        Run.objects.exists()
+        return True
+    except DatabaseError:
+        return False
+    finally:
+        connection.close()
 
 
 def test_a_browser_tests_connection_goes_back_when_its_browser_closes():
@@ -38,6 +51,7 @@ def test_a_run_advanced_from_a_running_loop_after_a_browser_test_and_an_outage_s
         Run.objects.count()
     refuse_connections()
     allow_connections()
+    wait_until(_answers_again, timeout=60, message="the pool to connect again after the outage")
 
     async def main():
         try:
