@@ -21,7 +21,6 @@ import fcntl
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ import psycopg
 from django.contrib.auth import get_user_model
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 
-from tests.procs import ROOT, base_env, free_port, manage
+from tests.procs import base_env, free_port, manage, prepare_demo
 
 TEMPLATE_DIR_VAR = "TESTS_PG_TEMPLATE_DIR"
 # the template cluster's databases: migrated only, and migrated and seeded
@@ -91,21 +90,18 @@ def _build_template(root: Path) -> None:
         pg.start()
         with pg.connect_to("postgres") as conn:
             conn.execute(f"CREATE DATABASE {TEMPLATE_DATABASES[False]}")
-        migrated = base_env(DATABASE_URL=pg.url_of(TEMPLATE_DATABASES[False]))
-        subprocess.run(
-            [sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=migrated,
-            check=True,
-        )  # fmt: skip
+        manage(
+            base_env(DATABASE_URL=pg.url_of(TEMPLATE_DATABASES[False])),
+            "migrate",
+            "--noinput",
+            "-v0",
+        )
         with pg.connect_to("postgres") as conn:
             conn.execute(
                 f"CREATE DATABASE {TEMPLATE_DATABASES[True]} TEMPLATE {TEMPLATE_DATABASES[False]}"
             )
         seeded = base_env(DATABASE_URL=pg.url_of(TEMPLATE_DATABASES[True]))
-        subprocess.run(
-            [sys.executable, "manage.py", "seed_demo"], cwd=ROOT, env=seeded, check=True,
-            stdout=subprocess.DEVNULL,
-        )  # fmt: skip
-        token = manage(seeded, "create_api_token", "lead").strip().splitlines()[-1]
+        token = prepare_demo(seeded)[-1]  # (its migrate finds nothing to do: copied migrated)
         pg.stop()  # a clean shutdown (a checkpoint): its copies start without recovery
         pg.data.rename(root / "data")
         (root / "token").write_text(token)  # (last: its presence says the template is whole)
