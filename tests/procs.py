@@ -101,6 +101,23 @@ class Proc:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-5000:]
 
+    def stacks(self) -> str:
+        """Every thread's stack in every process of the group (py-spy, from the venv), for a
+        failure message: where a stuck cluster waits is what its log cannot say."""
+        py_spy = Path(sys.executable).with_name("py-spy")
+        if not self.alive or not py_spy.exists():
+            return ""
+        found = subprocess.run(
+            ["pgrep", "-g", str(self.popen.pid)], capture_output=True, text=True, check=False
+        )
+        dumps = []
+        for pid in found.stdout.split():
+            dump = subprocess.run(
+                [str(py_spy), "dump", "--pid", pid], capture_output=True, text=True, check=False
+            )
+            dumps.append(f"--- stacks of {pid}\n{dump.stdout or dump.stderr}")
+        return "\n".join(dumps)[-20000:]
+
 
 def start_web(tmp_path: Path, port: int | None = None, **env: object) -> tuple[Proc, str]:
     port = port or free_port()
@@ -179,7 +196,7 @@ def wait_finished(run: Run | uuid.UUID | str, *procs: Proc, timeout: float = 120
             finished, timeout=timeout, interval=0.2, message=f"run {run_id} to finish"
         )
     except TimeoutError:
-        logs = "\n".join(f"--- {proc.log_path.name}\n{proc.log()}" for proc in procs)
+        logs = "\n".join(f"--- {p.log_path.name}\n{p.log()}\n{p.stacks()}" for p in procs)
         raise AssertionError(f"run {run_id} did not finish\n{logs}") from None
 
 

@@ -48,7 +48,7 @@ def wait_settled(run_ids: list, workers: list[Proc], timeout: float = 150) -> di
             .exclude(status__in=SETTLED)
             .values_list("id", "status", "lease_owner", "error")
         )
-        logs = "\n".join(f"--- {w.log_path.name}\n{w.log()}" for w in workers)
+        logs = "\n".join(f"--- {w.log_path.name}\n{w.log()}\n{w.stacks()}" for w in workers)
         raise AssertionError(f"runs did not finish: {left}\n{logs}") from None
 
 

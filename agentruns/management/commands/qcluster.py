@@ -5,8 +5,8 @@ Wraps django-q2's command (agentruns is listed before django_q, so this one wins
 and the sweeper schedule at start, then a fast sweeper loop in this process, because q2
 schedules fire at 30 s granularity at best (../shared/notes/django-q2-measured.md).
 A SIGTERM (or Ctrl-C) tells every worker process's run pool to drain at once, then stops q2 as
-usual (`runtime/workers/pool.py`); `runtime/workers/q2_cluster.py` keeps a worker process killed while idle from
-stopping the whole cluster; `runtime/workers/claimer.py` has every worker process claim queued
+usual (`runtime/workers/pool.py`); `runtime/workers/q2_cluster.py` gives q2 task and result
+queues that a worker process killed at any moment cannot wedge; `runtime/workers/claimer.py` has every worker process claim queued
 runs straight from PostgreSQL, woken by the starts' NOTIFY. A database outage stops none of its processes: each loop backs off
 and carries on when the database is back (`runtime/outages/weather.py`, docs/crashlab.md).
 """
@@ -53,7 +53,7 @@ class Command(QClusterCommand):
         # the cluster forks from this process: don't hand our connections to the children
         connections.close_all()
         pool.expect_cluster_stop()
-        q2_cluster.install()  # a worker dying while idle must not stop the cluster
+        q2_cluster.install()  # a worker killed inside q2's queue must not stop the cluster
         # each worker process claims queued runs itself (PostgreSQL), beside q2's doorbells
         post_spawn.connect(start_claimer, dispatch_uid="agentruns.run_claimer")
         # and carries its runs with a collector tuned for them (runtime/workers/collector.py)
