@@ -8,6 +8,7 @@ Both run against the test database pytest-django created, so tests that use them
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -25,10 +26,36 @@ from django.db import connection
 from agentruns.models import Run
 
 ROOT = Path(__file__).resolve().parent.parent
+_random = random.SystemRandom()  # not the seeded global one: xdist workers must not agree
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port no process holds, for a server a test starts (and may stop and start again on it).
+
+    Picked below the kernel's ephemeral range: every outgoing connection on the machine (the
+    other xdist workers' database, Redis and HTTP clients) takes its source port from that range,
+    so a port from it, free when asked, can be taken before the server binds it or while it is
+    down for an outage drill. A port below the range is only ever taken by another bind.
+    """
+    low, _high = _ephemeral_ports()
+    candidates = range(max(1024, low - 12000), low)
+    for _ in range(200 if len(candidates) >= 1000 else 0):
+        port = _random.choice(candidates)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # no room below the range: the kernel's pick
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

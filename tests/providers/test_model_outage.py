@@ -22,7 +22,14 @@ from agentruns.services import start_run
 from agentruns.tokens import create_token
 from scripts.fake_openai_server import Fail, FakeOpenAI, Reply
 from tests.helpers import advance, steps
-from tests.procs import gateway_refunds, start_run_over_http, start_web, start_worker, wait_until
+from tests.procs import (
+    free_port,
+    gateway_refunds,
+    start_run_over_http,
+    start_web,
+    start_worker,
+    wait_until,
+)
 from tests.providers.kit import API_KEY, MODEL
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -57,7 +64,7 @@ def order_of(request) -> str:
 def test_runs_back_off_while_the_model_server_is_down_and_finish_when_it_returns(
     tmp_path: Path, seeded, client
 ):
-    fake = FakeOpenAI(mode="refund", api_key=API_KEY).start()
+    fake = FakeOpenAI(port=free_port(), mode="refund", api_key=API_KEY).start()
     port = fake.port
     fake.stop()  # down before the runs start: connection refused
     env = {
@@ -200,7 +207,7 @@ def test_an_outage_past_the_budget_fails_with_its_reason_and_retry_finishes(
     model_settings, client, seeded
 ):
     model_settings.AGENTRUNS_MODEL_OUTAGE_SECONDS = 2
-    fake = FakeOpenAI(mode="error").start()
+    fake = FakeOpenAI(port=free_port(), mode="error").start()
     port = fake.port
     model_settings.OPENAI_BASE_URL = fake.url
     fake.stop()
