@@ -1,6 +1,7 @@
 """Claims from PostgreSQL with real qcluster processes, the real gateway and SIGKILL: a NOTIFY
 nobody heard is caught by q2's doorbell (the sweeper's backstop), a cluster killed right after
-its claimers took a batch loses no run and executes none twice (the gateway's ledger), and a
+its claimers took a batch loses no run and executes none twice (the gateway's ledger), a run
+whose process was SIGKILLed mid-step is re-let by a claimer with the sweeper away, and a
 database restart leaves the claimers listening again (on a PostgreSQL server of the test's own).
 
 In-process (one statement per start, batches, two claimers, the poll): tests/runtime/test_claims.py.
@@ -9,6 +10,8 @@ In-process (one statement per start, batches, two claimers, the poll): tests/run
 from __future__ import annotations
 
 import os
+import signal
+import time
 from datetime import datetime
 
 import pytest
@@ -135,6 +138,47 @@ def test_sigkill_right_after_a_claim_batch_loses_no_run_and_runs_none_twice(
         .filter(n__gt=1)
     )
     assert not twice.exists(), "a step that succeeded was executed again"
+
+
+def test_a_killed_process_s_run_continues_on_a_claimer_with_the_sweeper_away(
+    tmp_path, procs, gateway, seeded
+):
+    # the fast sweeper far away (its q2 schedule fires once a minute at best): only a claimer's
+    # poll can give the run to a live process within seconds
+    env = {
+        "AGENTRUNS_SWEEP_INTERVAL_SECONDS": 600,
+        "AGENTRUNS_RUN_CLAIM_POLL_SECONDS": 0.5,
+        "SCRIPTED_MODEL_LATENCY_MS": 1500,
+    }
+    since = timezone.now()
+    w = worker(tmp_path, procs, gateway, "worker-relet", **env)
+    pools_up(w, since)
+    run, amount = refund("ORD-1003")
+
+    def mid_run() -> str | None:  # claimed by a batch, its first step begun
+        row = Run.objects.filter(id=run.id, status=RunStatus.RUNNING, steps__isnull=False)
+        return row.values_list("lease_owner", flat=True).first()
+
+    owner = wait_until(mid_run, timeout=60, interval=0.02, message="the run mid-step")
+    pid = int(owner.split(":")[1])  # "host:pid:tag/1234abcd"
+    os.kill(pid, signal.SIGKILL)  # one worker process; q2 spawns another, the sibling lives
+    killed = time.monotonic()
+
+    def continued() -> str | None:
+        owner_now = Run.objects.filter(id=run.id).values_list("lease_owner", flat=True).first()
+        return owner_now if owner_now and owner_now != owner else None
+
+    wait_until(continued, timeout=15, interval=0.05, message="another process to take the run")
+    taken_after = time.monotonic() - killed
+    kit.wait_settled([run.id], [w], timeout=60)
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert_refunded_exactly_once(gateway, "ORD-1003", amount, run)
+    assert_gapless(run)
+    print(
+        f"\n[claims] SIGKILL mid-step, sweeper away: another process took the run after "
+        f"{taken_after:.2f}s (lease TTL 2 s)"
+    )
 
 
 # ------------------------------------------------------------------ a database restart

@@ -2,7 +2,8 @@
 this process with real pool threads, a real LISTEN connection and PostgreSQL: a start is one
 statement and no q2 task, its NOTIFY wakes the claimer, a batch claims each run once (two
 claimers included), a run backing off is not claimed early, a NOTIFY nobody heard is caught by
-the poll, the sweeper still rings q2 for a run nobody claims.
+the poll, the sweeper still rings q2 for a run nobody claims, a running run whose lease expired
+is re-let (no event) and continued by a claimer without q2.
 
 Real worker processes (a missed NOTIFY caught by the q2 doorbell, SIGKILL under a claim batch):
 tests/crash/test_claims.py.
@@ -172,3 +173,41 @@ def test_the_sweeper_rings_q2_for_a_run_no_claimer_took():
     Run.objects.filter(id=run.id).update(enqueued_at=timezone.now() - timedelta(minutes=1))
     assert sweep() == 1
     assert OrmQ.objects.count() == 1
+
+
+def abandon(run: Run) -> Run:
+    """The run as a process killed mid-run leaves it: running, its lease expired."""
+    (claimed,) = claims.claim_queued(1, transitions.started().events)
+    assert claimed.id == run.id
+    Run.objects.filter(id=run.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    return Run.objects.get(id=run.id)
+
+
+def test_a_running_run_whose_lease_expired_is_relet_with_no_event():
+    first, second = queue(2)
+    dead = abandon(first)
+    (live,) = claims.claim_queued(1, transitions.started().events)  # its lease is held
+    assert live.id == second.id
+    queued_too = start_run("script", {"script": ONE_TURN}).run
+    (relet,) = claims.relet_abandoned(10)
+    stored = Run.objects.get(id=first.id)
+    assert relet.id == first.id and stored.status == RunStatus.RUNNING
+    assert stored.lease_owner == relet.lease_owner != dead.lease_owner  # a lease of its own
+    assert stored.lease_expires_at > timezone.now()
+    assert stored.last_seq == dead.last_seq and claimed_times(stored) == 1  # no event
+    for field in Run._meta.concrete_fields:
+        assert getattr(relet, field.attname) == getattr(stored, field.attname), field.name
+    assert claims.relet_abandoned(10) == []  # held now; the live one and the queued one never
+    assert Run.objects.get(id=queued_too.id).status == RunStatus.QUEUED
+    assert Run.objects.get(id=second.id).lease_owner == live.lease_owner
+
+
+def test_the_claimer_continues_an_abandoned_run_without_q2(claimer):
+    (run,) = queue(1)
+    abandon(run)
+    each = claimer(capacity=4, poll=0.3)  # no NOTIFY comes: its poll tick finds it
+    wait_until(lambda: statuses([run]) == {RunStatus.SUCCEEDED}, timeout=30, message="the run")
+    assert (each.claimed, each.relet) == (1, 1)
+    assert claimed_times(run) == 1  # running once: the relet added no status event
+    assert not OrmQ.objects.exists()  # no q2 doorbell on the way
+    assert_gapless(run)

@@ -17,6 +17,11 @@ runs at all, by the sweeper's q2 doorbell for a run queued longer than its reswe
 stays the at-least-once backstop. Runs queued by anything else (an approval, a yield, a retry)
 keep their q2 doorbell, and a claimer may take them first (the doorbell then finds the lease
 held). A run backing off has `enqueued_at` in the future: not claimable before it is due.
+
+A running run whose lease expired (its process was killed, DESIGN.md 4.3) is re-let by the
+claimers too (`relet_abandoned`, on the claimer's poll tick), beside the sweeper's q2 doorbell:
+its recovery then needs neither q2's queue nor its pusher, only a live worker process with a
+free slot. As with `RunExecutor.claim`, that changes the lease only, with no event.
 """
 
 from __future__ import annotations
@@ -92,3 +97,32 @@ def claim_queued(limit: int, events: list[EventSpec]) -> list[Run]:
     for run in runs_claimed:
         nudge_on_commit(run.id, run.last_seq)  # autocommit: sent now (last_seq: its last event)
     return runs_claimed
+
+
+def relet_abandoned(limit: int) -> list[Run]:
+    """Take up to `limit` running runs whose lease expired (the process that held them died, or
+    stalled past its TTL: its later commits are fenced off), in one statement, oldest expiry first.
+    Only the lease changes, as in `store.relet_abandoned`: no event, the run was running and
+    still is. Returns the runs as the statement left their rows, to execute on reserved slots."""
+    if limit <= 0:
+        return []
+    now = timezone.now()
+    runs = Run._meta.db_table
+    sql = (
+        f"WITH picked AS (SELECT id FROM {runs} WHERE status = %s "
+        "AND (lease_expires_at IS NULL OR lease_expires_at < %s) "
+        "ORDER BY lease_expires_at NULLS FIRST, id LIMIT %s FOR UPDATE SKIP LOCKED) "
+        f"UPDATE {runs} AS run SET lease_owner = %s || left(run.id::text, {OWNER_ID_CHARS}), "
+        "lease_expires_at = %s FROM picked WHERE run.id = picked.id "
+        f"RETURNING {run_columns('run')}"
+    )
+    params = [
+        RunStatus.RUNNING,
+        run_value("updated_at", now),
+        limit,
+        f"{worker_id()}/",
+        run_value("lease_expires_at", now + timedelta(seconds=conf.LEASE_TTL_SECONDS)),
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [loaded_run(values, connection) for values in cursor.fetchall()]

@@ -7,7 +7,9 @@ AGENTRUNS_RUN_CLAIM_POLL_SECONDS without one, reserves the pool's free slots (at
 AGENTRUNS_RUN_CLAIM_BATCH) and claims that many of the oldest queued runs in one statement
 (`dispatch/claims.py`). A full batch means more may wait: it claims again as soon as a slot is
 free, without waiting for a NOTIFY. A full process claims nothing, so it never hoards: a sibling
-with room takes the rest.
+with room takes the rest. Once a poll interval it also re-lets running runs whose lease expired
+(`claims.relet_abandoned`): a killed process's runs continue on a sibling's free slots without a
+trip through q2, whose doorbell from the sweeper stays the backstop.
 
 The q2 doorbell path is unchanged beside it (the sweeper's doorbells, approvals, yields); both
 end in the same pool and the lease decides. A database outage is weather: the claimer backs off
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from django.db import connection
@@ -40,6 +43,8 @@ class RunClaimer(threading.Thread):
         self.poll = conf.RUN_CLAIM_POLL_SECONDS if poll is None else poll
         self.listener: Any = None
         self.claimed = 0  # runs this claimer took (tests, logs)
+        self.relet = 0  # of those, running runs whose lease had expired
+        self._relet_due = 0.0  # monotonic: at most one look for abandoned runs per poll interval
 
     def run(self) -> None:
         backoff = weather.Backoff(base=0.1, cap=1.0)
@@ -74,11 +79,16 @@ class RunClaimer(threading.Thread):
         taken: list = []
         try:
             taken = claims.claim_queued(slots, transitions.started().events)
-        finally:
+            if len(taken) < slots and time.monotonic() >= self._relet_due:
+                self._relet_due = time.monotonic() + self.poll
+                abandoned = claims.relet_abandoned(slots - len(taken))
+                self.relet += len(abandoned)
+                taken = taken + abandoned
+        finally:  # what was taken runs even if a second statement failed: its lease is ours
             self.pool.unreserve(slots - len(taken))
-        for run in taken:
-            self.pool.start_claimed(run)
-        self.claimed += len(taken)
+            for run in taken:
+                self.pool.start_claimed(run)
+            self.claimed += len(taken)
         return slots > 0 and len(taken) == slots
 
     def _wait_for_notify(self, timeout: float) -> None:
