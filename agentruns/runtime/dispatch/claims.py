@@ -43,6 +43,7 @@ from agentruns.runtime.values.ids import worker_id
 
 CHANNEL = "agentruns_runs"
 OWNER_ID_CHARS = 8  # of the run's id, after the batch's tag: a lease owner per claimed run
+LEASE_FREE = "(lease_expires_at IS NULL OR lease_expires_at < %s)"  # %s: now
 
 
 def starts_by_notify() -> bool:
@@ -79,8 +80,8 @@ def claim_queued(limit: int, events: list[EventSpec]) -> list[Run]:
         params += [i, str(etype), json.dumps(data, cls=DjangoJSONEncoder)]
     params += [len(events) - 1, stamp]
     sql = (
-        f"WITH picked AS (SELECT id FROM {runs} WHERE status = %s "
-        "AND (lease_expires_at IS NULL OR lease_expires_at < %s) AND enqueued_at <= %s "
+        f"WITH picked AS (SELECT id FROM {runs} WHERE status = %s AND {LEASE_FREE} "
+        "AND enqueued_at <= %s "
         "ORDER BY enqueued_at, id LIMIT %s FOR UPDATE SKIP LOCKED), "
         f"r AS (UPDATE {runs} AS run SET status = %s, "
         f"lease_owner = %s || left(run.id::text, {OWNER_ID_CHARS}), lease_expires_at = %s, "
@@ -109,8 +110,7 @@ def relet_abandoned(limit: int) -> list[Run]:
     now = timezone.now()
     runs = Run._meta.db_table
     sql = (
-        f"WITH picked AS (SELECT id FROM {runs} WHERE status = %s "
-        "AND (lease_expires_at IS NULL OR lease_expires_at < %s) "
+        f"WITH picked AS (SELECT id FROM {runs} WHERE status = %s AND {LEASE_FREE} "
         "ORDER BY lease_expires_at NULLS FIRST, id LIMIT %s FOR UPDATE SKIP LOCKED) "
         f"UPDATE {runs} AS run SET lease_owner = %s || left(run.id::text, {OWNER_ID_CHARS}), "
         "lease_expires_at = %s FROM picked WHERE run.id = picked.id "
@@ -118,7 +118,7 @@ def relet_abandoned(limit: int) -> list[Run]:
     )
     params = [
         RunStatus.RUNNING,
-        run_value("updated_at", now),
+        run_value("lease_expires_at", now),
         limit,
         f"{worker_id()}/",
         run_value("lease_expires_at", now + timedelta(seconds=conf.LEASE_TTL_SECONDS)),
