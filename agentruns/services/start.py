@@ -23,6 +23,7 @@ from django.utils import timezone
 from agentruns.conf import conf
 from agentruns.models import Run, Step, StepKind
 from agentruns.registry import get_agent
+from agentruns.runtime import writer
 from agentruns.runtime.access import permissions, quotas
 from agentruns.runtime.dispatch import claims
 from agentruns.runtime.dispatch.queue import enqueue
@@ -134,7 +135,6 @@ def start_run(
         run.lease_expires_at = now + timedelta(seconds=conf.LEASE_TTL_SECONDS)
         run.enqueued_at = None
         events += started.events
-    store = get_store()
     # PostgreSQL: the creating statement NOTIFYs the workers' claimers instead of ringing a q2
     # doorbell (runtime/dispatch/claims.py); the sweeper's doorbell catches a NOTIFY nobody heard
     notify = enqueue_task and claims.starts_by_notify()
@@ -142,12 +142,12 @@ def start_run(
         # one statement needs no transaction of its own; inside the caller's, a savepoint keeps a
         # dedupe conflict from breaking it
         single = (
-            store.create_is_one_statement
+            get_store().create_is_one_statement
             and (notify or not enqueue_task)
             and not connection.in_atomic_block
         )
         with nullcontext() if single else transaction.atomic():
-            run.last_seq = store.create_run(
+            run.last_seq = writer.create_run(
                 run, events, owner=claim_for, now=now, notify=claims.CHANNEL if notify else None
             )
             if enqueue_task and not notify:  # False: executed in-process (benchmarks, scripts)
@@ -248,9 +248,8 @@ def fork_run(run_id: uuid.UUID | str, from_step: int, *, user: Any = None) -> Ru
                     **{name: getattr(step, name) for name in _FORK_STEP_FIELDS},
                 )
             )
-        Step.objects.bulk_create(copies)
-        store = get_store()
-        store.append(
+        writer.copy_steps(copies)
+        writer.append(
             fork.id,
             [
                 (
@@ -265,7 +264,7 @@ def fork_run(run_id: uuid.UUID | str, from_step: int, *, user: Any = None) -> Ru
                 )
             ],
         )
-        store.append(
+        writer.append(
             source.id,
             [(EventType.RUN_FORKED, {"by": who, "into": str(fork.id), "from_step": from_step})],
         )

@@ -31,11 +31,11 @@ from django.db import connection
 from django.utils import timezone
 
 from agentruns.conf import conf
+from agentruns.runtime import writer
 from agentruns.runtime.dispatch import connections
 from agentruns.runtime.events import EventType, LeaseLost
 from agentruns.runtime.outages import weather
 from agentruns.runtime.outages.faults import is_infrastructure_error
-from agentruns.runtime.store import get_store
 from agentruns.runtime.store.base import RunDeltas
 
 log = logging.getLogger(__name__)
@@ -179,7 +179,7 @@ class DeltaWriter:
             for feed, text in taken
         ]
         try:
-            results = get_store().commit_deltas(deltas, now=now)
+            results = writer.commit_deltas(deltas, now=now)
         except Exception as exc:
             self._failed(taken, exc)
             return

@@ -37,7 +37,7 @@ from django.utils import timezone
 from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepKind, StepStatus
 from agentruns.registry import UnknownAgent, get_agent, get_tool, has_tool
-from agentruns.runtime import tracing
+from agentruns.runtime import tracing, writer
 from agentruns.runtime.dispatch import lease
 from agentruns.runtime.dispatch.lease import Heartbeat
 from agentruns.runtime.dispatch.queue import enqueue
@@ -83,7 +83,7 @@ class RunExecutor(ModelSteps, ToolSteps):
     def claim(self) -> bool:
         now = timezone.now()
         lease = {"lease_owner": self.owner, "lease_expires_at": now + timedelta(seconds=self.ttl)}
-        return self.store.claim(
+        return writer.claim(
             self.run_id, self.owner, transitions.started().events, lease=lease, now=now
         )
 
@@ -105,7 +105,7 @@ class RunExecutor(ModelSteps, ToolSteps):
         fields = dict(set_fields or {})
         if "lease_owner" not in fields:
             fields["lease_expires_at"] = now + timedelta(seconds=self.ttl)
-        last_seq, self.cancel_requested = self.store.commit(
+        last_seq, self.cancel_requested = writer.commit(
             self.run_id,
             self.owner,
             events,

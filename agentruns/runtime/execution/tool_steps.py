@@ -135,6 +135,7 @@ class ToolSteps(ExecutorHost):
         as the tool's answer (as a person's rejection)."""
         with transaction.atomic():
             step.reject(reason)
+            step.save(update_fields=list(Step.REJECTED_FIELDS))
             self.commit([(EventType.STEP_FAILED, step_event_data(step))])
         return None
 

@@ -17,11 +17,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from agentruns.models import Run, RunStatus
-from agentruns.runtime import tracing
+from agentruns.runtime import tracing, writer
 from agentruns.runtime.dispatch.queue import enqueue
 from agentruns.runtime.events import EventSpec, EventType
 from agentruns.runtime.inbox import inbox
-from agentruns.runtime.store import get_store
 from agentruns.runtime.store.nudges import nudge_on_commit
 from agentruns.runtime.values.redaction import redact_text
 from agentruns.runtime.values.timestamps import iso
@@ -144,7 +143,7 @@ def announce(run_id: uuid.UUID | str, change: RunChange) -> None:
 def apply(run_id: uuid.UUID | str, change: RunChange) -> int:
     """Write `change` for a writer that holds no lease (inside its transaction)."""
     announce(run_id, change)
-    return get_store().append(run_id, change.events, set_fields=change.fields)
+    return writer.append(run_id, change.events, set_fields=change.fields)
 
 
 # what a decision does to the run it parked (`resume_parked`'s `then`)

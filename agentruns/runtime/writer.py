@@ -1,0 +1,124 @@
+"""The one writer of the engine room: every Step, StepAttempt and RunEvent row is written here.
+
+Everything else above the store describes its change as data (unsaved rows in a `WriteBatch`,
+a list of events, the fields of a `RunChange`) and hands it to one of these verbs; this module
+is the only one that asks the store (`runtime/store/`) to write, or saves, updates, creates or
+deletes those rows (`tests/runtime/test_one_writer.py` walks the code and holds every other
+module to that). In the style of DBOS's `record_operation_result`: plain functions, each one
+write of one kind.
+
+- `commit`: the engine's write, fenced on its lease (LeaseLost when the lease moved); renews
+  the lease, allocates the event seqs and reads the cancel flag in the same round trip;
+- `append`: a writer that holds no lease (services, decisions, the sweeper, cancel), inside its
+  transaction;
+- `create_run`, `claim`, `commit_deltas`: a run's first row and events, a lease taken, the
+  streamed text of a worker process's runs;
+- the step changes people and the inbox make (`save_step`, `skip_unrun_steps`,
+  `close_open_attempts`, `copy_steps`), inside the caller's transaction, with the events that
+  report them appended by the same caller through `append`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from agentruns.models import Run, Step, StepAttempt, StepStatus
+from agentruns.runtime.events import EventSpec
+from agentruns.runtime.store import get_store
+from agentruns.runtime.store.base import RunDeltas
+from agentruns.runtime.store.rows import WriteBatch
+
+# the statuses of steps nobody will run once a run stops (planned, or waiting for a decision)
+UNRUN = (StepStatus.PENDING, StepStatus.WAITING_APPROVAL)
+
+
+# ------------------------------------------------------------------ through the store
+def commit(
+    run_id: uuid.UUID,
+    owner: str,
+    events: list[EventSpec],
+    *,
+    now: datetime,
+    set_fields: dict[str, Any] | None = None,
+    incr_fields: dict[str, Any] | None = None,
+    batch: WriteBatch | None = None,
+    end_transaction: bool = False,
+) -> tuple[int, bool]:
+    """The engine's fenced commit: the run update, `events` and the rows of `batch`, atomically.
+    Returns (last seq, cancel requested); LeaseLost (nothing written) when `owner` lost it."""
+    return get_store().commit(
+        run_id,
+        owner,
+        events,
+        now=now,
+        set_fields=set_fields,
+        incr_fields=incr_fields,
+        batch=batch,
+        end_transaction=end_transaction,
+    )
+
+
+def append(
+    run_id: uuid.UUID | str,
+    events: list[EventSpec],
+    *,
+    set_fields: dict[str, Any] | None = None,
+    incr_fields: dict[str, Any] | None = None,
+) -> int:
+    """`events` (and run fields) for a writer that holds no lease, inside its transaction;
+    viewers are nudged on commit. Returns the last seq."""
+    return get_store().append(run_id, events, set_fields=set_fields, incr_fields=incr_fields)
+
+
+def create_run(
+    run: Run, events: list[EventSpec], *, owner: str | None, now: datetime, notify: str | None
+) -> int:
+    """The new run row with its first events (already leased by `owner` when given)."""
+    return get_store().create_run(run, events, owner=owner, now=now, notify=notify)
+
+
+def claim(
+    run_id: uuid.UUID, owner: str, events: list[EventSpec], *, lease: dict[str, Any], now: datetime
+) -> bool:
+    """Take the run's lease if it is free (a queued run starts with `events`)."""
+    return get_store().claim(run_id, owner, events, lease=lease, now=now)
+
+
+def commit_deltas(deltas: list[RunDeltas], *, now: datetime) -> dict[uuid.UUID, tuple[int, bool]]:
+    """The streamed text of many runs, each fenced on its lease, in one transaction."""
+    return get_store().commit_deltas(deltas, now=now)
+
+
+# ------------------------------------------------------------------ people's and the inbox's
+def save_step(step: Step, fields: Sequence[str] | None = None) -> None:
+    """A step changed by a service or a decision (inside the caller's transaction)."""
+    if fields is None:
+        step.save()
+    else:
+        step.save(update_fields=list(fields))
+
+
+def skip_unrun_steps(run: Run | uuid.UUID, now: datetime, *, after: int | None = None) -> int:
+    """Steps nobody will run once the run stops (`after`: only those after that index; an
+    unknown outcome included then, as an abort skips everything after the step it reconciles)."""
+    steps = Step.objects.filter(run=run, status__in=UNRUN)
+    if after is not None:
+        steps = Step.objects.filter(
+            run=run, index__gt=after, status__in=(*UNRUN, StepStatus.UNKNOWN)
+        )
+    return steps.update(status=StepStatus.SKIPPED, finished_at=now, next_attempt_at=None)
+
+
+def close_open_attempts(step: Step, *, outcome: str, error: str, now: datetime) -> int:
+    """The attempts of `step` nobody finished (its worker died) end with `outcome`."""
+    return StepAttempt.objects.filter(step=step, finished_at__isnull=True).update(
+        finished_at=now, outcome=outcome, error=error
+    )
+
+
+def copy_steps(steps: Iterable[Step]) -> list[Step]:
+    """New step rows (a fork's history), in one statement."""
+    return Step.objects.bulk_create(list(steps))
