@@ -16,13 +16,13 @@ The runtime never imports the apps that use it; it only reads this registry.
 from __future__ import annotations
 
 import inspect
-import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import jsonschema
 
+from agentruns import backoff
 from agentruns.registry.context import current_step
 from agentruns.registry.durable import durable
 from agentruns.registry.edits import Edit, EditRefused, check_declaration, check_edit
@@ -75,8 +75,9 @@ class RetryPolicy:
 
     def delay_for(self, attempt: int) -> float:
         """Delay before attempt `attempt + 1`, after `attempt` failed (capped exponential)."""
-        base = min(self.backoff_max_seconds, self.backoff_seconds * (2 ** max(0, attempt - 1)))
-        return max(0.0, base * (1 + random.uniform(-self.jitter, self.jitter)))
+        return backoff.delay(
+            attempt, base=self.backoff_seconds, cap=self.backoff_max_seconds, jitter=self.jitter
+        )
 
     def describe(self) -> dict:
         return {

@@ -104,7 +104,11 @@ class _Finder(ast.NodeVisitor):
         if isinstance(func, ast.Attribute):
             receiver = func.value
             text = ast.unparse(receiver)
-            if func.attr in ORM_WRITES and _root_name(func) in MODELS and _chain_has(func, "objects"):
+            if (
+                func.attr in ORM_WRITES
+                and _root_name(func) in MODELS
+                and _chain_has(func, "objects")
+            ):
                 self.found.append((node.lineno, ast.unparse(node)[:80]))
             elif func.attr in INSTANCE_WRITES and (
                 (isinstance(receiver, ast.Name) and receiver.id in self.step_names)
@@ -159,7 +163,7 @@ def test_no_module_but_the_writer_writes_steps_attempts_or_events():
 
 def test_the_check_finds_each_kind_of_write():
     """The walk is not blind: each way of writing such a row is found in a sample."""
-    sample = '''
+    sample = """
 from agentruns.models import Step, StepAttempt, RunEvent
 def f(step: Step, run):
     Step.objects.filter(run=run).update(status="x")
@@ -174,7 +178,7 @@ def f(step: Step, run):
     store = get_store()
     store.commit(run.id, "me", [])
     sql = f"INSERT INTO {RunEvent._meta.db_table} VALUES (1)"
-'''
+"""
     finder = _Finder()
     finder.visit(ast.parse(sample))
     assert [line for line, _ in finder.found] == [4, 5, 6, 8, 10, 11, 12, 14, 15]
