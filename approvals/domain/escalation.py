@@ -14,12 +14,12 @@ from datetime import datetime, timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from agentruns.conf import conf
 from agentruns.models import Run
 from agentruns.runtime import writer
 from agentruns.runtime.events import EventType
 from agentruns.runtime.store.nudges import nudge_on_commit
 from agentruns.runtime.values.timestamps import iso
+from approvals.conf import conf
 from approvals.models import Approval, ApprovalStatus, MailNotice
 from approvals.notifications import outbox
 

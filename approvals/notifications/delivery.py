@@ -27,8 +27,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from agentruns import backoff
-from agentruns.conf import conf
 from agentruns.runtime.values.timestamps import iso
+from approvals.conf import conf
 from approvals.models import DeliveryStatus, WebhookDelivery, WebhookEndpoint
 from approvals.notifications.outbox import settings_endpoint_events
 from approvals.notifications.signing import BadSecret, signed_headers

@@ -13,11 +13,11 @@ import logging
 import httpx
 from django.db import close_old_connections, connection
 
-from agentruns.conf import conf
 from agentruns.runtime.outages import weather
 from agentruns.runtime.outages.faults import is_infrastructure_error
 from agentruns.runtime.threads import OwnedThread, process_threads
 from agentruns.runtime.values.ids import worker_id
+from approvals.conf import conf
 from approvals.notifications.delivery import deliver_due
 from approvals.notifications.mail import send_due_digests
 
