@@ -9,6 +9,7 @@ from agentruns.models.access import (
     ToolPolicy,
     ToolRule,
 )
+from agentruns.models.journal import JournalEntry, Wait, WaitKind, WaitStatus
 from agentruns.models.runs import (
     TERMINAL_RUN_STATUSES,
     TERMINAL_STEP_STATUSES,
@@ -30,6 +31,7 @@ __all__ = [
     "ApiToken",
     "ApprovalOverride",
     "AttemptOutcome",
+    "JournalEntry",
     "QuotaBucket",
     "Run",
     "RunEvent",
@@ -40,5 +42,8 @@ __all__ = [
     "StepStatus",
     "ToolPolicy",
     "ToolRule",
+    "Wait",
+    "WaitKind",
+    "WaitStatus",
     "WorkerHeartbeat",
 ]

@@ -81,6 +81,9 @@ class Run(models.Model):
     cost_usd = models.DecimalField(max_digits=12, decimal_places=6, default=0)
 
     output = models.TextField(blank=True, default="")
+    # a structured output (the agent's `output_type` is not text): the validated object as JSON;
+    # `output` then holds its JSON text
+    output_data = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     stop_reason = models.CharField(max_length=200, blank=True, default="")
     # denormalised search keys (order id, ticket id) for the runs list
@@ -197,6 +200,9 @@ class Step(models.Model):
     tool_calls = models.JSONField(default=list, blank=True)
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
+    # what the agent's loop replays for this unit on resume (Pydantic AI's JSON codec): a model
+    # step's ModelResponse, a tool step's CallToolResult (None: derived from the fields above)
+    payload = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from agentruns.models import Run, Step, StepAttempt, StepStatus
+from agentruns.models import JournalEntry, Run, Step, StepAttempt, StepStatus, Wait
 from agentruns.runtime.events import EventSpec
 from agentruns.runtime.store import get_store
 from agentruns.runtime.store.base import RunDeltas
@@ -112,6 +112,11 @@ def skip_unrun_steps(run: Run | uuid.UUID, now: datetime, *, after: int | None =
     return steps.update(status=StepStatus.SKIPPED, finished_at=now, next_attempt_at=None)
 
 
+def delete_attempt(step: Step, number: int) -> int:
+    """An attempt that reached nothing (its server could not take the call) is undone."""
+    return StepAttempt.objects.filter(step=step, number=number).delete()[0]
+
+
 def close_open_attempts(step: Step, *, outcome: str, error: str, now: datetime) -> int:
     """The attempts of `step` nobody finished (its worker died) end with `outcome`."""
     return StepAttempt.objects.filter(step=step, finished_at__isnull=True).update(
@@ -122,3 +127,17 @@ def close_open_attempts(step: Step, *, outcome: str, error: str, now: datetime) 
 def copy_steps(steps: Iterable[Step]) -> list[Step]:
     """New step rows (a fork's history), in one statement."""
     return Step.objects.bulk_create(list(steps))
+
+
+# ------------------------------------------------------------------ the journal's other rows
+def save_journal(entries: Sequence[JournalEntry]) -> None:
+    """The journal entries of units other than steps (in the engine commit's transaction)."""
+    JournalEntry.objects.bulk_create(list(entries))
+
+
+def save_wait(wait: Wait, fields: Sequence[str] | None = None) -> None:
+    """A wait of the run's loop, new or changed (in the caller's transaction)."""
+    if fields is None:
+        wait.save()
+    else:
+        wait.save(update_fields=list(fields))

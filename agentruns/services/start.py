@@ -27,9 +27,9 @@ from agentruns.runtime import writer
 from agentruns.runtime.access import permissions, quotas
 from agentruns.runtime.dispatch import claims
 from agentruns.runtime.dispatch.queue import enqueue
+from agentruns.runtime.engine.switch import RunExecutor
 from agentruns.runtime.events import EventType
 from agentruns.runtime.execution import transitions
-from agentruns.runtime.execution.executor import RunExecutor
 from agentruns.runtime.execution.transitions import ActionRefused
 from agentruns.runtime.store import get_store
 from agentruns.runtime.tracing.tracecontext import new_run_trace

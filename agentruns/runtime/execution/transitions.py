@@ -16,7 +16,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from agentruns.models import Run, RunStatus
+from agentruns.models import Run, RunStatus, Step, StepStatus, Wait, WaitKind, WaitStatus
 from agentruns.runtime import tracing, writer
 from agentruns.runtime.dispatch.queue import enqueue
 from agentruns.runtime.events import EventSpec, EventType
@@ -61,14 +61,27 @@ def started() -> RunChange:
     return RunChange({"status": RunStatus.RUNNING}, [_status_event(RunStatus.RUNNING)])
 
 
-def finished(status: str, *, output: str = "", error: str = "", stop_reason: str = "") -> RunChange:
-    """-> succeeded / failed / cancelled: the run ends, with its reason."""
+def finished(
+    status: str,
+    *,
+    output: str = "",
+    output_data: Any = None,
+    error: str = "",
+    stop_reason: str = "",
+) -> RunChange:
+    """-> succeeded / failed / cancelled: the run ends, with its reason (and its output: text,
+    or a structured output's object as `output_data` with its JSON text as `output`)."""
     error = redact_text(error)  # from exceptions and step errors; only people read it
-    events: list[EventSpec] = [(EventType.RUN_OUTPUT, {"text": output})] if output else []
+    events: list[EventSpec] = []
+    if output_data is not None:
+        events.append((EventType.RUN_OUTPUT, {"text": output, "data": output_data}))
+    elif output:
+        events.append((EventType.RUN_OUTPUT, {"text": output}))
     events.append(_status_event(status, error=error, stop_reason=stop_reason))
     fields = {
         "status": status,
         "output": output,
+        "output_data": output_data,
         "error": error,
         "stop_reason": stop_reason,
         "finished_at": timezone.now(),
@@ -160,6 +173,8 @@ def resume_parked(
     after this one). Returns whether the run moved."""
     moved = then == ABORT
     change = aborted(error).after(*events) if moved else RunChange({}, events)
+    if then == RESUME and not _approvals_decided(run_id):
+        then = WAIT  # another call of the same wait is still before a person: stay parked
     if then == RESUME:
         waiting = Run.objects.filter(id=run_id, status=RunStatus.WAITING)
         moved = bool(waiting.update(status=RunStatus.QUEUED, enqueued_at=timezone.now()))
@@ -174,3 +189,88 @@ def resume_parked(
             transaction.on_commit(lambda: enqueue(run_id))
     nudge_on_commit(uuid.UUID(str(run_id)), 0, inbox=True)
     return moved
+
+
+# ------------------------------------------------------------------ waits by token
+class WaitAlreadyResolved(ActionRefused):
+    """A second resolution of a token: nothing changed; says who resolved it first, and when."""
+
+    def __init__(self, wait: Wait) -> None:
+        by = wait.resolved_by or "nobody"
+        super().__init__(f"already {wait.status} by {by} at {iso(wait.resolved_at)}")
+        self.wait = wait
+
+
+class UnknownToken(LookupError):
+    """Nobody waits on this token."""
+
+
+def approval_results(steps: list[Step]) -> dict:
+    """The `DeferredToolResults` (JSON) of an approval wait, from what the decisions did to its
+    steps: an approved call runs with its step's arguments (an edit merged into the request),
+    a rejected or expired one reaches the model as a denial with the reason."""
+    approvals: dict[str, dict] = {}
+    for step in steps:
+        if step.status == StepStatus.REJECTED:
+            approvals[step.call_id] = {"kind": "tool-denied", "message": step.error}
+        else:
+            approvals[step.call_id] = {"kind": "tool-approved", "override_args": step.arguments}
+    return {"approvals": approvals, "calls": {}, "metadata": {}}
+
+
+def _approvals_decided(run_id: uuid.UUID | str) -> bool:
+    """No call of the run waits for a person any more: its approval wait, if any, is resolved
+    with the decisions (`approval_results`), and the run may go on."""
+    if Step.objects.filter(run_id=run_id, status=StepStatus.WAITING_APPROVAL).exists():
+        return False
+    for wait in Wait.objects.filter(
+        run_id=run_id, kind=WaitKind.APPROVAL, status=WaitStatus.PENDING
+    ):
+        steps = list(Step.objects.filter(run_id=run_id, call_id__in=wait.calls))
+        wait.status, wait.resolved_at, wait.resolved_by = (
+            WaitStatus.RESOLVED,
+            timezone.now(),
+            "the inbox",
+        )
+        wait.payload = approval_results(steps)
+        writer.save_wait(wait, ["status", "resolved_at", "resolved_by", "payload"])
+    return True
+
+
+def resolve_wait(token: str, payload: Any = None, *, by: str = "", error: str = "") -> Wait:
+    """Resolve the wait on `token` with `payload` (or fail it with `error`): once, from any
+    process; the run waiting on it is queued and rung on commit. WaitAlreadyResolved for a
+    second resolution (nothing changes), UnknownToken when nobody waits on it."""
+    with transaction.atomic():
+        wait = Wait.objects.select_for_update().filter(token=token).first()
+        if wait is None:
+            raise UnknownToken(token)
+        if wait.status != WaitStatus.PENDING:
+            raise WaitAlreadyResolved(wait)
+        wait.status = WaitStatus.FAILED if error else WaitStatus.RESOLVED
+        wait.payload, wait.error = (None, error) if error else (payload, "")
+        wait.resolved_by, wait.resolved_at = (by or "system")[:150], timezone.now()
+        writer.save_wait(wait, ["status", "payload", "error", "resolved_by", "resolved_at"])
+        resume_parked(wait.run_id, [])
+    return wait
+
+
+def fail_due_waits(now: datetime | None = None) -> int:
+    """The sweeper: waits past their timeout fail ("no resolution arrived"), which resumes their
+    runs with the error. Safe in any number of sweepers at once (each wait is claimed)."""
+    now = now or timezone.now()
+    due = Wait.objects.filter(status=WaitStatus.PENDING, due_at__lte=now).values_list(
+        "token", "due_at", "created_at"
+    )[:200]
+    failed = 0
+    for token, due_at, created_at in list(due):
+        try:
+            resolve_wait(
+                token,
+                by="timeout",
+                error=f"No resolution arrived within {due_at - created_at}.",
+            )
+            failed += 1
+        except (WaitAlreadyResolved, UnknownToken):
+            pass
+    return failed

@@ -171,6 +171,57 @@ def _settle(outcome: concurrent.futures.Future, task: asyncio.Task) -> None:
         outcome.set_result(task.result())
 
 
+_delivering: contextvars.ContextVar[_Pump | None] = contextvars.ContextVar(
+    "agentruns_delivering", default=None
+)
+
+
+class _UnitPump(_Pump):
+    """A whole durable unit's body as the stream loop's task: the code inside hands each text
+    delta over with `deliver_delta` (to the sink's `take`, or back to the caller)."""
+
+    def __init__(self, body: Callable[[], Coroutine[Any, Any, T]], sink: TextSink) -> None:
+        super().__init__(lambda: None, sink)  # type: ignore[arg-type, return-value]
+        self.body = body
+
+    async def consume(self) -> Any:
+        _delivering.set(self)  # this task's own context: the unit's code finds it
+        try:
+            return await self.body()
+        finally:
+            if not self.wake.done():
+                self.wake.set_result(_END)
+
+    async def deliver(self, delta: str) -> None:
+        take = self.sink.take if self.sink is not None else None
+        if take is None:
+            self.resume = asyncio.get_running_loop().create_future()
+            self.wake.set_result(delta)
+            await self.resume
+            return
+        try:
+            take(delta)
+        except Exception as exc:
+            raise SinkFailed(exc) from exc
+
+
+async def deliver_delta(text: str) -> bool:
+    """Inside a unit run by `run_streaming`: hand `text` over (False: no unit takes deltas)."""
+    pump = _delivering.get()
+    if pump is None:
+        return False
+    await pump.deliver(text)
+    return True
+
+
+def run_streaming(
+    body: Callable[[], Coroutine[Any, Any, T]], sink: TextSink
+) -> Generator[str, None, T]:
+    """Run `body()` as a task of the stream loop; yield the text deltas it delivers that `sink`
+    does not take, then return what it returns (raise what it raises)."""
+    return (yield from _UnitPump(body, sink).deltas())
+
+
 def stream_deltas(
     open_stream: Callable[[], AbstractAsyncContextManager[StreamedResponse]],
     sink: TextSink | None = None,

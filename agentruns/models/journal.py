@@ -1,0 +1,76 @@
+"""What a run's agent loop waits for, and the other units it journals (DESIGN.md 4.11-4.12).
+
+A run's model requests and tool calls are its Steps. Everything else the agent's own loop does
+as a durable unit (tool discovery, an event handler, a capability's durable operation) is a
+`JournalEntry`, found again on replay by its order in the run; a wait for something outside the
+run (a decision in the inbox, an outside event resolving a token) is a `Wait`, by its order too.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+from agentruns.models.runs import Run
+
+
+class WaitKind(models.TextChoices):
+    APPROVAL = "approval"  # the inbox decides the calls' approvals (`calls`)
+    EVENT = "event"  # something outside resolves the token
+
+
+class WaitStatus(models.TextChoices):
+    PENDING = "pending"
+    RESOLVED = "resolved"
+    FAILED = "failed"  # failed by its resolver, or timed out
+
+
+class Wait(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="waits", db_index=False)
+    ordinal = models.PositiveIntegerField()  # the n-th wait of the run's loop
+    name = models.CharField(max_length=200)
+    kind = models.CharField(max_length=16, choices=WaitKind.choices)
+    token = models.CharField(max_length=64)
+    status = models.CharField(max_length=16, choices=WaitStatus.choices, default=WaitStatus.PENDING)
+    # what `ask` returned (null: it handed the token on and the run waits for the resolution)
+    asked = models.JSONField(null=True, blank=True)
+    calls = models.JSONField(default=list, blank=True)  # an approval wait: the tool call ids
+    payload = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    resolved_by = models.CharField(max_length=150, blank=True, default="")
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    due_at = models.DateTimeField(null=True, blank=True)  # the wait's timeout
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "ordinal"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "ordinal"], name="wait_unique_run_ordinal"),
+            models.UniqueConstraint(fields=["token"], name="wait_unique_token"),
+        ]
+        indexes = [
+            models.Index(
+                fields=["due_at"],
+                condition=models.Q(status="pending", due_at__isnull=False),
+                name="wait_pending_due_idx",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"wait {self.ordinal} {self.name} of {self.run_id} ({self.status})"
+
+
+class JournalEntry(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="journal", db_index=False)
+    ordinal = models.PositiveIntegerField()  # the n-th such unit of the run's loop
+    name = models.CharField(max_length=300)  # the unit's persisted operation name
+    payload = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "ordinal"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "ordinal"], name="journal_unique_run_ordinal"),
+        ]
+
+    def __str__(self) -> str:
+        return f"journal {self.ordinal} {self.name} of {self.run_id}"

@@ -1,0 +1,177 @@
+"""Our durability capability: the agent's own Pydantic AI loop, with every I/O a Step.
+
+`AgentRunsDurability` is a `BaseDurabilityCapability` (pydantic-ai's public `durable_exec`
+surface, as `DBOSDurability` is): it declares the engine (a JSON journal in PostgreSQL, every
+toolset kind wrapped, tool calls in order) and hands every durable operation to `StepBackend`
+(`backend.py`). Inside a run's slice it also applies the engine's own rules to the loop:
+
+- the model is offered only the tools the run's permission snapshot allows (`prepare_tools`);
+- a call the engine refused when it planned it (unknown, outside the snapshot, bad JSON or
+  arguments) goes back to the model with the planned error (`wrap_tool_validate`);
+- an approval rule that holds parks the call in our inbox (`wrap_tool_execute` defers it,
+  `handle_deferred_tool_calls` waits on the inbox: waits.py); an approved call runs only with
+  the exact arguments its final approval approved;
+- a model request streams its text to the run's events when the model can stream, and is one
+  whole response when it cannot (`_model_request_operation`).
+Outside a run's slice it is transparent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic_ai.capabilities.abstract import AbstractCapability
+from pydantic_ai.durable_exec import (
+    JSON_CODEC,
+    BaseDurabilityCapability,
+    DurabilityEngineSpec,
+    RoleBasedOperationConfig,
+    conversation_id_from_run_id,
+)
+from pydantic_ai.exceptions import ApprovalRequired, ModelRetry
+from pydantic_ai.messages import ModelResponse
+from pydantic_ai.models import Model
+from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, RunContext, ToolDefinition
+
+from agentruns.models import StepStatus
+from agentruns.registry import UnknownTool, get_tool
+from agentruns.runtime.access.permissions import needs_approval
+from agentruns.runtime.engine import slice as slices
+from agentruns.runtime.engine.backend import StepBackend
+from agentruns.runtime.engine.model_unit import request_model
+from agentruns.runtime.engine.slice import island
+from agentruns.runtime.engine.waits import decide_deferred
+from agentruns.runtime.providers.models import model_for, name_of
+
+ENGINE = DurabilityEngineSpec(
+    engine_name="agentruns",
+    durable_unit_noun="step",
+    durable_unit_plural="steps",
+    durable_container_noun="run",
+    codec=JSON_CODEC,
+    wrapped_toolset_kinds=frozenset({"function", "mcp", "dynamic"}),
+    toolset_lifecycles={
+        "function": "enter-always",
+        "mcp": "enter-in-durable-unit",
+        "dynamic": "enter-never",
+    },
+    journal_discovery=True,
+    sequential_tools_in_durable_context=True,
+    tool_config_key=None,
+)
+
+
+class AgentRunsDurability(BaseDurabilityCapability[Any]):
+    engine_spec = ENGINE
+
+    def __init__(self, *, name: str | None = None) -> None:
+        super().__init__(name=name)
+        self._backend: StepBackend | None = None
+
+    def for_agent(self, agent: Any) -> AbstractCapability[Any]:
+        # bound once per agent (engine/agents.py) and handed to each of its runs as it is
+        if self._agent is agent:
+            return self
+        return super().for_agent(agent)
+
+    def _bind_models(self, agent: Any) -> None:
+        """An agent declared without a model of its own: each run names one (`agents.py`)."""
+        if agent.model is None:
+            self._default_model_id, self._models_by_id = None, dict(self._extra_models)
+            return
+        super()._bind_models(agent)
+
+    def _bind_to_agent(self, agent: Any) -> None:
+        self._backend = StepBackend(
+            agent_name=self.name,
+            config=RoleBasedOperationConfig(model=None, event=None, capability=None, tool=None),
+        )
+        super()._bind_to_agent(agent)
+
+    def get_durable_operation_backend(self) -> StepBackend:
+        assert self._backend is not None, "bound to an agent first (for_agent)"
+        return self._backend
+
+    @property
+    def in_durable_context(self) -> bool:
+        return slices.current_or_none() is not None
+
+    # ------------------------------------------------------------ the run's identity and model
+    def get_default_run_id(self) -> str | None:
+        state = slices.current_or_none()
+        return str(state.run.id) if state is not None else None
+
+    def get_default_conversation_id(self, run_id: str) -> str | None:
+        return conversation_id_from_run_id(run_id) if self.in_durable_context else None
+
+    async def resolve_model_id(self, ctx: Any, *, model_id: str) -> Model | None:
+        """A model name of this engine (`scripted`, `openai/...`, any Pydantic AI name) as the
+        process's instance of it, on the loop side and in the model unit alike."""
+        found = await super().resolve_model_id(ctx, model_id=model_id)
+        return found if found is not None else model_for(model_id)
+
+    def _registered_model_id(self, model: Model) -> tuple[bool, str | None]:
+        """A model this process built for a name is known by that name on both sides of a unit
+        (and is not the unit's to enter and close: it lives on for the process's next run)."""
+        registered, model_id = super()._registered_model_id(model)
+        if registered:
+            return registered, model_id
+        name = name_of(model)
+        return (True, name) if name is not None else (False, None)
+
+    async def _model_request_operation(self, params: Any) -> ModelResponse:
+        """One model request, streamed when the model can (its text to the run's events as it
+        comes), else asked whole."""
+        async with self._durable_model_scope(params.model_id, params.run_context, serving=True) as (
+            model,
+            durable_ctx,
+        ):
+            response = await request_model(model, params, durable_ctx)
+        self._stamp_response(response, params.messages)
+        return response
+
+    # ------------------------------------------------------------ the engine's rules
+    async def prepare_tools(
+        self, ctx: RunContext[Any], tool_defs: list[ToolDefinition]
+    ) -> list[ToolDefinition]:
+        state = slices.current_or_none()
+        if state is None:
+            return tool_defs
+        allowed = set(state.run.allowed_tools)
+        return [tool_def for tool_def in tool_defs if tool_def.name in allowed]
+
+    async def wrap_tool_validate(
+        self, ctx: RunContext[Any], *, call: Any, tool_def: Any, args: Any, handler: Any
+    ) -> Any:
+        state = slices.current_or_none()
+        step = state.step_for_call(call.tool_call_id) if state is not None else None
+        if step is not None and step.status == StepStatus.FAILED and not step.attempts:
+            raise ModelRetry(step.error)  # refused when planned: the model is told why
+        return await handler(args)
+
+    async def wrap_tool_execute(
+        self, ctx: RunContext[Any], *, call: Any, tool_def: Any, args: Any, handler: Any
+    ) -> Any:
+        state = slices.current_or_none()
+        step = state.step_for_call(call.tool_call_id) if state is not None else None
+        if step is None:
+            return await handler(args)
+        if not ctx.tool_call_approved and not step.approved:
+            try:
+                tool = get_tool(step.tool)
+            except UnknownTool:
+                tool = None
+            if tool is not None:
+                with island():
+                    held = needs_approval(state.run, tool, step.arguments)
+                if held:
+                    raise ApprovalRequired()
+        return await handler(args)
+
+    async def handle_deferred_tool_calls(
+        self, ctx: RunContext[Any], *, requests: DeferredToolRequests
+    ) -> DeferredToolResults | None:
+        state = slices.current_or_none()
+        if state is None:
+            return None
+        return await decide_deferred(state, ctx, requests)

@@ -1,0 +1,259 @@
+"""The rows a unit stages for the slice's next commit: a step's attempts, a model step's result
+and the tool calls it asked for, planned as rows (DESIGN.md 4.4, 4.8).
+
+A step and its attempt rows are built unsaved (`store/rows.build`) and put into the slice's
+pending batch; the executor's next commit hands it to the one writer. A row the batch already
+inserts carries every change made to it before that commit (the store serialises it then), so
+`stage` adds an update only for a row that is in the database already.
+
+Planning: every tool call of a model response is a tool step, in the order the model gave them,
+created pending with its idempotency key in the commit that records the response, except the
+calls of output tools (a structured output: the run's output, not a step). A bad call (unknown,
+outside the run's permission snapshot, arguments that are not JSON or fail the tool's schema) is
+planned as a failed step whose error goes back to the model.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from django.utils import timezone
+from pydantic_ai.durable_exec import record_durable_unit
+
+from agentruns.conf import conf
+from agentruns.models import AttemptOutcome, JournalEntry, Step, StepAttempt, StepKind, StepStatus
+from agentruns.registry import ToolArgumentsError, UnknownTool, get_tool
+from agentruns.runtime.access.permissions import refused_message
+from agentruns.runtime.engine.slice import SliceState, island
+from agentruns.runtime.events import (
+    EventType,
+    planned_event_data,
+    step_event_data,
+)
+from agentruns.runtime.providers.base import Usage
+from agentruns.runtime.providers.costs import model_cost_usd
+from agentruns.runtime.store.rows import WriteBatch, build
+from agentruns.runtime.values.ids import step_key
+from agentruns.runtime.values.text import UnsafeValue, loads_strict, storable, storable_text
+
+MODEL_STEP_FIELDS = [
+    "status",
+    "text",
+    "tool_calls",
+    "prompt_tokens",
+    "completion_tokens",
+    "payload",
+    "finished_at",
+    "error",
+]
+
+
+# ------------------------------------------------------------------ rows
+def stage(batch: WriteBatch, obj: Any, fields: list[str]) -> None:
+    """The change of `fields` of `obj` goes out with the batch (an insert carries it as is)."""
+    if obj._state.adding:
+        if not any(row is obj for row in batch.inserts):
+            batch.insert([obj])
+        return
+    batch.update(obj, fields)
+
+
+def attempt_row(step: Step, number: int, owner: str, started: Any, **values: Any) -> StepAttempt:
+    return build(
+        StepAttempt,
+        {"step": step},
+        step_id=step.id,
+        number=number,
+        worker=owner,
+        started_at=started,
+        **values,
+    )
+
+
+def begin_attempt(
+    batch: WriteBatch,
+    step: Step,
+    number: int,
+    owner: str,
+    started: Any,
+    *,
+    update_fields: list[str] = (),
+    **attempt_values: Any,
+) -> None:
+    """Into `batch`: the step on attempt `number` (its insert, or an update of `update_fields`
+    and its attempt fields) and that attempt's row (with `attempt_values`)."""
+    step.attempts = number
+    step.started_at = step.started_at or started
+    stage(batch, step, list(dict.fromkeys([*update_fields, "status", "attempts", "started_at"])))
+    batch.insert([attempt_row(step, number, owner, started, **attempt_values)])
+
+
+def end_attempt(batch: WriteBatch, step: Step, number: int, **values: Any) -> None:
+    """Into `batch`: attempt `number` of `step` ends with `values` (one this batch inserts is
+    changed in place)."""
+    for row in batch.inserts:
+        if isinstance(row, StepAttempt) and row.step_id == step.id and row.number == number:
+            for name, value in values.items():
+                setattr(row, name, value)
+            return
+    row = build(StepAttempt, step_id=step.id, number=number, **values)
+    batch.update(row, list(values), where={"step": step.id, "number": number})
+
+
+# ------------------------------------------------------------------ a model step's result
+@dataclass(slots=True)
+class Answer:
+    """What one attempt of a model step returned: its payload and what its commit records."""
+
+    payload: Any  # the ModelResponse, as the JSON codec dumped it
+    attempt: int
+    started: Any
+    text: str
+    tail: str  # the end of `text` that no delta event carries yet
+
+
+def _calls(payload: Any) -> list[dict]:
+    return [p for p in payload.get("parts", ()) if p.get("part_kind") == "tool-call"]
+
+
+def _raw_arguments(args: Any) -> str:
+    import json
+
+    return args if isinstance(args, str) else json.dumps(args or {})
+
+
+def record_model_step(state: SliceState, step: Step, answer: Answer, params: Any) -> None:
+    """Into the slice's pending batch: the model step succeeded (its text, calls, tokens and
+    payload), the tool steps it asked for, its events, and the run's counters."""
+    now = timezone.now()
+    pending = state.pending
+    batch, events = pending.batch, pending.events
+    payload = answer.payload
+    usage = payload.get("usage") or {}
+    tokens = Usage(
+        prompt_tokens=int(usage.get("input_tokens") or 0),
+        completion_tokens=int(usage.get("output_tokens") or 0),
+    )
+    calls = _calls(payload)
+    step.status, step.text, step.error, step.finished_at = (
+        StepStatus.SUCCEEDED,
+        answer.text,
+        "",
+        now,
+    )
+    step.tool_calls = storable(
+        [
+            {
+                "id": c.get("tool_call_id") or "",
+                "name": c.get("tool_name") or "",
+                "arguments": _raw_arguments(c.get("args")),
+            }
+            for c in calls
+        ]
+    )
+    step.prompt_tokens, step.completion_tokens = tokens.prompt_tokens, tokens.completion_tokens
+    step.payload = storable(payload)
+    if step._state.adding or step.attempts < answer.attempt:  # nothing streamed: rows now
+        begin_attempt(
+            batch,
+            step,
+            answer.attempt,
+            state.executor.owner,
+            answer.started,
+            update_fields=MODEL_STEP_FIELDS,
+            finished_at=now,
+            outcome=AttemptOutcome.SUCCEEDED,
+        )
+        events.append((EventType.STEP_STARTED, step_event_data(step, status=StepStatus.RUNNING)))
+    else:
+        stage(batch, step, MODEL_STEP_FIELDS)
+        end_attempt(batch, step, answer.attempt, finished_at=now, outcome=AttemptOutcome.SUCCEEDED)
+    if answer.tail:
+        events.append(
+            (
+                EventType.MODEL_DELTA,
+                {"step": step.index, "attempt": answer.attempt, "text": answer.tail},
+            )
+        )
+    events.append((EventType.STEP_SUCCEEDED, step_event_data(step)))
+    outputs = {t.name for t in getattr(params.model_request_parameters, "output_tools", ())}
+    for call in calls:
+        if call.get("tool_name") in outputs:
+            continue  # the run's output, not a step
+        planned = _plan(state, call, now)
+        stage(batch, planned, [])
+        events.append((EventType.STEP_PLANNED, planned_event_data(state.run, planned)))
+    run = state.run
+    cost = model_cost_usd(run.model or conf.MODEL, tokens)
+    run.prompt_tokens += tokens.prompt_tokens
+    run.completion_tokens += tokens.completion_tokens
+    run.cost_usd = Decimal(run.cost_usd) + cost
+    pending.set_fields["step_count"] = len(state.steps)
+    for name, value in (
+        ("prompt_tokens", tokens.prompt_tokens),
+        ("completion_tokens", tokens.completion_tokens),
+        ("cost_usd", cost),
+    ):
+        pending.incr_fields[name] = pending.incr_fields.get(name, 0) + value
+
+
+def _plan(state: SliceState, call: dict, now: Any) -> Step:
+    step_id = uuid.uuid4()
+    name, call_id = str(call.get("tool_name") or ""), str(call.get("tool_call_id") or "")
+    step = build(
+        Step,
+        id=step_id,
+        run_id=state.run.id,
+        index=len(state.steps),
+        kind=StepKind.TOOL,
+        tool=name[:100],
+        call_id=call_id[:100],
+        idempotency_key=step_key(state.run.id, step_id),
+    )
+    try:
+        step.arguments = _validated_arguments(state, name, call.get("args"))
+    except (ToolArgumentsError, UnknownTool) as exc:
+        step.status = StepStatus.FAILED
+        step.error = storable_text(str(exc))
+        step.finished_at = now
+    state.add_step(step)
+    return step
+
+
+def _validated_arguments(state: SliceState, name: str, args: Any) -> dict:
+    if not state.run.tool_allowed(name):
+        raise UnknownTool(refused_message(state.run, name))
+    if isinstance(args, dict):
+        arguments: Any = args
+    else:
+        try:
+            # strict: a NaN, a 5000-digit number or a NUL could not be stored as the arguments
+            arguments = loads_strict(args or "{}", "arguments", repair_text=True)
+        except UnsafeValue as exc:
+            problem = str(exc).removeprefix("malformed JSON: ")
+            raise ToolArgumentsError(f"{name}: arguments are not valid JSON ({problem})") from None
+    return get_tool(name).validate(arguments)
+
+
+# ------------------------------------------------------------------ other units
+async def journal_unit(state: SliceState, name: str, body: Callable[[], Awaitable[object]]) -> Any:
+    """A unit that is not a step (discovery, an event handler, a capability's operation): the
+    n-th of the run is its n-th journal entry."""
+    position = state.entries_seen
+    state.entries_seen += 1
+    if position < len(state.entries):
+        record_durable_unit(executed=False)
+        return state.entries[position].payload
+    with island():
+        state.executor.check_lease()
+    payload = await body()
+    entry = JournalEntry(run_id=state.run.id, ordinal=position, name=name[:300])
+    entry.payload = storable(payload)
+    state.entries.append(entry)
+    state.pending.journal.append(entry)
+    record_durable_unit(executed=True)
+    return payload

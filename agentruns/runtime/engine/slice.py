@@ -1,0 +1,167 @@
+"""One slice of one run, declared: what the executor loads when it takes the lease, what the
+units of the agent's loop read and change, and how a slice ends.
+
+`SliceState` is a plain dataclass the unit functions (`model_unit.py`, `tool_unit.py`,
+`waits.py`, `backend.py`) work on; `current()` is the slice of the agent run in progress (a
+context variable: the units are called from deep inside `agent.run`).
+
+A slice ends by raising `SliceEnds` (a BaseException, so no `except Exception` inside the
+agent's loop can swallow it): it unwinds `agent.run`, and the executor makes the slice's last
+commit (`executor.py`). `island()` lets a unit do blocking database work on the slice's own
+event loop (see docs/engine-design.md, "Threads and loops").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.utils import timezone
+
+from agentruns.models import Run, Step, StepKind
+from agentruns.registry import Agent
+from agentruns.runtime.events import EventSpec
+from agentruns.runtime.store.rows import WriteBatch
+
+
+class SliceEnds(BaseException):  # noqa: N818 - a control-flow signal, not an error
+    """The slice stops here: `outcome` is what `advance()` returns once `commit` (the slice's
+    last commit, run by the executor after `agent.run` unwound) is made; `commit` None: the
+    unit made it already."""
+
+    def __init__(self, outcome: str, commit: Callable[[], str] | None = None) -> None:
+        super().__init__(outcome)
+        self.outcome, self.commit = outcome, commit
+
+
+@dataclass(slots=True, eq=False)
+class Pending:
+    """What the slice has done but not committed yet: the rows, events and run fields that ride
+    with the next commit (the model step, its plan, the read-only calls after it)."""
+
+    batch: WriteBatch = field(default_factory=WriteBatch)
+    events: list[EventSpec] = field(default_factory=list)
+    set_fields: dict[str, Any] = field(default_factory=dict)
+    incr_fields: dict[str, Any] = field(default_factory=dict)
+    # journal entries of other units (JournalEntry rows, written in the same transaction)
+    journal: list[Any] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.events
+            or self.batch.inserts
+            or self.batch.updates
+            or self.set_fields
+            or self.journal
+        )
+
+    def take(self) -> Pending:
+        taken = Pending(self.batch, self.events, self.set_fields, self.incr_fields, self.journal)
+        self.batch, self.events, self.set_fields, self.incr_fields = WriteBatch(), [], {}, {}
+        self.journal = []
+        return taken
+
+
+@dataclass(slots=True, eq=False)
+class SliceState:
+    run: Run
+    agent: Agent
+    steps: list[Step]
+    # when the slice should give its thread back (time.monotonic)
+    ends_at: float
+    # set by the pool this executor runs in (None: executed in-process, nobody drains it)
+    drain: threading.Event | None
+    pending: Pending = field(default_factory=Pending)
+    # the n-th model request of the agent's loop is model_steps[n] (index order)
+    model_steps: list[Step] = field(default_factory=list)
+    models_seen: int = 0
+    # (index of the model step, tool call id) -> the tool step it planned
+    calls: dict[tuple[int, str], Step] = field(default_factory=dict)
+    # side-effect steps whose "running + attempt" went out with their model's commit
+    begun_here: set[uuid.UUID] = field(default_factory=set)
+    # the journal entries of other units, and the waits, in the order they were recorded
+    entries: list[Any] = field(default_factory=list)
+    entries_seen: int = 0
+    waits: list[Any] = field(default_factory=list)
+    waits_seen: int = 0
+    # the executor (commit, check_lease, the cancel flag) and the model's streaming hand-over
+    executor: Any = None
+
+    def index_steps(self) -> None:
+        """`model_steps` and `calls` from `steps` (loaded in index order)."""
+        model: Step | None = None
+        for step in self.steps:
+            if step.kind == StepKind.MODEL:
+                model = step
+                self.model_steps.append(step)
+            elif model is not None and step.call_id:
+                self.calls[(model.index, step.call_id)] = step
+
+    @property
+    def current_model(self) -> Step | None:
+        """The model step whose tool calls the loop is processing now."""
+        return self.model_steps[self.models_seen - 1] if self.models_seen else None
+
+    def step_for_call(self, call_id: str) -> Step | None:
+        model = self.current_model
+        return None if model is None else self.calls.get((model.index, call_id))
+
+    def add_step(self, step: Step) -> None:
+        self.steps.append(step)
+        if step.kind == StepKind.MODEL:
+            self.model_steps.append(step)
+        elif (model := self.current_model) is not None and step.call_id:
+            self.calls[(model.index, step.call_id)] = step
+
+    def now(self) -> Any:
+        return timezone.now()
+
+    def slice_over(self) -> bool:
+        return time.monotonic() >= self.ends_at or (self.drain is not None and self.drain.is_set())
+
+
+_current: ContextVar[SliceState | None] = ContextVar("agentruns_slice", default=None)
+
+
+def current() -> SliceState:
+    state = _current.get()
+    if state is None:
+        raise RuntimeError("no run slice in progress (a durable unit outside a run)")
+    return state
+
+
+def current_or_none() -> SliceState | None:
+    return _current.get()
+
+
+@contextmanager
+def running(state: SliceState) -> Iterator[SliceState]:
+    token = _current.set(state)
+    try:
+        yield state
+    finally:
+        _current.reset(token)
+
+
+@contextmanager
+def island() -> Iterator[None]:
+    """Blocking (database) work on the slice's own event loop: the loop serves this one run, so
+    blocking it holds up nobody; Django refuses ORM calls while a loop runs in the thread, so
+    the running loop is taken off the thread meanwhile (and put back)."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        yield
+        return
+    asyncio._set_running_loop(None)
+    try:
+        yield
+    finally:
+        asyncio._set_running_loop(loop)

@@ -1,0 +1,400 @@
+"""The tool call unit: the tool step the current model step planned for the call's id
+(DESIGN.md 4.4, 4.5, 4.10).
+
+Replayed: a step that succeeded returns what it recorded (its `payload`, the CallToolResult; a
+step changed by a person, resolved by hand or reconciled as happened: its result). Executed, as
+the engine always made tool calls: recovery by the tool's idempotency class for a step a dead
+worker left running (`idempotency="none"`: unknown, a reconciliation in the inbox); a
+side-effect call commits "running + attempt" (with everything the slice has not committed yet)
+before the call and its result after; a transactional tool's writes and its result commit
+together; a read-only call's result waits in the pending batch. The call runs with its step as
+`current_step()` (a native tool gets its `ToolContext`), failpoints by the tool's name around it.
+Failures: a retryable error retries under the tool's policy (a long wait frees the thread), a
+fatal one fails the step and the run, a server that could not take the call is weather (no
+attempt), an outcome nobody can know is reconciled by a person. `ModelRetry`, `ToolFailed` and
+bad arguments are the call's result, fed back to the model by Pydantic AI.
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+from pydantic_ai.durable_exec import record_durable_unit
+
+from agentruns.conf import conf
+from agentruns.models import AttemptOutcome, RunStatus, Step, StepStatus
+from agentruns.registry import (
+    OutcomeUnknown,
+    ServerUnavailable,
+    Tool,
+    ToolContext,
+    UnknownTool,
+    get_tool,
+)
+from agentruns.registry.context import stepping
+from agentruns.runtime import tracing, writer
+from agentruns.runtime.dispatch import connections
+from agentruns.runtime.engine import status
+from agentruns.runtime.engine.plan import (
+    attempt_row,
+    begin_attempt,
+    end_attempt,
+    journal_unit,
+    stage,
+)
+from agentruns.runtime.engine.slice import SliceState, island
+from agentruns.runtime.events import EventType, step_event_data, succeeded_event_data
+from agentruns.runtime.execution import failpoints
+from agentruns.runtime.inbox import inbox
+from agentruns.runtime.outages.faults import is_infrastructure_error
+from agentruns.runtime.outages.tool_outage import ToolOutage
+from agentruns.runtime.store.rows import WriteBatch
+from agentruns.runtime.values.redaction import redact_text, secret_values, secrets_in_scope
+from agentruns.runtime.values.text import storable
+from agentruns.runtime.values.timestamps import iso
+
+TOOL_RESULT_FIELDS = [
+    "status",
+    "result",
+    "payload",
+    "error",
+    "attempts",
+    "started_at",
+    "finished_at",
+    "next_attempt_at",
+]
+# the control flow a tool raised, as Pydantic AI records it: what the step keeps as its result
+_FED_BACK = {"model_retry": True, "tool_failed": False, "validation_error": True}
+
+
+def recorded(step: Step) -> Any:
+    """What a succeeded (or refused) tool step returns on replay (the JSON codec's form)."""
+    if step.payload is not None:
+        return step.payload
+    return {"kind": "tool_return", "result": step.result}
+
+
+async def execute(state: SliceState, kind: str, name: str, ctx: Any, body: Any) -> Any:
+    step = state.step_for_call(getattr(ctx, "tool_call_id", None) or "")
+    if step is None:  # a call the engine did not plan (a capability's own tool): journaled
+        return await journal_unit(state, f"{kind}:{name}", body)
+    if step.status in (StepStatus.SUCCEEDED, StepStatus.REJECTED):
+        record_durable_unit(executed=False)
+        return recorded(step)
+    if step.status == StepStatus.FAILED:
+        record_durable_unit(executed=False)
+        return {"kind": "model_retry", "message": step.error}
+    executor = state.executor
+    with island():
+        if step.status == StepStatus.UNKNOWN:  # a reconciliation is still open: wait for it
+            raise status.ends(RunStatus.WAITING, lambda: status.park(executor))
+        if step.status == StepStatus.RUNNING:
+            _recover(state, step)
+        try:
+            tool = get_tool(step.tool)
+        except UnknownTool:  # a deploy removed it after the call was planned (or approved)
+            return _refuse(state, step, f"refused: the tool {step.tool} is not deployed any more")
+        if step.approved and (refusal := inbox().approved_call_refusal(step)):
+            return _refuse(state, step, refusal)  # fail closed: only the approved arguments run
+        if step.next_attempt_at:
+            _wait_for_retry(state, step)
+        status.check_boundary(state, model=False)
+    outage: ToolOutage | None = None
+    while True:
+        try:
+            return await _attempt(state, step, tool, body)
+        except ServerUnavailable as down:
+            with island():
+                outage = outage or ToolOutage.resume(state.run.id, step.index)
+                _wait_out_outage(state, step, tool, down, outage)
+
+
+def _recover(state: SliceState, step: Step) -> None:
+    """A step left `running` by a dead worker (DESIGN.md 4.5)."""
+    tracing.worker_lost(state.executor, step)
+    policy = state.run.tool_policy(step.tool)
+    if policy.get("side_effect") and policy.get("idempotency") == "none":
+        raise status.outcome_unknown(state.executor, step, "worker died mid-call")
+    batch = state.pending.batch
+    end_attempt(
+        batch,
+        step,
+        step.attempts,
+        outcome=AttemptOutcome.CRASHED,
+        error="worker died mid-call",
+        finished_at=timezone.now(),
+    )
+    step.status = StepStatus.PENDING
+    stage(batch, step, ["status"])
+    state.pending.events.append((EventType.STEP_RECOVERED, step_event_data(step)))
+
+
+def _refuse(state: SliceState, step: Step, reason: str) -> Any:
+    """The call is not made: the step ends rejected with `reason`, the model's answer."""
+    step.reject(reason)
+    stage(state.pending.batch, step, list(Step.REJECTED_FIELDS))
+    state.executor.commit([(EventType.STEP_FAILED, step_event_data(step))])
+    record_durable_unit(executed=True)
+    return recorded(step)
+
+
+def _wait_for_retry(state: SliceState, step: Step) -> None:
+    executor = state.executor
+    delay = (step.next_attempt_at - timezone.now()).total_seconds()
+    if state.drain is not None and delay > conf.RETRY_SLEEP_MAX_SECONDS:
+        due = step.next_attempt_at
+        raise status.ends(RunStatus.QUEUED, lambda: status.back_off(executor, due))
+    if not status.wait_for_retry(executor, step.next_attempt_at):
+        raise status.cancelled(executor)
+
+
+def _wait_out_outage(
+    state: SliceState, step: Step, tool: Tool, down: Any, outage: ToolOutage
+) -> None:
+    """The call reached nothing: its attempt is undone (the policy's attempts are for the tool's
+    own failures), the step says what it waits on, and the run backs off."""
+    executor = state.executor
+    wait = outage.failed(down.error)
+    if wait is None:  # down for AGENTRUNS_TOOL_OUTAGE_SECONDS: the step fails
+        _failed(state, step, tool, down.attempt, down.started, outage.verdict(down.error))
+        return
+    until = timezone.now() + timedelta(seconds=wait)
+    secrets = secret_values([step.arguments], state.run.redacted_fields(step.tool))
+    reason = redact_text(outage.reason(down.error), secrets)[:2000]
+    with transaction.atomic():
+        if tool.commits_before_call:
+            writer.delete_attempt(step, down.attempt)
+        step.status, step.attempts, step.error = StepStatus.PENDING, down.attempt - 1, reason
+        stage(state.pending.batch, step, ["status", "attempts", "error"])
+        data = step_event_data(
+            step, next_attempt_at=iso(until), waiting_on=down.error.server, reason=reason
+        )
+        executor.commit([(EventType.STEP_RETRY_SCHEDULED, data)])
+    if state.drain is not None and wait > conf.RETRY_SLEEP_MAX_SECONDS:
+        why = {"reason": reason, "tool_outage": outage.state()}
+        raise status.ends(RunStatus.QUEUED, lambda: status.back_off(executor, until, **why))
+    connections.release()
+    if not status.wait_for_retry(executor, until):
+        raise status.cancelled(executor)
+
+
+class _Unreachable(ServerUnavailable):
+    def __init__(self, error: ServerUnavailable, attempt: int, started: Any) -> None:
+        super().__init__(str(error), server=error.server, retry_after=error.retry_after)
+        self.error, self.attempt, self.started = error, attempt, started
+
+
+async def _attempt(state: SliceState, step: Step, tool: Tool, body: Any) -> Any:
+    executor = state.executor
+    run = state.run
+    attempt, started = step.attempts + 1, timezone.now()
+    with island():
+        if tool.commits_before_call:
+            # the "before" commit: running + attempt, so a crash is seen and resumed by class
+            step.status = StepStatus.RUNNING
+            batch = WriteBatch()
+            begin_attempt(batch, step, attempt, executor.owner, started)
+            executor.commit([(EventType.STEP_STARTED, step_event_data(step))], batch=batch)
+            if executor.cancel_requested:  # read by that commit: the call is not made
+                _not_made(state, step, attempt)
+                raise status.cancelled(executor)
+        failpoints.hit("step_started", tool=step.tool, step_id=step.id)
+        if not tool.transactional:
+            connections.release()  # the call waits on the world, not on this database
+        atomic = transaction.atomic() if tool.transactional else None
+        if atomic is not None:
+            atomic.__enter__()
+    tctx = ToolContext(run=run, step=step, attempt=attempt, idempotency_key=step.idempotency_key)
+    secrets = secret_values(step.arguments, run.redacted_fields(step.tool))
+    failure: BaseException | None = None
+    failure_tb = ""
+    payload: Any = None
+    try:
+        with (
+            tracing.tool_span(run, step, tctx) as traced,
+            secrets_in_scope(secrets),
+            stepping(tctx),
+        ):
+            payload = await body()
+            if traced is not None:
+                traced.result(payload.get("result") if isinstance(payload, dict) else payload)
+    except BaseException as exc:
+        if not isinstance(exc, Exception) or is_infrastructure_error(exc):
+            with island():
+                if atomic is not None:
+                    atomic.__exit__(type(exc), exc, exc.__traceback__)
+            raise  # weather, a lost lease or the slice ending: not the tool's verdict
+        failure, failure_tb = exc, traceback.format_exc()
+    with island():
+        if failure is None:
+            failpoints.hit("tool_returned", tool=step.tool, step_id=step.id)
+            try:
+                outcome = _returned(
+                    state, step, tool, attempt, started, payload, end_transaction=atomic is not None
+                )
+            except BaseException as exc:
+                if atomic is not None:
+                    atomic.__exit__(type(exc), exc, exc.__traceback__)
+                raise
+            if atomic is not None:
+                atomic.__exit__(None, None, None)
+            if outcome is None:
+                failpoints.hit("step_persisted", tool=step.tool, step_id=step.id)
+            return payload
+        if atomic is not None:  # its writes roll back; the failure is recorded on its own
+            atomic.__exit__(type(failure), failure, failure.__traceback__)
+        if isinstance(failure, ServerUnavailable):
+            raise _Unreachable(failure, attempt, started)
+        if isinstance(failure, OutcomeUnknown) and tool.commits_before_call:
+            # the call's connection broke after it was sent: reconciled, as after a dead worker
+            raise status.outcome_unknown(executor, step, redact_text(str(failure), secrets)[:2000])
+        _failed(state, step, tool, attempt, started, failure, failure_tb)
+    return await _attempt(state, step, tool, body)  # retried under the tool's policy
+
+
+def _not_made(state: SliceState, step: Step, attempt: int) -> None:
+    not_made = "the run was cancelled before the call was made"
+    now = timezone.now()
+    batch = state.pending.batch
+    end_attempt(
+        batch, step, attempt, finished_at=now, outcome=AttemptOutcome.FAILED, error=not_made
+    )
+    step.status, step.error, step.finished_at = StepStatus.FAILED, not_made, now
+    stage(batch, step, ["status", "error", "finished_at"])
+    state.pending.events.append((EventType.STEP_FAILED, step_event_data(step)))
+
+
+def _result_of(payload: Any) -> Any:
+    """The step's result (the JSON people and the API see) of a recorded CallToolResult."""
+    kind = payload.get("kind") if isinstance(payload, dict) else None
+    if kind in ("tool_return", "tool_content_result"):
+        return storable(json.loads(json.dumps(payload.get("result"), default=str)))
+    if kind == "validation_error":
+        errors = [
+            {"loc": e.get("loc"), "msg": e.get("msg"), "type": e.get("type")}
+            for e in payload.get("errors", [])
+        ]
+        return {"error": f"invalid arguments: {errors}", "retry": True}
+    if kind in _FED_BACK:
+        return {"error": payload.get("message", ""), "retry": _FED_BACK[kind]}
+    return storable(payload)
+
+
+def _returned(
+    state: SliceState,
+    step: Step,
+    tool: Tool,
+    attempt: int,
+    started: Any,
+    payload: Any,
+    *,
+    end_transaction: bool,
+) -> str | None:
+    """The call returned (a value, or control flow Pydantic AI carries as a value)."""
+    kind = payload.get("kind") if isinstance(payload, dict) else None
+    now = timezone.now()
+    executor = state.executor
+    batch = state.pending.batch if not tool.commits_before_call else WriteBatch()
+    if kind in ("approval_required", "call_deferred"):
+        # the tool deferred itself (asks for approval, or its result comes from outside): its
+        # attempt made no call; the wait for the decision or the result takes over
+        if tool.commits_before_call:
+            end_attempt(
+                batch,
+                step,
+                attempt,
+                finished_at=now,
+                outcome=AttemptOutcome.FAILED,
+                error="the tool asked for approval first"
+                if kind == "approval_required"
+                else "deferred: its result comes later",
+            )
+        step.status = StepStatus.PENDING
+        stage(batch, step, ["status"])
+        if batch is not state.pending.batch:
+            executor.commit([], batch=batch, end_transaction=end_transaction)
+        return "deferred"
+    if not tool.commits_before_call:
+        step.started_at = started
+        batch.insert(
+            [
+                attempt_row(
+                    step,
+                    attempt,
+                    executor.owner,
+                    started,
+                    finished_at=now,
+                    outcome=AttemptOutcome.SUCCEEDED,
+                )
+            ]
+        )
+    else:
+        end_attempt(batch, step, attempt, finished_at=now, outcome=AttemptOutcome.SUCCEEDED)
+    step.status, step.result, step.error = StepStatus.SUCCEEDED, _result_of(payload), ""
+    step.payload = storable(payload)
+    step.attempts, step.finished_at, step.next_attempt_at = attempt, now, None
+    stage(batch, step, TOOL_RESULT_FIELDS)
+    event = (EventType.STEP_SUCCEEDED, succeeded_event_data(state.run, step))
+    if tool.side_effect or batch is not state.pending.batch:
+        # a side effect's "after" commit; a transactional tool's, in the call's transaction
+        executor.commit(
+            [event],
+            batch=None if batch is state.pending.batch else batch,
+            end_transaction=end_transaction,
+        )
+    else:
+        state.pending.events.append(event)
+    record_durable_unit(executed=True)
+    return None
+
+
+def _failed(
+    state: SliceState,
+    step: Step,
+    tool: Tool,
+    attempt: int,
+    started: Any,
+    exc: BaseException,
+    tb: str = "",
+) -> None:
+    """The tool failed: retried under its policy (returns, the caller calls again), or the step
+    and the run fail (raises the slice's end)."""
+    executor = state.executor
+    now = timezone.now()
+    retry = tool.retry.is_retryable(exc) and attempt - step.retry_base < tool.retry.max_attempts
+    outcome = AttemptOutcome.RETRYING if retry else AttemptOutcome.FAILED
+    # people read these (pages, admin, events): the step's secret values and anything that
+    # looks like a credential are masked before they are written
+    secrets = secret_values([step.arguments, step.result], state.run.redacted_fields(step.tool))
+    fields = {
+        "finished_at": now,
+        "outcome": outcome,
+        "error": redact_text(str(exc), secrets)[:2000],
+        "traceback": redact_text(tb or traceback.format_exc(), secrets)[-8000:],
+    }
+    batch = WriteBatch()
+    if tool.commits_before_call:
+        end_attempt(batch, step, attempt, **fields)
+    else:
+        batch.insert([attempt_row(step, attempt, executor.owner, started, **fields)])
+    step.attempts = attempt
+    step.error = redact_text(f"{type(exc).__name__}: {exc}", secrets)
+    step.started_at = step.started_at or started
+    changed = ["status", "error", "attempts", "started_at", "finished_at", "next_attempt_at"]
+    if retry:
+        delay = tool.retry.delay_for(attempt)
+        step.status, step.next_attempt_at = StepStatus.PENDING, now + timedelta(seconds=delay)
+        stage(batch, step, changed)
+        data = step_event_data(step, next_attempt_at=iso(step.next_attempt_at))
+        executor.commit([(EventType.STEP_RETRY_SCHEDULED, data)], batch=batch)
+        _wait_for_retry(state, step)
+        return
+    step.status, step.finished_at, step.next_attempt_at = StepStatus.FAILED, now, None
+    stage(batch, step, changed)
+    executor.commit([(EventType.STEP_FAILED, step_event_data(step))], batch=batch)
+    raise status.fail(executor, f"step #{step.index} {step.tool} failed: {step.error}")

@@ -1,0 +1,243 @@
+"""Waits by token, the engine side (DESIGN.md 4.12): what the agent's loop waits for, journaled
+as `Wait` rows, found again by their order in the run.
+
+`StepWaiter` is the run's `ExternalEventWaiter` (installed for every slice): a new wait creates a
+token, calls `ask(token)` once and records what it returned; unless `ask` answered, the run
+parks (status waiting: no thread, no connection, nothing polling it). A replayed wait returns
+the payload it was resolved with, raises `ExternalEventError` when it failed or timed out, and
+parks again while nobody resolved it (no second token, no second `ask`). `resolve_wait` and
+`fail_wait` resolve a token from any process, once: a compare-and-set that queues the run; a
+second resolution changes nothing and says who resolved it first (`WaitAlreadyResolved`).
+`fail_due_waits` (the sweeper) fails the waits past their timeout.
+
+Deferred tool calls (`decide_deferred`, our durability's `handle_deferred_tool_calls`): calls
+whose approval rule holds wait on the inbox (a wait of kind `approval`: each call's step
+`waiting_approval` with its inbox item; decided when every item is, by the steps the decisions
+changed); calls whose result comes from outside (`CallDeferred`, an `ExternalToolset`) wait on
+a token of kind `event` whose payload is the `DeferredToolResults` (JSON), unless another
+capability of the run (a user's `RequestInput`) answers them.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+from pydantic import JsonValue, TypeAdapter
+from pydantic_ai.capabilities import RequestInput
+from pydantic_ai.capabilities.abstract import leaf_capabilities
+from pydantic_ai.durable_exec import ExternalEventError, ExternalEventWaiter, record_durable_unit
+from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolDenied
+
+from agentruns.models import RunStatus, Step, StepStatus, Wait, WaitKind, WaitStatus
+from agentruns.runtime import writer
+from agentruns.runtime.engine import status
+from agentruns.runtime.engine.plan import stage
+from agentruns.runtime.engine.slice import SliceState, island
+from agentruns.runtime.events import EventType, step_event_data
+from agentruns.runtime.execution.transitions import approval_results
+from agentruns.runtime.inbox import inbox
+
+RESULTS = TypeAdapter(DeferredToolResults)
+
+
+class StepWaiter(ExternalEventWaiter):
+    def __init__(self, state: SliceState) -> None:
+        self.state = state
+
+    async def wait(
+        self,
+        name: str,
+        *,
+        ask: Callable[[str], Awaitable[JsonValue]],
+        timeout: timedelta | None,
+    ) -> JsonValue:
+        state = self.state
+        found = _next_wait(state)
+        if found is not None:
+            return _replayed(state, found)
+        token = secrets.token_urlsafe(32)
+        wait = Wait(
+            run_id=state.run.id,
+            ordinal=len(state.waits),
+            name=name[:200],
+            kind=WaitKind.EVENT,
+            token=token,
+            due_at=timezone.now() + timeout if timeout is not None else None,
+        )
+        state.waits.append(wait)
+        state.waits_seen += 1
+        with island():
+            status.check_boundary(state, model=False)
+            with transaction.atomic():  # the token is journaled before anybody can resolve it
+                writer.save_wait(wait)
+                state.executor.commit([])
+        asked = await ask(token)
+        if asked is not None:  # answered in place: recorded as resolved by `ask`
+            wait.status, wait.payload, wait.asked = WaitStatus.RESOLVED, asked, asked
+            wait.resolved_by, wait.resolved_at = "ask", timezone.now()
+            with island(), transaction.atomic():
+                writer.save_wait(wait, ["status", "payload", "asked", "resolved_by", "resolved_at"])
+            record_durable_unit(executed=True)
+            return asked
+        raise _park(state, wait)
+
+
+def _next_wait(state: SliceState) -> Wait | None:
+    position = state.waits_seen
+    if position < len(state.waits):
+        state.waits_seen += 1
+        return state.waits[position]
+    return None
+
+
+def _replayed(state: SliceState, wait: Wait) -> JsonValue:
+    if wait.status == WaitStatus.RESOLVED:
+        record_durable_unit(executed=False)
+        return wait.payload
+    if wait.status == WaitStatus.FAILED:
+        record_durable_unit(executed=False)
+        raise ExternalEventError(wait.error or "the wait failed")
+    if wait.asked is not None:
+        record_durable_unit(executed=False)
+        return wait.asked
+    executor = state.executor
+    raise status.ends(RunStatus.WAITING, lambda: status.park(executor))  # still nobody
+
+
+def _park(state: SliceState, wait: Wait) -> BaseException:
+    """The run waits for `wait`, unless it was resolved while `ask` ran (then it goes on at
+    once: queued, its next slice finds the resolution)."""
+    executor = state.executor
+
+    def commit() -> str:
+        with transaction.atomic():
+            current = Wait.objects.select_for_update().get(id=wait.id)
+            if current.status != WaitStatus.PENDING:
+                return status.yield_slice(executor, "resolved while asking")
+            return status.park(executor)
+
+    return status.ends(RunStatus.WAITING, commit)
+
+
+# ------------------------------------------------------------------ deferred tool calls
+def _others_answer(ctx: Any) -> bool:
+    """Another capability of the run answers deferred calls (a user's `RequestInput`)."""
+    root = getattr(ctx, "root_capability", None)
+    return root is not None and any(isinstance(c, RequestInput) for c in leaf_capabilities(root))
+
+
+async def decide_deferred(
+    state: SliceState, ctx: Any, requests: DeferredToolRequests
+) -> DeferredToolResults | None:
+    decided: DeferredToolResults | None = None
+    if requests.approvals:
+        decided = await _approvals(state, requests)
+    if requests.calls and not _others_answer(ctx):
+        from pydantic_ai.external_events import wait_for_external_event
+
+        remaining = DeferredToolRequests(calls=requests.calls, metadata=requests.metadata)
+        payload = await wait_for_external_event("deferred_tool_calls", ask=lambda token: None)
+        results = RESULTS.validate_python(payload)
+        _record_external(state, remaining, results)
+        external = remaining.build_results(calls=results.calls, metadata=results.metadata)
+        decided = external if decided is None else _merged(decided, external)
+    return decided
+
+
+def _merged(first: DeferredToolResults, second: DeferredToolResults) -> DeferredToolResults:
+    return DeferredToolResults(
+        calls={**first.calls, **second.calls},
+        approvals={**first.approvals, **second.approvals},
+        metadata={**first.metadata, **second.metadata},
+    )
+
+
+async def _approvals(state: SliceState, requests: DeferredToolRequests) -> DeferredToolResults:
+    calls = [call.tool_call_id for call in requests.approvals]
+    found = _next_wait(state)
+    with island():
+        if found is not None:
+            steps = [state.step_for_call(call_id) for call_id in calls]
+            if any(s is None or s.status == StepStatus.WAITING_APPROVAL for s in steps):
+                executor = state.executor
+                raise status.ends(RunStatus.WAITING, lambda: status.park(executor))
+            record_durable_unit(executed=False)
+            payload = found.payload if found.status == WaitStatus.RESOLVED else None
+            return RESULTS.validate_python(payload or approval_results(steps))
+        status.check_boundary(state, model=False)
+        return _ask_the_inbox(state, requests, calls)
+
+
+def _ask_the_inbox(
+    state: SliceState, requests: DeferredToolRequests, calls: list[str]
+) -> DeferredToolResults:
+    """Each call's step waits in the inbox; the run parks until every item is decided."""
+    events: list = []
+    denied: dict[str, ToolDenied] = {}
+    agent = state.run.agent
+    batch = state.pending.batch
+    waiting: list[Step] = []
+    for call_id in calls:
+        step = state.step_for_call(call_id)
+        if step is None:  # not a call the engine planned: nobody could decide it
+            denied[call_id] = ToolDenied("this call cannot be approved here")
+            continue
+        step.status = StepStatus.WAITING_APPROVAL
+        stage(batch, step, ["status"])
+        waiting.append(step)
+    if not waiting:
+        return requests.build_results(approvals=denied)
+    wait = Wait(
+        run_id=state.run.id,
+        ordinal=len(state.waits),
+        name="approvals",
+        kind=WaitKind.APPROVAL,
+        token=secrets.token_urlsafe(32),
+        calls=[s.call_id for s in waiting],
+    )
+    state.waits.append(wait)
+    state.waits_seen += 1
+    executor = state.executor
+
+    def commit() -> str:
+        with transaction.atomic():
+            for step in waiting:
+                approval_id = inbox().open_approval(step, agent)
+                events.append((EventType.STEP_WAITING_APPROVAL, step_event_data(step)))
+                events.append(
+                    (
+                        EventType.APPROVAL_REQUESTED,
+                        {
+                            "step": step.index,
+                            "approval": approval_id,
+                            "kind": "approval",
+                            "tool": step.tool,
+                        },
+                    )
+                )
+            writer.save_wait(wait)
+            return status.park(executor, events_before=events)
+
+    raise status.ends(RunStatus.WAITING, commit)
+
+
+def _record_external(
+    state: SliceState, requests: DeferredToolRequests, results: DeferredToolResults
+) -> None:
+    """An outside result of a deferred call is its step's result (the model gets it as the
+    tool's answer)."""
+    now = timezone.now()
+    for call in requests.calls:
+        step = state.step_for_call(call.tool_call_id)
+        value = results.calls.get(call.tool_call_id)
+        if step is None or step.is_terminal or value is None:
+            continue
+        step.status, step.finished_at = StepStatus.SUCCEEDED, now
+        step.result = value if isinstance(value, dict | list | str | int | float) else str(value)
+        stage(state.pending.batch, step, ["status", "result", "finished_at"])
+        state.pending.events.append((EventType.STEP_SUCCEEDED, step_event_data(step)))
