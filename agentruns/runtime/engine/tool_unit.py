@@ -206,6 +206,9 @@ async def _attempt(state: SliceState, step: Step, tool: Tool, body: Any) -> Any:
         failpoints.hit("step_started", tool=step.tool, step_id=step.id)
         if not tool.transactional:
             connections.release()  # the call waits on the world, not on this database
+        # a transactional call right after its model turn runs in the transaction that records
+        # that turn; if it fails there, all of it rolls back and the turn is recorded without it
+        eager = tool.transactional and bool(state.pending)
         atomic = transaction.atomic() if tool.transactional else None
         if atomic is not None:
             atomic.__enter__()
@@ -248,12 +251,17 @@ async def _attempt(state: SliceState, step: Step, tool: Tool, body: Any) -> Any:
             return payload
         if atomic is not None:  # its writes roll back; the failure is recorded on its own
             atomic.__exit__(type(failure), failure, failure.__traceback__)
-        if isinstance(failure, ServerUnavailable):
+        if eager and not isinstance(failure, ServerUnavailable | OutcomeUnknown):
+            # (as the engine always did: that try is no attempt; the call runs again on its
+            # own, with its retry policy, once the turn is recorded)
+            executor.commit([])
+        elif isinstance(failure, ServerUnavailable):
             raise _Unreachable(failure, attempt, started)
-        if isinstance(failure, OutcomeUnknown) and tool.commits_before_call:
+        elif isinstance(failure, OutcomeUnknown) and tool.commits_before_call:
             # the call's connection broke after it was sent: reconciled, as after a dead worker
             raise status.outcome_unknown(executor, step, redact_text(str(failure), secrets)[:2000])
-        _failed(state, step, tool, attempt, started, failure, failure_tb)
+        else:
+            _failed(state, step, tool, attempt, started, failure, failure_tb)
     return await _attempt(state, step, tool, body)  # retried under the tool's policy
 
 
