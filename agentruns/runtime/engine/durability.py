@@ -154,18 +154,18 @@ class AgentRunsDurability(BaseDurabilityCapability[Any]):
     ) -> Any:
         state = slices.current_or_none()
         step = state.step_for_call(call.tool_call_id) if state is not None else None
-        if step is None:
+        if step is None or ctx.tool_call_approved:
             return await handler(args)
-        if not ctx.tool_call_approved and not step.approved:
-            try:
-                tool = get_tool(step.tool)
-            except UnknownTool:
-                tool = None
-            if tool is not None:
-                with island():
-                    held = needs_approval(state.run, tool, step.arguments)
-                if held:
-                    raise ApprovalRequired()
+        if state.awaited_approval(step.call_id):
+            raise ApprovalRequired()  # decided (or not yet) in the inbox: the wait replays it
+        try:
+            tool = get_tool(step.tool)
+        except UnknownTool:
+            return await handler(args)  # the unit refuses it (not deployed any more)
+        with island():
+            held = needs_approval(state.run, tool, step.arguments)
+        if held:
+            raise ApprovalRequired()
         return await handler(args)
 
     async def handle_deferred_tool_calls(

@@ -113,6 +113,10 @@ class SliceState:
         model = self.current_model
         return None if model is None else self.calls.get((model.index, call_id))
 
+    def awaited_approval(self, call_id: str) -> bool:
+        """The call was put before the inbox in an earlier slice (an approval wait names it)."""
+        return any(call_id in (wait.calls or ()) for wait in self.waits)
+
     def add_step(self, step: Step) -> None:
         self.steps.append(step)
         if step.kind == StepKind.MODEL:
