@@ -217,7 +217,8 @@ class StepAdmin(ReadOnlyMixin, admin.ModelAdmin):
     inlines = [AttemptInline]
     show_full_result_count = False
     ordering = ("-created_at",)
-    exclude = ("arguments", "result", "tool_calls", "error")
+    # (the replay payload holds what the model and the tools said, secrets included: not shown)
+    exclude = ("arguments", "result", "tool_calls", "error", "payload")
     readonly_fields = (
         "run_link",
         "redacted_arguments",
@@ -250,7 +251,7 @@ class StepAdmin(ReadOnlyMixin, admin.ModelAdmin):
         return redact_text(obj.error, _step_secrets(obj))
 
     def get_readonly_fields(self, request, obj=None):
-        hidden = {"arguments", "result", "run", "tool_calls", "error"}
+        hidden = {"arguments", "result", "run", "tool_calls", "error", "payload"}
         return [*self.readonly_fields] + [f.name for f in Step._meta.fields if f.name not in hidden]
 
 

@@ -39,6 +39,7 @@ from agentruns.runtime.access.permissions import needs_approval
 from agentruns.runtime.engine import slice as slices
 from agentruns.runtime.engine.backend import StepBackend
 from agentruns.runtime.engine.model_unit import request_model
+from agentruns.runtime.engine.plan import refuse_planned
 from agentruns.runtime.engine.slice import island
 from agentruns.runtime.engine.waits import decide_deferred
 from agentruns.runtime.providers.models import model_for, name_of
@@ -145,9 +146,24 @@ class AgentRunsDurability(BaseDurabilityCapability[Any]):
     ) -> Any:
         state = slices.current_or_none()
         step = state.step_for_call(call.tool_call_id) if state is not None else None
-        if step is not None and step.status == StepStatus.FAILED and not step.attempts:
+        if step is None:
+            return await handler(args)
+        if step.status == StepStatus.FAILED and not step.attempts:
             raise ModelRetry(step.error)  # refused when planned: the model is told why
-        return await handler(args)
+        # the arguments the step recorded when it was planned (checked, their text repaired)
+        # are the ones that run, as the model's or as a person approved them
+        return await handler(step.arguments if step.status == StepStatus.PENDING else args)
+
+    async def on_tool_validate_error(self, ctx: RunContext[Any], *, call: Any, tool_def: Any,
+                                     args: Any, error: Any) -> Any:
+        """The tool's own validation refused arguments the engine's schema accepted: the step
+        fails as a bad call does (its error back to the model)."""
+        state = slices.current_or_none()
+        step = state.step_for_call(call.tool_call_id) if state is not None else None
+        if step is not None and step.status == StepStatus.PENDING and not step.attempts:
+            with island():
+                refuse_planned(state, step, str(error))
+        raise error
 
     async def wrap_tool_execute(
         self, ctx: RunContext[Any], *, call: Any, tool_def: Any, args: Any, handler: Any
