@@ -28,10 +28,12 @@ from pydantic_ai.durable_exec import (
     RoleBasedOperationConfig,
     conversation_id_from_run_id,
 )
+from pydantic_ai.durable_exec._operation_backend import in_durable_unit
 from pydantic_ai.exceptions import ApprovalRequired, ModelRetry
 from pydantic_ai.messages import ModelResponse
 from pydantic_ai.models import Model
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, RunContext, ToolDefinition
+from pydantic_ai.toolsets import FunctionToolset
 
 from agentruns.models import StepStatus
 from agentruns.registry import UnknownTool, get_tool
@@ -41,6 +43,7 @@ from agentruns.runtime.engine.backend import StepBackend
 from agentruns.runtime.engine.model_unit import request_model
 from agentruns.runtime.engine.plan import refuse_planned
 from agentruns.runtime.engine.slice import island
+from agentruns.runtime.engine.tool_unit import run_tool_unit
 from agentruns.runtime.engine.waits import decide_deferred
 from agentruns.runtime.providers.models import model_for, name_of
 
@@ -50,12 +53,10 @@ ENGINE = DurabilityEngineSpec(
     durable_unit_plural="steps",
     durable_container_noun="run",
     codec=JSON_CODEC,
-    wrapped_toolset_kinds=frozenset({"function", "mcp", "dynamic"}),
-    toolset_lifecycles={
-        "function": "enter-always",
-        "mcp": "enter-in-durable-unit",
-        "dynamic": "enter-never",
-    },
+    # a tool call is a unit of our own, whatever its toolset (`wrap_tool_execute`): only the
+    # toolsets that list their own tools are wrapped, so that listing is journaled too
+    wrapped_toolset_kinds=frozenset({"mcp", "dynamic"}),
+    toolset_lifecycles={"mcp": "enter-in-durable-unit", "dynamic": "enter-never"},
     journal_discovery=True,
     sequential_tools_in_durable_context=True,
     tool_config_key=None,
@@ -96,6 +97,18 @@ class AgentRunsDurability(BaseDurabilityCapability[Any]):
     @property
     def in_durable_context(self) -> bool:
         return slices.current_or_none() is not None
+
+    def _toolset_in_durable_context(self) -> bool:
+        # inside a tool call's unit the toolset is called directly (the unit journals the call)
+        return self.in_durable_context and not in_durable_unit()
+
+    def _wrap_and_register_leaf(self, ts: Any) -> Any:
+        """A toolset that lists its own tools without an `id` (which would name the units of
+        its listing) is not wrapped: its calls are units all the same (by their call's id),
+        its listing is asked again on replay."""
+        if getattr(ts, "_explicit_id", None) is None and not isinstance(ts, FunctionToolset):
+            return ts
+        return super()._wrap_and_register_leaf(ts)
 
     # ------------------------------------------------------------ the run's identity and model
     def get_default_run_id(self) -> str | None:
@@ -154,8 +167,9 @@ class AgentRunsDurability(BaseDurabilityCapability[Any]):
         # are the ones that run, as the model's or as a person approved them
         return await handler(step.arguments if step.status == StepStatus.PENDING else args)
 
-    async def on_tool_validate_error(self, ctx: RunContext[Any], *, call: Any, tool_def: Any,
-                                     args: Any, error: Any) -> Any:
+    async def on_tool_validate_error(
+        self, ctx: RunContext[Any], *, call: Any, tool_def: Any, args: Any, error: Any
+    ) -> Any:
         """The tool's own validation refused arguments the engine's schema accepted: the step
         fails as a bad call does (its error back to the model)."""
         state = slices.current_or_none()
@@ -170,19 +184,21 @@ class AgentRunsDurability(BaseDurabilityCapability[Any]):
     ) -> Any:
         state = slices.current_or_none()
         step = state.step_for_call(call.tool_call_id) if state is not None else None
-        if step is None or ctx.tool_call_approved:
+        if step is None:
             return await handler(args)
+        if ctx.tool_call_approved:
+            return await run_tool_unit(state, call, handler, args)
         if state.awaited_approval(step.call_id):
             raise ApprovalRequired()  # decided (or not yet) in the inbox: the wait replays it
         try:
             tool = get_tool(step.tool)
-        except UnknownTool:
-            return await handler(args)  # the unit refuses it (not deployed any more)
+        except UnknownTool:  # the unit refuses it (not deployed any more)
+            return await run_tool_unit(state, call, handler, args)
         with island():
             held = needs_approval(state.run, tool, step.arguments)
         if held:
             raise ApprovalRequired()
-        return await handler(args)
+        return await run_tool_unit(state, call, handler, args)
 
     async def handle_deferred_tool_calls(
         self, ctx: RunContext[Any], *, requests: DeferredToolRequests

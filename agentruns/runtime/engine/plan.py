@@ -227,7 +227,11 @@ def _plan(state: SliceState, call: dict, now: Any) -> Step:
 def refuse_planned(state: SliceState, step: Step, error: str) -> None:
     """A planned call turned out bad (the tool's own validation): a failed step, as if the
     engine had refused it when it planned it."""
-    step.status, step.error, step.finished_at = StepStatus.FAILED, storable_text(error), timezone.now()
+    step.status, step.error, step.finished_at = (
+        StepStatus.FAILED,
+        storable_text(error),
+        timezone.now(),
+    )
     stage(state.pending.batch, step, ["status", "error", "finished_at"])
 
 

@@ -20,11 +20,18 @@ from __future__ import annotations
 import json
 import traceback
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
-from pydantic_ai.durable_exec import record_durable_unit
+from pydantic_ai.durable_exec import (
+    JSON_CODEC,
+    CallToolResult,
+    durable_unit_scope,
+    record_durable_unit,
+)
+from pydantic_ai.durable_exec._toolset import unwrap_tool_call_result, wrap_tool_call_result
 
 from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, RunStatus, Step, StepStatus
@@ -70,6 +77,20 @@ TOOL_RESULT_FIELDS = [
 ]
 # the control flow a tool raised, as Pydantic AI records it: what the step keeps as its result
 _FED_BACK = {"model_retry": True, "tool_failed": False, "validation_error": True}
+
+
+async def run_tool_unit(state: SliceState, call: Any, handler: Any, args: Any) -> Any:
+    """A tool call of the agent's loop as its step's unit (our durability's
+    `wrap_tool_execute`): the call itself (`handler`) is the unit's body, its outcome recorded
+    as Pydantic AI's `CallToolResult` and given back to the loop as the call's result."""
+
+    async def body() -> Any:
+        with durable_unit_scope():
+            return JSON_CODEC.dump(CallToolResult, await wrap_tool_call_result(handler(args)))
+
+    ctx = SimpleNamespace(tool_call_id=call.tool_call_id)
+    payload = await execute(state, "call", call.tool_name, ctx, body)
+    return unwrap_tool_call_result(JSON_CODEC.load(CallToolResult, payload))
 
 
 def recorded(step: Step) -> Any:
