@@ -28,7 +28,7 @@ from agentruns.registry.durable import (
     declaration_of,
     durable,
 )
-from agentruns.registry.pydantic_agents.calls import ToolsetBinding, call
+from agentruns.registry.pydantic_agents.calls import ToolsetBinding, call, remember
 from agentruns.registry.pydantic_agents.checks import NotDurable, check_durable
 
 __all__ = ["Adopted", "NotDurable", "ToolSpec", "adopt", "durable", "is_pydantic_agent"]
@@ -172,6 +172,7 @@ def adopt(
                 agent_name, definition, binding, overrides.pop(definition.name, None)
             )
             adopted.tools.append(_spec(definition, binding, options))
+            remember(definition.name, binding)
     if overrides:
         raise NotDurable(
             f"Pydantic AI agent {agent_name!r}: declarations for unknown tools {sorted(overrides)}"

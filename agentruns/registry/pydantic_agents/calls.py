@@ -110,12 +110,32 @@ class ToolsetBinding:
         """List the toolset's tools (an MCP server: over its transport)."""
 
         async def listing() -> dict[str, ToolDefinition]:
+            ctx = self.run_context()
             async with self.toolset:
-                tools = await self.toolset.get_tools(self.run_context())
+                tools = await self.toolset.get_tools(ctx)
+                for leaf in _mcp_leaves(self.toolset):  # (the same session: listed once more)
+                    listed = await leaf.get_tools(ctx)
+                    _leaf_listings[id(leaf)] = (leaf, {n: t.tool_def for n, t in listed.items()})
             return {name: tool.tool_def for name, tool in tools.items()}
 
         self.definitions = run_sync(listing())
         return self.definitions
+
+
+# an MCP server's tools as they were listed when its agent registered (by the leaf toolset)
+_leaf_listings: dict[int, tuple[AbstractToolset, dict[str, ToolDefinition]]] = {}
+
+
+def _mcp_leaves(toolset: AbstractToolset) -> list[AbstractToolset]:
+    leaves: list[AbstractToolset] = []
+    toolset.apply(leaves.append)
+    return [leaf for leaf in leaves if type(leaf).__name__ == "MCPToolset"]
+
+
+def registered_listing(leaf: AbstractToolset) -> dict[str, ToolDefinition] | None:
+    """The tools of an MCP server (its leaf toolset) as listed at registration, or None."""
+    found = _leaf_listings.get(id(leaf))
+    return found[1] if found is not None and found[0] is leaf else None
 
 
 # by name: the MCP client (FastMCP) speaks httpx2, function tools httpx; both name them alike
@@ -363,3 +383,52 @@ async def _maybe_await(value: Any) -> Any:
     if asyncio.iscoroutine(value):
         return await value
     return value
+
+
+# the toolset of each Pydantic AI tool registered (by its name): whether it is an MCP server's
+_sites: dict[str, ToolsetBinding] = {}
+
+
+def remember(name: str, binding: ToolsetBinding) -> None:
+    _sites[name] = binding
+
+
+async def classified(name: str, call: Coroutine[Any, Any, T], *, rerun_safe: bool) -> T:
+    """`call` (a registered Pydantic AI tool's `call_tool`, inside its step's unit), with what
+    it raises in the engine's vocabulary, as `call` above says: a server that could not take the
+    call is `ServerUnavailable`, an answer that may come after the server ran it is retried for
+    a read-only or idempotent tool and `OutcomeUnknown` for any other; Pydantic AI's own control
+    flow (`ModelRetry`, `ToolFailed`, deferrals, bad arguments) and this app's database errors
+    pass as they are."""
+    binding = _sites.get(name)
+    if binding is None:
+        return await call
+    answers: list[tuple[int, float | None]] = []
+    token = _http_answers.set(answers)
+    try:
+        return await call
+    except (ModelRetry, ToolFailed) as exc:
+        broke = _mcp_error(exc)
+        if broke is not None and (broke.code, broke.message) == _HTTP_ERROR_ANSWER:
+            _error_answer(binding, name, exc, answers, rerun_safe=rerun_safe)
+        if broke is not None and broke.code in (_CONNECTION_CLOSED, _REQUEST_TIMED_OUT):
+            _connection_broke(name, exc, safe=rerun_safe)
+        raise
+    except (ValidationError, ApprovalRequired, CallDeferred, RetryableToolError, FatalToolError):
+        raise
+    except OutcomeUnknown:
+        raise
+    except Exception as exc:
+        if _ours(exc):
+            raise  # this app's database or Redis: the engine's weather, never the tool's verdict
+        if binding.mcp and _unreachable(exc):
+            raise ServerUnavailable(
+                f"{name}: {binding.server} unreachable: {exc!r}", server=binding.server
+            ) from exc
+        if _unreachable(exc) or (rerun_safe and _transport_failure(exc)):
+            raise RetryableToolError(f"{name}: server unreachable: {exc!r}") from exc
+        if _broken_connection(exc):
+            _connection_broke(name, exc, safe=False)
+        raise
+    finally:
+        _http_answers.reset(token)

@@ -33,7 +33,6 @@ from pydantic_ai.exceptions import ApprovalRequired, ModelRetry
 from pydantic_ai.messages import ModelResponse
 from pydantic_ai.models import Model
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, RunContext, ToolDefinition
-from pydantic_ai.toolsets import FunctionToolset
 
 from agentruns.models import StepStatus
 from agentruns.registry import UnknownTool, get_tool
@@ -43,7 +42,7 @@ from agentruns.runtime.engine.backend import StepBackend
 from agentruns.runtime.engine.model_unit import request_model
 from agentruns.runtime.engine.plan import refuse_planned
 from agentruns.runtime.engine.slice import island
-from agentruns.runtime.engine.tool_unit import run_tool_unit
+from agentruns.runtime.engine.tool_unit import StepsToolset, registered_tools
 from agentruns.runtime.engine.waits import decide_deferred
 from agentruns.runtime.providers.models import model_for, name_of
 
@@ -53,10 +52,11 @@ ENGINE = DurabilityEngineSpec(
     durable_unit_plural="steps",
     durable_container_noun="run",
     codec=JSON_CODEC,
-    # a tool call is a unit of our own, whatever its toolset (`wrap_tool_execute`): only the
-    # toolsets that list their own tools are wrapped, so that listing is journaled too
-    wrapped_toolset_kinds=frozenset({"mcp", "dynamic"}),
-    toolset_lifecycles={"mcp": "enter-in-durable-unit", "dynamic": "enter-never"},
+    # a tool call is a unit of our own, whatever its toolset (`tool_unit.StepsToolset`); an MCP
+    # server's tools are those listed when its agent registered (`RegisteredTools`); a dynamic
+    # toolset is wrapped, so its listing is a journaled unit
+    wrapped_toolset_kinds=frozenset({"dynamic"}),
+    toolset_lifecycles={"dynamic": "enter-never"},
     journal_discovery=True,
     sequential_tools_in_durable_context=True,
     tool_config_key=None,
@@ -103,12 +103,18 @@ class AgentRunsDurability(BaseDurabilityCapability[Any]):
         return self.in_durable_context and not in_durable_unit()
 
     def _wrap_and_register_leaf(self, ts: Any) -> Any:
-        """A toolset that lists its own tools without an `id` (which would name the units of
-        its listing) is not wrapped: its calls are units all the same (by their call's id),
-        its listing is asked again on replay."""
-        if getattr(ts, "_explicit_id", None) is None and not isinstance(ts, FunctionToolset):
+        """A dynamic toolset without an `id` (which would name the units of its listing) is
+        not wrapped: its calls are units all the same, its listing is asked again on replay."""
+        if getattr(ts, "_explicit_id", None) is None:
             return ts
         return super()._wrap_and_register_leaf(ts)
+
+    def get_wrapper_toolset(self, toolset: Any) -> Any:
+        """The run's toolset: MCP servers' tools as registered, every call a unit."""
+        wrapped = super().get_wrapper_toolset(toolset)
+        if not self.in_durable_context:
+            return wrapped
+        return StepsToolset((wrapped or toolset).visit_and_replace(registered_tools))
 
     # ------------------------------------------------------------ the run's identity and model
     def get_default_run_id(self) -> str | None:
@@ -187,18 +193,18 @@ class AgentRunsDurability(BaseDurabilityCapability[Any]):
         if step is None:
             return await handler(args)
         if ctx.tool_call_approved:
-            return await run_tool_unit(state, call, handler, args)
+            return await handler(args)
         if state.awaited_approval(step.call_id):
             raise ApprovalRequired()  # decided (or not yet) in the inbox: the wait replays it
         try:
             tool = get_tool(step.tool)
         except UnknownTool:  # the unit refuses it (not deployed any more)
-            return await run_tool_unit(state, call, handler, args)
+            return await handler(args)
         with island():
             held = needs_approval(state.run, tool, step.arguments)
         if held:
             raise ApprovalRequired()
-        return await run_tool_unit(state, call, handler, args)
+        return await handler(args)
 
     async def handle_deferred_tool_calls(
         self, ctx: RunContext[Any], *, requests: DeferredToolRequests

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import json
 import traceback
+from dataclasses import dataclass, field
 from datetime import timedelta
-from types import SimpleNamespace
 from typing import Any
 
 from django.db import transaction
@@ -31,7 +31,10 @@ from pydantic_ai.durable_exec import (
     durable_unit_scope,
     record_durable_unit,
 )
+from pydantic_ai.durable_exec._operation_backend import in_durable_unit
 from pydantic_ai.durable_exec._toolset import unwrap_tool_call_result, wrap_tool_call_result
+from pydantic_ai.tools import ToolDefinition
+from pydantic_ai.toolsets import WrapperToolset
 
 from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, RunStatus, Step, StepStatus
@@ -44,6 +47,7 @@ from agentruns.registry import (
     get_tool,
 )
 from agentruns.registry.context import stepping
+from agentruns.registry.pydantic_agents.calls import classified, registered_listing
 from agentruns.runtime import tracing, writer
 from agentruns.runtime.dispatch import connections
 from agentruns.runtime.engine import status
@@ -54,7 +58,7 @@ from agentruns.runtime.engine.plan import (
     journal_unit,
     stage,
 )
-from agentruns.runtime.engine.slice import SliceState, island
+from agentruns.runtime.engine.slice import SliceState, current_or_none, island
 from agentruns.runtime.events import EventType, step_event_data, succeeded_event_data
 from agentruns.runtime.execution import failpoints
 from agentruns.runtime.inbox import inbox
@@ -79,18 +83,79 @@ TOOL_RESULT_FIELDS = [
 _FED_BACK = {"model_retry": True, "tool_failed": False, "validation_error": True}
 
 
-async def run_tool_unit(state: SliceState, call: Any, handler: Any, args: Any) -> Any:
-    """A tool call of the agent's loop as its step's unit (our durability's
-    `wrap_tool_execute`): the call itself (`handler`) is the unit's body, its outcome recorded
-    as Pydantic AI's `CallToolResult` and given back to the loop as the call's result."""
+class StepsToolset(WrapperToolset[Any]):
+    """Around the run's toolset (our durability's `get_wrapper_toolset`): a tool call of the
+    agent's loop is its step's unit, whatever toolset the tool is in. The call itself is the
+    unit's body, its outcome recorded as Pydantic AI's `CallToolResult` (control flow as data)
+    and given back to the loop as the toolset's answer."""
 
-    async def body() -> Any:
-        with durable_unit_scope():
-            return JSON_CODEC.dump(CallToolResult, await wrap_tool_call_result(handler(args)))
+    async def call_tool(self, name: str, tool_args: dict[str, Any], ctx: Any, tool: Any) -> Any:
+        state = current_or_none()
+        if state is None or in_durable_unit():
+            return await self.wrapped.call_tool(name, tool_args, ctx, tool)
 
-    ctx = SimpleNamespace(tool_call_id=call.tool_call_id)
-    payload = await execute(state, "call", call.tool_name, ctx, body)
-    return unwrap_tool_call_result(JSON_CODEC.load(CallToolResult, payload))
+        async def body() -> Any:
+            with durable_unit_scope():
+                call = self.wrapped.call_tool(name, tool_args, ctx, tool)
+                result = await wrap_tool_call_result(
+                    classified(name, call, rerun_safe=_rerun_safe(name))
+                )
+                return JSON_CODEC.dump(CallToolResult, result)
+
+        payload = await execute(state, "call", name, ctx, body)
+        return unwrap_tool_call_result(JSON_CODEC.load(CallToolResult, payload))
+
+
+@dataclass
+class RegisteredTools(WrapperToolset[Any]):
+    """An MCP server's tools as they were listed when its agent registered: a run's tools are
+    those its snapshot names, so the loop asks no server for them (a server that is down is the
+    call's weather, not the run's); each call connects on its own, inside its unit."""
+
+    definitions: dict[str, ToolDefinition] = field(default_factory=dict)
+
+    async def __aenter__(self) -> RegisteredTools:
+        return self  # nothing to connect before a call
+
+    async def __aexit__(self, *args: Any) -> None:
+        return None
+
+    async def get_tools(self, ctx: Any) -> dict[str, Any]:
+        return {
+            name: await self.wrapped.get_tool_for_tool_def(definition, ctx)
+            for name, definition in self.definitions.items()
+        }
+
+    async def call_tool(self, name: str, tool_args: dict[str, Any], ctx: Any, tool: Any) -> Any:
+        """Connected for this call: a server that does not come up (or answer its handshake)
+        got nothing of the call, which is weather (`ServerUnavailable`), not an attempt."""
+        leaf = self.wrapped
+        try:
+            await leaf.__aenter__()
+        except Exception as exc:
+            if is_infrastructure_error(exc):
+                raise
+            server = str(getattr(leaf, "id", None) or getattr(leaf, "label", "MCP server"))
+            raise ServerUnavailable(f"{name}: {server} unreachable: {exc!r}", server=server) from exc
+        try:
+            return await leaf.call_tool(name, tool_args, ctx, tool)
+        finally:
+            await leaf.__aexit__(None, None, None)
+
+
+def registered_tools(leaf: Any) -> Any:
+    """`visit_and_replace` visitor: an MCP server listed at registration, as listed then."""
+    listing = registered_listing(leaf)
+    return leaf if listing is None else RegisteredTools(leaf, listing)
+
+
+def _rerun_safe(name: str) -> bool:
+    """A broken connection may be retried: the tool is read-only or idempotent."""
+    try:
+        tool = get_tool(name)
+    except UnknownTool:
+        return False
+    return not tool.side_effect or tool.idempotency == "key"
 
 
 def recorded(step: Step) -> Any:
