@@ -63,7 +63,8 @@ class JournalEntry(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="journal", db_index=False)
     ordinal = models.PositiveIntegerField()  # the n-th such unit of the run's loop
     name = models.CharField(max_length=300)  # the unit's persisted operation name
-    payload = models.JSONField(null=True, blank=True)
+    # what the unit returned, as JSON text (byte for byte: replayed as it was)
+    payload = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -200,9 +200,10 @@ class Step(models.Model):
     tool_calls = models.JSONField(default=list, blank=True)
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
-    # what the agent's loop replays for this unit on resume (Pydantic AI's JSON codec): a model
-    # step's ModelResponse, a tool step's CallToolResult (None: derived from the fields above)
-    payload = models.JSONField(null=True, blank=True)
+    # what the agent's loop replays for this unit on resume (Pydantic AI's JSON codec, as JSON
+    # text: byte for byte what the unit returned, key order included): a model step's
+    # ModelResponse, a tool step's CallToolResult (None: derived from the fields above)
+    payload = models.TextField(null=True, blank=True)  # noqa: DJ001 - NULL: none recorded
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -29,6 +29,7 @@ from typing import Any
 
 from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
+from pydantic_ai.exceptions import AgentRunError, UserError
 
 from agentruns.conf import conf
 from agentruns.models import JournalEntry, Run, RunStatus, Step, Wait
@@ -43,6 +44,7 @@ from agentruns.runtime.events import EventSpec, LeaseLost
 from agentruns.runtime.execution import transitions
 from agentruns.runtime.outages import weather
 from agentruns.runtime.outages.faults import is_infrastructure_error
+from agentruns.runtime.providers import ModelError
 from agentruns.runtime.store import get_store
 from agentruns.runtime.store.rows import WriteBatch
 from agentruns.runtime.values.ids import worker_id
@@ -222,6 +224,10 @@ class RunExecutor:
             result = run_agent(state)
         except SliceEnds as ends:
             return ends.commit() if ends.commit is not None else ends.outcome
+        except ModelError as exc:  # the run's model cannot be built (an SDK, a key missing)
+            return status.finish(self, RunStatus.FAILED, error=f"model error: {exc}")
+        except (AgentRunError, UserError) as exc:  # the agent's own loop gave up: its reason
+            return status.finish(self, RunStatus.FAILED, error=f"{type(exc).__name__}: {exc}")
         return status.finished_with(self, result)
 
     # ---------------------------------------------------------------- stop conditions

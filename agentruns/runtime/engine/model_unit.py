@@ -29,6 +29,7 @@ from pydantic_ai.usage import RequestUsage
 
 from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, RunStatus, Step, StepKind, StepStatus
+from agentruns.registry.model_names import pydantic_ai_name
 from agentruns.runtime import tracing
 from agentruns.runtime.dispatch import connections
 from agentruns.runtime.engine import status
@@ -37,6 +38,7 @@ from agentruns.runtime.engine.plan import (
     begin_attempt,
     end_attempt,
     record_model_step,
+    replayed,
     stage,
 )
 from agentruns.runtime.engine.slice import SliceState, island
@@ -46,9 +48,9 @@ from agentruns.runtime.execution import failpoints
 from agentruns.runtime.execution.delta_writer import DeltaFeed, delta_writer
 from agentruns.runtime.outages import process_health
 from agentruns.runtime.outages.model_outage import ModelOutage
-from agentruns.runtime.providers import ModelError, TextSink
+from agentruns.runtime.providers import ModelError, TextSink, openai_compatible
 from agentruns.runtime.providers.model_errors import model_error
-from agentruns.runtime.providers.models import model_for, streams, waits
+from agentruns.runtime.providers.models import model_for, name_of, streams, waits
 from agentruns.runtime.providers.stream_pump import (
     SinkFailed,
     _text,
@@ -90,7 +92,7 @@ async def request_model(model: Model, params: Any, ctx: Any) -> ModelResponse:
 def recorded(step: Step) -> Any:
     """What a succeeded model step returns on replay (the JSON codec's form)."""
     if step.payload is not None:
-        return step.payload
+        return replayed(step.payload)
     parts: list[Any] = [TextPart(step.text)] if step.text else []
     for call in step.tool_calls or []:
         parts.append(ToolCallPart(call["name"], call["arguments"], tool_call_id=call["id"]))
@@ -180,7 +182,9 @@ def _classified(model: Model, exc: Exception) -> BaseException:
 
     if isinstance(exc, ModelError | UserError) or isinstance(model, ScriptedModel):
         return exc
-    return model_error(exc)
+    name = name_of(model) or ""
+    openai = pydantic_ai_name(name).startswith(openai_compatible.PREFIXES) if name else False
+    return model_error(exc, openai_compatible.endpoint() if openai else None)
 
 
 async def _whole(state: SliceState, attempt: int, model: Model, body: Any) -> Answer:

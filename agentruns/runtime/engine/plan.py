@@ -15,12 +15,14 @@ planned as a failed step whose error goes back to the model.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+import orjson
 from django.utils import timezone
 from pydantic_ai.durable_exec import record_durable_unit
 
@@ -50,6 +52,20 @@ MODEL_STEP_FIELDS = [
     "finished_at",
     "error",
 ]
+
+
+# ------------------------------------------------------------------ recorded payloads
+def journal_text(payload: Any) -> str:
+    """A unit's payload as the journal keeps it: JSON text, byte for byte what it returned (a
+    replayed conversation is then the very one the model was sent)."""
+    try:
+        return orjson.dumps(payload).decode()
+    except TypeError:  # a lone surrogate, a number beyond 64 bits: the json module writes those
+        return json.dumps(payload, ensure_ascii=True)
+
+
+def replayed(text: str | None) -> Any:
+    return None if text is None else orjson.loads(text)
 
 
 # ------------------------------------------------------------------ rows
@@ -156,7 +172,7 @@ def record_model_step(state: SliceState, step: Step, answer: Answer, params: Any
         ]
     )
     step.prompt_tokens, step.completion_tokens = tokens.prompt_tokens, tokens.completion_tokens
-    step.payload = storable(payload)
+    step.payload = journal_text(payload)
     if step._state.adding or step.attempts < answer.attempt:  # nothing streamed: rows now
         begin_attempt(
             batch,
@@ -258,12 +274,12 @@ async def journal_unit(state: SliceState, name: str, body: Callable[[], Awaitabl
     state.entries_seen += 1
     if position < len(state.entries):
         record_durable_unit(executed=False)
-        return state.entries[position].payload
+        return replayed(state.entries[position].payload)
     with island():
         state.executor.check_lease()
     payload = await body()
     entry = JournalEntry(run_id=state.run.id, ordinal=position, name=name[:300])
-    entry.payload = storable(payload)
+    entry.payload = journal_text(payload)
     state.entries.append(entry)
     state.pending.journal.append(entry)
     record_durable_unit(executed=True)

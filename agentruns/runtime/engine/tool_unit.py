@@ -55,7 +55,9 @@ from agentruns.runtime.engine.plan import (
     attempt_row,
     begin_attempt,
     end_attempt,
+    journal_text,
     journal_unit,
+    replayed,
     stage,
 )
 from agentruns.runtime.engine.slice import SliceState, current_or_none, island
@@ -136,7 +138,9 @@ class RegisteredTools(WrapperToolset[Any]):
             if is_infrastructure_error(exc):
                 raise
             server = str(getattr(leaf, "id", None) or getattr(leaf, "label", "MCP server"))
-            raise ServerUnavailable(f"{name}: {server} unreachable: {exc!r}", server=server) from exc
+            raise ServerUnavailable(
+                f"{name}: {server} unreachable: {exc!r}", server=server
+            ) from exc
         try:
             return await leaf.call_tool(name, tool_args, ctx, tool)
         finally:
@@ -161,7 +165,7 @@ def _rerun_safe(name: str) -> bool:
 def recorded(step: Step) -> Any:
     """What a succeeded (or refused) tool step returns on replay (the JSON codec's form)."""
     if step.payload is not None:
-        return step.payload
+        return replayed(step.payload)
     return {"kind": "tool_return", "result": step.result}
 
 
@@ -430,7 +434,7 @@ def _returned(
     else:
         end_attempt(batch, step, attempt, finished_at=now, outcome=AttemptOutcome.SUCCEEDED)
     step.status, step.result, step.error = StepStatus.SUCCEEDED, _result_of(payload), ""
-    step.payload = storable(payload)
+    step.payload = journal_text(payload)
     step.attempts, step.finished_at, step.next_attempt_at = attempt, now, None
     stage(batch, step, TOOL_RESULT_FIELDS)
     event = (EventType.STEP_SUCCEEDED, succeeded_event_data(state.run, step))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 
+from django.core.signals import setting_changed
 from pydantic_ai.models import Model, infer_model
 from pydantic_ai.models.function import FunctionModel
 from pydantic_ai.models.test import TestModel
@@ -28,6 +29,15 @@ from agentruns.runtime.providers.scripted_model import ScriptedModel, scripted_m
 
 _built: dict[str, Model] = {}
 _lock = threading.Lock()
+
+
+def _forget(**_: object) -> None:
+    """Settings changed (tests do, at run time): models are built again from the new ones."""
+    with _lock:
+        _built.clear()
+
+
+setting_changed.connect(_forget, dispatch_uid="agentruns.providers.models")
 
 
 def is_scripted(name: str) -> bool:
