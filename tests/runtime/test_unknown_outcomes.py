@@ -111,9 +111,7 @@ def test_the_retry_button_of_a_failed_run_tells_the_truth_about_unknown_steps(
     assert "nor is a step whose outcome is unknown" in page
 
 
-def test_a_run_whose_policy_is_skip_continues_after_the_step_and_never_mails_again(
-    aborted, lead
-):
+def test_a_run_whose_policy_is_skip_continues_after_the_step_and_never_mails_again(aborted, lead):
     Run.objects.filter(id=aborted.id).update(retry_unknown="skip")  # as frozen from its agent
     client = Client()
     client.force_login(lead)
@@ -133,9 +131,7 @@ def test_a_run_whose_policy_is_skip_continues_after_the_step_and_never_mails_aga
 
 
 def test_an_agent_declares_the_policy_and_the_run_freezes_it():
-    register_agent(
-        Agent(name="skipper", instructions="-", tools=["t_email"], retry_unknown="skip")
-    )
+    register_agent(Agent(name="skipper", instructions="-", tools=["t_email"], retry_unknown="skip"))
     assert start_run("skipper", {}).run.retry_unknown == "skip"
     assert start_run("script", {"script": []}).run.retry_unknown == "refuse"  # the default
     with pytest.raises(ValueError, match="retry_unknown must be 'refuse' or 'skip'"):
