@@ -169,7 +169,7 @@ APPROVE_REPEATS = {"type": "boolean"}
     "/runs/{run_id}/fork",
     summary="What a fork from a model step would repeat: the source's side effects at and "
     "after the cut, and which of them wait for approval in the fork",
-    permission=VIEW,
+    permission=OPERATE,  # the fork's confirmation, as on the run page
     path_params=RUN_PATH,
     query={"from_step": FROM_STEP, "approve_repeats": APPROVE_REPEATS},
     responses={200: "the fork's plan", 409: "this step cannot be forked from"},

@@ -183,13 +183,12 @@ def run_fork(request: HttpRequest, run_id) -> HttpResponse:
     except services.ActionRefused as exc:
         messages.error(request, str(exc))
     else:
-        held = ", ".join(
-            sorted(services.fork_plan(run, from_step, approve_repeats=approve_repeats).approval_for)
-        )
+        tools = (fork.permissions or {}).get("tools", {})
+        held = ", ".join(sorted(name for name, e in tools.items() if e.get("approval_because")))
         messages.success(
             request,
             f"Forked from step #{from_step}: this run continues from there, its history copied."
-            + (f" A call of {held} waits for approval in the inbox." if held else ""),
+            + (f" Calls of {held} wait for approval in the inbox." if held else ""),
         )
         return redirect("run-detail", run_id=fork.id)
     return redirect("run-detail", run_id=run.id)

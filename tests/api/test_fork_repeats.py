@@ -87,6 +87,13 @@ def test_a_fork_from_the_turn_before_the_mail_parks_it_instead_of_mailing(source
     assert (mails(), notes()) == (1, 1)  # nothing repeated: the note waits for a person
     note = Approval.objects.get(run=fork, status="pending")
     assert note.tool == "add_ticket_note"
+    inbox = Client()
+    inbox.force_login(lead)
+    card = inbox.get(f"/approvals/{note.id}/").content.decode()
+    assert (
+        f"Asked because the fork&#x27;s source run made this call at or after the cut (step #{NOTE_STEP})"
+        in card
+    )
     assert api.post(f"/api/approvals/{note.id}", {"decision": "approve"}).status_code == 200
     fork = advance(fork)
     assert (mails(), notes()) == (1, 2)  # approved: the note, and the mail waits in turn
@@ -149,8 +156,8 @@ def test_the_preview_refuses_what_a_fork_would(source, lead, django_user_model):
     opted_out = api.get(f"{url}?from_step={REPLY_TURN}&approve_repeats=false").json()
     assert [r["approval"] for r in opted_out["repeats"]] == [False, False]
     assert opted_out["approval_for"] == []
-    # anyone who may see the run may see what a fork of it would repeat
+    # the fork's confirmation is for those who may fork, as on the run page
     viewer = django_user_model.objects.get(username="viewer")  # may only look
-    assert ApiClient(viewer).get(f"{url}?from_step={REPLY_TURN}").status_code == 200
+    assert_json_error(ApiClient(viewer).get(f"{url}?from_step={REPLY_TURN}"), 403)
     assert_json_error(api.post(url, {"from_step": REPLY_TURN, "approve_repeats": "no"}), 400)
     assert Run.objects.count() == 1

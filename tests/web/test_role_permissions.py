@@ -50,8 +50,8 @@ API = [
     ("POST", "/api/runs/{run}/retry", {}, by_role(OPERATE, 409)),
     # fork needs operate_run (the endpoint) and start_run (the service): the operator has one
     ("POST", "/api/runs/{run}/fork", {"from_step": 1}, by_role(OPERATE - {"operator"}, 409)),
-    # what a fork would repeat: anyone who may see the run (without from_step: 400)
-    ("GET", "/api/runs/{run}/fork", None, by_role(LOOK, 400)),
+    # the fork's confirmation, as on the run page: operators (without from_step: 400)
+    ("GET", "/api/runs/{run}/fork", None, by_role(OPERATE, 400)),
     ("POST", "/api/runs/{run}/steps/0/resolve", {"result": {}}, by_role(OPERATE, 409)),
     ("GET", "/api/approvals", None, by_role(INBOX, 200)),
     ("POST", "/api/approvals/{approval}", {"decision": "maybe"}, by_role(DECIDE, 400)),
