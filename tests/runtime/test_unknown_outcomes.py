@@ -21,6 +21,7 @@ from agentruns.api.chat import chat_dedupe_key
 from agentruns.models import Run, RunStatus, Step, StepStatus
 from agentruns.registry import Agent, register_agent
 from agentruns.services import ActionRefused, fork_run, retry_run, start_run
+from agentruns.stream.ui_chunks import chunks_of
 from approvals import services as decisions
 from approvals.errors import AlreadyDecided
 from approvals.models import Approval
@@ -128,6 +129,10 @@ def test_a_run_whose_policy_is_skip_continues_after_the_step_and_never_mails_aga
     # a new call of the tool in this run is a person's decision
     marked = run.permissions["tools"]["send_customer_reply"]
     assert marked["approval"] == "always" and "unknown outcome" in marked["approval_because"]
+    # the AI SDK stream settles the call with why it was not made again
+    recorded = [(e.seq, e.type, e.data) for e in events(run)]
+    settled = [c for c in chunks_of(run.id, recorded) if c.get("type") == "tool-output-error"]
+    assert any("was not made again" in c["errorText"] for c in settled)
 
 
 def test_an_agent_declares_the_policy_and_the_run_freezes_it():
