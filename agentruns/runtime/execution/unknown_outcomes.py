@@ -111,7 +111,9 @@ def check_retry(run: Run) -> list[Step]:
     return unsettled
 
 
-def skip_for_retry(run: Run, unsettled: Iterable[Step], *, who: str, now: datetime) -> list:
+def skip_for_retry(
+    run: Run, unsettled: Iterable[Step], *, who: str, now: datetime
+) -> list[EventSpec]:
     """The run's policy is "skip": each unsettled step ends skipped, the model is told so, and
     its tool needs approval for the rest of the run. Returns the events; the caller writes the
     run's new permission snapshot (`run.permissions`) with them."""
