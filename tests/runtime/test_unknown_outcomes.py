@@ -27,7 +27,13 @@ from approvals.errors import AlreadyDecided
 from approvals.models import Approval
 from support.models import OutboxMessage, TicketNote
 from tests.helpers import ApiClient, advance, events, make_user
-from tests.testkit import REPLY_STEP, REPLY_TURN, aborted_reply_run, unknown_reply_run
+from tests.testkit import (
+    REPLY_STEP,
+    REPLY_TURN,
+    aborted_reply_run,
+    failed_shipping_run,
+    unknown_reply_run,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -100,11 +106,7 @@ def test_the_run_page_offers_no_retry_and_its_retry_post_is_refused(aborted, lea
     assert_untouched(aborted)
 
 
-def test_the_retry_button_of_a_failed_run_tells_the_truth_about_unknown_steps(
-    aborted, lead, django_user_model
-):
-    from tests.testkit import failed_shipping_run
-
+def test_the_retry_button_of_a_failed_run_tells_the_truth_about_unknown_steps(lead):
     client = Client()
     client.force_login(lead)
     page = client.get(f"/runs/{failed_shipping_run().id}/").content.decode()
