@@ -15,6 +15,9 @@ import threading
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
+from datetime import timedelta
+
+from django.utils import timezone
 
 from agentruns.models import Run, RunStatus
 from agentruns.registry import (
@@ -27,6 +30,10 @@ from agentruns.registry import (
     register_agent,
     tool,
 )
+from agentruns.runtime.execution import failpoints
+from agentruns.runtime.execution.executor import RunExecutor
+from agentruns.services import start_run
+from approvals import services as decisions
 from support.models import GatewayRefund
 from tests.helpers import advance, script_run
 
@@ -233,3 +240,77 @@ def succeeded_run_to_fork() -> Run:
             agent=OPS_AGENT,
         )
     )
+
+
+# ------------------------------------------------------------------ the demo's customer replies
+# runs of the demo's refund agent that need no gateway: the refund parks (every refund needs
+# approval by default) and is rejected, so the agent notes that and mails the customer. Steps:
+# 0 model, 1 lookup_order, 2 model, 3 issue_refund (rejected), 4 model (asks for the note and the
+# reply), 5 add_ticket_note, 6 send_customer_reply, 7 model
+REPLY_TURN, NOTE_STEP, REPLY_STEP = 4, 5, 6
+
+
+class Cut(BaseException):
+    """What `tool_returned:<tool>=crash_once` does to a worker, in this process: the call returned
+    and nothing after it runs (it escapes the engine's `except Exception`, as SIGKILL would)."""
+
+
+def cut_after_call(monkeypatch, name: str) -> None:
+    """The failpoint `tool_returned:<name>=crash_once`, in this process: the next call of the tool
+    is cut right after it returned (tests/crash runs the real one, which SIGKILLs a worker)."""
+    real, fired = failpoints.hit, []
+
+    def hit(point: str, *, tool: str | None = None, step_id: object = None) -> None:
+        if point == "tool_returned" and tool == name and not fired:
+            fired.append(step_id)
+            raise Cut(f"{point}:{name}")
+        real(point, tool=tool, step_id=step_id)
+
+    monkeypatch.setattr(failpoints, "hit", hit)
+
+
+def rejected_refund_run(decider, order_id: str = "ORD-1007", **start) -> Run:
+    """A refund run parked on its refund, rejected by `decider`: queued to note and reply."""
+    run = start_run(
+        "refund", {"order_id": order_id, "message": "It broke, refund please"}, **start
+    ).run
+    run = advance(run)
+    assert run.status == RunStatus.WAITING, run.error
+    pending = run.approvals.get(status="pending")
+    decisions.reject(pending.id, user=decider, reason="outside the return window")
+    return run
+
+
+def replied_run(decider, **start) -> Run:
+    """A finished refund run whose refund was rejected: one note, one mail to the customer."""
+    run = advance(rejected_refund_run(decider, **start))
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    return run
+
+
+def unknown_reply_run(decider, monkeypatch, **start) -> Run:
+    """A refund run whose customer reply was cut after the mail went out (one outbox row): the
+    next worker finds the step running, its outcome unknown, and parks the run on a
+    reconciliation item."""
+    run = rejected_refund_run(decider, **start)
+    cut_after_call(monkeypatch, "send_customer_reply")
+    try:
+        RunExecutor(run.id).advance()
+    except Cut:
+        pass
+    else:
+        raise AssertionError("the reply was not cut")
+    Run.objects.filter(id=run.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    run = advance(run)
+    assert run.status == RunStatus.WAITING, run.error
+    return run
+
+
+def aborted_reply_run(decider, monkeypatch, **start) -> Run:
+    """`unknown_reply_run`, whose reconciliation `decider` answered "abort": the run failed."""
+    run = unknown_reply_run(decider, monkeypatch, **start)
+    item = run.approvals.get(status="pending", kind="reconciliation")
+    decisions.reconcile(item.id, user=decider, resolution="abort", reason="cannot tell")
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED and run.stop_reason == "aborted"
+    return run

@@ -75,6 +75,27 @@ RUN = obj(
     optional=("steps",),
 )
 RUN_WITH_STEPS = {**RUN, "required": [*RUN["required"], "steps"]}
+FORK_PLAN = obj(
+    {
+        "run_id": {"type": "string", "format": "uuid"},
+        "from_step": COUNT,
+        "approve_repeats": {"type": "boolean"},
+        "repeats": {
+            "type": "array",
+            "items": obj(
+                {
+                    "index": COUNT,
+                    "tool": {"type": "string"},
+                    "status": {"type": "string", "enum": StepStatus.values},
+                    "idempotency": {"type": "string", "enum": ["key", "none", "transaction"]},
+                    "outcome_unknown": {"type": "boolean"},
+                    "approval": {"type": "boolean"},
+                }
+            ),
+        },
+        "approval_for": {"type": "array", "items": {"type": "string"}},
+    }
+)
 CURSOR_OR_NULL = {"type": ["string", "null"]}
 RUN_SUMMARY = obj(
     {

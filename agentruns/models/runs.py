@@ -63,6 +63,10 @@ class Run(models.Model):
     # who started it, their groups, and per tool: allowed, approval rule, approvers' limits;
     # frozen at start by `runtime.permissions.snapshot` (retry and resume keep it)
     permissions = models.JSONField(default=dict, blank=True)
+    # what a retry of the failed run does with a step whose outcome is unknown and that nobody
+    # settled (runtime/execution/unknown_outcomes.py): "refuse" (the default) or "skip", as the
+    # agent declares it (`Agent(retry_unknown=...)`), frozen at start
+    retry_unknown = models.CharField(max_length=8, default="refuse", db_default="refuse")
     max_steps = models.PositiveIntegerField(default=25)
     token_budget = models.PositiveIntegerField(null=True, blank=True)
     deadline_at = models.DateTimeField(null=True, blank=True)

@@ -276,6 +276,7 @@ class Agent:
     token_budget: int | None = None
     max_cost_usd: float | None = None  # None: conf.MAX_COST_USD (0: no limit)
     deadline_seconds: float | None = None
+    retry_unknown: Literal["refuse", "skip"] = "refuse"  # a retry and an unknown outcome
     # for the offline `scripted` provider: decides the next turn from the conversation (and, if
     # it takes a `tools` keyword, from the names of the tools this run offers)
     scripted_policy: Callable[..., ScriptedTurn] | None = None
@@ -323,6 +324,8 @@ def register_agent(
         raise TypeError("tools=, deps= and options are for a pydantic_ai.Agent")
     for tool_name in agent.tools:
         get_tool(tool_name)  # fail at startup, not at run time
+    if agent.retry_unknown not in ("refuse", "skip"):
+        raise ValueError(f"agent {agent.name!r}: retry_unknown must be 'refuse' or 'skip'")
     if agent.model_instance is None:  # a provider SDK not installed: here, not mid-run
         check_model_name(agent.model)
     _agents[agent.name] = agent

@@ -37,6 +37,7 @@ class EventType(StrEnum):
     STEP_UNKNOWN = "step.unknown"
     STEP_WAITING_APPROVAL = "step.waiting_approval"
     STEP_RESOLVED = "step.resolved"
+    STEP_SKIPPED = "step.skipped"  # a retry skipped it (its outcome unknown): never made again
     # the inbox
     APPROVAL_REQUESTED = "approval.requested"
     APPROVAL_GIVEN = "approval.given"  # one of several approvals: the item is still pending

@@ -21,7 +21,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from agentruns.conf import conf
-from agentruns.models import Run, Step, StepKind
+from agentruns.models import Run, Step
 from agentruns.registry import get_agent
 from agentruns.runtime.access import permissions, quotas
 from agentruns.runtime.dispatch import claims
@@ -33,6 +33,7 @@ from agentruns.runtime.execution.transitions import ActionRefused
 from agentruns.runtime.store import get_store
 from agentruns.runtime.tracing.tracecontext import new_run_trace
 from agentruns.runtime.values.ids import actor_name, step_key, worker_id
+from agentruns.services import forks
 
 START_PERMISSION = "agentruns.start_run"
 VIEW_PERMISSION = "agentruns.view_run"
@@ -114,6 +115,7 @@ def start_run(
         tool_snapshot={t.name: t.policy() for t in agent.tool_objects()},
         permissions=permissions.snapshot(user, agent.tools),
         max_steps=agent.max_steps or conf.DEFAULT_MAX_STEPS,
+        retry_unknown=agent.retry_unknown,
         token_budget=agent.token_budget,
         deadline_at=now + timedelta(seconds=agent.deadline_seconds)
         if agent.deadline_seconds
@@ -193,7 +195,9 @@ _FORK_STEP_FIELDS = (
 )
 
 
-def fork_run(run_id: uuid.UUID | str, from_step: int, *, user: Any = None) -> Run:
+def fork_run(
+    run_id: uuid.UUID | str, from_step: int, *, user: Any = None, approve_repeats: bool = True
+) -> Run:
     """A new run with the source's history before step `from_step`, continuing from there.
 
     The cut must be at a model step, so the history ends with every tool call answered (a model
@@ -201,21 +205,16 @@ def fork_run(run_id: uuid.UUID | str, from_step: int, *, user: Any = None) -> Ru
     never executed: they keep their results but get new ids and new idempotency keys (the unique
     key belongs to the source step), and the new run's model turn N is asked afresh.
     Forking starts a run: it needs `start_run`, and the fork's permissions are the forking
-    user's (a trainee's fork of a lead's run gets a trainee's tools).
+    user's (a trainee's fork of a lead's run gets a trainee's tools), with the tools of the
+    source's side effects at and after the cut under approval (`forks.py`; `approve_repeats=False`
+    leaves them to their own rules, except a call whose outcome is unknown).
     """
     check_may_start(user)
     quotas.check_start(user)
     with transaction.atomic():
         source = Run.objects.get(id=run_id)
-        cut = Step.objects.filter(run=source, index=from_step).first()
-        if cut is None or cut.kind != StepKind.MODEL:
-            raise ActionRefused(
-                "fork from a model step: the history must end with every tool call answered"
-            )
-        history = list(Step.objects.filter(run=source, index__lt=from_step).order_by("index"))
-        unfinished = [s.index for s in history if not s.is_terminal]
-        if unfinished:
-            raise ActionRefused(f"steps {unfinished} before #{from_step} have not finished")
+        fork_plan = forks.plan(source, from_step, approve_repeats=approve_repeats)
+        history = fork_plan.history
         now = timezone.now()
         who = actor_name(user)
         fork = Run.objects.create(
@@ -223,7 +222,12 @@ def fork_run(run_id: uuid.UUID | str, from_step: int, *, user: Any = None) -> Ru
             input=source.input,
             model=source.model,
             tool_snapshot=source.tool_snapshot,
-            permissions=permissions.snapshot(user, source.tool_snapshot),
+            permissions=permissions.require_approval(
+                permissions.snapshot(user, source.tool_snapshot),
+                source.tool_snapshot,
+                fork_plan.approval_for,
+            ),
+            retry_unknown=source.retry_unknown,
             max_steps=max(source.max_steps, from_step + conf.DEFAULT_MAX_STEPS),
             token_budget=source.token_budget,
             deadline_at=(
@@ -261,6 +265,8 @@ def fork_run(run_id: uuid.UUID | str, from_step: int, *, user: Any = None) -> Ru
                         "status": "queued",
                         "forked_from": str(source.id),
                         "from_step": from_step,
+                        "approve_repeats": approve_repeats,
+                        "repeats": [repeat.payload() for repeat in fork_plan.repeats],
                     },
                 )
             ],

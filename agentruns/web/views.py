@@ -17,11 +17,12 @@ from django.db.models import Prefetch
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods, require_POST
 
 from agentruns import services
 from agentruns.models import Run, RunEvent, RunStatus, Step, StepAttempt
 from agentruns.registry import all_agents
+from agentruns.runtime.execution import unknown_outcomes
 from agentruns.runtime.values.ids import parse_id
 from agentruns.runtime.values.text import UnsafeValue, loads_strict
 from agentruns.selectors import AGES, RunFilters, backoff_of, live_turns, run_page
@@ -79,6 +80,8 @@ def run_detail(request: HttpRequest, run_id) -> HttpResponse:
             # the model text up to run.last_seq: the socket continues after it
             "live_text": live_turns(run.id, run.last_seq),
             "can_operate": request.user.has_perm(OPERATE),
+            # steps whose outcome is unknown in a failed run: what retry does with them
+            "unknown_steps": [s for s in steps if unknown_outcomes.is_unsettled(s)],
             "can_fork": request.user.has_perm(OPERATE) and request.user.has_perm(START),
             "permissions": permission_view(run),
             "backoff": backoff_of(run, events),
@@ -133,7 +136,8 @@ def run_retry(request: HttpRequest, run_id) -> HttpResponse:
         request,
         run_id,
         services.retry_run,
-        "Retry queued: the failed step runs again as a new attempt with the same idempotency key.",
+        "Retry queued: the failed step runs again as a new attempt with the same idempotency key; "
+        "a step whose outcome is unknown is never run again.",
     )
 
 
@@ -151,25 +155,40 @@ def run_cancel(request: HttpRequest, run_id) -> HttpResponse:
     )
 
 
-@require_POST
+def _from_step(raw: str) -> int:
+    if len(raw) > 9:
+        raise ValueError(raw)
+    return parse_id(raw, what="step")  # BadId is a ValueError
+
+
+@require_http_methods(["GET", "POST"])
 @login_required
 @permission_required(OPERATE, raise_exception=True)
 def run_fork(request: HttpRequest, run_id) -> HttpResponse:
-    run = get_object_or_404(Run.objects.only("id"), id=run_id)
+    """GET: the fork's confirmation (what it would repeat, and the choice to let those repeats
+    run without approval); POST: fork. Without `repeats=allow` the repeats wait for approval."""
+    run = get_object_or_404(Run, id=run_id)
+    data = request.POST if request.method == "POST" else request.GET
     try:
-        raw_step = request.POST.get("from_step", "")
-        if len(raw_step) > 9:
-            raise ValueError(raw_step)
-        from_step = parse_id(raw_step, what="step")  # BadId is a ValueError
-        fork = services.fork_run(run.id, from_step, user=request.user)
+        from_step = _from_step(data.get("from_step", ""))
+        approve_repeats = data.get("repeats", "approve") != "allow"
+        if request.method == "GET":
+            plan = services.fork_plan(run, from_step)
+            return render(request, "agentruns/fork_confirm.html", {"run": run, "plan": plan})
+        fork = services.fork_run(
+            run.id, from_step, user=request.user, approve_repeats=approve_repeats
+        )
     except ValueError:
         messages.error(request, "Choose the model step to fork from.")
     except services.ActionRefused as exc:
         messages.error(request, str(exc))
     else:
+        tools = (fork.permissions or {}).get("tools", {})
+        held = ", ".join(sorted(name for name, e in tools.items() if e.get("approval_because")))
         messages.success(
             request,
-            f"Forked from step #{from_step}: this run continues from there, its history copied.",
+            f"Forked from step #{from_step}: this run continues from there, its history copied."
+            + (f" Calls of {held} wait for approval in the inbox." if held else ""),
         )
         return redirect("run-detail", run_id=fork.id)
     return redirect("run-detail", run_id=run.id)

@@ -38,6 +38,7 @@ from django.utils import timezone
 from agentruns.models import Run, RunStatus, Step, StepStatus
 from agentruns.registry.edits import same_value
 from agentruns.runtime.events import EventSpec, EventType
+from agentruns.runtime.execution import unknown_outcomes
 from agentruns.runtime.execution.transitions import ABORT, RESUME, WAIT, resume_parked
 from agentruns.runtime.values.ids import actor_name
 from agentruns.runtime.values.timestamps import iso
@@ -227,10 +228,12 @@ def approved(current: Approval, user: Any, edited_args: dict | None, reason: str
 
 
 def reconciled(approval: Approval, user: Any, resolution: str, result: Any, reason: str) -> Outcome:
-    """Staff say what happened to a call whose outcome is unknown (DESIGN.md 4.4).
+    """Staff say what happened to a call whose outcome is unknown (DESIGN.md 4.4), by the
+    runtime's one rule for such steps (runtime/execution/unknown_outcomes.py).
 
     happened: the step succeeds with the given result (or a marker) and the run continues;
-    retry: the step runs again (same idempotency key); abort: the run fails, nothing more runs.
+    retry: it did not happen, the step runs again (same idempotency key); abort: the run fails,
+    nothing more runs, and the step stays unknown: no door runs it again.
     """
     who = actor_name(user) or "staff"
     happened = result if resolution == "happened" else None
@@ -252,25 +255,20 @@ def reconciled(approval: Approval, user: Any, resolution: str, result: Any, reas
         extra={"resolution": resolution, "result": happened},
     )
     if resolution == "happened":
-        step.status, step.finished_at = StepStatus.SUCCEEDED, now
-        step.result = (
-            result if result is not None else {"reconciled": True, "happened": True, "by": who}
-        )
-        step.error = f"outcome unknown; {who} confirmed it happened"
+        unknown_outcomes.happened(step, result, who=who, now=now)
     elif resolution == "retry":
-        step.status, step.finished_at = StepStatus.PENDING, None
-        step.error = f"outcome unknown; {who} confirmed it did not happen, retrying"
+        unknown_outcomes.did_not_happen(step, who=who)
     else:
-        step.status, step.finished_at = StepStatus.FAILED, now
-        step.error = f"aborted by {who}: outcome unknown"
+        unknown_outcomes.abandoned(step, who=who, now=now)
     step.save(update_fields=["status", "result", "finished_at", "error"])
     if resolution != "abort":
         return outcome
-    # abort: the run ends here; steps planned after this one never run
+    # abort: the run ends here; steps planned after this one never run (one whose outcome is
+    # unknown too stays so: skipping it would say it did not happen)
     Step.objects.filter(
         run=run,
         index__gt=step.index,
-        status__in=[StepStatus.PENDING, StepStatus.WAITING_APPROVAL, StepStatus.UNKNOWN],
+        status__in=[StepStatus.PENDING, StepStatus.WAITING_APPROVAL],
     ).update(status=StepStatus.SKIPPED, finished_at=now)
     withdrawn = withdraw_approvals(run, reason=f"run aborted by {who}")
     outcome.after = [(EventType.APPROVAL_WITHDRAWN, {"approval": a}) for a in withdrawn]

@@ -83,6 +83,9 @@ class Card:
     # why the deployed code cannot run this call (a deploy removed its tool or agent, or its
     # schema changed): the card says so and offers only a rejection
     cannot_run: str = ""
+    # why this call needs a person although its tool's rule may not say so (a fork repeating its
+    # source's side effect, a retry that skipped an unknown outcome): the run's snapshot says
+    asked_because: str = ""
 
     @property
     def given_user_ids(self) -> list[int]:
@@ -266,4 +269,5 @@ def _card(approval: Approval, earlier: list[Step], attempt: StepAttempt | None) 
         given=approval.current_approvals() if approval.is_multi else [],
         waiting_for=waiting_for(approval) if approval.status == "pending" else "",
         cannot_run=cannot_run_now(approval),
+        asked_because=str(run.tool_permission(approval.tool).get("approval_because") or ""),
     )

@@ -276,6 +276,7 @@ def test_every_page_sends_the_policy_and_nothing_is_blocked(tmp_path, people, br
         "/runs/",
         "/runs/?status=failed",
         f"/runs/{run.id}/",
+        f"/runs/{run.id}/fork/?from_step=0",  # the fork's confirmation
         "/runs/new/",
         "/admin/",
         "/admin/agentruns/run/",

@@ -50,6 +50,8 @@ API = [
     ("POST", "/api/runs/{run}/retry", {}, by_role(OPERATE, 409)),
     # fork needs operate_run (the endpoint) and start_run (the service): the operator has one
     ("POST", "/api/runs/{run}/fork", {"from_step": 1}, by_role(OPERATE - {"operator"}, 409)),
+    # the fork's confirmation, as on the run page: operators (without from_step: 400)
+    ("GET", "/api/runs/{run}/fork", None, by_role(OPERATE, 400)),
     ("POST", "/api/runs/{run}/steps/0/resolve", {"result": {}}, by_role(OPERATE, 409)),
     ("GET", "/api/approvals", None, by_role(INBOX, 200)),
     ("POST", "/api/approvals/{approval}", {"decision": "maybe"}, by_role(DECIDE, 400)),
@@ -84,6 +86,8 @@ PAGES = [
         {"from_step": "1"},
         by_role(OPERATE - {"operator"}, 302, anonymous="login"),
     ),
+    # the fork's confirmation (without from_step: back to the run page with the reason)
+    ("GET", "/runs/{run}/fork/", None, by_role(OPERATE, 302, anonymous="login")),
     (
         "POST",
         "/runs/steps/{step}/resolve/",
