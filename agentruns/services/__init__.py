@@ -1,10 +1,12 @@
 """User actions on runs, one `do_*`-style function each, atomic, audited on the run's timeline:
 starting one (`start`: start, execute inline, fork) and acting on one that exists (`actions`:
-cancel, retry, resolve a step). The views, the API and the chat call them from here."""
+cancel, retry, resolve a step) and across runs (`operations`: allow one more execution of an
+operation key). The views, the API and the chat call them from here."""
 
 from agentruns.runtime.access.quotas import QuotaExceeded
 from agentruns.runtime.execution.transitions import ActionRefused
 from agentruns.services.actions import cancel_run, resolve_step, retry_run
+from agentruns.services.operations import allow_operation
 from agentruns.services.start import (
     KeyInUse,
     StartResult,
@@ -18,6 +20,7 @@ __all__ = [
     "KeyInUse",
     "QuotaExceeded",
     "StartResult",
+    "allow_operation",
     "cancel_run",
     "execute_inline",
     "fork_run",
