@@ -10,10 +10,10 @@ from agentruns.runtime.operations.executions import KeyState, key_state, key_sta
 from agentruns.runtime.values.redaction import redact_fields
 from agentruns.runtime.values.timestamps import iso
 
-__all__ = ["KeyState", "key_payload", "key_state", "key_states"]
+__all__ = ["KeyState", "key_payload", "key_state", "key_states", "shown_result"]
 
 
-def _result(row: OperationExecution) -> Any:
+def shown_result(row: OperationExecution) -> Any:
     """A call's result as people may see it (the deployed tool's secret fields masked)."""
     hidden = get_tool(row.tool).redact if has_tool(row.tool) else ()
     return redact_fields(row.result, hidden)
@@ -35,7 +35,7 @@ def key_payload(state: KeyState) -> dict[str, Any]:
                 "tool": row.tool,
                 "at": iso(row.created_at),
                 "settled_at": iso(row.settled_at),
-                "result": _result(row),
+                "result": shown_result(row),
             }
             for row in state.executions
         ],
