@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from agentruns.models import OperationAllowance, OperationExecution
 from agentruns.registry import get_tool, has_tool
 from agentruns.registry.operations import context_of
 from agentruns.runtime.values.redaction import redact_fields
@@ -94,3 +95,15 @@ def _item(approval: Approval, amount_arg: str | None) -> dict[str, Any]:
 
 def context_for(approval: Approval) -> dict | None:
     return contexts([approval])[approval.id]
+
+
+def keys_signature(approvals: list[Approval]) -> str:
+    """What changes the cross-run part of these items' cards (an execution of their keys taken,
+    settled or allowed): part of the inbox poll's signature, so a card shows a refund made by
+    another run at the next poll. Two queries, none without keys."""
+    keys = sorted({a.operation_key for a in approvals if a.operation_key})
+    if not keys:
+        return ""
+    rows = OperationExecution.objects.filter(key__in=keys).values_list("id", "state")
+    allowed = OperationAllowance.objects.filter(key__in=keys).values_list("id", flat=True)
+    return f"{sorted(rows)}{sorted(allowed)}"

@@ -8,6 +8,8 @@ refunds as the context) writing to the gateway's ledger table.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.test import Client
 from django.urls import reverse
@@ -261,3 +263,23 @@ def test_the_operation_key_api(lead, viewer, operator):
     assert_json_error(ApiClient(operator).post("/api/operation-keys/never-used/allow", {}), 409)
     assert_json_error(ApiClient(viewer).get("/api/operation-keys/%20padded"), 404)
     assert_json_error(ApiClient(operator).post("/api/operation-keys/k/allow", {"reason": 5}), 400)
+
+
+def test_the_inbox_poll_shows_another_runs_call_of_an_items_key(client, viewer):
+    """The poll answers 204 while nothing changed; a refund of the item's order made by another
+    run changes the card (its key is used now), so the poll sends it."""
+    order()
+    blocked = parked("ORD-9001", 20_000)
+    login(client, viewer)
+    fragment = client.get("/approvals/?fragment=items", **HX).content.decode()
+    signature = re.search(r'id="inbox-state" data-signature="([0-9a-f]+)"', fragment).group(1)
+    poll = f"/approvals/?fragment=items&sig={signature}"
+    assert client.get(poll, **HX).status_code == 204
+    assert "has not been done: approving runs this call" in fragment
+
+    done = refunded("ORD-9001", 10_000)
+    response = client.get(poll, **HX)
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert f'id="approval-{blocked.id}"' in html
+    assert f"refund:ORD-9001 was already done by run {str(done.id)[:8]}" in html
