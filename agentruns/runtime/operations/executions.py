@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from agentruns.models import OperationAllowance, OperationExecution, OperationState, Run
@@ -54,7 +54,8 @@ class Busy:
 
 def take(key: str, *, run_id: Any, step_id: Any, tool: str) -> Taken | Used | Busy:
     """Take `key` for the call of step `step_id`: its own live row if it has one, else the
-    lowest free slot (1, then one per allowance), unless the key is held or every slot used."""
+    lowest free slot (1, then one per allowance), unless the key is held or every slot used.
+    A first call of a key costs two statements: the read and the INSERT."""
     for _ in range(5):  # a lost race is followed by a read that sees the winner
         live = list(OperationExecution.objects.filter(key=key).exclude(state=RELEASED))
         live.sort(key=lambda row: row.slot)
@@ -64,37 +65,65 @@ def take(key: str, *, run_id: Any, step_id: Any, tool: str) -> Taken | Used | Bu
         held = next((row for row in live if row.state == HELD), None)
         if held is not None:
             return Busy(held)
-        slots = 1 + OperationAllowance.objects.filter(key=key).count()
+        slots = 1 + (OperationAllowance.objects.filter(key=key).count() if live else 0)
         used = {row.slot for row in live}
         free = next((slot for slot in range(1, slots + 1) if slot not in used), None)
         if free is None:
             return Used(live[-1])
-        OperationExecution.objects.bulk_create(
-            [
-                OperationExecution(
-                    key=key, slot=free, state=HELD, run_id=run_id, step_id=step_id, tool=tool
-                )
-            ],
-            ignore_conflicts=True,
+        row = OperationExecution(
+            key=key, slot=free, state=HELD, run_id=run_id, step_id=step_id, tool=tool
         )
-        mine = OperationExecution.objects.filter(step_id=step_id, state=HELD).first()
-        if mine is not None:
-            return Taken(mine, fresh=True)
+        if _inserted(row):
+            return Taken(row, fresh=True)
     raise RuntimeError(f"operation key {key!r}: no stable answer after five tries")
+
+
+_TABLE = OperationExecution._meta.db_table
+_INSERTED = ("key", "slot", "state", "run_id", "step_id", "tool", "waiters", "created_at")
+_COLUMNS = ", ".join('"' + name + '"' for name in _INSERTED)  # "key" is a keyword in SQL
+INSERT_SQL = (
+    f"INSERT INTO {_TABLE} ({_COLUMNS}) VALUES ({', '.join(['%s'] * len(_INSERTED))}) "
+    "ON CONFLICT DO NOTHING RETURNING id"
+)
+
+
+def _inserted(row: OperationExecution) -> bool:
+    """INSERT `row` unless a unique constraint already holds its slot, its key's hold or its
+    step (then nothing: on PostgreSQL after the conflicting transaction ended). Sets its id."""
+    row.created_at = timezone.now()
+    values = [
+        row._meta.get_field(name).get_db_prep_value(getattr(row, name), connection)
+        for name in _INSERTED
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(INSERT_SQL, values)
+        found = cursor.fetchone()
+    if found is None:
+        return False
+    row.id = found[0]
+    return True
 
 
 def settle(step_id: Any, state: str, result: Any = None) -> bool:
     """The key `step_id` holds becomes `state`: DONE with the call's `result` (what later calls
-    are answered with), or RELEASED (the call did not happen; the slot is free again). The runs
-    waiting for the key are rung when the caller's transaction commits. Whether it held one."""
-    row = OperationExecution.objects.select_for_update().filter(step_id=step_id, state=HELD).first()
-    if row is None:
-        return False
-    waiting, row.waiters = row.waiters, []
-    row.state, row.settled_at = state, timezone.now()
+    are answered with), or RELEASED (the call did not happen; the slot is free again), in one
+    statement. The runs waiting for the key are rung when the caller's transaction commits.
+    Whether it held one."""
+    field = OperationExecution._meta.get_field
+    params = [state, field("settled_at").get_db_prep_value(timezone.now(), connection)]
+    # the waiters stay listed (RETURNING gives the row as updated): nobody joins a settled key
+    sets = "state = %s, settled_at = %s"
     if state == DONE:
-        row.result = result
-    row.save(update_fields=["state", "settled_at", "result", "waiters"])
+        sets += ", result = %s"
+        params.append(field("result").get_db_prep_value(result, connection))
+    params += [field("step_id").get_db_prep_value(step_id, connection), HELD]
+    sql = f"UPDATE {_TABLE} SET {sets} WHERE step_id = %s AND state = %s RETURNING waiters"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        found = cursor.fetchone()
+    if found is None:
+        return False
+    waiting = field("waiters").from_db_value(found[0], None, connection) or []
     for run_id in dict.fromkeys(waiting):
         transaction.on_commit(partial(enqueue, run_id))
     return True
