@@ -191,6 +191,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "AGENTRUNS_APPROVER_LIMIT_CENTS", int, 0, "approvals above it need a superuser (0: none)", 0
     ),
+    Setting(
+        "AGENTRUNS_APPROVER_DAILY_LIMIT_CENTS",
+        int,
+        0,
+        "what one approver may approve in all per day, in the tools' amount_arg (0: off)",
+        0,
+    ),
     Setting("AGENTRUNS_CLAIM_SECONDS", float, 900, 'an "I\'m on it" claim on an item expires', 1),
     Setting(
         "AGENTRUNS_APPROVAL_ESCALATE_SECONDS",

@@ -27,6 +27,7 @@ from agentruns.registry import (
     register_agent,
 )
 from support.conf import demo_conf
+from support.ledger import refund_context, refund_limit, refund_operation_key
 from support.models import Order, OutboxMessage, Ticket, TicketNote
 from support.policy import refund_policy
 
@@ -107,6 +108,12 @@ def lookup_order(order_id: str) -> dict:
         editable={"amount_cents": Edit.at_most_requested(minimum=1), "reason": Edit.free()},
         amount_arg="amount_cents",
         retry=RetryPolicy(max_attempts=3, backoff_seconds=0.5, backoff_max_seconds=5),
+        # across runs (support/ledger.py): one refund per order whichever run asks (a second
+        # run is told it was already done), refunds adding up to at most what was paid, and
+        # the order's refunds beside the call in the inbox
+        operation_key=refund_operation_key,
+        limit=refund_limit,
+        context=refund_context,
     )
 )
 def issue_refund(

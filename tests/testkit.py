@@ -22,6 +22,7 @@ from django.utils import timezone
 from agentruns.models import Run, RunStatus
 from agentruns.registry import (
     Agent,
+    Edit,
     FatalToolError,
     RetryableToolError,
     RetryPolicy,
@@ -34,6 +35,7 @@ from agentruns.runtime.execution import failpoints
 from agentruns.runtime.execution.executor import RunExecutor
 from agentruns.services import start_run
 from approvals import services as decisions
+from support.ledger import refund_context, refund_limit, refund_operation_key
 from support.models import GatewayRefund
 from tests.helpers import advance, script_run
 
@@ -214,6 +216,83 @@ for ops_agent in (OPS_AGENT, "ops-other"):
             search_fields=("order_id", "ticket_id"),
         )
     )
+
+
+# ------------------------------------------------------------------ across runs (issue 30)
+class SimulatedCrash(BaseException):
+    """Escapes the engine's `except Exception` like a SIGKILL: nothing after it runs."""
+
+
+def _refund(name: str, ctx: ToolContext, order_id: str, amount_cents: int) -> dict:
+    """A refund in the gateway's ledger (GatewayRefund), one per idempotency key as the real
+    gateway keeps it; FAILS[name] transient failures first, FAILS[name + "_fatal"] fatal ones,
+    and FAILS[name + "_crash"] "deaths" right after the ledger row is written."""
+    _record(name, ctx, {"order_id": order_id, "amount_cents": amount_cents})
+    GATE.wait(10)
+    if FAILS[f"{name}_fatal"] > 0:
+        FAILS[f"{name}_fatal"] -= 1
+        raise FatalToolError("gateway refused")
+    if FAILS[name] > 0:
+        FAILS[name] -= 1
+        raise RetryableToolError("gateway timeout")
+    row, _ = GatewayRefund.objects.get_or_create(
+        idempotency_key=ctx.idempotency_key,
+        defaults={"order_id": order_id, "amount_cents": amount_cents},
+    )
+    if FAILS[f"{name}_crash"] > 0:
+        FAILS[f"{name}_crash"] -= 1
+        raise SimulatedCrash("worker died after the gateway answered")
+    return {"refund_id": f"rf_{row.pk}", "amount_cents": amount_cents, "order_id": order_id}
+
+
+# declared like the demo's issue_refund: one refund per order, refunds adding up to what was
+# paid, the order's refunds as the approver's context (support/ledger.py)
+ACROSS_RUNS = {
+    "side_effect": True,
+    "operation_key": refund_operation_key,
+    "limit": refund_limit,
+    "context": refund_context,
+    "amount_arg": "amount_cents",
+    "editable": {"amount_cents": Edit.at_most_requested(minimum=1)},
+    "retry": RetryPolicy(max_attempts=3, backoff_seconds=0.01, jitter=0),
+}
+
+
+@tool(**ACROSS_RUNS)
+def t_refund(ctx: ToolContext, order_id: str, amount_cents: int) -> dict:
+    """Refund (keyed per order, limited to what was paid), no approval."""
+    return _refund("t_refund", ctx, order_id, amount_cents)
+
+
+@tool(**ACROSS_RUNS, requires_approval=True)
+def t_refund_approved(ctx: ToolContext, order_id: str, amount_cents: int) -> dict:
+    """The same refund, always approved first."""
+    return _refund("t_refund_approved", ctx, order_id, amount_cents)
+
+
+@tool(**{**ACROSS_RUNS, "idempotency": "none"})
+def t_refund_once(ctx: ToolContext, order_id: str, amount_cents: int) -> dict:
+    """The same refund through a service without idempotency keys: an interrupted call's
+    outcome is unknown (reconciled in the inbox)."""
+    return _refund("t_refund_once", ctx, order_id, amount_cents)
+
+
+KEYED_AGENT = "keyed"
+register_agent(
+    Agent(
+        name=KEYED_AGENT,
+        instructions="Follow the script.",
+        tools=["t_refund", "t_refund_approved", "t_refund_once", "t_echo"],
+        scripted_policy=script_policy,
+    )
+)
+
+
+def refund_run(order_id: str, amount_cents: int, tool: str = "t_refund") -> Run:
+    """A queued run of the `keyed` agent that refunds `amount_cents` of `order_id` with `tool`,
+    then says what the refund answered."""
+    call = [tool, {"order_id": order_id, "amount_cents": amount_cents}]
+    return script_run([{"calls": [call]}, {"text": "refund handled"}], agent=KEYED_AGENT)
 
 
 def failed_shipping_run(parcel: str = "P-1", final_text: str = "shipped by hand") -> Run:

@@ -1,6 +1,7 @@
 """The persisted truth of the runtime (DESIGN.md section 3), one module per concept: runs and
-their steps (`runs`), who may do what (`access`), rows every process shares (`shared`). Every
-model is importable from here, as Django and the migrations expect of the app's `models`."""
+their steps (`runs`), who may do what (`access`), rows every process shares (`shared`), the
+operation keys across runs (`operations`). Every model is importable from here, as Django and
+the migrations expect of the app's `models`."""
 
 from agentruns.models.access import (
     AccessGeneration,
@@ -8,6 +9,11 @@ from agentruns.models.access import (
     ApprovalOverride,
     ToolPolicy,
     ToolRule,
+)
+from agentruns.models.operations import (
+    OperationAllowance,
+    OperationExecution,
+    OperationState,
 )
 from agentruns.models.runs import (
     TERMINAL_RUN_STATUSES,
@@ -30,6 +36,9 @@ __all__ = [
     "ApiToken",
     "ApprovalOverride",
     "AttemptOutcome",
+    "OperationAllowance",
+    "OperationExecution",
+    "OperationState",
     "QuotaBucket",
     "Run",
     "RunEvent",

@@ -44,6 +44,8 @@ class EventType(StrEnum):
     APPROVAL_DECIDED = "approval.decided"
     APPROVAL_WITHDRAWN = "approval.withdrawn"
     APPROVAL_ESCALATED = "approval.escalated"  # waited past its due time
+    # across runs: a lead allowed one more execution of an operation key (data: key, slot, by)
+    OPERATION_ALLOWED = "operation.allowed"
 
 
 # (type, data): what the store appends

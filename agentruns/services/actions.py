@@ -21,6 +21,7 @@ from agentruns.runtime.events import EventSpec, EventType, step_event_data
 from agentruns.runtime.execution import transitions, unknown_outcomes
 from agentruns.runtime.execution.cancel import cancel_run as _cancel_run
 from agentruns.runtime.execution.transitions import ActionRefused
+from agentruns.runtime.operations import gate as operations
 from agentruns.runtime.values.ids import actor_name
 from agentruns.runtime.values.redaction import redact_fields
 from agentruns.runtime.values.timestamps import iso
@@ -161,6 +162,7 @@ def resolve_step(step_id: uuid.UUID | str, result: Any, *, user: Any = None) -> 
         step.next_attempt_at = None
         step.error = f"resolved by {who or 'operator'} (was: {previous_error})"[:2000]
         step.save()
+        operations.resolved_by_hand(run, step, result)
         resolved = step_event_data(
             step,
             by=who,

@@ -24,8 +24,8 @@ def backwards(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("approvals", "0005_approval_version"),
-        ("agentruns", "0013_drop_unused_indexes"),
+        ("approvals", "0006_across_runs"),
+        ("agentruns", "0014_run_retry_unknown"),
     ]
 
     operations = [migrations.RunPython(forwards, backwards)]

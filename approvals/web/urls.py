@@ -10,4 +10,5 @@ urlpatterns = [
     path("<int:approval_id>/decide/", views.decide, name="approval-decide"),
     path("<int:approval_id>/claim/", inbox_actions.claim, name="approval-claim"),
     path("<int:approval_id>/release/", inbox_actions.release, name="approval-release"),
+    path("<int:approval_id>/allow/", inbox_actions.allow_operation, name="approval-allow"),
 ]

@@ -38,6 +38,8 @@ def _policy(**changes: object) -> dict:
         "approvals": 1,
         "amount_arg": None,
         "editable": {},
+        "operation_key": False,
+        "limit": False,
     }
     return {**base, **changes}
 
@@ -61,6 +63,9 @@ def test_the_refund_agent_is_a_pydantic_ai_agent_with_the_declared_semantics():
             "amount_cents": {"rule": "at_most_requested", "minimum": 1},
             "reason": {"rule": "free"},
         },
+        # one refund per order across runs, adding up to what was paid (support/ledger.py)
+        operation_key=True,
+        limit=True,
     )
     assert get_tool("add_ticket_note").policy() == _policy()
     assert get_tool("send_customer_reply").policy() == _policy(idempotency="none")

@@ -17,6 +17,7 @@ from agentruns.runtime import tracing
 from agentruns.runtime.events import EventSpec, EventType
 from agentruns.runtime.execution.transitions import ActionRefused, RunChange, apply, cancelled
 from agentruns.runtime.inbox import inbox
+from agentruns.runtime.operations import executions
 
 
 def cancel_run(run_id: uuid.UUID | str, *, who: str | None = None, reason: str = "") -> Run:
@@ -82,6 +83,7 @@ def _end_idle_run(run: Run, *, who: str | None, reason: str, requested: EventSpe
         )
         step.finished_at = now
         step.save(update_fields=["status", "finished_at"])
+    executions.run_ended(run, "the run was cancelled after its worker died during the call")
     change = cancelled(reason or f"cancelled by {who or 'system'}").after(requested, *withdrawn)
     apply(run.id, change)
     change.apply_to(run)

@@ -50,6 +50,7 @@ from agentruns.runtime.execution.slice_state import SliceState
 from agentruns.runtime.execution.tool_steps import ToolSteps
 from agentruns.runtime.execution.transitions import ActionRefused, RunChange
 from agentruns.runtime.inbox import inbox
+from agentruns.runtime.operations import executions
 from agentruns.runtime.outages import weather
 from agentruns.runtime.outages.faults import is_infrastructure_error
 from agentruns.runtime.providers import ModelError, get_provider
@@ -288,6 +289,8 @@ class RunExecutor(ModelSteps, ToolSteps):
         self, status: str, *, output: str = "", error: str = "", stop_reason: str = ""
     ) -> str:
         with transaction.atomic(savepoint=False):
+            state = getattr(self, "state", None)  # unset when the slice failed loading
+            executions.run_ended(state.run if state else self.run_id, f"the run ended ({status})")
             self.apply(
                 transitions.finished(status, output=output, error=error, stop_reason=stop_reason)
             )
@@ -312,6 +315,7 @@ class RunExecutor(ModelSteps, ToolSteps):
                     events.append((EventType.STEP_FAILED, step_event_data(step)))
             self.state.begun_here.clear()
             events += withdraw_unrun_work(self.state.run, now, who=None)
+            executions.run_ended(self.state.run, "the run was cancelled during the call")
             self.apply(
                 transitions.finished(
                     RunStatus.CANCELLED, stop_reason="cancelled", error="cancelled on request"
