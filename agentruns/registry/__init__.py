@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 import jsonschema
 
+from agentruns.registry import concurrency
 from agentruns.registry.context import current_step
 from agentruns.registry.durable import durable
 from agentruns.registry.edits import Edit, EditRefused, check_declaration, check_edit
@@ -316,7 +317,8 @@ def register_agent(
 ) -> Agent:
     """Register an `Agent`, or a `pydantic_ai.Agent` (then `tools`: per-tool declarations by
     name, over each tool's metadata["agentruns"]; `deps`: its deps from the run, `deps(run)`;
-    `options`: this registry's Agent fields, e.g. `max_steps`, `search_fields`)."""
+    `options`: Agent fields, e.g. `max_steps`; for either kind `concurrency.OPTIONS`)."""
+    across_runs = concurrency.take(options)
     if not isinstance(agent, Agent):
         agent = _from_pydantic_ai(agent, tools=tools, deps=deps, **options)
     elif tools or deps or options:
@@ -325,6 +327,7 @@ def register_agent(
         get_tool(tool_name)  # fail at startup, not at run time
     if agent.model_instance is None:  # a provider SDK not installed: here, not mid-run
         check_model_name(agent.model)
+    concurrency.declare(agent.name, across_runs)
     _agents[agent.name] = agent
     return agent
 
