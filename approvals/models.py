@@ -71,11 +71,17 @@ class Approval(models.Model):
     # is one). Every door's decision names the version it was made on, and a decision on an older
     # one changes nothing (approvals/domain/outcomes.py `check_open`)
     version = models.PositiveIntegerField(default=1)
+    # its run's priority when it opened: the inbox lists the highest first, then the newest
+    priority = models.SmallIntegerField(default=0, db_default=0)
 
     class Meta:
-        ordering = ["-created_at", "-id"]
+        ordering = ["-priority", "-created_at", "-id"]
         indexes = [
-            models.Index(fields=["status", "-created_at"], name="approval_status_created_idx"),
+            # the inbox and the API list: by status, the highest priority first, then the newest
+            models.Index(
+                fields=["status", "-priority", "-created_at", "-id"],
+                name="approval_status_priority_idx",
+            ),
             models.Index(
                 fields=["expires_at"],
                 condition=Q(status="pending", expires_at__isnull=False),

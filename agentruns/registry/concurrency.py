@@ -41,7 +41,9 @@ def declare(agent: str, options: dict[str, Any]) -> None:
     key = options.get("concurrency_key")
     if key is None:
         if len(options) > ("concurrency_key" in options):
-            raise TypeError(f"{where}: concurrency= and release_while_waiting= need a concurrency_key")
+            raise TypeError(
+                f"{where}: concurrency= and release_while_waiting= need a concurrency_key"
+            )
         _declared.pop(agent, None)
         return
     if not callable(key):

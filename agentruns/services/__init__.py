@@ -8,6 +8,7 @@ from agentruns.services.actions import cancel_run, resolve_step, retry_run
 from agentruns.services.start import (
     KeyInUse,
     StartResult,
+    check_priority,
     execute_inline,
     fork_run,
     start_run,
@@ -19,6 +20,7 @@ __all__ = [
     "QuotaExceeded",
     "StartResult",
     "cancel_run",
+    "check_priority",
     "execute_inline",
     "fork_run",
     "resolve_step",

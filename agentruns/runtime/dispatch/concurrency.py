@@ -71,16 +71,6 @@ def short(run_id: uuid.UUID | str) -> str:
     return str(run_id)[:8]
 
 
-def waiting_line(run: Run) -> str:
-    """What a run not yet admitted waits for, as a person reads it ("" for any other run)."""
-    if run.waiting_behind is None:
-        return ""
-    return (
-        f"waiting behind run {short(run.waiting_behind)}: runs of {run.agent} with concurrency "
-        f"key {run.concurrency_key} take turns"
-    )
-
-
 @dataclass
 class _Member:
     id: uuid.UUID
