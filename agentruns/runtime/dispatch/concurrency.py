@@ -207,8 +207,10 @@ def admit_new(run: Run, limit: int, now: datetime) -> list[EventSpec]:
     no `enqueued_at`). Returns the events that say so, for the run's first commit."""
     agent, key = run.agent, run.concurrency_key or ""
     limit = _lock(agent, key, limit)
+    # its place in the line is the order starts took the lock in: stamped now, under it
+    run.created_at = timezone.now()
     line = _line(agent, key)
-    newcomer = _Member(run.id, False, None, (now, run.id))
+    newcomer = _Member(run.id, False, None, (run.created_at, run.id))
     plan = _plan([*line, newcomer], limit)
     # a limit raised by a deploy admits the runs ahead of this one as well
     others = _Plan([m for m in plan.admitted if m is not newcomer], plan.waiting[:-1])
