@@ -138,6 +138,58 @@ def pickup(samples: int = 30) -> dict:
     return {"p50_ms": inflight.pct(delays, 50), "p90_ms": inflight.pct(delays, 90)}
 
 
+def claim_cpu(backlog: int, batch: int = 50) -> dict:
+    """In a side's subprocess, no cluster: `backlog` queued runs, then the claimers' statement
+    (`claims.claim_queued(batch)`) until none is left. CPU per claimed run of this process (the
+    client: building and reading the statement) and of its PostgreSQL backend (planning,
+    executing), and the statements' wall time."""
+    import gc
+    import time
+
+    import django
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    os.environ.setdefault("AGENTRUNS_AGENT_MODULES", "benchmarks.workload")
+    os.environ.setdefault("LOG_LEVEL", "WARNING")
+    from benchmarks import inflight
+
+    inflight.setup()
+    django.setup()
+    from django.db import connection
+
+    from agentruns.models import Run
+    from agentruns.runtime.dispatch import claims
+    from agentruns.runtime.execution import transitions
+    from agentruns.services import start_run
+
+    Run.objects.filter(status="queued").delete()
+    for i in range(backlog):
+        start_run("bench-refund", {"order_id": f"ORD-{1001 + i % 250}"})
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE agentruns_run")
+        cursor.execute("SELECT pg_backend_pid()")
+        (backend,) = cursor.fetchone()
+    events = transitions.started().events
+    claims.claim_queued(1, events)  # warm: the statement's first plan, the row converters
+    gc.collect()  # what the setup (migrate, seed) left is not the claims' to collect
+    client0, server0, wall0 = time.process_time(), _process_cpu(backend), time.perf_counter()
+    claimed = 0
+    while True:
+        taken = len(claims.claim_queued(batch, events))
+        if not taken:
+            break
+        claimed += taken
+    wall = time.perf_counter() - wall0
+    client, server = time.process_time() - client0, _process_cpu(backend) - server0
+    return {
+        "backlog": backlog,
+        "claimed": claimed,
+        "client_us_per_run": client / claimed * 1e6,
+        "server_us_per_run": server / claimed * 1e6,
+        "wall_us_per_run": wall / claimed * 1e6,
+    }
+
+
 def _process_cpu(pid: int, children: bool = False) -> float:
     """utime + stime (and the reaped children's, with `children`) of a process, in seconds."""
     try:
@@ -262,6 +314,9 @@ def main() -> None:
     parser.add_argument(
         "--pickup", action="store_true", help="only creation -> claim, one at a time"
     )
+    parser.add_argument(
+        "--claim-cpu", action="store_true", help="only the claim statement's CPU, no cluster"
+    )
     parser.add_argument("--write-docs", action="store_true")
     parser.add_argument("--base-label", default="main (doorbell per start)")
     parser.add_argument("--label", default="claims (this branch)")
@@ -276,8 +331,28 @@ def main() -> None:
                 got = run_side(checkout, ns, call="module.pickup()")
                 print(f"pickup round {round_no + 1} {label}: {got}", flush=True)
         return
-    base, ours = {"rows": []}, {"rows": []}
     databases = {"base": side_database("base"), "ours": side_database("ours")}
+    if args.claim_cpu:
+        print(
+            "| side | round | backlog | client CPU per claimed run (us) | PostgreSQL CPU "
+            "per claimed run (us) | wall per claimed run (us) |\n|---|---:|---:|---:|---:|---:|"
+        )
+        for round_no in range(args.rounds):
+            for backlog in ns:
+                for label, checkout, name in (
+                    (args.base_label, Path(args.base).resolve(), "base"),
+                    (args.label, ROOT, "ours"),
+                ):
+                    got = run_side(
+                        checkout, ns, call=f"module.claim_cpu({backlog})", database=databases[name]
+                    )
+                    print(
+                        f"| {label} | {round_no + 1} | {backlog} | {got['client_us_per_run']:.0f} "
+                        f"| {got['server_us_per_run']:.0f} | {got['wall_us_per_run']:.0f} |",
+                        flush=True,
+                    )
+        return
+    base, ours = {"rows": []}, {"rows": []}
     for round_no in range(args.rounds):  # alternating: a shared machine's load drifts
         for into, checkout, name in (
             (base, Path(args.base).resolve(), "base"),

@@ -8,8 +8,11 @@ The engine's side (admission, claims, the index): tests/runtime/test_concurrency
 from __future__ import annotations
 
 import pytest
+from django.core.cache import cache
+from prometheus_client.parser import text_string_to_metric_families
 
 from agentruns.api.openapi import openapi_document
+from agentruns.health import METRICS_CACHE_KEY
 from agentruns.models import Run
 from tests.api.test_openapi import check
 from tests.conftest import ApiClient, make_user
@@ -54,6 +57,15 @@ def test_a_run_in_its_keys_line_says_which_run_it_waits_behind(api):
     document = openapi_document()
     check(document, "/api/runs/{run_id}", "get", api.get(f"/api/runs/{second['id']}"))
     check(document, "/api/runs", "get", api.get("/api/runs"))
+
+
+def test_metrics_count_runs_in_line_apart_from_the_queue(api, client):
+    refund(api), refund(api), refund(api, "ORD-1002")
+    cache.delete(METRICS_CACHE_KEY)
+    body = client.get("/metrics").content.decode()
+    families = {f.name: f for f in text_string_to_metric_families(body)}
+    assert families["agentruns_runs_waiting_in_line"].samples[0].value == 1
+    assert families["agentruns_queue_depth"].samples[0].value == 2  # claimable ones only
 
 
 def test_the_pages_say_it_too_escaped(client, lead, api):

@@ -24,9 +24,9 @@ from agentruns.services import start_run
 from agentruns.tokens import create_token
 from benchmarks.sampling import KeySampler
 from support.models import GatewayRefund
+from tests import procs as proc_kit
 from tests.crash.kit import wait_settled, worker
 from tests.helpers import assert_gapless
-from tests import procs as proc_kit
 from tests.procs import module_web, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.crash]
