@@ -20,6 +20,7 @@ from django_q.models import OrmQ
 
 from agentruns.models import ConcurrencyKey, Run, RunStatus
 from agentruns.registry import Agent, register_agent
+from agentruns.registry.concurrency import concurrency_of
 from agentruns.runtime.dispatch import claims, concurrency
 from agentruns.runtime.execution import transitions
 from agentruns.runtime.execution.executor import RunExecutor
@@ -220,6 +221,38 @@ def test_a_limit_above_one_admits_that_many():
     assert advance(runs[1]).status == RunStatus.SUCCEEDED
     # the first of the line waits behind the oldest holder
     assert fresh(runs[2]).holds_key and fresh(runs[3]).waiting_behind == runs[0].id
+
+
+@pytest.mark.parametrize(
+    "options, error",
+    [
+        ({"concurrency_key": "order_id"}, "must be a function"),
+        ({"concurrency_key": lambda i: i, "concurrency": 0}, "at least 1"),
+        ({"concurrency_key": lambda i: i, "concurrency": True}, "at least 1"),
+        ({"concurrency_key": lambda i: i, "release_while_waiting": "yes"}, "True or False"),
+        ({"concurrency": 2}, "need a concurrency_key"),
+    ],
+)
+def test_a_declaration_that_cannot_work_fails_at_registration(options, error):
+    with pytest.raises((TypeError, ValueError), match=error):
+        register_agent(Agent(name="keyed-bad", instructions="-", tools=TOOLS), **options)
+
+
+def test_a_pydantic_ai_agent_declares_a_key_the_same_way():
+    from pydantic_ai import Agent as PydanticAgent
+    from pydantic_ai.models.test import TestModel
+
+    register_agent(
+        PydanticAgent(TestModel(), name="keyed-pa"),
+        concurrency_key=lambda run_input: run_input.get("order"),
+        concurrency=3,
+    )
+    declared = concurrency_of("keyed-pa")
+    assert declared is not None and declared.limit == 3 and not declared.release_while_waiting
+    run = start_run("keyed-pa", {"message": "hi", "order": "ORD-9"}).run
+    assert fresh(run).concurrency_key == "ORD-9" and fresh(run).holds_key
+    register_agent(PydanticAgent(TestModel(), name="keyed-pa"))  # registered again without one
+    assert concurrency_of("keyed-pa") is None
 
 
 def test_a_key_the_input_cannot_give_refuses_the_start():
