@@ -178,9 +178,7 @@ def _waiting_event(agent: str, key: str, behind: uuid.UUID, limit: int) -> Event
     )
 
 
-def _carry_out(
-    agent: str, key: str, limit: int, plan: _Plan, now: datetime, *, why: str
-) -> list[uuid.UUID]:
+def _carry_out(agent: str, key: str, limit: int, plan: _Plan, now: datetime, *, why: str) -> None:
     """Write the plan for the runs already stored: admissions (rung) and changed places."""
     store = get_store()
     admitted = [m.id for m in plan.admitted]
@@ -199,7 +197,6 @@ def _carry_out(
             )
     if admitted:
         _ring(admitted)
-    return admitted
 
 
 def _ring(run_ids: list[uuid.UUID]) -> None:
@@ -213,10 +210,11 @@ def _ring(run_ids: list[uuid.UUID]) -> None:
         enqueue(run_id)
 
 
-def admit_new(run: Run, limit: int, now: datetime) -> list[EventSpec]:
+def admit_new(run: Run, limit: int | None, now: datetime) -> list[EventSpec]:
     """A new run of a key (a start, a fork), before its row is written, inside the caller's
     transaction: admitted (`holds_key`) or placed at the end of the key's line (`waiting_behind`,
-    no `enqueued_at`). Returns the events that say so, for the run's first commit."""
+    no `enqueued_at`). `limit`: the agent's declaration here (None: the stored one). Returns the
+    events that say so, for the run's first commit."""
     agent, key = run.agent, run.concurrency_key or ""
     limit = _lock(agent, key, limit, create=True)
     # its place in the line is the order starts took the lock in: stamped now, under it
