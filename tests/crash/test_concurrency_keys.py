@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection
 
 from agentruns.models import Run, RunStatus, Step
 from agentruns.services import start_run
@@ -99,7 +100,10 @@ def test_a_batch_on_few_orders_finishes_one_run_per_order_at_a_time(
 
     def start(i: int):
         order = orders[i % len(orders)]
-        return start_run("refund", {"order_id": order, "message": "Broken, refund."}).run.id
+        try:
+            return start_run("refund", {"order_id": order, "message": "Broken, refund."}).run.id
+        finally:
+            connection.close()  # this client thread's own
 
     with ThreadPoolExecutor(6) as clients:  # 24 starts at once, six per order
         ids = list(clients.map(start, range(24)))
