@@ -196,4 +196,8 @@ register_agent(
         "required": ["order_id"],
         "additionalProperties": False,  # an unknown key is a mistake, or a payload
     },
+    # one run per order at a time: a second ticket on the order waits behind the first (which
+    # keeps its place while it waits for an approver), then sees what the first one did
+    concurrency_key=lambda run_input: run_input["order_id"],
+    concurrency=1,
 )

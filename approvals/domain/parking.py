@@ -78,6 +78,7 @@ def open_approval(step: Step, agent: str) -> Approval:
         requested_args=step.arguments,
         expires_at=now + timedelta(seconds=expiry) if expiry > 0 else None,
         due_at=due_at_for(run, step.tool, now),
+        priority=run.priority,
     )
     _announce_opened(approval)
     return approval
@@ -136,6 +137,7 @@ def open_reconciliation(step: Step, agent: str) -> Approval:
             # one person reconciles, whatever the call needed to be approved
             "approvals_required": 1,
             "approvals_given": 0,
+            "priority": run.priority,
         },
     )
     _announce_opened(approval)

@@ -130,7 +130,9 @@ class RunStore(ABC):
         running run whose lease expired (its worker died) is only re-leased."""
         free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
         with transaction.atomic():
-            fresh = Run.objects.filter(free, id=run_id, status=RunStatus.QUEUED).update(
+            queued = Run.objects.filter(free, id=run_id, status=RunStatus.QUEUED)
+            # a run in its concurrency key's line is not admitted: a doorbell for it finds nothing
+            fresh = queued.filter(waiting_behind__isnull=True).update(
                 status=RunStatus.RUNNING, started_at=Coalesce("started_at", Value(now)), **lease
             )
             if fresh:

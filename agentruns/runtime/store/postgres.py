@@ -276,7 +276,8 @@ class PostgresStore(RunStore):
             set_fields={"status": RunStatus.RUNNING, **lease},
             default_fields={"started_at": now},
             where=(
-                "status = %s AND (lease_expires_at IS NULL OR lease_expires_at < %s)",
+                "status = %s AND (lease_expires_at IS NULL OR lease_expires_at < %s) "
+                "AND waiting_behind IS NULL",  # not waiting in its concurrency key's line
                 [RunStatus.QUEUED, now],
             ),
         )

@@ -43,6 +43,8 @@ def sweep(now: datetime | None = None) -> int:
     claimed_since_doorbell = Q(lease_expires_at__gt=F("enqueued_at") + ttl)
     stale = (
         Run.objects.filter(status__in=[RunStatus.QUEUED, RunStatus.RUNNING])
+        # waiting in its concurrency key's line: admitted (and rung) by the run ahead's end
+        .filter(waiting_behind__isnull=True)
         .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
         .filter(
             Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=now - resweep) | claimed_since_doorbell
@@ -53,7 +55,8 @@ def sweep(now: datetime | None = None) -> int:
     for run_id, enqueued_at in list(stale):
         with transaction.atomic():
             # compare-and-set so two sweepers ring the doorbell once
-            if Run.objects.filter(id=run_id, enqueued_at=enqueued_at).update(enqueued_at=now):
+            ringable = Run.objects.filter(id=run_id, enqueued_at=enqueued_at, waiting_behind=None)
+            if ringable.update(enqueued_at=now):
                 enqueue(run_id)
                 rung += 1
     expired = inbox().expire_due(now)
