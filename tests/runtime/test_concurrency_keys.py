@@ -35,9 +35,9 @@ from tests.testkit import TOOLS, script_policy
 pytestmark = pytest.mark.django_db(transaction=True)
 
 for name, options in (
-    ("keyed", {}),
-    ("keyed-release", {"release_while_waiting": True}),
-    ("keyed-two", {"concurrency": 2}),
+    ("lined", {}),
+    ("lined-release", {"release_while_waiting": True}),
+    ("lined-two", {"concurrency": 2}),
 ):
     register_agent(
         Agent(
@@ -52,7 +52,7 @@ PAYS = [{"calls": [["t_pay", {"amount": 500}]]}, {"text": "paid"}]  # parks for 
 FAILS = [{"calls": [["t_explode", {}]]}, {"text": "never"}]
 
 
-def keyed(order: str = "ORD-1", turns: list | None = None, agent: str = "keyed", **start) -> Run:
+def keyed(order: str = "ORD-1", turns: list | None = None, agent: str = "lined", **start) -> Run:
     return start_run(agent, {"script": turns or DONE, "order": order}, **start).run
 
 
@@ -112,7 +112,7 @@ def test_runs_sharing_a_key_wait_in_start_order_saying_which_run_they_wait_behin
     assert fresh(c).holds_key
     assert advance(c).status == RunStatus.SUCCEEDED
     # the last run of the key let it go: its row is gone, the line is empty
-    assert not ConcurrencyKey.objects.filter(agent="keyed", key="ORD-1").exists()
+    assert not ConcurrencyKey.objects.filter(agent="lined", key="ORD-1").exists()
     for run in (a, b, c):
         assert_gapless(run)
 
@@ -148,8 +148,8 @@ def test_a_run_parked_for_approval_keeps_its_place():
 
 
 def test_an_agent_may_let_a_parked_runs_place_go_and_it_queues_again_when_resumed():
-    a = advance(keyed(turns=PAYS, agent="keyed-release"))
-    b = keyed(agent="keyed-release")
+    a = advance(keyed(turns=PAYS, agent="lined-release"))
+    b = keyed(agent="lined-release")
     assert a.status == RunStatus.WAITING and not fresh(a).holds_key
     assert fresh(b).holds_key  # nobody held the key while a waited: admitted at start
     b_claimed = claim_all()
@@ -213,7 +213,7 @@ def test_a_crashed_holder_keeps_its_key_while_it_is_recovered():
 
 
 def test_a_limit_above_one_admits_that_many():
-    runs = [keyed(agent="keyed-two") for _ in range(4)]
+    runs = [keyed(agent="lined-two") for _ in range(4)]
     held = [r.id for r in runs if fresh(r).holds_key]
     assert held == [runs[0].id, runs[1].id]
     assert fresh(runs[2]).waiting_behind == runs[0].id  # the oldest holder
@@ -235,7 +235,7 @@ def test_a_limit_above_one_admits_that_many():
 )
 def test_a_declaration_that_cannot_work_fails_at_registration(options, error):
     with pytest.raises((TypeError, ValueError), match=error):
-        register_agent(Agent(name="keyed-bad", instructions="-", tools=TOOLS), **options)
+        register_agent(Agent(name="lined-bad", instructions="-", tools=TOOLS), **options)
 
 
 def test_a_pydantic_ai_agent_declares_a_key_the_same_way():
@@ -243,22 +243,22 @@ def test_a_pydantic_ai_agent_declares_a_key_the_same_way():
     from pydantic_ai.models.test import TestModel
 
     register_agent(
-        PydanticAgent(TestModel(), name="keyed-pa"),
+        PydanticAgent(TestModel(), name="lined-pa"),
         concurrency_key=lambda run_input: run_input.get("order"),
         concurrency=3,
     )
-    declared = concurrency_of("keyed-pa")
+    declared = concurrency_of("lined-pa")
     assert declared is not None and declared.limit == 3 and not declared.release_while_waiting
-    run = start_run("keyed-pa", {"message": "hi", "order": "ORD-9"}).run
+    run = start_run("lined-pa", {"message": "hi", "order": "ORD-9"}).run
     assert fresh(run).concurrency_key == "ORD-9" and fresh(run).holds_key
-    register_agent(PydanticAgent(TestModel(), name="keyed-pa"))  # registered again without one
-    assert concurrency_of("keyed-pa") is None
+    register_agent(PydanticAgent(TestModel(), name="lined-pa"))  # registered again without one
+    assert concurrency_of("lined-pa") is None
 
 
 def test_a_key_the_input_cannot_give_refuses_the_start():
     with pytest.raises(ValueError, match="concurrency key"):
-        start_run("keyed", {"script": DONE, "order": "x" * 201})
-    no_key = start_run("keyed", {"script": DONE}).run  # the function answered None: no key
+        start_run("lined", {"script": DONE, "order": "x" * 201})
+    no_key = start_run("lined", {"script": DONE}).run  # the function answered None: no key
     assert no_key.concurrency_key is None and fresh(no_key).holds_key is False
 
 
