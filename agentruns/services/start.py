@@ -31,6 +31,7 @@ from agentruns.runtime.execution import transitions
 from agentruns.runtime.execution.executor import RunExecutor
 from agentruns.runtime.execution.transitions import ActionRefused
 from agentruns.runtime.store import get_store
+from agentruns.runtime.store.base import InFlightCapReached
 from agentruns.runtime.tracing.tracecontext import new_run_trace
 from agentruns.runtime.values.ids import actor_name, step_key, worker_id
 
@@ -104,7 +105,8 @@ def start_run(
         existing = Run.objects.filter(agent=agent_name, dedupe_key=dedupe_key).first()
         if existing is not None:
             return _deduplicated(existing, user)
-    quotas.check_start(user)  # a repeat (above) starts nothing, so it costs no quota
+    # a repeat (above) starts nothing, so it costs no quota; the insert checks the in-flight cap
+    in_flight = quotas.take_start(user)
     now = timezone.now()
     run = Run(
         agent=agent_name,
@@ -148,10 +150,17 @@ def start_run(
         )
         with nullcontext() if single else transaction.atomic():
             run.last_seq = store.create_run(
-                run, events, owner=claim_for, now=now, notify=claims.CHANNEL if notify else None
+                run,
+                events,
+                owner=claim_for,
+                now=now,
+                notify=claims.CHANNEL if notify else None,
+                in_flight=in_flight,
             )
             if enqueue_task and not notify:  # False: executed in-process (benchmarks, scripts)
                 enqueue(run.id)
+    except InFlightCapReached:
+        raise quotas.refused_in_flight(user, in_flight) from None
     except IntegrityError:
         if dedupe_key is None:
             raise
