@@ -13,12 +13,13 @@ and carries on when the database is back (`runtime/outages/weather.py`, docs/cra
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
 
 from django.conf import settings
-from django.db import connections
+from django.db import OperationalError, ProgrammingError, connections
 from django_q.cluster import Cluster
 from django_q.management.commands.qcluster import Command as QClusterCommand
 from django_q.signals import post_spawn
@@ -30,6 +31,8 @@ from agentruns.runtime.store import nudges
 from agentruns.runtime.workers import collector, pool, q2_cluster
 from agentruns.runtime.workers.claimer import start_claimer
 from agentruns.runtime.workers.sweeper import SweeperLoop, ensure_schedule, sweep
+
+log = logging.getLogger(__name__)
 
 
 class Command(QClusterCommand):
@@ -82,16 +85,40 @@ class Command(QClusterCommand):
 
     @staticmethod
     def until_database_answers(first_pass: Callable[[], object]) -> None:
-        """A worker started while the database is away waits for it instead of exiting."""
+        """A worker started while the database is away, or before a deploy's `migrate` has made
+        the tables this code needs, waits for it instead of exiting: both are another process's
+        doing, and both pass."""
         backoff = weather.Backoff(cap=5.0)
+        said_behind = False
         while True:
             try:
                 first_pass()
                 weather.database.passed()
                 return
             except Exception as exc:
-                if not is_infrastructure_error(exc):
+                if schema_behind(exc):
+                    if not said_behind:
+                        log.warning(
+                            "the database lacks tables or columns this code needs (%s): waiting "
+                            "for `manage.py migrate`",
+                            str(exc).splitlines()[0],
+                        )
+                        said_behind = True
+                elif is_infrastructure_error(exc):
+                    weather.database.noticed(exc, "qcluster's start")
+                else:
                     raise
-                weather.database.noticed(exc, "qcluster's start")
                 connections.close_all()
                 time.sleep(backoff.next())
+
+
+# PostgreSQL: undefined table, column or function; SQLite says it in words
+_SCHEMA_BEHIND_SQLSTATES = ("42P01", "42703", "42883")
+_SCHEMA_BEHIND_SQLITE = ("no such table", "no such column", "has no column named")
+
+
+def schema_behind(exc: BaseException) -> bool:
+    """True when `exc` says a table, column or function of this code's migrations is missing."""
+    if isinstance(exc, ProgrammingError):
+        return getattr(exc.__cause__, "sqlstate", None) in _SCHEMA_BEHIND_SQLSTATES
+    return isinstance(exc, OperationalError) and str(exc).startswith(_SCHEMA_BEHIND_SQLITE)
