@@ -43,7 +43,10 @@ run: venv
 	@echo "  The AI SDK chat example: http://127.0.0.1:$(WEB_PORT)/examples/chat/ (make example builds it)"
 	@echo "  API: TOKEN=\$$($(BIN)/python manage.py create_api_token lead | tail -n1)"
 	@echo
+	@# Ctrl-C: honcho SIGTERMs each process group and SIGKILLs what is left 5 s later, so the
+	@# worker's drain is kept inside that (steps still running then are handed over by lease)
 	REFUND_GATEWAY_KEY=$${REFUND_GATEWAY_KEY:-$$(cat var/gateway.key)} \
+	  AGENTRUNS_DRAIN_SECONDS=$${AGENTRUNS_DRAIN_SECONDS:-3} \
 	  WEB_PORT=$(WEB_PORT) APP_BASE_URL=http://127.0.0.1:$(WEB_PORT) $(BIN)/honcho start -f Procfile
 
 # the AI SDK chat example's bundle: Node.js and npm, pinned lock file

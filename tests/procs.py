@@ -120,7 +120,7 @@ class Proc:
         self.log_file.close()
 
     def stop(self) -> None:
-        # q2 hangs on SIGTERM to its whole group (notes/django-q2-measured.md): kill for tests
+        # a test wants no drain here (tests/crash/test_stop_signals.py holds the graceful stop)
         self.kill()
 
     def log(self) -> str:
