@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 import signal
 import socket
 import subprocess
@@ -24,6 +23,7 @@ import httpx
 from django.db import connection
 
 from agentruns.models import Run
+from tests import binaries
 
 ROOT = Path(__file__).resolve().parent.parent
 _random = random.SystemRandom()  # not the seeded global one: xdist workers must not agree
@@ -316,7 +316,7 @@ def start_redis(directory: Path, port: int | None = None) -> RedisServer:
     port = port or free_port()
     popen = subprocess.Popen(
         [
-            shutil.which("redis-server") or "/usr/bin/redis-server",
+            binaries.require("redis-server", "a real Redis"),
             *("--port", str(port), "--bind", "127.0.0.1", "--save", ""),
             *("--appendonly", "no", "--dir", str(directory)),
         ],
