@@ -17,9 +17,7 @@ NEEDING = [
 
 
 def pytest_without(programs: str, ci: str) -> subprocess.CompletedProcess:
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "TESTS_HIDE_"))
-    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "TESTS_HIDE_"))}
     env.update({"TESTS_HIDE_BINARIES": programs, "CI": ci})
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rsf", "-n", "0", "-p", "no:cacheprovider"]
