@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.procs import ROOT
 
@@ -16,9 +17,11 @@ NEEDING = [
 ]
 
 
-def pytest_without(programs: str, ci: str) -> subprocess.CompletedProcess:
+def pytest_without(programs: str, ci: str, tmp_path: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "TESTS_HIDE_"))}
     env.update({"TESTS_HIDE_BINARIES": programs, "CI": ci})
+    # its own database (SQLite, in memory for tests): never this suite's PostgreSQL test database
+    env.update({"DATABASE_URL": "", "SQLITE_PATH": str(tmp_path / "db.sqlite3")})
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rsf", "-n", "0", "-p", "no:cacheprovider"]
         + NEEDING,
@@ -30,8 +33,8 @@ def pytest_without(programs: str, ci: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_a_missing_program_skips_its_tests_with_the_reason():
-    done = pytest_without("promtool,redis-server", ci="")
+def test_a_missing_program_skips_its_tests_with_the_reason(tmp_path):
+    done = pytest_without("promtool,redis-server", ci="", tmp_path=tmp_path)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
     assert "2 skipped" in out, out
@@ -39,8 +42,8 @@ def test_a_missing_program_skips_its_tests_with_the_reason():
     assert "redis-server is not installed" in out and "apt-get install redis-server" in out, out
 
 
-def test_in_ci_a_missing_program_fails_its_tests():
-    done = pytest_without("promtool,redis-server", ci="true")
+def test_in_ci_a_missing_program_fails_its_tests(tmp_path):
+    done = pytest_without("promtool,redis-server", ci="true", tmp_path=tmp_path)
     out = done.stdout + done.stderr
     assert done.returncode == 1, out
     # the promtool test fails, the Redis test's fixture errors: neither is skipped

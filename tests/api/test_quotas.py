@@ -139,7 +139,6 @@ def test_the_in_flight_cap_is_exact_on_sqlite_too(tmp_path):
         AGENTRUNS_RUNS_IN_FLIGHT_PER_USER=5,
     )
     manage(env, "migrate", "--noinput", "-v0")
-    manage(env, "seed_demo")
     out = manage(env, "shell", "-c", IN_FLIGHT_RACE).strip().splitlines()[-1]
     assert out == "['refused', 'started'] 5 5", out
 
