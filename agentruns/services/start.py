@@ -31,6 +31,7 @@ from agentruns.runtime.execution import transitions
 from agentruns.runtime.execution.executor import RunExecutor
 from agentruns.runtime.execution.transitions import ActionRefused
 from agentruns.runtime.store import get_store
+from agentruns.runtime.store.base import InFlightCap, InFlightCapReached
 from agentruns.runtime.tracing.tracecontext import new_run_trace
 from agentruns.runtime.values.ids import actor_name, step_key, worker_id
 from agentruns.services import forks
@@ -120,7 +121,8 @@ def start_run(
         existing = Run.objects.filter(agent=agent_name, dedupe_key=dedupe_key).first()
         if existing is not None:
             return _deduplicated(existing, user)
-    quotas.check_start(user)  # a repeat (above) starts nothing, so it costs no quota
+    # a repeat (above) starts nothing, so it costs no quota; the insert checks the in-flight cap
+    in_flight = quotas.take_start(user)
     now = timezone.now()
     run = Run(
         agent=agent_name,
@@ -172,10 +174,13 @@ def start_run(
                 owner=run.lease_owner or None,
                 now=now,
                 notify=claims.CHANNEL if notify and admitted else None,
+                in_flight=in_flight,
             )
             # enqueue_task False: executed in-process (benchmarks, scripts)
             if enqueue_task and not notify and admitted:
                 enqueue(run.id)
+    except InFlightCapReached:
+        raise quotas.refused_in_flight(user, in_flight) from None
     except IntegrityError:
         if dedupe_key is None:
             raise
@@ -243,7 +248,20 @@ def fork_run(
     leaves them to their own rules, except a call whose outcome is unknown).
     """
     check_may_start(user)
-    quotas.check_start(user)
+    in_flight = quotas.take_start(user)
+    try:
+        return _fork(run_id, from_step, user, approve_repeats, in_flight)
+    except InFlightCapReached:
+        raise quotas.refused_in_flight(user, in_flight) from None
+
+
+def _fork(
+    run_id: uuid.UUID | str,
+    from_step: int,
+    user: Any,
+    approve_repeats: bool,
+    in_flight: InFlightCap | None,
+) -> Run:
     with transaction.atomic():
         source = Run.objects.get(id=run_id)
         fork_plan = forks.plan(source, from_step, approve_repeats=approve_repeats)
@@ -283,6 +301,7 @@ def fork_run(
             else []
         )
         fork.save(force_insert=True)
+        quotas.hold_in_flight(in_flight)  # exact under concurrency, as `create_run` is
         copies = []
         for step in history:
             new_id = uuid.uuid4()
