@@ -18,6 +18,13 @@ urlpatterns = [
     path("metrics", health.metrics, name="metrics"),
     path("runs/", include("agentruns.urls")),
     path("approvals/", include("approvals.web.urls")),
+    # the demo's support desk (tickets and orders): its own pages, linked from the layout's
+    # navigation through agentruns.web.layout.navigation (the runtime knows nothing of them)
+    path("tickets/", include("support.web.urls")),
     path("examples/chat/", examples.chat_page, name="example-chat"),
     path("examples/chat/chat.js", examples.chat_bundle, name="example-chat-bundle"),
 ]
+
+# error pages in the layout; JSON under /api/ (agentruns/web/errors.py)
+handler403 = "agentruns.web.layout.errors.permission_denied"
+handler404 = "agentruns.web.layout.errors.page_not_found"

@@ -173,12 +173,25 @@ def send_customer_reply(order_id: str, message: str) -> dict:
     return {"outbox_id": row.pk, "to": "customer"}
 
 
+def order_customer(run_input: dict) -> list[str]:
+    """The order's customer, so the runs list and the inbox's history find a run by who it is
+    for (the name only: the tools redact the customer's email from people)."""
+    order_id = run_input.get("order_id")
+    if not isinstance(order_id, str):
+        return []
+    order = Order.objects.filter(order_id=order_id).only("customer_name").first()
+    return [order.customer_name] if order is not None else []
+
+
 register_agent(
     refund_agent,
     scripted_policy=refund_policy,
     # the model reads the whole input (order, ticket, message) as JSON, not only the message
     format_input=None,
-    search_fields=("order_id", "ticket_id"),
+    # the runs list finds a run by its order, its ticket or its customer's name
+    search_fields=("order_id", "ticket_id", order_customer),
+    # what the customer reads: the run page shows it as the reply sent
+    replies={"send_customer_reply": "message"},
     input_schema={
         "type": "object",
         "properties": {

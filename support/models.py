@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from agentruns.runtime.values.money import format_cents
+
 
 class Order(models.Model):
     order_id = models.CharField(max_length=20, unique=True)
@@ -18,6 +20,11 @@ class Order(models.Model):
     def __str__(self) -> str:
         return self.order_id
 
+    @property
+    def amount(self) -> str:
+        """The amount as people read it: "358.18 USD"."""
+        return format_cents(self.amount_cents, self.currency)
+
 
 class Ticket(models.Model):
     ticket_id = models.CharField(max_length=20, unique=True)
@@ -26,6 +33,17 @@ class Ticket(models.Model):
     body = models.TextField()
     status = models.CharField(max_length=20, default="open")
     created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [
+            # the desk's queue: open tickets, newest first (support/desk.py, keyset pages)
+            models.Index(
+                fields=["-created_at", "-id"],
+                condition=models.Q(status="open"),
+                name="ticket_open_created_idx",
+            ),
+            models.Index(fields=["-created_at", "-id"], name="ticket_created_idx"),
+        ]
 
     def __str__(self) -> str:
         return self.ticket_id

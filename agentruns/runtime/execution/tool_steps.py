@@ -202,7 +202,8 @@ class ToolSteps(ExecutorHost):
                 step.started_at = step.started_at or started
                 batch = WriteBatch().update(step, ["status", "attempts", "started_at"])
                 batch.insert([self._attempt_row(step, attempt, started)])
-                self.commit([(EventType.STEP_STARTED, step_event_data(step))], batch=batch)
+                event = (EventType.STEP_STARTED, step_event_data(step, error=""))
+                self.commit([event], batch=batch)
             failpoints.hit("step_started", tool=step.tool, step_id=step.id)
         ctx = ToolContext(
             run=self.state.run, step=step, attempt=attempt, idempotency_key=step.idempotency_key
