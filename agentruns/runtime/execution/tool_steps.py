@@ -106,7 +106,7 @@ class ToolSteps(ExecutorHost):
             approval_id = inbox().open_approval(step, self.state.run.agent)
             return self.park(
                 events_before=[
-                    (EventType.STEP_WAITING_APPROVAL, step_event_data(step)),
+                    (EventType.STEP_WAITING_APPROVAL, step_event_data(step, error="")),
                     (
                         EventType.APPROVAL_REQUESTED,
                         {

@@ -84,6 +84,12 @@ def fresh_nav_counts() -> dict:
     return counts
 
 
+def forget_counts() -> None:
+    """The next poll reads the database (a test that changed the counts behind its back)."""
+    global _cached
+    _cached = None
+
+
 def cached_nav_counts() -> dict:
     """The counts, read at most once per NAV_COUNTS_TTL_SECONDS by this process (the polls)."""
     cached = _cached
