@@ -40,6 +40,7 @@ OUTCOMES: dict[str, tuple[str, Q]] = {
     "withdrawn": ("withdrawn", Q(resolution="withdrawn")),
 }
 TEXT_MAX = 100
+RUN_IDS_MAX = 500
 
 
 def _day(raw: str) -> date | None:
@@ -90,10 +91,24 @@ def _start_of(day: date) -> datetime:
     return timezone.make_aware(datetime.combine(day, time.min))
 
 
+def _runs_matching(q: str) -> Q:
+    """The items of the runs the runtime's run search finds (order, ticket, customer, run id).
+
+    A few hundred runs (an order, a customer) are read first and named by id, so the database
+    reads their items by the run index; as a subquery it would walk every decided item newest
+    first, testing each (90 ms at 10,000 for an order with four). A search matching more runs
+    than that fills a page within its first steps down the decision index: a subquery then."""
+    runs = Run.objects.filter(search_condition(q)).values_list("id", flat=True)
+    found = list(runs[: RUN_IDS_MAX + 1])
+    if len(found) <= RUN_IDS_MAX:
+        return Q(run_id__in=found)
+    return Q(run__in=runs)
+
+
 def decided_query(filters: HistoryFilters) -> QuerySet[Approval]:
     rows = approvals_query(status="").filter(decided_at__isnull=False)
     if filters.q:
-        rows = rows.filter(run__in=Run.objects.filter(search_condition(filters.q)).values("id"))
+        rows = rows.filter(_runs_matching(filters.q))
     if filters.decider:
         approved_by = ApprovalDecision.objects.filter(
             approval=OuterRef("pk"), username__iexact=filters.decider

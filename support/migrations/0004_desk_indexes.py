@@ -19,3 +19,36 @@ class Migration(migrations.Migration):
             index=models.Index(fields=['-created_at', '-id'], name='ticket_created_idx'),
         ),
     ]
+
+
+# the desk's search (support/desk.py `ticket_search`): trigram indexes on the upper-cased columns
+# it matches (icontains / istartswith compare UPPER(column) LIKE UPPER(pattern)); PostgreSQL
+# only, as the runs' search index (agentruns 0002); SQLite scans, which its demo sizes allow
+TRIGRAM_INDEXES = {
+    "support_order_id_trgm_idx": ("support_order", "order_id"),
+    "support_order_customer_trgm_idx": ("support_order", "customer_name"),
+    "support_order_email_trgm_idx": ("support_order", "customer_email"),
+    "support_ticket_id_trgm_idx": ("support_ticket", "ticket_id"),
+    "support_ticket_subject_trgm_idx": ("support_ticket", "subject"),
+    "support_ticket_body_trgm_idx": ("support_ticket", "body"),
+}
+
+
+def _trigram_indexes(apps, schema_editor) -> None:
+    if schema_editor.connection.vendor != "postgresql":
+        return
+    schema_editor.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")
+    for name, (table, column) in TRIGRAM_INDEXES.items():
+        schema_editor.execute(
+            f"CREATE INDEX IF NOT EXISTS {name} ON {table} "
+            f"USING gin (UPPER({column}::text) gin_trgm_ops)"
+        )
+
+
+def _drop_trigram_indexes(apps, schema_editor) -> None:
+    if schema_editor.connection.vendor == "postgresql":
+        for name in TRIGRAM_INDEXES:
+            schema_editor.execute(f"DROP INDEX IF EXISTS {name}")
+
+
+Migration.operations.append(migrations.RunPython(_trigram_indexes, _drop_trigram_indexes))

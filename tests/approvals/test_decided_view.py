@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from agentruns.services import start_run
 from approvals import services
+from approvals.domain import history
 from approvals.models import Approval, ApprovalStatus
 from support.models import Order
 from tests.helpers import advance
@@ -86,7 +87,11 @@ def test_decided_items_newest_decision_first_each_with_its_history(people, decid
     assert "<strong>approver2</strong> rejected: “not covered”" in rejected
 
 
-def test_search_by_order_customer_decider_date_kind_and_outcome(people, decided):
+@pytest.mark.parametrize("ids_max", [500, 0], ids=["by-run-id", "down-the-decision-index"])
+def test_search_by_order_customer_decider_date_kind_and_outcome(
+    people, decided, ids_max, monkeypatch
+):
+    monkeypatch.setattr(history, "RUN_IDS_MAX", ids_max)  # (both ways answer the same)
     client = Client()
     client.force_login(people["approver"])
     ids = {k: a.id for k, a in decided.items()}

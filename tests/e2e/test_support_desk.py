@@ -98,13 +98,21 @@ def test_from_the_ticket_queue_to_a_finished_refund_without_json(web, people, br
     no_access_problems(journey, "the ticket page")
     journey.shot("ticket")
 
-    # a double click on the button: one run, with the ticket's input (no JSON typed anywhere)
-    posts: list[str] = []
-    page.on("request", lambda r: posts.append(r.url) if r.method == "POST" else None)
+    # a double click on the button, then the same form sent again (a resend, a back-and-click):
+    # one run, with the ticket's input (no JSON typed anywhere)
+    form = {
+        name: page.get_attribute(f"#start-on-ticket input[name={name}]", "value")
+        for name in ("csrfmiddlewaretoken", "form_token")
+    }
     page.dblclick("#run-agent-button")
     page.wait_for_url(re.compile(r"/runs/[0-9a-f-]{36}/$"), timeout=WAIT_MS)
+    first = page.url
+    again = page.request.post(
+        f"{web}/tickets/T-1004/run/", form=form, headers={"Referer": f"{web}/tickets/T-1004/"}
+    )
+    assert again.ok and again.url == first  # redirected to the same run
     runs = Run.objects.filter(input__ticket_id=ticket.ticket_id)
-    assert runs.count() == 1, posts
+    assert runs.count() == 1
     run = runs.get()
     assert run.input == {"order_id": order.order_id, "ticket_id": "T-1004", "message": ticket.body}
     page.wait_for_selector("#approval-card .approval-card", timeout=WAIT_MS)
