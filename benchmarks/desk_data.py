@@ -48,7 +48,7 @@ def insert_desk(tickets: int, runs: int, seed: int = 34) -> dict[str, Any]:
 
     from agentruns.models import Run, RunEvent, Step, StepAttempt
     from approvals.models import Approval, ApprovalDecision
-    from support.models import GatewayRefund, Order, OutboxMessage, Ticket
+    from support.models import GatewayRefund, Order, OutboxMessage, Ticket, ticket_search_text
 
     rng = random.Random(seed)
     now = timezone.now()
@@ -77,16 +77,19 @@ def insert_desk(tickets: int, runs: int, seed: int = 34) -> dict[str, Any]:
                 created_at=created,
             )
             batch_orders.append(order)
-            batch_tickets.append(
-                Ticket(
-                    ticket_id=f"T-{10001 + n}",
-                    order=order,
-                    subject=f"Order {order.order_id}: {item} {complaint}",
-                    body=f"Hello, my {item} {complaint}. Order {order.order_id}. Please refund.",
-                    status="open" if rng.random() < 0.8 else "closed",
-                    created_at=created + timedelta(minutes=rng.uniform(1, 600)),
-                )
+            ticket = Ticket(
+                ticket_id=f"T-{10001 + n}",
+                order=order,
+                subject=f"Order {order.order_id}: {item} {complaint}",
+                body=f"Hello, my {item} {complaint}. Order {order.order_id}. Please refund.",
+                status="open" if rng.random() < 0.8 else "closed",
+                created_at=created + timedelta(minutes=rng.uniform(1, 600)),
             )
+            # (bulk_create skips save(), which writes the search words)
+            ticket.search_text = ticket_search_text(
+                ticket.ticket_id, order, ticket.subject, ticket.body
+            )
+            batch_tickets.append(ticket)
         Order.objects.bulk_create(batch_orders)
         Ticket.objects.bulk_create(batch_tickets)
         orders += batch_orders

@@ -20,6 +20,13 @@ class Order(models.Model):
     def __str__(self) -> str:
         return self.order_id
 
+    def save(self, *args, **kwargs) -> None:
+        existed = not self._state.adding
+        super().save(*args, **kwargs)
+        if existed:  # its tickets' search words name its customer: keep them current
+            for ticket in self.tickets.all():
+                ticket.save(update_fields=["search_text"])
+
     @property
     def amount(self) -> str:
         """The amount as people read it: "358.18 USD"."""
@@ -33,6 +40,9 @@ class Ticket(models.Model):
     body = models.TextField()
     status = models.CharField(max_length=20, default="open")
     created_at = models.DateTimeField(auto_now_add=True)
+    # what the desk's search matches (support/desk.py): the ticket and order keys, the customer's
+    # name and email, the subject and the message; one trigram index serves it (migration 0004)
+    search_text = models.TextField(blank=True, default="", editable=False)
 
     class Meta:
         indexes = [
@@ -47,6 +57,20 @@ class Ticket(models.Model):
 
     def __str__(self) -> str:
         return self.ticket_id
+
+    def save(self, *args, **kwargs) -> None:
+        self.search_text = ticket_search_text(self.ticket_id, self.order, self.subject, self.body)
+        if "update_fields" in kwargs and kwargs["update_fields"] is not None:
+            kwargs["update_fields"] = {*kwargs["update_fields"], "search_text"}
+        super().save(*args, **kwargs)
+
+
+SEARCHED_BODY_CHARS = 4000  # a very long message is searched by its beginning
+
+
+def ticket_search_text(ticket_id: str, order: Order, subject: str, body: str) -> str:
+    words = (ticket_id, order.order_id, order.customer_name, order.customer_email, subject)
+    return " ".join((*words, body[:SEARCHED_BODY_CHARS]))
 
 
 class TicketNote(models.Model):

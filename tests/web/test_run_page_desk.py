@@ -15,7 +15,7 @@ from agentruns.models import RunEvent, RunStatus, Step
 from agentruns.services import retry_run, start_run
 from support.models import OutboxMessage
 from tests import testkit
-from tests.helpers import advance, make_user
+from tests.helpers import advance
 from tests.testkit import OPS_AGENT, failed_shipping_run, script_run
 
 pytestmark = pytest.mark.django_db
