@@ -26,6 +26,8 @@ from agentruns.registry import (
     durable,
     register_agent,
 )
+from agentruns.registry.search import MAX_KEYS as SEARCH_MAX_KEYS
+from agentruns.registry.search import register_search_expansion
 from support.conf import demo_conf
 from support.models import Order, OutboxMessage, Ticket, TicketNote
 from support.policy import refund_policy
@@ -173,14 +175,14 @@ def send_customer_reply(order_id: str, message: str) -> dict:
     return {"outbox_id": row.pk, "to": "customer"}
 
 
-def order_customer(run_input: dict) -> list[str]:
-    """The order's customer, so the runs list and the inbox's history find a run by who it is
-    for (the name only: the tools redact the customer's email from people)."""
-    order_id = run_input.get("order_id")
-    if not isinstance(order_id, str):
+@register_search_expansion
+def customers_orders(q: str) -> list[str]:
+    """A customer's name (or part of it) stands for their orders, newest first: the runs list and
+    the inbox's decided view find their runs (a run's search keys are its order and ticket)."""
+    if len(q) < 2 or any(c.isdigit() for c in q):  # an id, an amount: no customer's name
         return []
-    order = Order.objects.filter(order_id=order_id).only("customer_name").first()
-    return [order.customer_name] if order is not None else []
+    orders = Order.objects.filter(customer_name__icontains=q).order_by("-id")
+    return list(orders.values_list("order_id", flat=True)[:SEARCH_MAX_KEYS])
 
 
 register_agent(
@@ -188,8 +190,7 @@ register_agent(
     scripted_policy=refund_policy,
     # the model reads the whole input (order, ticket, message) as JSON, not only the message
     format_input=None,
-    # the runs list finds a run by its order, its ticket or its customer's name
-    search_fields=("order_id", "ticket_id", order_customer),
+    search_fields=("order_id", "ticket_id"),
     # what the customer reads: the run page shows it as the reply sent
     replies={"send_customer_reply": "message"},
     input_schema={

@@ -279,9 +279,8 @@ class Agent:
     # for the offline `scripted` provider: decides the next turn from the conversation (and, if
     # it takes a `tools` keyword, from the names of the tools this run offers)
     scripted_policy: Callable[..., ScriptedTurn] | None = None
-    # input keys copied into Run.search_text (order id, ticket id) for the runs list search, or
-    # functions of the input giving more words (the order's customer: `services.start`)
-    search_fields: Sequence[str | Callable[[dict], Sequence[str]]] = ()
+    # input keys copied into Run.search_text (order id, ticket id) for the runs list search
+    search_fields: Sequence[str] = ()
     # tool -> its argument with the words it sends the run's customer (the run page's reply)
     replies: Mapping[str, str] = field(default_factory=dict)
     input_schema: dict | None = None

@@ -15,6 +15,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from agentruns.models import Run, RunStatus
+from agentruns.registry.search import expanded_keys
 from agentruns.selectors.pagination import KeysetPage, keyset_page, parse_uuid
 
 AGES: dict[str, timedelta] = {
@@ -87,7 +88,8 @@ def looks_like_run_id(q: str) -> bool:
 
 
 def search_condition(q: str) -> Q:
-    """Ticket or order key anywhere in search_text ("ORD-1001 T-1001"), or a run id prefix.
+    """Ticket or order key anywhere in search_text ("ORD-1001 T-1001"), a run id prefix, or
+    a key a domain app says `q` stands for (`registry.search`: the demo's customer names).
 
     A query that looks like a run id is answered by the primary key alone (a range scan of a few
     rows); anything else matches the search keys case-insensitively, plus an id prefix when it
@@ -99,6 +101,8 @@ def search_condition(q: str) -> Q:
     keys = Q(search_text__istartswith=q) | Q(search_text__icontains=f" {q}")
     if bounds is not None and len(q.replace("-", "")) >= 8:
         keys |= Q(id__gte=bounds[0], id__lte=bounds[1])
+    for key in expanded_keys(q):  # what q stands for in a domain app: a customer's orders
+        keys |= search_key_condition(key)
     return keys
 
 

@@ -10,7 +10,6 @@ PostgreSQL a start instead NOTIFYs the workers' claimers from the statement that
 from __future__ import annotations
 
 import json
-import logging
 import uuid
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from django.utils import timezone
 
 from agentruns.conf import conf
 from agentruns.models import Run, Step, StepKind
-from agentruns.registry import Agent, get_agent
+from agentruns.registry import get_agent
 from agentruns.runtime.access import permissions, quotas
 from agentruns.runtime.dispatch import claims
 from agentruns.runtime.dispatch.queue import enqueue
@@ -35,7 +34,6 @@ from agentruns.runtime.store import get_store
 from agentruns.runtime.tracing.tracecontext import new_run_trace
 from agentruns.runtime.values.ids import actor_name, step_key, worker_id
 
-log = logging.getLogger(__name__)
 START_PERMISSION = "agentruns.start_run"
 VIEW_PERMISSION = "agentruns.view_run"
 
@@ -70,22 +68,6 @@ def check_input_size(run_input: dict) -> None:
         size = len(json.dumps(value, ensure_ascii=False).encode("utf-8", "replace"))
         if size > cap:
             raise ValueError(f"{str(key)[:100]}: {size} bytes as JSON, at most {cap} per key")
-
-
-def search_text(agent: Agent, run_input: dict) -> str:
-    """Run.search_text: the values of the agent's search fields, and the words its search
-    functions find from the input (the order's customer), at most 200 characters. A failing
-    function costs the run its words, never its start."""
-    words: list[str] = []
-    for entry in agent.search_fields:
-        if not callable(entry):
-            words.append(str(run_input.get(entry, "")))
-            continue
-        try:
-            words += [str(w) for w in entry(run_input) if w]
-        except Exception:
-            log.warning("agent %s: a search function failed", agent.name, exc_info=True)
-    return " ".join(w.strip() for w in words if w.strip())[:200]
 
 
 def _deduplicated(run: Run, user: Any) -> StartResult:
@@ -136,7 +118,7 @@ def start_run(
         deadline_at=now + timedelta(seconds=agent.deadline_seconds)
         if agent.deadline_seconds
         else None,
-        search_text=search_text(agent, run_input),
+        search_text=" ".join(str(run_input.get(f, "")) for f in agent.search_fields).strip()[:200],
         created_by=user if getattr(user, "is_authenticated", False) else None,
         enqueued_at=now,
     )

@@ -49,11 +49,17 @@ def _trigram_index(apps, schema_editor) -> None:
         "CREATE INDEX IF NOT EXISTS ticket_search_trgm_idx ON support_ticket "
         "USING gin (UPPER(search_text) gin_trgm_ops)"
     )
+    # the runs search's customer names (support/agents.py `customers_orders`)
+    schema_editor.execute(
+        "CREATE INDEX IF NOT EXISTS order_customer_trgm_idx ON support_order "
+        "USING gin (UPPER(customer_name::text) gin_trgm_ops)"
+    )
 
 
 def _drop_trigram_index(apps, schema_editor) -> None:
     if schema_editor.connection.vendor == "postgresql":
         schema_editor.execute("DROP INDEX IF EXISTS ticket_search_trgm_idx")
+        schema_editor.execute("DROP INDEX IF EXISTS order_customer_trgm_idx")
 
 
 Migration.operations += [

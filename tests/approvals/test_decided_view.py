@@ -144,3 +144,25 @@ def test_the_runs_list_finds_runs_by_customer(people):
         html = client.get("/runs/", {"q": q}).content.decode()
         assert str(lovelace.id) in html and str(other.id) not in html, q
     assert 'placeholder="order, ticket, customer or run id"' in html
+    # asked when searching (support/agents.py `customers_orders`), so a renamed customer is
+    # found by the new name at once
+    order = Order.objects.get(order_id="ORD-1001")
+    order.customer_name = "Grace Hopper"
+    order.save()
+    html = client.get("/runs/", {"q": "hopper"}).content.decode()
+    assert str(lovelace.id) in html and str(other.id) not in html
+
+
+def test_a_failing_search_expansion_costs_its_keys_never_the_page(people, monkeypatch):
+    from agentruns.registry import search
+
+    def broken(q: str) -> list[str]:
+        raise RuntimeError("the domain's lookup failed")
+
+    monkeypatch.setattr(search, "_expansions", [broken, *search._expansions])
+    run = start_run("refund", {"order_id": "ORD-1001", "message": "broken"}).run
+    client = Client()
+    client.force_login(people["viewer"])
+    for q in ("ORD-1001", Order.objects.get(order_id="ORD-1001").customer_name):
+        response = client.get("/runs/", {"q": q})
+        assert response.status_code == 200 and str(run.id) in response.content.decode()
