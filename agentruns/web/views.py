@@ -116,20 +116,20 @@ def run_new(request: HttpRequest) -> HttpResponse:
             result = services.start_run(name, run_input, dedupe_key=key, user=request.user)
         except (ValueError, LookupError, services.ActionRefused) as exc:
             messages.error(request, f"Could not start the run: {exc}")
-            context = _start_context(request, agent, request.POST, raw_json=raw)
+            context = _start_context(agent, request.POST, raw_json=raw)
             return render(request, "agentruns/run_new.html", context, status=400)
         if not result.created:
             messages.info(request, "This form was already sent: here is the run it started.")
         return redirect("run-detail", run_id=result.run.id)
     agent = agents.get(request.GET.get("agent", "")) or _default_agent(agents)
-    context = _start_context(request, agent, request.GET)
+    context = _start_context(agent, request.GET)
     if request.htmx:  # the agent changed: its fields
         return render(request, "agentruns/_input_fields.html", context)
     return render(request, "agentruns/run_new.html", context)
 
 
 def _default_agent(agents: dict[str, Agent]) -> Agent | None:
-    return agents.get("refund") or next(iter(sorted(agents.items())), (None, None))[1]
+    return agents[min(agents)] if agents else None
 
 
 def _posted_input(agent: Agent, raw_json: str, posted) -> dict:
@@ -138,12 +138,10 @@ def _posted_input(agent: Agent, raw_json: str, posted) -> dict:
         if not isinstance(run_input, dict):
             raise ValueError("the input must be a JSON object")
         return run_input
-    if not input_fields(agent.input_schema):
-        raise ValueError(f"agent {agent.name} declares no input fields: give its input as JSON")
-    return input_from_form(agent.input_schema, posted)
+    return input_from_form(agent.input_schema, posted)  # ({} for an agent without fields)
 
 
-def _start_context(request: HttpRequest, agent: Agent | None, values, raw_json: str = "") -> dict:
+def _start_context(agent: Agent | None, values, raw_json: str = "") -> dict:
     return {
         "agents": sorted(all_agents()),
         "agent": agent,

@@ -98,7 +98,7 @@ def test_fields_follow_the_schema():
 
 
 def test_the_refund_form_starts_a_run_without_json(client, seeded):
-    page = client.get("/runs/new/").content.decode()
+    page = client.get("/runs/new/", {"agent": "refund"}).content.decode()
     # the demo agent's fields: order_id required (marked, bounded), message a text area
     assert re.search(
         r'<input id="f-order_id" name="in_order_id" value="" maxlength="20" '
@@ -149,10 +149,13 @@ def test_switching_agents_renders_their_fields(client):
     assert "{%" not in html and 'id="input-fields"' in html
     assert 'type="number"' in html and 'type="checkbox" name="in_urgent"' in html
     assert '<option value="">—</option><option >gold</option>' in html.replace("\n", "")
-    # an agent without a schema: JSON only, open
+    # an agent without a schema: JSON only, open (an empty form is an empty input)
     no_schema = client.get("/runs/new/", {"agent": "script"}, HTTP_HX_REQUEST="true")
     assert "declares no input fields" in no_schema.content.decode()
     assert '<details class="advanced" open>' in no_schema.content.decode()
+    assert client.post("/runs/new/", {"agent": "script", "input": ""}).status_code == 302
+    assert Run.objects.get().input == {}
+    Run.objects.all().delete()
     response = client.post(
         "/runs/new/",
         {"agent": "typed-form", "in_customer": "Bo", "in_count": "2", "in_tier": "gold"},
