@@ -283,6 +283,8 @@ class Agent:
     scripted_policy: Callable[..., ScriptedTurn] | None = None
     # input keys copied into Run.search_text (order id, ticket id) for the runs list search
     search_fields: Sequence[str] = ()
+    # tool -> its argument with the words it sends the run's customer (the run page's reply)
+    replies: Mapping[str, str] = field(default_factory=dict)
     input_schema: dict | None = None
     # a Pydantic AI agent's (registry/pydantic_agents): its own pydantic_ai Model and settings,
     # and how the run's input becomes the user prompt
