@@ -1,8 +1,8 @@
 """The inbox's settings (the approvals app's), typed and read once like the runtime's
 (`agentruns/conf.py`): the expiry, claims and escalation of items, and the notifications
 (signed webhooks from the outbox, batched email). Their variables keep the `AGENTRUNS_` prefix
-they always had; an approver's limit stays with the runtime, which freezes it into each run's
-permission snapshot."""
+they always had. An approver's per-call limit stays with the runtime, which freezes it into
+each run's permission snapshot; the per-day total is checked here, at each decision."""
 
 from __future__ import annotations
 
@@ -11,6 +11,13 @@ from agentruns.setting import Conf, Setting
 SETTINGS = (
     Setting(
         "AGENTRUNS_APPROVAL_EXPIRY_SECONDS", float, 0, "pending approvals expire (0: never)", 0
+    ),
+    Setting(
+        "AGENTRUNS_APPROVER_DAILY_LIMIT_CENTS",
+        int,
+        0,
+        "what one approver may approve in all per day, in the tools' amount_arg (0: off)",
+        0,
     ),
     Setting("AGENTRUNS_CLAIM_SECONDS", float, 900, 'an "I\'m on it" claim on an item expires', 1),
     Setting(

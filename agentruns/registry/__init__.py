@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import jsonschema
 
+from agentruns.registry import concurrency
 from agentruns.registry.context import current_step
 from agentruns.registry.durable import durable
 from agentruns.registry.edits import Edit, EditRefused
@@ -32,14 +33,16 @@ from agentruns.registry.errors import (
     ServerUnavailable,
     ToolArgumentsError,
     ToolError,
+    UnknownAgent,
+    UnknownTool,
 )
 from agentruns.registry.model_names import check_model_name
+from agentruns.registry.operations import OperationKeyError, OverLimit
+from agentruns.registry.retry import RetryPolicy
 from agentruns.registry.schemas import _simple_plan, schema_from_signature, strict_validator
 from agentruns.registry.tools import (
-    RetryPolicy,
     Tool,
     ToolContext,
-    UnknownTool,
     _tools,
     get_tool,
     has_tool,
@@ -59,7 +62,10 @@ __all__ = [
     "Edit",
     "EditRefused",
     "FatalToolError",
+    "OperationKeyError",
     "OutcomeUnknown",
+    "OverLimit",
+    "RetryPolicy",
     "RetryableToolError",
     "ServerUnavailable",
     "ToolArgumentsError",
@@ -95,11 +101,14 @@ class Agent:
     token_budget: int | None = None
     max_cost_usd: float | None = None  # None: conf.MAX_COST_USD (0: no limit)
     deadline_seconds: float | None = None
+    retry_unknown: Literal["refuse", "skip"] = "refuse"  # a retry and an unknown outcome
     # for the offline `scripted` provider: decides the next turn from the conversation (and, if
     # it takes a `tools` keyword, from the names of the tools this run offers)
     scripted_policy: Callable[..., ScriptedTurn] | None = None
     # input keys copied into Run.search_text (order id, ticket id) for the runs list search
     search_fields: Sequence[str] = ()
+    # tool -> its argument with the words it sends the run's customer (the run page's reply)
+    replies: Mapping[str, str] = field(default_factory=dict)
     input_schema: dict | None = None
     # a Pydantic AI agent's (registry/pydantic_agents): its own pydantic_ai Model and settings,
     # and how the run's input becomes the user prompt
@@ -140,15 +149,19 @@ def register_agent(
 ) -> Agent:
     """Register an `Agent`, or a `pydantic_ai.Agent` (then `tools`: per-tool declarations by
     name, over each tool's metadata["agentruns"]; `deps`: its deps from the run, `deps(run)`;
-    `options`: this registry's Agent fields, e.g. `max_steps`, `search_fields`)."""
+    `options`: Agent fields, e.g. `max_steps`; for either kind `concurrency.OPTIONS`)."""
+    across_runs = concurrency.take(options)
     if not isinstance(agent, Agent):
         agent = _from_pydantic_ai(agent, tools=tools, deps=deps, **options)
     elif tools or deps or options:
         raise TypeError("tools=, deps= and options are for a pydantic_ai.Agent")
     for tool_name in agent.tools:
         get_tool(tool_name)  # fail at startup, not at run time
+    if agent.retry_unknown not in ("refuse", "skip"):
+        raise ValueError(f"agent {agent.name!r}: retry_unknown must be 'refuse' or 'skip'")
     if agent.model_instance is None:  # a provider SDK not installed: here, not mid-run
         check_model_name(agent.model)
+    concurrency.declare(agent.name, across_runs)
     if agent.pydantic_agent is None:  # declared with @tool and Agent: the agent they build
         from agentruns.registry.pydantic_agents.native import build
 
@@ -209,10 +222,6 @@ def _from_pydantic_ai(agent: Any, *, tools: Any, deps: Any, **options: Any) -> A
         deps=deps,
         **{"format_input": format_input, **options},
     )
-
-
-class UnknownAgent(LookupError):
-    pass
 
 
 def get_agent(name: str) -> Agent:

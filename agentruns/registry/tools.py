@@ -1,5 +1,5 @@
 """The engine's tools: `@tool`, the `Tool` each registered function becomes (its policy: side
-effect, idempotency, approvals, edits, redaction, retries), its `RetryPolicy` and the
+effect, idempotency, approvals, edits, redaction, retries, operation keys and limits) and the
 `ToolContext` it is called with. Re-exported by `agentruns.registry`."""
 
 from __future__ import annotations
@@ -11,42 +11,16 @@ from typing import Any, Literal
 
 import jsonschema
 
-from agentruns import backoff
 from agentruns.registry.edits import Edit, EditRefused, check_declaration, check_edit
-from agentruns.registry.errors import RetryableToolError, ToolArgumentsError
+from agentruns.registry.errors import ToolArgumentsError, UnknownTool
+from agentruns.registry.operations import OverLimit
+from agentruns.registry.retry import RetryPolicy
 from agentruns.registry.schemas import (
     _simple_plan,
     _simple_valid,
     schema_from_signature,
     strict_validator,
 )
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    max_attempts: int = 3
-    backoff_seconds: float = 0.5
-    backoff_max_seconds: float = 30.0
-    jitter: float = 0.25  # +- fraction of the delay
-    retry_on: tuple[type[BaseException], ...] = (RetryableToolError,)
-
-    def is_retryable(self, exc: BaseException) -> bool:
-        return isinstance(exc, self.retry_on)
-
-    def delay_for(self, attempt: int) -> float:
-        """Delay before attempt `attempt + 1`, after `attempt` failed (capped exponential)."""
-        return backoff.delay(
-            attempt, base=self.backoff_seconds, cap=self.backoff_max_seconds, jitter=self.jitter
-        )
-
-    def describe(self) -> dict:
-        return {
-            "max_attempts": self.max_attempts,
-            "backoff_seconds": self.backoff_seconds,
-            "backoff_max_seconds": self.backoff_max_seconds,
-            "jitter": self.jitter,
-            "retry_on": [c.__name__ for c in self.retry_on],
-        }
 
 
 @dataclass
@@ -86,6 +60,11 @@ class Tool:
     approvals_required: int | Callable[[dict], int] = 1
     # the argument that is this tool's amount, checked against approvers' limits
     amount_arg: str | None = None
+    # across runs (registry/operations.py): the call's business key (at most one successful
+    # execution per key), a limit over what calls add up to, and what an approver sees beside it
+    operation_key: Callable[[dict], str] | None = None
+    limit: Callable[[dict], OverLimit | str | None] | None = None
+    context: Callable[[dict], dict] | None = None
     _compiled: Any = field(default=None, repr=False, compare=False)
     _simple: Any = field(default=None, repr=False, compare=False)
 
@@ -160,6 +139,10 @@ class Tool:
             else self.approvals_required,
             "amount_arg": self.amount_arg,
             "editable": {name: edit.describe() for name, edit in self.editable.items()},
+            # a run keeps whether its calls take an operation key (computed from the final
+            # arguments when the call runs) and whether a limit applies
+            "operation_key": self.operation_key is not None,
+            "limit": self.limit is not None,
         }
 
 
@@ -182,6 +165,9 @@ def tool(
     editable: Mapping[str, Edit] | None = None,
     approvals_required: int | Callable[[dict], int] = 1,
     amount_arg: str | None = None,
+    operation_key: Callable[[dict], str] | None = None,
+    limit: Callable[[dict], OverLimit | str | None] | None = None,
+    context: Callable[[dict], dict] | None = None,
 ):
     """Register a function as a tool. Usable bare (`@tool`) or with options."""
     if idempotency not in ("key", "none"):
@@ -205,8 +191,16 @@ def tool(
             editable=dict(editable or {}),
             approvals_required=approvals_required,
             amount_arg=amount_arg,
+            operation_key=operation_key,
+            limit=limit,
+            context=context,
         )
         check_declaration(t.name, t.parameters, t.editable, t.redact, amount_arg)
+        for what in ("operation_key", "limit", "context"):
+            if getattr(t, what) is not None and not callable(getattr(t, what)):
+                raise ValueError(f"{t.name}: {what} must be a function of the arguments")
+        if operation_key is not None and not t.side_effect:
+            raise ValueError(f"{t.name}: an operation_key is for a tool with a side effect")
         if not callable(approvals_required) and int(approvals_required) < 1:
             raise ValueError(f"{t.name}: approvals_required must be at least 1")
         _tools[t.name] = t
@@ -214,10 +208,6 @@ def tool(
         return fn
 
     return decorate(func) if func is not None else decorate
-
-
-class UnknownTool(LookupError):
-    pass
 
 
 def get_tool(name: str) -> Tool:

@@ -11,11 +11,13 @@ write of one kind.
   the lease, allocates the event seqs and reads the cancel flag in the same round trip;
 - `append`: a writer that holds no lease (services, decisions, the sweeper, cancel), inside its
   transaction;
-- `create_run`, `claim`, `commit_deltas`: a run's first row and events, a lease taken, the
-  streamed text of a worker process's runs;
-- the step changes people and the inbox make (`save_step`, `skip_unrun_steps`,
-  `close_open_attempts`, `copy_steps`), inside the caller's transaction, with the events that
-  report them appended by the same caller through `append`.
+- `create_run`, `claim`, `claim_queued`, `commit_deltas`: a run's first row and events, a
+  lease taken (one run, or the claimers' batch), the streamed text of a worker process's runs;
+- step and attempt changes (`save_step`, `add_attempt`, `end_attempt`, `undo_attempt`,
+  `skip_unrun_steps`, `close_open_attempts`, `copy_steps`): the engine's (recovery, a tool's
+  attempts, a refusal, a park for approval) and those people and the inbox make, inside the
+  caller's transaction, with the events that report them written by the same caller through
+  `commit` or `append`.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from typing import Any
 
 from agentruns.models import JournalEntry, Run, Step, StepAttempt, StepStatus, Wait
 from agentruns.runtime.events import EventSpec
-from agentruns.runtime.store import get_store
-from agentruns.runtime.store.base import RunDeltas
+from agentruns.runtime.store import batch_claims, get_store
+from agentruns.runtime.store.base import InFlightCap, RunDeltas
 from agentruns.runtime.store.rows import WriteBatch
 
 # the statuses of steps nobody will run once a run stops (planned, or waiting for a decision)
@@ -74,10 +76,19 @@ def append(
 
 
 def create_run(
-    run: Run, events: list[EventSpec], *, owner: str | None, now: datetime, notify: str | None
+    run: Run,
+    events: list[EventSpec],
+    *,
+    owner: str | None,
+    now: datetime,
+    notify: str | None,
+    in_flight: InFlightCap | None = None,
 ) -> int:
-    """The new run row with its first events (already leased by `owner` when given)."""
-    return get_store().create_run(run, events, owner=owner, now=now, notify=notify)
+    """The new run row with its first events (already leased by `owner` when given; checked
+    against the starter's in-flight cap in the same statement: InFlightCapReached)."""
+    return get_store().create_run(
+        run, events, owner=owner, now=now, notify=notify, in_flight=in_flight
+    )
 
 
 def claim(
@@ -87,14 +98,24 @@ def claim(
     return get_store().claim(run_id, owner, events, lease=lease, now=now)
 
 
+def claim_queued(
+    limit: int, events: list[EventSpec], *, tag: str, lease_expires_at: datetime, now: datetime
+) -> list[Run]:
+    """The claimers' batch: up to `limit` queued runs leased to `tag` and started with `events`
+    (`dispatch/claims.py`)."""
+    return batch_claims.claim_queued(
+        limit, events, tag=tag, lease_expires_at=lease_expires_at, now=now
+    )
+
+
 def commit_deltas(deltas: list[RunDeltas], *, now: datetime) -> dict[uuid.UUID, tuple[int, bool]]:
     """The streamed text of many runs, each fenced on its lease, in one transaction."""
     return get_store().commit_deltas(deltas, now=now)
 
 
-# ------------------------------------------------------------------ people's and the inbox's
+# ------------------------------------------------------------------ steps and attempts
 def save_step(step: Step, fields: Sequence[str] | None = None) -> None:
-    """A step changed by a service or a decision (inside the caller's transaction)."""
+    """A step changed by the engine, a service or a decision (inside the caller's transaction)."""
     if fields is None:
         step.save()
     else:
@@ -102,19 +123,31 @@ def save_step(step: Step, fields: Sequence[str] | None = None) -> None:
 
 
 def skip_unrun_steps(run: Run | uuid.UUID, now: datetime, *, after: int | None = None) -> int:
-    """Steps nobody will run once the run stops (`after`: only those after that index; an
-    unknown outcome included then, as an abort skips everything after the step it reconciles)."""
+    """Steps nobody will run once the run stops (`after`: only those after that index). A step
+    whose outcome is unknown is not among them: skipping it would say it did not happen."""
     steps = Step.objects.filter(run=run, status__in=UNRUN)
     if after is not None:
-        steps = Step.objects.filter(
-            run=run, index__gt=after, status__in=(*UNRUN, StepStatus.UNKNOWN)
-        )
+        steps = steps.filter(index__gt=after)
     return steps.update(status=StepStatus.SKIPPED, finished_at=now, next_attempt_at=None)
 
 
-def delete_attempt(step: Step, number: int) -> int:
-    """An attempt that reached nothing (its server could not take the call) is undone."""
-    return StepAttempt.objects.filter(step=step, number=number).delete()[0]
+def add_attempt(step: Step, number: int, **fields: Any) -> StepAttempt:
+    """An attempt recorded once it ended (a call that committed nothing before it ran)."""
+    return StepAttempt.objects.create(step=step, number=number, **fields)
+
+
+def end_attempt(step: Step, number: int, *, open_only: bool = False, **fields: Any) -> int:
+    """Attempt `number` of `step` ends with `fields` (`open_only`: unless it already ended)."""
+    attempts = StepAttempt.objects.filter(step=step, number=number)
+    if open_only:
+        attempts = attempts.filter(finished_at__isnull=True)
+    return attempts.update(**fields)
+
+
+def undo_attempt(step: Step, number: int) -> int:
+    """Attempt `number` never reached anything (its server was down): it is not an attempt."""
+    deleted, _ = StepAttempt.objects.filter(step=step, number=number).delete()
+    return deleted
 
 
 def close_open_attempts(step: Step, *, outcome: str, error: str, now: datetime) -> int:

@@ -258,7 +258,7 @@ def _wait_out_outage(
     reason = redact_text(outage.reason(down.error), secrets)[:2000]
     with transaction.atomic():
         if tool.commits_before_call:
-            writer.delete_attempt(step, down.attempt)
+            writer.undo_attempt(step, down.attempt)
         step.status, step.attempts, step.error = StepStatus.PENDING, down.attempt - 1, reason
         stage(state.pending.batch, step, ["status", "attempts", "error"])
         data = step_event_data(
