@@ -38,9 +38,9 @@ from agentruns.registry.errors import (
 )
 from agentruns.registry.model_names import check_model_name
 from agentruns.registry.operations import OperationKeyError, OverLimit
-from agentruns.registry.retry import RetryPolicy
 from agentruns.registry.schemas import _simple_plan, schema_from_signature, strict_validator
 from agentruns.registry.tools import (
+    RetryPolicy,
     Tool,
     ToolContext,
     _tools,

@@ -1,6 +1,6 @@
 """The engine's tools: `@tool`, the `Tool` each registered function becomes (its policy: side
-effect, idempotency, approvals, edits, redaction, retries, operation keys and limits) and the
-`ToolContext` it is called with. Re-exported by `agentruns.registry`."""
+effect, idempotency, approvals, edits, redaction, retries, operation keys and limits), its
+`RetryPolicy` and the `ToolContext` it is called with. Re-exported by `agentruns.registry`."""
 
 from __future__ import annotations
 
@@ -11,16 +11,43 @@ from typing import Any, Literal
 
 import jsonschema
 
+from agentruns import backoff
 from agentruns.registry.edits import Edit, EditRefused, check_declaration, check_edit
-from agentruns.registry.errors import ToolArgumentsError, UnknownTool
+from agentruns.registry.errors import RetryableToolError, ToolArgumentsError, UnknownTool
 from agentruns.registry.operations import OverLimit
-from agentruns.registry.retry import RetryPolicy
 from agentruns.registry.schemas import (
     _simple_plan,
     _simple_valid,
     schema_from_signature,
     strict_validator,
 )
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_attempts: int = 3
+    backoff_seconds: float = 0.5
+    backoff_max_seconds: float = 30.0
+    jitter: float = 0.25  # +- fraction of the delay
+    retry_on: tuple[type[BaseException], ...] = (RetryableToolError,)
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        return isinstance(exc, self.retry_on)
+
+    def delay_for(self, attempt: int) -> float:
+        """Delay before attempt `attempt + 1`, after `attempt` failed (capped exponential)."""
+        return backoff.delay(
+            attempt, base=self.backoff_seconds, cap=self.backoff_max_seconds, jitter=self.jitter
+        )
+
+    def describe(self) -> dict:
+        return {
+            "max_attempts": self.max_attempts,
+            "backoff_seconds": self.backoff_seconds,
+            "backoff_max_seconds": self.backoff_max_seconds,
+            "jitter": self.jitter,
+            "retry_on": [c.__name__ for c in self.retry_on],
+        }
 
 
 @dataclass

@@ -12,7 +12,7 @@ gateway, a connection that broke after the call was sent) is retried under the t
 only for a read-only or idempotent tool: for any other the outcome is unknown and reconciled by
 a person (`OutcomeUnknown`), never guessed. The MCP client reports every HTTP error status as
 the same JSON-RPC error, so a response hook on the HTTP transport notes the status of each
-`tools/call` answer for the call that made it (`_observe_http`).
+`tools/call` answer for the call that made it (`observe_http`).
 """
 
 from __future__ import annotations
@@ -20,11 +20,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from django.db import DatabaseError
 from pydantic import ValidationError
 from pydantic_ai import ApprovalRequired, CallDeferred, ModelRetry, RunContext
 from pydantic_ai.exceptions import ToolFailed
@@ -40,6 +38,19 @@ from agentruns.registry.errors import (
     OutcomeUnknown,
     RetryableToolError,
     ServerUnavailable,
+)
+from agentruns.registry.pydantic_agents.mcp_errors import (
+    CONNECTION_CLOSED,
+    HTTP_ERROR_ANSWER,
+    REQUEST_TIMED_OUT,
+    broken_connection,
+    error_answer,
+    http_answers,
+    is_ours,
+    mcp_error,
+    observe_http,
+    transport_failure,
+    unreachable,
 )
 
 T = TypeVar("T")
@@ -84,7 +95,7 @@ class ToolsetBinding:
 
     def __post_init__(self) -> None:
         if self.mcp:
-            self.server = _observe_http(self.toolset)
+            self.server = observe_http(self.toolset)
 
     def run_context(self, tool_ctx: Any = None, tool_name: str | None = None) -> RunContext:
         model = self.agent.model
@@ -138,152 +149,6 @@ def registered_listing(leaf: AbstractToolset) -> dict[str, ToolDefinition] | Non
     return found[1] if found is not None and found[0] is leaf else None
 
 
-# by name: the MCP client (FastMCP) speaks httpx2, function tools httpx; both name them alike
-_CONNECT_FAILURES = frozenset({"ConnectError", "ConnectTimeout", "ConnectionRefusedError"})
-_TRANSPORT_FAILURES = _CONNECT_FAILURES | frozenset(
-    {"TransportError", "ReadError", "WriteError", "RemoteProtocolError", "ReadTimeout"}
-)
-
-
-def _is(exc: BaseException, names: frozenset[str]) -> bool:
-    """`exc` (or, for a group, each of its leaves; or what it was raised from) is one of `names`."""
-    if isinstance(exc, BaseExceptionGroup):
-        return all(_is(e, names) for e in exc.exceptions)
-    if any(kind.__name__ in names for kind in type(exc).__mro__):
-        return True
-    cause = exc.__cause__ or exc.__context__
-    return cause is not None and cause is not exc and _is(cause, names)
-
-
-_OUR_DEPENDENCIES = ("django.db", "psycopg", "psycopg_pool", "redis")
-
-
-def _ours(exc: BaseException) -> bool:
-    """Raised by (or through) this app's database or Redis: left to the engine's fault rules."""
-    seen: set[int] = set()
-    link: BaseException | None = exc
-    while link is not None and id(link) not in seen:
-        seen.add(id(link))
-        if isinstance(link, DatabaseError) or type(link).__module__.startswith(_OUR_DEPENDENCIES):
-            return True
-        link = link.__cause__ or link.__context__
-    return False
-
-
-def _unreachable(exc: BaseException) -> bool:
-    """The server could not be reached (nothing was sent): safe to try again with the same key."""
-    return _is(exc, _CONNECT_FAILURES)
-
-
-def _transport_failure(exc: BaseException) -> bool:
-    """The connection broke (the call may or may not have reached the server)."""
-    return _is(exc, _TRANSPORT_FAILURES) or isinstance(exc, OSError | EOFError | TimeoutError)
-
-
-def _broken_connection(exc: BaseException) -> bool:
-    """The connection of a call broke under it (not a tool's own OSError, say)."""
-    return _is(exc, _TRANSPORT_FAILURES) or isinstance(exc, ConnectionError | EOFError)
-
-
-# the MCP client's stand-ins, which pydantic-ai's MCPToolset turns into a ModelRetry for the model:
-# an HTTP error status with no JSON-RPC answer (the server or its gateway refused the request:
-# 429, 5xx; a server that ran a call answers it with 200, its errors inside) and a connection
-# that closed before the answer (a stdio server that died, a dropped stream)
-_HTTP_ERROR_ANSWER = (-32603, "Server returned an error response")
-_CONNECTION_CLOSED = -32000
-# the session gave up waiting for the answer (the toolset's `read_timeout`): the call was sent,
-# and may have run; an answer over SSE that was an HTTP error status ends so too (the SDK's SSE
-# client drops a POST's error status)
-_REQUEST_TIMED_OUT = -32001
-
-
-# (HTTP status, Retry-After seconds) of each `tools/call` answer of the call under way: a list of
-# the call's own, set in its task; the MCP session's tasks start inside the call and copy it
-_http_answers: ContextVar[list[tuple[int, float | None]] | None] = ContextVar(
-    "agentruns_mcp_http_answers", default=None
-)
-# refused before processing: the server is busy or down, the call was not run
-_NOT_PROCESSED = frozenset({429, 503})
-# from a gateway in front of the server: it may have passed the call on (502) or given up
-# waiting for the answer (504); weather for a tool that is safe to call again
-_GATEWAY = frozenset({502, 504})
-
-
-def _observe_http(toolset: AbstractToolset) -> str:
-    """Hook the streamable HTTP transports of `toolset`'s MCP servers to note each answer's
-    status (the transport's own response hook, `_capture_session_id`, is wrapped: it is
-    installed on whichever HTTP client the transport makes). Returns the server's name."""
-    leaves: list[AbstractToolset] = []
-    toolset.apply(leaves.append)
-    names = []
-    for leaf in leaves:
-        if type(leaf).__name__ != "MCPToolset":
-            continue
-        names.append(str(getattr(leaf, "id", None) or getattr(leaf, "label", "MCP server")))
-        transport = getattr(getattr(leaf, "client", None), "transport", None)
-        original = getattr(transport, "_capture_session_id", None)
-        if original is None or getattr(original, "agentruns_observed", False):
-            continue  # stdio, SSE (statuses unknown: answered conservatively), or hooked already
-
-        async def hook(response: Any, original: Any = original) -> None:
-            _note_http_answer(response)
-            await original(response)
-
-        hook.agentruns_observed = True  # type: ignore[attr-defined]
-        transport._capture_session_id = hook  # type: ignore[union-attr]
-    return ", ".join(names) or "MCP server"
-
-
-def _note_http_answer(response: Any) -> None:
-    answers = _http_answers.get()
-    if answers is None or response.status_code < 400:
-        return
-    try:
-        if b'"tools/call"' not in response.request.content:
-            return
-    except Exception:  # a streamed request body: not a call of ours
-        return
-    retry_after = response.headers.get("retry-after", "")
-    answers.append((response.status_code, float(retry_after) if retry_after.isdigit() else None))
-
-
-def _error_answer(
-    binding: ToolsetBinding,
-    name: str,
-    exc: BaseException,
-    answers: list[tuple[int, float | None]],
-    *,
-    rerun_safe: bool,
-) -> None:
-    """The server answered the call with an HTTP error status and no JSON-RPC answer."""
-    status, retry_after = answers[-1] if answers else (None, None)
-    said = f"HTTP {status}" if status is not None else "an error"
-    if status in _NOT_PROCESSED or (rerun_safe and status in _GATEWAY):
-        raise ServerUnavailable(
-            f"{name}: {binding.server} answered {said}",
-            server=binding.server,
-            retry_after=retry_after,
-        ) from exc
-    if (status is not None and status < 500) or rerun_safe:
-        # refused (a 4xx: not run), or safe to run again: the tool's retry policy decides
-        raise RetryableToolError(f"{name}: server answered an error: {said}: {exc}") from exc
-    raise OutcomeUnknown(
-        f"{name}: the server answered {said} to the call: it may have run it before failing"
-    ) from exc
-
-
-def _mcp_error(exc: BaseException) -> Any:
-    """The MCP SDK's MCPError that `exc` was raised from, if any."""
-    seen: set[int] = set()
-    link: BaseException | None = exc
-    while link is not None and id(link) not in seen:
-        seen.add(id(link))
-        if type(link).__name__ == "MCPError" and hasattr(link, "code"):
-            return link
-        link = link.__cause__ or link.__context__
-    return None
-
-
 def call(
     binding: ToolsetBinding,
     definition: ToolDefinition,
@@ -309,7 +174,7 @@ def call(
 
     async def invoke() -> Any:
         nonlocal sent
-        _http_answers.set(answers)
+        http_answers.set(answers)
         async with binding.toolset:
             sent = True
             args = await validated()
@@ -329,10 +194,10 @@ def call(
     except ApprovalRequired as exc:
         raise ApprovalRequested(definition.name, metadata=exc.metadata) from None
     except (ModelRetry, ToolFailed) as exc:
-        broke = _mcp_error(exc)
-        if broke is not None and (broke.code, broke.message) == _HTTP_ERROR_ANSWER:
-            _error_answer(binding, definition.name, exc, answers, rerun_safe=rerun_safe)
-        if broke is not None and broke.code in (_CONNECTION_CLOSED, _REQUEST_TIMED_OUT):
+        broke = mcp_error(exc)
+        if broke is not None and (broke.code, broke.message) == HTTP_ERROR_ANSWER:
+            error_answer(binding, definition.name, exc, answers, rerun_safe=rerun_safe)
+        if broke is not None and broke.code in (CONNECTION_CLOSED, REQUEST_TIMED_OUT):
             _connection_broke(definition.name, exc, safe=rerun_safe or not sent)
         # the model is told, as Pydantic AI tells it, and may try again
         return {"error": getattr(exc, "message", str(exc)), "retry": isinstance(exc, ModelRetry)}
@@ -346,17 +211,17 @@ def call(
     except (RetryableToolError, FatalToolError):
         raise
     except Exception as exc:
-        if _ours(exc):
+        if is_ours(exc):
             raise  # this app's database or Redis: the engine's weather, never the tool's verdict
-        if binding.mcp and (not sent or _unreachable(exc)):
+        if binding.mcp and (not sent or unreachable(exc)):
             # not sent: the toolset could not be entered (an MCP server that did not start or
             # answer its handshake in time), so nothing of the call reached it
             raise ServerUnavailable(
                 f"{definition.name}: {binding.server} unreachable: {exc!r}", server=binding.server
             ) from exc
-        if not sent or _unreachable(exc) or (rerun_safe and _transport_failure(exc)):
+        if not sent or unreachable(exc) or (rerun_safe and transport_failure(exc)):
             raise RetryableToolError(f"{definition.name}: server unreachable: {exc!r}") from exc
-        if _broken_connection(exc):
+        if broken_connection(exc):
             _connection_broke(definition.name, exc, safe=False)
         raise
 
@@ -404,14 +269,14 @@ async def classified(name: str, call: Coroutine[Any, Any, T], *, rerun_safe: boo
     if binding is None:
         return await call
     answers: list[tuple[int, float | None]] = []
-    token = _http_answers.set(answers)
+    token = http_answers.set(answers)
     try:
         return await call
     except (ModelRetry, ToolFailed) as exc:
-        broke = _mcp_error(exc)
-        if broke is not None and (broke.code, broke.message) == _HTTP_ERROR_ANSWER:
-            _error_answer(binding, name, exc, answers, rerun_safe=rerun_safe)
-        if broke is not None and broke.code in (_CONNECTION_CLOSED, _REQUEST_TIMED_OUT):
+        broke = mcp_error(exc)
+        if broke is not None and (broke.code, broke.message) == HTTP_ERROR_ANSWER:
+            error_answer(binding, name, exc, answers, rerun_safe=rerun_safe)
+        if broke is not None and broke.code in (CONNECTION_CLOSED, REQUEST_TIMED_OUT):
             _connection_broke(name, exc, safe=rerun_safe)
         raise
     except (ValidationError, ApprovalRequired, CallDeferred, RetryableToolError, FatalToolError):
@@ -419,16 +284,16 @@ async def classified(name: str, call: Coroutine[Any, Any, T], *, rerun_safe: boo
     except OutcomeUnknown:
         raise
     except Exception as exc:
-        if _ours(exc):
+        if is_ours(exc):
             raise  # this app's database or Redis: the engine's weather, never the tool's verdict
-        if binding.mcp and _unreachable(exc):
+        if binding.mcp and unreachable(exc):
             raise ServerUnavailable(
                 f"{name}: {binding.server} unreachable: {exc!r}", server=binding.server
             ) from exc
-        if _unreachable(exc) or (rerun_safe and _transport_failure(exc)):
+        if unreachable(exc) or (rerun_safe and transport_failure(exc)):
             raise RetryableToolError(f"{name}: server unreachable: {exc!r}") from exc
-        if _broken_connection(exc):
+        if broken_connection(exc):
             _connection_broke(name, exc, safe=False)
         raise
     finally:
-        _http_answers.reset(token)
+        http_answers.reset(token)

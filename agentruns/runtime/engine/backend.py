@@ -7,7 +7,7 @@ typed id and persisted name (`JournalOperationNamer`: `refund__model.request`,
 
 - a model request (`ModelRequestId`): the run's next model step (`model_unit.py`);
 - a tool call (`ToolsetCallToolId`, function, MCP or dynamic): the tool step the current model
-  step planned for the call's id (`tool_unit.py`);
+  step planned for the call's id (`tools/unit.py`);
 - anything else (`ToolsetGetToolsId`/`ToolsetGetInstructionsId` discovery, argument validation,
   an event handler, a capability's durable operation, message compaction, a suspended
   response's cancellation, and whatever the union gains): a journal entry, found again by its
@@ -27,9 +27,10 @@ from pydantic_ai.durable_exec import (
     ToolsetCallToolId,
 )
 
-from agentruns.runtime.engine import model_unit, tool_unit
+from agentruns.runtime.engine import model_unit
 from agentruns.runtime.engine.plan import journal_unit
 from agentruns.runtime.engine.slice import current
+from agentruns.runtime.engine.tools import unit as tool_unit
 
 
 class StepBackend(JournalCallableOperationBackend[Any]):

@@ -42,7 +42,7 @@ from agentruns.runtime.engine.backend import StepBackend
 from agentruns.runtime.engine.model_unit import request_model
 from agentruns.runtime.engine.plan import refuse_planned
 from agentruns.runtime.engine.slice import island
-from agentruns.runtime.engine.tool_unit import StepsToolset, registered_tools
+from agentruns.runtime.engine.tools.toolsets import StepsToolset, registered_tools
 from agentruns.runtime.engine.waits import decide_deferred
 from agentruns.runtime.providers.models import model_for, name_of
 
@@ -52,7 +52,7 @@ ENGINE = DurabilityEngineSpec(
     durable_unit_plural="steps",
     durable_container_noun="run",
     codec=JSON_CODEC,
-    # a tool call is a unit of our own, whatever its toolset (`tool_unit.StepsToolset`); an MCP
+    # a tool call is a unit of our own, whatever its toolset (`tools/toolsets.StepsToolset`); an MCP
     # server's tools are those listed when its agent registered (`RegisteredTools`); a dynamic
     # toolset is wrapped, so its listing is a journaled unit
     wrapped_toolset_kinds=frozenset({"dynamic"}),

@@ -360,7 +360,7 @@ def _flush_delta(state: SliceState, step: Step, attempt: int, text: str, started
         batch = WriteBatch()
         step.status = StepStatus.RUNNING
         begin_attempt(batch, step, attempt, state.executor.owner, started)
-        events.append((EventType.STEP_STARTED, step_event_data(step)))
+        events.append((EventType.STEP_STARTED, step_event_data(step, error="")))
     events.append((EventType.MODEL_DELTA, {"step": step.index, "attempt": attempt, "text": text}))
     state.executor.commit(events, batch=batch)
     state.executor.check_lease()

@@ -184,7 +184,9 @@ def record_model_step(state: SliceState, step: Step, answer: Answer, params: Any
             finished_at=now,
             outcome=AttemptOutcome.SUCCEEDED,
         )
-        events.append((EventType.STEP_STARTED, step_event_data(step, status=StepStatus.RUNNING)))
+        events.append(
+            (EventType.STEP_STARTED, step_event_data(step, status=StepStatus.RUNNING, error=""))
+        )
     else:
         stage(batch, step, MODEL_STEP_FIELDS)
         end_attempt(batch, step, answer.attempt, finished_at=now, outcome=AttemptOutcome.SUCCEEDED)

@@ -33,6 +33,7 @@ from agentruns.runtime.execution import transitions
 from agentruns.runtime.execution.cancel import cancel_run, withdraw_unrun_work
 from agentruns.runtime.execution.transitions import ActionRefused, RunChange
 from agentruns.runtime.inbox import inbox
+from agentruns.runtime.operations import executions
 from agentruns.runtime.values.text import storable
 
 
@@ -56,6 +57,8 @@ def finish(
     stop_reason: str = "",
 ) -> str:
     with transaction.atomic(savepoint=False):
+        state = executor.state  # None when the slice failed loading
+        executions.run_ended(state.run if state else executor.run_id, f"the run ended ({status})")
         apply(
             executor,
             transitions.finished(
@@ -134,6 +137,7 @@ def cancel_at_boundary(executor: Any) -> str:
                 ):
                     step.status, step.finished_at = StepStatus.SKIPPED, now
         events = withdraw_unrun_work(executor.state.run, now, who=None)
+        executions.run_ended(executor.state.run, "the run was cancelled during the call")
         apply(
             executor,
             transitions.finished(

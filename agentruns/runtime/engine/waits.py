@@ -208,7 +208,7 @@ def _ask_the_inbox(
         with transaction.atomic():
             for step in waiting:
                 approval_id = inbox().open_approval(step, agent)
-                events.append((EventType.STEP_WAITING_APPROVAL, step_event_data(step)))
+                events.append((EventType.STEP_WAITING_APPROVAL, step_event_data(step, error="")))
                 events.append(
                     (
                         EventType.APPROVAL_REQUESTED,

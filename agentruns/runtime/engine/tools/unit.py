@@ -19,22 +19,15 @@ from __future__ import annotations
 
 import json
 import traceback
-from dataclasses import dataclass, field
+from contextlib import nullcontext
 from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 from pydantic_ai.durable_exec import (
-    JSON_CODEC,
-    CallToolResult,
-    durable_unit_scope,
     record_durable_unit,
 )
-from pydantic_ai.durable_exec._operation_backend import in_durable_unit
-from pydantic_ai.durable_exec._toolset import unwrap_tool_call_result, wrap_tool_call_result
-from pydantic_ai.tools import ToolDefinition
-from pydantic_ai.toolsets import WrapperToolset
 
 from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, RunStatus, Step, StepStatus
@@ -47,23 +40,30 @@ from agentruns.registry import (
     get_tool,
 )
 from agentruns.registry.context import stepping
-from agentruns.registry.pydantic_agents.calls import classified, registered_listing
 from agentruns.runtime import tracing, writer
 from agentruns.runtime.dispatch import connections
 from agentruns.runtime.engine import status
 from agentruns.runtime.engine.plan import (
     attempt_row,
-    begin_attempt,
     end_attempt,
     journal_text,
     journal_unit,
-    replayed,
     stage,
 )
-from agentruns.runtime.engine.slice import SliceState, current_or_none, island
+from agentruns.runtime.engine.slice import SliceState, island
+from agentruns.runtime.engine.tools.opening import (
+    _AGAIN,
+    _GO,
+    TOOL_RESULT_FIELDS,
+    _open,
+    _refuse,
+    recorded,
+)
 from agentruns.runtime.events import EventType, step_event_data, succeeded_event_data
 from agentruns.runtime.execution import failpoints
 from agentruns.runtime.inbox import inbox
+from agentruns.runtime.operations import executions
+from agentruns.runtime.operations import gate as operations
 from agentruns.runtime.outages.faults import is_infrastructure_error
 from agentruns.runtime.outages.tool_outage import ToolOutage
 from agentruns.runtime.store.rows import WriteBatch
@@ -71,102 +71,7 @@ from agentruns.runtime.values.redaction import redact_text, secret_values, secre
 from agentruns.runtime.values.text import storable
 from agentruns.runtime.values.timestamps import iso
 
-TOOL_RESULT_FIELDS = [
-    "status",
-    "result",
-    "payload",
-    "error",
-    "attempts",
-    "started_at",
-    "finished_at",
-    "next_attempt_at",
-]
-# the control flow a tool raised, as Pydantic AI records it: what the step keeps as its result
 _FED_BACK = {"model_retry": True, "tool_failed": False, "validation_error": True}
-
-
-class StepsToolset(WrapperToolset[Any]):
-    """Around the run's toolset (our durability's `get_wrapper_toolset`): a tool call of the
-    agent's loop is its step's unit, whatever toolset the tool is in. The call itself is the
-    unit's body, its outcome recorded as Pydantic AI's `CallToolResult` (control flow as data)
-    and given back to the loop as the toolset's answer."""
-
-    async def call_tool(self, name: str, tool_args: dict[str, Any], ctx: Any, tool: Any) -> Any:
-        state = current_or_none()
-        if state is None or in_durable_unit():
-            return await self.wrapped.call_tool(name, tool_args, ctx, tool)
-
-        async def body() -> Any:
-            with durable_unit_scope():
-                call = self.wrapped.call_tool(name, tool_args, ctx, tool)
-                result = await wrap_tool_call_result(
-                    classified(name, call, rerun_safe=_rerun_safe(name))
-                )
-                return JSON_CODEC.dump(CallToolResult, result)
-
-        payload = await execute(state, "call", name, ctx, body)
-        return unwrap_tool_call_result(JSON_CODEC.load(CallToolResult, payload))
-
-
-@dataclass
-class RegisteredTools(WrapperToolset[Any]):
-    """An MCP server's tools as they were listed when its agent registered: a run's tools are
-    those its snapshot names, so the loop asks no server for them (a server that is down is the
-    call's weather, not the run's); each call connects on its own, inside its unit."""
-
-    definitions: dict[str, ToolDefinition] = field(default_factory=dict)
-
-    async def __aenter__(self) -> RegisteredTools:
-        return self  # nothing to connect before a call
-
-    async def __aexit__(self, *args: Any) -> None:
-        return None
-
-    async def get_tools(self, ctx: Any) -> dict[str, Any]:
-        return {
-            name: await self.wrapped.get_tool_for_tool_def(definition, ctx)
-            for name, definition in self.definitions.items()
-        }
-
-    async def call_tool(self, name: str, tool_args: dict[str, Any], ctx: Any, tool: Any) -> Any:
-        """Connected for this call: a server that does not come up (or answer its handshake)
-        got nothing of the call, which is weather (`ServerUnavailable`), not an attempt."""
-        leaf = self.wrapped
-        try:
-            await leaf.__aenter__()
-        except Exception as exc:
-            if is_infrastructure_error(exc):
-                raise
-            server = str(getattr(leaf, "id", None) or getattr(leaf, "label", "MCP server"))
-            raise ServerUnavailable(
-                f"{name}: {server} unreachable: {exc!r}", server=server
-            ) from exc
-        try:
-            return await leaf.call_tool(name, tool_args, ctx, tool)
-        finally:
-            await leaf.__aexit__(None, None, None)
-
-
-def registered_tools(leaf: Any) -> Any:
-    """`visit_and_replace` visitor: an MCP server listed at registration, as listed then."""
-    listing = registered_listing(leaf)
-    return leaf if listing is None else RegisteredTools(leaf, listing)
-
-
-def _rerun_safe(name: str) -> bool:
-    """A broken connection may be retried: the tool is read-only or idempotent."""
-    try:
-        tool = get_tool(name)
-    except UnknownTool:
-        return False
-    return not tool.side_effect or tool.idempotency == "key"
-
-
-def recorded(step: Step) -> Any:
-    """What a succeeded (or refused) tool step returns on replay (the JSON codec's form)."""
-    if step.payload is not None:
-        return replayed(step.payload)
-    return {"kind": "tool_return", "result": step.result}
 
 
 async def execute(state: SliceState, kind: str, name: str, ctx: Any, body: Any) -> Any:
@@ -179,6 +84,9 @@ async def execute(state: SliceState, kind: str, name: str, ctx: Any, body: Any) 
     if step.status == StepStatus.FAILED:
         record_durable_unit(executed=False)
         return {"kind": "model_retry", "message": step.error}
+    if step.status == StepStatus.SKIPPED:  # a retry skipped its unknown outcome: never made
+        record_durable_unit(executed=False)
+        return {"kind": "tool_return", "result": {"error": step.error or step.status}}
     executor = state.executor
     with island():
         if step.status == StepStatus.UNKNOWN:  # a reconciliation is still open: wait for it
@@ -224,15 +132,6 @@ def _recover(state: SliceState, step: Step) -> None:
     state.pending.events.append((EventType.STEP_RECOVERED, step_event_data(step)))
 
 
-def _refuse(state: SliceState, step: Step, reason: str) -> Any:
-    """The call is not made: the step ends rejected with `reason`, the model's answer."""
-    step.reject(reason)
-    stage(state.pending.batch, step, list(Step.REJECTED_FIELDS))
-    state.executor.commit([(EventType.STEP_FAILED, step_event_data(step))])
-    record_durable_unit(executed=True)
-    return recorded(step)
-
-
 def _wait_for_retry(state: SliceState, step: Step) -> None:
     executor = state.executor
     delay = (step.next_attempt_at - timezone.now()).total_seconds()
@@ -257,6 +156,9 @@ def _wait_out_outage(
     secrets = secret_values([step.arguments], state.run.redacted_fields(step.tool))
     reason = redact_text(outage.reason(down.error), secrets)[:2000]
     with transaction.atomic():
+        if operations.holds_key(state.run, step.tool):
+            # nothing reached the server: the key is free while it is down
+            executions.settle(step.id, executions.RELEASED)
         if tool.commits_before_call:
             writer.undo_attempt(step, down.attempt)
         step.status, step.attempts, step.error = StepStatus.PENDING, down.attempt - 1, reason
@@ -283,17 +185,14 @@ async def _attempt(state: SliceState, step: Step, tool: Tool, body: Any) -> Any:
     executor = state.executor
     run = state.run
     attempt, started = step.attempts + 1, timezone.now()
+    while True:
+        with island():
+            opened = _open(state, step, tool, attempt, started)
+        if opened is not _AGAIN:
+            break
+    if opened is not _GO:
+        return opened  # answered without a call: refused, or the key's earlier execution
     with island():
-        if tool.commits_before_call:
-            # the "before" commit: running + attempt, so a crash is seen and resumed by class
-            step.status = StepStatus.RUNNING
-            batch = WriteBatch()
-            begin_attempt(batch, step, attempt, executor.owner, started)
-            executor.commit([(EventType.STEP_STARTED, step_event_data(step))], batch=batch)
-            if executor.cancel_requested:  # read by that commit: the call is not made
-                _not_made(state, step, attempt)
-                raise status.cancelled(executor)
-        failpoints.hit("step_started", tool=step.tool, step_id=step.id)
         if not tool.transactional:
             connections.release()  # the call waits on the world, not on this database
         # a transactional call right after its model turn runs in the transaction that records
@@ -355,18 +254,6 @@ async def _attempt(state: SliceState, step: Step, tool: Tool, body: Any) -> Any:
     return await _attempt(state, step, tool, body)  # retried under the tool's policy
 
 
-def _not_made(state: SliceState, step: Step, attempt: int) -> None:
-    not_made = "the run was cancelled before the call was made"
-    now = timezone.now()
-    batch = state.pending.batch
-    end_attempt(
-        batch, step, attempt, finished_at=now, outcome=AttemptOutcome.FAILED, error=not_made
-    )
-    step.status, step.error, step.finished_at = StepStatus.FAILED, not_made, now
-    stage(batch, step, ["status", "error", "finished_at"])
-    state.pending.events.append((EventType.STEP_FAILED, step_event_data(step)))
-
-
 def _result_of(payload: Any) -> Any:
     """The step's result (the JSON people and the API see) of a recorded CallToolResult."""
     kind = payload.get("kind") if isinstance(payload, dict) else None
@@ -414,8 +301,12 @@ def _returned(
             )
         step.status = StepStatus.PENDING
         stage(batch, step, ["status"])
-        if batch is not state.pending.batch:
-            executor.commit([], batch=batch, end_transaction=end_transaction)
+        keyed = operations.holds_key(state.run, step.tool)
+        with transaction.atomic() if keyed else nullcontext():
+            if keyed:  # nothing was made, and a parked call holds no key
+                executions.settle(step.id, executions.RELEASED)
+            if batch is not state.pending.batch:
+                executor.commit([], batch=batch, end_transaction=end_transaction)
         return "deferred"
     if not tool.commits_before_call:
         step.started_at = started
@@ -439,12 +330,17 @@ def _returned(
     stage(batch, step, TOOL_RESULT_FIELDS)
     event = (EventType.STEP_SUCCEEDED, succeeded_event_data(state.run, step))
     if tool.side_effect or batch is not state.pending.batch:
-        # a side effect's "after" commit; a transactional tool's, in the call's transaction
-        executor.commit(
-            [event],
-            batch=None if batch is state.pending.batch else batch,
-            end_transaction=end_transaction,
-        )
+        # a side effect's "after" commit; a transactional tool's, in the call's transaction;
+        # the key the call holds is done with its result in the same commit (or both are lost)
+        keyed = operations.holds_key(state.run, step.tool)
+        with transaction.atomic() if keyed and not end_transaction else nullcontext():
+            if keyed:
+                executions.settle(step.id, executions.DONE, step.result)
+            executor.commit(
+                [event],
+                batch=None if batch is state.pending.batch else batch,
+                end_transaction=end_transaction or keyed,
+            )
     else:
         state.pending.events.append(event)
     record_durable_unit(executed=True)
@@ -494,5 +390,9 @@ def _failed(
         return
     step.status, step.finished_at, step.next_attempt_at = StepStatus.FAILED, now, None
     stage(batch, step, changed)
-    executor.commit([(EventType.STEP_FAILED, step_event_data(step))], batch=batch)
+    keyed = operations.holds_key(state.run, step.tool)
+    with transaction.atomic() if keyed else nullcontext():
+        if keyed:
+            executions.settle(step.id, executions.RELEASED)  # failed for good: free again
+        executor.commit([(EventType.STEP_FAILED, step_event_data(step))], batch=batch)
     raise status.fail(executor, f"step #{step.index} {step.tool} failed: {step.error}")
