@@ -63,6 +63,10 @@ ENGINE = DurabilityEngineSpec(
 )
 
 
+# a tool step whose outcome is recorded: its unit replays it
+_SETTLED = frozenset({StepStatus.SUCCEEDED, StepStatus.REJECTED, StepStatus.SKIPPED})
+
+
 class AgentRunsDurability(BaseDurabilityCapability[Any]):
     engine_spec = ENGINE
 
@@ -196,6 +200,10 @@ class AgentRunsDurability(BaseDurabilityCapability[Any]):
             return await handler(args)
         if state.awaited_approval(step.call_id):
             raise ApprovalRequired()  # decided (or not yet) in the inbox: the wait replays it
+        if step.status in _SETTLED:
+            # its outcome is recorded and no wait of this run asked about it (a fork's history,
+            # a call no rule held): it is replayed, never put before a person again
+            return await handler(args)
         try:
             tool = get_tool(step.tool)
         except UnknownTool:  # the unit refuses it (not deployed any more)
