@@ -14,6 +14,7 @@ executors (`ui_stream.py`), as the socket consumer does.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -24,6 +25,8 @@ from typing import Any
 from asgiref.sync import ThreadSensitiveContext
 from django.core.handlers.asgi import ASGIHandler
 from django.db import connections
+
+log = logging.getLogger(__name__)
 
 _CURRENT: ContextVar[RequestThread | None] = ContextVar("agentruns_request_thread", default=None)
 
@@ -118,4 +121,23 @@ class StreamingASGIHandler(ASGIHandler):
             thread = _CURRENT.get()
             if thread is not None:
                 thread.let_go()
-        await super().send_response(response, send)
+        started = False
+
+        async def tracked(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await super().send_response(response, tracked)
+        except Exception:
+            if not started:
+                raise
+            # A body that fails after its headers went out cannot become a 500. Raised to
+            # daphne, the response stays half-sent forever, and daphne's application checker
+            # (which tries to send that 500) fails and stops reaping every later request.
+            log.exception("a streamed response failed after its headers; ending it")
+            try:
+                await send({"type": "http.response.body"})
+            except Exception:  # the client is gone as well
+                pass
