@@ -68,7 +68,8 @@ async def hold_streams(url: str, token: str, n: int, pid: int) -> dict:
                 if answer.status_code == 200:
                     await release.wait()
         except Exception as exc:  # counted, not retried
-            key = f"{type(exc).__name__} {exc}"[:80]
+            cause = exc.__cause__ or exc.__context__
+            key = f"{type(exc).__name__} {exc} {cause!r}"[:100]
             statuses[key] = statuses.get(key, 0) + 1
             opened.release()
 
