@@ -202,15 +202,15 @@ SETTINGS: tuple[Setting, ...] = (
         0,
         maximum=API_TOKEN_MAX_DAYS,
     ),
-    # quotas (per user; 0 turns one off): runtime/access/quotas.py, stream/sockets.py
+    # quotas (per user; 0 turns one off): runtime/access/quotas.py, stream/access/slots.py
     Setting("AGENTRUNS_START_BURST", int, 100, "runs a user may start at once (token bucket)", 0),
     Setting("AGENTRUNS_START_PER_SECOND", float, 10, "... refilled at this rate", 0),
     Setting("AGENTRUNS_RUNS_IN_FLIGHT_PER_USER", int, 200, "queued + running runs per user", 0),
     Setting("AGENTRUNS_DECISION_BURST", int, 200, "decisions at once (a bulk: each item)", 0),
     Setting("AGENTRUNS_DECISION_PER_SECOND", float, 2, "... refilled at this rate", 0),
     Setting("AGENTRUNS_INPUT_MAX_KEY_BYTES", int, 20_000, "a run input's value, as JSON", 0),
-    Setting("AGENTRUNS_SOCKETS_PER_USER", int, 50, "run sockets per user and web process", 0),
-    Setting("AGENTRUNS_SOCKETS_PER_PROCESS", int, 5000, "run sockets per web process", 0),
+    Setting("AGENTRUNS_SOCKETS_PER_USER", int, 50, "streams per user and web process", 0),
+    Setting("AGENTRUNS_SOCKETS_PER_PROCESS", int, 5000, "streams (sockets, SSE) per process", 0),
     # operations
     Setting("AGENTRUNS_WORKER_STALE_SECONDS", float, 30, "/healthz turns 503 past it", 1),
     Setting(
