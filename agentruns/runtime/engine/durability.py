@@ -43,7 +43,7 @@ from agentruns.runtime.engine.model_unit import request_model
 from agentruns.runtime.engine.plan import refuse_planned
 from agentruns.runtime.engine.slice import island
 from agentruns.runtime.engine.tools.toolsets import StepsToolset, registered_tools
-from agentruns.runtime.engine.waits import decide_deferred
+from agentruns.runtime.engine.waits import ask_for, decide_deferred, rule_decided, rule_wait
 from agentruns.runtime.providers.models import model_for, name_of
 
 ENGINE = DurabilityEngineSpec(
@@ -198,8 +198,12 @@ class AgentRunsDurability(BaseDurabilityCapability[Any]):
             return await handler(args)
         if ctx.tool_call_approved:
             return await handler(args)
+        if rule_wait(state, step.call_id) is not None:
+            with island():
+                rule_decided(state, step)  # (parks while nobody decided)
+            return await handler(args)  # as approved (the arguments validated), or the denial
         if state.awaited_approval(step.call_id):
-            raise ApprovalRequired()  # decided (or not yet) in the inbox: the wait replays it
+            raise ApprovalRequired()  # the tool asked itself: Pydantic AI's deferral replays it
         if step.status in _SETTLED:
             # its outcome is recorded and no wait of this run asked about it (a fork's history,
             # a call no rule held): it is replayed, never put before a person again
@@ -211,7 +215,7 @@ class AgentRunsDurability(BaseDurabilityCapability[Any]):
         with island():
             held = needs_approval(state.run, tool, step.arguments)
         if held:
-            raise ApprovalRequired()
+            raise ask_for(state, step)
         return await handler(args)
 
     async def handle_deferred_tool_calls(

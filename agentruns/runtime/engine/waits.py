@@ -88,11 +88,43 @@ class StepWaiter(ExternalEventWaiter):
 
 
 def _next_wait(state: SliceState) -> Wait | None:
-    position = state.waits_seen
-    if position < len(state.waits):
+    """The next wait of the run in order (an approval our rule asked for is found by its call
+    instead: `rule_wait`)."""
+    while state.waits_seen < len(state.waits):
+        wait = state.waits[state.waits_seen]
         state.waits_seen += 1
-        return state.waits[position]
+        if wait.name != RULE_WAIT:
+            return wait
     return None
+
+
+# ------------------------------------------------------------------ our approval rules
+# the name of a wait our approval rule opened for one call (found by its call, not its order)
+RULE_WAIT = "approval"
+
+
+def rule_wait(state: SliceState, call_id: str) -> Wait | None:
+    return next(
+        (w for w in state.waits if w.name == RULE_WAIT and call_id in (w.calls or ())), None
+    )
+
+
+def ask_for(state: SliceState, step: Step) -> BaseException:
+    """An approval rule holds for this call: it waits in the inbox and the slice ends here, so
+    nothing after it in the turn runs before a person decided (as a side effect's order
+    requires); the next slice makes the call as decided (`rule_decided`), then goes on."""
+    with island():
+        status.check_boundary(state, model=False)
+    return _open_in_inbox(state, [step], name=RULE_WAIT)
+
+
+def rule_decided(state: SliceState, step: Step) -> bool:
+    """The call's rule wait is decided (approved: its arguments as approved; rejected or
+    expired: its unit answers with the reason); False: it still waits (the run parks)."""
+    if step.status != StepStatus.WAITING_APPROVAL:
+        return True
+    executor = state.executor
+    raise status.ends(RunStatus.WAITING, lambda: status.park(executor))
 
 
 def _replayed(state: SliceState, wait: Wait) -> JsonValue:
@@ -177,31 +209,38 @@ def _ask_the_inbox(
     state: SliceState, requests: DeferredToolRequests, calls: list[str]
 ) -> DeferredToolResults:
     """Each call's step waits in the inbox; the run parks until every item is decided."""
-    events: list = []
     denied: dict[str, ToolDenied] = {}
-    agent = state.run.agent
-    batch = state.pending.batch
     waiting: list[Step] = []
     for call_id in calls:
         step = state.step_for_call(call_id)
         if step is None:  # not a call the engine planned: nobody could decide it
             denied[call_id] = ToolDenied("this call cannot be approved here")
             continue
-        step.status = StepStatus.WAITING_APPROVAL
-        stage(batch, step, ["status"])
         waiting.append(step)
     if not waiting:
         return requests.build_results(approvals=denied)
+    raise _open_in_inbox(state, waiting, name="approvals")
+
+
+def _open_in_inbox(state: SliceState, waiting: list[Step], *, name: str) -> BaseException:
+    """`waiting` calls' steps wait in the inbox, each with its item, under one approval wait;
+    the run parks (the slice's end, committed once the loop unwound)."""
+    agent = state.run.agent
+    events: list = []
+    for step in waiting:
+        step.status = StepStatus.WAITING_APPROVAL
+        stage(state.pending.batch, step, ["status"])
     wait = Wait(
         run_id=state.run.id,
         ordinal=len(state.waits),
-        name="approvals",
+        name=name,
         kind=WaitKind.APPROVAL,
         token=secrets.token_urlsafe(32),
         calls=[s.call_id for s in waiting],
     )
     state.waits.append(wait)
-    state.waits_seen += 1
+    if name != RULE_WAIT:
+        state.waits_seen += 1
     executor = state.executor
 
     def commit() -> str:
@@ -223,7 +262,7 @@ def _ask_the_inbox(
             writer.save_wait(wait)
             return status.park(executor, events_before=events)
 
-    raise status.ends(RunStatus.WAITING, commit)
+    return status.ends(RunStatus.WAITING, commit)
 
 
 def _record_external(
