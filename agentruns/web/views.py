@@ -22,6 +22,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from agentruns import services
 from agentruns.models import Run, RunEvent, RunStatus, Step, StepAttempt
 from agentruns.registry import all_agents
+from agentruns.registry.outcomes import tones
 from agentruns.runtime.execution import unknown_outcomes
 from agentruns.runtime.values.ids import parse_id
 from agentruns.runtime.values.text import UnsafeValue, loads_strict
@@ -45,6 +46,7 @@ def run_list(request: HttpRequest) -> HttpResponse:
         "filters": filters.as_params(),
         "filter_query": urlencode(filters.as_params()),
         "statuses": RunStatus.values,
+        "outcomes": sorted(tones(all_agents().values())),
         "agents": sorted(all_agents()),
         "ages": list(AGES),
     }

@@ -29,12 +29,17 @@ APPROVAL_ESCALATED = "approval.escalated"
 APPROVAL_DECIDED = "approval.decided"
 APPROVAL_WITHDRAWN = "approval.withdrawn"
 RUN_FAILED = "run.failed"
+# a run handed its request over to a person (an inbox item of kind handover), and it was closed
+HANDOVER_OPENED = "handover.opened"
+HANDOVER_CLOSED = "handover.closed"
 EVENT_TYPES = (
     APPROVAL_REQUESTED,
     APPROVAL_ESCALATED,
     APPROVAL_DECIDED,
     APPROVAL_WITHDRAWN,
     RUN_FAILED,
+    HANDOVER_OPENED,
+    HANDOVER_CLOSED,
 )
 
 

@@ -123,6 +123,15 @@
           const here = document.querySelector(sel);
           if (fresh && here) here.innerHTML = fresh.innerHTML;
         }
+        // the status and outcome chips: their colour says what the run's work came to
+        for (const id of ["run-status", "run-outcome"]) {
+          const fresh = doc.getElementById(id);
+          const here = document.getElementById(id);
+          if (!fresh || !here) continue;
+          here.className = fresh.className;
+          here.hidden = fresh.hidden;
+          here.textContent = fresh.textContent;
+        }
       } catch (e) { /* the next event tries again */ }
     }, 300);
   }

@@ -17,7 +17,7 @@ from django.utils import timezone
 from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, RunStatus, Step, StepAttempt, StepKind, StepStatus
 from agentruns.registry import get_tool
-from agentruns.runtime import tracing
+from agentruns.runtime import outcomes, tracing
 from agentruns.runtime.dispatch import connections
 from agentruns.runtime.events import (
     EventType,
@@ -262,6 +262,8 @@ class ModelSteps(PlannedSteps):
         while True:
             head = self._eager_prefix(planned)[:limit]
             in_txn = any(get_tool(s.tool).transactional for s in head)
+            # an answer that ends the run may open hand-overs in its commit (runtime/outcomes.py)
+            in_txn = in_txn or (not answer.calls and outcomes.writes_at_end(self.state.run.agent))
             try:
                 with transaction.atomic() if in_txn else nullcontext():
                     eager = self._run_eager_prefix(head, in_txn)
@@ -352,6 +354,7 @@ class ModelSteps(PlannedSteps):
         final = not answer.calls  # the answer: finish the run in this same commit
         if final:
             done = transitions.finished(RunStatus.SUCCEEDED, output=answer.text)
+            transitions.announce(run.id, done)  # its outcome (and hand-overs) are set here
             events.extend(done.events)
             fields.update(done.fields)
         self.commit(

@@ -17,7 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from agentruns.models import Run, RunStatus
-from agentruns.runtime import tracing
+from agentruns.runtime import outcomes, tracing
 from agentruns.runtime.dispatch.queue import enqueue
 from agentruns.runtime.events import EventSpec, EventType
 from agentruns.runtime.inbox import inbox
@@ -115,6 +115,7 @@ def requeued(now: datetime) -> RunChange:
             "status": RunStatus.QUEUED,
             "error": "",
             "stop_reason": "",
+            "outcome": "",  # it is given again when the run ends again
             "finished_at": None,
             "cancel_requested": False,
             "enqueued_at": now,
@@ -136,7 +137,9 @@ def aborted(error: str) -> RunChange:
 # ------------------------------------------------------------------ applying them
 def announce(run_id: uuid.UUID | str, change: RunChange) -> None:
     """What the outside world hears of the change (a failing run's webhook), written in the
-    transaction that writes the change: every writer of a RunChange calls this with it."""
+    transaction that writes the change: every writer of a RunChange calls this with it. A change
+    that ends the run gets its outcome and opens its hand-overs here (runtime/outcomes.py)."""
+    outcomes.ending(run_id, change)
     if change.fields.get("status") == RunStatus.FAILED:
         inbox().run_failed(run_id, change.fields)
 

@@ -36,6 +36,7 @@ RUN_SET_FIELDS = [
     "output",
     "error",
     "stop_reason",
+    "outcome",
     "started_at",
     "finished_at",
 ]
