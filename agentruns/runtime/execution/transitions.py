@@ -79,6 +79,14 @@ def finished(status: str, *, output: str = "", error: str = "", stop_reason: str
     return RunChange(fields, events)
 
 
+def ended(run_id: uuid.UUID | str, status: str, **why: Any) -> RunChange:
+    """`finished`, announced (its outcome and hand-overs set), for a writer that folds the end
+    into a commit of its own: the final model answer's."""
+    change = finished(status, **why)
+    announce(run_id, change)
+    return change
+
+
 def parked() -> RunChange:
     """running -> waiting: a step needs a human; the run holds no lease and no worker."""
     return RunChange({"status": RunStatus.WAITING, **RELEASED}, [_status_event(RunStatus.WAITING)])
