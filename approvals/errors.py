@@ -48,10 +48,11 @@ class NoteRequired(DecisionError):
     status = 400
     fields = ("reason", "internal_note")
 
-    def __init__(self) -> None:
+    def __init__(self, decision: str = "reject") -> None:
+        what = "to close a hand-over" if decision == "close" else "to reject"
         super().__init__(
-            "give a reason (the agent is told it and may pass it on to the customer) or an "
-            "internal note (for staff only), or both",
+            "Give a reason (the agent is told it and may pass it on to the customer) or an "
+            f"internal note (for staff only), or both, {what}",
             code="note_required",
         )
 

@@ -64,7 +64,7 @@ def check_note(decision: str, reason: str, internal_note: str, door: Door) -> No
     """NoteRequired (a 400 naming both fields) for a rejection or a close without either."""
     if decision in NOTE_REQUIRED and door not in NOTE_OPTIONAL:
         if not reason.strip() and not internal_note.strip():
-            raise NoteRequired()
+            raise NoteRequired(decision)
 
 
 def decide(

@@ -64,8 +64,11 @@ def test_card_shows_what_a_person_needs_to_decide(client, approver):
     assert 'class="waited"' in html
     assert f'id="decide-{approval.id}"' in html and 'name="arg_amount_cents"' in html
     assert 'name="arg_card_token"' not in html  # a redacted field is not editable
-    # form attributes from the JSON schema, narrowed by the edit policy (may only go down)
-    assert 'min="1"' in html and 'max="4599"' in html
+    # form attributes from the JSON schema, narrowed by the edit policy (may only go down), in
+    # the call's currency (the amount is typed as 12.50, issue 34)
+    assert 'min="0.01"' in html and 'max="45.99"' in html and 'value="45.99"' in html
+    assert 'name="unit_amount_cents" value="EUR"' in html
+    assert "may only be lowered: from 0.01 up to 45.99 EUR (the requested value)" in html
 
 
 def test_viewer_sees_but_cannot_decide_in_the_ui(approver, viewer):
