@@ -95,7 +95,7 @@ class Card:
     request_text: str  # what the run was asked to do (the customer's message, for example)
     recent_text: list[str]  # the model's recent messages before it parked
     attempt: StepAttempt | None = None  # reconciliation: the attempt whose outcome is unknown
-    diff: dict = field(default_factory=dict)  # decided with edits: name -> {from, to}
+    diff: dict = field(default_factory=dict)  # edited: name -> {from, to}, amounts as shown
     # the two-person rule: this round's approvals, and who may still decide, in words
     given: list[ApprovalDecision] = field(default_factory=list)
     waiting_for: str = ""
@@ -202,6 +202,14 @@ def arg_rows(requested: dict, proposal: dict, money: Money | None) -> list[ArgRo
             row.asked = money.show(asked) if is_money else json.dumps(asked, ensure_ascii=False)
         rows.append(row)
     return rows
+
+
+def shown_diff(diff: dict, money: Money | None) -> dict:
+    """An edit's changes as people read them: the amount in its currency."""
+    if money is None or money.arg not in diff:
+        return diff
+    change = diff[money.arg]
+    return {**diff, money.arg: {"from": money.show(change["from"]), "to": money.show(change["to"])}}
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -338,7 +346,7 @@ def _card(
     proposal = requested
     if approval.edited_args is not None:
         proposal = approval.redacted(approval.edited_args)
-        diff = args_diff(requested, proposal)
+        diff = shown_diff(args_diff(requested, proposal), money)
     return Card(
         approval=approval,
         args=requested,

@@ -165,7 +165,7 @@ def test_the_inbox_form_says_which_is_which(seeded):
     page = Client()
     page.force_login(get_user_model().objects.get(username="approver"))
     html = page.get("/approvals/").content.decode()
-    assert f'<label for="a{item.id}-reason">Reason for the customer' in html
+    assert f'<label for="a{item.id}-told">Reason for the customer' in html
     assert "the agent is told this and may pass it on to the customer" in html
     assert f'<label for="a{item.id}-note">Internal note' in html
     assert (
