@@ -78,9 +78,7 @@ class ApprovalInbox:
         if not kind:
             raise Refused(f"approval {approval_id} is not part of this chat's run", 404)
         if kind[0] != ApprovalKind.APPROVAL:
-            raise Refused(
-                f"approval {approval_id} is a reconciliation: decide it in the inbox", 409
-            )
+            raise Refused(f"approval {approval_id} is a {kind[0]}: decide it in the inbox", 409)
         try:
             services.decide(
                 approval_id,

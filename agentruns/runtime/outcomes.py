@@ -48,15 +48,19 @@ def writes_at_end(agent_name: str) -> bool:
         return False
 
 
-def _declares_any() -> bool:
-    """Does any registered agent declare an outcome hook or a hand-over tool? (no: no reads)"""
-    return any(a.outcome is not None or handover_tools(a) for a in all_agents().values())
+def _declares(agents: list[Agent]) -> bool:
+    """Does any of these agents declare an outcome hook or a hand-over tool? (no: no reads)"""
+    return any(a.outcome is not None or handover_tools(a) for a in agents)
 
 
-def ending(run_id: uuid.UUID | str, change: Any) -> None:
-    """Complete `change` (a `transitions.RunChange`) that ends the run: see the module."""
+def ending(run_id: uuid.UUID | str, change: Any, *, agent: str = "") -> None:
+    """Complete `change` (a `transitions.RunChange`) that ends the run: see the module.
+    `agent`: the run's, when the caller knows it (no read for an agent that declares none)."""
     status = change.fields.get("status")
-    if status not in TERMINAL_RUN_STATUSES or not _declares_any():
+    if status not in TERMINAL_RUN_STATUSES:
+        return
+    known = all_agents()
+    if not _declares([known[agent]] if agent in known else list(known.values())):
         return
     run = Run.objects.filter(id=run_id).only("id", "agent", "input", "status").first()
     if run is None:

@@ -351,7 +351,7 @@ class ModelSteps(PlannedSteps):
         fields: dict[str, Any] = {"step_count": len(self.state.steps)}
         final = not answer.calls  # the answer: finish the run in this same commit
         if final:
-            done = transitions.ended(run.id, RunStatus.SUCCEEDED, output=answer.text)
+            done = transitions.ended(run, RunStatus.SUCCEEDED, output=answer.text)
             events.extend(done.events)
             fields.update(done.fields)
         self.commit(
