@@ -108,6 +108,7 @@ def run_data(run: Run) -> dict:
         "status": run.status,
         "error": redact_text(run.error),
         "stop_reason": run.stop_reason,
+        "outcome": run.outcome or None,
         "created_at": iso(run.created_at),
         "finished_at": iso(run.finished_at),
         "url": run_url(run.id),
@@ -163,7 +164,7 @@ def run_failed(run_id: Any, fields: dict[str, Any]) -> str:
     if not settings_endpoint_events() and not WebhookEndpoint.objects.filter(active=True).exists():
         return ""
     run = Run.objects.get(id=run_id)
-    for name in ("status", "error", "stop_reason", "finished_at"):
+    for name in ("status", "error", "stop_reason", "outcome", "finished_at"):
         if name in fields:
             setattr(run, name, fields[name])
     return record(RUN_FAILED, run=run)

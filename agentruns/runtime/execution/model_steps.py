@@ -258,7 +258,7 @@ class ModelSteps(PlannedSteps):
         # read-only and transactional calls at the head of the plan run now, recorded in the
         # model's commit (transactional ones inside it): if we die first, both are done again
         limit = len(planned)
-        ends = not answer.calls and outcomes.writes_at_end(self.state.run.agent)  # hand-overs
+        ends = not answer.calls and outcomes.hands_over(self.state.run.agent, self.state.steps)
         while True:
             head = self._eager_prefix(planned)[:limit]
             in_txn = ends or any(get_tool(s.tool).transactional for s in head)

@@ -83,7 +83,7 @@ def ended(run: Run, status: str, **why: Any) -> RunChange:
     """`finished`, announced (its outcome and hand-overs set), for a writer that folds the end
     into a commit of its own: the final model answer's."""
     change = finished(status, **why)
-    announce(run.id, change, agent=run.agent)
+    announce(run.id, change, run=run)
     return change
 
 
@@ -143,11 +143,11 @@ def aborted(error: str) -> RunChange:
 
 
 # ------------------------------------------------------------------ applying them
-def announce(run_id: uuid.UUID | str, change: RunChange, *, agent: str = "") -> None:
+def announce(run_id: uuid.UUID | str, change: RunChange, *, run: Run | None = None) -> None:
     """What the outside world hears of the change (a failing run's webhook), written in the
     transaction that writes the change: every writer of a RunChange calls this with it. A change
     that ends the run gets its outcome and opens its hand-overs here (runtime/outcomes.py)."""
-    outcomes.ending(run_id, change, agent=agent)
+    outcomes.ending(run_id, change, run=run)
     if change.fields.get("status") == RunStatus.FAILED:
         inbox().run_failed(run_id, change.fields)
 
