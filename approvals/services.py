@@ -119,10 +119,17 @@ def approve(
     edited_args: dict | None = None,
     reason: str = "",
     version: int | None = None,
+    internal_note: str = "",
 ) -> Approval:
     """`decide(..., "approve")` for scripts and tests."""
     return decide(
-        approval_id, "approve", user, edited_args=edited_args, reason=reason, version=version
+        approval_id,
+        "approve",
+        user,
+        edited_args=edited_args,
+        reason=reason,
+        version=version,
+        internal_note=internal_note,
     )
 
 

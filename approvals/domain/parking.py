@@ -128,6 +128,7 @@ def _reopened(step: Step, agent: str, kind: str, **fresh: Any) -> Approval:
             "decided_by": None,
             "decided_at": None,
             "resolution": "",
+            "internal_note": "",  # an earlier decision's note lives on in `history`
             "expires_at": None,
             # a new item: its own due time, nobody on it yet
             "due_at": due_at_for(run, step.tool),
@@ -158,9 +159,7 @@ def open_handover(step: Step, agent: str) -> Approval | None:
     that ends again)."""
     if Approval.objects.filter(step=step, kind=ApprovalKind.HANDOVER).exists():
         return None
-    approval = _reopened(
-        step, agent, ApprovalKind.HANDOVER, edited_args=None, reason="", internal_note=""
-    )
+    approval = _reopened(step, agent, ApprovalKind.HANDOVER, edited_args=None, reason="")
     _announce_opened(approval, outbox.HANDOVER_OPENED)
     return approval
 

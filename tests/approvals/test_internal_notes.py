@@ -18,8 +18,10 @@ from django.test import Client
 from agentruns.models import Run, RunEvent, RunStatus, Step
 from agentruns.registry import get_agent
 from agentruns.services import start_run
+from approvals import services as decisions
 from approvals.models import Approval, ApprovalDecision, WebhookDelivery, WebhookEndpoint
 from support.models import OutboxMessage, TicketNote
+from tests.approvals.kit import CRASH_NEXT, die_mid_call_then_recover
 from tests.helpers import ApiClient, advance, assert_json_error
 
 pytestmark = pytest.mark.django_db
@@ -172,3 +174,23 @@ def test_the_inbox_form_says_which_is_which(seeded):
         "for staff only: kept in the audit trail, never shown to the agent or the customer" in html
     )
     assert 'name="internal_note"' in html and '<label for="bulk-note">Internal note' in html
+
+
+def test_the_note_of_an_approval_stays_in_the_history_when_its_call_is_reconciled(approver):
+    run = start_run(
+        "ap-wire",
+        {"script": [{"calls": [["ap_wire", {"account": "DE00-1", "amount_cents": 700}]]}]},
+    ).run
+    approval = Approval.objects.get(run=advance(run))
+    decisions.approve(approval.id, user=approver, internal_note=NOTE)
+    CRASH_NEXT["ap_wire"] = True
+    run = die_mid_call_then_recover(run)
+    item = Approval.objects.get(run=run)  # the same row, now a reconciliation
+    assert item.kind == "reconciliation" and item.internal_note == ""
+    assert item.history[0]["internal_note"] == NOTE
+    listed = ApiClient(approver).get("/api/approvals").json()["approvals"]
+    assert listed[0]["history"][0]["internal_note"] == NOTE
+    page = Client()
+    page.force_login(approver)
+    assert NOTE in page.get("/approvals/?kind=reconciliation").content.decode()
+    assert "INTERNAL-7f3a" not in json.dumps([e.data for e in RunEvent.objects.filter(run=run)])
