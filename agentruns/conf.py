@@ -18,6 +18,9 @@ def _q_timeout() -> float:
     return float(settings.Q_CLUSTER.get("timeout") or 120)
 
 
+# a token's lifetime in days, at most (ten years; 0 is a token that never expires)
+API_TOKEN_MAX_DAYS = 3650
+
 SETTINGS: tuple[Setting, ...] = (
     # the model
     Setting(
@@ -263,7 +266,14 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     # the API
     Setting("AGENTRUNS_API_MAX_BODY_BYTES", int, 1_000_000, "larger request bodies get 413", 1024),
-    Setting("AGENTRUNS_API_TOKEN_DAYS", float, 90, "new API tokens expire after it (0: never)", 0),
+    Setting(
+        "AGENTRUNS_API_TOKEN_DAYS",
+        float,
+        90,
+        "new API tokens expire after it (0: never)",
+        0,
+        maximum=API_TOKEN_MAX_DAYS,
+    ),
     # quotas (per user; 0 turns one off): runtime/access/quotas.py, stream/sockets.py
     Setting("AGENTRUNS_START_BURST", int, 100, "runs a user may start at once (token bucket)", 0),
     Setting("AGENTRUNS_START_PER_SECOND", float, 10, "... refilled at this rate", 0),

@@ -108,6 +108,7 @@ class Setting:
     default: Any  # a value, or a callable of no arguments (read when first needed)
     doc: str
     minimum: float | None = None
+    maximum: float | None = None
 
     def read(self) -> Any:
         raw = getattr(settings, self.name, None)
@@ -118,6 +119,8 @@ class Setting:
         value = _PARSERS[self.type](self.name, raw)
         if self.minimum is not None and value < self.minimum:
             raise ImproperlyConfigured(f"{self.name}={raw!r} is below its minimum {self.minimum}")
+        if self.maximum is not None and value > self.maximum:
+            raise ImproperlyConfigured(f"{self.name}={raw!r} is above its maximum {self.maximum}")
         return value
 
 

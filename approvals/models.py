@@ -80,16 +80,22 @@ class Approval(models.Model):
     # the call's operation key (its tool's `operation_key=` of the current proposal; "" for
     # none): the card shows the key's state and the other pending items of the same key
     operation_key = models.CharField(max_length=200, blank=True, default="")
+    # its run's priority when it opened: the inbox lists the highest first, then the newest
+    priority = models.SmallIntegerField(default=0, db_default=0)
 
     class Meta:
-        ordering = ["-created_at", "-id"]
+        ordering = ["-priority", "-created_at", "-id"]
         indexes = [
             models.Index(
                 fields=["operation_key"],
                 condition=Q(status="pending") & ~Q(operation_key=""),
                 name="approval_pending_key_idx",
             ),
-            models.Index(fields=["status", "-created_at"], name="approval_status_created_idx"),
+            # the inbox and the API list: by status, the highest priority first, then the newest
+            models.Index(
+                fields=["status", "-priority", "-created_at", "-id"],
+                name="approval_status_priority_idx",
+            ),
             models.Index(
                 fields=["expires_at"],
                 condition=Q(status="pending", expires_at__isnull=False),

@@ -21,3 +21,9 @@ urlpatterns = [
     path("examples/chat/", examples.chat_page, name="example-chat"),
     path("examples/chat/chat.js", examples.chat_bundle, name="example-chat-bundle"),
 ]
+
+# Django's error answers: JSON under /api/, its own pages elsewhere
+handler400 = "agentruns.api.errors.bad_request"
+handler403 = "agentruns.api.errors.permission_denied"
+handler404 = "agentruns.api.errors.page_not_found"
+handler500 = "agentruns.api.errors.server_error"

@@ -208,4 +208,15 @@ register_agent(
         "required": ["order_id"],
         "additionalProperties": False,  # an unknown key is a mistake, or a payload
     },
+    # REFUND_RUNS_PER_ORDER runs per order at a time (default one): a second ticket on the order
+    # waits behind the first (which keeps its place while it waits for an approver), then sees
+    # what the first one did; 0: no line (operation keys alone keep the refund single)
+    **(
+        {
+            "concurrency_key": lambda run_input: run_input["order_id"],
+            "concurrency": demo_conf.RUNS_PER_ORDER,
+        }
+        if demo_conf.RUNS_PER_ORDER
+        else {}
+    ),
 )

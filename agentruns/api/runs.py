@@ -9,7 +9,7 @@ from django.http import HttpRequest
 from agentruns import selectors, services
 from agentruns.api.endpoint import RUN_ID, endpoint
 from agentruns.api.parsing import BadRequest
-from agentruns.api.schemas import EVENTS, FORK_PLAN, RUN, RUN_WITH_STEPS, TRACEPARENT
+from agentruns.api.schemas import EVENTS, FORK_PLAN, PRIORITY, RUN, RUN_WITH_STEPS, TRACEPARENT
 from agentruns.api.serializers import run_payload
 from agentruns.models import Run
 from agentruns.registry import UnknownAgent
@@ -58,6 +58,7 @@ def idempotency_key(request: HttpRequest) -> str | None:
     body={
         "agent": {"type": "string", "minLength": 1, "maxLength": AGENT_MAX},
         "input": {"type": "object"},
+        "priority": PRIORITY,
     },
     required=("agent",),
     responses={
@@ -83,6 +84,7 @@ def create_run(request: HttpRequest, body: dict) -> tuple[dict, int]:
             dedupe_key=idempotency_key(request),
             user=request.user,
             traceparent=request.headers.get("traceparent"),
+            priority=body.get("priority", 0),
         )
     except UnknownAgent as exc:
         raise BadRequest(str(exc)) from None

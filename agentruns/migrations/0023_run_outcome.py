@@ -9,7 +9,7 @@ from agentruns.runtime.store import pg_function as pgcommit
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("agentruns", "0015_operation_keys"),
+        ("agentruns", "0017_commit_function_in_flight_cap"),
     ]
 
     operations = [

@@ -1,6 +1,7 @@
 """The persisted truth of the runtime (DESIGN.md section 3), one module per concept: runs and
-their steps (`runs`), who may do what (`access`), rows every process shares (`shared`), the
-operation keys across runs (`operations`). Every model is importable from here, as Django and
+their steps (`runs`), who may do what (`access`), rows every process shares (`shared`:
+heartbeats, quota buckets, concurrency keys), the operation keys across runs
+(`operations`). Every model is importable from here, as Django and
 the migrations expect of the app's `models`."""
 
 from agentruns.models.access import (
@@ -16,6 +17,8 @@ from agentruns.models.operations import (
     OperationState,
 )
 from agentruns.models.runs import (
+    PRIORITY_MAX,
+    PRIORITY_MIN,
     TERMINAL_RUN_STATUSES,
     TERMINAL_STEP_STATUSES,
     AttemptOutcome,
@@ -27,15 +30,18 @@ from agentruns.models.runs import (
     StepKind,
     StepStatus,
 )
-from agentruns.models.shared import QuotaBucket, WorkerHeartbeat
+from agentruns.models.shared import ConcurrencyKey, QuotaBucket, WorkerHeartbeat
 
 __all__ = [
+    "PRIORITY_MAX",
+    "PRIORITY_MIN",
     "TERMINAL_RUN_STATUSES",
     "TERMINAL_STEP_STATUSES",
     "AccessGeneration",
     "ApiToken",
     "ApprovalOverride",
     "AttemptOutcome",
+    "ConcurrencyKey",
     "OperationAllowance",
     "OperationExecution",
     "OperationState",

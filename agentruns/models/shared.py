@@ -1,4 +1,5 @@
-"""Rows every process shares: the workers' heartbeats and the quota buckets."""
+"""Rows every process shares: the workers' heartbeats, the quota buckets and the concurrency
+keys in use."""
 
 from __future__ import annotations
 
@@ -38,3 +39,22 @@ class QuotaBucket(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key}: {self.tokens:.1f}"
+
+
+class ConcurrencyKey(models.Model):
+    """A concurrency key with a line (`runtime/dispatch/concurrency.py`): its row is what every
+    admission to the key locks (FOR UPDATE), and `limit` is how many of the agent's runs sharing
+    the key may hold it at once (the agent's declaration, as the latest start of the key saw
+    it). The row goes when the key's last run lets it go."""
+
+    agent = models.CharField(max_length=100)
+    key = models.CharField(max_length=200)
+    limit = models.PositiveIntegerField(default=1)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["agent", "key"], name="concurrency_key_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent} {self.key} (at most {self.limit})"

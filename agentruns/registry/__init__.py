@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import jsonschema
 
+from agentruns.registry import concurrency
 from agentruns.registry.context import ToolContext, current_step
 from agentruns.registry.durable import durable
 from agentruns.registry.edits import Edit, EditRefused, check_declaration, check_edit
@@ -33,6 +34,8 @@ from agentruns.registry.errors import (
     ServerUnavailable,
     ToolArgumentsError,
     ToolError,
+    UnknownAgent,
+    UnknownTool,
 )
 from agentruns.registry.model_names import check_model_name
 from agentruns.registry.operations import OperationKeyError, OverLimit
@@ -314,7 +317,8 @@ def register_agent(
 ) -> Agent:
     """Register an `Agent`, or a `pydantic_ai.Agent` (then `tools`: per-tool declarations by
     name, over each tool's metadata["agentruns"]; `deps`: its deps from the run, `deps(run)`;
-    `options`: this registry's Agent fields, e.g. `max_steps`, `search_fields`)."""
+    `options`: Agent fields, e.g. `max_steps`; for either kind `concurrency.OPTIONS`)."""
+    across_runs = concurrency.take(options)
     if not isinstance(agent, Agent):
         agent = _from_pydantic_ai(agent, tools=tools, deps=deps, **options)
     elif tools or deps or options:
@@ -326,6 +330,7 @@ def register_agent(
         raise ValueError(f"agent {agent.name!r}: retry_unknown must be 'refuse' or 'skip'")
     if agent.model_instance is None:  # a provider SDK not installed: here, not mid-run
         check_model_name(agent.model)
+    concurrency.declare(agent.name, across_runs)
     _agents[agent.name] = agent
     return agent
 
@@ -366,14 +371,6 @@ def _from_pydantic_ai(agent: Any, *, tools: Any, deps: Any, **options: Any) -> A
         model_settings=adopted.model_settings,
         **{"format_input": format_input, **options},
     )
-
-
-class UnknownAgent(LookupError):
-    pass
-
-
-class UnknownTool(LookupError):
-    pass
 
 
 def get_agent(name: str) -> Agent:

@@ -37,6 +37,9 @@ LIST_FIELDS = (
     "search_text",
     "cancel_requested",
     "lease_owner",  # which worker process holds a running run (`Run.worker`)
+    "priority",
+    "concurrency_key",
+    "waiting_behind",  # a run waiting in its concurrency key's line
 )
 _HEX = re.compile(r"^[0-9a-f]{1,32}$")
 OUTCOME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")

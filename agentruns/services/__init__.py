@@ -13,6 +13,7 @@ from agentruns.services.operations import allow_operation
 from agentruns.services.start import (
     KeyInUse,
     StartResult,
+    check_priority,
     execute_inline,
     fork_run,
     start_run,
@@ -26,6 +27,7 @@ __all__ = [
     "StartResult",
     "allow_operation",
     "cancel_run",
+    "check_priority",
     "execute_inline",
     "fork_plan",
     "fork_run",

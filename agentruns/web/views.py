@@ -20,13 +20,13 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
 from agentruns import services
-from agentruns.models import Run, RunEvent, RunStatus, Step, StepAttempt
+from agentruns.models import PRIORITY_MAX, PRIORITY_MIN, Run, RunEvent, RunStatus, Step, StepAttempt
 from agentruns.registry import all_agents
 from agentruns.registry.outcomes import tones
 from agentruns.runtime.execution import unknown_outcomes
 from agentruns.runtime.values.ids import parse_id
 from agentruns.runtime.values.text import UnsafeValue, loads_strict
-from agentruns.selectors import AGES, RunFilters, backoff_of, live_turns, run_page
+from agentruns.selectors import AGES, RunFilters, backoff_of, live_turns, run_page, waiting_line
 from agentruns.web.permissions import permission_view
 from agentruns.web.timeline import legend, timeline_svg, view_steps
 
@@ -87,6 +87,7 @@ def run_detail(request: HttpRequest, run_id) -> HttpResponse:
             "can_fork": request.user.has_perm(OPERATE) and request.user.has_perm(START),
             "permissions": permission_view(run),
             "backoff": backoff_of(run, events),
+            "waiting_line": waiting_line(run),
         },
     )
 
@@ -100,13 +101,14 @@ def run_new(request: HttpRequest) -> HttpResponse:
             run_input = loads_strict(request.POST.get("input") or "{}", "input")
             if not isinstance(run_input, dict):
                 raise ValueError("the input must be a JSON object")
-            result = services.start_run(agent, run_input, user=request.user)
+            priority = _priority(request.POST.get("priority", ""))
+            result = services.start_run(agent, run_input, user=request.user, priority=priority)
         except (ValueError, LookupError) as exc:
             messages.error(request, f"Could not start the run: {exc}")
             return render(
                 request,
                 "agentruns/run_new.html",
-                {"agents": sorted(all_agents()), "form": request.POST},
+                {"agents": sorted(all_agents()), "form": request.POST, **PRIORITY_FORM},
                 status=400,
             )
         return redirect("run-detail", run_id=result.run.id)
@@ -116,8 +118,25 @@ def run_new(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "agentruns/run_new.html",
-        {"agents": sorted(all_agents()), "form": {"input": example, "agent": "refund"}},
+        {
+            "agents": sorted(all_agents()),
+            "form": {"input": example, "agent": "refund"},
+            **PRIORITY_FORM,
+        },
     )
+
+
+PRIORITY_FORM = {"priority_range": (PRIORITY_MIN, PRIORITY_MAX)}
+
+
+def _priority(raw: str) -> int:
+    """The form's priority: empty is 0; anything but a whole number in range is a ValueError."""
+    raw = raw.strip()
+    if not raw:
+        return 0
+    if len(raw) > 4 or not raw.lstrip("-").isascii() or not raw.lstrip("-").isdigit():
+        raise ValueError(f"priority must be a whole number from {PRIORITY_MIN} to {PRIORITY_MAX}")
+    return services.check_priority(int(raw))
 
 
 def _action(request: HttpRequest, run_id, action, done: str, **kwargs) -> HttpResponse:

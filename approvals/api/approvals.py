@@ -48,6 +48,8 @@ APPROVAL = obj(
         "internal_note": {"type": "string"},
         "expires_at": TIME_OR_NULL,
         "created_at": TIME,
+        # its run's priority: lists show the highest first, then the newest
+        "priority": {"type": "integer"},
         # claims and due times
         "claimed_by": TEXT_OR_NULL,
         "claimed_at": TIME_OR_NULL,
@@ -131,6 +133,7 @@ def approval_payload(approval: Approval, card: Card | None = None) -> dict:
         "internal_note": approval.internal_note,
         "expires_at": iso(approval.expires_at),
         "created_at": iso(approval.created_at),
+        "priority": approval.priority,
         **claim_payload(approval),
         "due_at": iso(approval.due_at),
         "escalated_at": iso(approval.escalated_at),

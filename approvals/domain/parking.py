@@ -78,6 +78,7 @@ def open_approval(step: Step, agent: str) -> Approval:
         requested_args=step.arguments,
         expires_at=now + timedelta(seconds=expiry) if expiry > 0 else None,
         due_at=due_at_for(run, step.tool, now),
+        priority=run.priority,
     )
     _announce_opened(approval)
     return approval
@@ -138,6 +139,7 @@ def _reopened(step: Step, agent: str, kind: str, **fresh: Any) -> Approval:
             # one person settles it, whatever the call needed to be approved
             "approvals_required": 1,
             "approvals_given": 0,
+            "priority": run.priority,
             **fresh,
         },
     )

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('approvals', '0007_aborted_unknown_steps_stay_unknown'),
+        ('approvals', '0008_approval_priority'),
     ]
 
     operations = [

@@ -90,9 +90,10 @@ def _is_poll(request: HttpRequest) -> bool:
 
 def _cursor_above(page) -> str:
     first = page.items[0]
-    micros, _, pk = encode_cursor(first).partition("-")
-    # "older than (t, id+1)" includes the item itself; ids are unique so nothing else sneaks in
-    return f"{micros}-{int(pk) + 1}"
+    head, _, pk = encode_cursor(first, "priority").rpartition("-")
+    # "older than (priority, t, id+1)" includes the item itself; ids are unique so nothing else
+    # sneaks in
+    return f"{head}-{int(pk) + 1}"
 
 
 def page_signature(page, can_decide: bool) -> str:

@@ -26,6 +26,7 @@ from agentruns.models import (
     Step,
     StepStatus,
 )
+from agentruns.registry import concurrency
 from agentruns.services import start_run
 from approvals import services as decisions
 from approvals.models import Approval, ApprovalKind
@@ -51,22 +52,44 @@ def two_runs_ten_ms_apart() -> list[Run]:
     return runs
 
 
-def both_parked(runs: list[Run]) -> list[Approval]:
-    def parked() -> list[Approval] | None:
-        items = list(Approval.objects.filter(run__in=runs, kind=ApprovalKind.APPROVAL))
-        return items if len(items) == 2 else None
+def parked(runs: list[Run], count: int) -> list[Approval]:
+    def items() -> list[Approval] | None:
+        found = list(Approval.objects.filter(run__in=runs, kind=ApprovalKind.APPROVAL))
+        return found if len(found) == count else None
 
-    return wait_until(parked, timeout=60, interval=0.1, message="both runs to park")
+    return wait_until(items, timeout=60, interval=0.1, message=f"{count} run(s) to park")
 
 
-@pytest.mark.parametrize("crash", [False, True], ids=["plain", "sigkill-after-gateway"])
+def approve_all(runs: list[Run], lead, *, in_line: bool) -> None:
+    """Both items approved at once, before either has run; in line (the demo's one run per
+    order), the second run parks only once the first has ended: approved then."""
+    if not in_line:
+        for approval in parked(runs, 2):
+            decisions.approve(approval.id, user=lead, version=1)
+        return
+    first = parked(runs, 1)[0]
+    decisions.approve(first.id, user=lead, version=1)
+    for approval in parked(runs, 2):
+        if approval.id != first.id:
+            decisions.approve(approval.id, user=lead, version=1)
+
+
+@pytest.mark.parametrize(
+    "crash,in_line",
+    [(False, False), (True, False), (False, True)],
+    ids=["plain", "sigkill-after-gateway", "in-the-orders-line"],
+)
 def test_two_runs_on_one_order_refund_once(
-    tmp_path, procs, gateway, seeded, django_user_model, crash
+    tmp_path, procs, gateway, seeded, django_user_model, monkeypatch, crash, in_line
 ):
     env: dict[str, object] = {
         "REFUND_GATEWAY_URL": gateway + "/gateway",
         "REFUND_APPROVAL_THRESHOLD_CENTS": 0,  # every refund parks for approval
+        # without the order's line both runs park at once: the operation key alone decides
+        "REFUND_RUNS_PER_ORDER": 1 if in_line else 0,
     }
+    if not in_line:  # this process starts the runs: no line here either
+        monkeypatch.delitem(concurrency._declared, "refund")
     if crash:
         env["AGENTRUNS_FAILPOINTS"] = "tool_returned:issue_refund=crash_once"
         env["AGENTRUNS_FAILPOINT_DIR"] = tmp_path / "failpoints"
@@ -76,10 +99,8 @@ def test_two_runs_on_one_order_refund_once(
 
     lead = django_user_model.objects.get(username="lead")  # seed_demo's
     runs = two_runs_ten_ms_apart()
-    approvals = both_parked(runs)
     approved_at = time.monotonic()
-    for approval in approvals:  # both approved at once, before either has run
-        decisions.approve(approval.id, user=lead, version=1)
+    approve_all(runs, lead, in_line=in_line)
     statuses = wait_settled([r.id for r in runs], [worker])
     settled_in = time.monotonic() - approved_at
     assert set(statuses.values()) == {RunStatus.SUCCEEDED}, statuses

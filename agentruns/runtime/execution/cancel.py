@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepStatus
 from agentruns.runtime import tracing
+from agentruns.runtime.dispatch import concurrency
 from agentruns.runtime.events import EventSpec, EventType
 from agentruns.runtime.execution.transitions import ActionRefused, RunChange, apply, cancelled
 from agentruns.runtime.inbox import inbox
@@ -29,6 +30,7 @@ def cancel_run(run_id: uuid.UUID | str, *, who: str | None = None, reason: str =
     boundary, so a tool call in flight is never torn in half.
     """
     with transaction.atomic():
+        concurrency.lock_key_of(run_id)  # its key's row before its own (concurrency.py)
         run = Run.objects.select_for_update().get(id=run_id)
         if run.is_terminal:
             raise ActionRefused(f"run is already {run.status}")
