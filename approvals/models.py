@@ -107,6 +107,12 @@ class Approval(models.Model):
                 condition=Q(status="pending", due_at__isnull=False, escalated_at__isnull=True),
                 name="approval_due_idx",
             ),
+            # the inbox's decided view: the newest decision first (approvals/domain/history.py)
+            models.Index(
+                fields=["-decided_at", "-id"],
+                condition=Q(decided_at__isnull=False),
+                name="approval_decided_idx",
+            ),
         ]
         permissions = [("decide_approval", "Can approve, reject and reconcile")]
 

@@ -26,6 +26,8 @@ from agentruns.registry import (
     durable,
     register_agent,
 )
+from agentruns.registry.search import MAX_KEYS as SEARCH_MAX_KEYS
+from agentruns.registry.search import register_search_expansion
 from support.conf import demo_conf
 from support.ledger import refund_context, refund_limit, refund_operation_key
 from support.models import Order, OutboxMessage, Ticket, TicketNote
@@ -189,6 +191,16 @@ def send_customer_reply(order_id: str, message: str) -> dict:
     return {"outbox_id": row.pk, "to": "customer"}
 
 
+@register_search_expansion
+def customers_orders(q: str) -> list[str]:
+    """A customer's name (or part of it) stands for their orders, newest first: the runs list and
+    the inbox's decided view find their runs (a run's search keys are its order and ticket)."""
+    if len(q) < 2 or any(c.isdigit() for c in q):  # an id, an amount: no customer's name
+        return []
+    orders = Order.objects.filter(customer_name__icontains=q).order_by("-id")
+    return list(orders.values_list("order_id", flat=True)[:SEARCH_MAX_KEYS])
+
+
 register_agent(
     refund_agent,
     scripted_policy=refund_policy,
@@ -198,6 +210,8 @@ register_agent(
     # the model reads the whole input (order, ticket, message) as JSON, not only the message
     format_input=None,
     search_fields=("order_id", "ticket_id"),
+    # what the customer reads: the run page shows it as the reply sent
+    replies={"send_customer_reply": "message"},
     input_schema={
         "type": "object",
         "properties": {

@@ -1,8 +1,9 @@
 """Django's own error answers, as JSON under /api/ (DESIGN 6: every API error is `{"error": ...}`).
 
 The API's views answer their own errors; these cover what happens before a view or outside one:
-the CSRF check (`CSRF_FAILURE_VIEW`), a bad Host header or a suspicious request (400), and the
-URLconf's 403/404/500 handlers (`config/urls.py`). Pages keep Django's HTML answers.
+the CSRF check (`CSRF_FAILURE_VIEW`), a bad Host header or a suspicious request (400), the
+URLconf's 500 handler, and the 403/404 of `/api/` paths (the URLconf's 403/404 handlers are the
+layout's pages, `agentruns/web/layout/errors.py`, which hand `/api/` paths here).
 """
 
 from __future__ import annotations
@@ -37,9 +38,11 @@ def bad_request(request: HttpRequest, exception: Exception, **kwargs: Any) -> Ht
     return defaults.bad_request(request, exception, **kwargs)
 
 
-def permission_denied(request: HttpRequest, exception: Exception, **kwargs: Any) -> HttpResponse:
+def permission_denied(
+    request: HttpRequest, exception: Exception | None, **kwargs: Any
+) -> HttpResponse:
     if under_api(request):
-        return json_error(str(exception) or "permission denied", 403)
+        return json_error(str(exception or "") or "permission denied", 403)
     return defaults.permission_denied(request, exception, **kwargs)
 
 

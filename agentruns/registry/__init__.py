@@ -279,6 +279,8 @@ class Agent:
     scripted_policy: Callable[..., ScriptedTurn] | None = None
     # input keys copied into Run.search_text (order id, ticket id) for the runs list search
     search_fields: Sequence[str] = ()
+    # tool -> its argument with the words it sends the run's customer (the run page's reply)
+    replies: Mapping[str, str] = field(default_factory=dict)
     input_schema: dict | None = None
     # what a run's work came to, when it ends, and each outcome's tone (registry/outcomes.py)
     outcome: Callable[[Any, list], str | None] | None = field(default=None, repr=False)

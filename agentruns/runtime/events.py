@@ -57,7 +57,10 @@ class LeaseLost(Exception):
 
 
 def step_event_data(step: Step, **extra: Any) -> dict:
-    """The payload of every step.* event: which step, its state, its attempts so far."""
+    """The payload of every step.* event: which step, its state, its attempts so far, its error.
+    `step.started` and `step.waiting_approval` pass `error=""`: an attempt that begins (or a
+    call that waits for a person) has no error of its own, while the step's row still holds the
+    previous attempt's after a retry."""
     return {
         "step": step.index,
         "id": str(step.id),

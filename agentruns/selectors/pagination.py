@@ -4,7 +4,9 @@ Instead of OFFSET + COUNT, each page is one indexed range scan of `size + 1` row
 on (created_at, primary key), so page 400 costs what page 1 costs and rows arriving at the top
 while someone pages do not shift what "older" means. A cursor is `<microseconds>-<pk>`: exact
 integers, because a float timestamp can be off by one and skip or repeat a row. A list ranked
-first by another field (the inbox: priority) leads its cursor with that value (`<rank>~...`).
+first by another field (the inbox: priority) leads its cursor with that value (`<rank>~...`). A
+list ordered by another timestamp (the inbox's decided items, by `decided_at`) names it as
+`field`; its rows must all have one (filter out the NULLs).
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ T = TypeVar("T", bound=Model)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def encode_cursor(row: Model, rank: str | None = None) -> str:
-    """`<microseconds>-<pk>`, led by `<rank value>~` for a list ranked first by that field."""
-    micros = (row.created_at - EPOCH) // timedelta(microseconds=1)  # type: ignore[attr-defined]
+def encode_cursor(row: Model, rank: str | None = None, field: str = "created_at") -> str:
+    """`<microseconds of field>-<pk>`, led by `<rank value>~` for a list ranked first by that
+    field."""
+    micros = (getattr(row, field) - EPOCH) // timedelta(microseconds=1)
     cursor = f"{micros}-{row.pk}"
     return f"{getattr(row, rank)}~{cursor}" if rank else cursor
 
@@ -96,11 +99,12 @@ def keyset_page(
     size: int,
     parse_pk: Callable[[str], Any] = parse_id,
     rank: str | None = None,
+    field: str = "created_at",
 ) -> KeysetPage[T]:
-    """One page of `rows`, newest first (`rank`: highest value of that field first, then newest).
-    `older`: the rows older than that cursor; `newer`: the page just newer than it (a full page:
-    when fewer than `size` rows are newer, the first page)."""
-    fields = [rank, "created_at", "pk"] if rank else ["created_at", "pk"]
+    """One page of `rows`, newest first by `field` (`rank`: highest value of that field first,
+    then newest). `older`: the rows older than that cursor; `newer`: the page just newer than it
+    (a full page: when fewer than `size` rows are newer, the first page)."""
+    fields = [rank, field, "pk"] if rank else [field, "pk"]
 
     def decode(raw: str | None) -> tuple | None:
         return decode_ranked_cursor(raw, parse_pk) if rank else decode_cursor(raw, parse_pk)
@@ -110,10 +114,12 @@ def keyset_page(
     if seek_newer is not None:
         ascending = list(rows.filter(_past(fields, seek_newer, "gt")).order_by(*fields)[: size + 1])
         if len(ascending) <= size:  # this is the first page: show it whole
-            return keyset_page(rows, size=size, parse_pk=parse_pk, rank=rank)
+            return keyset_page(rows, size=size, parse_pk=parse_pk, rank=rank, field=field)
         items = ascending[:size][::-1]
         return KeysetPage(
-            items, older=encode_cursor(items[-1], rank), newer=encode_cursor(items[0], rank)
+            items,
+            older=encode_cursor(items[-1], rank, field),
+            newer=encode_cursor(items[0], rank, field),
         )
     if seek_older is not None:
         rows = rows.filter(_past(fields, seek_older, "lt"))
@@ -121,7 +127,7 @@ def keyset_page(
     items = found[:size]
     page = KeysetPage(items)
     if len(found) > size:
-        page.older = encode_cursor(items[-1], rank)
+        page.older = encode_cursor(items[-1], rank, field)
     if seek_older is not None and items:
-        page.newer = encode_cursor(items[0], rank)
+        page.newer = encode_cursor(items[0], rank, field)
     return page

@@ -21,12 +21,16 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from agentruns import services
 from agentruns.models import PRIORITY_MAX, PRIORITY_MIN, Run, RunEvent, RunStatus, Step, StepAttempt
-from agentruns.registry import all_agents
+from agentruns.registry import Agent, all_agents
 from agentruns.registry.outcomes import tones
 from agentruns.runtime.execution import unknown_outcomes
 from agentruns.runtime.values.ids import parse_id
 from agentruns.runtime.values.text import UnsafeValue, loads_strict
 from agentruns.selectors import AGES, RunFilters, backoff_of, live_turns, run_page, waiting_line
+from agentruns.web import run_view
+from agentruns.web.forms.inputs import input_fields, input_from_form
+from agentruns.web.forms.tokens import FIELD as TOKEN_FIELD
+from agentruns.web.forms.tokens import dedupe_key_of, new_form_token
 from agentruns.web.permissions import permission_view
 from agentruns.web.timeline import legend, timeline_svg, view_steps
 
@@ -88,6 +92,12 @@ def run_detail(request: HttpRequest, run_id) -> HttpResponse:
             "permissions": permission_view(run),
             "backoff": backoff_of(run, events),
             "waiting_line": waiting_line(run),
+            # the support view: the conversation first, the input as fields, who may act
+            "customer_message": run_view.customer_message(run),
+            "input_items": run_view.input_items(run),
+            "replies": run_view.replies(run, steps),
+            "who_may_act": run_view.who_may_act(run, request.user),
+            "input_json": json.dumps(run.input, indent=2, ensure_ascii=False, default=str),
         },
     )
 
@@ -95,35 +105,62 @@ def run_detail(request: HttpRequest, run_id) -> HttpResponse:
 @login_required
 @permission_required(START, raise_exception=True)
 def run_new(request: HttpRequest) -> HttpResponse:
+    """The start form: the agent's input as fields from its `input_schema` (raw JSON is the
+    advanced option, used when filled in), one run per rendered form (its token)."""
+    agents = all_agents()
     if request.method == "POST":
-        agent = request.POST.get("agent", "")
+        name = request.POST.get("agent", "")
+        agent = agents.get(name)
+        raw = request.POST.get("input", "").strip()
         try:
-            run_input = loads_strict(request.POST.get("input") or "{}", "input")
-            if not isinstance(run_input, dict):
-                raise ValueError("the input must be a JSON object")
+            if agent is None:
+                raise LookupError(f"unknown agent {name[:100]!r}")
+            run_input = _posted_input(agent, raw, request.POST)
+            # a page's token makes a double click one run; a form without one (a script) starts
+            token = request.POST.get(TOKEN_FIELD)
+            key = dedupe_key_of(token) if token is not None else None
             priority = _priority(request.POST.get("priority", ""))
-            result = services.start_run(agent, run_input, user=request.user, priority=priority)
-        except (ValueError, LookupError) as exc:
-            messages.error(request, f"Could not start the run: {exc}")
-            return render(
-                request,
-                "agentruns/run_new.html",
-                {"agents": sorted(all_agents()), "form": request.POST, **PRIORITY_FORM},
-                status=400,
+            result = services.start_run(
+                name, run_input, dedupe_key=key, user=request.user, priority=priority
             )
+        except (ValueError, LookupError, services.ActionRefused) as exc:
+            messages.error(request, f"Could not start the run: {exc}")
+            context = _start_context(agent, request.POST, raw_json=raw)
+            return render(request, "agentruns/run_new.html", context, status=400)
+        if not result.created:
+            messages.info(request, "This form was already sent: here is the run it started.")
         return redirect("run-detail", run_id=result.run.id)
-    example = json.dumps(
-        {"order_id": "ORD-1001", "message": "The blender arrived broken, please refund."}, indent=2
-    )
-    return render(
-        request,
-        "agentruns/run_new.html",
-        {
-            "agents": sorted(all_agents()),
-            "form": {"input": example, "agent": "refund"},
-            **PRIORITY_FORM,
-        },
-    )
+    agent = agents.get(request.GET.get("agent", "")) or _default_agent(agents)
+    context = _start_context(agent, request.GET)
+    if request.htmx:  # the agent changed: its fields
+        return render(request, "agentruns/_input_fields.html", context)
+    return render(request, "agentruns/run_new.html", context)
+
+
+def _default_agent(agents: dict[str, Agent]) -> Agent | None:
+    return agents[min(agents)] if agents else None
+
+
+def _posted_input(agent: Agent, raw_json: str, posted) -> dict:
+    if raw_json:  # the advanced option, filled in: it replaces the fields
+        run_input = loads_strict(raw_json, "input")
+        if not isinstance(run_input, dict):
+            raise ValueError("the input must be a JSON object")
+        return run_input
+    return input_from_form(agent.input_schema, posted)  # ({} for an agent without fields)
+
+
+def _start_context(agent: Agent | None, values, raw_json: str = "") -> dict:
+    return {
+        "agents": sorted(all_agents()),
+        "agent": agent,
+        "fields": input_fields(agent.input_schema if agent else None, values),
+        "raw_json": raw_json,
+        "form_token": new_form_token(),
+        "token_field": TOKEN_FIELD,
+        "priority": values.get("priority", 0),
+        **PRIORITY_FORM,
+    }
 
 
 PRIORITY_FORM = {"priority_range": (PRIORITY_MIN, PRIORITY_MAX)}

@@ -50,6 +50,7 @@ def test_the_refund_agent_is_a_pydantic_ai_agent_with_the_declared_semantics():
     assert list(agent.tools) == TOOLS
     assert agent.model is None  # AGENTRUNS_MODEL decides: scripted offline
     assert agent.search_fields == ("order_id", "ticket_id")
+    assert agent.replies == {"send_customer_reply": "message"}  # the run page shows the reply
     assert agent.instructions.startswith("You are a support agent for an online shop.")
     assert get_tool("lookup_order").policy() == _policy(
         side_effect=False, redact=["customer_email"]

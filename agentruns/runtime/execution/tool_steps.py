@@ -108,7 +108,7 @@ class ToolSteps(ExecutorHost):
             approval_id = inbox().open_approval(step, self.state.run.agent)
             return self.park(
                 events_before=[
-                    (EventType.STEP_WAITING_APPROVAL, step_event_data(step)),
+                    (EventType.STEP_WAITING_APPROVAL, step_event_data(step, error="")),
                     (
                         EventType.APPROVAL_REQUESTED,
                         {
@@ -204,7 +204,7 @@ class ToolSteps(ExecutorHost):
         batch = WriteBatch().update(step, ["status", "attempts", "started_at"])
         batch.insert([self._attempt_row(step, attempt, started)])
         self.commit(
-            [(EventType.STEP_STARTED, step_event_data(step))],
+            [(EventType.STEP_STARTED, step_event_data(step, error=""))],  # not a retry's old one
             batch=batch,
             end_transaction=end_transaction,
         )

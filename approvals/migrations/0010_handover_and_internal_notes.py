@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('approvals', '0008_approval_priority'),
+        ('approvals', '0009_decided_index'),
     ]
 
     operations = [
