@@ -1,6 +1,6 @@
 """What a refund run's work came to (`Run.outcome`), declared with the agent
 (`register_agent(..., outcome=refund_outcome, outcomes=REFUND_OUTCOMES)`; what outcomes are:
-agentruns/registry/outcomes.py). Read from the run's tool steps as they ended: the refund made
+agentruns/registry/outcomes/). Read from the run's tool steps as they ended: the refund made
 (all of what was paid, or part of it), refused (by a person or by the order's limit), handed
 over to a colleague, or the customer answered without any of those.
 """

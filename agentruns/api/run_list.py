@@ -59,7 +59,7 @@ def _cursor(raw: str | None, name: str) -> str:
     permission=VIEW,
     query={
         "status": {"type": "string", "enum": RunStatus.values},
-        # what the work came to (`refund_rejected`, `handed_over`, ...; registry/outcomes.py)
+        # what the work came to (`refund_rejected`, `handed_over`, ...; registry/outcomes/)
         "outcome": {"type": "string", "pattern": "^[a-z][a-z0-9_]{0,39}$"},
         "agent": {"type": "string", "minLength": 1, "maxLength": AGENT_MAX},
         "created_by": {"type": "string", "minLength": 1, "maxLength": 150},

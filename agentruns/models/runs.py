@@ -99,7 +99,7 @@ class Run(models.Model):
     error = models.TextField(blank=True, default="")
     stop_reason = models.CharField(max_length=200, blank=True, default="")
     # what the run's work came to, set when it ends by its agent's declaration ("refunded",
-    # "refund_rejected", "handed_over"; "" for none): agentruns/registry/outcomes.py
+    # "refund_rejected", "handed_over"; "" for none): agentruns/registry/outcomes/
     outcome = models.CharField(max_length=40, blank=True, default="", db_default="")
     # denormalised search keys (order id, ticket id) for the runs list
     search_text = models.CharField(max_length=200, blank=True, default="")

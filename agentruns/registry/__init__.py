@@ -102,7 +102,7 @@ class Tool:
     context: Callable[[dict], dict] | None = None
     # the argument holding the currency of `amount_arg` (else the context's `currency`)
     currency_arg: str | None = None
-    handover: bool = False  # a call hands the run over to a person (registry/outcomes.py)
+    handover: bool = False  # a call hands the run over to a person (registry/outcomes/)
     _compiled: Any = field(default=None, repr=False, compare=False)
     _simple: Any = field(default=None, repr=False, compare=False)
 
@@ -282,7 +282,7 @@ class Agent:
     # tool -> its argument with the words it sends the run's customer (the run page's reply)
     replies: Mapping[str, str] = field(default_factory=dict)
     input_schema: dict | None = None
-    # what a run's work came to, when it ends, and each outcome's tone (registry/outcomes.py)
+    # what a run's work came to, when it ends, and each outcome's tone (registry/outcomes/)
     outcome: Callable[[Any, list], str | None] | None = field(default=None, repr=False)
     outcomes: Mapping[str, str] = field(default_factory=dict)
     # a Pydantic AI agent's (registry/pydantic_agents): its own pydantic_ai Model and settings,

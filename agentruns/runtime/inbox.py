@@ -44,7 +44,7 @@ class Inbox(Protocol):
 
     def open_handover(self, step: Step, agent: str) -> int | None:
         """The run handed its request over to a person with this step (a successful call of a
-        `handover=True` tool, registry/outcomes.py): an item a person picks up and closes.
+        `handover=True` tool, registry/outcomes/): an item a person picks up and closes.
         Returns the new item's id, or None when the step has one already."""
 
     def approved_call_refusal(self, step: Step) -> str:

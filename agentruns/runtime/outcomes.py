@@ -1,4 +1,4 @@
-"""When a run ends: its outcome and its hand-overs (what they are: registry/outcomes.py).
+"""When a run ends: its outcome and its hand-overs (what they are: registry/outcomes/).
 
 `ending(run_id, change)` is called by `transitions.announce` with every change of a run's
 status, inside the transaction that writes it (the executor's fenced commit or a service's), so

@@ -49,7 +49,7 @@ OUTCOME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 @dataclass
 class RunFilters:
     status: str = ""
-    outcome: str = ""  # what the work came to (registry/outcomes.py)
+    outcome: str = ""  # what the work came to (registry/outcomes/)
     agent: str = ""
     age: str = ""
     q: str = ""

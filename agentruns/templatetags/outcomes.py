@@ -1,4 +1,4 @@
-"""A run's outcome for people (registry/outcomes.py): its words and its tone's colour.
+"""A run's outcome for people (registry/outcomes/): its words and its tone's colour.
 
     {% load outcomes %}
     <span class="chip {{ run|status_class }}">{{ run.status }}</span>

@@ -64,7 +64,7 @@ def run_detail(request: HttpRequest, run_id) -> HttpResponse:
     run = get_object_or_404(Run.objects.select_related("created_by"), id=run_id)
     steps = list(
         Step.objects.filter(run=run)
-        .select_related("approval", "approval__decided_by")
+        .select_related("approval", "approval__decided_by", "approval__claimed_by")
         .prefetch_related(Prefetch("attempt_rows", queryset=StepAttempt.objects.order_by("number")))
         .order_by("index")
     )
@@ -96,6 +96,7 @@ def run_detail(request: HttpRequest, run_id) -> HttpResponse:
             "customer_message": run_view.customer_message(run),
             "input_items": run_view.input_items(run),
             "replies": run_view.replies(run, steps),
+            "handovers": run_view.handovers(run, steps),
             "who_may_act": run_view.who_may_act(run, request.user),
             "input_json": json.dumps(run.input, indent=2, ensure_ascii=False, default=str),
         },

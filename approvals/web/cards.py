@@ -111,6 +111,8 @@ class Card:
     context_view: ContextView | None = None
     # the arguments as they stand now (the current proposal), for the card's table
     rows: list[ArgRow] = field(default_factory=list)
+    # the tool's amount argument and its currency (None: no amount, or no currency known)
+    money: Money | None = None
 
     @property
     def given_user_ids(self) -> list[int]:
@@ -367,4 +369,5 @@ def _card(
         waiting_for=waiting_for(approval) if approval.status == "pending" else "",
         cannot_run=cannot_run_now(approval),
         asked_because=str(run.tool_permission(approval.tool).get("approval_because") or ""),
+        money=money,
     )

@@ -11,6 +11,7 @@ in-process, against PostgreSQL.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -21,7 +22,7 @@ from agentruns.runtime.execution import transitions
 from agentruns.services import start_run
 from approvals.domain.parking import withdraw_approvals
 from approvals.models import Approval, ApprovalDecision, WebhookDelivery, WebhookEndpoint
-from support.models import OutboxMessage, TicketNote
+from support.models import OutboxMessage, Ticket, TicketNote
 from tests.helpers import ApiClient, advance, assert_json_error, events, steps
 
 pytestmark = pytest.mark.django_db
@@ -164,3 +165,68 @@ def test_an_ended_run_opens_its_handover_once_and_nothing_withdraws_it(seeded):
     assert withdraw_approvals(run, reason="run cancelled") == []
     item.refresh_from_db()
     assert item.status == "pending"
+
+
+def test_the_run_page_and_the_ticket_show_the_handover_as_it_goes(seeded):
+    run = trainee_run()
+    item = Approval.objects.get(run=run)
+    viewer, approver = (get_user_model().objects.get(username=u) for u in ("viewer", "approver"))
+    page = Client()
+    page.force_login(viewer)
+
+    def handover_on_the_run_page() -> str:
+        html = page.get(f"/runs/{run.id}/").content.decode()
+        found = html[html.index('<div id="run-handovers">') :]
+        # in the conversation, before the final answer and the engineering detail
+        assert html.index('id="run-handovers"') < html.index('id="run-output"')
+        return found[: found.index("<h3>Outcome</h3>")]
+
+    waiting = handover_on_the_run_page()
+    assert f'data-approval="{item.id}"' in waiting and "Handed over to a person" in waiting
+    assert "waiting in the inbox" in waiting and f'href="/approvals/{item.id}/"' in waiting
+    # the agent's reason for handing over, in the amount's currency
+    assert "the customer asks for a refund of 247.11 USD; this run may not issue refunds" in waiting
+    ApiClient(approver).post(f"/api/approvals/{item.id}/claim")
+    assert "taken by approver" in handover_on_the_run_page()
+    ApiClient(approver).post(
+        f"/api/approvals/{item.id}", {"decision": "close", "internal_note": "refunded by hand"}
+    )
+    closed = handover_on_the_run_page()
+    assert "closed by approver" in closed
+    assert "internal note (staff only):</span> refunded by hand" in closed
+    # the run's header and the ticket's runs say what the run came to
+    html = page.get(f"/runs/{run.id}/").content.decode()
+    assert 'id="run-outcome" class="chip outcome-attention"' in html
+    ticket = Ticket.objects.filter(order__order_id="ORD-1001").first()
+    desk = page.get(f"/tickets/{ticket.ticket_id}/").content.decode()
+    row = desk[desk.index(f'<tr data-run-id="{run.id}">') :]
+    row = row[: row.index("</tr>")]
+    assert 'data-outcome="handed_over">handed over</span>' in row
+    assert 'class="chip s-ended"' in row  # a success that is no good news is not green
+
+
+def test_a_closed_handover_in_the_decided_view(seeded):
+    run = trainee_run()
+    item = Approval.objects.get(run=run)
+    lead = get_user_model().objects.get(username="lead")
+    ApiClient(lead).post(
+        f"/api/approvals/{item.id}",
+        {"decision": "close", "reason": "done", "internal_note": "refunded 20.00 by hand"},
+    )
+    page = Client()
+    page.force_login(get_user_model().objects.get(username="viewer"))
+    for search in ({}, {"kind": "handover"}, {"outcome": "closed"}, {"decider": "lead"}):
+        html = page.get("/approvals/decided/", search).content.decode()
+        assert f'id="decided-{item.id}"' in html, search
+    assert (
+        f'id="decided-{item.id}"'
+        not in page.get("/approvals/decided/", {"outcome": "rejected"}).content.decode()
+    )
+    card = html[html.index(f'id="decided-{item.id}"') :]
+    card = card[: card.index("</article>")]
+    assert 'data-outcome="hand-over closed"' in card
+    history = re.findall(r"<li>(.*?)</li>", card, re.S)
+    assert len(history) == 2, history
+    assert "the agent</strong> handed over to a person (hand_over)" in history[0]
+    assert "<strong>lead</strong> closed the hand-over: “done”" in history[1]
+    assert "internal note (staff only):</span> refunded 20.00 by hand" in history[1]

@@ -194,3 +194,21 @@ def test_the_note_of_an_approval_stays_in_the_history_when_its_call_is_reconcile
     page.force_login(approver)
     assert NOTE in page.get("/approvals/?kind=reconciliation").content.decode()
     assert "INTERNAL-7f3a" not in json.dumps([e.data for e in RunEvent.objects.filter(run=run)])
+
+
+def test_the_decided_view_shows_staff_the_note_beside_the_reason(seeded):
+    run = parked_refund("ORD-1011")
+    item = Approval.objects.get(run=run)
+    approver = get_user_model().objects.get(username="approver")
+    decisions.decide(item.id, "reject", approver, reason=REASON, internal_note=NOTE, version=1)
+    page = Client()
+    page.force_login(get_user_model().objects.get(username="viewer"))
+    html = page.get("/approvals/decided/", {"outcome": "rejected"}).content.decode()
+    card = html[html.index(f'id="decided-{item.id}"') :]
+    card = card[: card.index("</article>")]
+    said = card[card.index('class="history"') :]
+    assert f"<strong>approver</strong> rejected: “{REASON}”" in said
+    assert f"internal note (staff only):</span> {NOTE}" in said
+    # the ticket's conversation (what the customer was sent) carries no note
+    ticket = page.get("/tickets/T-1011/")
+    assert ticket.status_code == 200 and "INTERNAL-7f3a" not in ticket.content.decode()

@@ -1,4 +1,4 @@
-"""A run's outcome beside its status, declared by its agent (agentruns/registry/outcomes.py) and
+"""A run's outcome beside its status, declared by its agent (agentruns/registry/outcomes/) and
 set when the run ends (agentruns/runtime/outcomes.py), on every way a run ends: the final
 answer's commit, a failed step, a cancel; a hook that fails never fails the run's end; a retry
 starts without one; a hand-over tool's call makes the engine's own `handed_over` and an inbox
