@@ -22,6 +22,7 @@ from django.views.decorators.http import require_GET, require_POST
 from agentruns import services as run_services
 from agentruns.runtime.values.ids import BadId, parse_versioned_id
 from agentruns.services import ActionRefused
+from agentruns.services.operations import ALLOW_PERMISSION
 from approvals import services
 from approvals.domain import claims, policy
 from approvals.domain.selectors import approvals_query
@@ -100,9 +101,11 @@ def _claim_action(
 
 @require_POST
 @login_required
+@permission_required(ALLOW_PERMISSION, raise_exception=True)
 def allow_operation(request: HttpRequest, approval_id: int) -> HttpResponse:
-    """A lead allows one more execution of the item's operation key (the service checks the
-    right, `agentruns.operate_run`, and records who, when and why on the item's run)."""
+    """A lead allows one more execution of the item's operation key (`agentruns.operate_run`,
+    as the API's: checked before anything of the item is read; the service records who, when
+    and why on the item's run)."""
     approval = get_object_or_404(Approval, id=approval_id)
     if not approval.operation_key:
         return _card_response(

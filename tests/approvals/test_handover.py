@@ -184,6 +184,8 @@ def test_the_run_page_and_the_ticket_show_the_handover_as_it_goes(seeded):
     waiting = handover_on_the_run_page()
     assert f'data-approval="{item.id}"' in waiting and "Handed over to a person" in waiting
     assert "waiting in the inbox" in waiting and f'href="/approvals/{item.id}/"' in waiting
+    # no approval is waiting: the hand-over is not offered as one ("Waiting for approval")
+    assert 'class="approval-card"' not in page.get(f"/runs/{run.id}/").content.decode()
     # the agent's reason for handing over, in the amount's currency
     assert "the customer asks for a refund of 247.11 USD; this run may not issue refunds" in waiting
     ApiClient(approver).post(f"/api/approvals/{item.id}/claim")

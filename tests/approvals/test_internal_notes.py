@@ -101,7 +101,11 @@ def test_an_internal_note_never_reaches_the_model_or_the_customer(seeded, sent_t
     assert listed[0]["decisions"][0]["internal_note"] == NOTE
     page = Client()
     page.force_login(approver)
-    assert NOTE in page.get(f"/runs/{run.id}/").content.decode()
+    html = page.get(f"/runs/{run.id}/").content.decode()
+    # in the run page's conversation (not only in the engineering detail), labelled for staff
+    said = html[html.index('<div id="approval-card">') : html.index('id="engineering"')]
+    assert "by approver" in said and f'the agent was told: <span class="told">“{REASON}”' in said
+    assert f"internal note (staff only):</span> {NOTE}" in said
     assert NOTE in page.get(f"/approvals/{item.id}/").content.decode()
 
 

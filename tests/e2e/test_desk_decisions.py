@@ -5,11 +5,13 @@ on PostgreSQL (one of each for the module), asserting on the DOM and on the outs
 1. the card of a second refund on an order refunded before shows that refund and the total in
    the order's currency; the lead allows one more execution and lowers the amount typed in
    dollars, and the gateway's ledger has exactly those cents;
-2. a rejection's internal note stays with staff: the run page shows it, and neither the model's
-   stored conversation nor the customer's reply holds it (the reply gives the reason);
+2. a rejection's internal note stays with staff: the run page shows it (in the conversation,
+   beside the reason the agent was told), and neither the model's stored conversation nor the
+   customer's reply holds it (the reply gives the reason);
 3. a trainee's run hands over: the hand-over appears in the inbox beside a refund card (axe-core
-   finds no serious or critical issue there), an approver takes it and closes it, and the run
-   reads "handed over".
+   finds no serious or critical issue there), an approver takes it and closes it, the decided
+   tab shows it closed with the note, and the run page reads "handed over" with the hand-over
+   closed in its conversation (axe-core: nothing serious or critical on the page).
 
 Screenshots of each key screen go to var/test-artifacts/e2e/.
 """
@@ -144,6 +146,10 @@ def test_a_rejections_internal_note_stays_with_staff(servers, people, browser):
     assert journey.page.locator("#run-outcome").inner_text() == "refund rejected"
     assert "s-succeeded" not in (journey.page.locator("#run-status").get_attribute("class") or "")
     assert NOTE in journey.page.locator("#steps .internal-note").inner_text()  # staff see it
+    # ... in the conversation too, beside what the agent was told
+    decision = journey.page.locator("#approval-card .decision-line")
+    assert decision.is_visible() and NOTE in decision.locator(".internal-note").inner_text()
+    assert REASON in decision.locator(".told").inner_text()
     assert NOTE not in journey.page.locator("#run-output").inner_text()
     journey.shot("run-page-with-note")
 
@@ -197,13 +203,24 @@ def test_a_trainees_hand_over_is_in_the_inbox_and_is_closed(servers, people, bro
     )
     assert item.internal_note == "called Gus, replacement strap sent"
 
+    # the inbox's decided tab: closed, with the note in its history
+    journey.go("/approvals/decided/?kind=handover")
+    decided = page.locator(f"#decided-{item.id}")
+    decided.wait_for(timeout=WAIT_MS)
+    assert decided.locator(".outcome").inner_text() == "hand-over closed"
+    assert "approver closed the hand-over" in decided.locator(".history").inner_text()
+    assert "called Gus" in decided.locator(".history .internal-note").inner_text()
+
     journey.go(f"/runs/{handed.id}/")
     outcome = page.locator("#run-outcome")
     outcome.wait_for(timeout=WAIT_MS)
     assert outcome.inner_text() == "handed over"
     assert "closed" in page.locator("#steps").inner_text()
+    handover = page.locator("#run-handovers .msg-handover")  # in the conversation
+    assert handover.is_visible() and "closed by approver" in handover.inner_text()
+    assert "called Gus, replacement strap sent" in handover.locator(".internal-note").inner_text()
     journey.shot("run-page-handed-over")
     problems = axe_problems(page)
-    assert not [p for p in problems if "#run-outcome" in p or "internal-note" in p], problems
+    assert not problems, "\n".join(problems)  # the run page with its hand-over, as a whole
     assert Run.objects.get(id=handed.id).outcome == "handed_over"
     journey.check_csp()

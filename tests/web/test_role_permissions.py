@@ -69,6 +69,10 @@ API = [
         by_role(START, 400),
     ),
     ("GET", "/api/chat/script/no-such-chat/stream", None, by_role(LOOK, 204)),
+    # operation keys: looking needs view_run, allowing one more execution operate_run (a key
+    # never executed: nothing to allow, 409)
+    ("GET", "/api/operation-keys/{key}", None, by_role(LOOK, 200)),
+    ("POST", "/api/operation-keys/{key}/allow", {}, by_role(OPERATE, 409)),
 ]
 PAGES = [
     ("GET", "/runs/", None, by_role(LOOK, 200, anonymous="login")),
@@ -106,6 +110,9 @@ PAGES = [
     ("GET", "/approvals/{approval}/", None, by_role(INBOX, 200, anonymous="login")),
     ("POST", "/approvals/{approval}/claim/", {}, by_role(DECIDE, 302, anonymous="login")),
     ("POST", "/approvals/{approval}/release/", {}, by_role(DECIDE, 302, anonymous="login")),
+    # one more execution of the item's operation key: operate_run, as the API's (the matrix's
+    # item takes no operation key: back to the inbox saying so, nothing allowed)
+    ("POST", "/approvals/{approval}/allow/", {}, by_role(OPERATE, 302, anonymous="login")),
     ("POST", "/approvals/bulk/", {"action": "maybe"}, by_role(DECIDE, 302, anonymous="login")),
     ("GET", "/approvals/decided/", None, by_role(INBOX, 200, anonymous="login")),
     # the navigation's counts: every signed-in page polls them (each count only for its viewers)
@@ -146,6 +153,7 @@ def world(seeded, django_user_model) -> dict:
             "approval": Approval.objects.get(run=parked).id,
             "missing": 999_999_999,
             "ticket": "T-1001",
+            "key": "matrix:never-executed",
         },
     }
 
