@@ -145,11 +145,13 @@ def test_a_rejections_internal_note_stays_with_staff(servers, people, browser):
     journey.page.locator("#run-outcome").wait_for(timeout=WAIT_MS)
     assert journey.page.locator("#run-outcome").inner_text() == "refund rejected"
     assert "s-succeeded" not in (journey.page.locator("#run-status").get_attribute("class") or "")
-    assert NOTE in journey.page.locator("#steps .internal-note").inner_text()  # staff see it
-    # ... in the conversation too, beside what the agent was told
+    # staff see it in the conversation, beside what the agent was told ...
     decision = journey.page.locator("#approval-card .decision-line")
     assert decision.is_visible() and NOTE in decision.locator(".internal-note").inner_text()
     assert REASON in decision.locator(".told").inner_text()
+    # ... and on the step in the engineering detail, one click away
+    journey.page.locator("#engineering > summary").click()
+    assert NOTE in journey.page.locator("#steps .internal-note").inner_text()
     assert NOTE not in journey.page.locator("#run-output").inner_text()
     journey.shot("run-page-with-note")
 
@@ -215,10 +217,11 @@ def test_a_trainees_hand_over_is_in_the_inbox_and_is_closed(servers, people, bro
     outcome = page.locator("#run-outcome")
     outcome.wait_for(timeout=WAIT_MS)
     assert outcome.inner_text() == "handed over"
-    assert "closed" in page.locator("#steps").inner_text()
     handover = page.locator("#run-handovers .msg-handover")  # in the conversation
     assert handover.is_visible() and "closed by approver" in handover.inner_text()
     assert "called Gus, replacement strap sent" in handover.locator(".internal-note").inner_text()
+    page.locator("#engineering > summary").click()  # the step table, one click away
+    assert "closed" in page.locator("#steps").inner_text()
     journey.shot("run-page-handed-over")
     problems = axe_problems(page)
     assert not problems, "\n".join(problems)  # the run page with its hand-over, as a whole
