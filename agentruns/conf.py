@@ -187,82 +187,10 @@ SETTINGS: tuple[Setting, ...] = (
         "database poll of the stream (covers lost nudges)",
         0.01,
     ),
-    # approvals
-    Setting(
-        "AGENTRUNS_APPROVAL_EXPIRY_SECONDS", float, 0, "pending approvals expire (0: never)", 0
-    ),
+    # approvers' limits, frozen into each run's permission snapshot (the inbox's own settings:
+    # approvals/conf.py)
     Setting(
         "AGENTRUNS_APPROVER_LIMIT_CENTS", int, 0, "approvals above it need a superuser (0: none)", 0
-    ),
-    Setting(
-        "AGENTRUNS_APPROVER_DAILY_LIMIT_CENTS",
-        int,
-        0,
-        "what one approver may approve in all per day, in the tools' amount_arg (0: off)",
-        0,
-    ),
-    Setting("AGENTRUNS_CLAIM_SECONDS", float, 900, 'an "I\'m on it" claim on an item expires', 1),
-    Setting(
-        "AGENTRUNS_APPROVAL_ESCALATE_SECONDS",
-        float,
-        0,
-        "a pending item older than this escalates once (0: never; a tool may set its own)",
-        0,
-    ),
-    Setting(
-        "AGENTRUNS_ESCALATION_GROUP",
-        str,
-        "",
-        "the group mailed about escalated items (empty: the superusers)",
-    ),
-    # notifications: signed webhooks from the outbox, batched email
-    Setting("AGENTRUNS_WEBHOOK_URL", str, "", "the endpoint every event is sent to (empty: none)"),
-    Setting("AGENTRUNS_WEBHOOK_SECRET", str, "", "its signing secret, `whsec_<base64>`"),
-    Setting(
-        "AGENTRUNS_WEBHOOK_EVENTS",
-        str,
-        "",
-        "event types sent to AGENTRUNS_WEBHOOK_URL, comma list (empty: all)",
-    ),
-    Setting("AGENTRUNS_WEBHOOK_TIMEOUT_SECONDS", float, 15, "one delivery attempt", 0.05),
-    Setting(
-        "AGENTRUNS_WEBHOOK_MAX_ATTEMPTS",
-        int,
-        12,
-        "tries before a delivery is marked failed (the default spans more than a day)",
-        1,
-    ),
-    Setting(
-        "AGENTRUNS_WEBHOOK_RETRY_BASE_SECONDS",
-        float,
-        5,
-        "the first retry's delay; each next one is 4x longer (+-20% jitter)",
-        0.01,
-    ),
-    Setting(
-        "AGENTRUNS_WEBHOOK_RETRY_MAX_SECONDS",
-        float,
-        6 * 3600,
-        "the longest delay between tries",
-        0.01,
-    ),
-    Setting(
-        "AGENTRUNS_WEBHOOK_POLL_SECONDS",
-        float,
-        1,
-        "the worker's delivery loop looks this often",
-        0.01,
-    ),
-    Setting("AGENTRUNS_WEBHOOK_CONCURRENCY", int, 4, "deliveries one worker sends at once", 1),
-    Setting(
-        "AGENTRUNS_APPROVAL_EMAILS", bool, True, "mail new and escalated items to who may decide"
-    ),
-    Setting(
-        "AGENTRUNS_EMAIL_BATCH_SECONDS",
-        float,
-        60,
-        "new items are collected this long into one mail per person",
-        0,
     ),
     # the API
     Setting("AGENTRUNS_API_MAX_BODY_BYTES", int, 1_000_000, "larger request bodies get 413", 1024),
@@ -274,15 +202,15 @@ SETTINGS: tuple[Setting, ...] = (
         0,
         maximum=API_TOKEN_MAX_DAYS,
     ),
-    # quotas (per user; 0 turns one off): runtime/access/quotas.py, stream/sockets.py
+    # quotas (per user; 0 turns one off): runtime/access/quotas.py, stream/access/slots.py
     Setting("AGENTRUNS_START_BURST", int, 100, "runs a user may start at once (token bucket)", 0),
     Setting("AGENTRUNS_START_PER_SECOND", float, 10, "... refilled at this rate", 0),
     Setting("AGENTRUNS_RUNS_IN_FLIGHT_PER_USER", int, 200, "queued + running runs per user", 0),
     Setting("AGENTRUNS_DECISION_BURST", int, 200, "decisions at once (a bulk: each item)", 0),
     Setting("AGENTRUNS_DECISION_PER_SECOND", float, 2, "... refilled at this rate", 0),
     Setting("AGENTRUNS_INPUT_MAX_KEY_BYTES", int, 20_000, "a run input's value, as JSON", 0),
-    Setting("AGENTRUNS_SOCKETS_PER_USER", int, 50, "run sockets per user and web process", 0),
-    Setting("AGENTRUNS_SOCKETS_PER_PROCESS", int, 5000, "run sockets per web process", 0),
+    Setting("AGENTRUNS_SOCKETS_PER_USER", int, 50, "streams per user and web process", 0),
+    Setting("AGENTRUNS_SOCKETS_PER_PROCESS", int, 5000, "streams (sockets, SSE) per process", 0),
     # operations
     Setting("AGENTRUNS_WORKER_STALE_SECONDS", float, 30, "/healthz turns 503 past it", 1),
     Setting(
