@@ -23,7 +23,7 @@ from typing import Any, Literal
 import jsonschema
 
 from agentruns.registry import concurrency
-from agentruns.registry.context import current_step
+from agentruns.registry.context import ToolContext, current_step
 from agentruns.registry.durable import durable
 from agentruns.registry.edits import Edit, EditRefused, check_declaration, check_edit
 from agentruns.registry.errors import (
@@ -39,6 +39,7 @@ from agentruns.registry.errors import (
 )
 from agentruns.registry.model_names import check_model_name
 from agentruns.registry.operations import OperationKeyError, OverLimit
+from agentruns.registry.outcomes import check_declaration as check_outcomes
 from agentruns.registry.retry import RetryPolicy
 from agentruns.registry.schemas import (
     _simple_plan,
@@ -60,6 +61,7 @@ __all__ = [
     "RetryableToolError",
     "ServerUnavailable",
     "ToolArgumentsError",
+    "ToolContext",
     "ToolError",
     "_simple_plan",
     "current_step",
@@ -67,19 +69,6 @@ __all__ = [
     "schema_from_signature",
     "strict_validator",
 ]
-
-
-@dataclass
-class ToolContext:
-    """What a tool receives besides its arguments."""
-
-    run: Any
-    step: Any
-    attempt: int
-    idempotency_key: str
-    # the W3C trace context for the call's outgoing requests (send it as the `traceparent`
-    # header): the tool's span when tracing is on, else the run's root span
-    traceparent: str = ""
 
 
 @dataclass
@@ -111,6 +100,9 @@ class Tool:
     operation_key: Callable[[dict], str] | None = None
     limit: Callable[[dict], OverLimit | str | None] | None = None
     context: Callable[[dict], dict] | None = None
+    # the argument holding the currency of `amount_arg` (else the context's `currency`)
+    currency_arg: str | None = None
+    handover: bool = False  # a call hands the run over to a person (registry/outcomes/)
     _compiled: Any = field(default=None, repr=False, compare=False)
     _simple: Any = field(default=None, repr=False, compare=False)
 
@@ -216,6 +208,8 @@ def tool(
     operation_key: Callable[[dict], str] | None = None,
     limit: Callable[[dict], OverLimit | str | None] | None = None,
     context: Callable[[dict], dict] | None = None,
+    currency_arg: str | None = None,
+    handover: bool = False,
 ):
     """Register a function as a tool. Usable bare (`@tool`) or with options."""
     if idempotency not in ("key", "none"):
@@ -242,8 +236,10 @@ def tool(
             operation_key=operation_key,
             limit=limit,
             context=context,
+            currency_arg=currency_arg,
+            handover=bool(handover),
         )
-        check_declaration(t.name, t.parameters, t.editable, t.redact, amount_arg)
+        check_declaration(t.name, t.parameters, t.editable, t.redact, amount_arg, currency_arg)
         for what in ("operation_key", "limit", "context"):
             if getattr(t, what) is not None and not callable(getattr(t, what)):
                 raise ValueError(f"{t.name}: {what} must be a function of the arguments")
@@ -286,6 +282,9 @@ class Agent:
     # tool -> its argument with the words it sends the run's customer (the run page's reply)
     replies: Mapping[str, str] = field(default_factory=dict)
     input_schema: dict | None = None
+    # what a run's work came to, when it ends, and each outcome's tone (registry/outcomes/)
+    outcome: Callable[[Any, list], str | None] | None = field(default=None, repr=False)
+    outcomes: Mapping[str, str] = field(default_factory=dict)
     # a Pydantic AI agent's (registry/pydantic_agents): its own pydantic_ai Model and settings,
     # and how the run's input becomes the user prompt
     model_instance: Any = field(default=None, repr=False, compare=False)
@@ -328,6 +327,7 @@ def register_agent(
         raise TypeError("tools=, deps= and options are for a pydantic_ai.Agent")
     for tool_name in agent.tools:
         get_tool(tool_name)  # fail at startup, not at run time
+    agent.outcomes = check_outcomes(agent.name, agent.outcome, agent.outcomes)
     if agent.retry_unknown not in ("refuse", "skip"):
         raise ValueError(f"agent {agent.name!r}: retry_unknown must be 'refuse' or 'skip'")
     if agent.model_instance is None:  # a provider SDK not installed: here, not mid-run

@@ -1,6 +1,7 @@
 """What the runtime needs from an inbox (DESIGN.md 4): the port an inbox app provides.
 
-The runtime parks a step for a person, withdraws what a cancel leaves undecided, has due items
+The runtime parks a step for a person, hands a run's request over to one when it ends,
+withdraws what a cancel leaves undecided, has due items
 expired and escalated by the sweeper, reports a failed run, runs the inbox's delivery loop in
 the worker and lets the chat endpoint answer an approval. It never imports the app that does
 these: the app registers its implementation at start-up (`AppConfig.ready`, approvals/apps.py),
@@ -40,6 +41,11 @@ class Inbox(Protocol):
 
     def open_reconciliation(self, step: Step, agent: str) -> int:
         """The step's outcome is unknown: a person says what happened; returns the item's id."""
+
+    def open_handover(self, step: Step, agent: str) -> int | None:
+        """The run handed its request over to a person with this step (a successful call of a
+        `handover=True` tool, registry/outcomes/): an item a person picks up and closes.
+        Returns the new item's id, or None when the step has one already."""
 
     def approved_call_refusal(self, step: Step) -> str:
         """Why an approved call must not run as it is now ("" when it may)."""

@@ -29,12 +29,17 @@ APPROVAL_ESCALATED = "approval.escalated"
 APPROVAL_DECIDED = "approval.decided"
 APPROVAL_WITHDRAWN = "approval.withdrawn"
 RUN_FAILED = "run.failed"
+# a run handed its request over to a person (an inbox item of kind handover), and it was closed
+HANDOVER_OPENED = "handover.opened"
+HANDOVER_CLOSED = "handover.closed"
 EVENT_TYPES = (
     APPROVAL_REQUESTED,
     APPROVAL_ESCALATED,
     APPROVAL_DECIDED,
     APPROVAL_WITHDRAWN,
     RUN_FAILED,
+    HANDOVER_OPENED,
+    HANDOVER_CLOSED,
 )
 
 
@@ -103,6 +108,7 @@ def run_data(run: Run) -> dict:
         "status": run.status,
         "error": redact_text(run.error),
         "stop_reason": run.stop_reason,
+        "outcome": run.outcome or None,
         "created_at": iso(run.created_at),
         "finished_at": iso(run.finished_at),
         "url": run_url(run.id),
@@ -158,7 +164,7 @@ def run_failed(run_id: Any, fields: dict[str, Any]) -> str:
     if not settings_endpoint_events() and not WebhookEndpoint.objects.filter(active=True).exists():
         return ""
     run = Run.objects.get(id=run_id)
-    for name in ("status", "error", "stop_reason", "finished_at"):
+    for name in ("status", "error", "stop_reason", "outcome", "finished_at"):
         if name in fields:
             setattr(run, name, fields[name])
     return record(RUN_FAILED, run=run)

@@ -17,7 +17,7 @@ from django.utils import timezone
 from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, RunStatus, Step, StepAttempt, StepKind, StepStatus
 from agentruns.registry import get_tool
-from agentruns.runtime import tracing
+from agentruns.runtime import outcomes, tracing
 from agentruns.runtime.dispatch import connections
 from agentruns.runtime.events import (
     EventType,
@@ -255,13 +255,13 @@ class ModelSteps(PlannedSteps):
     def _complete_model_step(self, answer: ModelAnswer) -> str | None:
         now = timezone.now()
         planned = self._plan_tool_steps(answer.calls, now)
-        # read-only and transactional calls at the head of the plan run now and are recorded in
-        # the model's commit (transactional ones inside it): if we die first, the model turn and
-        # those calls are simply done again
+        # read-only and transactional calls at the head of the plan run now, recorded in the
+        # model's commit (transactional ones inside it): if we die first, both are done again
         limit = len(planned)
+        ends = not answer.calls and outcomes.hands_over(self.state.run.agent, self.state.steps)
         while True:
             head = self._eager_prefix(planned)[:limit]
-            in_txn = any(get_tool(s.tool).transactional for s in head)
+            in_txn = ends or any(get_tool(s.tool).transactional for s in head)
             try:
                 with transaction.atomic() if in_txn else nullcontext():
                     eager = self._run_eager_prefix(head, in_txn)
@@ -351,7 +351,7 @@ class ModelSteps(PlannedSteps):
         fields: dict[str, Any] = {"step_count": len(self.state.steps)}
         final = not answer.calls  # the answer: finish the run in this same commit
         if final:
-            done = transitions.finished(RunStatus.SUCCEEDED, output=answer.text)
+            done = transitions.ended(run, RunStatus.SUCCEEDED, output=answer.text)
             events.extend(done.events)
             fields.update(done.fields)
         self.commit(
