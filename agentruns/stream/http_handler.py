@@ -26,6 +26,8 @@ from asgiref.sync import ThreadSensitiveContext
 from django.core.handlers.asgi import ASGIHandler
 from django.db import connections
 
+from agentruns.runtime.threads import process_threads
+
 log = logging.getLogger(__name__)
 
 _CURRENT: ContextVar[RequestThread | None] = ContextVar("agentruns_request_thread", default=None)
@@ -53,8 +55,7 @@ class RequestThread(Executor):
             self._waiting += 1
             self._calls.put((future, fn, args, kwargs))
             if self._thread is None:
-                self._thread = threading.Thread(target=self._work, name="asgi-request", daemon=True)
-                self._thread.start()
+                self._thread = process_threads().start("asgi-request", self._work)
         return future
 
     def let_go(self) -> None:

@@ -18,13 +18,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 
 from channels.db import database_sync_to_async
 from django.http import StreamingHttpResponse
 
 from agentruns.models import Run, RunEvent
 from agentruns.runtime.outages.faults import is_infrastructure_error
+from agentruns.runtime.threads import process_threads
 from agentruns.stream.consumer import close_feed_if_idle, open_feed
 from agentruns.stream.ui_chunks import UIChunks, encode_chunk
 
@@ -72,7 +72,7 @@ def fold_more(fold: UIChunks, start_index: int, limit: int = BATCH) -> tuple[lis
 # request's thread (an open stream would hold one: http_handler.py), and not on the loop's
 # default executor, where Django logs every 4xx and 5xx answer (a read waiting out a database
 # fault there held up the logging of a burst of 429s, and with it their connections)
-READS = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="sse-read")
+READS = process_threads().executor("sse-read", READ_THREADS)
 READ = database_sync_to_async(fold_more, thread_sensitive=False, executor=READS)
 
 
