@@ -210,6 +210,10 @@ class _Handler(BaseHTTPRequestHandler):
                 Fail(401, "Incorrect API key provided. You can find your API key in your account.")
             )
             return
+        refused = fake._admit()  # the provider's rate limit, before any other work
+        if refused is not None:
+            self._error(refused)
+            return
         problem = conversation_problem(body)
         if problem:
             self._error(Fail(400, problem))

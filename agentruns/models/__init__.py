@@ -21,7 +21,7 @@ from agentruns.models.runs import (
     StepKind,
     StepStatus,
 )
-from agentruns.models.shared import QuotaBucket, WorkerHeartbeat
+from agentruns.models.shared import ModelRateBucket, QuotaBucket, WorkerHeartbeat
 
 __all__ = [
     "TERMINAL_RUN_STATUSES",
@@ -30,6 +30,7 @@ __all__ = [
     "ApiToken",
     "ApprovalOverride",
     "AttemptOutcome",
+    "ModelRateBucket",
     "QuotaBucket",
     "Run",
     "RunEvent",
