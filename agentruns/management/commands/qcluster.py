@@ -1,5 +1,5 @@
-"""`python manage.py qcluster`: django-q2's worker, plus the recovery sweeper and the outbox's
-delivery loop (webhooks, email).
+"""`python manage.py qcluster`: django-q2's worker, plus the recovery sweeper, the outbox's
+delivery loop (webhooks, email) and the retention purge (AGENTRUNS_RETENTION_DAYS).
 
 Wraps django-q2's command (agentruns is listed before django_q, so this one wins): a sweep pass
 and the sweeper schedule at start, then a fast sweeper loop in this process, because q2
@@ -26,6 +26,7 @@ from django_q.signals import post_spawn
 from agentruns.runtime.inbox import inbox
 from agentruns.runtime.outages import weather
 from agentruns.runtime.outages.faults import is_infrastructure_error
+from agentruns.runtime.retention import RetentionLoop
 from agentruns.runtime.store import nudges
 from agentruns.runtime.workers import collector, pool, q2_cluster
 from agentruns.runtime.workers.claimer import start_claimer
@@ -71,10 +72,13 @@ class Command(QClusterCommand):
         deliveries = None if options.get("no_deliveries") else inbox().delivery_loop()
         if deliveries:
             deliveries.start()
+        retention = RetentionLoop()  # idle while AGENTRUNS_RETENTION_DAYS is 0
+        retention.start()
         try:
             while cluster.sentinel.is_alive():
                 time.sleep(0.5)
         finally:
+            retention.stopped.set()
             if loop:
                 loop.stopped.set()
             if deliveries:
