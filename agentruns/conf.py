@@ -133,6 +133,15 @@ SETTINGS: tuple[Setting, ...] = (
         '"tpm": 90000}} (JSON; the name as the run\'s model says it)',
         parser=parse_model_limits,
     ),
+    Setting(
+        "AGENTRUNS_MODEL_LIMIT_JITTER_SECONDS",
+        float,
+        0.25,
+        "how late a request may reach the provider after its rate-limit slot with no second or "
+        "minute over the limit there (a limit of a whole number a second is kept at "
+        "1 / (1 + this) of it)",
+        0,
+    ),
     # execution
     Setting(
         "AGENTRUNS_LEASE_TTL_SECONDS",

@@ -17,7 +17,8 @@ What it speaks (POST /v1/chat/completions, GET /v1/models):
 - a provider's rate limit (`rpm=`, `--rpm`): at most `rpm` chat requests in any 60 seconds and
   at most `per_second` (default ceil(rpm / 60)) in any second, counted when they arrive, as
   providers enforce a minute's limit over shorter windows; a request beyond either is answered
-  429 with `Retry-After` and counted in `limit.refused`.
+  429 with `Retry-After` and counted in `limit.refused` (`GET /v1/_fake/limit` answers the
+  counts, for a server run as its own process).
 
 Responses come from a scripted queue (`FakeOpenAI.script(Reply(...), Fail(429, ...), ...)`);
 when the queue is empty the server falls back to its mode: `refund` plays the demo's refund
@@ -91,9 +92,11 @@ class ProviderLimit:
         self._lock = threading.Lock()
         self.admitted = 0
         self.refused = 0  # answered 429
+        self.history: list[tuple[float, bool]] = []
 
     def admit(self) -> float | None:
-        """None: the request may go on; else the seconds until it would be admitted."""
+        """A request arrives: None when it may go on, else the seconds until it would have been
+        admitted."""
         with self._lock:
             now = time.monotonic()
             arrivals = self._arrivals
@@ -109,6 +112,7 @@ class ProviderLimit:
                 self.admitted += 1
             if wait is not None:
                 self.refused += 1
+            self.history.append((time.time(), wait is None))
             return wait
 
 
@@ -186,6 +190,18 @@ class FakeOpenAI:
     def _record(self, request: RecordedRequest) -> None:
         with self._lock:
             self.requests.append(request)
+
+    def limit_counts(self) -> dict:
+        limit = self.limit
+        if limit is None:
+            return {"rpm": None}
+        return {
+            "rpm": limit.rpm,
+            "per_second": limit.per_second,
+            "admitted": limit.admitted,
+            "refused": limit.refused,
+            "history": limit.history,
+        }
 
     def _admit(self) -> Fail | None:
         """The provider's rate limit (`rpm`): a 429 for a request beyond it."""

@@ -7,10 +7,18 @@ shared bucket per model name (`ModelRateBucket`), ONE statement (an UPSERT ... R
 database's clock, as the per-user quotas do, `quotas.py`; PostgreSQL and SQLite). Slots are
 spread evenly: consecutive requests are `request_interval(rpm)` apart, so any second holds at
 most ceil(rpm / 60) of them and any minute at most rpm, even when a request reaches the
-provider up to `ARRIVAL_JITTER_SECONDS` after its slot (the provider counts arrivals on its own
-clock; slots exactly a second apart would put a third request into one of its seconds whenever
-the first of them left a few milliseconds late). Tokens are charged to the same slot: a request
-may not go before the tokens of the previous ones have accrued at tpm / 60 a second.
+provider up to AGENTRUNS_MODEL_LIMIT_JITTER_SECONDS (0.25) after its slot: the provider counts
+arrivals on its own clock, and slots exactly a second apart would put a third request into one
+of its seconds whenever the first of them arrived a few milliseconds late. (The price: a limit
+of a whole number a second is kept at 1 / (1 + jitter) of it, 120 a minute at 96.) Tokens are
+charged to the same slot: a request may not go before the tokens of the previous ones have
+accrued at tpm / 60 a second.
+
+What makes a request late: under load, building it and handing it to the process's stream loop
+took 10-120 ms (and 0.1-0.4 s for a process's first, which builds the client: `prepare()` does
+that before the slot is reserved). A provider whose client waits for the slot at the wire
+(`precise_start`: the OpenAI-compatible one) is therefore handed the request `HANDOFF_SECONDS`
+early and holds it until the slot; what is left is the network and the provider's own clock.
 
 The tokens a request is charged (`request_tokens`): the prompt as JSON at 4 characters a token
 (the conversation and the tool declarations; JSON's quotes and braces make it a slight
@@ -36,7 +44,7 @@ import logging
 import math
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import connection
 
@@ -46,12 +54,16 @@ from agentruns.runtime.access.quotas import db_clock_sql, least_greatest_sql
 from agentruns.runtime.dispatch import connections
 from agentruns.runtime.outages.model_outage import ModelOutage, latest_queued_event
 from agentruns.runtime.providers import ModelError
+from agentruns.runtime.providers.base import NOT_BEFORE
 from agentruns.runtime.values.timestamps import iso
 
 log = logging.getLogger(__name__)
 
-# how late a request may reach the provider after its slot and still never break its limit
-ARRIVAL_JITTER_SECONDS = 0.1
+# a run woken this much after the slot it backed off for reserves a new one (never sent late)
+LATE_SECONDS = 0.05
+# a provider that waits for the slot at the wire (`precise_start`) is handed the request this
+# long before it: building it and handing it to the stream loop took 10-120 ms under load
+HANDOFF_SECONDS = 0.25
 # a run backing off for its slot is woken `wake_lead()` before it: the claimer's poll (the
 # longest a due run waits to be claimed) plus this, for a busy worker to reload it
 RELOAD_SECONDS = 1.0
@@ -62,25 +74,35 @@ CHARS_PER_TOKEN = 4
 _TABLE = ModelRateBucket._meta.db_table
 
 
-def request_interval(rpm: int) -> float:
-    """Seconds between two slots of a model limited to `rpm` requests a minute (0: none)."""
+def request_interval(rpm: int, jitter: float | None = None) -> float:
+    """Seconds between two slots of a model limited to `rpm` requests a minute (0: none), so
+    that no second holds more than ceil(rpm / 60) arrivals and no minute more than rpm, with
+    each request arriving up to `jitter` (AGENTRUNS_MODEL_LIMIT_JITTER_SECONDS) after its slot.
+    At most one a second: 60 / rpm + jitter apart, for a provider that refills one request at a
+    time (a token bucket of one) and refuses one that arrives before it is refilled."""
     if rpm <= 0:
         return 0.0
+    jitter = conf.MODEL_LIMIT_JITTER_SECONDS if jitter is None else jitter
     per_second = math.ceil(rpm / 60)
-    return max((60 + ARRIVAL_JITTER_SECONDS) / rpm, (1 + ARRIVAL_JITTER_SECONDS) / per_second)
+    interval = max((60 + jitter) / rpm, (1 + jitter) / per_second)
+    return max(interval, 60 / rpm + jitter) if per_second == 1 else interval
 
 
 def token_seconds(tpm: int, tokens: int) -> float:
     """Seconds of a `tpm` tokens-a-minute budget that `tokens` use up (0: no token limit)."""
     if tpm <= 0 or tokens <= 0:
         return 0.0
-    return tokens * (60 + ARRIVAL_JITTER_SECONDS) / tpm
+    return tokens * (60 + conf.MODEL_LIMIT_JITTER_SECONDS) / tpm
 
 
-def reserve(model: str, limit: ModelLimit, tokens: int = 0) -> float:
-    """Reserve the next slot of `model` for a request of `tokens`; returns the seconds from now
-    (the database's clock) until it. One statement, whichever backend; concurrent callers queue
-    on the model's row, so no two get the same slot."""
+class Slot(NamedTuple):
+    at: float  # on the database's clock (unix seconds)
+    wait: float  # seconds from the reserving statement until it
+
+
+def reserve(model: str, limit: ModelLimit, tokens: int = 0) -> Slot:
+    """Reserve the next slot of `model` for a request of `tokens`. One statement, whichever
+    backend; concurrent callers queue on the model's row, so no two get the same slot."""
     now = db_clock_sql()
     _, greatest = least_greatest_sql()
     slot = f"{greatest}({now}, {_TABLE}.next_request_at, {_TABLE}.next_token_at)"
@@ -90,12 +112,12 @@ def reserve(model: str, limit: ModelLimit, tokens: int = 0) -> float:
         f" VALUES (%s, {now}, {now} + %s, {now} + %s) "
         f'ON CONFLICT ("model") DO UPDATE SET '
         f"slot = {slot}, next_request_at = {slot} + %s, next_token_at = {slot} + %s "
-        f"RETURNING slot - {now}"
+        f"RETURNING slot, slot - {now}"
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, [model, interval, charge, interval, charge])
-        (wait,) = cursor.fetchone()
-    return max(0.0, float(wait))
+        at, wait = cursor.fetchone()
+    return Slot(float(at), max(0.0, float(wait)))
 
 
 def max_tokens(model: str, agent: Any) -> int:
@@ -144,18 +166,22 @@ def wait_for_slot(host: Any, messages: list[dict]) -> str | None:
     """Before a model request of the executor `host`: None once its slot has come (the request
     goes now), or the run's status when the slice ends instead (backed off until the slot, or
     cancelled while it waited)."""
+    NOT_BEFORE.set(None)
     state = host.state
     model = state.run.model or conf.MODEL
     limit = conf.MODEL_LIMITS.get(model)
     if limit is None:
         return None
+    prepare = getattr(state.provider, "prepare", None)  # what the request needs, before its slot
+    if prepare is not None:
+        prepare()
     due, carried = None, {}
     if not state.slot_checked:  # the slot this run backed off for, if it did
         state.slot_checked = True
         due, carried = _held_slot(host.run_id, model)
     if due is None:
         tokens = request_tokens(state, messages) if limit.tpm else 0
-        due = time.time() + reserve(model, limit, tokens)
+        due = time.time() + reserve(model, limit, tokens).wait
     wait, lead = due - time.time(), wake_lead()
     if host.drain is not None and wait > max(lead, conf.RETRY_SLEEP_MAX_SECONDS):
         until = datetime.fromtimestamp(due - lead, UTC)
@@ -167,7 +193,11 @@ def wait_for_slot(host: Any, messages: list[dict]) -> str | None:
             RunStatus.CANCELLED, stop_reason="cancelled", error="cancelled on request"
         )
     connections.release()
-    time.sleep(max(0.0, due - time.time()))  # no database work between the slot and the request
+    # a provider that waits at the wire gets the request a moment early: building and handing it
+    # over then cannot make it late; the others are sent at the slot (no database work between)
+    start = due - HANDOFF_SECONDS if getattr(state.provider, "precise_start", False) else due
+    time.sleep(max(0.0, start - time.time()))
+    NOT_BEFORE.set(due)
     return None
 
 
@@ -184,7 +214,7 @@ def _held_slot(run_id: Any, model: str) -> tuple[float | None, dict]:
     except (KeyError, TypeError, ValueError):
         return None, carried
     late = time.time() - due
-    if late > ARRIVAL_JITTER_SECONDS / 2:
+    if late > LATE_SECONDS:
         log.info("run %s: woken %.2f s after its rate-limit slot, reserves another", run_id, late)
         return None, carried
     return due, carried

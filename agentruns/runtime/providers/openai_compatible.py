@@ -11,24 +11,29 @@ wait between bytes. `OPENAI_REQUEST_OPTIONS` (a JSON object) is merged into ever
 One client (one keep-alive pool) per process, thread and configuration: the async client's pool
 belongs to the event loop it streams on (the process's stream loop, stream_pump.py, so in effect
 one client per process), and q2 forks workers, so a client is never shared across a fork or a
-loop.
+loop. A request under a rate limit waits for its slot (`NOT_BEFORE`) in the client's request hook,
+the last step before the wire: what Pydantic AI and the SDK do before then (and the hand-over to
+the stream loop) cannot make it late, so it reaches the provider when the limit allows it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
+import time
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from openai import AsyncOpenAI
+import httpx
+from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
 from agentruns.conf import conf
 from agentruns.registry.pydantic_agents.calls import thread_loop
-from agentruns.runtime.providers.base import ModelError
+from agentruns.runtime.providers.base import NOT_BEFORE, ModelError
 
 PLACEHOLDER_KEY = "not-set"
 PREFIXES = ("openai:", "openai-chat:")
@@ -70,7 +75,17 @@ def _new_client() -> AsyncOpenAI:
         api_key=conf.OPENAI_API_KEY or PLACEHOLDER_KEY,
         timeout=conf.OPENAI_TIMEOUT_SECONDS or None,
         max_retries=conf.OPENAI_MAX_RETRIES,
+        # the SDK's own default client (its limits, redirects), with the rate-limit slot's hook
+        http_client=DefaultAsyncHttpxClient(event_hooks={"request": [_not_before]}),
     )
+
+
+async def _not_before(request: httpx.Request) -> None:
+    """The request leaves at its rate-limit slot, not before (its task carries the caller's
+    context: stream_pump.py). An SDK retry of it finds the slot passed and goes at once."""
+    due = NOT_BEFORE.get()
+    if due is not None and (delay := due - time.time()) > 0:
+        await asyncio.sleep(delay)
 
 
 def endpoint() -> str:
