@@ -82,6 +82,8 @@ bench: venv
 	PG_EXTRA_OPTS=" " scripts/with-postgres.sh $(BIN)/python -m benchmarks.pydantic_ai_flow \
 		$(if $(BENCH_QUICK),--runs 10 --rounds 1,--runs 40 --rounds 3) --json var/bench-pydantic-ai.json
 	PG_EXTRA_OPTS=" " scripts/with-postgres.sh $(BIN)/python -m benchmarks.inflight --write-docs
+	PG_EXTRA_OPTS=" " scripts/with-postgres.sh $(BIN)/python -m benchmarks.model_rate_limit --write-docs
+	PG_EXTRA_OPTS=" " scripts/with-postgres.sh $(BIN)/python -m benchmarks.events_size --write-docs
 	$(BIN)/python -m benchmarks.targets --write-docs
 
 clean:

@@ -92,7 +92,8 @@ class ProviderLimit:
         self._lock = threading.Lock()
         self.admitted = 0
         self.refused = 0  # answered 429
-        self.history: list[tuple[float, bool]] = []
+        # (time.time(), admitted) of the latest requests, for a harness to see the pace it kept
+        self.history: deque[tuple[float, bool]] = deque(maxlen=100_000)
 
     def admit(self) -> float | None:
         """A request arrives: None when it may go on, else the seconds until it would have been
@@ -200,7 +201,7 @@ class FakeOpenAI:
             "per_second": limit.per_second,
             "admitted": limit.admitted,
             "refused": limit.refused,
-            "history": limit.history,
+            "history": list(limit.history),
         }
 
     def _admit(self) -> Fail | None:

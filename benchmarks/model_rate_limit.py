@@ -1,0 +1,237 @@
+"""The model provider's rate limit kept in advance (issue 30, item 5; part of `make bench`).
+
+    PG_EXTRA_OPTS=" " scripts/with-postgres.sh .venv/bin/python -m benchmarks.model_rate_limit \
+        [--runs 500] [--off-runs 50] [--write-docs]
+
+`--runs` refund runs (the demo's `refund` agent, each on an order of its own: four model
+requests) started at once against the fake OpenAI-compatible server, a process of its own
+(scripts/fake_openai_server.py) limited to RPM requests a minute and ceil(RPM / 60) in any second,
+answering 429 beyond either; through a real worker (`qcluster` with its defaults, 2 worker
+processes) with AGENTRUNS_MODEL_LIMITS = {model: {"rpm": RPM}} and the default jitter allowance,
+and the refund gateway in a real web process. Counted at the fake server: requests admitted and
+refused (429), and the most it admitted in any second and any minute. Sampled every second: runs
+running (a lease, a pool slot) and runs queued waiting on the limit (none), the worker's threads.
+Side by side, `--off-runs` runs the same way without AGENTRUNS_MODEL_LIMITS: what the provider's
+limit does to a burst when only the after-the-fact backoff (429 -> model outage) handles it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+os.environ.setdefault("LOG_LEVEL", "WARNING")
+
+RPM = 120
+MODEL = "openai/fake-model"
+QUICK = bool(os.environ.get("BENCH_QUICK"))
+SECTION = "model-rate-limit"
+
+
+def setup(orders: int) -> None:
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    with open(os.devnull, "w") as devnull:
+        call_command("seed_demo", orders=orders, stdout=devnull)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_provider(rpm: int) -> tuple[subprocess.Popen, str]:
+    import httpx
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "scripts/fake_openai_server.py", f"--port={port}", "--mode=refund"]
+        + ["--delay-ms=5", f"--rpm={rpm}"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}/v1"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            httpx.get(url + "/models", timeout=2)
+            return proc, url
+        except httpx.HTTPError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def threads_of(group: int) -> int:
+    """Threads of every process in the process group `group` (the worker cluster)."""
+    total = 0
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            if os.getpgid(int(status.parent.name)) != group:
+                continue
+            for line in status.read_text().splitlines():
+                if line.startswith("Threads:"):
+                    total += int(line.split()[1])
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def most_in_window(history: list[tuple[float, bool]], window: float) -> int:
+    admitted = sorted(t for t, ok in history if ok)
+    most, start = 0, 0
+    for end, moment in enumerate(admitted):
+        while moment - admitted[start] >= window:
+            start += 1
+        most = max(most, end - start + 1)
+    return most
+
+
+def batch(runs: int, offset: int, limited: bool) -> dict:
+    """`runs` refund runs through a fresh provider, web process and worker; what it measured."""
+    import httpx
+    from django.db import connection
+    from django.db.models import Max, Min
+
+    from agentruns.models import Run, RunStatus
+    from agentruns.runtime.access.model_limits import WAITING, request_interval
+    from agentruns.services import start_run
+    from benchmarks.procs import QUOTAS_OFF_THE_WAY, start_qcluster, start_web, stop, stop_web
+
+    provider, provider_url = start_provider(RPM)
+    env = {
+        **os.environ,
+        **QUOTAS_OFF_THE_WAY,
+        "AGENTRUNS_MODEL": MODEL,
+        "OPENAI_BASE_URL": provider_url,
+        "OPENAI_API_KEY": "sk-bench",
+        "REFUND_APPROVAL_THRESHOLD_CENTS": "1000000000",  # no approvals: straight through
+    }
+    if limited:
+        env["AGENTRUNS_MODEL_LIMITS"] = json.dumps({MODEL: {"rpm": RPM}})
+    web, url = start_web(ROOT, env)
+    worker_env = {k: v for k, v in env.items() if k != "DATABASE_URL"}
+    worker = start_qcluster(
+        os.environ["DATABASE_URL"], **worker_env, REFUND_GATEWAY_URL=url + "/gateway"
+    )
+    samples: list[tuple[int, int, int]] = []
+    try:
+        time.sleep(5)  # the cluster up (its processes forked) before the burst
+        baseline_threads = threads_of(worker.pid)
+        ids = [
+            start_run(
+                "refund",
+                {"order_id": f"ORD-{1001 + offset + i}", "message": "It arrived broken, refund it"},
+                model=MODEL,
+            ).run.id
+            for i in range(runs)
+        ]
+        deadline = time.monotonic() + max(600, 3 * runs * 4 * request_interval(RPM))
+        while True:
+            rows = list(Run.objects.filter(id__in=ids).values_list("status", "error"))
+            running = sum(1 for status, _ in rows if status == RunStatus.RUNNING)
+            waiting = sum(1 for status, e in rows if status == RunStatus.QUEUED and WAITING in e)
+            samples.append((running, waiting, threads_of(worker.pid)))
+            if all(status in ("succeeded", "failed", "cancelled") for status, _ in rows):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{runs} runs did not finish")
+            time.sleep(1)
+        counted = httpx.get(provider_url + "/_fake/limit", timeout=30).json()
+        span = Run.objects.filter(id__in=ids).aggregate(
+            first=Min("created_at"), last=Max("finished_at")
+        )
+        statuses = list(Run.objects.filter(id__in=ids).values_list("status", flat=True))
+    finally:
+        stop(worker)
+        stop_web(web)
+        provider.kill()
+        provider.wait(10)
+        connection.close()
+    history = counted["history"]
+    return {
+        "runs": runs,
+        "limited": limited,
+        "succeeded": statuses.count("succeeded"),
+        "wall_s": (span["last"] - span["first"]).total_seconds(),
+        "admitted": counted["admitted"],
+        "refused_429": counted["refused"],
+        "most_in_a_second": most_in_window(history, 1.0),
+        "most_in_a_minute": most_in_window(history, 60.0),
+        "provider_per_second": counted["per_second"],
+        "most_running": max(r for r, _, _ in samples),
+        "most_waiting": max(w for _, w, _ in samples),
+        "worker_threads": [baseline_threads, max(t for _, _, t in samples)],
+    }
+
+
+def report(rows: list[dict], load: float) -> str:
+    lines = [
+        "## The model's rate limit kept in advance (issue 30, item 5)",
+        "",
+        "Written by `benchmarks/model_rate_limit.py` in `make bench`: refund runs started at once "
+        f"against the fake OpenAI-compatible server (its own process) limited to {RPM} requests "
+        f"a minute and {math.ceil(RPM / 60)} in any second (429 beyond either, counted there), "
+        "through a real `qcluster` (2 worker processes) and the gateway in a real web process; "
+        "four model requests a run. With the limit: `AGENTRUNS_MODEL_LIMITS` for the model, the "
+        "default jitter allowance (0.25 s: a slot every 0.625 s, 96 a minute). Without: only the "
+        f"after-the-fact backoff. 1-minute load average at the end: {load:.1f} (2 cores shared).",
+        "",
+        "| AGENTRUNS_MODEL_LIMITS | runs | succeeded | wall | requests admitted | answered 429 "
+        "| most in any second / minute at the provider | runs running at most | runs waiting "
+        "queued at most | worker threads before / at most |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {'set' if row['limited'] else 'unset'} | {row['runs']} | {row['succeeded']} | "
+            f"{row['wall_s']:.0f} s | {row['admitted']} | **{row['refused_429']}** | "
+            f"{row['most_in_a_second']} / {row['most_in_a_minute']} | {row['most_running']} | "
+            f"{row['most_waiting']} | {row['worker_threads'][0]} / {row['worker_threads'][1]} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=60 if QUICK else 500)
+    parser.add_argument("--off-runs", type=int, default=20 if QUICK else 50)
+    parser.add_argument("--json", type=Path, default=ROOT / "var" / "bench-model-rate-limit.json")
+    parser.add_argument("--write-docs", action="store_true")
+    args = parser.parse_args()
+    setup(orders=args.runs + args.off_runs)
+    rows = [batch(args.runs, 0, limited=True)]
+    if args.off_runs:
+        rows.append(batch(args.off_runs, args.runs, limited=False))
+    for row in rows:
+        print(json.dumps(row))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(rows, indent=2))
+    text = report(rows, os.getloadavg()[0])
+    print(text)
+    if args.write_docs:
+        from benchmarks.docs import write_marked_section
+
+        write_marked_section(SECTION, text)
+
+
+if __name__ == "__main__":
+    main()
