@@ -7,12 +7,13 @@
 requests) started at once against the fake OpenAI-compatible server, a process of its own
 (scripts/fake_openai_server.py) limited to RPM requests a minute and ceil(RPM / 60) in any second,
 answering 429 beyond either; through a real worker (`qcluster` with its defaults, 2 worker
-processes) with AGENTRUNS_MODEL_LIMITS = {model: {"rpm": RPM}} and the default jitter allowance,
-and the refund gateway in a real web process. Counted at the fake server: requests admitted and
-refused (429), and the most it admitted in any second and any minute. Sampled every second: runs
-running (a lease, a pool slot) and runs queued waiting on the limit (none), the worker's threads.
-Side by side, `--off-runs` runs the same way without AGENTRUNS_MODEL_LIMITS: what the provider's
-limit does to a burst when only the after-the-fact backoff (429 -> model outage) handles it.
+processes) with AGENTRUNS_MODEL_LIMITS = {model: {"rpm": RPM}} and AGENTRUNS_MODEL_LIMIT_JITTER_SECONDS
+= `--jitter`, and the refund gateway in a real web process. Counted at the fake server: requests
+admitted and refused (429), and the most it admitted in any second and any minute. Sampled every
+second: runs running (a lease, a pool slot) and runs queued waiting on the limit (none), the
+worker's threads. Side by side: `--default-runs` the same way with the default allowance, and
+`--off-runs` without AGENTRUNS_MODEL_LIMITS: what the provider's limit does to a burst when only
+the after-the-fact backoff (429 -> a model outage) handles it.
 """
 
 from __future__ import annotations
@@ -95,6 +96,19 @@ def threads_of(group: int) -> int:
     return total
 
 
+def ready(group: int) -> int:
+    """Wait until the worker cluster's thread count settles (its pools started their threads);
+    returns it."""
+    seen, steady = -1, 0
+    deadline = time.monotonic() + 120
+    while steady < 3 and time.monotonic() < deadline:
+        time.sleep(1)
+        count = threads_of(group)
+        steady = steady + 1 if count == seen and count > 100 else 0
+        seen = count
+    return seen
+
+
 def most_in_window(history: list[tuple[float, bool]], window: float) -> int:
     admitted = sorted(t for t, ok in history if ok)
     most, start = 0, 0
@@ -105,8 +119,9 @@ def most_in_window(history: list[tuple[float, bool]], window: float) -> int:
     return most
 
 
-def batch(runs: int, offset: int, limited: bool) -> dict:
-    """`runs` refund runs through a fresh provider, web process and worker; what it measured."""
+def batch(runs: int, offset: int, jitter: float | None) -> dict:
+    """`runs` refund runs through a fresh provider, web process and worker, with the limit and
+    this jitter allowance (None: no limit set); what it measured."""
     import httpx
     from django.db import connection
     from django.db.models import Max, Min
@@ -125,8 +140,9 @@ def batch(runs: int, offset: int, limited: bool) -> dict:
         "OPENAI_API_KEY": "sk-bench",
         "REFUND_APPROVAL_THRESHOLD_CENTS": "1000000000",  # no approvals: straight through
     }
-    if limited:
+    if jitter is not None:
         env["AGENTRUNS_MODEL_LIMITS"] = json.dumps({MODEL: {"rpm": RPM}})
+        env["AGENTRUNS_MODEL_LIMIT_JITTER_SECONDS"] = str(jitter)
     web, url = start_web(ROOT, env)
     worker_env = {k: v for k, v in env.items() if k != "DATABASE_URL"}
     worker = start_qcluster(
@@ -134,8 +150,7 @@ def batch(runs: int, offset: int, limited: bool) -> dict:
     )
     samples: list[tuple[int, int, int]] = []
     try:
-        time.sleep(5)  # the cluster up (its processes forked) before the burst
-        baseline_threads = threads_of(worker.pid)
+        baseline_threads = ready(worker.pid)
         ids = [
             start_run(
                 "refund",
@@ -169,7 +184,7 @@ def batch(runs: int, offset: int, limited: bool) -> dict:
     history = counted["history"]
     return {
         "runs": runs,
-        "limited": limited,
+        "jitter": jitter,
         "succeeded": statuses.count("succeeded"),
         "wall_s": (span["last"] - span["first"]).total_seconds(),
         "admitted": counted["admitted"],
@@ -180,6 +195,8 @@ def batch(runs: int, offset: int, limited: bool) -> dict:
         "most_running": max(r for r, _, _ in samples),
         "most_waiting": max(w for _, w, _ in samples),
         "worker_threads": [baseline_threads, max(t for _, _, t in samples)],
+        # seconds from the first request to each one refused
+        "refused_at": [round(t - history[0][0], 1) for t, ok in history if not ok],
     }
 
 
@@ -191,19 +208,25 @@ def report(rows: list[dict], load: float) -> str:
         f"against the fake OpenAI-compatible server (its own process) limited to {RPM} requests "
         f"a minute and {math.ceil(RPM / 60)} in any second (429 beyond either, counted there), "
         "through a real `qcluster` (2 worker processes) and the gateway in a real web process; "
-        "four model requests a run. With the limit: `AGENTRUNS_MODEL_LIMITS` for the model, the "
-        "default jitter allowance (0.25 s: a slot every 0.625 s, 96 a minute). Without: only the "
-        f"after-the-fact backoff. 1-minute load average at the end: {load:.1f} (2 cores shared).",
+        "four model requests a run. With the limit: `AGENTRUNS_MODEL_LIMITS` for the model and "
+        "the jitter allowance shown (`AGENTRUNS_MODEL_LIMIT_JITTER_SECONDS`: 0.25 s, the "
+        "default, is a slot every 0.625 s, 96 a minute; 0.5 s every 0.75 s, 80 a minute). "
+        "Without: only the after-the-fact backoff (a 429 is an outage the run backs off from). "
+        f"1-minute load average at the end: {load:.1f} (2 cores shared with other work).",
         "",
-        "| AGENTRUNS_MODEL_LIMITS | runs | succeeded | wall | requests admitted | answered 429 "
+        "| limit, jitter allowance | runs | succeeded | wall | requests admitted | answered 429 "
+        "(in the first minute) "
         "| most in any second / minute at the provider | runs running at most | runs waiting "
         "queued at most | worker threads before / at most |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
+        limit = "unset" if row["jitter"] is None else f"set, {row['jitter']:g} s"
         lines.append(
-            f"| {'set' if row['limited'] else 'unset'} | {row['runs']} | {row['succeeded']} | "
-            f"{row['wall_s']:.0f} s | {row['admitted']} | **{row['refused_429']}** | "
+            f"| {limit} | "
+            f"{row['runs']} | {row['succeeded']} | "
+            f"{row['wall_s']:.0f} s | {row['admitted']} | **{row['refused_429']}** "
+            f"({sum(1 for t in row['refused_at'] if t < 60)}) | "
             f"{row['most_in_a_second']} / {row['most_in_a_minute']} | {row['most_running']} | "
             f"{row['most_waiting']} | {row['worker_threads'][0]} / {row['worker_threads'][1]} |"
         )
@@ -213,14 +236,18 @@ def report(rows: list[dict], load: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=60 if QUICK else 500)
+    parser.add_argument("--jitter", type=float, default=0.5)
+    parser.add_argument("--default-runs", type=int, default=30 if QUICK else 150)
     parser.add_argument("--off-runs", type=int, default=20 if QUICK else 50)
     parser.add_argument("--json", type=Path, default=ROOT / "var" / "bench-model-rate-limit.json")
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
-    setup(orders=args.runs + args.off_runs)
-    rows = [batch(args.runs, 0, limited=True)]
+    setup(orders=args.runs + args.default_runs + args.off_runs)
+    rows = [batch(args.runs, 0, args.jitter)]
+    if args.default_runs:
+        rows.append(batch(args.default_runs, args.runs, 0.25))
     if args.off_runs:
-        rows.append(batch(args.off_runs, args.runs, limited=False))
+        rows.append(batch(args.off_runs, args.runs + args.default_runs, None))
     for row in rows:
         print(json.dumps(row))
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ import pytest
 from agentruns.models import Run, RunStatus
 from agentruns.runtime.access.model_limits import WAITING, request_interval
 from agentruns.services import start_run
+from scripts.fake_openai_server import ProviderLimit
 from tests.procs import (
     Proc,
     base_env,
@@ -39,6 +40,30 @@ RPM = 600  # 10 a second
 # provider more than 0.5 s after its slot then, so the allowance is far wider than the default
 # 0.25 s; a slot every (1 + 1) / 10 s: the ~96 requests take ~19 s
 JITTER = 1.0
+
+
+@pytest.mark.django_db(transaction=False)
+def test_the_fake_provider_refuses_beyond_a_second_and_a_minute(monkeypatch):
+    """The fake server's limit itself: at most ceil(rpm / 60) in any second and rpm in any
+    minute, counted on its own clock; a refused request does not count."""
+    now = [1000.0]
+    monkeypatch.setattr("scripts.fake_openai_server.time.monotonic", lambda: now[0])
+    limit = ProviderLimit(rpm=120)  # 2 a second
+    assert [limit.admit(), limit.admit()] == [None, None]
+    now[0] += 0.4
+    assert limit.admit() == pytest.approx(0.6)  # a third within the second: 429
+    now[0] += 0.6
+    assert limit.admit() is None  # the first two have left the second
+    assert (limit.admitted, limit.refused) == (3, 1)
+
+    minute = ProviderLimit(rpm=6, per_second=6)
+    for _ in range(6):
+        assert minute.admit() is None
+        now[0] += 0.1
+    now[0] += 29.4  # 30 s after the first
+    assert minute.admit() == pytest.approx(30.0)
+    now[0] += 30.0
+    assert minute.admit() is None
 
 
 def start_fake_provider(tmp_path: Path) -> tuple[Proc, str]:

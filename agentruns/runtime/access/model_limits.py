@@ -178,7 +178,8 @@ def wait_for_slot(host: Any, messages: list[dict]) -> str | None:
     due, carried = None, {}
     if not state.slot_checked:  # the slot this run backed off for, if it did
         state.slot_checked = True
-        due, carried = _held_slot(host.run_id, model)
+        if state.run.last_seq > 2:  # (a new run has its created and running events only)
+            due, carried = _held_slot(host.run_id, model)
     if due is None:
         tokens = request_tokens(state, messages) if limit.tpm else 0
         due = time.time() + reserve(model, limit, tokens).wait

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -163,6 +164,9 @@ def _tool_definitions(tools: list[dict]) -> list[ToolDefinition]:
     ]
 
 
+_BUILT: set[tuple[int, str]] = set()  # (pid, model name) built on the stream loop: prepare()
+
+
 class PydanticAIProvider:
     """One per executor pass (`get_provider`)."""
 
@@ -196,14 +200,18 @@ class PydanticAIProvider:
     def prepare(self) -> None:
         """Build the model where it streams (the process's stream loop, whose thread keeps the
         clients) before a request waits for its rate-limit slot: a process's first request
-        would otherwise spend ~0.1-0.4 s building it between its slot and the wire."""
-        if isinstance(self._model, str) and not self.instant:
+        would otherwise spend ~0.1-0.4 s building it between its slot and the wire. Once per
+        process and model: after that it is a lookup (and the loop is not disturbed)."""
+        built = (os.getpid(), self._model)
+        if not isinstance(self._model, str) or self.instant or built in _BUILT:
+            return
 
-            async def build() -> Model:
-                return self.model
+        async def build() -> Model:
+            return self.model
 
-            loop, _ = stream_loop()
-            asyncio.run_coroutine_threadsafe(build(), loop).result()
+        loop, _ = stream_loop()
+        asyncio.run_coroutine_threadsafe(build(), loop).result()
+        _BUILT.add(built)
 
     def _settings(self) -> dict | None:
         if not self._openai:
