@@ -6,14 +6,12 @@ and why a typo fails loudly: `agentruns/setting.py`). README's settings table li
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 from django.core.checks import Error, Tags, register
-from django.core.exceptions import ImproperlyConfigured
 
+from agentruns.model_limit_setting import parse_model_limits
 from agentruns.setting import Conf, Setting
 
 
@@ -21,44 +19,8 @@ def _q_timeout() -> float:
     return float(settings.Q_CLUSTER.get("timeout") or 120)
 
 
-@dataclass(frozen=True)
-class ModelLimit:
-    """A model provider's rate limit for one model name (runtime/access/model_limits.py)."""
-
-    rpm: int = 0  # requests a minute (0: not limited)
-    tpm: int = 0  # tokens a minute (0: not limited)
-
-
-def parse_model_limits(name: str, raw: Any) -> dict[str, ModelLimit]:
-    """`{"<model name>": {"rpm": 60, "tpm": 90000}, ...}` (JSON, or that dict in a settings
-    module) -> {model name: ModelLimit}; anything else is ImproperlyConfigured, naming it."""
-    if isinstance(raw, str):
-        if not raw.strip():
-            return {}
-        try:
-            raw = json.loads(raw)
-        except ValueError as exc:
-            raise ImproperlyConfigured(f"{name} is not valid JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ImproperlyConfigured(
-            f'{name} must be a JSON object: {{"<model name>": {{"rpm": 60, "tpm": 90000}}}}'
-        )
-    limits: dict[str, ModelLimit] = {}
-    for model, limit in raw.items():
-        where = f"{name}[{model!r}]"
-        if not isinstance(model, str) or not model.strip():
-            raise ImproperlyConfigured(f"{name}: a model name must be a non-empty string")
-        if not isinstance(limit, dict) or not limit:
-            raise ImproperlyConfigured(f'{where} must be an object like {{"rpm": 60}}')
-        unknown = sorted(set(limit) - {"rpm", "tpm"})
-        if unknown:
-            raise ImproperlyConfigured(f"{where}: unknown key(s) {unknown}; use rpm and tpm")
-        for key, value in limit.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ImproperlyConfigured(f"{where}.{key}={value!r} is not a positive integer")
-        limits[model] = ModelLimit(**limit)
-    return limits
-
+# a token's lifetime in days, at most (ten years; 0 is a token that never expires)
+API_TOKEN_MAX_DAYS = 3650
 
 SETTINGS: tuple[Setting, ...] = (
     # the model
@@ -258,6 +220,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "AGENTRUNS_APPROVER_LIMIT_CENTS", int, 0, "approvals above it need a superuser (0: none)", 0
     ),
+    Setting(
+        "AGENTRUNS_APPROVER_DAILY_LIMIT_CENTS",
+        int,
+        0,
+        "what one approver may approve in all per day, in the tools' amount_arg (0: off)",
+        0,
+    ),
     Setting("AGENTRUNS_CLAIM_SECONDS", float, 900, 'an "I\'m on it" claim on an item expires', 1),
     Setting(
         "AGENTRUNS_APPROVAL_ESCALATE_SECONDS",
@@ -323,7 +292,14 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     # the API
     Setting("AGENTRUNS_API_MAX_BODY_BYTES", int, 1_000_000, "larger request bodies get 413", 1024),
-    Setting("AGENTRUNS_API_TOKEN_DAYS", float, 90, "new API tokens expire after it (0: never)", 0),
+    Setting(
+        "AGENTRUNS_API_TOKEN_DAYS",
+        float,
+        90,
+        "new API tokens expire after it (0: never)",
+        0,
+        maximum=API_TOKEN_MAX_DAYS,
+    ),
     # quotas (per user; 0 turns one off): runtime/access/quotas.py, stream/sockets.py
     Setting("AGENTRUNS_START_BURST", int, 100, "runs a user may start at once (token bucket)", 0),
     Setting("AGENTRUNS_START_PER_SECOND", float, 10, "... refilled at this rate", 0),

@@ -210,10 +210,18 @@ class RuntimeCollector(Collector):
 
         # a run waiting for a retry backoff is queued with its doorbell due later (enqueued_at)
         backing_off = Run.objects.filter(status=RunStatus.QUEUED, enqueued_at__gt=now).count()
+        # queued behind another run of their concurrency key: no worker may claim them yet
+        in_line = Run.objects.filter(status=RunStatus.QUEUED, waiting_behind__isnull=False).count()
         yield GaugeMetricFamily(
             "agentruns_queue_depth",
-            "Runs queued and waiting for a worker to claim them (backoffs not yet due excluded)",
-            value=by_status.get(RunStatus.QUEUED, 0) - backing_off,
+            "Runs queued and waiting for a worker to claim them (backoffs not yet due and runs "
+            "waiting in a concurrency key's line excluded)",
+            value=by_status.get(RunStatus.QUEUED, 0) - backing_off - in_line,
+        )
+        yield GaugeMetricFamily(
+            "agentruns_runs_waiting_in_line",
+            "Queued runs waiting behind another run of their concurrency key",
+            value=in_line,
         )
         yield GaugeMetricFamily(
             "agentruns_runs_backing_off",

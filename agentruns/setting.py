@@ -111,6 +111,7 @@ class Setting:
     # a parser of its own for a structured value (a JSON object): (name, raw) -> value, raising
     # ImproperlyConfigured; None: the parser of `type`
     parser: Callable[[str, Any], Any] | None = None
+    maximum: float | None = None
 
     def read(self) -> Any:
         raw = getattr(settings, self.name, None)
@@ -121,6 +122,8 @@ class Setting:
         value = (self.parser or _PARSERS[self.type])(self.name, raw)
         if self.minimum is not None and value < self.minimum:
             raise ImproperlyConfigured(f"{self.name}={raw!r} is below its minimum {self.minimum}")
+        if self.maximum is not None and value > self.maximum:
+            raise ImproperlyConfigured(f"{self.name}={raw!r} is above its maximum {self.maximum}")
         return value
 
 

@@ -10,6 +10,7 @@ groups and policies then come from `runtime/access/cache.py` until any of them c
 from __future__ import annotations
 
 import hashlib
+import math
 import secrets
 from datetime import timedelta
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from agentruns.conf import conf
+from agentruns.conf import API_TOKEN_MAX_DAYS, conf
 from agentruns.models import ApiToken
 from agentruns.runtime.access import cache
 
@@ -35,8 +36,18 @@ def create_token(user: Any, days: float | None = None) -> str:
     return raw
 
 
+def check_days(days: float) -> float:
+    """A token's lifetime in days: 0 (never expires) up to API_TOKEN_MAX_DAYS; ValueError for
+    anything else (NaN, infinity, a negative number or one past any date a token can hold)."""
+    if not math.isfinite(days) or days < 0 or days > API_TOKEN_MAX_DAYS:
+        raise ValueError(
+            f"days must be a number from 0 (never expires) to {API_TOKEN_MAX_DAYS}, not {days:g}"
+        )
+    return days
+
+
 def issue_token(user: Any, days: float | None = None) -> tuple[str, ApiToken]:
-    days = conf.API_TOKEN_DAYS if days is None else days
+    days = conf.API_TOKEN_DAYS if days is None else check_days(days)
     raw = PREFIX + secrets.token_urlsafe(32)
     expires = timezone.now() + timedelta(days=days) if days else None
     row = ApiToken.objects.create(

@@ -1,10 +1,12 @@
 from django.urls import path
 
 from agentruns.web import views
+from agentruns.web.layout import navigation
 
 urlpatterns = [
     path("", views.run_list, name="run-list"),
     path("new/", views.run_new, name="run-new"),
+    path("nav/", navigation.nav_counts_fragment, name="nav-counts"),
     path("<uuid:run_id>/", views.run_detail, name="run-detail"),
     path("<uuid:run_id>/retry/", views.run_retry, name="run-retry"),
     path("<uuid:run_id>/cancel/", views.run_cancel, name="run-cancel"),

@@ -64,6 +64,16 @@ class EditNotAllowed(DecisionError):
         self.field, self.rule = field, rule
 
 
+class LimitExceeded(DecisionError):
+    """Approving would go over a limit that adds up: the tool's own (an order's refunds against
+    what was paid: 422, `over_limit`) or the approver's total per day (403, `over_daily_limit`).
+    `figures`: the numbers behind the sentence, for scripts."""
+
+    def __init__(self, message: str, code: str, figures: dict, status: int = 422) -> None:
+        super().__init__(message, code=code)
+        self.figures, self.status = figures, status
+
+
 class NotRunnable(DecisionError):
     """The deployed code cannot execute this call (its agent or tool is gone, or the arguments
     no longer fit the tool's schema): approving is refused, rejecting is not."""
@@ -107,4 +117,6 @@ def status_of(exc: DecisionError) -> int:
 
 
 def error_details(exc: DecisionError) -> dict:
+    if isinstance(exc, LimitExceeded):
+        return {"code": exc.code, "figures": exc.figures}
     return {"field": exc.field, "rule": exc.rule} if isinstance(exc, EditNotAllowed) else {}

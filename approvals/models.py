@@ -71,11 +71,25 @@ class Approval(models.Model):
     # is one). Every door's decision names the version it was made on, and a decision on an older
     # one changes nothing (approvals/domain/outcomes.py `check_open`)
     version = models.PositiveIntegerField(default=1)
+    # the call's operation key (its tool's `operation_key=` of the current proposal; "" for
+    # none): the card shows the key's state and the other pending items of the same key
+    operation_key = models.CharField(max_length=200, blank=True, default="")
+    # its run's priority when it opened: the inbox lists the highest first, then the newest
+    priority = models.SmallIntegerField(default=0, db_default=0)
 
     class Meta:
-        ordering = ["-created_at", "-id"]
+        ordering = ["-priority", "-created_at", "-id"]
         indexes = [
-            models.Index(fields=["status", "-created_at"], name="approval_status_created_idx"),
+            models.Index(
+                fields=["operation_key"],
+                condition=Q(status="pending") & ~Q(operation_key=""),
+                name="approval_pending_key_idx",
+            ),
+            # the inbox and the API list: by status, the highest priority first, then the newest
+            models.Index(
+                fields=["status", "-priority", "-created_at", "-id"],
+                name="approval_status_priority_idx",
+            ),
             models.Index(
                 fields=["expires_at"],
                 condition=Q(status="pending", expires_at__isnull=False),
@@ -86,6 +100,12 @@ class Approval(models.Model):
                 fields=["due_at"],
                 condition=Q(status="pending", due_at__isnull=False, escalated_at__isnull=True),
                 name="approval_due_idx",
+            ),
+            # the inbox's decided view: the newest decision first (approvals/domain/history.py)
+            models.Index(
+                fields=["-decided_at", "-id"],
+                condition=Q(decided_at__isnull=False),
+                name="approval_decided_idx",
             ),
         ]
         permissions = [("decide_approval", "Can approve, reject and reconcile")]
@@ -186,11 +206,21 @@ class ApprovalDecision(models.Model):
     # approve: the full arguments this person approved (not redacted: they are what runs)
     args = models.JSONField(null=True, blank=True)
     edited = models.BooleanField(default=False)  # changed the arguments (started a new round)
+    # approve: the tool's `amount_arg` in what was approved (an approver's total per day)
+    amount = models.BigIntegerField(null=True, blank=True)
     reason = models.TextField(blank=True, default="")
     decided_at = models.DateTimeField()
 
     class Meta:
         ordering = ["approval", "decided_at", "id"]
+        # an approver's approvals of a day (AGENTRUNS_APPROVER_DAILY_LIMIT_CENTS)
+        indexes = [
+            models.Index(
+                fields=["user", "decided_at"],
+                condition=Q(decision="approve"),
+                name="decision_user_day_idx",
+            )
+        ]
         constraints = [
             # the same person never counts twice in a round (the database says so, too)
             models.UniqueConstraint(

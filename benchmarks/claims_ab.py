@@ -7,8 +7,8 @@
 Each side is a checkout; its own `benchmarks.inflight.ours_latency_bound` runs in a subprocess
 with that checkout first on the path (the same harness as `make bench`: the seven-step refund
 flow, every model turn waiting 500 ms, N runs started together by 8 clients, one real `qcluster`
-with its defaults, 2 worker processes). Both sides use the same throwaway PostgreSQL, one after
-the other. Besides the harness's wall, RSS and connections it records, per side: the
+with its defaults, 2 worker processes). Both sides use the same throwaway PostgreSQL server, one
+after the other, each in a database of its own (its own migrations). Besides the harness's wall, RSS and connections it records, per side: the
 statements one start sends (Django's query log around `start_run`, as the API starts a run) and
 PostgreSQL's committed transactions per run over each batch (`pg_stat_database.xact_commit`,
 every process included: starts, claims or doorbells, the engine's commits, q2's bookkeeping).
@@ -25,6 +25,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TURN_MS = 500
+# the harness's sleeping workload (`benchmarks.inflight.run_all`): the refund flow, no key
+SLEEPING = {
+    "name": "sleeping",
+    "agent": "bench-refund",
+    "env": {"SCRIPTED_MODEL_LATENCY_MS": TURN_MS, "SCRIPTED_MODEL_DELAY_MS": 0},
+    "turn_ms": TURN_MS,
+}
 
 
 def side(ns: tuple[int, ...]) -> dict:
@@ -58,10 +65,10 @@ def side(ns: tuple[int, ...]) -> dict:
     cpu: list[tuple[float, float]] = []
     original = inflight.start_together
 
-    def start_together(n: int):  # the harness's own start, with the counters around it
+    def start_together(n: int, *agent: str):  # the harness's own start, counters around it
         counted.append(commits())
         cpu.append(cpu_seconds())
-        return original(n)
+        return original(n, *agent)
 
     inflight.start_together = start_together
     original_wait = inflight.wait_done
@@ -88,7 +95,7 @@ def side(ns: tuple[int, ...]) -> dict:
         return done
 
     inflight.wait_done = wait_done
-    rows, config = inflight.ours_latency_bound(ns, TURN_MS)
+    rows, config = inflight.ours_latency_bound(ns, SLEEPING)
     measured = zip(rows, counted[-len(ns) :], shares[-len(ns) :], cpu[-len(ns) :], strict=True)
     for row, xacts, share, (workers_cpu, server_cpu) in measured:
         row["xact_per_run"], row["busiest_share"] = xacts, share
@@ -129,6 +136,58 @@ def pickup(samples: int = 30) -> dict:
         (r.started_at - r.created_at).total_seconds() * 1000 for r in Run.objects.filter(id__in=ids)
     )
     return {"p50_ms": inflight.pct(delays, 50), "p90_ms": inflight.pct(delays, 90)}
+
+
+def claim_cpu(backlog: int, batch: int = 50) -> dict:
+    """In a side's subprocess, no cluster: `backlog` queued runs, then the claimers' statement
+    (`claims.claim_queued(batch)`) until none is left. CPU per claimed run of this process (the
+    client: building and reading the statement) and of its PostgreSQL backend (planning,
+    executing), and the statements' wall time."""
+    import gc
+    import time
+
+    import django
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    os.environ.setdefault("AGENTRUNS_AGENT_MODULES", "benchmarks.workload")
+    os.environ.setdefault("LOG_LEVEL", "WARNING")
+    from benchmarks import inflight
+
+    inflight.setup()
+    django.setup()
+    from django.db import connection
+
+    from agentruns.models import Run
+    from agentruns.runtime.dispatch import claims
+    from agentruns.runtime.execution import transitions
+    from agentruns.services import start_run
+
+    Run.objects.filter(status="queued").delete()
+    for i in range(backlog):
+        start_run("bench-refund", {"order_id": f"ORD-{1001 + i % 250}"})
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE agentruns_run")
+        cursor.execute("SELECT pg_backend_pid()")
+        (backend,) = cursor.fetchone()
+    events = transitions.started().events
+    claims.claim_queued(1, events)  # warm: the statement's first plan, the row converters
+    gc.collect()  # what the setup (migrate, seed) left is not the claims' to collect
+    client0, server0, wall0 = time.process_time(), _process_cpu(backend), time.perf_counter()
+    claimed = 0
+    while True:
+        taken = len(claims.claim_queued(batch, events))
+        if not taken:
+            break
+        claimed += taken
+    wall = time.perf_counter() - wall0
+    client, server = time.process_time() - client0, _process_cpu(backend) - server0
+    return {
+        "backlog": backlog,
+        "claimed": claimed,
+        "client_us_per_run": client / claimed * 1e6,
+        "server_us_per_run": server / claimed * 1e6,
+        "wall_us_per_run": wall / claimed * 1e6,
+    }
 
 
 def _process_cpu(pid: int, children: bool = False) -> float:
@@ -177,9 +236,26 @@ def cpu_seconds() -> tuple[float, float]:
     return workers, server
 
 
-def run_side(checkout: Path, ns: tuple[int, ...], call: str = "") -> dict:
+def side_database(name: str) -> str:
+    """DATABASE_URL of a database of the side's own on the same server (created when missing):
+    each checkout migrates its own schema, so a side whose models lack a column the other side's
+    migrations added never writes to that table."""
+    import psycopg
+
+    url = os.environ["DATABASE_URL"]
+    head, _, tail = url.rpartition("/")
+    database, _, query = tail.partition("?")
+    side = f"{database}_{name}"
+    with psycopg.connect(url.replace("postgres://", "postgresql://", 1), autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [side]).fetchone():
+            conn.execute(f'CREATE DATABASE "{side}"')
+    return f"{head}/{side}" + (f"?{query}" if query else "")
+
+
+def run_side(checkout: Path, ns: tuple[int, ...], call: str = "", database: str = "") -> dict:
     # this file's `side`, loaded by path in a process whose `benchmarks` and `agentruns` are the
     # checkout's
+    env = dict(os.environ, DATABASE_URL=database) if database else None
     code = (
         f"import sys, json, importlib.util; sys.path.insert(0, {str(checkout)!r}); "
         f"spec = importlib.util.spec_from_file_location('claims_ab_side', {__file__!r}); "
@@ -187,7 +263,12 @@ def run_side(checkout: Path, ns: tuple[int, ...], call: str = "") -> dict:
         f"print('@@' + json.dumps({call or f'module.side({ns!r})'}))"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code], cwd=checkout, capture_output=True, text=True, timeout=1800
+        [sys.executable, "-c", code],
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=env,
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("@@")]
     if done.returncode or not lines:
@@ -196,7 +277,7 @@ def run_side(checkout: Path, ns: tuple[int, ...], call: str = "") -> dict:
     return json.loads(lines[-1][2:])
 
 
-def markdown(base: dict, ours: dict, base_label: str) -> str:
+def markdown(base: dict, ours: dict, base_label: str, label: str = "claims (this branch)") -> str:
     head = (
         "| side | round | runs per process | N | wall (s) | x one run | runs/s | peak RSS (MB) | "
         "RSS growth (MB) | peak PG connections | commits per run | busiest process's share | "
@@ -204,7 +285,7 @@ def markdown(base: dict, ours: dict, base_label: str) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
     lines = []
-    for label, data in ((base_label, base), ("claims (this branch)", ours)):
+    for side_label, data in ((base_label, base), (label, ours)):
         for r in data["rows"]:
             one = next(
                 (o["wall_s"] for o in data["rows"] if o["n"] == 1 and o["round"] == r["round"]),
@@ -212,7 +293,7 @@ def markdown(base: dict, ours: dict, base_label: str) -> str:
             )
             ratio = f"{r['wall_s'] / one:.2f}" if one else "-"
             lines.append(
-                f"| {label} | {r['round']} | {data['config']['per_process']} | {r['n']} | "
+                f"| {side_label} | {r['round']} | {data['config']['per_process']} | {r['n']} | "
                 f"{r['wall_s']:.2f} | {ratio} | {r['n'] / r['wall_s']:.1f} | {r['rss_mb']:.0f} | "
                 f"{r['rss_growth_mb']:.0f} | {r['pg_connections']} | {r['xact_per_run']:.1f} | "
                 f"{r['busiest_share']:.2f} | {r.get('worker_cpu_ms', 0):.1f} | "
@@ -220,7 +301,7 @@ def markdown(base: dict, ours: dict, base_label: str) -> str:
             )
     statements = (
         f"Statements one start sends (`start_run` as the API calls it): {base_label} "
-        f"{base['start_statements']}, claims {ours['start_statements']}."
+        f"{base['start_statements']}, {label} {ours['start_statements']}."
     )
     return head + "\n".join(lines) + "\n\n" + statements + "\n"
 
@@ -233,7 +314,13 @@ def main() -> None:
     parser.add_argument(
         "--pickup", action="store_true", help="only creation -> claim, one at a time"
     )
+    parser.add_argument(
+        "--claim-cpu", action="store_true", help="only the claim statement's CPU, no cluster"
+    )
     parser.add_argument("--write-docs", action="store_true")
+    parser.add_argument("--base-label", default="main (doorbell per start)")
+    parser.add_argument("--label", default="claims (this branch)")
+    parser.add_argument("--section", default="claims-ab", help="the docs section it writes")
     args = parser.parse_args()
     if not os.environ.get("DATABASE_URL"):
         sys.exit("run under scripts/with-postgres.sh (or set DATABASE_URL)")
@@ -244,20 +331,44 @@ def main() -> None:
                 got = run_side(checkout, ns, call="module.pickup()")
                 print(f"pickup round {round_no + 1} {label}: {got}", flush=True)
         return
+    databases = {"base": side_database("base"), "ours": side_database("ours")}
+    if args.claim_cpu:
+        print(
+            "| side | round | backlog | client CPU per claimed run (us) | PostgreSQL CPU "
+            "per claimed run (us) | wall per claimed run (us) |\n|---|---:|---:|---:|---:|---:|"
+        )
+        for round_no in range(args.rounds):
+            for backlog in ns:
+                for label, checkout, name in (
+                    (args.base_label, Path(args.base).resolve(), "base"),
+                    (args.label, ROOT, "ours"),
+                ):
+                    got = run_side(
+                        checkout, ns, call=f"module.claim_cpu({backlog})", database=databases[name]
+                    )
+                    print(
+                        f"| {label} | {round_no + 1} | {backlog} | {got['client_us_per_run']:.0f} "
+                        f"| {got['server_us_per_run']:.0f} | {got['wall_us_per_run']:.0f} |",
+                        flush=True,
+                    )
+        return
     base, ours = {"rows": []}, {"rows": []}
     for round_no in range(args.rounds):  # alternating: a shared machine's load drifts
-        for into, checkout in ((base, Path(args.base).resolve()), (ours, ROOT)):
-            got = run_side(checkout, ns)
+        for into, checkout, name in (
+            (base, Path(args.base).resolve(), "base"),
+            (ours, ROOT, "ours"),
+        ):
+            got = run_side(checkout, ns, database=databases[name])
             into.update({k: v for k, v in got.items() if k != "rows"})
             into["rows"] += [{**row, "round": round_no + 1} for row in got["rows"]]
     (ROOT / "var").mkdir(exist_ok=True)
     (ROOT / "var" / "bench-claims-ab.json").write_text(json.dumps({"base": base, "ours": ours}))
-    text = markdown(base, ours, "main (doorbell per start)")
+    text = markdown(base, ours, args.base_label, args.label)
     print(text)
     if args.write_docs:
         from benchmarks.docs import write_marked_section
 
-        write_marked_section("claims-ab", text)
+        write_marked_section(args.section, text)
 
 
 if __name__ == "__main__":

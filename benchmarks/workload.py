@@ -81,6 +81,17 @@ register_agent(
         scripted_policy=flow_policy,
     )
 )
+# the same flow, one run per order at a time (benchmarks/concurrency_keys.py)
+register_agent(
+    Agent(
+        name="bench-refund-keyed",
+        instructions="Refund the order.",
+        tools=["bench_lookup", "bench_refund", "bench_reply"],
+        scripted_policy=flow_policy,
+    ),
+    concurrency_key=lambda run_input: run_input["order_id"],
+    concurrency=1,
+)
 STREAM_TOKENS_PER_TURN = 25  # at 20 ms a token (50 a second), a 0.5 s turn like the sleeping one
 
 

@@ -72,6 +72,8 @@ ALLOWED_HOSTS = [
     h for h in env_str("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",") if h
 ]
 CSRF_TRUSTED_ORIGINS = [o for o in env_str("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+# a JSON 403 under /api/, Django's page elsewhere
+CSRF_FAILURE_VIEW = "agentruns.api.errors.csrf_failure"
 
 INSTALLED_APPS = [
     # agentruns first: its `qcluster` command wraps django-q2's to start the fast sweeper.

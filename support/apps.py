@@ -5,3 +5,14 @@ class SupportConfig(AppConfig):
     name = "support"
     verbose_name = "Support demo"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # the desk's pages in the layout's navigation, as any domain app adds its own
+        from agentruns.web.layout.navigation import register_nav_link
+
+        register_nav_link(
+            "Tickets",
+            "ticket-queue",
+            permission="support.view_ticket",
+            active_names=("ticket-queue", "ticket-detail"),
+        )

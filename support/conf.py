@@ -25,6 +25,13 @@ demo_conf = Conf(
         Setting("REFUND_GATEWAY_TIMEOUT_SECONDS", float, 10, "the tool's HTTP timeout", 0.1),
         Setting("REFUND_APPROVAL_THRESHOLD_CENTS", int, 0, "refunds above it need approval", 0),
         Setting(
+            "REFUND_RUNS_PER_ORDER",
+            int,
+            1,
+            "refund runs of one order at a time, the others wait in line (0: no line)",
+            0,
+        ),
+        Setting(
             "REFUND_TWO_PERSON_CENTS",
             int,
             0,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from agentruns.runtime.values.money import format_cents
+
 
 class Order(models.Model):
     order_id = models.CharField(max_length=20, unique=True)
@@ -18,6 +20,18 @@ class Order(models.Model):
     def __str__(self) -> str:
         return self.order_id
 
+    def save(self, *args, **kwargs) -> None:
+        existed = not self._state.adding
+        super().save(*args, **kwargs)
+        if existed:  # its tickets' search words name its customer: keep them current
+            for ticket in self.tickets.all():
+                ticket.save(update_fields=["search_text"])
+
+    @property
+    def amount(self) -> str:
+        """The amount as people read it: "358.18 USD"."""
+        return format_cents(self.amount_cents, self.currency)
+
 
 class Ticket(models.Model):
     ticket_id = models.CharField(max_length=20, unique=True)
@@ -26,9 +40,37 @@ class Ticket(models.Model):
     body = models.TextField()
     status = models.CharField(max_length=20, default="open")
     created_at = models.DateTimeField(auto_now_add=True)
+    # what the desk's search matches (support/desk.py): the ticket and order keys, the customer's
+    # name and email, the subject and the message; one trigram index serves it (migration 0004)
+    search_text = models.TextField(blank=True, default="", editable=False)
+
+    class Meta:
+        indexes = [
+            # the desk's queue: open tickets, newest first (support/desk.py, keyset pages)
+            models.Index(
+                fields=["-created_at", "-id"],
+                condition=models.Q(status="open"),
+                name="ticket_open_created_idx",
+            ),
+            models.Index(fields=["-created_at", "-id"], name="ticket_created_idx"),
+        ]
 
     def __str__(self) -> str:
         return self.ticket_id
+
+    def save(self, *args, **kwargs) -> None:
+        self.search_text = ticket_search_text(self.ticket_id, self.order, self.subject, self.body)
+        if "update_fields" in kwargs and kwargs["update_fields"] is not None:
+            kwargs["update_fields"] = {*kwargs["update_fields"], "search_text"}
+        super().save(*args, **kwargs)
+
+
+SEARCHED_BODY_CHARS = 4000  # a very long message is searched by its beginning
+
+
+def ticket_search_text(ticket_id: str, order: Order, subject: str, body: str) -> str:
+    words = (ticket_id, order.order_id, order.customer_name, order.customer_email, subject)
+    return " ".join((*words, body[:SEARCHED_BODY_CHARS]))
 
 
 class TicketNote(models.Model):

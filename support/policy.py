@@ -104,6 +104,40 @@ def _hand_over(order_id: str, name: str, amount: str, done: dict) -> ScriptedTur
     )
 
 
+def _already_refunded(
+    order_id: str, name: str, currency: str, refund: dict, done: dict
+) -> ScriptedTurn:
+    """The refund call was answered "already done": the order's refund was made by another run
+    (whose result it carries); say so on the ticket and to the customer, refund nothing."""
+    earlier = refund.get("result") if isinstance(refund.get("result"), dict) else {}
+    cents = earlier.get("amount_cents")
+    paid = format_cents(cents, currency) if isinstance(cents, int) else ""
+    what = f"{paid} ({earlier.get('refund_id')})" if paid else "a refund"
+    by = f"run {str(refund.get('done_by_run', ''))[:8]} at {refund.get('done_at')}"
+    if "send_customer_reply" not in done:
+        note = f"Not refunded again: {what} was already issued for this order by {by}."
+        reply = (
+            f"Hi {name}, a refund of {paid} for order {order_id} was already issued. It should "
+            "appear on your statement within 5 business days."
+            if paid
+            else f"Hi {name}, your refund for order {order_id} is already being handled; we "
+            "will get back to you if anything is missing."
+        )
+        return ScriptedTurn(
+            text="This order was already refunded by another run, so I will not refund it again.",
+            tool_calls=[
+                ("add_ticket_note", {"order_id": order_id, "note": note}),
+                ("send_customer_reply", {"order_id": order_id, "message": reply}),
+            ],
+        )
+    return ScriptedTurn(
+        text=(
+            f"Already done: order {order_id} was already refunded ({what}) by another run; "
+            "nothing was refunded again and the customer has been told."
+        )
+    )
+
+
 def refund_policy(messages: list[dict], tools: list[str] | None = None) -> ScriptedTurn:
     try:
         request = json.loads(messages[1]["content"])
@@ -154,6 +188,8 @@ def refund_policy(messages: list[dict], tools: list[str] | None = None) -> Scrip
             ],
         )
     refund = done["issue_refund"]
+    if refund.get("already_done"):  # another run refunded this order (its operation key)
+        return _already_refunded(order_id, name, currency, refund, done)
 
     if "send_customer_reply" not in done:
         if "refund_id" in refund:

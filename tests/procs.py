@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 import signal
 import socket
 import subprocess
@@ -24,6 +23,7 @@ import httpx
 from django.db import connection
 
 from agentruns.models import Run
+from tests import binaries
 
 ROOT = Path(__file__).resolve().parent.parent
 _random = random.SystemRandom()  # not the seeded global one: xdist workers must not agree
@@ -120,7 +120,7 @@ class Proc:
         self.log_file.close()
 
     def stop(self) -> None:
-        # q2 hangs on SIGTERM to its whole group (notes/django-q2-measured.md): kill for tests
+        # a test wants no drain here (tests/crash/test_stop_signals.py holds the graceful stop)
         self.kill()
 
     def log(self) -> str:
@@ -316,7 +316,7 @@ def start_redis(directory: Path, port: int | None = None) -> RedisServer:
     port = port or free_port()
     popen = subprocess.Popen(
         [
-            shutil.which("redis-server") or "/usr/bin/redis-server",
+            binaries.require("redis-server", "a real Redis"),
             *("--port", str(port), "--bind", "127.0.0.1", "--save", ""),
             *("--appendonly", "no", "--dir", str(directory)),
         ],

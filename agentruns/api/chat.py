@@ -33,7 +33,7 @@ from agentruns import selectors, services
 from agentruns.api.endpoint import endpoint
 from agentruns.api.parsing import BadRequest
 from agentruns.api.runs import CHAT_KEY_PREFIX
-from agentruns.api.schemas import TRACEPARENT
+from agentruns.api.schemas import PRIORITY, TRACEPARENT
 from agentruns.models import Run
 from agentruns.registry import UnknownAgent, get_agent
 from agentruns.runtime.inbox import Refused, inbox
@@ -71,6 +71,7 @@ CHAT_REQUEST = {
         "trigger": {"type": "string", "enum": ["submit-message", "regenerate-message"]},
         "messageId": {"type": ["string", "null"], "maxLength": 200},
         "input": {"type": "object"},
+        "priority": PRIORITY,  # of the run a new chat starts
     },
     "required": ["id", "messages"],
     "additionalProperties": True,
@@ -258,6 +259,7 @@ def chat(request: HttpRequest, agent: str, body: dict) -> HttpResponseBase:
             dedupe_key=chat_dedupe_key(body["id"], request.user),
             user=request.user,
             traceparent=request.headers.get("traceparent"),
+            priority=body.get("priority", 0),
         )
     except UnknownAgent as exc:
         raise BadRequest(str(exc), 404) from None

@@ -9,7 +9,7 @@ from django.http import HttpRequest
 from agentruns import selectors, services
 from agentruns.api.endpoint import RUN_ID, endpoint
 from agentruns.api.parsing import BadRequest
-from agentruns.api.schemas import EVENTS, RUN, RUN_WITH_STEPS, TRACEPARENT
+from agentruns.api.schemas import EVENTS, FORK_PLAN, PRIORITY, RUN, RUN_WITH_STEPS, TRACEPARENT
 from agentruns.api.serializers import run_payload
 from agentruns.models import Run
 from agentruns.registry import UnknownAgent
@@ -58,6 +58,7 @@ def idempotency_key(request: HttpRequest) -> str | None:
     body={
         "agent": {"type": "string", "minLength": 1, "maxLength": AGENT_MAX},
         "input": {"type": "object"},
+        "priority": PRIORITY,
     },
     required=("agent",),
     responses={
@@ -83,6 +84,7 @@ def create_run(request: HttpRequest, body: dict) -> tuple[dict, int]:
             dedupe_key=idempotency_key(request),
             user=request.user,
             traceparent=request.headers.get("traceparent"),
+            priority=body.get("priority", 0),
         )
     except UnknownAgent as exc:
         raise BadRequest(str(exc)) from None
@@ -160,22 +162,56 @@ def retry_run(request: HttpRequest, run_id: str, body: dict) -> dict:
     return _operated(services.retry_run(run_or_404(run_id).id, user=request.user))
 
 
+FROM_STEP = {"type": "integer", "minimum": 0, "maximum": 100_000}
+APPROVE_REPEATS = {"type": "boolean"}
+
+
+@endpoint(
+    "GET",
+    "/runs/{run_id}/fork",
+    summary="What a fork from a model step would repeat: the source's side effects at and "
+    "after the cut, and which of them wait for approval in the fork",
+    permission=OPERATE,  # the fork's confirmation, as on the run page
+    path_params=RUN_PATH,
+    query={"from_step": FROM_STEP, "approve_repeats": APPROVE_REPEATS},
+    responses={200: "the fork's plan", 409: "this step cannot be forked from"},
+    tags=("runs",),
+    returns=FORK_PLAN,
+)
+def fork_preview(
+    request: HttpRequest, run_id: str, from_step: int | None = None, approve_repeats: bool = True
+) -> dict:
+    if from_step is None:
+        raise BadRequest("from_step is required: the index of a model step")
+    source = run_or_404(run_id)
+    return services.fork_plan(source, from_step, approve_repeats=approve_repeats).payload()
+
+
 @endpoint(
     "POST",
     "/runs/{run_id}/fork",
-    summary="A new run with this one's history before a model step (needs start_run too)",
+    summary="A new run with this one's history before a model step (needs start_run too); the "
+    "source's side effects at and after the cut wait for approval unless approve_repeats is false",
     permission=OPERATE,
     path_params=RUN_PATH,
-    body={"from_step": {"type": "integer", "minimum": 0, "maximum": 100_000}},
+    body={"from_step": FROM_STEP, "approve_repeats": APPROVE_REPEATS},
     required=("from_step",),
-    responses={201: "the new run", 403: "no right to start runs", 409: "refused"},
+    responses={201: "the new run, with its plan", 403: "no right to start runs", 409: "refused"},
     tags=("runs",),
     returns=RUN_WITH_STEPS,
     provides={"run_id": "/id"},
 )
 def fork_run(request: HttpRequest, run_id: str, body: dict) -> tuple[dict, int]:
-    fork = services.fork_run(run_or_404(run_id).id, body["from_step"], user=request.user)
-    return run_payload(fork, selectors.run_steps(fork)), 201
+    source, approve_repeats = run_or_404(run_id), body.get("approve_repeats", True)
+    fork = services.fork_run(
+        source.id, body["from_step"], user=request.user, approve_repeats=approve_repeats
+    )
+    payload = run_payload(fork, selectors.run_steps(fork))
+    # what the confirmation listed: the source's side effects the fork may repeat
+    payload["fork"] = services.fork_plan(
+        source, body["from_step"], approve_repeats=approve_repeats
+    ).payload()
+    return payload, 201
 
 
 @endpoint(

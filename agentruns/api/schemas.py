@@ -7,7 +7,7 @@ schema fails the suite. Objects allow extra properties: adding a field is not a 
 
 from __future__ import annotations
 
-from agentruns.models import RunStatus, StepKind, StepStatus
+from agentruns.models import PRIORITY_MAX, PRIORITY_MIN, RunStatus, StepKind, StepStatus
 
 TIME = {"type": "string", "format": "date-time"}
 TIME_OR_NULL = {"type": ["string", "null"], "format": "date-time"}
@@ -25,6 +25,20 @@ def obj(properties: dict, *, optional: tuple[str, ...] = ()) -> dict:
     }
 
 
+PRIORITY = {
+    "type": "integer",
+    "minimum": PRIORITY_MIN,
+    "maximum": PRIORITY_MAX,
+    "description": "higher is claimed first among queued runs (default 0)",
+}
+# a run's place among queued runs: its priority, and, waiting in its concurrency key's line,
+# the run it waits behind with the reason as a person reads it
+QUEUE_FIELDS = {
+    "priority": PRIORITY,
+    "concurrency_key": TEXT_OR_NULL,
+    "waiting_behind": {"type": ["string", "null"], "format": "uuid"},
+    "waiting_reason": TEXT_OR_NULL,
+}
 USAGE = obj({"prompt_tokens": COUNT, "completion_tokens": COUNT})
 STEP = obj(
     {
@@ -70,11 +84,33 @@ RUN = obj(
         "started_at": TIME_OR_NULL,
         "finished_at": TIME_OR_NULL,
         "last_seq": COUNT,
+        **QUEUE_FIELDS,
         "steps": {"type": "array", "items": STEP},
     },
     optional=("steps",),
 )
 RUN_WITH_STEPS = {**RUN, "required": [*RUN["required"], "steps"]}
+FORK_PLAN = obj(
+    {
+        "run_id": {"type": "string", "format": "uuid"},
+        "from_step": COUNT,
+        "approve_repeats": {"type": "boolean"},
+        "repeats": {
+            "type": "array",
+            "items": obj(
+                {
+                    "index": COUNT,
+                    "tool": {"type": "string"},
+                    "status": {"type": "string", "enum": StepStatus.values},
+                    "idempotency": {"type": "string", "enum": ["key", "none", "transaction"]},
+                    "outcome_unknown": {"type": "boolean"},
+                    "approval": {"type": "boolean"},
+                }
+            ),
+        },
+        "approval_for": {"type": "array", "items": {"type": "string"}},
+    }
+)
 CURSOR_OR_NULL = {"type": ["string", "null"]}
 RUN_SUMMARY = obj(
     {
@@ -90,6 +126,7 @@ RUN_SUMMARY = obj(
         "trace_id": TEXT_OR_NULL,
         "created_at": TIME,
         "finished_at": TIME_OR_NULL,
+        **QUEUE_FIELDS,
     }
 )
 RUN_LIST = obj(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from agentruns.models import Run, Step
 from agentruns.runtime.values.redaction import redact_fields, redact_text
 from agentruns.runtime.values.timestamps import iso
+from agentruns.selectors import waiting_line
 
 
 def step_payload(run: Run, step: Step) -> dict:
@@ -41,6 +42,17 @@ def permissions_payload(run: Run) -> dict:
     }
 
 
+def queue_fields(run: Run) -> dict:
+    """Its priority, and for a run waiting in its concurrency key's line the run it waits behind
+    and why, as a line a person reads."""
+    return {
+        "priority": run.priority,
+        "concurrency_key": run.concurrency_key,
+        "waiting_behind": str(run.waiting_behind) if run.waiting_behind else None,
+        "waiting_reason": waiting_line(run) or None,
+    }
+
+
 def run_summary_payload(run: Run) -> dict:
     """A run in the list (`GET /api/runs`): what the runs page shows, no input or steps."""
     return {
@@ -56,6 +68,7 @@ def run_summary_payload(run: Run) -> dict:
         "trace_id": run.trace_id or None,
         "created_at": iso(run.created_at),
         "finished_at": iso(run.finished_at),
+        **queue_fields(run),
     }
 
 
@@ -86,6 +99,7 @@ def run_payload(run: Run, steps: list[Step] | None = None) -> dict:
         "last_seq": run.last_seq,
         "trace_id": run.trace_id or None,
         "permissions": permissions_payload(run),
+        **queue_fields(run),
     }
     if steps is not None:
         data["steps"] = [step_payload(run, s) for s in steps]

@@ -8,7 +8,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import path, re_path
 from django.utils.module_loading import autodiscover_modules
 
-from agentruns.api import chat, run_list, runs  # noqa: F401
+from agentruns.api import chat, operations, run_list, runs  # noqa: F401
 from agentruns.api.endpoint import ENDPOINTS, authenticate, method_router
 from agentruns.api.openapi import openapi_document
 from agentruns.api.parsing import json_error
@@ -21,6 +21,10 @@ def openapi_json(request: HttpRequest) -> HttpResponse:
 
 def not_found(request: HttpRequest, rest: str = "") -> JsonResponse:
     return json_error(f"no API route {request.path}", 404)
+
+
+# it changes nothing, so any method may reach it: the CSRF check would answer a POST first
+not_found.csrf_exempt = True  # type: ignore[attr-defined]
 
 
 def _patterns() -> list:
@@ -36,7 +40,7 @@ def _patterns() -> list:
 
 
 urlpatterns = [
-    path("openapi.json", openapi_json, name="api-openapi"),
+    path("openapi.json", method_router({"GET": openapi_json}), name="api-openapi"),
     *_patterns(),
     re_path(r"^(?P<rest>.*)$", not_found),
 ]

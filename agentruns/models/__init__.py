@@ -1,6 +1,8 @@
 """The persisted truth of the runtime (DESIGN.md section 3), one module per concept: runs and
-their steps (`runs`), who may do what (`access`), rows every process shares (`shared`). Every
-model is importable from here, as Django and the migrations expect of the app's `models`."""
+their steps (`runs`), who may do what (`access`), rows every process shares (`shared`:
+heartbeats, quota buckets, concurrency keys), the operation keys across runs
+(`operations`). Every model is importable from here, as Django and
+the migrations expect of the app's `models`."""
 
 from agentruns.models.access import (
     AccessGeneration,
@@ -9,7 +11,14 @@ from agentruns.models.access import (
     ToolPolicy,
     ToolRule,
 )
+from agentruns.models.operations import (
+    OperationAllowance,
+    OperationExecution,
+    OperationState,
+)
 from agentruns.models.runs import (
+    PRIORITY_MAX,
+    PRIORITY_MIN,
     TERMINAL_RUN_STATUSES,
     TERMINAL_STEP_STATUSES,
     AttemptOutcome,
@@ -21,16 +30,27 @@ from agentruns.models.runs import (
     StepKind,
     StepStatus,
 )
-from agentruns.models.shared import ModelRateBucket, QuotaBucket, WorkerHeartbeat
+from agentruns.models.shared import (
+    ConcurrencyKey,
+    ModelRateBucket,
+    QuotaBucket,
+    WorkerHeartbeat,
+)
 
 __all__ = [
+    "PRIORITY_MAX",
+    "PRIORITY_MIN",
     "TERMINAL_RUN_STATUSES",
     "TERMINAL_STEP_STATUSES",
     "AccessGeneration",
     "ApiToken",
     "ApprovalOverride",
     "AttemptOutcome",
+    "ConcurrencyKey",
     "ModelRateBucket",
+    "OperationAllowance",
+    "OperationExecution",
+    "OperationState",
     "QuotaBucket",
     "Run",
     "RunEvent",

@@ -25,6 +25,8 @@ class RunStatus(models.TextChoices):
 
 
 TERMINAL_RUN_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+# a run's priority: higher is claimed first (the API's and the chat's `priority`, default 0)
+PRIORITY_MIN, PRIORITY_MAX = -100, 100
 
 
 class StepKind(models.TextChoices):
@@ -63,6 +65,10 @@ class Run(models.Model):
     # who started it, their groups, and per tool: allowed, approval rule, approvers' limits;
     # frozen at start by `runtime.permissions.snapshot` (retry and resume keep it)
     permissions = models.JSONField(default=dict, blank=True)
+    # what a retry of the failed run does with a step whose outcome is unknown and that nobody
+    # settled (runtime/execution/unknown_outcomes.py): "refuse" (the default) or "skip", as the
+    # agent declares it (`Agent(retry_unknown=...)`), frozen at start
+    retry_unknown = models.CharField(max_length=8, default="refuse", db_default="refuse")
     max_steps = models.PositiveIntegerField(default=25)
     token_budget = models.PositiveIntegerField(null=True, blank=True)
     deadline_at = models.DateTimeField(null=True, blank=True)
@@ -72,6 +78,15 @@ class Run(models.Model):
     # when the sweeper (or a service) last rang the doorbell; stops re-enqueue storms
     enqueued_at = models.DateTimeField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)
+    # higher is claimed first among queued runs (the API's and the chat's `priority`)
+    priority = models.SmallIntegerField(default=0, db_default=0)
+    # the agent's concurrency key for this run's input (NULL: none), fixed at start; runs of one
+    # agent sharing it take at most the agent's limit of places (runtime/dispatch/concurrency.py)
+    concurrency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    # it counts against its key's limit (admitted, and not a waiting run that let its place go)
+    holds_key = models.BooleanField(default=False, db_default=False)
+    # queued but not admitted: the run it waits behind in its key's line (claims skip it)
+    waiting_behind = models.UUIDField(null=True, blank=True)
 
     step_count = models.PositiveIntegerField(default=0)
     # last allocated RunEvent.seq; bumped with UPDATE ... RETURNING so seq has no holes
@@ -114,6 +129,19 @@ class Run(models.Model):
                 fields=["status"],
                 condition=Q(status__in=["queued", "running"]),
                 name="run_live_idx",
+            ),
+            # the claim: admitted queued runs, highest priority first, then the oldest doorbell
+            models.Index(
+                fields=["-priority", "enqueued_at", "id"],
+                condition=Q(status="queued", waiting_behind__isnull=True),
+                name="run_claim_idx",
+            ),
+            # a concurrency key's line: the runs holding it and those waiting for it, in start
+            # order (only those rows: a finished run leaves the index)
+            models.Index(
+                fields=["agent", "concurrency_key", "created_at", "id"],
+                condition=Q(holds_key=True) | Q(waiting_behind__isnull=False),
+                name="run_key_line_idx",
             ),
             # the runs list: newest first, optionally by status / agent
             models.Index(fields=["-created_at", "-id"], name="run_created_idx"),

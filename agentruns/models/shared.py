@@ -1,5 +1,5 @@
-"""Rows every process shares: the workers' heartbeats, the quota buckets and the model
-providers' rate-limit buckets."""
+"""Rows every process shares: the workers' heartbeats, the quota buckets, the concurrency keys
+in use and the model providers' rate-limit buckets."""
 
 from __future__ import annotations
 
@@ -54,3 +54,22 @@ class ModelRateBucket(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model}: next request at {self.next_request_at:.3f}"
+
+
+class ConcurrencyKey(models.Model):
+    """A concurrency key with a line (`runtime/dispatch/concurrency.py`): its row is what every
+    admission to the key locks (FOR UPDATE), and `limit` is how many of the agent's runs sharing
+    the key may hold it at once (the agent's declaration, as the latest start of the key saw
+    it). The row goes when the key's last run lets it go."""
+
+    agent = models.CharField(max_length=100)
+    key = models.CharField(max_length=200)
+    limit = models.PositiveIntegerField(default=1)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["agent", "key"], name="concurrency_key_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent} {self.key} (at most {self.limit})"

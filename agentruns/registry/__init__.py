@@ -16,13 +16,13 @@ The runtime never imports the apps that use it; it only reads this registry.
 from __future__ import annotations
 
 import inspect
-import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import jsonschema
 
+from agentruns.registry import concurrency
 from agentruns.registry.context import current_step
 from agentruns.registry.durable import durable
 from agentruns.registry.edits import Edit, EditRefused, check_declaration, check_edit
@@ -34,8 +34,12 @@ from agentruns.registry.errors import (
     ServerUnavailable,
     ToolArgumentsError,
     ToolError,
+    UnknownAgent,
+    UnknownTool,
 )
 from agentruns.registry.model_names import check_model_name
+from agentruns.registry.operations import OperationKeyError, OverLimit
+from agentruns.registry.retry import RetryPolicy
 from agentruns.registry.schemas import (
     _simple_plan,
     _simple_valid,
@@ -49,7 +53,10 @@ __all__ = [
     "Edit",
     "EditRefused",
     "FatalToolError",
+    "OperationKeyError",
     "OutcomeUnknown",
+    "OverLimit",
+    "RetryPolicy",
     "RetryableToolError",
     "ServerUnavailable",
     "ToolArgumentsError",
@@ -60,32 +67,6 @@ __all__ = [
     "schema_from_signature",
     "strict_validator",
 ]
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    max_attempts: int = 3
-    backoff_seconds: float = 0.5
-    backoff_max_seconds: float = 30.0
-    jitter: float = 0.25  # +- fraction of the delay
-    retry_on: tuple[type[BaseException], ...] = (RetryableToolError,)
-
-    def is_retryable(self, exc: BaseException) -> bool:
-        return isinstance(exc, self.retry_on)
-
-    def delay_for(self, attempt: int) -> float:
-        """Delay before attempt `attempt + 1`, after `attempt` failed (capped exponential)."""
-        base = min(self.backoff_max_seconds, self.backoff_seconds * (2 ** max(0, attempt - 1)))
-        return max(0.0, base * (1 + random.uniform(-self.jitter, self.jitter)))
-
-    def describe(self) -> dict:
-        return {
-            "max_attempts": self.max_attempts,
-            "backoff_seconds": self.backoff_seconds,
-            "backoff_max_seconds": self.backoff_max_seconds,
-            "jitter": self.jitter,
-            "retry_on": [c.__name__ for c in self.retry_on],
-        }
 
 
 @dataclass
@@ -125,6 +106,11 @@ class Tool:
     approvals_required: int | Callable[[dict], int] = 1
     # the argument that is this tool's amount, checked against approvers' limits
     amount_arg: str | None = None
+    # across runs (registry/operations.py): the call's business key (at most one successful
+    # execution per key), a limit over what calls add up to, and what an approver sees beside it
+    operation_key: Callable[[dict], str] | None = None
+    limit: Callable[[dict], OverLimit | str | None] | None = None
+    context: Callable[[dict], dict] | None = None
     _compiled: Any = field(default=None, repr=False, compare=False)
     _simple: Any = field(default=None, repr=False, compare=False)
 
@@ -199,6 +185,10 @@ class Tool:
             else self.approvals_required,
             "amount_arg": self.amount_arg,
             "editable": {name: edit.describe() for name, edit in self.editable.items()},
+            # a run keeps whether its calls take an operation key (computed from the final
+            # arguments when the call runs) and whether a limit applies
+            "operation_key": self.operation_key is not None,
+            "limit": self.limit is not None,
         }
 
 
@@ -223,6 +213,9 @@ def tool(
     editable: Mapping[str, Edit] | None = None,
     approvals_required: int | Callable[[dict], int] = 1,
     amount_arg: str | None = None,
+    operation_key: Callable[[dict], str] | None = None,
+    limit: Callable[[dict], OverLimit | str | None] | None = None,
+    context: Callable[[dict], dict] | None = None,
 ):
     """Register a function as a tool. Usable bare (`@tool`) or with options."""
     if idempotency not in ("key", "none"):
@@ -246,8 +239,16 @@ def tool(
             editable=dict(editable or {}),
             approvals_required=approvals_required,
             amount_arg=amount_arg,
+            operation_key=operation_key,
+            limit=limit,
+            context=context,
         )
         check_declaration(t.name, t.parameters, t.editable, t.redact, amount_arg)
+        for what in ("operation_key", "limit", "context"):
+            if getattr(t, what) is not None and not callable(getattr(t, what)):
+                raise ValueError(f"{t.name}: {what} must be a function of the arguments")
+        if operation_key is not None and not t.side_effect:
+            raise ValueError(f"{t.name}: an operation_key is for a tool with a side effect")
         if not callable(approvals_required) and int(approvals_required) < 1:
             raise ValueError(f"{t.name}: approvals_required must be at least 1")
         _tools[t.name] = t
@@ -276,11 +277,14 @@ class Agent:
     token_budget: int | None = None
     max_cost_usd: float | None = None  # None: conf.MAX_COST_USD (0: no limit)
     deadline_seconds: float | None = None
+    retry_unknown: Literal["refuse", "skip"] = "refuse"  # a retry and an unknown outcome
     # for the offline `scripted` provider: decides the next turn from the conversation (and, if
     # it takes a `tools` keyword, from the names of the tools this run offers)
     scripted_policy: Callable[..., ScriptedTurn] | None = None
     # input keys copied into Run.search_text (order id, ticket id) for the runs list search
     search_fields: Sequence[str] = ()
+    # tool -> its argument with the words it sends the run's customer (the run page's reply)
+    replies: Mapping[str, str] = field(default_factory=dict)
     input_schema: dict | None = None
     # a Pydantic AI agent's (registry/pydantic_agents): its own pydantic_ai Model and settings,
     # and how the run's input becomes the user prompt
@@ -316,15 +320,19 @@ def register_agent(
 ) -> Agent:
     """Register an `Agent`, or a `pydantic_ai.Agent` (then `tools`: per-tool declarations by
     name, over each tool's metadata["agentruns"]; `deps`: its deps from the run, `deps(run)`;
-    `options`: this registry's Agent fields, e.g. `max_steps`, `search_fields`)."""
+    `options`: Agent fields, e.g. `max_steps`; for either kind `concurrency.OPTIONS`)."""
+    across_runs = concurrency.take(options)
     if not isinstance(agent, Agent):
         agent = _from_pydantic_ai(agent, tools=tools, deps=deps, **options)
     elif tools or deps or options:
         raise TypeError("tools=, deps= and options are for a pydantic_ai.Agent")
     for tool_name in agent.tools:
         get_tool(tool_name)  # fail at startup, not at run time
+    if agent.retry_unknown not in ("refuse", "skip"):
+        raise ValueError(f"agent {agent.name!r}: retry_unknown must be 'refuse' or 'skip'")
     if agent.model_instance is None:  # a provider SDK not installed: here, not mid-run
         check_model_name(agent.model)
+    concurrency.declare(agent.name, across_runs)
     _agents[agent.name] = agent
     return agent
 
@@ -365,14 +373,6 @@ def _from_pydantic_ai(agent: Any, *, tools: Any, deps: Any, **options: Any) -> A
         model_settings=adopted.model_settings,
         **{"format_input": format_input, **options},
     )
-
-
-class UnknownAgent(LookupError):
-    pass
-
-
-class UnknownTool(LookupError):
-    pass
 
 
 def get_agent(name: str) -> Agent:

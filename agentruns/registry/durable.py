@@ -1,6 +1,7 @@
 """What a Pydantic AI tool declares for the engine: its `metadata["agentruns"]` dict.
 
-    @agent.tool_plain(metadata=durable(side_effect=True, idempotency="key", amount_arg="cents"))
+    @agent.tool_plain(metadata=durable(side_effect=True, idempotency="key", amount_arg="cents",
+                                       operation_key=lambda args: f"refund:{args['order_id']}"))
 
 `durable(...)` only builds (and checks) the dict; the plain dict works the same. Undeclared tools
 are side-effect free. MCP tools take their defaults from the server's annotations
@@ -26,6 +27,9 @@ KEYS = frozenset(
         "retry",
         "requires_approval",
         "escalate_after",
+        "operation_key",
+        "limit",
+        "context",
     }
 )
 
@@ -42,6 +46,9 @@ def durable(
     retry: Any = None,
     requires_approval: bool | Callable[[dict], bool] | None = None,
     escalate_after: float | None = None,
+    operation_key: Callable[[dict], str] | None = None,
+    limit: Callable[[dict], Any] | None = None,
+    context: Callable[[dict], dict] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """`{"agentruns": {...}}` for a Pydantic AI tool's `metadata=` (only the keys given)."""
     given = {k: v for k, v in locals().items() if v is not None}

@@ -46,3 +46,11 @@ class ApprovalRequested(ToolError):
     def __init__(self, tool: str, metadata: Any = None) -> None:
         super().__init__(f"{tool}: the call needs approval")
         self.metadata = metadata
+
+
+class UnknownAgent(LookupError):
+    """No agent of that name is registered (in this process: a deploy may lack its module)."""
+
+
+class UnknownTool(LookupError):
+    """No tool of that name is registered."""

@@ -37,12 +37,15 @@ class EventType(StrEnum):
     STEP_UNKNOWN = "step.unknown"
     STEP_WAITING_APPROVAL = "step.waiting_approval"
     STEP_RESOLVED = "step.resolved"
+    STEP_SKIPPED = "step.skipped"  # a retry skipped it (its outcome unknown): never made again
     # the inbox
     APPROVAL_REQUESTED = "approval.requested"
     APPROVAL_GIVEN = "approval.given"  # one of several approvals: the item is still pending
     APPROVAL_DECIDED = "approval.decided"
     APPROVAL_WITHDRAWN = "approval.withdrawn"
     APPROVAL_ESCALATED = "approval.escalated"  # waited past its due time
+    # across runs: a lead allowed one more execution of an operation key (data: key, slot, by)
+    OPERATION_ALLOWED = "operation.allowed"
 
 
 # (type, data): what the store appends
@@ -54,7 +57,10 @@ class LeaseLost(Exception):
 
 
 def step_event_data(step: Step, **extra: Any) -> dict:
-    """The payload of every step.* event: which step, its state, its attempts so far."""
+    """The payload of every step.* event: which step, its state, its attempts so far, its error.
+    `step.started` and `step.waiting_approval` pass `error=""`: an attempt that begins (or a
+    call that waits for a person) has no error of its own, while the step's row still holds the
+    previous attempt's after a retry."""
     return {
         "step": step.index,
         "id": str(step.id),

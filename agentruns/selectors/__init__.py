@@ -10,6 +10,7 @@ from agentruns.selectors.runs import (
     run_by_dedupe_key,
     run_step,
     run_steps,
+    waiting_line,
 )
 
 __all__ = [
@@ -25,4 +26,5 @@ __all__ = [
     "run_page",
     "run_step",
     "run_steps",
+    "waiting_line",
 ]

@@ -64,6 +64,17 @@ def nav_counts() -> dict:
     }
 
 
+def waiting_line(run: Run) -> str:
+    """What a run waiting in its concurrency key's line waits for, as a person reads it ("" for
+    any other run): the run ahead of it, and the key (runtime/dispatch/concurrency.py)."""
+    if run.waiting_behind is None:
+        return ""
+    return (
+        f"waiting behind run {str(run.waiting_behind)[:8]}: runs of {run.agent} with "
+        f"concurrency key {run.concurrency_key} take turns, in start order"
+    )
+
+
 def backoff_of(run: Run, events: list[RunEvent]) -> dict | None:
     """A queued run waiting out a backoff (a model outage, a tool's retry): why, and when it
     tries next, from its latest status event."""

@@ -18,9 +18,10 @@ from agentruns.conf import conf
 from agentruns.models import Run, RunStatus, Step, StepKind, StepStatus
 from agentruns.runtime.dispatch.queue import enqueue
 from agentruns.runtime.events import EventSpec, EventType, step_event_data
-from agentruns.runtime.execution import transitions
+from agentruns.runtime.execution import transitions, unknown_outcomes
 from agentruns.runtime.execution.cancel import cancel_run as _cancel_run
 from agentruns.runtime.execution.transitions import ActionRefused
+from agentruns.runtime.operations import gate as operations
 from agentruns.runtime.values.ids import actor_name
 from agentruns.runtime.values.redaction import redact_fields
 from agentruns.runtime.values.timestamps import iso
@@ -51,17 +52,23 @@ def retry_run(run_id: uuid.UUID | str, *, user: Any = None) -> Run:
     """Retry a failed run from its failed step: same step row, a new attempt, same idempotency key.
 
     Completed steps are never executed again: the engine skips terminal steps and rebuilds the
-    conversation from their stored results. A run stopped by a limit (max steps, token budget,
-    deadline) gets that limit extended once more, so the retry has room to finish; the extension
-    is recorded on the timeline.
+    conversation from their stored results. Nor is a step whose outcome is unknown (an abort in
+    the inbox left it so): the retry is refused, saying what to do instead, or the step is
+    skipped, as the run's policy says (`runtime/execution/unknown_outcomes.py`). A run stopped by
+    a limit (max steps, token budget, deadline) gets that limit extended once more, so the retry
+    has room to finish; the extension is recorded on the timeline.
     """
     with transaction.atomic():
         run = _lock(run_id)
         if run.status != RunStatus.FAILED:
             raise ActionRefused(f"only failed runs can be retried (this one is {run.status})")
+        unsettled = unknown_outcomes.check_retry(run)
         who = actor_name(user)
         now = timezone.now()
         events: list[EventSpec] = []
+        if unsettled:
+            events += unknown_outcomes.skip_for_retry(run, unsettled, who=who or "staff", now=now)
+            Run.objects.filter(id=run.id).update(permissions=run.permissions)
         failed = _retryable_failed_step(run)
         if failed is not None:
             failed.status, failed.finished_at, failed.next_attempt_at = (
@@ -86,7 +93,12 @@ def retry_run(run_id: uuid.UUID | str, *, user: Any = None) -> Run:
         events.append(
             (
                 EventType.RUN_RETRIED,
-                {"by": who, "step": failed.index if failed else None, "extended": extended},
+                {
+                    "by": who,
+                    "step": failed.index if failed else None,
+                    "extended": extended,
+                    "skipped": [step.index for step in unsettled],
+                },
             )
         )
         change = transitions.requeued(now).after(*events)
@@ -121,9 +133,12 @@ def resolve_step(step_id: uuid.UUID | str, result: Any, *, user: Any = None) -> 
     with transaction.atomic():
         step = Step.objects.select_for_update().get(id=step_id)
         run = _lock(step.run_id)
-        if step.kind != StepKind.TOOL or step.status != StepStatus.FAILED:
+        # an unknown outcome resolved with its result: a person says the call happened
+        resolvable = (StepStatus.FAILED, StepStatus.UNKNOWN)
+        if step.kind != StepKind.TOOL or step.status not in resolvable:
             raise ActionRefused(
-                f"only a failed tool step can be resolved (step #{step.index} is {step.status})"
+                "only a failed tool step, or one whose outcome is unknown, can be resolved "
+                f"(step #{step.index} is {step.status})"
             )
         if not run.tool_policy(step.tool).get("side_effect"):
             raise ActionRefused(
@@ -137,6 +152,9 @@ def resolve_step(step_id: uuid.UUID | str, result: Any, *, user: Any = None) -> 
             )
         if not isinstance(result, dict):
             raise ActionRefused("the result must be a JSON object")
+        others = [s for s in unknown_outcomes.unsettled_steps(run) if s.id != step.id]
+        if others:  # the run would continue into a call nobody settled
+            raise ActionRefused(unknown_outcomes.refusal(run, others[0], "resolving"))
         now = timezone.now()
         who = actor_name(user)
         previous_error = step.error
@@ -144,6 +162,7 @@ def resolve_step(step_id: uuid.UUID | str, result: Any, *, user: Any = None) -> 
         step.next_attempt_at = None
         step.error = f"resolved by {who or 'operator'} (was: {previous_error})"[:2000]
         step.save()
+        operations.resolved_by_hand(run, step, result)
         resolved = step_event_data(
             step,
             by=who,

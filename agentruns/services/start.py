@@ -21,18 +21,20 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from agentruns.conf import conf
-from agentruns.models import Run, Step, StepKind
+from agentruns.models import PRIORITY_MAX, PRIORITY_MIN, Run, Step
 from agentruns.registry import get_agent
 from agentruns.runtime.access import permissions, quotas
-from agentruns.runtime.dispatch import claims
+from agentruns.runtime.dispatch import claims, concurrency
 from agentruns.runtime.dispatch.queue import enqueue
 from agentruns.runtime.events import EventType
 from agentruns.runtime.execution import transitions
 from agentruns.runtime.execution.executor import RunExecutor
 from agentruns.runtime.execution.transitions import ActionRefused
 from agentruns.runtime.store import get_store
+from agentruns.runtime.store.base import InFlightCap, InFlightCapReached
 from agentruns.runtime.tracing.tracecontext import new_run_trace
 from agentruns.runtime.values.ids import actor_name, step_key, worker_id
+from agentruns.services import forks
 
 START_PERMISSION = "agentruns.start_run"
 VIEW_PERMISSION = "agentruns.view_run"
@@ -70,6 +72,15 @@ def check_input_size(run_input: dict) -> None:
             raise ValueError(f"{str(key)[:100]}: {size} bytes as JSON, at most {cap} per key")
 
 
+def check_priority(priority: Any) -> int:
+    """A run's priority: a whole number from PRIORITY_MIN to PRIORITY_MAX (ValueError)."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ValueError(f"priority must be a whole number from {PRIORITY_MIN} to {PRIORITY_MAX}")
+    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise ValueError(f"priority must be from {PRIORITY_MIN} to {PRIORITY_MAX}, not {priority}")
+    return priority
+
+
 def _deduplicated(run: Run, user: Any) -> StartResult:
     """The run a repeated key names, only for someone who may see it: its starter or a viewer."""
     if user is None or run.created_by_id == user.pk or user.has_perm(VIEW_PERMISSION):
@@ -87,6 +98,7 @@ def start_run(
     enqueue_task: bool = True,
     claim_for: str | None = None,
     traceparent: str | None = None,
+    priority: int = 0,
 ) -> StartResult:
     """Create and enqueue a run; a repeated (agent, dedupe_key) returns the existing run.
 
@@ -95,16 +107,22 @@ def start_run(
     is ignored, as the W3C spec says: a new trace starts).
     `claim_for`: create it already running under that worker's lease instead of enqueueing it
     (`execute_inline`); if that worker dies, the sweeper hands the run to the queue.
+    `priority`: higher is claimed first among queued runs. An agent with a concurrency key
+    admits the run or puts it in its key's line, in the transaction that creates it
+    (`runtime/dispatch/concurrency.py`).
     """
     check_may_start(user)
     agent = get_agent(agent_name)
     agent.validate_input(run_input)
     check_input_size(run_input)
+    check_priority(priority)
+    concurrency_key = concurrency.key_for(agent_name, run_input)
     if dedupe_key is not None:
         existing = Run.objects.filter(agent=agent_name, dedupe_key=dedupe_key).first()
         if existing is not None:
             return _deduplicated(existing, user)
-    quotas.check_start(user)  # a repeat (above) starts nothing, so it costs no quota
+    # a repeat (above) starts nothing, so it costs no quota; the insert checks the in-flight cap
+    in_flight = quotas.take_start(user)
     now = timezone.now()
     run = Run(
         agent=agent_name,
@@ -114,6 +132,7 @@ def start_run(
         tool_snapshot={t.name: t.policy() for t in agent.tool_objects()},
         permissions=permissions.snapshot(user, agent.tools),
         max_steps=agent.max_steps or conf.DEFAULT_MAX_STEPS,
+        retry_unknown=agent.retry_unknown,
         token_budget=agent.token_budget,
         deadline_at=now + timedelta(seconds=agent.deadline_seconds)
         if agent.deadline_seconds
@@ -121,6 +140,8 @@ def start_run(
         search_text=" ".join(str(run_input.get(f, "")) for f in agent.search_fields).strip()[:200],
         created_by=user if getattr(user, "is_authenticated", False) else None,
         enqueued_at=now,
+        priority=priority,
+        concurrency_key=concurrency_key,
     )
     run.trace_id, run.trace_parent = new_run_trace(traceparent)
     events = [
@@ -128,30 +149,38 @@ def start_run(
     ]
     if claim_for is not None:
         enqueue_task = False
-        started = transitions.started()
-        started.apply_to(run)
-        run.lease_owner, run.started_at = claim_for, now
-        run.lease_expires_at = now + timedelta(seconds=conf.LEASE_TTL_SECONDS)
-        run.enqueued_at = None
-        events += started.events
     store = get_store()
     # PostgreSQL: the creating statement NOTIFYs the workers' claimers instead of ringing a q2
     # doorbell (runtime/dispatch/claims.py); the sweeper's doorbell catches a NOTIFY nobody heard
     notify = enqueue_task and claims.starts_by_notify()
     try:
         # one statement needs no transaction of its own; inside the caller's, a savepoint keeps a
-        # dedupe conflict from breaking it
+        # dedupe conflict from breaking it (a keyed start locks its key first: a transaction)
         single = (
             store.create_is_one_statement
             and (notify or not enqueue_task)
             and not connection.in_atomic_block
+            and concurrency_key is None
         )
         with nullcontext() if single else transaction.atomic():
+            if concurrency_key is not None:
+                events += concurrency.admit_new(run, concurrency.declared_limit(agent_name), now)
+            admitted = run.waiting_behind is None  # in its key's line: no lease, no doorbell
+            if claim_for is not None and admitted:
+                events += _leased(run, claim_for, now)
             run.last_seq = store.create_run(
-                run, events, owner=claim_for, now=now, notify=claims.CHANNEL if notify else None
+                run,
+                events,
+                owner=run.lease_owner or None,
+                now=now,
+                notify=claims.CHANNEL if notify and admitted else None,
+                in_flight=in_flight,
             )
-            if enqueue_task and not notify:  # False: executed in-process (benchmarks, scripts)
+            # enqueue_task False: executed in-process (benchmarks, scripts)
+            if enqueue_task and not notify and admitted:
                 enqueue(run.id)
+    except InFlightCapReached:
+        raise quotas.refused_in_flight(user, in_flight) from None
     except IntegrityError:
         if dedupe_key is None:
             raise
@@ -159,15 +188,26 @@ def start_run(
     return StartResult(run, True)
 
 
+def _leased(run: Run, owner: str, now: Any) -> list:
+    """The new run already running under `owner`'s lease (`execute_inline`): its events."""
+    started = transitions.started()
+    started.apply_to(run)
+    run.lease_owner, run.started_at = owner, now
+    run.lease_expires_at = now + timedelta(seconds=conf.LEASE_TTL_SECONDS)
+    run.enqueued_at = None
+    return started.events
+
+
 def execute_inline(agent_name: str, run_input: dict, **start: Any) -> tuple[Run, str]:
     """Start a run and execute it in this process, with no queue in between (scripts, benchmarks).
 
     The run is created already running under this process's lease (one statement on
     PostgreSQL), so no worker takes it meanwhile; if this process dies, the lease expires and the
-    sweeper hands the run to the queue like any other. Returns (run, outcome of `advance`)."""
+    sweeper hands the run to the queue like any other. Returns (run, outcome of `advance`); a
+    run that waits in its concurrency key's line is left to the workers ("queued")."""
     owner = worker_id()
     result = start_run(agent_name, run_input, claim_for=owner, **start)
-    if not result.created:  # deduplicated: somebody else's run
+    if not result.created or result.run.lease_owner != owner:  # deduplicated, or in a line
         return result.run, result.run.status
     return result.run, RunExecutor(result.run.id, owner).advance(claimed=result.run)
 
@@ -193,7 +233,9 @@ _FORK_STEP_FIELDS = (
 )
 
 
-def fork_run(run_id: uuid.UUID | str, from_step: int, *, user: Any = None) -> Run:
+def fork_run(
+    run_id: uuid.UUID | str, from_step: int, *, user: Any = None, approve_repeats: bool = True
+) -> Run:
     """A new run with the source's history before step `from_step`, continuing from there.
 
     The cut must be at a model step, so the history ends with every tool call answered (a model
@@ -201,29 +243,42 @@ def fork_run(run_id: uuid.UUID | str, from_step: int, *, user: Any = None) -> Ru
     never executed: they keep their results but get new ids and new idempotency keys (the unique
     key belongs to the source step), and the new run's model turn N is asked afresh.
     Forking starts a run: it needs `start_run`, and the fork's permissions are the forking
-    user's (a trainee's fork of a lead's run gets a trainee's tools).
+    user's (a trainee's fork of a lead's run gets a trainee's tools), with the tools of the
+    source's side effects at and after the cut under approval (`forks.py`; `approve_repeats=False`
+    leaves them to their own rules, except a call whose outcome is unknown).
     """
     check_may_start(user)
-    quotas.check_start(user)
+    in_flight = quotas.take_start(user)
+    try:
+        return _fork(run_id, from_step, user, approve_repeats, in_flight)
+    except InFlightCapReached:
+        raise quotas.refused_in_flight(user, in_flight) from None
+
+
+def _fork(
+    run_id: uuid.UUID | str,
+    from_step: int,
+    user: Any,
+    approve_repeats: bool,
+    in_flight: InFlightCap | None,
+) -> Run:
     with transaction.atomic():
         source = Run.objects.get(id=run_id)
-        cut = Step.objects.filter(run=source, index=from_step).first()
-        if cut is None or cut.kind != StepKind.MODEL:
-            raise ActionRefused(
-                "fork from a model step: the history must end with every tool call answered"
-            )
-        history = list(Step.objects.filter(run=source, index__lt=from_step).order_by("index"))
-        unfinished = [s.index for s in history if not s.is_terminal]
-        if unfinished:
-            raise ActionRefused(f"steps {unfinished} before #{from_step} have not finished")
+        fork_plan = forks.plan(source, from_step, approve_repeats=approve_repeats)
+        history = fork_plan.history
         now = timezone.now()
         who = actor_name(user)
-        fork = Run.objects.create(
+        fork = Run(
             agent=source.agent,
             input=source.input,
             model=source.model,
             tool_snapshot=source.tool_snapshot,
-            permissions=permissions.snapshot(user, source.tool_snapshot),
+            permissions=permissions.require_approval(
+                permissions.snapshot(user, source.tool_snapshot),
+                source.tool_snapshot,
+                fork_plan.approval_for,
+            ),
+            retry_unknown=source.retry_unknown,
             max_steps=max(source.max_steps, from_step + conf.DEFAULT_MAX_STEPS),
             token_budget=source.token_budget,
             deadline_at=(
@@ -236,7 +291,17 @@ def fork_run(run_id: uuid.UUID | str, from_step: int, *, user: Any = None) -> Ru
             completion_tokens=sum(s.completion_tokens for s in history),
             enqueued_at=now,
             trace_id=new_run_trace(None)[0],  # a trace of its own (the fork event names the source)
+            priority=source.priority,
+            concurrency_key=source.concurrency_key,  # the same input: the same key
         )
+        # a fork takes its key like any start: admitted, or at the end of the key's line
+        waiting = (
+            concurrency.admit_new(fork, concurrency.declared_limit(fork.agent), now)
+            if fork.concurrency_key is not None
+            else []
+        )
+        fork.save(force_insert=True)
+        quotas.hold_in_flight(in_flight)  # exact under concurrency, as `create_run` is
         copies = []
         for step in history:
             new_id = uuid.uuid4()
@@ -261,13 +326,17 @@ def fork_run(run_id: uuid.UUID | str, from_step: int, *, user: Any = None) -> Ru
                         "status": "queued",
                         "forked_from": str(source.id),
                         "from_step": from_step,
+                        "approve_repeats": approve_repeats,
+                        "repeats": [repeat.payload() for repeat in fork_plan.repeats],
                     },
-                )
+                ),
+                *waiting,
             ],
         )
         store.append(
             source.id,
             [(EventType.RUN_FORKED, {"by": who, "into": str(fork.id), "from_step": from_step})],
         )
-        enqueue(fork.id)
+        if fork.waiting_behind is None:
+            enqueue(fork.id)
     return fork

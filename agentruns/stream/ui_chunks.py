@@ -300,6 +300,7 @@ _HANDLERS: dict[str, Callable[[UIChunks, dict], None]] = {
     EventType.STEP_SUCCEEDED: UIChunks._step_succeeded,
     EventType.STEP_FAILED: UIChunks._step_failed,
     EventType.STEP_RESOLVED: UIChunks._output,
+    EventType.STEP_SKIPPED: UIChunks._step_failed,  # the chat sees why the call was not made
     EventType.APPROVAL_REQUESTED: UIChunks._approval_requested,
     EventType.APPROVAL_GIVEN: UIChunks._approval_given,
     EventType.APPROVAL_DECIDED: UIChunks._approval_decided,

@@ -23,7 +23,7 @@ def _approval_words(entry: dict) -> str:
     words = {True: "always", False: "never", "predicate": "when the tool's rule says so"}
     text = words.get(own, str(own))
     if entry.get("approval") == "always":
-        text = "always (policy)"
+        text = f"always ({entry.get('approval_because') or 'policy'})"
     approvals = entry.get("approvals", 1)
     if approvals == "predicate":
         text += "; approvers needed: by the call (two-person rule)"

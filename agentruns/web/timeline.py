@@ -78,6 +78,11 @@ class StepView:
     def side_effect(self) -> bool:
         return bool(self.policy.get("side_effect"))
 
+    @property
+    def attempts_counted(self) -> int:
+        """Attempts since the last manual retry: what the retry policy's budget counts."""
+        return max(0, self.step.attempts - self.step.retry_base)
+
 
 def _pretty(value: Any) -> str:
     if value is None or value == {} or value == []:
@@ -96,7 +101,8 @@ def _retry_view(policy: dict, step: Step) -> RetryView | None:
         backoff_max_seconds=float(retry.get("backoff_max_seconds", 0)),
         jitter=float(retry.get("jitter", 0)),
         retry_on=list(retry.get("retry_on", [])),
-        attempts_left=max(0, max_attempts - step.attempts),
+        # the budget counts from the last manual retry (`retry_base`), as the executor does
+        attempts_left=max(0, max_attempts - (step.attempts - step.retry_base)),
     )
 
 

@@ -17,14 +17,19 @@ from django.db.models import Prefetch
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods, require_POST
 
 from agentruns import services
-from agentruns.models import Run, RunEvent, RunStatus, Step, StepAttempt
-from agentruns.registry import all_agents
+from agentruns.models import PRIORITY_MAX, PRIORITY_MIN, Run, RunEvent, RunStatus, Step, StepAttempt
+from agentruns.registry import Agent, all_agents
+from agentruns.runtime.execution import unknown_outcomes
 from agentruns.runtime.values.ids import parse_id
 from agentruns.runtime.values.text import UnsafeValue, loads_strict
-from agentruns.selectors import AGES, RunFilters, backoff_of, live_turns, run_page
+from agentruns.selectors import AGES, RunFilters, backoff_of, live_turns, run_page, waiting_line
+from agentruns.web import run_view
+from agentruns.web.forms.inputs import input_fields, input_from_form
+from agentruns.web.forms.tokens import FIELD as TOKEN_FIELD
+from agentruns.web.forms.tokens import dedupe_key_of, new_form_token
 from agentruns.web.permissions import permission_view
 from agentruns.web.timeline import legend, timeline_svg, view_steps
 
@@ -79,9 +84,18 @@ def run_detail(request: HttpRequest, run_id) -> HttpResponse:
             # the model text up to run.last_seq: the socket continues after it
             "live_text": live_turns(run.id, run.last_seq),
             "can_operate": request.user.has_perm(OPERATE),
+            # steps whose outcome is unknown in a failed run: what retry does with them
+            "unknown_steps": [s for s in steps if unknown_outcomes.is_unsettled(s)],
             "can_fork": request.user.has_perm(OPERATE) and request.user.has_perm(START),
             "permissions": permission_view(run),
             "backoff": backoff_of(run, events),
+            "waiting_line": waiting_line(run),
+            # the support view: the conversation first, the input as fields, who may act
+            "customer_message": run_view.customer_message(run),
+            "input_items": run_view.input_items(run),
+            "replies": run_view.replies(run, steps),
+            "who_may_act": run_view.who_may_act(run, request.user),
+            "input_json": json.dumps(run.input, indent=2, ensure_ascii=False, default=str),
         },
     )
 
@@ -89,30 +103,75 @@ def run_detail(request: HttpRequest, run_id) -> HttpResponse:
 @login_required
 @permission_required(START, raise_exception=True)
 def run_new(request: HttpRequest) -> HttpResponse:
+    """The start form: the agent's input as fields from its `input_schema` (raw JSON is the
+    advanced option, used when filled in), one run per rendered form (its token)."""
+    agents = all_agents()
     if request.method == "POST":
-        agent = request.POST.get("agent", "")
+        name = request.POST.get("agent", "")
+        agent = agents.get(name)
+        raw = request.POST.get("input", "").strip()
         try:
-            run_input = loads_strict(request.POST.get("input") or "{}", "input")
-            if not isinstance(run_input, dict):
-                raise ValueError("the input must be a JSON object")
-            result = services.start_run(agent, run_input, user=request.user)
-        except (ValueError, LookupError) as exc:
-            messages.error(request, f"Could not start the run: {exc}")
-            return render(
-                request,
-                "agentruns/run_new.html",
-                {"agents": sorted(all_agents()), "form": request.POST},
-                status=400,
+            if agent is None:
+                raise LookupError(f"unknown agent {name[:100]!r}")
+            run_input = _posted_input(agent, raw, request.POST)
+            # a page's token makes a double click one run; a form without one (a script) starts
+            token = request.POST.get(TOKEN_FIELD)
+            key = dedupe_key_of(token) if token is not None else None
+            priority = _priority(request.POST.get("priority", ""))
+            result = services.start_run(
+                name, run_input, dedupe_key=key, user=request.user, priority=priority
             )
+        except (ValueError, LookupError, services.ActionRefused) as exc:
+            messages.error(request, f"Could not start the run: {exc}")
+            context = _start_context(agent, request.POST, raw_json=raw)
+            return render(request, "agentruns/run_new.html", context, status=400)
+        if not result.created:
+            messages.info(request, "This form was already sent: here is the run it started.")
         return redirect("run-detail", run_id=result.run.id)
-    example = json.dumps(
-        {"order_id": "ORD-1001", "message": "The blender arrived broken, please refund."}, indent=2
-    )
-    return render(
-        request,
-        "agentruns/run_new.html",
-        {"agents": sorted(all_agents()), "form": {"input": example, "agent": "refund"}},
-    )
+    agent = agents.get(request.GET.get("agent", "")) or _default_agent(agents)
+    context = _start_context(agent, request.GET)
+    if request.htmx:  # the agent changed: its fields
+        return render(request, "agentruns/_input_fields.html", context)
+    return render(request, "agentruns/run_new.html", context)
+
+
+def _default_agent(agents: dict[str, Agent]) -> Agent | None:
+    return agents[min(agents)] if agents else None
+
+
+def _posted_input(agent: Agent, raw_json: str, posted) -> dict:
+    if raw_json:  # the advanced option, filled in: it replaces the fields
+        run_input = loads_strict(raw_json, "input")
+        if not isinstance(run_input, dict):
+            raise ValueError("the input must be a JSON object")
+        return run_input
+    return input_from_form(agent.input_schema, posted)  # ({} for an agent without fields)
+
+
+def _start_context(agent: Agent | None, values, raw_json: str = "") -> dict:
+    return {
+        "agents": sorted(all_agents()),
+        "agent": agent,
+        "fields": input_fields(agent.input_schema if agent else None, values),
+        "raw_json": raw_json,
+        "form_token": new_form_token(),
+        "token_field": TOKEN_FIELD,
+        "priority": values.get("priority", 0),
+        **PRIORITY_FORM,
+    }
+
+
+PRIORITY_FORM = {"priority_range": (PRIORITY_MIN, PRIORITY_MAX)}
+
+
+def _priority(raw: str) -> int:
+    """The form's priority: empty is 0; anything but a whole number in range is a ValueError."""
+    raw = raw.strip()
+    if not raw:
+        return 0
+    if len(raw) > 4 or not raw.lstrip("-").isascii() or not raw.lstrip("-").isdigit():
+        raise ValueError(f"priority must be a whole number from {PRIORITY_MIN} to {PRIORITY_MAX}")
+    return services.check_priority(int(raw))
 
 
 def _action(request: HttpRequest, run_id, action, done: str, **kwargs) -> HttpResponse:
@@ -133,7 +192,8 @@ def run_retry(request: HttpRequest, run_id) -> HttpResponse:
         request,
         run_id,
         services.retry_run,
-        "Retry queued: the failed step runs again as a new attempt with the same idempotency key.",
+        "Retry queued: the failed step runs again as a new attempt with the same idempotency key; "
+        "a step whose outcome is unknown is never run again.",
     )
 
 
@@ -151,25 +211,40 @@ def run_cancel(request: HttpRequest, run_id) -> HttpResponse:
     )
 
 
-@require_POST
+def _from_step(raw: str) -> int:
+    if len(raw) > 9:
+        raise ValueError(raw)
+    return parse_id(raw, what="step")  # BadId is a ValueError
+
+
+@require_http_methods(["GET", "POST"])
 @login_required
 @permission_required(OPERATE, raise_exception=True)
 def run_fork(request: HttpRequest, run_id) -> HttpResponse:
-    run = get_object_or_404(Run.objects.only("id"), id=run_id)
+    """GET: the fork's confirmation (what it would repeat, and the choice to let those repeats
+    run without approval); POST: fork. Without `repeats=allow` the repeats wait for approval."""
+    run = get_object_or_404(Run, id=run_id)
+    data = request.POST if request.method == "POST" else request.GET
     try:
-        raw_step = request.POST.get("from_step", "")
-        if len(raw_step) > 9:
-            raise ValueError(raw_step)
-        from_step = parse_id(raw_step, what="step")  # BadId is a ValueError
-        fork = services.fork_run(run.id, from_step, user=request.user)
+        from_step = _from_step(data.get("from_step", ""))
+        approve_repeats = data.get("repeats", "approve") != "allow"
+        if request.method == "GET":
+            plan = services.fork_plan(run, from_step)
+            return render(request, "agentruns/fork_confirm.html", {"run": run, "plan": plan})
+        fork = services.fork_run(
+            run.id, from_step, user=request.user, approve_repeats=approve_repeats
+        )
     except ValueError:
         messages.error(request, "Choose the model step to fork from.")
     except services.ActionRefused as exc:
         messages.error(request, str(exc))
     else:
+        tools = (fork.permissions or {}).get("tools", {})
+        held = ", ".join(sorted(name for name, e in tools.items() if e.get("approval_because")))
         messages.success(
             request,
-            f"Forked from step #{from_step}: this run continues from there, its history copied.",
+            f"Forked from step #{from_step}: this run continues from there, its history copied."
+            + (f" Calls of {held} wait for approval in the inbox." if held else ""),
         )
         return redirect("run-detail", run_id=fork.id)
     return redirect("run-detail", run_id=run.id)

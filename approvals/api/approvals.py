@@ -11,6 +11,7 @@ from agentruns.runtime.values.ids import actor_name
 from agentruns.runtime.values.timestamps import iso
 from approvals import services
 from approvals.domain import decisions
+from approvals.domain.context import context_for
 from approvals.domain.selectors import AGES, approvals_query
 from approvals.errors import (
     AlreadyDecided,
@@ -44,6 +45,8 @@ APPROVAL = obj(
         "reason": {"type": "string"},
         "expires_at": TIME_OR_NULL,
         "created_at": TIME,
+        # its run's priority: lists show the highest first, then the newest
+        "priority": {"type": "integer"},
         # claims and due times
         "claimed_by": TEXT_OR_NULL,
         "claimed_at": TIME_OR_NULL,
@@ -60,6 +63,10 @@ APPROVAL = obj(
         "version": COUNT,
         # why the deployed code cannot run this call ("" when it can; approving is then a 409)
         "cannot_run": {"type": "string"},
+        # across runs, while pending: what the tool declares (the demo's refund: the order, its
+        # refunds with totals) with `operation` (the call's key: its executions, what the call
+        # meets) and `pending` (other pending items of the key); null when decided
+        "context": {"type": ["object", "null"]},
         "starter": TEXT_OR_NULL,
         "decisions": {
             "type": "array",
@@ -121,6 +128,7 @@ def approval_payload(approval: Approval, card: Card | None = None) -> dict:
         "reason": approval.reason,
         "expires_at": iso(approval.expires_at),
         "created_at": iso(approval.created_at),
+        "priority": approval.priority,
         **claim_payload(approval),
         "due_at": iso(approval.due_at),
         "escalated_at": iso(approval.escalated_at),
@@ -136,6 +144,7 @@ def approval_payload(approval: Approval, card: Card | None = None) -> dict:
         # the two-person rule: still `pending` until approvals_given reaches approvals_required
         **decisions.payload(approval),
         "cannot_run": card.cannot_run if card is not None else cannot_run_now(approval),
+        "context": card.context if card is not None else context_for(approval),
     }
     if card is not None:
         # what the inbox card shows, for scripts that triage without opening the run
@@ -210,10 +219,12 @@ def already_decided(exc: AlreadyDecided) -> BadRequest:
     responses={
         200: "the approval (still pending while more approvals are required)",
         400: "an edit outside the tool's edit policy (names the field and the rule)",
-        403: "no right to decide this (permission, the run's starter, above your limit)",
+        403: "no right to decide this (permission, the run's starter, above your limit or your "
+        "total per day: `figures`)",
         409: "already decided, already approved by you, a stale `version` (with the current "
         "proposal), or a call the deployed code cannot run",
-        422: "not acceptable (e.g. a reconciliation answer for an approval)",
+        422: "not acceptable (e.g. a reconciliation answer for an approval, or over the tool's "
+        "limit: code `over_limit` with `figures`)",
     },
     tags=("approvals",),
     returns=APPROVAL,

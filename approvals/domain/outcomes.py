@@ -36,14 +36,17 @@ from django.db import transaction
 from django.utils import timezone
 
 from agentruns.models import Run, RunStatus, Step, StepStatus
+from agentruns.registry import Tool
 from agentruns.registry.edits import same_value
 from agentruns.runtime.events import EventSpec, EventType
+from agentruns.runtime.execution import unknown_outcomes
 from agentruns.runtime.execution.transitions import ABORT, RESUME, WAIT, resume_parked
+from agentruns.runtime.operations import executions
 from agentruns.runtime.values.ids import actor_name
 from agentruns.runtime.values.timestamps import iso
 from approvals.domain.decisions import approvers, args_diff
-from approvals.domain.parking import withdraw_approvals
-from approvals.domain.policy import check_approval, is_edit
+from approvals.domain.parking import operation_key_of, withdraw_approvals
+from approvals.domain.policy import amount_of, check_approval, is_edit
 from approvals.errors import AlreadyDecided, DecisionError, StaleProposal
 from approvals.models import Approval, ApprovalDecision, ApprovalKind, ApprovalStatus, DecisionKind
 from approvals.notifications import outbox
@@ -184,24 +187,40 @@ def _row(approval: Approval, user: Any, decision: str, **fields: Any) -> Approva
 
 
 def record_approval(
-    approval: Approval, user: Any, args: dict, reason: str, required: int
+    approval: Approval, user: Any, args: dict, reason: str, required: int, tool: Tool
 ) -> Progress:
     """Count `user`'s approval of `args` (checked by approvals.domain.policy) as the module's
     docstring says: `args` need `required` approvers (the tool's `approvals_required`); saves
-    the counters."""
+    the counters. The row keeps the amount approved (an approver's total per day)."""
     restarted = is_edit(approval, args)
     if restarted:
         if approval.approvals_given:
             approval.round += 1
         approval.approvals_given = 0
         approval.edited_args = None if same_value(args, approval.requested_args) else args
+        approval.operation_key = operation_key_of(approval.run, tool, args)
     # an edit can raise the number required, never lower it
     approval.approvals_required = max(approval.approvals_required, required)
-    row = _row(approval, user, DecisionKind.APPROVE, args=args, edited=restarted, reason=reason)
+    row = _row(
+        approval,
+        user,
+        DecisionKind.APPROVE,
+        args=args,
+        edited=restarted,
+        reason=reason,
+        amount=amount_of(approval, tool, args),
+    )
     approval.approvals_given += 1
     approval.version += 1
     approval.save(
-        update_fields=["round", "approvals_given", "approvals_required", "edited_args", "version"]
+        update_fields=[
+            "round",
+            "approvals_given",
+            "approvals_required",
+            "edited_args",
+            "version",
+            "operation_key",
+        ]
     )
     return Progress(row, approval.approvals_given >= approval.approvals_required, restarted)
 
@@ -215,7 +234,7 @@ def approved(current: Approval, user: Any, edited_args: dict | None, reason: str
     """The step keeps its idempotency key and runs with the approved arguments; the requested
     ones stay on the approval, the full approved set goes to `edited_args` when it differs."""
     args, tool = check_approval(current, user, edited_args)
-    progress = record_approval(current, user, args, reason, tool.approvals_for(args))
+    progress = record_approval(current, user, args, reason, tool.approvals_for(args), tool)
     if not progress.complete:
         return partial(current, user, progress)
     edited = current.edited_args
@@ -227,10 +246,12 @@ def approved(current: Approval, user: Any, edited_args: dict | None, reason: str
 
 
 def reconciled(approval: Approval, user: Any, resolution: str, result: Any, reason: str) -> Outcome:
-    """Staff say what happened to a call whose outcome is unknown (DESIGN.md 4.4).
+    """Staff say what happened to a call whose outcome is unknown (DESIGN.md 4.4), by the
+    runtime's one rule for such steps (runtime/execution/unknown_outcomes.py).
 
     happened: the step succeeds with the given result (or a marker) and the run continues;
-    retry: the step runs again (same idempotency key); abort: the run fails, nothing more runs.
+    retry: it did not happen, the step runs again (same idempotency key); abort: the run fails,
+    nothing more runs, and the step stays unknown: no door runs it again.
     """
     who = actor_name(user) or "staff"
     happened = result if resolution == "happened" else None
@@ -252,25 +273,25 @@ def reconciled(approval: Approval, user: Any, resolution: str, result: Any, reas
         extra={"resolution": resolution, "result": happened},
     )
     if resolution == "happened":
-        step.status, step.finished_at = StepStatus.SUCCEEDED, now
-        step.result = (
-            result if result is not None else {"reconciled": True, "happened": True, "by": who}
-        )
-        step.error = f"outcome unknown; {who} confirmed it happened"
+        unknown_outcomes.happened(step, result, who=who, now=now)
+        executions.settle(step.id, executions.DONE, step.result)  # the key it held: done
     elif resolution == "retry":
-        step.status, step.finished_at = StepStatus.PENDING, None
-        step.error = f"outcome unknown; {who} confirmed it did not happen, retrying"
+        # it runs again with the same idempotency key, still holding its operation key
+        unknown_outcomes.did_not_happen(step, who=who)
     else:
-        step.status, step.finished_at = StepStatus.FAILED, now
-        step.error = f"aborted by {who}: outcome unknown"
+        unknown_outcomes.abandoned(step, who=who, now=now)
+        # nobody can say it did not happen: its key stays used (a lead may allow one more)
+        unconfirmed = {"outcome_unknown": True, "note": f"aborted by {who}"}
+        executions.settle(step.id, executions.DONE, unconfirmed)
     step.save(update_fields=["status", "result", "finished_at", "error"])
     if resolution != "abort":
         return outcome
-    # abort: the run ends here; steps planned after this one never run
+    # abort: the run ends here; steps planned after this one never run (one whose outcome is
+    # unknown too stays so: skipping it would say it did not happen)
     Step.objects.filter(
         run=run,
         index__gt=step.index,
-        status__in=[StepStatus.PENDING, StepStatus.WAITING_APPROVAL, StepStatus.UNKNOWN],
+        status__in=[StepStatus.PENDING, StepStatus.WAITING_APPROVAL],
     ).update(status=StepStatus.SKIPPED, finished_at=now)
     withdrawn = withdraw_approvals(run, reason=f"run aborted by {who}")
     outcome.after = [(EventType.APPROVAL_WITHDRAWN, {"approval": a}) for a in withdrawn]

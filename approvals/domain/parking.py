@@ -16,7 +16,9 @@ from django.utils import timezone
 
 from agentruns.conf import conf
 from agentruns.models import Run, Step
+from agentruns.registry import OperationKeyError, Tool, get_tool, has_tool
 from agentruns.registry.deployed import approvals_required
+from agentruns.runtime.operations.gate import key_for
 from agentruns.runtime.store.nudges import nudge_on_commit
 from agentruns.runtime.values.timestamps import iso
 from approvals.domain.escalation import due_at_for
@@ -52,11 +54,21 @@ def approved_call_refusal(step: Step) -> str:
     return ""
 
 
+def operation_key_of(run: Run, tool: Tool | None, args: dict) -> str:
+    """The call's operation key for the inbox ("" when it takes none or cannot have one)."""
+    try:
+        return (key_for(run, tool, args) or "") if tool is not None else ""
+    except OperationKeyError:
+        return ""  # the executor refuses such a call; the card shows no key
+
+
 # ------------------------------------------------------------------ opened by the engine
 def open_approval(step: Step, agent: str) -> Approval:
     expiry, now = conf.APPROVAL_EXPIRY_SECONDS, timezone.now()
     run = Run.objects.get(id=step.run_id)
+    tool = get_tool(step.tool) if has_tool(step.tool) else None
     approval = Approval.objects.create(
+        operation_key=operation_key_of(run, tool, step.arguments),
         approvals_required=approvals_required(step.tool, step.arguments),
         step=step,
         run=run,
@@ -66,6 +78,7 @@ def open_approval(step: Step, agent: str) -> Approval:
         requested_args=step.arguments,
         expires_at=now + timedelta(seconds=expiry) if expiry > 0 else None,
         due_at=due_at_for(run, step.tool, now),
+        priority=run.priority,
     )
     _announce_opened(approval)
     return approval
@@ -124,6 +137,7 @@ def open_reconciliation(step: Step, agent: str) -> Approval:
             # one person reconciles, whatever the call needed to be approved
             "approvals_required": 1,
             "approvals_given": 0,
+            "priority": run.priority,
         },
     )
     _announce_opened(approval)

@@ -9,6 +9,8 @@ the first, `check_may_decide` both, for every door). Then:
   others the highest limit any of their groups sets for the tool, as frozen in the run's
   permission snapshot, else the snapshot's default (AGENTRUNS_APPROVER_LIMIT_CENTS at start)
   (403: lower the amount, or ask someone with a higher limit);
+- limits that add up (domain/limits.py): the approver's total per day and the tool's own limit
+  (an order's refunds against what was paid), refused with the figures;
 - edited arguments must keep to the tool's edit policy and schema (400, naming the field and the
   rule); fields the approver never saw (redacted) stay as requested.
 """
@@ -24,6 +26,7 @@ from agentruns.registry.edits import EditRefused, same_value
 from agentruns.runtime.values.ids import actor_name
 from agentruns.runtime.values.money import format_cents
 from agentruns.runtime.values.redaction import MASK
+from approvals.domain import limits
 from approvals.errors import AlreadyGiven, DecisionError, EditNotAllowed, NotAllowed, NotRunnable
 from approvals.models import Approval
 
@@ -89,23 +92,35 @@ def check_approval(approval: Approval, user: Any, edited: Any) -> tuple[dict, To
         raise DecisionError("edited arguments must be a JSON object")
     if refused is not None:
         raise EditNotAllowed(refused.field, refused.rule, f"edit refused: {refused}")
-    # the argument that is the call's amount (`@tool(amount_arg=)`, as frozen in the run's
-    # snapshot, else as deployed) is within `user`'s limit
-    name = permission.get("amount_arg")
-    if name is None:
-        name = tool.amount_arg
-    amount = args.get(name) if name else None
-    if not isinstance(amount, int | float) or isinstance(amount, bool):
-        return args, tool
+    amount = amount_of(approval, tool, args)
     limit = limit_of(permission, user)
-    if limit is not None and amount > limit:
+    if amount is not None and limit is not None and amount > limit:
         # amounts and limits are in minor units (AGENTRUNS_APPROVER_LIMIT_CENTS)
         raise NotAllowed(
             f"{format_cents(amount)} is above your approval limit of {format_cents(limit)}: lower "
-            f"{name}, or ask someone with a higher limit to approve",
+            f"{_amount_name(approval, tool)}, or ask someone with a higher limit to approve",
             code="above_limit",
         )
+    if amount is not None:
+        limits.check_daily_limit(user, amount)
+    limits.check_tool_limit(approval, tool, args)
     return args, tool
+
+
+def _amount_name(approval: Approval, tool: Tool) -> str | None:
+    """The argument that is the call's amount (`@tool(amount_arg=)`), as frozen in the run's
+    snapshot, else as deployed."""
+    name = approval.run.tool_permission(approval.tool).get("amount_arg")
+    return tool.amount_arg if name is None else name
+
+
+def amount_of(approval: Approval, tool: Tool, args: dict) -> int | float | None:
+    """The call's amount in `args` (None: the tool has none, or it is not a number)."""
+    name = _amount_name(approval, tool)
+    amount = args.get(name) if name else None
+    if not isinstance(amount, int | float) or isinstance(amount, bool):
+        return None
+    return amount
 
 
 def _proposal(approval: Approval, edited: Any) -> dict | None:

@@ -47,16 +47,21 @@ class InboxFilters:
         return bool(self.kind or self.agent or self.age or self.overdue)
 
 
+# priority (its run's), then age: the newest first, as the inbox has always listed items
+INBOX_ORDER = ("-priority", "-created_at", "-id")
+
+
 def approvals_query(
     status: str = ApprovalStatus.PENDING, kind: str = "", agent: str = "", age: str = ""
 ) -> QuerySet[Approval]:
-    """Approvals newest first, with everything a card or the API payload reads joined in."""
+    """Approvals, the highest priority first, then the newest, with everything a card or the API
+    payload reads joined in."""
     qs = (
         Approval.objects.select_related(
             "run", "run__created_by", "step", "decided_by", "claimed_by"
         )
         .prefetch_related("decisions")
-        .order_by("-created_at", "-id")
+        .order_by(*INBOX_ORDER)
     )
     if status:
         qs = qs.filter(status=status)
@@ -98,11 +103,13 @@ class InboxPage(KeysetPage[Approval]):
 def inbox_page(
     filters: InboxFilters, *, older: str | None = None, newer: str | None = None, size: int = 25
 ) -> InboxPage:
-    """One page of pending items, newest first (keyset pagination: the database walks the
-    (status, -created_at) index from the cursor, so a deep page is as cheap as the first).
+    """One page of pending items, the highest priority first, then the newest (keyset
+    pagination: the database walks the (status, -priority, -created_at) index from the cursor, so
+    a deep page is as cheap as the first).
 
-    Overdue items come first: every page leads with up to OVERDUE_CAP of them, most overdue
-    first, and the pages list the others (`?overdue=1` lists only the overdue ones)."""
+    Overdue items come first: every page leads with up to OVERDUE_CAP of them, the highest
+    priority first, then the most overdue, and the pages list the others (`?overdue=1` lists only
+    the overdue ones)."""
     qs = approvals_query(
         status=ApprovalStatus.PENDING, kind=filters.kind, agent=filters.agent, age=filters.age
     )
@@ -111,11 +118,11 @@ def inbox_page(
     total = qs.order_by()[: COUNT_CAP + 1].count()
     due = Q(due_at__lte=timezone.now())
     if filters.overdue:
-        page = keyset_page(qs.filter(due), older=older, newer=newer, size=size)
+        page = keyset_page(qs.filter(due), older=older, newer=newer, size=size, rank="priority")
         return InboxPage(page.items, page.older, page.newer, total=total)
-    page = keyset_page(qs.exclude(due), older=older, newer=newer, size=size)
+    page = keyset_page(qs.exclude(due), older=older, newer=newer, size=size, rank="priority")
     # pinned above every page (the pages list the others): what is late is never out of sight
-    overdue = list(qs.filter(due).order_by("due_at", "id")[: OVERDUE_CAP + 1])
+    overdue = list(qs.filter(due).order_by("-priority", "due_at", "id")[: OVERDUE_CAP + 1])
     return InboxPage(
         page.items,
         page.older,

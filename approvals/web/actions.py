@@ -1,4 +1,5 @@
-"""The inbox's other actions: claim and release an item, decide many at once, one item's page.
+"""The inbox's other actions: claim and release an item, decide many at once, one item's page,
+allow one more execution of an item's operation key.
 
 Same rules as the JSON API (`approvals/api/actions.py`): `claims.py` and the decision
 service (`services.decide_many`) decide. Deciding in bulk here skips items someone else holds unless the person
@@ -11,13 +12,16 @@ from collections.abc import Callable
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
+from agentruns import services as run_services
 from agentruns.runtime.values.ids import BadId, parse_versioned_id
+from agentruns.services import ActionRefused
 from approvals import services
 from approvals.domain import claims, policy
 from approvals.domain.selectors import approvals_query
@@ -92,6 +96,31 @@ def _claim_action(
     except DecisionError as exc:  # may decide but not see: a claim shows everything
         return HttpResponse(str(exc), status=403, content_type="text/plain; charset=utf-8")
     return _card_response(request, approval_id, done_note, "success", 200)
+
+
+@require_POST
+@login_required
+def allow_operation(request: HttpRequest, approval_id: int) -> HttpResponse:
+    """A lead allows one more execution of the item's operation key (the service checks the
+    right, `agentruns.operate_run`, and records who, when and why on the item's run)."""
+    approval = get_object_or_404(Approval, id=approval_id)
+    if not approval.operation_key:
+        return _card_response(
+            request, approval_id, "This call takes no operation key.", "warning", 409
+        )
+    try:
+        run_services.allow_operation(
+            approval.operation_key,
+            user=request.user,
+            reason=request.POST.get("reason", ""),
+            run_id=approval.run_id,
+        )
+    except PermissionDenied as exc:
+        return HttpResponse(str(exc), status=403, content_type="text/plain; charset=utf-8")
+    except ActionRefused as exc:
+        return _card_response(request, approval_id, f"Nothing changed: {exc}.", "warning", 409)
+    note = f"One more execution of {approval.operation_key} is allowed: approving runs this call."
+    return _card_response(request, approval_id, note, "success", 200)
 
 
 def _selected(request: HttpRequest) -> dict[int, int]:

@@ -3,7 +3,9 @@
 The runtime knows nothing about orders or customers (it must not import `support`), so a card
 reads the facts the run itself gathered: its input and the results of the tool steps before the
 parked one (a `lookup_order` result carries `customer_name` and `currency`, for example). All of
-it comes from two batched queries per page, never one per card.
+it comes from two batched queries per page, never one per card. Across runs, what the call's
+tool declares as its context and its operation key's state (approvals/domain/context.py: two
+more queries per page, plus the tools' own reads).
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ from agentruns.models import Step, StepAttempt, StepKind
 from agentruns.registry import UnknownTool, get_tool
 from agentruns.registry.deployed import cannot_run
 from agentruns.runtime.values.money import format_cents
+from approvals.domain.context import contexts
 from approvals.domain.decisions import args_diff
 from approvals.domain.policy import waiting_for
 from approvals.models import Approval, ApprovalDecision, ApprovalKind, ApprovalStatus
+from approvals.web.context_view import ContextView, context_view
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +87,13 @@ class Card:
     # why the deployed code cannot run this call (a deploy removed its tool or agent, or its
     # schema changed): the card says so and offers only a rejection
     cannot_run: str = ""
+    # why this call needs a person although its tool's rule may not say so (a fork repeating its
+    # source's side effect, a retry that skipped an unknown outcome): the run's snapshot says
+    asked_because: str = ""
+    # across runs (approvals/domain/context.py): what the tool declares, the call's operation
+    # key and the other pending items of that key (the API's `context`), and its lines
+    context: dict | None = None
+    context_view: ContextView | None = None
 
     @property
     def given_user_ids(self) -> list[int]:
@@ -188,7 +199,12 @@ def build_cards(approvals: Iterable[Approval]) -> list[Card]:
     approvals = list(approvals)
     context = _context_steps(approvals)
     attempts = _unknown_attempts(approvals)
-    return [_safe_card(a, context.get(a.run_id, []), attempts.get(a.step_id)) for a in approvals]
+    cards = [_safe_card(a, context.get(a.run_id, []), attempts.get(a.step_id)) for a in approvals]
+    across = contexts(approvals)
+    for card in cards:
+        card.context = across.get(card.approval.id)
+        card.context_view = context_view(card.context)
+    return cards
 
 
 def _safe_card(approval: Approval, earlier: list[Step], attempt: StepAttempt | None) -> Card:
@@ -266,4 +282,5 @@ def _card(approval: Approval, earlier: list[Step], attempt: StepAttempt | None) 
         given=approval.current_approvals() if approval.is_multi else [],
         waiting_for=waiting_for(approval) if approval.status == "pending" else "",
         cannot_run=cannot_run_now(approval),
+        asked_because=str(run.tool_permission(approval.tool).get("approval_because") or ""),
     )

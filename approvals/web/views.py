@@ -28,6 +28,7 @@ from agentruns.runtime.values.text import UnsafeValue, loads_strict
 from agentruns.selectors.pagination import encode_cursor
 from approvals import services
 from approvals.domain.claims import held_by_other
+from approvals.domain.context import keys_signature
 from approvals.domain.selectors import AGES, InboxFilters, approvals_query, inbox_page
 from approvals.errors import (
     AlreadyDecided,
@@ -89,15 +90,17 @@ def _is_poll(request: HttpRequest) -> bool:
 
 def _cursor_above(page) -> str:
     first = page.items[0]
-    micros, _, pk = encode_cursor(first).partition("-")
-    # "older than (t, id+1)" includes the item itself; ids are unique so nothing else sneaks in
-    return f"{micros}-{int(pk) + 1}"
+    head, _, pk = encode_cursor(first, "priority").rpartition("-")
+    # "older than (priority, t, id+1)" includes the item itself; ids are unique so nothing else
+    # sneaks in
+    return f"{head}-{int(pk) + 1}"
 
 
 def page_signature(page, can_decide: bool) -> str:
     """What the list shows, cheaply: items, their state (who holds them, overdue or not), the
-    total, and the minute (so the "waiting for" labels still move). The poll sends back the one
-    it has; same -> 204. A claim taken or lapsed changes it, so everyone sees "taken by" live."""
+    total, the state of their operation keys, and the minute (so the "waiting for" labels
+    still move). The poll sends back the one it has; same -> 204. A claim taken or lapsed
+    changes it, so everyone sees "taken by" live."""
     now = timezone.now()
     parts = [str(page.total), str(int(now.timestamp() // 60)), str(int(can_decide))]
     for a in page.shown:
@@ -105,6 +108,7 @@ def page_signature(page, can_decide: bool) -> str:
         parts.append(
             f"{a.id}:{a.status}:{a.version}:{holder.pk if holder else ''}:{int(a.is_overdue)}"
         )
+    parts.append(keys_signature(page.shown))  # another run's call of an item's key
     return hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
 
 

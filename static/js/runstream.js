@@ -107,8 +107,9 @@
     }
   }
 
-  // The step table, the approval card and the SVG timeline are server-rendered: after step or
-  // approval events, fetch the page once (debounced) and swap those parts in place.
+  // The step table, the approval card, the SVG timeline, the replies sent and the actions (or
+  // who may act) are server-rendered: after step or approval events, fetch the page once
+  // (debounced) and swap those parts in place.
   let refreshTimer = null;
   function scheduleRefresh() {
     if (refreshTimer) return;
@@ -118,7 +119,7 @@
         const res = await fetch(window.location.pathname, { headers: { "X-Requested-With": "runstream" } });
         if (!res.ok) return;
         const doc = new DOMParser().parseFromString(await res.text(), "text/html");
-        for (const sel of ["#steps", "#approval-card", ".svgwrap", ".facts", ".run-head .actions"]) {
+        for (const sel of ["#steps", "#approval-card", ".svgwrap", ".facts", ".run-head .actions", "#run-replies", "#run-notes"]) {
           const fresh = doc.querySelector(sel);
           const here = document.querySelector(sel);
           if (fresh && here) here.innerHTML = fresh.innerHTML;
@@ -197,6 +198,15 @@
     if (retryTimer) { clearTimeout(retryTimer); retryTimer = null; }
     connect();
   }
+  // the engineering detail stays open (or closed) across this browser's run pages
+  const engineering = document.getElementById("engineering");
+  if (engineering) {
+    try { engineering.open = window.localStorage.getItem("run-engineering-open") === "1"; } catch (e) { /* storage off */ }
+    engineering.addEventListener("toggle", function () {
+      try { window.localStorage.setItem("run-engineering-open", engineering.open ? "1" : "0"); } catch (e) { /* storage off */ }
+    });
+  }
+
   window.addEventListener("online", reconnectNow);
   document.addEventListener("visibilitychange", function () { if (!document.hidden) reconnectNow(); });
   connect();

@@ -1,6 +1,6 @@
 """The per-process access cache (runtime/access/cache.py): a POST /api/runs by a user in a group
-with a tool policy is four statements (token + generation, in-flight count, quota bucket, the
-run), and every write to what decides a permission, however it is made (the ORM, a queryset
+with a tool policy is three statements (token + generation, quota bucket, the run with its
+in-flight count), and every write to what decides a permission, however it is made (the ORM, a queryset
 update or delete that sends no signal, raw SQL), is seen by the very next request."""
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ def test_a_repeated_start_reads_no_permission_table(trainee):
     # (the test's transaction adds a savepoint around the start: not a statement of the start's)
     statements = [q["sql"] for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]]
     tables = " ".join(statements)
-    # PostgreSQL: the run, its event and the NOTIFY are one statement; SQLite: four and a doorbell
-    assert len(statements) == (4 if connection.vendor == "postgresql" else 7), tables
+    # PostgreSQL: the in-flight count, the run, its event and the NOTIFY are one statement;
+    # SQLite: five and a doorbell
+    assert len(statements) == (3 if connection.vendor == "postgresql" else 7), tables
     for table in ("auth_group", "auth_permission", "agentruns_toolpolicy", "agentruns_toolrule"):
         assert f'"{table}"' not in tables.replace('"auth_group"."name"', "")
     # and the snapshot is the same as the one computed from the tables

@@ -15,10 +15,11 @@ from django.test import Client
 
 from agentruns.models import Run, RunStatus
 from agentruns.runtime.access import quotas
+from agentruns.services import execute_inline, fork_run, start_run
 from agentruns.tokens import create_token
 from approvals.models import Approval, ApprovalStatus
 from tests.approvals.kit import bulk_pending, login
-from tests.helpers import ApiClient, assert_json_error, make_user
+from tests.helpers import ApiClient, assert_json_error, make_user, race
 from tests.procs import base_env, manage, sqlite_env, start_web
 
 REFUND_INPUT = {"order_id": "ORD-1001", "message": "The blender arrived broken"}
@@ -76,6 +77,108 @@ def test_the_runs_in_flight_cap_refuses_until_one_finishes(settings, django_user
     done.status = RunStatus.SUCCEEDED
     done.save(update_fields=["status"])
     assert api.post("/api/runs", {"agent": "refund", "input": REFUND_INPUT}).status_code == 201
+
+
+IN_FLIGHT_RACE = """
+import threading
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.db import connection
+from agentruns.models import Run
+from agentruns.runtime.access.quotas import QuotaExceeded
+from agentruns.services import start_run
+user = get_user_model().objects.create_user("racer", password="x")
+user.user_permissions.add(*Permission.objects.filter(codename__in=["start_run", "view_run"]))
+user = get_user_model().objects.get(pk=user.pk)
+barrier, answers = threading.Barrier(60), []
+def start():
+    barrier.wait()
+    try:
+        start_run("refund", {"order_id": "ORD-1001", "message": "broken"}, user=user)
+        answers.append("started")
+    except QuotaExceeded as exc:
+        answers.append("refused" if "runs in flight" in str(exc) else repr(exc))
+    except Exception as exc:
+        answers.append(repr(exc))
+    finally:
+        connection.close()
+threads = [threading.Thread(target=start) for _ in range(60)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(sorted(set(answers)), answers.count("started"), Run.objects.filter(created_by=user).count())
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_in_flight_cap_is_exact_under_60_concurrent_starts(settings, django_user_model):
+    """60 starts at once against a cap of 5 (each its own thread and connection, released by a
+    barrier): exactly 5 runs exist, the other 55 were refused."""
+    settings.AGENTRUNS_RUNS_IN_FLIGHT_PER_USER = 5
+    starter = make_user(django_user_model, "trainee", STARTER)
+    for attempt in range(3):  # the old count-then-insert let 10 of 60 through at once
+        Run.objects.all().delete()
+
+        def start() -> str:
+            try:
+                start_run("refund", REFUND_INPUT, user=starter)
+                return "started"
+            except quotas.QuotaExceeded as exc:
+                assert "runs in flight" in str(exc)
+                return "refused"
+
+        answers = race(*[start] * 60)
+        assert answers.count("started") == 5, (attempt, answers)
+        assert answers.count("refused") == 55, answers
+        assert Run.objects.filter(created_by=starter).count() == 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_in_flight_cap_is_exact_under_concurrent_forks(settings, django_user_model, seeded):
+    """A fork inserts its run by itself; 40 forks at once against a cap of 5 leave exactly 5
+    (the old count-then-insert of fork let more through)."""
+    settings.AGENTRUNS_RUNS_IN_FLIGHT_PER_USER = 5
+    source, _ = execute_inline("refund", REFUND_INPUT)  # finished, step 0 is its first model turn
+    starter = make_user(django_user_model, "forker", STARTER)
+
+    def fork() -> str:
+        try:
+            fork_run(source.id, 0, user=starter)
+            return "forked"
+        except quotas.QuotaExceeded as exc:
+            assert "runs in flight" in str(exc)
+            return "refused"
+
+    answers = race(*[fork] * 40)
+    assert answers.count("forked") == 5, answers
+    assert Run.objects.filter(created_by=starter).count() == 5
+
+
+def test_the_in_flight_cap_is_exact_on_sqlite_too(tmp_path):
+    """The embedded default: the check and the insert under SQLite's write lock."""
+    env = base_env(
+        **sqlite_env(tmp_path / "db.sqlite3", "http://127.0.0.1:1"),
+        AGENTRUNS_RUNS_IN_FLIGHT_PER_USER=5,
+    )
+    manage(env, "migrate", "--noinput", "-v0")
+    out = manage(env, "shell", "-c", IN_FLIGHT_RACE).strip().splitlines()[-1]
+    assert out == "['refused', 'started'] 5 5", out
+
+
+@pytest.mark.django_db
+def test_a_start_refused_by_the_in_flight_cap_costs_no_token(settings, django_user_model):
+    """The cap is checked with the insert, after the start bucket: a refusal gives its token back,
+    so a user held at the cap is not also drained of starts for when their runs finish."""
+    settings.AGENTRUNS_RUNS_IN_FLIGHT_PER_USER = 2
+    settings.AGENTRUNS_START_BURST, settings.AGENTRUNS_START_PER_SECOND = 3, 0.001
+    api = ApiClient(make_user(django_user_model, "trainee", STARTER))
+    body = {"agent": "refund", "input": REFUND_INPUT}
+    assert [api.post("/api/runs", body).status_code for _ in range(2)] == [201, 201]
+    for _ in range(5):
+        assert "runs in flight" in assert_json_error(api.post("/api/runs", body), 429)["error"]
+    Run.objects.filter(created_by=api.user).update(status=RunStatus.SUCCEEDED)
+    assert api.post("/api/runs", body).status_code == 201  # the burst's third token
+    refused = api.post("/api/runs", body)
+    assert "too many runs started" in assert_json_error(refused, 429)["error"]
 
 
 @pytest.mark.django_db

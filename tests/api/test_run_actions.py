@@ -59,6 +59,14 @@ def test_fork_through_the_api(api, viewer):
     body = response.json()
     assert body["id"] != str(source.id) and body["status"] == "queued"
     assert [s["index"] for s in body["steps"]] == [0, 1]
+    # the answer lists the source's side effect it may repeat, which waits for approval
+    assert [(r["index"], r["tool"], r["approval"]) for r in body["fork"]["repeats"]] == [
+        (3, "t_charge", True)
+    ]
     fork = advance(Run.objects.get(id=body["id"]))
+    assert fork.status == RunStatus.WAITING and len(testkit.CALLS["t_charge"]) == 1
+    approval = fork.approvals.get(tool="t_charge")
+    assert api.post(f"/api/approvals/{approval.id}", {"decision": "approve"}).status_code == 200
+    fork = advance(fork)
     assert fork.status == RunStatus.SUCCEEDED and fork.output == "done"
     assert len(testkit.CALLS["t_echo"]) == 1  # the copied history did not run again

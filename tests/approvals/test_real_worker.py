@@ -166,3 +166,46 @@ def test_reconciliation_of_an_interrupted_customer_reply(
         assert run.stop_reason == "aborted"
     assert OutboxMessage.objects.filter(run_id=run.id).count() == sent_after
     assert len(gateway_refunds(web, "ORD-1006")) == 1  # the refund before it happened exactly once
+
+
+def test_an_aborted_unknown_reply_is_never_mailed_again_by_retry(
+    seeded, web, worker, staff_api, django_user_model
+):
+    """Issue 31: the mail went out, the worker was SIGKILLed before recording it, staff aborted;
+    the lead's retry then mailed the customer a second time. Now the retry is refused with what
+    to do instead, and resolving the step with the mail's result finishes the run on one mail."""
+    worker(
+        REFUND_APPROVAL_THRESHOLD_CENTS=1_000_000_000,
+        AGENTRUNS_FAILPOINTS="tool_returned:send_customer_reply=crash_once",
+    )
+    run = start_run("refund", {"order_id": "ORD-1009", "message": "Broken on arrival"}).run
+    item = pending_item(run, ApprovalKind.RECONCILIATION)
+    assert OutboxMessage.objects.filter(run_id=run.id).count() == 1  # sent before the kill
+    aborted = staff_api.post(f"/api/approvals/{item.id}", json={"decision": "abort"})
+    assert aborted.status_code == 200, aborted.text
+    assert wait_finished(run, timeout=WAIT).status == RunStatus.FAILED
+
+    lead = create_token(django_user_model.objects.get(username="lead"))  # may operate runs
+    operator = {"Authorization": f"Bearer {lead}"}
+    retried = httpx.post(f"{web}/api/runs/{run.id}/retry", headers=operator, json={}, timeout=30)
+    run = wait_finished(run, timeout=WAIT)  # (had the retry queued it, the worker would run it)
+    assert OutboxMessage.objects.filter(run_id=run.id).count() == 1  # what the customer got
+    assert retried.status_code == 409 and "never run again" in retried.json()["error"]
+    assert run.status == RunStatus.FAILED
+
+    step = Step.objects.get(id=item.step_id)
+    sent = OutboxMessage.objects.get(run_id=run.id)
+    resolved = httpx.post(
+        f"{web}/api/runs/{run.id}/steps/{step.index}/resolve",
+        headers=operator,
+        json={"result": {"outbox_id": sent.pk, "to": "customer"}},
+        timeout=30,
+    )
+    assert resolved.status_code == 200, resolved.text
+    run = wait_until(
+        lambda: (r := Run.objects.get(id=run.id)).status == RunStatus.SUCCEEDED and r,
+        timeout=WAIT,
+        message="the resolved run to finish",
+    )
+    assert OutboxMessage.objects.filter(run_id=run.id).count() == 1
+    assert len(gateway_refunds(web, "ORD-1009")) == 1

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 
 import pytest
 from django.db import connections
 from playwright.sync_api import Browser, sync_playwright
 
-# Debian's chromium, never a downloaded browser; these flags keep it off the (closed) network
-CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
+from tests import binaries
+
+# Debian's chromium (or CHROMIUM_PATH), never a downloaded browser; these flags keep it off the
+# (closed) network
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -34,8 +35,9 @@ def chromium_browser() -> Iterator[Browser]:
     left it terminated, and a test that advanced a run from a running loop failed with
     "terminating connection due to administrator command" (tests/e2e/test_browser_connections.py).
     So they are given back before the loop ends."""
+    executable = binaries.require("chromium", "the browser tests")
     with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        chromium = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
         try:
             yield chromium
         finally:

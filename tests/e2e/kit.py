@@ -137,3 +137,28 @@ class Journey:
         missing = [url for url, header in self.documents if not header]
         assert not missing, f"pages without a Content-Security-Policy header: {missing}"
         assert not self.violations(), f"CSP violations on {self.name}: {self.violations()}"
+
+
+AXE = ROOT / "tests" / "node" / "node_modules" / "axe-core" / "axe.min.js"  # `make node-deps`
+
+
+def axe_problems(page: Any, impacts: tuple[str, ...] = ("serious", "critical")) -> list[str]:
+    """What axe-core (the npm package, tests/node) finds on the page as it is now, at these
+    impacts: one line per rule and element. The script is evaluated through the DevTools
+    protocol, which the page's Content Security Policy does not apply to (a <script> tag would
+    be refused, rightly)."""
+    if not page.evaluate("() => typeof window.axe !== 'undefined'"):
+        page.evaluate(AXE.read_text(encoding="utf-8"))
+    result = page.evaluate(
+        """async () => {
+            const r = await axe.run(document, {resultTypes: ["violations"]});
+            return r.violations.map(v => ({id: v.id, impact: v.impact, help: v.help,
+                nodes: v.nodes.map(n => n.target.join(" ") + ": " + n.failureSummary)}));
+        }"""
+    )
+    return [
+        f"{v['id']} ({v['impact']}): {v['help']} at {node}"
+        for v in result
+        if v["impact"] in impacts
+        for node in v["nodes"]
+    ]

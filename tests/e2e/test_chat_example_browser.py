@@ -14,6 +14,7 @@ import httpx
 from agentruns.models import Run
 from agentruns.web.examples import BUNDLE
 from support.models import Order
+from tests import binaries
 from tests.conftest import make_user
 from tests.e2e.kit import browser_marks
 from tests.procs import start_web, start_worker
@@ -34,7 +35,9 @@ def test_the_example_chat_page_drives_a_run_through_its_approval(
 ):
     from django.conf import global_settings
 
-    assert BUNDLE.is_file(), "build the example first: make example"
+    if not BUNDLE.is_file():
+        binaries.require("npm", "building the chat example")  # make test builds it with npm
+        raise AssertionError("build the example first: make example")
     settings.PASSWORD_HASHERS = global_settings.PASSWORD_HASHERS  # the server's real hashers
     user = make_user(django_user_model, "chatter", PERMS)
     user.set_password("browser-pw")

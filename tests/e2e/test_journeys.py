@@ -142,6 +142,10 @@ def test_reject_and_the_reply_gives_the_reason(tmp_path, people, browser, procs)
     assert done.status == RunStatus.SUCCEEDED
     reply = OutboxMessage.objects.get(run_id=run.id).body
     assert why in reply
+    # the reply sent, in the run page's conversation, says why (issue 34: the reply is shown
+    # there; the steps with their arguments are one click away, in the engineering detail)
+    assert why in journey.page.inner_text("#run-replies")
+    journey.page.click("#engineering > summary")
     steps = journey.page.inner_text("#steps")
     assert why in steps  # the reply's arguments on the run page say why
     journey.shot("run-with-reply")
@@ -259,6 +263,7 @@ def test_hostile_text_is_shown_as_text_and_never_runs(tmp_path, people, browser,
     journey.go(f"/runs/{unknown.id}/")
     assert "<b>ORD</b><i>" in page.inner_text("#live-text")
     journey.go(f"/runs/{run.id}/")
+    page.click("#engineering > summary")  # the steps: one click away (issue 34)
     assert "window.__pwned = 1" in page.inner_text("#steps")
     journey.shot("run-page")
     assert not journey.dialogs, journey.dialogs
@@ -276,6 +281,7 @@ def test_every_page_sends_the_policy_and_nothing_is_blocked(tmp_path, people, br
         "/runs/",
         "/runs/?status=failed",
         f"/runs/{run.id}/",
+        f"/runs/{run.id}/fork/?from_step=0",  # the fork's confirmation
         "/runs/new/",
         "/admin/",
         "/admin/agentruns/run/",

@@ -26,6 +26,8 @@ from agentruns.conf import ModelLimit, conf, parse_model_limits
 from agentruns.models import ModelRateBucket, Run, RunStatus, Step
 from agentruns.registry import Agent, ScriptedTurn, register_agent
 from agentruns.runtime.access import model_limits
+from agentruns.runtime.dispatch import claims
+from agentruns.runtime.execution import transitions
 from agentruns.runtime.execution.executor import RunExecutor
 from agentruns.runtime.outages.model_outage import latest_queued_event
 from agentruns.runtime.providers import ModelRequest, get_provider
@@ -52,6 +54,11 @@ def _timed_policy(messages: list[dict]) -> ScriptedTurn:
 AGENT = "limited-script"
 register_agent(
     Agent(name=AGENT, instructions="Be brief.", tools=["t_echo"], scripted_policy=_timed_policy)
+)
+LINED = "limited-lined"  # one run per order at a time (a concurrency key)
+register_agent(
+    Agent(name=LINED, instructions="Be brief.", tools=["t_echo"], scripted_policy=_timed_policy),
+    concurrency_key=lambda run_input: run_input.get("order"),
 )
 
 
@@ -279,6 +286,37 @@ def test_a_run_woken_after_its_slot_reserves_a_new_one(settings):
     new = datetime.fromisoformat(_latest_queued(run)["model_rate_limit"]["slot"]).timestamp()
     assert len(SENT) == 1  # nothing sent on the stale slot
     assert new == pytest.approx(old_slot + model_limits.request_interval(20), abs=0.05)
+
+
+def test_a_run_backing_off_for_its_slot_keeps_its_concurrency_key_and_its_line(settings):
+    """Two runs on one order (concurrency 1), the second of higher priority: while the first
+    backs off for its slot it still holds the key, so the second stays in the line behind it,
+    and neither is claimable; the first is claimable from its slot less the wake lead (its
+    `enqueued_at`), the second only once the first has ended."""
+    settings.AGENTRUNS_RUN_CLAIM_POLL_SECONDS = 0.2  # wake lead 1.2 s
+    _limit(settings, rpm=30)  # a slot every 2 + 0.25 s
+    first = start_run(LINED, {"message": "hi", "order": "ORD-7"}, enqueue_task=False).run
+    second = start_run(
+        LINED, {"message": "hi", "order": "ORD-7"}, enqueue_task=False, priority=5
+    ).run
+    assert RunExecutor(first.id, drain=threading.Event()).advance() == RunStatus.QUEUED
+    first.refresh_from_db()
+    second.refresh_from_db()
+    slot = datetime.fromisoformat(_latest_queued(first)["model_rate_limit"]["slot"])
+    assert first.error.startswith(model_limits.WAITING)
+    assert first.holds_key and first.waiting_behind is None
+    assert first.enqueued_at.timestamp() == pytest.approx(slot.timestamp() - 1.2, abs=0.01)
+    assert second.waiting_behind == first.id and second.enqueued_at is None
+    assert claims.claim_queued(10, transitions.started().events) == []  # the slot is not due
+    time.sleep(max(0.0, first.enqueued_at.timestamp() - time.time()) + 0.05)
+    (claimed,) = claims.claim_queued(10, transitions.started().events)
+    assert claimed.id == first.id  # the second, though higher, still waits behind it
+    # executed as a claimer's thread does (no pool here: it waits for its slots on the thread)
+    outcome = RunExecutor(first.id, claimed.lease_owner).advance(claimed=claimed)
+    assert outcome == RunStatus.SUCCEEDED and SENT[1] >= slot.timestamp()
+    second.refresh_from_db()
+    assert second.holds_key and second.waiting_behind is None
+    assert [r.id for r in claims.claim_queued(10, transitions.started().events)] == [second.id]
 
 
 def test_a_model_without_a_limit_is_not_held_back(settings):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -23,6 +22,7 @@ import pytest
 
 from agentruns.tokens import create_token
 from support.models import Order
+from tests import binaries
 from tests.conftest import make_user
 from tests.procs import ROOT, free_port, start_web, start_worker
 
@@ -74,9 +74,10 @@ def control_server(web: WebServer) -> ThreadingHTTPServer:
 
 
 def test_the_ai_sdk_client_against_the_live_server(tmp_path, seeded, django_user_model):
-    node = shutil.which("node")
-    assert node, "Node.js is required (.ci/run installs it)"
-    assert (NODE_TESTS / "node_modules" / "ai").is_dir(), "run `npm ci` in tests/node first"
+    node = binaries.require("node", "the AI SDK client tests")
+    if not (NODE_TESTS / "node_modules" / "ai").is_dir():
+        binaries.require("npm", "tests/node's pinned packages")  # make test installs them with npm
+        raise AssertionError("run `npm ci` in tests/node first (make node-deps)")
     # role (as the Node tests name it) -> (username, permissions); seed_demo has its own users
     users = {
         "chatter": (

@@ -38,6 +38,8 @@ def _policy(**changes: object) -> dict:
         "approvals": 1,
         "amount_arg": None,
         "editable": {},
+        "operation_key": False,
+        "limit": False,
     }
     return {**base, **changes}
 
@@ -48,6 +50,7 @@ def test_the_refund_agent_is_a_pydantic_ai_agent_with_the_declared_semantics():
     assert list(agent.tools) == TOOLS
     assert agent.model is None  # AGENTRUNS_MODEL decides: scripted offline
     assert agent.search_fields == ("order_id", "ticket_id")
+    assert agent.replies == {"send_customer_reply": "message"}  # the run page shows the reply
     assert agent.instructions.startswith("You are a support agent for an online shop.")
     assert get_tool("lookup_order").policy() == _policy(
         side_effect=False, redact=["customer_email"]
@@ -61,6 +64,9 @@ def test_the_refund_agent_is_a_pydantic_ai_agent_with_the_declared_semantics():
             "amount_cents": {"rule": "at_most_requested", "minimum": 1},
             "reason": {"rule": "free"},
         },
+        # one refund per order across runs, adding up to what was paid (support/ledger.py)
+        operation_key=True,
+        limit=True,
     )
     assert get_tool("add_ticket_note").policy() == _policy()
     assert get_tool("send_customer_reply").policy() == _policy(idempotency="none")

@@ -4,7 +4,6 @@ of docs/alerts.yml: valid for promtool, and every metric they name is in a real 
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from datetime import timedelta
 from pathlib import Path
@@ -19,6 +18,7 @@ from agentruns.health import METRICS_CACHE_KEY
 from agentruns.models import Run, RunStatus, WorkerHeartbeat
 from agentruns.runtime.workers.sweeper import record_heartbeat
 from approvals.models import Approval, DeliveryStatus, WebhookDelivery
+from tests import binaries
 from tests.helpers import advance, script_run
 from tests.testkit import OPS_AGENT
 
@@ -149,10 +149,10 @@ def test_five_alerts_each_with_a_runbook():
         assert rule["labels"]["severity"] == "page"
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
 def test_promtool_accepts_the_rules():
+    promtool = binaries.require("promtool", "checking docs/alerts.yml")
     done = subprocess.run(
-        ["promtool", "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60
+        [promtool, "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS: 5 rules found" in done.stdout

@@ -23,6 +23,10 @@ def test_pages_render_without_template_leaks(client, lead, seeded, settings):
         f"/runs/{run.id}/",
         "/runs/new/",
         "/runs/?status=waiting",
+        "/tickets/",
+        "/tickets/?q=ORD-1001",
+        "/tickets/T-1001/",
+        "/approvals/decided/",
     ):
         response = client.get(path)
         assert response.status_code == 200, path

@@ -32,6 +32,8 @@ INBOX = LOOK - {"operator"}  # view_approval
 START = {"lead", "approver", "approver2", "trainee"}
 OPERATE = {"lead", "operator"}
 DECIDE = {"lead", "approver", "approver2"}
+TICKETS = LOOK - {"operator"}  # support.view_ticket (seed_demo gives it to everyone who looks)
+SIGNED_IN = set(ROLES) - {"anonymous"}
 
 
 def by_role(allowed: set[str], yes: int, *, no: int = 403, anonymous: int | str = 401) -> dict:
@@ -50,6 +52,8 @@ API = [
     ("POST", "/api/runs/{run}/retry", {}, by_role(OPERATE, 409)),
     # fork needs operate_run (the endpoint) and start_run (the service): the operator has one
     ("POST", "/api/runs/{run}/fork", {"from_step": 1}, by_role(OPERATE - {"operator"}, 409)),
+    # the fork's confirmation, as on the run page: operators (without from_step: 400)
+    ("GET", "/api/runs/{run}/fork", None, by_role(OPERATE, 400)),
     ("POST", "/api/runs/{run}/steps/0/resolve", {"result": {}}, by_role(OPERATE, 409)),
     ("GET", "/api/approvals", None, by_role(INBOX, 200)),
     ("POST", "/api/approvals/{approval}", {"decision": "maybe"}, by_role(DECIDE, 400)),
@@ -84,6 +88,8 @@ PAGES = [
         {"from_step": "1"},
         by_role(OPERATE - {"operator"}, 302, anonymous="login"),
     ),
+    # the fork's confirmation (without from_step: back to the run page with the reason)
+    ("GET", "/runs/{run}/fork/", None, by_role(OPERATE, 302, anonymous="login")),
     (
         "POST",
         "/runs/steps/{step}/resolve/",
@@ -101,6 +107,19 @@ PAGES = [
     ("POST", "/approvals/{approval}/claim/", {}, by_role(DECIDE, 302, anonymous="login")),
     ("POST", "/approvals/{approval}/release/", {}, by_role(DECIDE, 302, anonymous="login")),
     ("POST", "/approvals/bulk/", {"action": "maybe"}, by_role(DECIDE, 302, anonymous="login")),
+    ("GET", "/approvals/decided/", None, by_role(INBOX, 200, anonymous="login")),
+    # the navigation's counts: every signed-in page polls them (each count only for its viewers)
+    ("GET", "/runs/nav/", None, by_role(SIGNED_IN, 200, anonymous="login")),
+    # the support desk: looking needs support.view_ticket; running the agent start_run too (a
+    # form token that is not one of ours: back to the ticket with a message, nothing started)
+    ("GET", "/tickets/", None, by_role(TICKETS, 200, anonymous="login")),
+    ("GET", "/tickets/{ticket}/", None, by_role(TICKETS, 200, anonymous="login")),
+    (
+        "POST",
+        "/tickets/{ticket}/run/",
+        {"form_token": "not-a-token"},
+        by_role(TICKETS & START, 302, anonymous="login"),
+    ),
 ]
 
 
@@ -126,6 +145,7 @@ def world(seeded, django_user_model) -> dict:
             "step": Step.objects.get(run=done, index=0).id,
             "approval": Approval.objects.get(run=parked).id,
             "missing": 999_999_999,
+            "ticket": "T-1001",
         },
     }
 
@@ -228,12 +248,15 @@ def test_every_route_has_a_row():
         for method, path, _, _ in API
     }
     assert declared <= covered, f"API routes without a role row: {sorted(declared - covered)}"
-    pages = {p for p in _page_routes(get_resolver()) if p.startswith(("runs/", "approvals/"))}
+    pages = {
+        p for p in _page_routes(get_resolver()) if p.startswith(("runs/", "approvals/", "tickets/"))
+    }
     page_rows = {
         path.lstrip("/")
         .replace("{run}", "<uuid:run_id>")
         .replace("{step}", "<uuid:step_id>")
         .replace("{approval}", "<int:approval_id>")
+        .replace("{ticket}", "<str:ticket_id>")
         for _, path, _, _ in PAGES
     }
     assert pages <= page_rows, f"pages without a role row: {sorted(pages - page_rows)}"

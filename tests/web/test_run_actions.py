@@ -298,7 +298,7 @@ def test_resolve_refusals(operator):
 
 # ------------------------------------------------------------------ fork
 @pytest.mark.django_db
-def test_fork_from_a_model_step_copies_history_and_continues(operator, client):
+def test_fork_from_a_model_step_copies_history_and_continues(operator, lead, client):
     # forking starts a run: it needs start_run besides operate_run
     operator.user_permissions.add(Permission.objects.get(codename="start_run"))
     source = succeeded_run_to_fork()
@@ -309,6 +309,9 @@ def test_fork_from_a_model_step_copies_history_and_continues(operator, client):
     with pytest.raises(ActionRefused, match="model step"):
         fork_run(source.id, 1, user=operator)
     client.force_login(operator)
+    # the confirmation lists the side effect the fork may repeat: t_charge (#3)
+    confirm = client.get(f"/runs/{source.id}/fork/?from_step=2").content.decode()
+    assert 'data-step="3" data-tool="t_charge"' in confirm
     response = client.post(f"/runs/{source.id}/fork/", {"from_step": 2})
     fork = Run.objects.exclude(id=source.id).get()
     assert response.status_code == 302 and response["Location"] == f"/runs/{fork.id}/"
@@ -326,6 +329,10 @@ def test_fork_from_a_model_step_copies_history_and_continues(operator, client):
     }
     assert events(fork, "run.created")[0].data["forked_from"] == str(source.id)
 
+    # the model asked again for the charge the source made: it waits for a person
+    fork = advance(fork)
+    assert fork.status == RunStatus.WAITING and len(testkit.CALLS["t_charge"]) == 1
+    approve(Approval.objects.get(run=fork, tool="t_charge").id, user=lead)
     fork = advance(fork)
     assert fork.status == RunStatus.SUCCEEDED and fork.output == "done"
     assert len(testkit.CALLS["t_echo"]) == 1  # the copied history was not executed again

@@ -8,7 +8,8 @@ import json
 from datetime import timedelta
 
 import pytest
-from django.core.management import call_command
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import CommandError, call_command
 from django.test import Client
 from django.utils import timezone
 from websockets.exceptions import ConnectionClosed
@@ -37,6 +38,22 @@ def test_a_new_token_expires_in_90_days_and_says_so(lead):
     assert abs((row.expires_at - timezone.now()) - timedelta(days=90)) < timedelta(minutes=1)
     assert f"expires {row.expires_at:%Y-%m-%d}" in err
     assert api_status(token) == 200
+
+
+@pytest.mark.parametrize("days", ["nan", "inf", "-inf", "1e9", "3651", "-1"])
+def test_create_api_token_refuses_days_it_cannot_honour(lead, days):
+    """A clear CommandError (exit code 1, one line), never a traceback, and no token made."""
+    with pytest.raises(CommandError, match="days must be a number from 0"):
+        command("create_api_token", "lead", f"--days={days}")
+    assert not ApiToken.objects.exists()
+    out, _ = command("create_api_token", "lead", "--days", "3650")  # the longest there is
+    assert ApiToken.objects.get(prefix=out.strip()[:10]).expires_at.year >= timezone.now().year + 9
+
+
+def test_a_token_lifetime_setting_past_the_maximum_fails_loudly(lead, settings):
+    settings.AGENTRUNS_API_TOKEN_DAYS = 1e9
+    with pytest.raises(ImproperlyConfigured, match="above its maximum"):
+        create_token(lead)
 
 
 def test_an_expired_token_is_refused(lead):

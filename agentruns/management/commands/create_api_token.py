@@ -2,7 +2,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from agentruns.conf import conf
-from agentruns.tokens import issue_token
+from agentruns.tokens import check_days, issue_token
 
 
 class Command(BaseCommand):
@@ -25,9 +25,13 @@ class Command(BaseCommand):
             user = User.objects.get(username=options["username"])
         except User.DoesNotExist:
             raise CommandError(f"no user {options['username']!r}") from None
-        if options["days"] is not None and options["days"] < 0:
-            raise CommandError("--days must be 0 (never) or more")
-        raw, row = issue_token(user, options["days"])
+        days = options["days"]
+        if days is not None:
+            try:
+                check_days(days)
+            except ValueError as exc:
+                raise CommandError(f"--{exc}") from None
+        raw, row = issue_token(user, days)
         until = row.expires_at.strftime("%Y-%m-%d %H:%M UTC") if row.expires_at else "never"
         self.stderr.write(
             f"API token {row.prefix}… for {user.username}, expires {until} "

@@ -155,6 +155,23 @@ def _read_group_limits(names: tuple[str, ...]) -> dict[str, tuple[tuple[str, int
     return {tool: tuple(pairs) for tool, pairs in out.items()}
 
 
+def require_approval(snapshot: dict | None, tool_snapshot: dict, because: dict[str, str]) -> dict:
+    """`snapshot` with every tool named in `because` (tool -> why) under approval "always", the
+    reason kept beside it (`approval_because`, shown on the run page): a fork repeating its
+    source's side effects, a retry that skipped a call whose outcome is unknown. Only adds
+    approval, as a policy does; a tool the snapshot does not allow stays not allowed."""
+    marked = dict(snapshot or {})
+    tools = {name: dict(entry) for name, entry in (marked.get("tools") or {}).items()}
+    for name, why in because.items():
+        if name not in tool_snapshot:
+            continue
+        entry = tools.setdefault(name, {"allowed": True, "approval": ApprovalOverride.TOOL})
+        entry["approval"] = ApprovalOverride.ALWAYS
+        entry["approval_because"] = why
+    marked["tools"] = tools
+    return marked
+
+
 def needs_approval(run: Run, tool: Tool, arguments: dict) -> bool:
     """The tool's own rule, or an "always" from the starter's policies (which only add)."""
     if tool.needs_approval(arguments):

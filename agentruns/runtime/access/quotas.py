@@ -8,6 +8,9 @@ Concurrent checks of one user queue on that row's lock, so a burst of N from any
 processes grants exactly the tokens there are. A refusal is `QuotaExceeded` (HTTP 429 with
 `Retry-After`: the API's endpoint and the pages' middleware answer it).
 
+The cap on runs in flight (`AGENTRUNS_RUNS_IN_FLIGHT_PER_USER`) is checked by the statement that
+inserts the run, under a lock per user (`take_start`, `RunStore.create_run`).
+
 `user=None` (trusted in-process callers: scripts, benchmarks, crashlab) and anonymous users are
 not metered; a burst or rate of 0 turns that bucket off.
 """
@@ -20,9 +23,11 @@ from typing import Any
 from django.db import connection
 
 from agentruns.conf import conf
-from agentruns.models import QuotaBucket, Run, RunStatus
+from agentruns.models import QuotaBucket
+from agentruns.runtime.store.base import InFlightCap, InFlightCapReached
+from agentruns.runtime.store.pg_function import IN_FLIGHT_LOCK
+from agentruns.runtime.store.sql import in_flight_count_sql
 
-IN_FLIGHT = (RunStatus.QUEUED, RunStatus.RUNNING)
 IN_FLIGHT_RETRY_SECONDS = 5  # a run in flight takes seconds to finish: try again after that
 
 
@@ -97,38 +102,68 @@ def _check_bucket(kind: str, what: str, user: Any, burst: float, per_second: flo
         )
 
 
-def runs_in_flight(user_id: int, cap: int) -> int:
-    """How many of the user's runs are queued or running, counting to `cap` at most. SQL of its
-    own: the ORM's count built its query in 1.0 ms of CPU per start, the statement takes 0.2."""
-    table, status = connection.ops.quote_name(_RUNS), connection.ops.quote_name(_STATUS)
-    by = connection.ops.quote_name(_CREATED_BY)
-    sql = (
-        f"SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {by} = %s "
-        f"AND {status} IN ({', '.join(['%s'] * len(IN_FLIGHT))}) LIMIT %s) AS in_flight"
-    )
+def runs_in_flight(user_id: Any, cap: int) -> int:
+    """How many of the user's runs are queued or running, counting to `cap` at most (SQL of its
+    own: the ORM's count built its query in 1.0 ms of CPU per start, the statement takes 0.2)."""
     with connection.cursor() as cursor:
-        cursor.execute(sql, [user_id, *[str(s) for s in IN_FLIGHT], cap])
+        cursor.execute(in_flight_count_sql(), [user_id, cap])
         return int(cursor.fetchone()[0])
 
 
-_RUNS = Run._meta.db_table
-_STATUS = Run._meta.get_field("status").column
-_CREATED_BY = Run._meta.get_field("created_by").column
+def _in_flight_refusal(cap: int) -> QuotaExceeded:
+    return QuotaExceeded(
+        f"too many runs in flight: you have {cap} queued or running; "
+        "start more when some have finished",
+        IN_FLIGHT_RETRY_SECONDS,
+    )
 
 
-def check_start(user: Any) -> None:
-    """A run start by `user`: the in-flight cap, then the start bucket."""
+def take_start(user: Any) -> InFlightCap | None:
+    """A run start by `user` (`services.start_run`): a token of the start bucket now, and the
+    in-flight cap for the insert to check (`RunStore.create_run`), which makes the cap exact
+    however many starts race: a count here and an insert later let 10 of 60 concurrent starts
+    through a cap of 5. When the insert refuses, `refused_in_flight` gives the token back."""
     if not _metered(user):
-        return
-    cap = conf.RUNS_IN_FLIGHT_PER_USER
-    if cap > 0:
-        if runs_in_flight(user.pk, cap) >= cap:
-            raise QuotaExceeded(
-                f"too many runs in flight: you have {cap} queued or running; "
-                "start more when some have finished",
-                IN_FLIGHT_RETRY_SECONDS,
-            )
+        return None
     _check_bucket("start", "runs started", user, conf.START_BURST, conf.START_PER_SECOND)
+    cap = conf.RUNS_IN_FLIGHT_PER_USER
+    return InFlightCap(user.pk, cap) if cap > 0 else None
+
+
+def refused_in_flight(user: Any, cap: InFlightCap) -> QuotaExceeded:
+    """The insert found `cap` reached: the start's token goes back to the bucket (a refused start
+    costs none, as before the cap moved into the insert); the error to raise."""
+    if conf.START_BURST > 0 and conf.START_PER_SECOND > 0:
+        give_back(f"start:{user.pk}", burst=conf.START_BURST)
+    return _in_flight_refusal(cap.limit)
+
+
+def give_back(key: str, *, burst: float) -> None:
+    """One token back into bucket `key`, up to `burst` (a take whose action was refused)."""
+    least, _ = least_greatest_sql()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'UPDATE {_TABLE} SET tokens = {least}(%s, tokens + 1) WHERE "key" = %s', [burst, key]
+        )
+
+
+def hold_in_flight(cap: InFlightCap | None) -> None:
+    """A start that inserts its run by itself (`services.fork_run`), right after that insert and
+    inside its transaction: the same per-user lock as `create_run`'s (PostgreSQL: the advisory
+    lock; SQLite: the insert already holds the write lock), then the count, which includes the
+    run just inserted and every start that held the lock before: over the cap it raises
+    InFlightCapReached and the caller's transaction rolls the insert back."""
+    if cap is None:
+        return
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s || %s, 0))",
+                [IN_FLIGHT_LOCK, str(cap.user_id)],
+            )
+        cursor.execute(in_flight_count_sql(), [cap.user_id, cap.limit + 1])
+        if int(cursor.fetchone()[0]) > cap.limit:
+            raise InFlightCapReached(str(cap.user_id))
 
 
 def check_decision(user: Any) -> None:

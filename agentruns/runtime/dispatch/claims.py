@@ -16,7 +16,9 @@ claimer listening, a listener reconnecting) is caught by the claimer's poll and,
 runs at all, by the sweeper's q2 doorbell for a run queued longer than its resweep time: q2
 stays the at-least-once backstop. Runs queued by anything else (an approval, a yield, a retry)
 keep their q2 doorbell, and a claimer may take them first (the doorbell then finds the lease
-held). A run backing off has `enqueued_at` in the future: not claimable before it is due.
+held). A run backing off has `enqueued_at` in the future: not claimable before it is due. A run
+waiting in its concurrency key's line (`waiting_behind`, `dispatch/concurrency.py`) is not
+claimable at all until the end of a run ahead of it admits it.
 
 A running run whose lease expired (its process was killed, DESIGN.md 4.3) is re-let by the
 claimers too (`relet_abandoned`, on the claimer's poll tick), beside the sweeper's q2 doorbell:
@@ -52,7 +54,9 @@ def starts_by_notify() -> bool:
 
 
 def claim_queued(limit: int, events: list[EventSpec]) -> list[Run]:
-    """Take up to `limit` of the oldest due queued runs whose lease is free, in one statement
+    """Take up to `limit` due queued runs whose lease is free, the highest priority first and
+    then the oldest doorbell, in one statement (the partial index `run_claim_idx` walks them in
+    that order; a run waiting in its concurrency key's line is not in it)
     (autocommit: committed when it returns), appending `events` (the claim's status change,
     `transitions.started()`) to each. Returns the claimed runs as the claim left their rows
     (running, `lease_owner` theirs): the statement returns them, so the run thread that executes
@@ -81,8 +85,8 @@ def claim_queued(limit: int, events: list[EventSpec]) -> list[Run]:
     params += [len(events) - 1, stamp]
     sql = (
         f"WITH picked AS (SELECT id FROM {runs} WHERE status = %s AND {LEASE_FREE} "
-        "AND enqueued_at <= %s "
-        "ORDER BY enqueued_at, id LIMIT %s FOR UPDATE SKIP LOCKED), "
+        "AND enqueued_at <= %s AND waiting_behind IS NULL "
+        "ORDER BY priority DESC, enqueued_at, id LIMIT %s FOR UPDATE SKIP LOCKED), "
         f"r AS (UPDATE {runs} AS run SET status = %s, "
         f"lease_owner = %s || left(run.id::text, {OWNER_ID_CHARS}), lease_expires_at = %s, "
         "started_at = COALESCE(run.started_at, %s), last_seq = run.last_seq + %s, "

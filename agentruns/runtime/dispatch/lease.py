@@ -127,6 +127,7 @@ def hand_back_runs(runs: list[tuple[uuid.UUID, str]]) -> int:
     now = timezone.now()
     free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
     live = Run.objects.filter(status__in=[RunStatus.QUEUED, RunStatus.RUNNING])
+    live = live.filter(waiting_behind__isnull=True)  # not one waiting in its key's line
     rung = 0
     with transaction.atomic():
         for run_id, owner in runs:

@@ -14,9 +14,11 @@ from django.utils import timezone
 
 from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepStatus
 from agentruns.runtime import tracing
+from agentruns.runtime.dispatch import concurrency
 from agentruns.runtime.events import EventSpec, EventType
 from agentruns.runtime.execution.transitions import ActionRefused, RunChange, apply, cancelled
 from agentruns.runtime.inbox import inbox
+from agentruns.runtime.operations import executions
 
 
 def cancel_run(run_id: uuid.UUID | str, *, who: str | None = None, reason: str = "") -> Run:
@@ -28,6 +30,7 @@ def cancel_run(run_id: uuid.UUID | str, *, who: str | None = None, reason: str =
     boundary, so a tool call in flight is never torn in half.
     """
     with transaction.atomic():
+        concurrency.lock_key_of(run_id)  # its key's row before its own (concurrency.py)
         run = Run.objects.select_for_update().get(id=run_id)
         if run.is_terminal:
             raise ActionRefused(f"run is already {run.status}")
@@ -82,6 +85,7 @@ def _end_idle_run(run: Run, *, who: str | None, reason: str, requested: EventSpe
         )
         step.finished_at = now
         step.save(update_fields=["status", "finished_at"])
+    executions.run_ended(run, "the run was cancelled after its worker died during the call")
     change = cancelled(reason or f"cancelled by {who or 'system'}").after(requested, *withdrawn)
     apply(run.id, change)
     change.apply_to(run)

@@ -11,11 +11,8 @@ commit before the call (running + attempt, with the stable idempotency key alrea
 one after (result). A model step is one commit plus one per streamed delta batch; the tool steps
 it asks for are planned in that same commit (docs/architecture.md has the table).
 
-This module holds the lease, the loop and recovery; model steps live in `model_steps.py`, tool
-steps in `tool_steps.py` (mixins of `RunExecutor`); every change of the run's status is one of
-`transitions.py`, written through the store (`store/`).
-
-In a worker process the executor runs on a thread of the process's pool (`pool.py`), which
+Here: the lease, the loop and recovery (model steps: `model_steps.py`, tool steps:
+`tool_steps.py`; status changes: `transitions.py`). In a worker process the executor runs on a thread of the process's pool (`pool.py`), which
 passes `drain`: once it is set (SIGTERM, a q2 recycle) the run hands itself over at its next
 step boundary, exactly like a time slice ending. There, too, a long retry backoff gives the
 thread back (`back_off`) instead of sleeping on it.
@@ -38,7 +35,7 @@ from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepKind, StepStatus
 from agentruns.registry import UnknownAgent, get_agent, get_tool, has_tool
 from agentruns.runtime import tracing
-from agentruns.runtime.dispatch import lease
+from agentruns.runtime.dispatch import concurrency, lease
 from agentruns.runtime.dispatch.lease import Heartbeat
 from agentruns.runtime.dispatch.queue import enqueue
 from agentruns.runtime.events import EventSpec, EventType, LeaseLost, step_event_data
@@ -50,6 +47,7 @@ from agentruns.runtime.execution.slice_state import SliceState
 from agentruns.runtime.execution.tool_steps import ToolSteps
 from agentruns.runtime.execution.transitions import ActionRefused, RunChange
 from agentruns.runtime.inbox import inbox
+from agentruns.runtime.operations import executions
 from agentruns.runtime.outages import weather
 from agentruns.runtime.outages.faults import is_infrastructure_error
 from agentruns.runtime.providers import ModelError, get_provider
@@ -78,6 +76,7 @@ class RunExecutor(ModelSteps, ToolSteps):
         # set by the pool this executor runs in (None: executed in-process, nobody drains it)
         self.drain = drain
         self.trace_slice: Any = None  # tracing.begin_slice: the slice span, None when off
+        self.run_key: tuple[str, str | None] | None = None  # (agent, concurrency key) once read
 
     # ---------------------------------------------------------------- lease
     def claim(self) -> bool:
@@ -105,16 +104,18 @@ class RunExecutor(ModelSteps, ToolSteps):
         fields = dict(set_fields or {})
         if "lease_owner" not in fields:
             fields["lease_expires_at"] = now + timedelta(seconds=self.ttl)
-        last_seq, self.cancel_requested = self.store.commit(
-            self.run_id,
-            self.owner,
-            events,
-            now=now,
-            set_fields=fields,
-            incr_fields=incr_fields,
-            batch=batch,
-            end_transaction=end_transaction,
-        )
+        # an end lets the run's concurrency key go in the same transaction (nothing without one)
+        with concurrency.following(self.run_id, fields.get("status"), self.run_key):
+            last_seq, self.cancel_requested = self.store.commit(
+                self.run_id,
+                self.owner,
+                events,
+                now=now,
+                set_fields=fields,
+                incr_fields=incr_fields,
+                batch=batch,
+                end_transaction=end_transaction,
+            )
         if self.heartbeat is not None:
             self.heartbeat.renewed()
         return last_seq
@@ -184,6 +185,7 @@ class RunExecutor(ModelSteps, ToolSteps):
 
     def _drive(self, claimed: Run | None) -> str:
         run = claimed if claimed is not None else self.store.load_run(self.run_id)
+        self.run_key = (run.agent, run.concurrency_key)
         self.trace_slice = tracing.begin_slice(self, run)
         self.cancel_requested = run.cancel_requested
         try:
@@ -288,6 +290,8 @@ class RunExecutor(ModelSteps, ToolSteps):
         self, status: str, *, output: str = "", error: str = "", stop_reason: str = ""
     ) -> str:
         with transaction.atomic(savepoint=False):
+            state = getattr(self, "state", None)  # unset when the slice failed loading
+            executions.run_ended(state.run if state else self.run_id, f"the run ended ({status})")
             self.apply(
                 transitions.finished(status, output=output, error=error, stop_reason=stop_reason)
             )
@@ -312,6 +316,7 @@ class RunExecutor(ModelSteps, ToolSteps):
                     events.append((EventType.STEP_FAILED, step_event_data(step)))
             self.state.begun_here.clear()
             events += withdraw_unrun_work(self.state.run, now, who=None)
+            executions.run_ended(self.state.run, "the run was cancelled during the call")
             self.apply(
                 transitions.finished(
                     RunStatus.CANCELLED, stop_reason="cancelled", error="cancelled on request"

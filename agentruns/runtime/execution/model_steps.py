@@ -245,7 +245,7 @@ class ModelSteps(PlannedSteps):
             batch = WriteBatch()
             step.status = StepStatus.RUNNING
             self._begin_attempt(step, attempt, started, batch)
-            events.append((EventType.STEP_STARTED, step_event_data(step)))
+            events.append((EventType.STEP_STARTED, step_event_data(step, error="")))
         events.append(
             (EventType.MODEL_DELTA, {"step": step.index, "attempt": attempt, "text": text})
         )
@@ -320,7 +320,7 @@ class ModelSteps(PlannedSteps):
                 outcome=AttemptOutcome.SUCCEEDED,
             )
             events.append(
-                (EventType.STEP_STARTED, step_event_data(step, status=StepStatus.RUNNING))
+                (EventType.STEP_STARTED, step_event_data(step, status=StepStatus.RUNNING, error=""))
             )
         else:
             batch.update(step, MODEL_STEP_FIELDS)

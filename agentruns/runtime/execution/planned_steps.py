@@ -17,6 +17,7 @@ from agentruns.runtime.access.permissions import needs_approval, refused_message
 from agentruns.runtime.execution import failpoints
 from agentruns.runtime.execution.slice_state import ExecutorHost
 from agentruns.runtime.execution.tool_steps import call_tool
+from agentruns.runtime.operations import gate as operations
 from agentruns.runtime.outages.faults import is_infrastructure_error
 from agentruns.runtime.providers import ToolCall
 from agentruns.runtime.store.rows import WriteBatch, build
@@ -42,7 +43,11 @@ class PlannedSteps(ExecutorHost):
             if step.status != StepStatus.PENDING:
                 continue  # a refused call: already failed, its error goes back to the model
             tool = get_tool(step.tool)
-            if tool.commits_before_call or needs_approval(self.state.run, tool, step.arguments):
+            if (
+                tool.commits_before_call
+                or operations.gated(self.state.run, tool)
+                or needs_approval(self.state.run, tool, step.arguments)
+            ):
                 break  # order matters: nothing after a side effect runs ahead of it
             head.append(step)
         return head
@@ -84,7 +89,11 @@ class PlannedSteps(ExecutorHost):
             if step.id in eager_ids or step.status != StepStatus.PENDING:
                 continue
             tool = get_tool(step.tool)
-            if not tool.commits_before_call or needs_approval(self.state.run, tool, step.arguments):
+            if (
+                not tool.commits_before_call
+                or operations.gated(self.state.run, tool)  # its gate opens its own "before"
+                or needs_approval(self.state.run, tool, step.arguments)
+            ):
                 return []
             step.status, step.attempts, step.started_at = StepStatus.RUNNING, 1, now
             self.state.begun_here.add(step.id)

@@ -31,6 +31,8 @@ from agentruns.runtime.events import EventType, step_event_data, succeeded_event
 from agentruns.runtime.execution import failpoints
 from agentruns.runtime.execution.slice_state import ExecutorHost
 from agentruns.runtime.inbox import inbox
+from agentruns.runtime.operations import executions
+from agentruns.runtime.operations import gate as operations
 from agentruns.runtime.outages.faults import is_infrastructure_error
 from agentruns.runtime.outages.tool_outage import ToolOutage
 from agentruns.runtime.store.rows import WriteBatch
@@ -106,7 +108,7 @@ class ToolSteps(ExecutorHost):
             approval_id = inbox().open_approval(step, self.state.run.agent)
             return self.park(
                 events_before=[
-                    (EventType.STEP_WAITING_APPROVAL, step_event_data(step)),
+                    (EventType.STEP_WAITING_APPROVAL, step_event_data(step, error="")),
                     (
                         EventType.APPROVAL_REQUESTED,
                         {
@@ -128,6 +130,9 @@ class ToolSteps(ExecutorHost):
                 outcome=AttemptOutcome.FAILED,
                 error="the tool asked for approval first",
             )
+        if operations.holds_key(self.state.run, step.tool):
+            with transaction.atomic():  # nothing was made, and a parked call holds no key
+                executions.settle(step.id, executions.RELEASED)
         return self._ask_approval(step)
 
     def _refuse(self, step: Step, reason: str) -> None:
@@ -172,6 +177,9 @@ class ToolSteps(ExecutorHost):
         secrets = secret_values([step.arguments], self.state.run.redacted_fields(step.tool))
         reason = redact_text(outage.reason(down.error), secrets)[:2000]
         with transaction.atomic():
+            if operations.holds_key(self.state.run, step.tool):
+                # nothing reached the server: the key is free while it is down
+                executions.settle(step.id, executions.RELEASED)
             if tool.commits_before_call:
                 StepAttempt.objects.filter(step=step, number=down.attempt).delete()
             step.status, step.attempts, step.error = StepStatus.PENDING, down.attempt - 1, reason
@@ -189,6 +197,18 @@ class ToolSteps(ExecutorHost):
             )
         return None
 
+    def _begin(self, step: Step, attempt: int, started: Any, end_transaction: bool = False) -> None:
+        """The "before" commit: running + attempt, so a crash is seen and resumed by class."""
+        step.status, step.attempts = StepStatus.RUNNING, attempt
+        step.started_at = step.started_at or started
+        batch = WriteBatch().update(step, ["status", "attempts", "started_at"])
+        batch.insert([self._attempt_row(step, attempt, started)])
+        self.commit(
+            [(EventType.STEP_STARTED, step_event_data(step, error=""))],  # not a retry's old one
+            batch=batch,
+            end_transaction=end_transaction,
+        )
+
     def _attempt(self, step: Step, tool: Tool) -> str | None:
         if step.id in self.state.begun_here:  # its "before" commit was the model's commit
             self.state.begun_here.discard(step.id)
@@ -196,13 +216,19 @@ class ToolSteps(ExecutorHost):
         else:
             attempt = step.attempts + 1
             started = timezone.now()
-            if tool.commits_before_call:
-                # the "before" commit: running + attempt, so a crash is seen and resumed by class
-                step.status, step.attempts = StepStatus.RUNNING, attempt
-                step.started_at = step.started_at or started
-                batch = WriteBatch().update(step, ["status", "attempts", "started_at"])
-                batch.insert([self._attempt_row(step, attempt, started)])
-                self.commit([(EventType.STEP_STARTED, step_event_data(step))], batch=batch)
+            if operations.gated(self.state.run, tool):
+                # the call's operation key is taken (and its limit checked) in its "before"
+                # commit: a crash leaves the key held by the step, resumed with it
+                with transaction.atomic():
+                    gate = operations.gate(
+                        self.state.run, step, tool, first_attempt=attempt == step.retry_base + 1
+                    )
+                    if gate.go and tool.commits_before_call:
+                        self._begin(step, attempt, started, end_transaction=True)
+                if not gate.go:
+                    return self._not_made(step, gate)
+            elif tool.commits_before_call:
+                self._begin(step, attempt, started)
             failpoints.hit("step_started", tool=step.tool, step_id=step.id)
         ctx = ToolContext(
             run=self.state.run, step=step, attempt=attempt, idempotency_key=step.idempotency_key
@@ -269,11 +295,39 @@ class ToolSteps(ExecutorHost):
         step.status, step.result, step.error = StepStatus.SUCCEEDED, result, ""
         step.attempts, step.finished_at, step.next_attempt_at = attempt, now, None
         batch.update(step, TOOL_RESULT_FIELDS)
-        self.commit(
-            [(EventType.STEP_SUCCEEDED, succeeded_event_data(self.state.run, step))],
-            batch=batch,
-            end_transaction=end_transaction,
-        )
+        # the key the call holds is done with its result in the same commit (or both are lost)
+        keyed = operations.holds_key(self.state.run, step.tool)
+        with transaction.atomic() if keyed and not end_transaction else nullcontext():
+            if keyed:
+                executions.settle(step.id, executions.DONE, result)
+            self.commit(
+                [(EventType.STEP_SUCCEEDED, succeeded_event_data(self.state.run, step))],
+                batch=batch,
+                end_transaction=end_transaction or keyed,
+            )
+
+    def _not_made(self, step: Step, gate: operations.Gate) -> str | None:
+        """The gate kept the call from being made: refused (the model reads why), answered with
+        the key's earlier execution (the step succeeds with it, marked already done), or the run
+        waits for the call that holds the key (None: it was settled meanwhile, take it again)."""
+        if gate.outcome == operations.REFUSED:
+            return self._refuse(step, gate.reason)
+        if gate.outcome == operations.DONE:
+            now = timezone.now()
+            step.status, step.error, step.next_attempt_at = StepStatus.SUCCEEDED, "", None
+            step.result = operations.already_done(gate.key, gate.row)
+            step.started_at, step.finished_at = step.started_at or now, now
+            batch = WriteBatch().update(step, TOOL_RESULT_FIELDS)
+            self.commit(
+                [(EventType.STEP_SUCCEEDED, succeeded_event_data(self.state.run, step))],
+                batch=batch,
+            )
+            return None
+        until = timezone.now() + timedelta(seconds=operations.WAIT_POLL_SECONDS)
+        with transaction.atomic():
+            if executions.wait_for(gate.row.id, self.run_id):
+                return self.back_off(until, waiting=gate.reason, operation_key=gate.key)
+        return None
 
     def _tool_failed(
         self, step: Step, tool: Tool, attempt: int, started: Any, exc: Exception, tb: str = ""
@@ -314,6 +368,8 @@ class ToolSteps(ExecutorHost):
                 return None
             step.status, step.finished_at, step.next_attempt_at = StepStatus.FAILED, now, None
             step.save()
+            if operations.holds_key(self.state.run, step.tool):
+                executions.settle(step.id, executions.RELEASED)  # failed for good: free again
             self.commit([(EventType.STEP_FAILED, step_event_data(step))])
             return self.finish(
                 RunStatus.FAILED, error=f"step #{step.index} {step.tool} failed: {step.error}"

@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from agentruns.models import Run, RunStatus
 from agentruns.runtime import tracing
+from agentruns.runtime.dispatch import concurrency
 from agentruns.runtime.dispatch.queue import enqueue
 from agentruns.runtime.events import EventSpec, EventType
 from agentruns.runtime.inbox import inbox
@@ -142,9 +143,12 @@ def announce(run_id: uuid.UUID | str, change: RunChange) -> None:
 
 
 def apply(run_id: uuid.UUID | str, change: RunChange) -> int:
-    """Write `change` for a writer that holds no lease (inside its transaction)."""
+    """Write `change` for a writer that holds no lease (inside its transaction); a run with a
+    concurrency key lets it go when it ends and takes it again when it is queued again."""
     announce(run_id, change)
-    return get_store().append(run_id, change.events, set_fields=change.fields)
+    last_seq = get_store().append(run_id, change.events, set_fields=change.fields)
+    concurrency.follow(run_id, change.fields.get("status"))
+    return last_seq
 
 
 # what a decision does to the run it parked (`resume_parked`'s `then`)
@@ -167,6 +171,8 @@ def resume_parked(
         if moved:
             change = change.then(_status_event(RunStatus.QUEUED))
     apply(run_id, change)
+    if moved and then == RESUME:  # a run that let its concurrency key go takes it again
+        concurrency.follow(run_id, RunStatus.QUEUED)
     if then == RESUME:
         tracing.approvals_decided(run_id, change.events)
         if moved:

@@ -35,6 +35,20 @@ from agentruns.runtime.store.rows import WriteBatch
 
 
 @dataclass(slots=True, frozen=True)
+class InFlightCap:
+    """`create_run` inserts the run only while `user_id` has fewer than `limit` runs queued or
+    running, counted under a lock per user (PostgreSQL: an advisory lock of the inserting
+    transaction; SQLite: its write lock), so concurrent starts cannot pass the count together."""
+
+    user_id: Any
+    limit: int
+
+
+class InFlightCapReached(Exception):
+    """The start would exceed its `InFlightCap`: nothing was written."""
+
+
+@dataclass(slots=True, frozen=True)
 class RunDeltas:
     """Events of one run for `commit_deltas`, written only while `owner` holds its lease."""
 
@@ -92,9 +106,11 @@ class RunStore(ABC):
         owner: str | None,
         now: datetime,
         notify: str | None = None,
+        in_flight: InFlightCap | None = None,
     ) -> int:
         """Insert `run` (already leased by `owner` when given) with its first events; `notify`:
-        a channel NOTIFYed by the same statement (PostgreSQL only: `dispatch/claims.py`)."""
+        a channel NOTIFYed by the same statement (PostgreSQL only: `dispatch/claims.py`);
+        `in_flight`: the starter's cap, checked with the insert (InFlightCapReached)."""
 
     def commit_deltas(
         self, deltas: list[RunDeltas], *, now: datetime
@@ -130,7 +146,9 @@ class RunStore(ABC):
         running run whose lease expired (its worker died) is only re-leased."""
         free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
         with transaction.atomic():
-            fresh = Run.objects.filter(free, id=run_id, status=RunStatus.QUEUED).update(
+            queued = Run.objects.filter(free, id=run_id, status=RunStatus.QUEUED)
+            # a run in its concurrency key's line is not admitted: a doorbell for it finds nothing
+            fresh = queued.filter(waiting_behind__isnull=True).update(
                 status=RunStatus.RUNNING, started_at=Coalesce("started_at", Value(now)), **lease
             )
             if fresh:

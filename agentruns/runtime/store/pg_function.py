@@ -10,6 +10,12 @@ Installed by migrations (0005, and again by any migration that changes the colum
 or StepAttempt: `CREATE OR REPLACE`); `tests/runtime/test_pg_function.py` compares the installed
 definition with `function_sql`, so a model change without such a migration fails loudly.
 
+A start with an in-flight cap (`in_flight`: the user and the limit) first takes an advisory lock
+of its transaction keyed on the user, then counts that user's runs queued or running: the count
+is a statement of its own inside the function, so its snapshot is taken after the lock was
+granted and sees the run of every start that held the lock before (their transactions have
+committed: the lock ends with them). At the limit it raises SQLSTATE AR002 and writes nothing.
+
 Fencing: the run UPDATE comes first and matches only while `owner` holds the lease; when it
 matches nothing the function raises SQLSTATE AR001 and the whole transaction (including a
 transactional tool's writes) rolls back.
@@ -22,9 +28,13 @@ from typing import Any
 from django.db import models
 
 from agentruns.models import Run, RunEvent, Step, StepAttempt
+from agentruns.runtime.store.sql import IN_FLIGHT_STATUSES
 
 FUNCTION = "agentruns_commit"
 LEASE_LOST_SQLSTATE = "AR001"
+IN_FLIGHT_CAP_SQLSTATE = "AR002"
+# the advisory lock a start takes per user while it counts that user's runs in flight
+IN_FLIGHT_LOCK = "agentruns.in_flight:"
 # the run columns an engine commit may set (`set_fields`) and add to (`incr_fields`)
 RUN_SET_FIELDS = [
     "status",
@@ -79,6 +89,10 @@ def function_sql(conn: Any) -> str:
     attempt_names = ", ".join(c for c, _ in attempt_cols)
     attempt_patch = [c for c in attempt_cols if c[0] not in {"step_id", "number"}]
     newline = ",\n        "
+    created_by, created_by_type = _column(Run._meta.get_field("created_by"), conn)
+    status = Run._meta.get_field("status").column
+    in_flight_count = f"SELECT count(*) FROM (SELECT 1 FROM {run_t}"
+    in_flight_statuses = ", ".join(f"'{status}'" for status in IN_FLIGHT_STATUSES)
     return f"""
 CREATE OR REPLACE FUNCTION {FUNCTION}(p jsonb)
 RETURNS TABLE (out_seq bigint, out_cancel boolean)
@@ -93,6 +107,15 @@ DECLARE
     v_cancel boolean;
     v_u jsonb;
 BEGIN
+    IF p ? 'in_flight' THEN
+        PERFORM pg_advisory_xact_lock(hashtextextended('{IN_FLIGHT_LOCK}' || (p->'in_flight'->>'user'), 0));
+        IF ({in_flight_count} WHERE {created_by} = (p->'in_flight'->>'user')::{created_by_type}
+                AND {status} IN ({in_flight_statuses}) LIMIT (p->'in_flight'->>'limit')::integer) AS f)
+                >= (p->'in_flight'->>'limit')::integer THEN
+            RAISE EXCEPTION USING ERRCODE = '{IN_FLIGHT_CAP_SQLSTATE}',
+                MESSAGE = 'runs in flight: ' || (p->'in_flight'->>'limit') || ' already';
+        END IF;
+    END IF;
     IF p ? 'new_run' THEN
         INSERT INTO {run_t} SELECT * FROM jsonb_populate_record(NULL::{run_t}, p->'new_run');
     END IF;

@@ -20,10 +20,14 @@ from django.utils import timezone
 
 from agentruns.models import Run, RunEvent, RunStatus
 from agentruns.runtime.events import EventSpec, LeaseLost
-from agentruns.runtime.store.base import RunDeltas, RunStore
+from agentruns.runtime.store.base import InFlightCap, InFlightCapReached, RunDeltas, RunStore
 from agentruns.runtime.store.documents import batch_rows, dumps, row
 from agentruns.runtime.store.nudges import nudge_on_commit, nudge_runs_on_commit
-from agentruns.runtime.store.pg_function import FUNCTION, LEASE_LOST_SQLSTATE
+from agentruns.runtime.store.pg_function import (
+    FUNCTION,
+    IN_FLIGHT_CAP_SQLSTATE,
+    LEASE_LOST_SQLSTATE,
+)
 from agentruns.runtime.store.rows import loaded_run, run_columns
 from agentruns.runtime.store.sql import run_update_sql, run_value
 
@@ -40,12 +44,14 @@ def call_function(
     rows: dict[str, list[dict[str, Any]]] | None = None,
     end_transaction: bool = False,
     notify: str | None = None,
+    in_flight: InFlightCap | None = None,
 ) -> tuple[int, bool]:
     """One call of the commit function; returns (last seq, cancel_requested).
 
     `end_transaction`: the caller's transaction.atomic() block ends right after this call, so the
     COMMIT rides in the same round trip (psycopg then skips its own COMMIT: the server is idle).
-    `notify`: a channel the same statement NOTIFYs (sent when its transaction commits)."""
+    `notify`: a channel the same statement NOTIFYs (sent when its transaction commits).
+    `in_flight`: a new run's cap, checked by the function (InFlightCapReached: nothing written)."""
     payload: dict[str, Any] = {"run": str(run_id), "now": now.isoformat(), "events": events}
     if owner is not None:
         payload["owner"] = owner
@@ -55,11 +61,15 @@ def call_function(
         payload["incr"] = incr_fields
     if new_run is not None:
         payload["new_run"] = new_run
+    if in_flight is not None:
+        payload["in_flight"] = {"user": str(in_flight.user_id), "limit": in_flight.limit}
     if rows:
         payload.update(rows)
     try:
         last_seq, cancel = _execute_call(dumps(payload), end_transaction, notify)
     except DatabaseError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) == IN_FLIGHT_CAP_SQLSTATE:
+            raise InFlightCapReached(str(in_flight.user_id if in_flight else "")) from None
         if getattr(exc.__cause__, "sqlstate", None) == LEASE_LOST_SQLSTATE:
             if owner is None:
                 raise Run.DoesNotExist(str(run_id)) from None
@@ -260,9 +270,15 @@ class PostgresStore(RunStore):
             nudge_on_commit(run_id, last_seq)
         return last_seq
 
-    def create_run(self, run, events, *, owner, now, notify=None) -> int:
+    def create_run(self, run, events, *, owner, now, notify=None, in_flight=None) -> int:
         last_seq, _ = call_function(
-            run.id, owner, events, now=now, new_run=row(run, now), notify=notify
+            run.id,
+            owner,
+            events,
+            now=now,
+            new_run=row(run, now),
+            notify=notify,
+            in_flight=in_flight,
         )
         return last_seq
 
@@ -276,7 +292,8 @@ class PostgresStore(RunStore):
             set_fields={"status": RunStatus.RUNNING, **lease},
             default_fields={"started_at": now},
             where=(
-                "status = %s AND (lease_expires_at IS NULL OR lease_expires_at < %s)",
+                "status = %s AND (lease_expires_at IS NULL OR lease_expires_at < %s) "
+                "AND waiting_behind IS NULL",  # not waiting in its concurrency key's line
                 [RunStatus.QUEUED, now],
             ),
         )

@@ -13,7 +13,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, models
 from django.utils import timezone
 
-from agentruns.models import Run, RunEvent
+from agentruns.models import Run, RunEvent, RunStatus
 from agentruns.runtime.events import EventSpec
 
 
@@ -123,4 +123,21 @@ def events_insert_sql(
     return (
         f"INSERT INTO {RunEvent._meta.db_table} (run_id, seq, type, data, created_at) VALUES {rows}",
         params,
+    )
+
+
+# a run in flight counts against its starter's cap (AGENTRUNS_RUNS_IN_FLIGHT_PER_USER)
+IN_FLIGHT_STATUSES = (RunStatus.QUEUED.value, RunStatus.RUNNING.value)
+
+
+def in_flight_count_sql() -> str:
+    """How many runs of a user (the first parameter) are queued or running, counted up to a
+    limit (the second): the in-flight cap's count, reading no further than what decides it."""
+    table = connection.ops.quote_name(Run._meta.db_table)
+    by = connection.ops.quote_name(Run._meta.get_field("created_by").column)
+    status = connection.ops.quote_name(Run._meta.get_field("status").column)
+    statuses = ", ".join(f"'{s}'" for s in IN_FLIGHT_STATUSES)
+    return (
+        f"SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {by} = %s "
+        f"AND {status} IN ({statuses}) LIMIT %s) AS in_flight"
     )

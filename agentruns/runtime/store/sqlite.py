@@ -13,10 +13,16 @@ from django.db import connection, models, transaction
 
 from agentruns.models import Run
 from agentruns.runtime.events import LeaseLost
-from agentruns.runtime.store.base import RunStore
+from agentruns.runtime.store.base import InFlightCapReached, RunStore
 from agentruns.runtime.store.nudges import nudge_on_commit
 from agentruns.runtime.store.rows import WriteBatch
-from agentruns.runtime.store.sql import events_insert_sql, insert_sql, run_update_sql, update_sql
+from agentruns.runtime.store.sql import (
+    events_insert_sql,
+    in_flight_count_sql,
+    insert_sql,
+    run_update_sql,
+    update_sql,
+)
 
 
 def _execute_batch(batch: WriteBatch) -> None:
@@ -81,8 +87,15 @@ class SqliteStore(RunStore):
         last_seq, _ = _record(run_id, events, set_fields=set_fields, incr_fields=incr_fields)
         return last_seq
 
-    def create_run(self, run, events, *, owner, now, notify=None) -> int:
+    def create_run(self, run, events, *, owner, now, notify=None, in_flight=None) -> int:
         if notify is not None:
             raise NotImplementedError("SQLite has no NOTIFY: its starts ring a q2 doorbell")
         run.save(force_insert=True)
+        if in_flight is not None:
+            # the insert holds SQLite's write lock until the caller's transaction ends, so the
+            # count sees every other start (ours included) and no other start is counting now
+            with connection.cursor() as cursor:
+                cursor.execute(in_flight_count_sql(), [in_flight.user_id, in_flight.limit + 1])
+                if cursor.fetchone()[0] > in_flight.limit:
+                    raise InFlightCapReached(str(in_flight.user_id))  # the caller rolls back
         return self.append(run.id, events)

@@ -31,6 +31,7 @@ process with runs in flight; SIGKILL is recovered by the leases.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import multiprocessing
 import os
@@ -62,8 +63,10 @@ HEARTBEAT_SECONDS = 2.0  # how often a pool reports its runs in flight (WorkerHe
 CHANGE_REPORT_SECONDS = 1.0  # ... and sooner when that number changed, at most this often
 STOP_POLL_SECONDS = 0.2  # how soon the supervisor notices that the process stops
 
-# set in the `qcluster` process before it forks (`expect_cluster_stop`); inherited by every
-# process of the cluster; set by its SIGTERM/SIGINT handler
+# a flag in shared memory, made in the `qcluster` process before it forks (`expect_cluster_stop`)
+# and so shared by every process of the cluster; set by its SIGTERM/SIGINT handler. Read and set
+# without a lock: a multiprocessing Event's lock, held by a process killed inside `is_set()`,
+# would hang the stop of every other process for good
 cluster_stopping: Any = None
 
 
@@ -352,9 +355,9 @@ def process_pool() -> RunPool:
 
 # ---------------------------------------------------------------- the qcluster process
 def expect_cluster_stop() -> None:
-    """In `qcluster`, before q2 forks: the event its stop signal sets for every process."""
+    """In `qcluster`, before q2 forks: the flag its stop signal sets for every process."""
     global cluster_stopping
-    cluster_stopping = multiprocessing.get_context("fork").Event()
+    cluster_stopping = multiprocessing.get_context("fork").RawValue(ctypes.c_bool, False)
 
 
 def forward_stop_signals(q2_handler: Callable[[int, Any], None]) -> None:
@@ -362,7 +365,7 @@ def forward_stop_signals(q2_handler: Callable[[int, Any], None]) -> None:
 
     def on_stop(signum: int, frame: Any) -> None:
         if cluster_stopping is not None:
-            cluster_stopping.set()
+            cluster_stopping.value = True
         q2_handler(signum, frame)
 
     signal.signal(signal.SIGTERM, on_stop)
@@ -370,7 +373,7 @@ def forward_stop_signals(q2_handler: Callable[[int, Any], None]) -> None:
 
 
 def _cluster_stopping() -> bool:
-    return cluster_stopping is not None and cluster_stopping.is_set()
+    return cluster_stopping is not None and bool(cluster_stopping.value)
 
 
 __all__ = [

@@ -43,6 +43,8 @@ def sweep(now: datetime | None = None) -> int:
     claimed_since_doorbell = Q(lease_expires_at__gt=F("enqueued_at") + ttl)
     stale = (
         Run.objects.filter(status__in=[RunStatus.QUEUED, RunStatus.RUNNING])
+        # waiting in its concurrency key's line: admitted (and rung) by the run ahead's end
+        .filter(waiting_behind__isnull=True)
         .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
         .filter(
             Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=now - resweep) | claimed_since_doorbell
@@ -53,7 +55,8 @@ def sweep(now: datetime | None = None) -> int:
     for run_id, enqueued_at in list(stale):
         with transaction.atomic():
             # compare-and-set so two sweepers ring the doorbell once
-            if Run.objects.filter(id=run_id, enqueued_at=enqueued_at).update(enqueued_at=now):
+            ringable = Run.objects.filter(id=run_id, enqueued_at=enqueued_at, waiting_behind=None)
+            if ringable.update(enqueued_at=now):
                 enqueue(run_id)
                 rung += 1
     expired = inbox().expire_due(now)
@@ -88,18 +91,50 @@ def record_heartbeat(name: str, swept: bool) -> None:
         _pruned_at = now
 
 
-def ensure_schedule() -> None:
+# the q2 schedules this app keeps: name -> the row's fields
+def _schedules() -> dict[str, dict]:
     from django_q.models import Schedule  # q2's models: only once apps are ready
 
-    Schedule.objects.update_or_create(
-        name=SWEEP_SCHEDULE_NAME,
-        defaults={
+    return {
+        SWEEP_SCHEDULE_NAME: {
             "func": SWEEP_TASK,
             "schedule_type": Schedule.MINUTES,
             "minutes": 1,
             "repeats": -1,
-        },
-    )
+        }
+    }
+
+
+# the advisory lock every worker's start-up takes while it writes the schedule rows
+SCHEDULES_LOCK = "agentruns.schedules"
+
+
+def ensure_schedule() -> None:
+    """Exactly one row of each schedule this app keeps, however many workers start at once.
+
+    `django_q_schedule.name` is not unique, so a look-then-create by two workers starting at the
+    same moment made two rows, and every later `update_or_create` raised MultipleObjectsReturned
+    (each restart exited at start-up). Writers take turns here: PostgreSQL: an advisory lock of
+    the transaction; SQLite: the write lock its IMMEDIATE transactions take at BEGIN
+    (config/settings.py). Duplicates already there (an older version's race) are deleted, the
+    oldest row kept: its next run stands."""
+    from django_q.models import Schedule
+
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [SCHEDULES_LOCK]
+                )
+        for name, fields in _schedules().items():
+            rows = list(Schedule.objects.filter(name=name).order_by("id"))
+            if len(rows) > 1:
+                Schedule.objects.filter(id__in=[r.id for r in rows[1:]]).delete()
+                log.warning("schedule %s: removed %d duplicate row(s)", name, len(rows) - 1)
+            if not rows:
+                Schedule.objects.create(name=name, **fields)
+            elif any(getattr(rows[0], field) != value for field, value in fields.items()):
+                Schedule.objects.filter(id=rows[0].id).update(**fields)
 
 
 class SweeperLoop(threading.Thread):

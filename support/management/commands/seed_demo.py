@@ -37,7 +37,8 @@ COMPLAINTS = [
     "was charged twice",
 ]
 
-LOOK = ["agentruns.view_run", "approvals.view_approval"]
+# everyone looks at runs, the inbox and the support desk's tickets
+LOOK = ["agentruns.view_run", "approvals.view_approval", "support.view_ticket"]
 # group -> permissions
 ROLES = {
     "viewer": LOOK,  # may only look

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("agentruns", "0013_drop_unused_indexes"),
+        ("agentruns", "0017_commit_function_in_flight_cap"),
     ]
 
     operations = [

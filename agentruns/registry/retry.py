@@ -1,0 +1,34 @@
+"""A tool's retry policy (`@tool(retry=RetryPolicy(...))`, re-exported by `agentruns.registry`)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from agentruns.registry.errors import RetryableToolError
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_attempts: int = 3
+    backoff_seconds: float = 0.5
+    backoff_max_seconds: float = 30.0
+    jitter: float = 0.25  # +- fraction of the delay
+    retry_on: tuple[type[BaseException], ...] = (RetryableToolError,)
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        return isinstance(exc, self.retry_on)
+
+    def delay_for(self, attempt: int) -> float:
+        """Delay before attempt `attempt + 1`, after `attempt` failed (capped exponential)."""
+        base = min(self.backoff_max_seconds, self.backoff_seconds * (2 ** max(0, attempt - 1)))
+        return max(0.0, base * (1 + random.uniform(-self.jitter, self.jitter)))
+
+    def describe(self) -> dict:
+        return {
+            "max_attempts": self.max_attempts,
+            "backoff_seconds": self.backoff_seconds,
+            "backoff_max_seconds": self.backoff_max_seconds,
+            "jitter": self.jitter,
+            "retry_on": [c.__name__ for c in self.retry_on],
+        }

@@ -1,0 +1,1 @@
+"""The base layout's parts: the navigation (links other apps register, live counts) and the error pages."""

@@ -1,0 +1,109 @@
+"""What an approver sees beside a pending call, across runs (the card and the API's `context`):
+
+- what the call's tool declares (`@tool(context=)`, agentruns/registry/operations.py), from the
+  current proposal: for the demo's refund, the order, its refunds so far and their totals;
+- with an operation key, under `operation`: the key's executions and allowances and what the
+  call meets if approved now (`status`: free, it runs; held, it waits for the call holding the
+  key; used, it is answered "already done"), and under `pending` the other pending items of the
+  same key in any run (with `pending_total` in the tool's `amount_arg`).
+
+Only for pending approvals: a decided item's context would show the world as it is now, not as
+the approver saw it. The runs' own pieces cost two queries per page (the keys' rows, the other
+items); the tools' declarations are the domain's own reads.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from agentruns.models import OperationAllowance, OperationExecution
+from agentruns.registry import get_tool, has_tool
+from agentruns.registry.operations import context_of
+from agentruns.runtime.values.redaction import redact_fields
+from agentruns.runtime.values.timestamps import iso
+from agentruns.selectors.operations import key_payload, key_states
+from approvals.models import Approval, ApprovalKind, ApprovalStatus
+
+
+def contexts(approvals: list[Approval]) -> dict[int, dict | None]:
+    """Each approval's context by id (None: decided, a reconciliation, or nothing declared)."""
+    pending = [
+        a
+        for a in approvals
+        if a.status == ApprovalStatus.PENDING and a.kind == ApprovalKind.APPROVAL
+    ]
+    keys = sorted({a.operation_key for a in pending if a.operation_key})
+    states = key_states(keys)
+    others = _pending_by_key(keys)
+    found: dict[int, dict | None] = {a.id: None for a in approvals}
+    for approval in pending:
+        found[approval.id] = _context(approval, states, others)
+    return found
+
+
+def _context(approval: Approval, states: dict, others: dict[str, list[Approval]]) -> dict | None:
+    tool = get_tool(approval.tool) if has_tool(approval.tool) else None
+    declared = tool.context if tool is not None else None
+    context = context_of(approval.tool, declared, approval.effective_args) if declared else {}
+    key = approval.operation_key
+    if key:
+        context["operation"] = key_payload(states[key])
+        items = [a for a in others.get(key, []) if a.id != approval.id]
+        amount_arg = tool.amount_arg if tool is not None else None
+        context["pending"] = [_item(a, amount_arg) for a in items]
+        if amount_arg:
+            amounts = [item["amount"] for item in context["pending"]]
+            context["pending_total"] = sum(a for a in amounts if isinstance(a, int | float))
+    return context or None
+
+
+def _pending_by_key(keys: list[str]) -> dict[str, list[Approval]]:
+    """The pending items of these keys, oldest first, in one query."""
+    found: dict[str, list[Approval]] = defaultdict(list)
+    if not keys:
+        return found
+    rows = (
+        Approval.objects.filter(
+            status=ApprovalStatus.PENDING, kind=ApprovalKind.APPROVAL, operation_key__in=keys
+        )
+        .only(
+            "id", "run_id", "tool", "operation_key", "requested_args", "edited_args", "created_at"
+        )
+        .order_by("created_at", "id")
+    )
+    for row in rows:
+        found[row.operation_key].append(row)
+    return found
+
+
+def _item(approval: Approval, amount_arg: str | None) -> dict[str, Any]:
+    """Another pending item, its arguments masked by the deployed tool's `redact`."""
+    args = approval.effective_args
+    hidden = get_tool(approval.tool).redact if has_tool(approval.tool) else ()
+    amount = args.get(amount_arg) if amount_arg else None
+    return {
+        "approval": approval.id,
+        "run_id": str(approval.run_id),
+        "args": redact_fields(args, hidden),
+        "amount": amount
+        if isinstance(amount, int | float) and not isinstance(amount, bool)
+        else None,
+        "since": iso(approval.created_at),
+    }
+
+
+def context_for(approval: Approval) -> dict | None:
+    return contexts([approval])[approval.id]
+
+
+def keys_signature(approvals: list[Approval]) -> str:
+    """What changes the cross-run part of these items' cards (an execution of their keys taken,
+    settled or allowed): part of the inbox poll's signature, so a card shows a refund made by
+    another run at the next poll. Two queries, none without keys."""
+    keys = sorted({a.operation_key for a in approvals if a.operation_key})
+    if not keys:
+        return ""
+    rows = OperationExecution.objects.filter(key__in=keys).values_list("id", "state")
+    allowed = OperationAllowance.objects.filter(key__in=keys).values_list("id", flat=True)
+    return f"{sorted(rows)}{sorted(allowed)}"
