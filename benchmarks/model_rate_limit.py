@@ -1,19 +1,21 @@
 """The model provider's rate limit kept in advance (issue 30, item 5; part of `make bench`).
 
     PG_EXTRA_OPTS=" " scripts/with-postgres.sh .venv/bin/python -m benchmarks.model_rate_limit \
-        [--runs 500] [--off-runs 50] [--write-docs]
+        [--runs 500] [--rpm 60] [--mode echo|refund] [--jitter 0.25] [--off-runs 50] [--write-docs]
 
-`--runs` refund runs (the demo's `refund` agent, each on an order of its own: four model
-requests) started at once against the fake OpenAI-compatible server, a process of its own
-(scripts/fake_openai_server.py) limited to RPM requests a minute and ceil(RPM / 60) in any second,
-answering 429 beyond either; through a real worker (`qcluster` with its defaults, 2 worker
-processes) with AGENTRUNS_MODEL_LIMITS = {model: {"rpm": RPM}} and AGENTRUNS_MODEL_LIMIT_JITTER_SECONDS
-= `--jitter`, and the refund gateway in a real web process. Counted at the fake server: requests
-admitted and refused (429), and the most it admitted in any second and any minute. Sampled every
-second: runs running (a lease, a pool slot) and runs queued waiting on the limit (none), the
-worker's threads. Side by side: `--default-runs` the same way with the default allowance, and
-`--off-runs` without AGENTRUNS_MODEL_LIMITS: what the provider's limit does to a burst when only
-the after-the-fact backoff (429 -> a model outage) handles it.
+`--runs` runs of the demo's `refund` agent (each on an order of its own) started at once against
+the fake OpenAI-compatible server, a process of its own (scripts/fake_openai_server.py) limited
+to `--rpm` requests a minute and ceil(rpm / 60) in any second, answering 429 beyond either. Its
+`--mode`: `echo` answers the first request with text (one model request a run: the issue's
+"500 runs at once against 60 a minute" in about ten minutes), `refund` plays the refund flow
+(four requests a run, the refund through the gateway). Through a real worker (`qcluster` with
+its defaults, 2 worker processes) with AGENTRUNS_MODEL_LIMITS = {model: {"rpm": rpm}} and
+AGENTRUNS_MODEL_LIMIT_JITTER_SECONDS = `--jitter`, and the refund gateway in a real web process.
+Counted at the fake server: requests admitted and refused (429), and the most it admitted in any
+second and any minute. Sampled every second: runs running (a lease, a pool slot) and runs queued
+waiting on the limit, the worker's threads. Side by side, `--off-runs` without
+AGENTRUNS_MODEL_LIMITS: what the provider's limit does to a burst when only the after-the-fact
+backoff (429 -> a model outage) handles it.
 """
 
 from __future__ import annotations
@@ -32,10 +34,15 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 os.environ.setdefault("LOG_LEVEL", "WARNING")
 
-RPM = 120
 MODEL = "openai/fake-model"
 QUICK = bool(os.environ.get("BENCH_QUICK"))
 SECTION = "model-rate-limit"
+
+
+def request_interval(rpm: int, jitter: float | None) -> float:
+    from agentruns.runtime.access.model_limits import request_interval as interval
+
+    return interval(rpm, 0.25 if jitter is None else jitter)
 
 
 def setup(orders: int) -> None:
@@ -57,12 +64,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_provider(rpm: int) -> tuple[subprocess.Popen, str]:
+REQUESTS_PER_RUN = {"echo": 1, "refund": 4}
+
+
+def start_provider(rpm: int, mode: str) -> tuple[subprocess.Popen, str]:
     import httpx
 
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "scripts/fake_openai_server.py", f"--port={port}", "--mode=refund"]
+        [sys.executable, "scripts/fake_openai_server.py", f"--port={port}", f"--mode={mode}"]
         + ["--delay-ms=5", f"--rpm={rpm}"],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
@@ -119,19 +129,20 @@ def most_in_window(history: list[tuple[float, bool]], window: float) -> int:
     return most
 
 
-def batch(runs: int, offset: int, jitter: float | None) -> dict:
+def batch(runs: int, offset: int, jitter: float | None, rpm: int, mode: str) -> dict:
     """`runs` refund runs through a fresh provider, web process and worker, with the limit and
     this jitter allowance (None: no limit set); what it measured."""
     import httpx
     from django.db import connection
     from django.db.models import Max, Min
 
-    from agentruns.models import Run, RunStatus
-    from agentruns.runtime.access.model_limits import WAITING, request_interval
+    from agentruns.models import Run, RunEvent, RunStatus
+    from agentruns.runtime.access.model_limits import WAITING
+    from agentruns.runtime.events import EventType
     from agentruns.services import start_run
     from benchmarks.procs import QUOTAS_OFF_THE_WAY, start_qcluster, start_web, stop, stop_web
 
-    provider, provider_url = start_provider(RPM)
+    provider, provider_url = start_provider(rpm, mode)
     env = {
         **os.environ,
         **QUOTAS_OFF_THE_WAY,
@@ -141,7 +152,7 @@ def batch(runs: int, offset: int, jitter: float | None) -> dict:
         "REFUND_APPROVAL_THRESHOLD_CENTS": "1000000000",  # no approvals: straight through
     }
     if jitter is not None:
-        env["AGENTRUNS_MODEL_LIMITS"] = json.dumps({MODEL: {"rpm": RPM}})
+        env["AGENTRUNS_MODEL_LIMITS"] = json.dumps({MODEL: {"rpm": rpm}})
         env["AGENTRUNS_MODEL_LIMIT_JITTER_SECONDS"] = str(jitter)
     web, url = start_web(ROOT, env)
     worker_env = {k: v for k, v in env.items() if k != "DATABASE_URL"}
@@ -159,7 +170,8 @@ def batch(runs: int, offset: int, jitter: float | None) -> dict:
             ).run.id
             for i in range(runs)
         ]
-        deadline = time.monotonic() + max(600, 3 * runs * 4 * request_interval(RPM))
+        requests = runs * REQUESTS_PER_RUN[mode]
+        deadline = time.monotonic() + max(600, 3 * requests * request_interval(rpm, jitter))
         while True:
             rows = list(Run.objects.filter(id__in=ids).values_list("status", "error"))
             running = sum(1 for status, _ in rows if status == RunStatus.RUNNING)
@@ -175,6 +187,11 @@ def batch(runs: int, offset: int, jitter: float | None) -> dict:
             first=Min("created_at"), last=Max("finished_at")
         )
         statuses = list(Run.objects.filter(id__in=ids).values_list("status", flat=True))
+        backoffs = RunEvent.objects.filter(
+            run_id__in=ids, type=EventType.RUN_STATUS, data__status=RunStatus.QUEUED
+        ).values_list("data", flat=True)
+        # requests not sent, found too late after their slot at the wire (openai_compatible.py)
+        missed = sum(1 for data in backoffs if "after its rate-limit slot" in json.dumps(data))
     finally:
         stop(worker)
         stop_web(web)
@@ -184,11 +201,14 @@ def batch(runs: int, offset: int, jitter: float | None) -> dict:
     history = counted["history"]
     return {
         "runs": runs,
+        "rpm": rpm,
+        "mode": mode,
         "jitter": jitter,
         "succeeded": statuses.count("succeeded"),
         "wall_s": (span["last"] - span["first"]).total_seconds(),
         "admitted": counted["admitted"],
         "refused_429": counted["refused"],
+        "not_sent_late": missed,
         "most_in_a_second": most_in_window(history, 1.0),
         "most_in_a_minute": most_in_window(history, 60.0),
         "provider_per_second": counted["per_second"],
@@ -201,24 +221,37 @@ def batch(runs: int, offset: int, jitter: float | None) -> dict:
 
 
 def report(rows: list[dict], load: float) -> str:
+    rpm, mode = rows[0]["rpm"], rows[0]["mode"]
+    per_second = math.ceil(rpm / 60)
+    jitters = sorted({row["jitter"] for row in rows if row["jitter"] is not None})
+    slots = "; ".join(
+        f"{j:g} s: a slot every {request_interval(rpm, j):.3g} s, "
+        f"{60 / request_interval(rpm, j):.0f} a minute"
+        for j in jitters
+    )
+    asks = (
+        "one model request a run (the fake answers with text)"
+        if mode == "echo"
+        else ("four model requests a run (the refund flow, the refund through the gateway)")
+    )
     lines = [
         "## The model's rate limit kept in advance (issue 30, item 5)",
         "",
-        "Written by `benchmarks/model_rate_limit.py` in `make bench`: refund runs started at once "
-        f"against the fake OpenAI-compatible server (its own process) limited to {RPM} requests "
-        f"a minute and {math.ceil(RPM / 60)} in any second (429 beyond either, counted there), "
-        "through a real `qcluster` (2 worker processes) and the gateway in a real web process; "
-        "four model requests a run. With the limit: `AGENTRUNS_MODEL_LIMITS` for the model and "
-        "the jitter allowance shown (`AGENTRUNS_MODEL_LIMIT_JITTER_SECONDS`: 0.25 s, the "
-        "default, is a slot every 0.625 s, 96 a minute; 0.5 s every 0.75 s, 80 a minute). "
+        "Written by `benchmarks/model_rate_limit.py` in `make bench`: runs of the demo's refund "
+        "agent started at once against the fake OpenAI-compatible server (its own process) "
+        f"limited to {rpm} requests a minute and {per_second} in any second (429 beyond either, "
+        f"counted there), {asks}, through a real `qcluster` (2 worker processes) and the "
+        "gateway in a real web process. With the limit: `AGENTRUNS_MODEL_LIMITS` for the model "
+        f"and the jitter allowance shown (`AGENTRUNS_MODEL_LIMIT_JITTER_SECONDS`, {slots}). "
         "Without: only the after-the-fact backoff (a 429 is an outage the run backs off from). "
         f"1-minute load average at the end: {load:.1f} (2 cores shared with other work).",
         "",
         "| limit, jitter allowance | runs | succeeded | wall | requests admitted | answered 429 "
         "(in the first minute) "
         "| most in any second / minute at the provider | runs running at most | runs waiting "
-        "queued at most | worker threads before / at most |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "queued at most | requests not sent (too late after their slot) "
+        "| worker threads before / at most |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         limit = "unset" if row["jitter"] is None else f"set, {row['jitter']:g} s"
@@ -228,7 +261,8 @@ def report(rows: list[dict], load: float) -> str:
             f"{row['wall_s']:.0f} s | {row['admitted']} | **{row['refused_429']}** "
             f"({sum(1 for t in row['refused_at'] if t < 60)}) | "
             f"{row['most_in_a_second']} / {row['most_in_a_minute']} | {row['most_running']} | "
-            f"{row['most_waiting']} | {row['worker_threads'][0]} / {row['worker_threads'][1]} |"
+            f"{row['most_waiting']} | {row['not_sent_late']} | "
+            f"{row['worker_threads'][0]} / {row['worker_threads'][1]} |"
         )
     return "\n".join(lines)
 
@@ -236,18 +270,17 @@ def report(rows: list[dict], load: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=60 if QUICK else 500)
-    parser.add_argument("--jitter", type=float, default=0.5)
-    parser.add_argument("--default-runs", type=int, default=30 if QUICK else 150)
+    parser.add_argument("--rpm", type=int, default=60)
+    parser.add_argument("--mode", choices=sorted(REQUESTS_PER_RUN), default="echo")
+    parser.add_argument("--jitter", type=float, default=0.25)  # the setting's default
     parser.add_argument("--off-runs", type=int, default=20 if QUICK else 50)
     parser.add_argument("--json", type=Path, default=ROOT / "var" / "bench-model-rate-limit.json")
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
-    setup(orders=args.runs + args.default_runs + args.off_runs)
-    rows = [batch(args.runs, 0, args.jitter)]
-    if args.default_runs:
-        rows.append(batch(args.default_runs, args.runs, 0.25))
+    setup(orders=args.runs + args.off_runs)
+    rows = [batch(args.runs, 0, args.jitter, args.rpm, args.mode)]
     if args.off_runs:
-        rows.append(batch(args.off_runs, args.runs + args.default_runs, None))
+        rows.append(batch(args.off_runs, args.runs, None, args.rpm, args.mode))
     for row in rows:
         print(json.dumps(row))
     args.json.parent.mkdir(parents=True, exist_ok=True)

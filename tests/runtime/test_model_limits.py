@@ -31,10 +31,10 @@ from agentruns.runtime.dispatch import claims
 from agentruns.runtime.execution import transitions
 from agentruns.runtime.execution.executor import RunExecutor
 from agentruns.runtime.outages.model_outage import latest_queued_event
-from agentruns.runtime.providers import ModelRequest, get_provider
+from agentruns.runtime.providers import ModelError, ModelRequest, get_provider
 from agentruns.runtime.providers.base import NOT_BEFORE
 from agentruns.services import start_run
-from scripts.fake_openai_server import FakeOpenAI
+from scripts.fake_openai_server import Fail, FakeOpenAI
 from tests.helpers import ApiClient, steps
 from tests.procs import base_env, manage, sqlite_env
 
@@ -352,3 +352,53 @@ def test_an_openai_compatible_request_is_held_at_the_wire_until_its_slot(setting
             NOT_BEFORE.reset(token)
         arrived = wall + fake.chat_requests()[-1].received_at - mono
     assert due <= arrived < due + 0.3, arrived - due
+
+
+def test_a_request_under_a_limit_that_gets_a_429_is_not_retried_by_the_sdk(settings):
+    """The SDK's own retry of a 429 would go at once, past the shared bucket: under a limit the
+    429 reaches the engine (which backs off and takes a new slot); without one the SDK retries
+    as before."""
+    with FakeOpenAI(mode="echo") as fake:
+        settings.OPENAI_BASE_URL = fake.url
+        provider = get_provider("openai/fake-model")
+        request = ModelRequest(
+            model="openai/fake-model",
+            messages=[{"role": "user", "content": "hi"}],
+            tools=[],
+        )
+        fake.script(Fail(429, "Rate limit reached for requests.", retry_after=0.05))
+        token = NOT_BEFORE.set(time.time() + model_limits.HANDOFF_SECONDS)  # under a limit
+        try:
+            with pytest.raises(ModelError):
+                list(provider.stream(request))
+        finally:
+            NOT_BEFORE.reset(token)
+        assert len(fake.chat_requests()) == 1
+
+        fake.script(Fail(429, "Rate limit reached for requests.", retry_after=0.05))
+        list(provider.stream(request))  # no limit: the SDK's retry answers
+        assert len(fake.chat_requests()) == 3
+
+
+def test_a_request_that_would_leave_too_late_after_its_slot_is_not_sent(settings):
+    """A process too busy to send a request on time: past half the jitter allowance after its
+    slot it is answered unsent (the engine backs off and takes a new slot), never sent late."""
+    with FakeOpenAI(mode="echo") as fake:
+        settings.OPENAI_BASE_URL = fake.url
+        provider = get_provider("openai/fake-model")
+        request = ModelRequest(
+            model="openai/fake-model", messages=[{"role": "user", "content": "hi"}], tools=[]
+        )
+        token = NOT_BEFORE.set(time.time() - conf.MODEL_LIMIT_JITTER_SECONDS)
+        try:
+            with pytest.raises(ModelError, match="after its rate-limit slot") as raised:
+                list(provider.stream(request))
+        finally:
+            NOT_BEFORE.reset(token)
+        assert raised.value.retryable and fake.chat_requests() == []
+        token = NOT_BEFORE.set(time.time() + model_limits.HANDOFF_SECONDS)  # handed over early
+        try:
+            list(provider.stream(request))
+        finally:
+            NOT_BEFORE.reset(token)
+        assert len(fake.chat_requests()) == 1
