@@ -188,7 +188,7 @@ class PydanticAIProvider:
         self._openai = isinstance(model, str) and pydantic_ai_name(model).startswith(
             openai_compatible.PREFIXES
         )
-        # its client waits for a rate-limit slot at the wire (openai_compatible._not_before)
+        # its client waits for a rate-limit slot at the wire (openai_compatible._SlottedWire)
         self.precise_start = self._openai
 
     @property
