@@ -17,7 +17,7 @@ from datetime import datetime
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections
+from django.db import connections, transaction
 from django.test import Client
 from django.urls import reverse
 from django_q.models import OrmQ
@@ -163,6 +163,44 @@ def test_each_request_gets_its_own_slot_spread_evenly_across_connections():
     assert min(gaps) == pytest.approx(interval), gaps  # never closer than the interval
     row = ModelRateBucket.objects.get(model="m-threads")
     assert row.next_request_at == pytest.approx(row.slot + interval)
+
+
+def test_a_reservation_that_waited_for_the_bucket_is_not_told_to_send_late():
+    """A reservation that queued behind another on the model's row (hundreds of runs reserving
+    at once) gets its slot and its wait from the clock once it holds the row, not from when
+    its statement started: sent after that wait, it leaves on its slot."""
+    limit = ModelLimit(rpm=100)  # a slot every 0.6125 s
+    model_limits.reserve("m-queued", limit)  # the row exists
+    held = threading.Event()
+    got: list[tuple[float, float]] = []  # (the slot, when the wait says to send)
+
+    def hold_the_row() -> None:
+        try:
+            with transaction.atomic():
+                got.append(model_limits.reserve("m-queued", limit))
+                held.set()
+                time.sleep(0.8)  # another reservation queues behind this one meanwhile
+        finally:
+            connections.close_all()
+
+    def queue_behind() -> None:
+        try:
+            slot = model_limits.reserve("m-queued", limit)
+            got.append((slot.at, time.time() + slot.wait))
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold_the_row)
+    holder.start()
+    held.wait(5)
+    behind = threading.Thread(target=queue_behind)
+    behind.start()
+    holder.join()
+    behind.join()
+    first, (slot, send_at) = got
+    assert slot == pytest.approx(first.at + model_limits.request_interval(100), abs=CLOCK_SLACK)
+    # the database's clock is this machine's: sending at `send_at` is sending on the slot
+    assert abs(send_at - slot) < 0.1, send_at - slot  # (before: the row's 0.8 s wait late)
 
 
 def test_tokens_a_minute_space_requests_by_what_the_previous_ones_used():
