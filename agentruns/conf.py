@@ -6,17 +6,58 @@ and why a typo fails loudly: `agentruns/setting.py`). README's settings table li
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 from django.core.checks import Error, Tags, register
+from django.core.exceptions import ImproperlyConfigured
 
-from agentruns.model_limit_setting import parse_model_limits
 from agentruns.setting import Conf, Setting
 
 
 def _q_timeout() -> float:
     return float(settings.Q_CLUSTER.get("timeout") or 120)
+
+
+@dataclass(frozen=True)
+class ModelLimit:
+    """A model provider's rate limit for one model name (runtime/access/model_limits.py)."""
+
+    rpm: int = 0  # requests a minute (0: not limited)
+    tpm: int = 0  # tokens a minute (0: not limited)
+
+
+def parse_model_limits(name: str, raw: Any) -> dict[str, ModelLimit]:
+    """`{"<model name>": {"rpm": 60, "tpm": 90000}, ...}` (JSON, or that dict in a settings
+    module) -> {model name: ModelLimit}; anything else is ImproperlyConfigured, naming it."""
+    if isinstance(raw, str):
+        if not raw.strip():
+            return {}
+        try:
+            raw = json.loads(raw)
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"{name} is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ImproperlyConfigured(
+            f'{name} must be a JSON object: {{"<model name>": {{"rpm": 60, "tpm": 90000}}}}'
+        )
+    limits: dict[str, ModelLimit] = {}
+    for model, limit in raw.items():
+        where = f"{name}[{model!r}]"
+        if not isinstance(model, str) or not model.strip():
+            raise ImproperlyConfigured(f"{name}: a model name must be a non-empty string")
+        if not isinstance(limit, dict) or not limit:
+            raise ImproperlyConfigured(f'{where} must be an object like {{"rpm": 60}}')
+        unknown = sorted(set(limit) - {"rpm", "tpm"})
+        if unknown:
+            raise ImproperlyConfigured(f"{where}: unknown key(s) {unknown}; use rpm and tpm")
+        for key, value in limit.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ImproperlyConfigured(f"{where}.{key}={value!r} is not a positive integer")
+        limits[model] = ModelLimit(**limit)
+    return limits
 
 
 # a token's lifetime in days, at most (ten years; 0 is a token that never expires)
@@ -213,82 +254,10 @@ SETTINGS: tuple[Setting, ...] = (
         "database poll of the stream (covers lost nudges)",
         0.01,
     ),
-    # approvals
-    Setting(
-        "AGENTRUNS_APPROVAL_EXPIRY_SECONDS", float, 0, "pending approvals expire (0: never)", 0
-    ),
+    # approvers' limits, frozen into each run's permission snapshot (the inbox's own settings:
+    # approvals/conf.py)
     Setting(
         "AGENTRUNS_APPROVER_LIMIT_CENTS", int, 0, "approvals above it need a superuser (0: none)", 0
-    ),
-    Setting(
-        "AGENTRUNS_APPROVER_DAILY_LIMIT_CENTS",
-        int,
-        0,
-        "what one approver may approve in all per day, in the tools' amount_arg (0: off)",
-        0,
-    ),
-    Setting("AGENTRUNS_CLAIM_SECONDS", float, 900, 'an "I\'m on it" claim on an item expires', 1),
-    Setting(
-        "AGENTRUNS_APPROVAL_ESCALATE_SECONDS",
-        float,
-        0,
-        "a pending item older than this escalates once (0: never; a tool may set its own)",
-        0,
-    ),
-    Setting(
-        "AGENTRUNS_ESCALATION_GROUP",
-        str,
-        "",
-        "the group mailed about escalated items (empty: the superusers)",
-    ),
-    # notifications: signed webhooks from the outbox, batched email
-    Setting("AGENTRUNS_WEBHOOK_URL", str, "", "the endpoint every event is sent to (empty: none)"),
-    Setting("AGENTRUNS_WEBHOOK_SECRET", str, "", "its signing secret, `whsec_<base64>`"),
-    Setting(
-        "AGENTRUNS_WEBHOOK_EVENTS",
-        str,
-        "",
-        "event types sent to AGENTRUNS_WEBHOOK_URL, comma list (empty: all)",
-    ),
-    Setting("AGENTRUNS_WEBHOOK_TIMEOUT_SECONDS", float, 15, "one delivery attempt", 0.05),
-    Setting(
-        "AGENTRUNS_WEBHOOK_MAX_ATTEMPTS",
-        int,
-        12,
-        "tries before a delivery is marked failed (the default spans more than a day)",
-        1,
-    ),
-    Setting(
-        "AGENTRUNS_WEBHOOK_RETRY_BASE_SECONDS",
-        float,
-        5,
-        "the first retry's delay; each next one is 4x longer (+-20% jitter)",
-        0.01,
-    ),
-    Setting(
-        "AGENTRUNS_WEBHOOK_RETRY_MAX_SECONDS",
-        float,
-        6 * 3600,
-        "the longest delay between tries",
-        0.01,
-    ),
-    Setting(
-        "AGENTRUNS_WEBHOOK_POLL_SECONDS",
-        float,
-        1,
-        "the worker's delivery loop looks this often",
-        0.01,
-    ),
-    Setting("AGENTRUNS_WEBHOOK_CONCURRENCY", int, 4, "deliveries one worker sends at once", 1),
-    Setting(
-        "AGENTRUNS_APPROVAL_EMAILS", bool, True, "mail new and escalated items to who may decide"
-    ),
-    Setting(
-        "AGENTRUNS_EMAIL_BATCH_SECONDS",
-        float,
-        60,
-        "new items are collected this long into one mail per person",
-        0,
     ),
     # the API
     Setting("AGENTRUNS_API_MAX_BODY_BYTES", int, 1_000_000, "larger request bodies get 413", 1024),
@@ -300,15 +269,15 @@ SETTINGS: tuple[Setting, ...] = (
         0,
         maximum=API_TOKEN_MAX_DAYS,
     ),
-    # quotas (per user; 0 turns one off): runtime/access/quotas.py, stream/sockets.py
+    # quotas (per user; 0 turns one off): runtime/access/quotas.py, stream/access/slots.py
     Setting("AGENTRUNS_START_BURST", int, 100, "runs a user may start at once (token bucket)", 0),
     Setting("AGENTRUNS_START_PER_SECOND", float, 10, "... refilled at this rate", 0),
     Setting("AGENTRUNS_RUNS_IN_FLIGHT_PER_USER", int, 200, "queued + running runs per user", 0),
     Setting("AGENTRUNS_DECISION_BURST", int, 200, "decisions at once (a bulk: each item)", 0),
     Setting("AGENTRUNS_DECISION_PER_SECOND", float, 2, "... refilled at this rate", 0),
     Setting("AGENTRUNS_INPUT_MAX_KEY_BYTES", int, 20_000, "a run input's value, as JSON", 0),
-    Setting("AGENTRUNS_SOCKETS_PER_USER", int, 50, "run sockets per user and web process", 0),
-    Setting("AGENTRUNS_SOCKETS_PER_PROCESS", int, 5000, "run sockets per web process", 0),
+    Setting("AGENTRUNS_SOCKETS_PER_USER", int, 50, "streams per user and web process", 0),
+    Setting("AGENTRUNS_SOCKETS_PER_PROCESS", int, 5000, "streams (sockets, SSE) per process", 0),
     # operations
     Setting("AGENTRUNS_WORKER_STALE_SECONDS", float, 30, "/healthz turns 503 past it", 1),
     Setting(

@@ -2,7 +2,7 @@
 
 A token expires `AGENTRUNS_API_TOKEN_DAYS` (default 90) after it is made; a revoked or expired
 token is refused on its next request, and an open socket or chat stream it authenticated ends
-within `SOCKET_RECHECK_SECONDS` (stream/sockets.py re-checks them, one query per process).
+within 2 s (stream/access/viewers.py re-checks them, one query per kind and process).
 Authenticating is one query, which also reads the access generation: the user's permissions,
 groups and policies then come from `runtime/access/cache.py` until any of them changes.
 """
@@ -23,7 +23,6 @@ from agentruns.models import ApiToken
 from agentruns.runtime.access import cache
 
 PREFIX = "art_"
-SOCKET_RECHECK_SECONDS = 2.0
 
 
 def hash_token(raw: str) -> str:

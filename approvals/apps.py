@@ -5,7 +5,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 def webhook_settings_problems() -> list[str]:
     """What is wrong with AGENTRUNS_WEBHOOK_* (empty: nothing)."""
-    from agentruns.conf import conf
+    from approvals.conf import conf
     from approvals.notifications.outbox import EVENT_TYPES
     from approvals.notifications.signing import BadSecret, secret_bytes
 
@@ -33,7 +33,7 @@ def webhook_settings_problems() -> list[str]:
 
 
 def check_webhook_secret_strength(app_configs, **kwargs) -> list:
-    from agentruns.conf import conf
+    from approvals.conf import conf
     from approvals.notifications.signing import (
         RECOMMENDED_SECRET_BYTES,
         BadSecret,
@@ -61,6 +61,9 @@ class ApprovalsConfig(AppConfig):
 
     def ready(self) -> None:
         # imports inside: apps are not ready when this module is imported
+        from approvals.conf import conf
+
+        conf.load_all()  # a bad value stops every process at start-up
         problems = webhook_settings_problems()
         if problems:
             raise ImproperlyConfigured("; ".join(problems))

@@ -9,9 +9,9 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from agentruns.conf import conf
 from agentruns.runtime.values.ids import actor_name
 from agentruns.runtime.values.redaction import redact_fields
+from approvals.conf import conf
 
 
 class ApprovalKind(models.TextChoices):

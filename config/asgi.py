@@ -4,9 +4,14 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
-from django.core.asgi import get_asgi_application  # noqa: E402
+import django  # noqa: E402
 
-django_asgi_app = get_asgi_application()
+django.setup(set_prefix=False)  # what django.core.asgi.get_asgi_application() does first
+
+from agentruns.stream.http_handler import StreamingASGIHandler  # noqa: E402
+
+# Django's handler, but an open SSE stream holds no thread of its own while it waits
+django_asgi_app = StreamingASGIHandler()
 
 from agentruns.web.outage import use_web_pool_wait  # noqa: E402
 

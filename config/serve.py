@@ -1,5 +1,6 @@
-"""`python -m config.serve [--idle-timeout S] <daphne's arguments>`: daphne, with an access log
-that holds no credentials and a settable idle timeout for HTTP connections.
+"""`python -m config.serve [--idle-timeout S] [--backlog N] <daphne's arguments>`: daphne, with an
+access log that holds no credentials, a settable idle timeout for HTTP connections and a listen
+backlog that a burst of connections does not overflow.
 
 daphne writes each request's path with its query string to the access log, so a client that
 puts a token in the URL (`?access_token=art_...`, refused by the app, which reads tokens only
@@ -12,6 +13,11 @@ parameters masked, and anything that looks like a credential anywhere in it (our
 this long while its request is incomplete (or between keep-alive requests) is closed. It is an
 idle timeout, not a deadline: a client trickling a byte at a time keeps it open, so a proxy in
 front must bound whole requests (README, "Production").
+
+`--backlog` (default 1024; the kernel caps it at `net.core.somaxconn`): the listen queue of
+the `-b/-p` and `-u` sockets. Twisted's default is 50: 300 chats opened at once had 5-11
+connections reset before daphne accepted them, where the app would have answered 429 with
+Retry-After; with 1024, none were.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import sys
 from urllib.parse import parse_qsl, quote, urlsplit
 
 import daphne.cli
+import daphne.endpoints
 import daphne.server
 from daphne import http_protocol
 from daphne.access import AccessLogGenerator
@@ -51,17 +58,31 @@ class RedactingAccessLog(AccessLogGenerator):
         return super().__call__(protocol, action, details)
 
 
-def idle_timeout_from(argv: list[str]) -> tuple[float, list[str]]:
-    """Our one option, taken off the arguments (the rest are daphne's)."""
-    seconds, rest, args = 60.0, [], iter(argv)
+OURS = {"--idle-timeout": 60.0, "--backlog": 1024.0}
+
+
+def our_options_from(argv: list[str]) -> tuple[dict[str, float], list[str]]:
+    """Our options, taken off the arguments (the rest are daphne's)."""
+    found, rest, args = dict(OURS), [], iter(argv)
     for arg in args:
-        if arg == "--idle-timeout":
-            seconds = float(next(args))
-        elif arg.startswith("--idle-timeout="):
-            seconds = float(arg.split("=", 1)[1])
+        name, eq, value = arg.partition("=")
+        if name in OURS:
+            found[name] = float(value if eq else next(args))
         else:
             rest.append(arg)
-    return seconds, rest
+    return found, rest
+
+
+def with_backlog(backlog: int):
+    """daphne's endpoint strings for -b/-p and -u, with a listen backlog (fd: already listening)."""
+
+    def endpoints(host=None, port=None, unix_socket=None, file_descriptor=None) -> list[str]:
+        built = daphne.endpoints.build_endpoint_description_strings(
+            host, port, unix_socket, file_descriptor
+        )
+        return [f"{d}:backlog={backlog}" if d.startswith(("tcp:", "unix:")) else d for d in built]
+
+    return endpoints
 
 
 def with_idle_timeout(seconds: float) -> type:
@@ -74,8 +95,9 @@ def with_idle_timeout(seconds: float) -> type:
 
 
 def main() -> None:
-    seconds, sys.argv[1:] = idle_timeout_from(sys.argv[1:])
-    daphne.server.HTTPFactory = with_idle_timeout(seconds)  # the one the server builds
+    options, sys.argv[1:] = our_options_from(sys.argv[1:])
+    daphne.server.HTTPFactory = with_idle_timeout(options["--idle-timeout"])  # the server's
+    daphne.cli.build_endpoint_description_strings = with_backlog(int(options["--backlog"]))
     daphne.cli.AccessLogGenerator = RedactingAccessLog  # the one the command line builds
     sys.exit(daphne.cli.CommandLineInterface.entrypoint())
 

@@ -1,6 +1,6 @@
 """The system programs tests and benchmarks need beyond Python's packages, found in one place.
 
-Redis (`redis-server`), Chromium, `promtool` and Node.js/npm are Debian packages that `.ci/run`
+Redis (`redis-server`), Chromium, `promtool`, Node.js/npm and `ss` are Debian packages that `.ci/run`
 installs; a developer's machine may lack any of them. `require(name)` returns the program's
 path, or says what is missing and how to install it:
 - in a test, without CI: the test is skipped with that reason (pytest's summary lists it);
@@ -25,6 +25,7 @@ INSTALL = {
     "promtool": "apt-get install prometheus",
     "node": "apt-get install nodejs (Node.js 20 or later)",
     "npm": "apt-get install npm",
+    "ss": "apt-get install iproute2",
 }
 OVERRIDES = {"chromium": "CHROMIUM_PATH"}  # an environment variable naming the program's path
 HIDE_VARIABLE = "TESTS_HIDE_BINARIES"

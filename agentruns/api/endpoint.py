@@ -23,7 +23,7 @@ from functools import wraps
 from typing import Any
 
 from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
-from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.middleware.csrf import CsrfViewMiddleware
 
 from agentruns.api.parsing import BadRequest, json_error, json_response, parse_json_body
@@ -31,7 +31,8 @@ from agentruns.registry import strict_validator
 from agentruns.registry.schemas import type_words
 from agentruns.runtime.access.quotas import QuotaExceeded
 from agentruns.runtime.execution.transitions import ActionRefused
-from agentruns.stream.sockets import credential_of_request, ended_with_credential
+from agentruns.stream.access.slots import SLOTS, Slot
+from agentruns.stream.access.sse import held_stream
 from agentruns.tokens import bearer_from_header, user_for_token
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
@@ -65,7 +66,9 @@ class Endpoint:
     # path parameters its 2xx answer provides, as JSON pointers into the body: {"run_id": "/id"}
     # (the description links them to the operations that take that parameter)
     provides: dict[str, str] = field(default_factory=dict)
-    streams: bool = False  # its 200 answer is a text/event-stream (the AI SDK's UI messages)
+    # its 200 answer is a text/event-stream (the AI SDK's UI messages): it takes a stream slot
+    # before the view runs (429 with Retry-After when none is free, stream/access/slots.py)
+    streams: bool = False
     description: str = ""  # the view's docstring
     tags: tuple[str, ...] = ()
 
@@ -188,6 +191,7 @@ def endpoint(
             **declared,
         )
         permission, query, session_writes = point.permission, point.query, point.session_writes
+        streams = point.streams
         checks = _Validated(point.path_params, query, body)
 
         @wraps(view)
@@ -197,6 +201,7 @@ def endpoint(
                 return refused
             if permission and not request.user.has_perm(permission):
                 return json_error(f"permission denied: {permission} is required", 403)
+            slot: Slot | None = None
             try:
                 args: dict[str, Any] = {}
                 for name, validator in checks.path.items():
@@ -211,24 +216,27 @@ def endpoint(
                     data = parse_json_body(request)
                     _check(checks.body, data, "body")
                     args["body"] = data
+                if streams:  # before the view: a refused stream starts and decides nothing
+                    slot = SLOTS.take(request.user.pk)
                 result = view(request, **args)
             except BadRequest as exc:
-                return json_error(str(exc), exc.status, **exc.extra)
+                result = json_error(str(exc), exc.status, **exc.extra)
             except ActionRefused as exc:
-                return json_error(str(exc), 409)
+                result = json_error(str(exc), 409)
             except PermissionDenied as exc:  # a service's own check (start_run for a fork, ...)
-                return json_error(str(exc) or "permission denied", 403)
+                result = json_error(str(exc) or "permission denied", 403)
             except ObjectDoesNotExist:
-                return json_error("not found", 404)
-            except QuotaExceeded as exc:
-                return quota_refusal(exc)
-            if isinstance(result, StreamingHttpResponse) and result.is_async:
-                # an open stream ends soon after its token is revoked or its session ends
-                result.streaming_content = ended_with_credential(
-                    result.streaming_content, credential_of_request(request)
-                )
-            if isinstance(result, HttpResponseBase):  # streams too
-                return result
+                result = json_error("not found", 404)
+            except QuotaExceeded as exc:  # a start quota, or no free stream slot
+                result = quota_refusal(exc)
+            except BaseException:
+                if slot is not None:
+                    slot.release()
+                raise
+            if isinstance(result, HttpResponseBase):
+                # a stream holds its slot and ends with its viewer's right; anything else gives
+                # the slot back
+                return held_stream(result, request, slot)
             payload, status = result if isinstance(result, tuple) else (result, 200)
             return json_response(payload, status)
 

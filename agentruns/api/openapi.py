@@ -15,7 +15,7 @@ STANDARD_ERRORS = {
     404: "not found",
     413: "body too large",
     415: "body is not JSON",
-    429: "over a quota (runs started, runs in flight, decisions): see Retry-After",
+    429: "over a quota (runs started, runs in flight, decisions, open streams): see Retry-After",
 }
 
 
@@ -24,8 +24,8 @@ def _responses(point: Endpoint) -> dict[str, Any]:
     errors = dict(STANDARD_ERRORS)
     if point.body is None:
         errors.pop(413), errors.pop(415)  # no body is read
-    if point.method == "GET":
-        errors.pop(429)  # reads are not metered
+    if point.method == "GET" and not point.streams:
+        errors.pop(429)  # reads are not metered; streams count against the stream caps
     if not point.path_params:
         errors.pop(404)
     for status, text in sorted({**errors, **point.responses}.items()):

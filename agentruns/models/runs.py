@@ -251,11 +251,13 @@ class Step(models.Model):
             return (self.finished_at - self.started_at).total_seconds()
         return None
 
+    # what `reject` changes (written by agentruns.runtime.writer)
+    REJECTED_FIELDS = ("status", "finished_at", "error", "result")
+
     def reject(self, reason: str) -> None:
         """A human said no: the model receives the reason as the tool's result."""
         self.status, self.finished_at, self.error = StepStatus.REJECTED, timezone.now(), reason
         self.result = {"error": "rejected", "reason": reason}
-        self.save(update_fields=["status", "finished_at", "error", "result"])
 
 
 class AttemptOutcome(models.TextChoices):

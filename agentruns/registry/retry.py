@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 
+from agentruns import backoff
 from agentruns.registry.errors import RetryableToolError
 
 
@@ -21,8 +21,9 @@ class RetryPolicy:
 
     def delay_for(self, attempt: int) -> float:
         """Delay before attempt `attempt + 1`, after `attempt` failed (capped exponential)."""
-        base = min(self.backoff_max_seconds, self.backoff_seconds * (2 ** max(0, attempt - 1)))
-        return max(0.0, base * (1 + random.uniform(-self.jitter, self.jitter)))
+        return backoff.delay(
+            attempt, base=self.backoff_seconds, cap=self.backoff_max_seconds, jitter=self.jitter
+        )
 
     def describe(self) -> dict:
         return {

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
 from collections import Counter
 from datetime import datetime, timedelta
 from typing import Any
@@ -38,6 +37,7 @@ from agentruns.runtime.access.quotas import take
 from agentruns.runtime.inbox import inbox
 from agentruns.runtime.outages import weather
 from agentruns.runtime.outages.faults import is_infrastructure_error
+from agentruns.runtime.threads import OwnedThread
 
 log = logging.getLogger(__name__)
 
@@ -133,13 +133,11 @@ def purge_due() -> Counter[str] | None:
     return counts
 
 
-class RetentionLoop(threading.Thread):
+class RetentionLoop(OwnedThread):
     """In `qcluster`, beside the sweeper: a purge when it is this worker's turn (on its own
     thread: a long first purge must not hold up the sweeps that recover killed workers' runs)."""
 
-    def __init__(self) -> None:
-        super().__init__(name="agentruns-retention", daemon=True)
-        self.stopped = threading.Event()
+    name = "agentruns-retention"
 
     def run(self) -> None:
         backoff = weather.Backoff(base=1.0, cap=60.0)

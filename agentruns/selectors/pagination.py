@@ -25,7 +25,7 @@ T = TypeVar("T", bound=Model)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def encode_cursor(row: Model, rank: str | None = None, field: str = "created_at") -> str:
+def encode_cursor(row: Model, *, rank: str | None = None, field: str = "created_at") -> str:
     """`<microseconds of field>-<pk>`, led by `<rank value>~` for a list ranked first by that
     field."""
     micros = (getattr(row, field) - EPOCH) // timedelta(microseconds=1)
@@ -118,8 +118,8 @@ def keyset_page(
         items = ascending[:size][::-1]
         return KeysetPage(
             items,
-            older=encode_cursor(items[-1], rank, field),
-            newer=encode_cursor(items[0], rank, field),
+            older=encode_cursor(items[-1], rank=rank, field=field),
+            newer=encode_cursor(items[0], rank=rank, field=field),
         )
     if seek_older is not None:
         rows = rows.filter(_past(fields, seek_older, "lt"))
@@ -127,7 +127,7 @@ def keyset_page(
     items = found[:size]
     page = KeysetPage(items)
     if len(found) > size:
-        page.older = encode_cursor(items[-1], rank, field)
+        page.older = encode_cursor(items[-1], rank=rank, field=field)
     if seek_older is not None and items:
-        page.newer = encode_cursor(items[0], rank, field)
+        page.newer = encode_cursor(items[0], rank=rank, field=field)
     return page

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from agentruns.conf import conf
 from agentruns.models import Run, RunStatus, Step, StepKind, StepStatus
+from agentruns.runtime import writer
 from agentruns.runtime.dispatch.queue import enqueue
 from agentruns.runtime.events import EventSpec, EventType, step_event_data
 from agentruns.runtime.execution import transitions, unknown_outcomes
@@ -77,7 +78,7 @@ def retry_run(run_id: uuid.UUID | str, *, user: Any = None) -> Run:
                 None,
             )
             failed.retry_base = failed.attempts  # a fresh automatic-retry budget from here
-            failed.save(update_fields=["status", "finished_at", "next_attempt_at", "retry_base"])
+            writer.save_step(failed, ["status", "finished_at", "next_attempt_at", "retry_base"])
             events.append(
                 (
                     EventType.STEP_RETRY_REQUESTED,
@@ -161,7 +162,7 @@ def resolve_step(step_id: uuid.UUID | str, result: Any, *, user: Any = None) -> 
         step.status, step.result, step.finished_at = StepStatus.SUCCEEDED, result, now
         step.next_attempt_at = None
         step.error = f"resolved by {who or 'operator'} (was: {previous_error})"[:2000]
-        step.save()
+        writer.save_step(step)
         operations.resolved_by_hand(run, step, result)
         resolved = step_event_data(
             step,

@@ -23,6 +23,7 @@ from django.utils import timezone
 from agentruns.conf import conf
 from agentruns.models import PRIORITY_MAX, PRIORITY_MIN, Run, Step
 from agentruns.registry import get_agent
+from agentruns.runtime import writer
 from agentruns.runtime.access import permissions, quotas
 from agentruns.runtime.dispatch import claims, concurrency
 from agentruns.runtime.dispatch.queue import enqueue
@@ -168,7 +169,7 @@ def start_run(
             admitted = run.waiting_behind is None  # in its key's line: no lease, no doorbell
             if claim_for is not None and admitted:
                 events += _leased(run, claim_for, now)
-            run.last_seq = store.create_run(
+            run.last_seq = writer.create_run(
                 run,
                 events,
                 owner=run.lease_owner or None,
@@ -313,9 +314,8 @@ def _fork(
                     **{name: getattr(step, name) for name in _FORK_STEP_FIELDS},
                 )
             )
-        Step.objects.bulk_create(copies)
-        store = get_store()
-        store.append(
+        writer.copy_steps(copies)
+        writer.append(
             fork.id,
             [
                 (
@@ -333,7 +333,7 @@ def _fork(
                 *waiting,
             ],
         )
-        store.append(
+        writer.append(
             source.id,
             [(EventType.RUN_FORKED, {"by": who, "into": str(fork.id), "from_step": from_step})],
         )

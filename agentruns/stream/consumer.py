@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextvars
 import json
 import logging
 import time
 import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
@@ -32,10 +35,12 @@ from channels.layers import get_channel_layer
 from agentruns.conf import conf
 from agentruns.models import Run
 from agentruns.runtime.access import cache
+from agentruns.runtime.access.quotas import QuotaExceeded
 from agentruns.runtime.outages import weather
 from agentruns.runtime.outages.faults import is_infrastructure_error, redis_unavailable
 from agentruns.runtime.store.nudges import run_group
-from agentruns.stream import sockets
+from agentruns.stream.access import viewers
+from agentruns.stream.access.slots import SLOTS, TRY_LATER, Slot
 from agentruns.stream.frames import encoded_frames_after
 from agentruns.stream.unavailable import REASON, TRY_AGAIN_LATER
 
@@ -48,7 +53,8 @@ GAP_PATIENCE_SECONDS = 5.0  # how long a feed waits for a missing seq before del
 # close codes: 4400 bad request, 4401 not authenticated, 4403 forbidden, 4404 no such run,
 # 4503 the database is unavailable, try again later (stream/unavailable.py). The page's client
 # treats 4400-4499 as refusals (no reconnect); anything else is retried with backoff,
-# 4013 ("try again later": no free socket slot, stream/sockets.py) with a longer wait.
+# 4013 ("try again later": no free stream slot, stream/access/slots.py) with a longer wait. A socket
+# whose viewer loses the right to watch closes with 4401 or 4403 (stream/access/viewers.py).
 
 
 @dataclass(eq=False)
@@ -124,12 +130,18 @@ async def open_feed(run_id: str, head: int | None = None) -> RunFeed:
         try:
             feed.channel = await layer.new_channel()
             await layer.group_add(run_group(run_id), feed.channel)
-            feed.tasks.append(asyncio.create_task(_listen(feed, layer)))
+            feed.tasks.append(_detached(_listen(feed, layer)))
         except Exception as exc:  # no layer (Redis down): the poll alone keeps the stream whole
             _layer_fault(exc, f"run {run_id}: no channel-layer subscription, polling only")
             feed.channel = None
-    feed.tasks.append(asyncio.create_task(_follow(feed)))
+    feed.tasks.append(_detached(_follow(feed)))
     return feed
+
+
+def _detached(work: Coroutine[Any, Any, None]) -> asyncio.Task:
+    """A feed's task, in an empty context: it outlives the socket or SSE request that opened
+    the feed, so it must not inherit that request's thread (stream/http_handler.py)."""
+    return asyncio.get_running_loop().create_task(work, context=contextvars.Context())
 
 
 async def close_feed_if_idle(run_id: str, feed: RunFeed) -> None:
@@ -251,8 +263,8 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
         self.feed: RunFeed | None = None
         self.sender: asyncio.Task | None = None
         self.wakeup = asyncio.Event()
-        self.slot_of: object | None = None  # the user whose socket slot this holds
-        self.credential: sockets.Credential | None = None
+        self.slot: Slot | None = None
+        self.viewer: viewers.Viewer | None = None
         # accept first, so refusals reach the client as close codes with a reason (a refused
         # handshake would only show as a generic failure in browsers)
         await self.accept()
@@ -260,27 +272,26 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
         if refusal is not None:
             await self.close(code=refusal[0], reason=refusal[1])
             return
-        user_id = self.scope["user"].pk
-        busy = sockets.SLOTS.take(user_id)
-        if busy is not None:
-            await self.close(code=sockets.TRY_LATER, reason=busy)
+        try:  # one count with the chat's SSE streams
+            self.slot = SLOTS.take(self.scope["user"].pk)
+        except QuotaExceeded as busy:
+            await self.close(code=TRY_LATER, reason=str(busy))
             return
-        self.slot_of = user_id
         self.feed = await open_feed(self.run_id, self.head)
         self.outages_seen = self.feed.outages
         self.feed.viewers.add(self.wakeup)
         self.sender = asyncio.create_task(self.pump())
-        # closed within SOCKET_RECHECK_SECONDS of its token's revocation or its session's end
-        # (4401: the page does not reconnect with it); one recheck per process, not per socket
-        self.credential = sockets.credential_of_scope(self.scope)
-        if self.credential is not None:
-            sockets.watch().add(self.credential, self.credential_lapsed)
+        # closed within 2 s of its viewer losing the credential (4401: the page does not
+        # reconnect with it) or the right to watch (4403); one recheck per process, not per socket
+        self.viewer = viewers.viewer_of_scope(self.scope)
+        if self.viewer is not None:
+            viewers.watch().add(self.viewer, self.viewer_ended)
 
-    def credential_lapsed(self) -> None:
+    def viewer_ended(self, ending: viewers.Ending) -> None:
+        self.viewer = None  # the watch has dropped it
         if self.sender is not None:
             self.sender.cancel()
-        reason = sockets.lapsed_reason(self.credential) if self.credential else "signed out"
-        asyncio.get_running_loop().create_task(self.close(code=4401, reason=reason))
+        asyncio.get_running_loop().create_task(self.close(code=ending.code, reason=ending.reason))
 
     async def refusal(self) -> tuple[int, str] | None:
         user = self.scope.get("user")
@@ -290,11 +301,11 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
             return 4401, "login required"
         # a token's user has its permissions in memory (runtime/access/cache.py): no thread hop
         if cache.answers_from_memory(user):
-            allowed = user.has_perm("agentruns.view_run")
+            allowed = user.has_perm(viewers.VIEW_RUN)
         else:
-            allowed = await database_sync_to_async(user.has_perm)("agentruns.view_run")
+            allowed = await database_sync_to_async(user.has_perm)(viewers.VIEW_RUN)
         if not allowed:
-            return 4403, "permission agentruns.view_run required"
+            return 4403, f"permission {viewers.VIEW_RUN} required"
         query = parse_qs(self.scope.get("query_string", b"").decode())
         try:
             self.last_seq = max(0, int(query.get("after", ["0"])[0] or 0))
@@ -310,12 +321,12 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if self.sender is not None:
             self.sender.cancel()
-        if self.credential is not None:
-            sockets.watch().discard(self.credential, self.credential_lapsed)
-            self.credential = None
-        if self.slot_of is not None:
-            sockets.SLOTS.give_back(self.slot_of)
-            self.slot_of = None
+        if self.viewer is not None:
+            viewers.watch().discard(self.viewer, self.viewer_ended)
+            self.viewer = None
+        if self.slot is not None:
+            self.slot.release()
+            self.slot = None
         if self.feed is not None:
             self.feed.viewers.discard(self.wakeup)
             await close_feed_if_idle(self.run_id, self.feed)

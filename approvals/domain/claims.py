@@ -16,8 +16,8 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from agentruns.conf import conf
 from agentruns.runtime.store.nudges import nudge_on_commit
+from approvals.conf import conf
 from approvals.domain.policy import check_may_decide
 from approvals.errors import AlreadyDecided, ClaimedByOther
 from approvals.models import Approval, ApprovalStatus

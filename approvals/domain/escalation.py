@@ -14,12 +14,12 @@ from datetime import datetime, timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from agentruns.conf import conf
 from agentruns.models import Run
+from agentruns.runtime import writer
 from agentruns.runtime.events import EventType
-from agentruns.runtime.store import get_store
 from agentruns.runtime.store.nudges import nudge_on_commit
 from agentruns.runtime.values.timestamps import iso
+from approvals.conf import conf
 from approvals.models import Approval, ApprovalStatus, MailNotice
 from approvals.notifications import outbox
 
@@ -55,7 +55,7 @@ def escalate_due_approvals(now: datetime | None = None) -> int:
             approval = Approval.objects.select_related("run", "step", "claimed_by").get(
                 id=approval_id
             )
-            get_store().append(
+            writer.append(
                 approval.run_id,
                 [
                     (

@@ -20,12 +20,12 @@ from django.contrib.auth import get_user_model
 from django.db.models import Sum
 from django.utils import timezone
 
-from agentruns.conf import conf
 from agentruns.registry import OperationKeyError, OverLimit, Tool
 from agentruns.registry.operations import over_limit
 from agentruns.runtime.operations.executions import key_state
 from agentruns.runtime.operations.gate import key_for
 from agentruns.runtime.values.money import format_cents
+from approvals.conf import conf
 from approvals.errors import LimitExceeded
 from approvals.models import Approval, ApprovalDecision, DecisionKind
 

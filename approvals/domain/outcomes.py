@@ -38,6 +38,7 @@ from django.utils import timezone
 from agentruns.models import Run, RunStatus, Step, StepStatus
 from agentruns.registry import Tool
 from agentruns.registry.edits import same_value
+from agentruns.runtime import writer
 from agentruns.runtime.events import EventSpec, EventType
 from agentruns.runtime.execution import unknown_outcomes
 from agentruns.runtime.execution.transitions import ABORT, RESUME, WAIT, resume_parked
@@ -241,7 +242,7 @@ def approved(current: Approval, user: Any, edited_args: dict | None, reason: str
     settle(current, ApprovalKind.APPROVAL, user, status=ApprovalStatus.APPROVED, reason=reason)
     step = current.step
     step.arguments, step.approved, step.status = args, True, StepStatus.PENDING
-    step.save(update_fields=["arguments", "approved", "status"])
+    writer.save_step(step, ["arguments", "approved", "status"])
     return Outcome(current, user, APPROVED, args=args, edited=edited is not None)
 
 
@@ -283,16 +284,12 @@ def reconciled(approval: Approval, user: Any, resolution: str, result: Any, reas
         # nobody can say it did not happen: its key stays used (a lead may allow one more)
         unconfirmed = {"outcome_unknown": True, "note": f"aborted by {who}"}
         executions.settle(step.id, executions.DONE, unconfirmed)
-    step.save(update_fields=["status", "result", "finished_at", "error"])
+    writer.save_step(step, ["status", "result", "finished_at", "error"])
     if resolution != "abort":
         return outcome
     # abort: the run ends here; steps planned after this one never run (one whose outcome is
     # unknown too stays so: skipping it would say it did not happen)
-    Step.objects.filter(
-        run=run,
-        index__gt=step.index,
-        status__in=[StepStatus.PENDING, StepStatus.WAITING_APPROVAL],
-    ).update(status=StepStatus.SKIPPED, finished_at=now)
+    writer.skip_unrun_steps(run, now, after=step.index)
     withdrawn = withdraw_approvals(run, reason=f"run aborted by {who}")
     outcome.after = [(EventType.APPROVAL_WITHDRAWN, {"approval": a}) for a in withdrawn]
     outcome.error = f"aborted by {who} after an unknown outcome of {step.tool}"
@@ -308,6 +305,7 @@ def rejected(
     as the tool's result, so it can tell the customer why. Inside the caller's transaction."""
     settle(approval, ApprovalKind.APPROVAL, user, status=status, reason=reason)
     approval.step.reject(reason)
+    writer.save_step(approval.step, Step.REJECTED_FIELDS)
     if status == ApprovalStatus.REJECTED:  # a person's decision (an expiry is nobody's): its row
         record_rejection(approval, user, reason)
     return Outcome(approval, user, str(status))

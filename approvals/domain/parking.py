@@ -14,13 +14,13 @@ from typing import Any
 
 from django.utils import timezone
 
-from agentruns.conf import conf
 from agentruns.models import Run, Step
 from agentruns.registry import OperationKeyError, Tool, get_tool, has_tool
 from agentruns.registry.deployed import approvals_required
 from agentruns.runtime.operations.gate import key_for
 from agentruns.runtime.store.nudges import nudge_on_commit
 from agentruns.runtime.values.timestamps import iso
+from approvals.conf import conf
 from approvals.domain.escalation import due_at_for
 from approvals.models import Approval, ApprovalKind, ApprovalStatus, MailNotice
 from approvals.notifications import outbox

@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import logging
-import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,8 +26,9 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from agentruns.conf import conf
+from agentruns import backoff
 from agentruns.runtime.values.timestamps import iso
+from approvals.conf import conf
 from approvals.models import DeliveryStatus, WebhookDelivery, WebhookEndpoint
 from approvals.notifications.outbox import settings_endpoint_events
 from approvals.notifications.signing import BadSecret, signed_headers
@@ -45,10 +45,14 @@ USER_AGENT = "agentruns-webhooks/1"
 # ------------------------------------------------------------------ the schedule
 def retry_delay(failed_tries: int, jitter: float | None = None) -> float:
     """Seconds to wait after the `failed_tries`-th failed try: base x 4^(n-1), capped, +-20%."""
-    base = conf.WEBHOOK_RETRY_BASE_SECONDS * BACKOFF_FACTOR ** max(0, failed_tries - 1)
-    delay = min(conf.WEBHOOK_RETRY_MAX_SECONDS, base)
-    factor = random.uniform(1 - JITTER, 1 + JITTER) if jitter is None else 1 + jitter
-    return delay * factor
+    return backoff.delay(
+        failed_tries,
+        base=conf.WEBHOOK_RETRY_BASE_SECONDS,
+        cap=conf.WEBHOOK_RETRY_MAX_SECONDS,
+        jitter=JITTER,
+        factor=BACKOFF_FACTOR,
+        at=None if jitter is None else jitter / JITTER,
+    )
 
 
 def shortest_retry_span() -> float:

@@ -9,32 +9,32 @@ database is away it backs off (`runtime/outages/weather.py`) and logs the outage
 from __future__ import annotations
 
 import logging
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 from django.db import close_old_connections, connection
 
-from agentruns.conf import conf
 from agentruns.runtime.outages import weather
 from agentruns.runtime.outages.faults import is_infrastructure_error
+from agentruns.runtime.threads import OwnedThread, process_threads
 from agentruns.runtime.values.ids import worker_id
+from approvals.conf import conf
 from approvals.notifications.delivery import deliver_due
 from approvals.notifications.mail import send_due_digests
 
 log = logging.getLogger(__name__)
 
 
-class DeliveryLoop(threading.Thread):
+class DeliveryLoop(OwnedThread):
+    name = "agentruns-deliveries"
+
     def __init__(self) -> None:
-        super().__init__(name="agentruns-deliveries", daemon=True)
+        super().__init__()
         self.owner = f"deliveries@{worker_id()}"
-        self.stopped = threading.Event()
 
     def run(self) -> None:
         # no redirects: a 3xx is a failure (Standard Webhooks: fix the URL instead)
         client = httpx.Client(follow_redirects=False)
-        pool = ThreadPoolExecutor(conf.WEBHOOK_CONCURRENCY, thread_name_prefix="webhook-send")
+        pool = process_threads().executor("webhook-send", conf.WEBHOOK_CONCURRENCY)
         # the database away: tries further apart, up to 5 s (a delivery waits; none is lost)
         backoff = weather.Backoff(base=conf.WEBHOOK_POLL_SECONDS, cap=5.0)
         try:

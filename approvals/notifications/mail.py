@@ -22,8 +22,8 @@ from django.db.models import Q
 from django.template.loader import render_to_string
 from django.utils import timezone
 
-from agentruns.conf import conf
 from agentruns.runtime.values.money import format_cents
+from approvals.conf import conf
 from approvals.models import Approval, ApprovalStatus, MailNotice
 from approvals.notifications.outbox import approval_url, inbox_url
 

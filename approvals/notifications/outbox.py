@@ -19,11 +19,11 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from agentruns.conf import conf
 from agentruns.models import Run
 from agentruns.runtime.values.ids import actor_name
 from agentruns.runtime.values.redaction import redact_fields, redact_text
 from agentruns.runtime.values.timestamps import iso
+from approvals.conf import conf
 from approvals.models import (
     Approval,
     DeliveryStatus,

@@ -22,13 +22,14 @@ from django.views.decorators.http import require_GET, require_POST
 from agentruns import services as run_services
 from agentruns.runtime.values.ids import BadId, parse_versioned_id
 from agentruns.services import ActionRefused
+from agentruns.services.operations import ALLOW_PERMISSION
 from approvals import services
 from approvals.domain import claims, policy
 from approvals.domain.selectors import approvals_query
 from approvals.errors import AlreadyDecided, ClaimedByOther, DecisionError
 from approvals.models import Approval
 from approvals.web.cards import card_for
-from approvals.web.views import DECIDE_PERMISSION
+from approvals.web.views import DECIDE_PERMISSION, VIEW_PERMISSION
 
 
 def _card_response(
@@ -100,9 +101,13 @@ def _claim_action(
 
 @require_POST
 @login_required
+@permission_required(VIEW_PERMISSION, raise_exception=True)
 def allow_operation(request: HttpRequest, approval_id: int) -> HttpResponse:
-    """A lead allows one more execution of the item's operation key (the service checks the
-    right, `agentruns.operate_run`, and records who, when and why on the item's run)."""
+    """A lead allows one more execution of the item's operation key: someone who sees the inbox
+    and holds `agentruns.operate_run` (checked first, so nobody else learns what the card holds;
+    the service checks it again and records who, when and why on the item's run)."""
+    if not request.user.has_perm(ALLOW_PERMISSION):
+        return HttpResponse("You may not allow one more execution.", status=403)
     approval = get_object_or_404(Approval, id=approval_id)
     if not approval.operation_key:
         return _card_response(

@@ -99,10 +99,6 @@ class Card:
     def given_user_ids(self) -> list[int]:
         return [d.user_id for d in self.given if d.user_id]
 
-    @property
-    def is_reconciliation(self) -> bool:
-        return self.approval.kind == ApprovalKind.RECONCILIATION
-
 
 def schema_fields(approval: Approval, args: dict, hidden: Iterable[str]) -> list[FormField]:
     """The form's inputs for `args` (the current proposal, redacted): editable are the fields

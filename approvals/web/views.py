@@ -90,7 +90,7 @@ def _is_poll(request: HttpRequest) -> bool:
 
 def _cursor_above(page) -> str:
     first = page.items[0]
-    head, _, pk = encode_cursor(first, "priority").rpartition("-")
+    head, _, pk = encode_cursor(first, rank="priority").rpartition("-")
     # "older than (priority, t, id+1)" includes the item itself; ids are unique so nothing else
     # sneaks in
     return f"{head}-{int(pk) + 1}"

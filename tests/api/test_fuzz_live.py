@@ -103,9 +103,19 @@ def test_every_operation_survives_schemathesis(tmp_path: Path, seeded, django_us
 
         # nothing left half-done: every run ends or waits for a person
         def settled() -> bool:
-            return not Run.objects.exclude(status__in=SETTLED).exists()
+            # a refund run queued in its order's line (one run per order) waits for the run
+            # ahead of it; that line must end at a run that waits for a person (below)
+            unsettled = Run.objects.exclude(status__in=SETTLED)
+            return not unsettled.filter(waiting_behind__isnull=True).exists()
 
         wait_until(settled, timeout=120, message="every fuzzed run to settle")
+        for queued in Run.objects.exclude(status__in=SETTLED):
+            ahead = queued
+            for _ in range(Run.objects.count()):
+                if ahead.waiting_behind is None:
+                    break
+                ahead = Run.objects.get(id=ahead.waiting_behind)
+            assert ahead.holds_key and ahead.status == RunStatus.WAITING, (queued.id, ahead.id)
         assert Run.objects.count() > 0, "the fuzzer never created a run"
     finally:
         worker.kill()

@@ -122,7 +122,7 @@ def test_decided_pages_are_keyset_pages_of_constant_cost(people, decided):
     # the cursor is (decided_at, id): the next page starts after the item it names
     from agentruns.selectors.pagination import encode_cursor
 
-    cursor = encode_cursor(Approval.objects.get(id=newest.id), "decided_at")
+    cursor = encode_cursor(Approval.objects.get(id=newest.id), field="decided_at")
     assert shown(client, older=cursor)[0] == decided["edited"].id
     with CaptureQueriesContext(connection) as few:
         client.get(DECIDED)

@@ -22,8 +22,7 @@ from django.test import Client
 from django.urls import reverse
 from django_q.models import OrmQ
 
-from agentruns.conf import conf
-from agentruns.model_limit_setting import ModelLimit, parse_model_limits
+from agentruns.conf import ModelLimit, conf, parse_model_limits
 from agentruns.models import ModelRateBucket, Run, RunStatus, Step
 from agentruns.registry import Agent, ScriptedTurn, register_agent
 from agentruns.runtime.access import model_limits
@@ -245,7 +244,7 @@ def test_the_bucket_is_one_statement_on_sqlite_too(tmp_path):
     env = base_env(**sqlite_env(tmp_path / "db.sqlite3", "http://127.0.0.1:1"))
     manage(env, "migrate", "--noinput", "-v0")
     code = (
-        "from agentruns.model_limit_setting import ModelLimit\n"
+        "from agentruns.conf import ModelLimit\n"
         "from agentruns.runtime.access.model_limits import reserve\n"
         "slots = [reserve('m', ModelLimit(rpm=120)).at for _ in range(4)]\n"
         "print(' '.join(f'{s - slots[0]:.3f}' for s in slots))"

@@ -1,5 +1,5 @@
 """Long-lived connections against a real daphne: the socket caps (4013, "try later"), the exact origin check,
-unknown socket paths (4404), and connections that end with their credential (stream/sockets.py):
+unknown socket paths (4404), and connections that end with their credential (stream/access/):
 a revoked token ends an open chat SSE stream, signing out closes the session's sockets."""
 
 from __future__ import annotations

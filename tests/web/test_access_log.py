@@ -5,13 +5,16 @@ dropped after the idle timeout."""
 from __future__ import annotations
 
 import socket
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 
 from agentruns.tokens import create_token
+from tests.binaries import require
 from tests.procs import Proc, base_env, free_port, start_web, wait_http
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -47,5 +50,24 @@ def test_a_half_sent_request_is_dropped_after_the_idle_timeout(tmp_path):
             sent = time.monotonic()
             assert conn.recv(1024) == b""  # closed by the server
             assert time.monotonic() - sent < 10
+    finally:
+        web.kill()
+
+
+def test_daphne_listens_with_a_backlog_a_burst_of_connections_fits_in(tmp_path):
+    """Twisted's default listen backlog is 50: a burst of chats had connections reset before
+    daphne accepted them (where the app answers 429). `ss` shows a listening socket's backlog
+    as its Send-Q."""
+    ss = require("ss")
+    port = free_port()
+    args = [sys.executable, "-m", "config.serve", "-b", "127.0.0.1", "-p", str(port)]
+    web = Proc([*args, "config.asgi:application"], base_env(), tmp_path / "web.log").start()
+    try:
+        wait_http(f"http://127.0.0.1:{port}/healthz", web)
+        shown = subprocess.run(
+            [ss, "-Hltn", f"sport = :{port}"], capture_output=True, text=True, check=True
+        ).stdout.split()
+        somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
+        assert int(shown[2]) == min(1024, somaxconn), shown
     finally:
         web.kill()

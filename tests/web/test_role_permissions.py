@@ -61,6 +61,10 @@ API = [
     ("POST", "/api/approvals/{missing}/claim", {}, by_role(DECIDE, 404)),
     ("POST", "/api/approvals/{missing}/release", {}, by_role(DECIDE, 404)),
     ("POST", "/api/approvals/bulk", {"ids": [], "decision": "maybe"}, by_role(DECIDE, 400)),
+    # an operation key: looking needs view_run; one more execution operate_run (a key never
+    # executed has nothing to allow: 409)
+    ("GET", "/api/operation-keys/refund:ORD-0", None, by_role(LOOK, 200)),
+    ("POST", "/api/operation-keys/refund:ORD-0/allow", {}, by_role(OPERATE, 409)),
     # the AI SDK chat: watching needs view_run, starting start_run too (an empty message: 400)
     (
         "POST",
@@ -108,6 +112,9 @@ PAGES = [
     ("POST", "/approvals/{approval}/release/", {}, by_role(DECIDE, 302, anonymous="login")),
     ("POST", "/approvals/bulk/", {"action": "maybe"}, by_role(DECIDE, 302, anonymous="login")),
     ("GET", "/approvals/decided/", None, by_role(INBOX, 200, anonymous="login")),
+    # one more execution of a card's operation key: the inbox's viewers with operate_run (this
+    # card's call takes no key: back to the inbox with the reason)
+    ("POST", "/approvals/{approval}/allow/", {}, by_role(INBOX & OPERATE, 302, anonymous="login")),
     # the navigation's counts: every signed-in page polls them (each count only for its viewers)
     ("GET", "/runs/nav/", None, by_role(SIGNED_IN, 200, anonymous="login")),
     # the support desk: looking needs support.view_ticket; running the agent start_run too (a
@@ -233,6 +240,7 @@ def _page_routes(resolver: URLResolver, prefix: str = "") -> set[str]:
 
 def test_every_route_has_a_row():
     """A new endpoint or page must say here which roles may use it."""
+    assert get_resolver().url_patterns  # every endpoint module is imported with the URLconf
     declared = {(e.method, e.path) for e in ENDPOINTS}
     covered = {
         (
@@ -243,7 +251,8 @@ def test_every_route_has_a_row():
             .replace("{missing}", "{approval_id}")
             .replace("/steps/0/", "/steps/{index}/")
             .replace("/chat/script/no-such-chat/", "/chat/{agent}/{chat_id}/")
-            .replace("/chat/script", "/chat/{agent}"),
+            .replace("/chat/script", "/chat/{agent}")
+            .replace("/refund:ORD-0", "/{key}"),
         )
         for method, path, _, _ in API
     }

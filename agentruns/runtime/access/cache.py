@@ -24,7 +24,6 @@ from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
 from django.contrib.auth.backends import ModelBackend
-from django.db.models import Subquery
 
 from agentruns.models import AccessGeneration
 
@@ -36,11 +35,6 @@ _GENERATION = "_agentruns_access_generation"
 _lock = threading.Lock()
 _entries: OrderedDict[tuple, Any] = OrderedDict()
 _held: list[int | None] = [None]  # the generation `_entries` belong to
-
-
-def generation_subquery() -> Subquery:
-    """The access generation, as a column of another query (the token's)."""
-    return Subquery(AccessGeneration.objects.filter(id=1).values("value")[:1])
 
 
 def current_generation() -> int | None:
@@ -86,10 +80,3 @@ def remembered(user: Any, what: Hashable, compute: Callable[[], T]) -> T:
             if len(_entries) > MAX_ENTRIES:
                 _entries.popitem(last=False)
     return value
-
-
-def forget() -> None:
-    """Drop everything kept (tests; nothing else needs it: a write changes the generation)."""
-    with _lock:
-        _entries.clear()
-        _held[0] = None

@@ -50,8 +50,7 @@ from typing import Any, NamedTuple
 
 from django.db import connection
 
-from agentruns.conf import conf
-from agentruns.model_limit_setting import ModelLimit
+from agentruns.conf import ModelLimit, conf
 from agentruns.models import ModelRateBucket, RunStatus, StepKind, StepStatus
 from agentruns.runtime.access.quotas import db_clock_sql, least_greatest_sql
 from agentruns.runtime.dispatch import connections

@@ -38,10 +38,6 @@ from agentruns.runtime.values.ids import actor_name
 from agentruns.runtime.values.timestamps import iso
 
 
-def group_names(user: Any) -> list[str]:
-    return list(_grants(user).groups)
-
-
 @dataclass(frozen=True)
 class _Policy:
     group: str

@@ -28,24 +28,21 @@ free slot. As with `RunExecutor.claim`, that changes the lease only, with no eve
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 
-from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection
 from django.utils import timezone
 
 from agentruns.conf import conf
-from agentruns.models import Run, RunEvent, RunStatus
+from agentruns.models import Run, RunStatus
+from agentruns.runtime import writer
 from agentruns.runtime.events import EventSpec
-from agentruns.runtime.store.nudges import nudge_on_commit
+from agentruns.runtime.store.batch_claims import LEASE_FREE, OWNER_ID_CHARS
 from agentruns.runtime.store.rows import loaded_run, run_columns
 from agentruns.runtime.store.sql import run_value
 from agentruns.runtime.values.ids import worker_id
 
 CHANNEL = "agentruns_runs"
-OWNER_ID_CHARS = 8  # of the run's id, after the batch's tag: a lease owner per claimed run
-LEASE_FREE = "(lease_expires_at IS NULL OR lease_expires_at < %s)"  # %s: now
 
 
 def starts_by_notify() -> bool:
@@ -60,48 +57,18 @@ def claim_queued(limit: int, events: list[EventSpec]) -> list[Run]:
     (autocommit: committed when it returns), appending `events` (the claim's status change,
     `transitions.started()`) to each. Returns the claimed runs as the claim left their rows
     (running, `lease_owner` theirs): the statement returns them, so the run thread that executes
-    one does not read it again."""
+    one does not read it again. The statement is the store's (`store/batch_claims.py`), written
+    through the one writer."""
     if limit <= 0:
         return []
     now = timezone.now()
-    tag = worker_id()
-    runs, event_table = Run._meta.db_table, RunEvent._meta.db_table
-    values = ", ".join(["(%s::int, %s::text, %s::jsonb)"] * len(events))
-    stamp = run_value("updated_at", now)
-    params: list = [
-        RunStatus.QUEUED,
-        stamp,
-        stamp,
+    return writer.claim_queued(
         limit,
-        RunStatus.RUNNING,
-        f"{tag}/",
-        run_value("lease_expires_at", now + timedelta(seconds=conf.LEASE_TTL_SECONDS)),
-        stamp,
-        len(events),
-        stamp,
-    ]
-    for i, (etype, data) in enumerate(events):
-        params += [i, str(etype), json.dumps(data, cls=DjangoJSONEncoder)]
-    params += [len(events) - 1, stamp]
-    sql = (
-        f"WITH picked AS (SELECT id FROM {runs} WHERE status = %s AND {LEASE_FREE} "
-        "AND enqueued_at <= %s AND waiting_behind IS NULL "
-        "ORDER BY priority DESC, enqueued_at, id LIMIT %s FOR UPDATE SKIP LOCKED), "
-        f"r AS (UPDATE {runs} AS run SET status = %s, "
-        f"lease_owner = %s || left(run.id::text, {OWNER_ID_CHARS}), lease_expires_at = %s, "
-        "started_at = COALESCE(run.started_at, %s), last_seq = run.last_seq + %s, "
-        f"updated_at = %s FROM picked WHERE run.id = picked.id RETURNING {run_columns('run')}), "
-        f"v(i, t, d) AS (VALUES {values}), "
-        f"e AS (INSERT INTO {event_table} (run_id, seq, type, data, created_at) "
-        "SELECT r.id, r.last_seq - %s + v.i, v.t, v.d, %s FROM r, v) "
-        f"SELECT {run_columns('r')} FROM r"
+        events,
+        tag=f"{worker_id()}/",
+        lease_expires_at=now + timedelta(seconds=conf.LEASE_TTL_SECONDS),
+        now=now,
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        runs_claimed = [loaded_run(values, connection) for values in cursor.fetchall()]
-    for run in runs_claimed:
-        nudge_on_commit(run.id, run.last_seq)  # autocommit: sent now (last_seq: its last event)
-    return runs_claimed
 
 
 def relet_abandoned(limit: int) -> list[Run]:

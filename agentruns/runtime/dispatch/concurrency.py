@@ -36,10 +36,10 @@ from django.utils import timezone
 
 from agentruns.models import TERMINAL_RUN_STATUSES, ConcurrencyKey, Run, RunStatus
 from agentruns.registry.concurrency import concurrency_of
+from agentruns.runtime import writer
 from agentruns.runtime.dispatch import claims
 from agentruns.runtime.dispatch.queue import enqueue
 from agentruns.runtime.events import EventSpec, EventType
-from agentruns.runtime.store import get_store
 from agentruns.runtime.store.sql import run_value
 
 KEY_MAX = Run._meta.get_field("concurrency_key").max_length
@@ -180,17 +180,16 @@ def _waiting_event(agent: str, key: str, behind: uuid.UUID, limit: int) -> Event
 
 def _carry_out(agent: str, key: str, limit: int, plan: _Plan, now: datetime, *, why: str) -> None:
     """Write the plan for the runs already stored: admissions (rung) and changed places."""
-    store = get_store()
     admitted = [m.id for m in plan.admitted]
     for run_id in admitted:
-        store.append(
+        writer.append(
             run_id,
             [_admitted_event(key, why)],
             set_fields={"holds_key": True, "waiting_behind": None, "enqueued_at": now},
         )
     for member, behind in plan.waiting:
         if member.behind != behind:
-            store.append(
+            writer.append(
                 member.id,
                 [_waiting_event(agent, key, behind, limit)],
                 set_fields={"holds_key": False, "waiting_behind": behind, "enqueued_at": None},

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 from functools import cache
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
+from agentruns.backoff import jittered
 from agentruns.runtime.outages import weather
 
 # the inherited pools and connections a forked child must never use, close or collect
@@ -97,7 +97,8 @@ def cap_reconnect_backoff(cap: float = RECONNECT_BACKOFF_CAP_SECONDS) -> None:
 
         def update_delay(self, now: float) -> None:
             super().update_delay(now)
-            self.delay = min(self.delay, self.capped_at * random.uniform(0.8, 1.0))
+            # 80% to 100% of the cap, at random, so reconnects do not come in step
+            self.delay = min(self.delay, jittered(self.capped_at * 0.9, 1 / 9))
 
     sync_pool.AttemptWithBackoff = CappedBackoff
     logging.getLogger("psycopg.pool").addFilter(_quiet_reconnects)

@@ -33,6 +33,7 @@ from agentruns.runtime.dispatch.queue import enqueue
 from agentruns.runtime.outages import weather
 from agentruns.runtime.outages.faults import is_infrastructure_error
 from agentruns.runtime.store.sql import run_value
+from agentruns.runtime.threads import OwnedThread
 
 log = logging.getLogger(__name__)
 
@@ -142,9 +143,11 @@ def hand_back_runs(runs: list[tuple[uuid.UUID, str]]) -> int:
 IDLE_POLL_SECONDS = 1.0
 
 
-class _LeaseKeeper(threading.Thread):
+class _LeaseKeeper(OwnedThread):
+    name = "lease-keeper"
+
     def __init__(self) -> None:
-        super().__init__(name="lease-keeper", daemon=True)
+        super().__init__()
         self.lock = threading.Lock()
         self.wake = threading.Event()
         self.beats: set[Heartbeat] = set()
@@ -169,8 +172,12 @@ class _LeaseKeeper(threading.Thread):
         with self.lock:
             self.beats.discard(beat)
 
+    def stop(self) -> None:
+        super().stop()
+        self.wake.set()
+
     def run(self) -> None:
-        while True:
+        while not self.stopped.is_set():
             self.wake.clear()
             if time.monotonic() >= self.retry_at:
                 self._cycle()
@@ -235,7 +242,7 @@ def _keeper() -> _LeaseKeeper:
     """The process's keeper thread (keyed by pid: a forked worker starts its own)."""
     global _keeper_of
     with _keeper_lock:
-        if _keeper_of is None or _keeper_of[0] != os.getpid():
+        if _keeper_of is None or _keeper_of[0] != os.getpid() or _keeper_of[1].stopped.is_set():
             keeper = _LeaseKeeper()
             keeper.start()
             _keeper_of = (os.getpid(), keeper)

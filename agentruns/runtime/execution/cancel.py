@@ -12,8 +12,8 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
-from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepStatus
-from agentruns.runtime import tracing
+from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepStatus
+from agentruns.runtime import tracing, writer
 from agentruns.runtime.dispatch import concurrency
 from agentruns.runtime.events import EventSpec, EventType
 from agentruns.runtime.execution.transitions import ActionRefused, RunChange, apply, cancelled
@@ -56,9 +56,7 @@ def withdraw_unrun_work(run: Run, now: datetime, *, who: str | None) -> list[Eve
     """What both ways of cancelling do: the run's pending inbox items are withdrawn and its
     steps nobody will run (planned, or waiting for a decision) skipped. Returns the events."""
     withdrawn = inbox().withdraw(run, reason=f"run cancelled by {who or 'system'}")
-    Step.objects.filter(
-        run=run, status__in=[StepStatus.PENDING, StepStatus.WAITING_APPROVAL]
-    ).update(status=StepStatus.SKIPPED, finished_at=now, next_attempt_at=None)
+    writer.skip_unrun_steps(run, now)
     return [
         (EventType.APPROVAL_WITHDRAWN, {"approval": a, "by": who, "reason": "run cancelled"})
         for a in withdrawn
@@ -73,10 +71,11 @@ def _end_idle_run(run: Run, *, who: str | None, reason: str, requested: EventSpe
     now = timezone.now()
     withdrawn = withdraw_unrun_work(run, now, who=who)
     for step in Step.objects.filter(run=run, status=StepStatus.RUNNING):
-        StepAttempt.objects.filter(step=step, finished_at__isnull=True).update(
-            finished_at=now,
+        writer.close_open_attempts(
+            step,
             outcome=AttemptOutcome.CRASHED,
             error="run cancelled after the worker died",
+            now=now,
         )
         step.status = (
             StepStatus.UNKNOWN
@@ -84,7 +83,7 @@ def _end_idle_run(run: Run, *, who: str | None, reason: str, requested: EventSpe
             else StepStatus.SKIPPED
         )
         step.finished_at = now
-        step.save(update_fields=["status", "finished_at"])
+        writer.save_step(step, ["status", "finished_at"])
     executions.run_ended(run, "the run was cancelled after its worker died during the call")
     change = cancelled(reason or f"cancelled by {who or 'system'}").after(requested, *withdrawn)
     apply(run.id, change)

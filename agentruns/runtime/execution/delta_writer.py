@@ -31,12 +31,13 @@ from django.db import connection
 from django.utils import timezone
 
 from agentruns.conf import conf
+from agentruns.runtime import writer
 from agentruns.runtime.dispatch import connections
 from agentruns.runtime.events import EventType, LeaseLost
 from agentruns.runtime.outages import weather
 from agentruns.runtime.outages.faults import is_infrastructure_error
-from agentruns.runtime.store import get_store
 from agentruns.runtime.store.base import RunDeltas
+from agentruns.runtime.threads import process_threads
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +90,14 @@ class DeltaWriter:
         self.ready: dict[int, DeltaFeed] = {}  # feeds holding text, by id()
         self.early = False  # a feed reached flush_chars: flush before the tick is up
         self.last_flush = 0.0
-        self.thread = threading.Thread(target=self._loop, name="delta-writer", daemon=True)
-        self.thread.start()
+        self.stopped = False
+        self.thread = process_threads().start("delta-writer", self._loop, stop=self.stop)
+
+    def stop(self) -> None:
+        """End the writer's thread (the process stops: its runs were handed over first)."""
+        with self.lock:
+            self.stopped = True
+            self.lock.notify_all()
 
     def open(
         self,
@@ -130,7 +137,7 @@ class DeltaWriter:
 
     # ------------------------------------------------------------ the writer thread
     def _loop(self) -> None:
-        while True:
+        while not self.stopped:
             try:
                 taken = self._take()
                 self._flush(taken)
@@ -140,7 +147,7 @@ class DeltaWriter:
     def _take(self) -> list[tuple[DeltaFeed, str]]:
         """Wait for text and for the tick (or a full feed), then take every feed's text."""
         with self.lock:
-            while True:
+            while not self.stopped:
                 if not self.ready:
                     self.lock.wait()
                     continue
@@ -179,7 +186,7 @@ class DeltaWriter:
             for feed, text in taken
         ]
         try:
-            results = get_store().commit_deltas(deltas, now=now)
+            results = writer.commit_deltas(deltas, now=now)
         except Exception as exc:
             self._failed(taken, exc)
             return
@@ -227,7 +234,7 @@ def delta_writer() -> DeltaWriter:
     django-q2's workers are, starts its own)."""
     global _writer
     with _writer_lock:
-        if _writer is None or _writer[0] != os.getpid():
+        if _writer is None or _writer[0] != os.getpid() or _writer[1].stopped:
             writer = DeltaWriter(conf.DELTA_FLUSH_MS / 1000.0, conf.DELTA_FLUSH_CHARS)
             _writer = (os.getpid(), writer)
         return _writer[1]

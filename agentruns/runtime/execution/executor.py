@@ -32,9 +32,9 @@ from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
 from agentruns.conf import conf
-from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepKind, StepStatus
+from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepKind, StepStatus
 from agentruns.registry import UnknownAgent, get_agent, get_tool, has_tool
-from agentruns.runtime import tracing
+from agentruns.runtime import tracing, writer
 from agentruns.runtime.dispatch import concurrency, lease
 from agentruns.runtime.dispatch.lease import Heartbeat
 from agentruns.runtime.dispatch.queue import enqueue
@@ -82,7 +82,7 @@ class RunExecutor(ModelSteps, ToolSteps):
     def claim(self) -> bool:
         now = timezone.now()
         lease = {"lease_owner": self.owner, "lease_expires_at": now + timedelta(seconds=self.ttl)}
-        return self.store.claim(
+        return writer.claim(
             self.run_id, self.owner, transitions.started().events, lease=lease, now=now
         )
 
@@ -106,7 +106,7 @@ class RunExecutor(ModelSteps, ToolSteps):
             fields["lease_expires_at"] = now + timedelta(seconds=self.ttl)
         # an end lets the run's concurrency key go in the same transaction (nothing without one)
         with concurrency.following(self.run_id, fields.get("status"), self.run_key):
-            last_seq, self.cancel_requested = self.store.commit(
+            last_seq, self.cancel_requested = writer.commit(
                 self.run_id,
                 self.owner,
                 events,
@@ -308,11 +308,9 @@ class RunExecutor(ModelSteps, ToolSteps):
         with transaction.atomic(savepoint=False):
             for step in self.state.steps[self.state.cursor :]:
                 if step.id in self.state.begun_here:
-                    StepAttempt.objects.filter(
-                        step=step, number=step.attempts, finished_at__isnull=True
-                    ).update(finished_at=now, outcome=AttemptOutcome.FAILED, error=not_made)
+                    self._close_attempt(step, AttemptOutcome.FAILED, not_made, now)
                     step.status, step.error, step.finished_at = StepStatus.FAILED, not_made, now
-                    step.save(update_fields=["status", "error", "finished_at"])
+                    writer.save_step(step, ["status", "error", "finished_at"])
                     events.append((EventType.STEP_FAILED, step_event_data(step)))
             self.state.begun_here.clear()
             events += withdraw_unrun_work(self.state.run, now, who=None)
@@ -364,7 +362,7 @@ class RunExecutor(ModelSteps, ToolSteps):
             with transaction.atomic():
                 self._close_attempt(step, AttemptOutcome.CRASHED, "worker died mid-stream", now)
                 step.status = StepStatus.PENDING
-                step.save(update_fields=["status"])
+                writer.save_step(step, ["status"])
                 self.commit(
                     [(EventType.MODEL_SUPERSEDED, {"step": step.index, "attempt": step.attempts})]
                 )
@@ -375,7 +373,7 @@ class RunExecutor(ModelSteps, ToolSteps):
         with transaction.atomic():
             self._close_attempt(step, AttemptOutcome.CRASHED, "worker died mid-call", now)
             step.status = StepStatus.PENDING
-            step.save(update_fields=["status"])
+            writer.save_step(step, ["status"])
             self.commit([(EventType.STEP_RECOVERED, step_event_data(step))])
         return None
 
@@ -385,7 +383,7 @@ class RunExecutor(ModelSteps, ToolSteps):
         with transaction.atomic():
             self._close_attempt(step, AttemptOutcome.UNKNOWN, why, timezone.now())
             step.status = StepStatus.UNKNOWN
-            step.save(update_fields=["status"])
+            writer.save_step(step, ["status"])
             inbox().open_reconciliation(step, self.state.run.agent)
             return self.park(
                 events_before=[
@@ -395,6 +393,6 @@ class RunExecutor(ModelSteps, ToolSteps):
             )
 
     def _close_attempt(self, step: Step, outcome: str, error: str, now: Any) -> None:
-        StepAttempt.objects.filter(
-            step=step, number=step.attempts, finished_at__isnull=True
-        ).update(outcome=outcome, error=error, finished_at=now)
+        writer.end_attempt(
+            step, step.attempts, open_only=True, outcome=outcome, error=error, finished_at=now
+        )

@@ -13,7 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from agentruns.conf import conf
-from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepAttempt, StepStatus
+from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepStatus
 from agentruns.registry import (
     ApprovalRequested,
     OutcomeUnknown,
@@ -24,7 +24,7 @@ from agentruns.registry import (
     get_tool,
 )
 from agentruns.registry.context import stepping
-from agentruns.runtime import tracing
+from agentruns.runtime import tracing, writer
 from agentruns.runtime.access.permissions import needs_approval
 from agentruns.runtime.dispatch import connections
 from agentruns.runtime.events import EventType, step_event_data, succeeded_event_data
@@ -104,7 +104,7 @@ class ToolSteps(ExecutorHost):
         asked: a Pydantic AI tool's ApprovalRequired)."""
         with transaction.atomic():
             step.status = StepStatus.WAITING_APPROVAL
-            step.save(update_fields=["status"])
+            writer.save_step(step, ["status"])
             approval_id = inbox().open_approval(step, self.state.run.agent)
             return self.park(
                 events_before=[
@@ -125,7 +125,9 @@ class ToolSteps(ExecutorHost):
         """The tool raised ApprovalRequested before doing anything: its attempt ends (it made
         no call) and the step waits for a person, as if its rule had held."""
         if tool.commits_before_call:
-            StepAttempt.objects.filter(step=step, number=attempt).update(
+            writer.end_attempt(
+                step,
+                attempt,
                 finished_at=timezone.now(),
                 outcome=AttemptOutcome.FAILED,
                 error="the tool asked for approval first",
@@ -140,6 +142,7 @@ class ToolSteps(ExecutorHost):
         as the tool's answer (as a person's rejection)."""
         with transaction.atomic():
             step.reject(reason)
+            writer.save_step(step, Step.REJECTED_FIELDS)
             self.commit([(EventType.STEP_FAILED, step_event_data(step))])
         return None
 
@@ -181,9 +184,9 @@ class ToolSteps(ExecutorHost):
                 # nothing reached the server: the key is free while it is down
                 executions.settle(step.id, executions.RELEASED)
             if tool.commits_before_call:
-                StepAttempt.objects.filter(step=step, number=down.attempt).delete()
+                writer.undo_attempt(step, down.attempt)
             step.status, step.attempts, step.error = StepStatus.PENDING, down.attempt - 1, reason
-            step.save(update_fields=["status", "attempts", "error"])
+            writer.save_step(step, ["status", "attempts", "error"])
             data = step_event_data(
                 step, next_attempt_at=iso(until), waiting_on=down.error.server, reason=reason
             )
@@ -348,11 +351,9 @@ class ToolSteps(ExecutorHost):
                 traceback=redact_text(tb or traceback.format_exc(), secrets)[-8000:],
             )
             if tool.commits_before_call:
-                StepAttempt.objects.filter(step=step, number=attempt).update(**fields)
+                writer.end_attempt(step, attempt, **fields)
             else:
-                StepAttempt.objects.create(
-                    step=step, number=attempt, worker=self.owner, started_at=started, **fields
-                )
+                writer.add_attempt(step, attempt, worker=self.owner, started_at=started, **fields)
             step.attempts = attempt
             step.error = redact_text(f"{type(exc).__name__}: {exc}", secrets)
             step.started_at = step.started_at or started
@@ -362,12 +363,12 @@ class ToolSteps(ExecutorHost):
                     StepStatus.PENDING,
                     now + timedelta(seconds=delay),
                 )
-                step.save()
+                writer.save_step(step)
                 data = step_event_data(step, next_attempt_at=iso(step.next_attempt_at))
                 self.commit([(EventType.STEP_RETRY_SCHEDULED, data)])
                 return None
             step.status, step.finished_at, step.next_attempt_at = StepStatus.FAILED, now, None
-            step.save()
+            writer.save_step(step)
             if operations.holds_key(self.state.run, step.tool):
                 executions.settle(step.id, executions.RELEASED)  # failed for good: free again
             self.commit([(EventType.STEP_FAILED, step_event_data(step))])

@@ -17,12 +17,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from agentruns.models import Run, RunStatus
-from agentruns.runtime import tracing
+from agentruns.runtime import tracing, writer
 from agentruns.runtime.dispatch import concurrency
 from agentruns.runtime.dispatch.queue import enqueue
 from agentruns.runtime.events import EventSpec, EventType
 from agentruns.runtime.inbox import inbox
-from agentruns.runtime.store import get_store
 from agentruns.runtime.store.nudges import nudge_on_commit
 from agentruns.runtime.values.redaction import redact_text
 from agentruns.runtime.values.timestamps import iso
@@ -146,7 +145,7 @@ def apply(run_id: uuid.UUID | str, change: RunChange) -> int:
     """Write `change` for a writer that holds no lease (inside its transaction); a run with a
     concurrency key lets it go when it ends and takes it again when it is queued again."""
     announce(run_id, change)
-    last_seq = get_store().append(run_id, change.events, set_fields=change.fields)
+    last_seq = writer.append(run_id, change.events, set_fields=change.fields)
     concurrency.follow(run_id, change.fields.get("status"))
     return last_seq
 

@@ -33,6 +33,7 @@ from datetime import datetime
 from typing import Any
 
 from agentruns.models import Run, Step, StepKind, StepStatus
+from agentruns.runtime import writer
 from agentruns.runtime.access.permissions import require_approval
 from agentruns.runtime.events import EventSpec, EventType, step_event_data
 from agentruns.runtime.execution.transitions import ActionRefused
@@ -125,7 +126,7 @@ def skip_for_retry(
             f"outcome unknown: this call may or may not have happened, and it was not made again "
             f"(skipped on retry by {who}, as the run's policy says)"
         )
-        step.save(update_fields=["status", "finished_at", "error"])
+        writer.save_step(step, ["status", "finished_at", "error"])
         events.append((EventType.STEP_SKIPPED, step_event_data(step, by=who)))
         tools.setdefault(step.tool, f"step #{step.index} had an unknown outcome and was skipped")
     run.permissions = require_approval(run.permissions, run.tool_snapshot, tools)

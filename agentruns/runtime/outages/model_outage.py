@@ -16,13 +16,13 @@ and is read back from the latest `queued` event when the same step fails again. 
 
 from __future__ import annotations
 
-import random
 import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import ClassVar
 
+from agentruns import backoff
 from agentruns.conf import conf
 from agentruns.models import RunEvent, RunStatus
 from agentruns.runtime.events import EventType
@@ -83,10 +83,12 @@ class ModelOutage:
         left = self.budget - self.elapsed
         if left <= 0:
             return None
-        backoff = min(
-            conf.MODEL_BACKOFF_MAX_SECONDS, conf.MODEL_BACKOFF_SECONDS * 2 ** (self.failures - 1)
+        wait = backoff.delay(
+            self.failures,
+            base=conf.MODEL_BACKOFF_SECONDS,
+            cap=conf.MODEL_BACKOFF_MAX_SECONDS,
+            jitter=JITTER,
         )
-        wait = backoff * random.uniform(1 - JITTER, 1 + JITTER)
         if getattr(exc, "retry_after", None) is not None:
             wait = max(wait, exc.retry_after)  # the server said when; never sooner
         return min(wait, left)  # the last try comes when the budget ends

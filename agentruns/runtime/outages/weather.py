@@ -12,31 +12,16 @@ many threads hit the fault. A loop waits `Backoff.next()` between tries, so nobo
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from typing import Any
 
+from agentruns.backoff import Backoff
 from agentruns.runtime.outages.faults import database_unavailable, redis_unavailable
 
+__all__ = ["Backoff", "Outage", "outage_of"]
+
 log = logging.getLogger(__name__)
-
-
-class Backoff:
-    """Delays base, 2 x base, 4 x base ... capped at `cap`, each +- `jitter` (a fraction), so
-    the processes of a fleet do not all knock on the database in the same millisecond."""
-
-    def __init__(self, base: float = 0.25, cap: float = 2.0, jitter: float = 0.25) -> None:
-        self.base, self.cap, self.jitter = base, cap, jitter
-        self.failures = 0
-
-    def next(self) -> float:
-        delay = min(self.cap, self.base * 2**self.failures)
-        self.failures += 1
-        return delay * random.uniform(1 - self.jitter, 1 + self.jitter)
-
-    def reset(self) -> None:
-        self.failures = 0
 
 
 class Outage:

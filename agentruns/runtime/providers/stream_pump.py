@@ -47,6 +47,7 @@ from pydantic_ai.models import StreamedResponse
 
 from agentruns.registry.pydantic_agents.calls import run_sync, thread_loop
 from agentruns.runtime.providers.base import TextSink
+from agentruns.runtime.threads import process_threads
 
 _END = object()
 T = TypeVar("T")
@@ -70,15 +71,16 @@ def stream_loop() -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
     """The process's model-stream loop and its thread (started on first use, per pid)."""
     global _stream_loop
     with _stream_loop_lock:
-        if _stream_loop is None or _stream_loop[0] != os.getpid():
+        if _stream_loop is None or _stream_loop[0] != os.getpid() or not _stream_loop[2].is_alive():
             loop = asyncio.new_event_loop()
 
             def run() -> None:
                 asyncio.set_event_loop(loop)  # thread_loop() there: this loop (clients key on it)
                 loop.run_forever()
 
-            thread = threading.Thread(target=run, name=STREAM_THREAD, daemon=True)
-            thread.start()
+            thread = process_threads().start(
+                STREAM_THREAD, run, stop=lambda: loop.call_soon_threadsafe(loop.stop)
+            )
             _stream_loop = (os.getpid(), loop, thread)
         return _stream_loop[1], _stream_loop[2]
 

@@ -21,6 +21,7 @@ from django.db import transaction
 from agentruns.conf import conf
 from agentruns.runtime.outages import weather
 from agentruns.runtime.outages.faults import redis_unavailable
+from agentruns.runtime.threads import process_threads
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +80,20 @@ def _nudge_sender_loop() -> asyncio.AbstractEventLoop:
     Keyed by pid: a forked worker process starts its own."""
     global _nudge_loop
     with _nudge_loop_lock:
-        if _nudge_loop is None or _nudge_loop[0] != os.getpid():
+        if _nudge_loop is None or _nudge_loop[0] != os.getpid() or _nudge_loop[1].is_closed():
             loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="channel-nudges", daemon=True).start()
+
+            def serve() -> None:
+                try:
+                    loop.run_forever()
+                finally:
+                    loop.close()
+
+            process_threads().start(
+                "channel-nudges",
+                serve,
+                stop=lambda: loop.call_soon_threadsafe(loop.stop),
+            )
             _nudge_loop = (os.getpid(), loop)
         return _nudge_loop[1]
 

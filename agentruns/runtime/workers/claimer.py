@@ -19,7 +19,6 @@ end in the same pool and the lease decides. A database outage is weather: the cl
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Any
 
@@ -30,14 +29,17 @@ from agentruns.runtime.dispatch import claims, connections
 from agentruns.runtime.execution import transitions
 from agentruns.runtime.outages import weather
 from agentruns.runtime.outages.faults import is_infrastructure_error
+from agentruns.runtime.threads import OwnedThread
 from agentruns.runtime.workers.pool import RunPool, process_pool
 
 log = logging.getLogger(__name__)
 
 
-class RunClaimer(threading.Thread):
+class RunClaimer(OwnedThread):
+    name = "run-claimer"
+
     def __init__(self, pool: RunPool, *, batch: int | None = None, poll: float | None = None):
-        super().__init__(name="run-claimer", daemon=True)
+        super().__init__()
         self.pool = pool
         self.batch = conf.RUN_CLAIM_BATCH if batch is None else batch
         self.poll = conf.RUN_CLAIM_POLL_SECONDS if poll is None else poll
@@ -49,7 +51,7 @@ class RunClaimer(threading.Thread):
     def run(self) -> None:
         backoff = weather.Backoff(base=0.1, cap=1.0)
         more = True  # at start: whatever was queued while no worker listened
-        while not self.pool.closing.is_set():
+        while not (self.pool.closing.is_set() or self.stopped.is_set()):
             try:
                 if self.listener is None:
                     self.listener = self._listen()

@@ -54,6 +54,7 @@ from agentruns.runtime.dispatch.queue import ADVANCE_TASK, enqueue
 from agentruns.runtime.execution.executor import RunExecutor
 from agentruns.runtime.outages import process_health, weather
 from agentruns.runtime.outages.faults import is_infrastructure_error
+from agentruns.runtime.threads import process_threads
 from agentruns.runtime.values.ids import worker_name
 
 log = logging.getLogger(__name__)
@@ -84,15 +85,18 @@ class RunPool:
         self._executors: set[RunExecutor] = set()
         # (run id, lease owner): a doorbell's run (no owner: its executor claims it) or a run
         # the process's claimer already leased (`claimer.py`)
-        self._jobs: queue.SimpleQueue[tuple[str, str | None, Run | None]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[str | None, str | None, Run | None]] = (
+            queue.SimpleQueue()
+        )
         # every thread up front: starting one waits for it to get the interpreter lock, which
         # under load (100 runs in this process) made each hand-over slow; idle threads wait on
         # the job queue and cost a stack's touched pages
+        threads = process_threads()
         for number in range(capacity):
-            threading.Thread(target=self._work, name=f"run-{number}", daemon=True).start()
+            threads.start(f"run-{number}", self._work, stop=self._end_one_thread)
         if supervise:
             # non-daemon: the process exits only after its drain (threading joins it at exit)
-            threading.Thread(target=self._supervise, name="run-pool", daemon=False).start()
+            threads.start("run-pool", self._supervise, daemon=False)
 
     # ---------------------------------------------------------------- taking runs
     @property
@@ -182,9 +186,15 @@ class RunPool:
             connection.close()  # the q2 worker waits for its next task without a connection
         return len(taken)
 
+    def _end_one_thread(self) -> None:
+        """The process stops (its runs were handed over): one run thread ends its loop."""
+        self._jobs.put((None, None, None))
+
     def _work(self) -> None:
         while True:
             run_id, owner, claimed = self._jobs.get()
+            if run_id is None:
+                return
             executor = RunExecutor(run_id, owner, drain=self.drain)
             with self._cond:
                 self._executors.add(executor)
@@ -273,6 +283,10 @@ class RunPool:
             except Exception:
                 log.warning("could not remove the heartbeat of %s", self.name, exc_info=True)
             connection.close()
+            # the runs are handed over: the process's other threads stop with the pool
+            left = process_threads().stop_all(timeout=STOP_POLL_SECONDS)
+            if left:
+                log.info("threads still running as the process stops: %s", ", ".join(left))
 
     def _beat(self) -> None:
         """Report this process's runs in flight and capacity (/healthz, /metrics): one

@@ -8,7 +8,6 @@ once at its start, and as a q2 schedule (the backstop; schedules fire at 30 s gr
 from __future__ import annotations
 
 import logging
-import threading
 from datetime import datetime, timedelta
 
 from django.db import close_old_connections, connection, transaction
@@ -21,6 +20,7 @@ from agentruns.runtime.dispatch.queue import enqueue
 from agentruns.runtime.inbox import inbox
 from agentruns.runtime.outages import weather
 from agentruns.runtime.outages.faults import is_infrastructure_error
+from agentruns.runtime.threads import OwnedThread
 from agentruns.runtime.values.ids import worker_name
 
 log = logging.getLogger(__name__)
@@ -137,16 +137,17 @@ def ensure_schedule() -> None:
                 Schedule.objects.filter(id=rows[0].id).update(**fields)
 
 
-class SweeperLoop(threading.Thread):
+class SweeperLoop(OwnedThread):
     """The fast sweeper: every AGENTRUNS_SWEEP_INTERVAL_SECONDS, in the qcluster process.
 
     While the database is away it tries again with a backoff capped at that interval, so its
     first pass after the outage comes within an interval of the database's return."""
 
+    name = "agentruns-sweeper"
+
     def __init__(self, name: str | None = None) -> None:
-        super().__init__(name="agentruns-sweeper", daemon=True)
+        super().__init__()
         self.worker = name or f"qcluster@{worker_name()}"
-        self.stopped = threading.Event()
 
     def run(self) -> None:
         interval = conf.SWEEP_INTERVAL_SECONDS

@@ -1,0 +1,166 @@
+"""The HTTP side of a stream, in process (stream/http_handler.py, stream/access/sse.py): Django's
+real ASGI handler and middleware, driven with ASGI messages.
+
+- A request's synchronous parts run on a thread of its own, let go once an async streamed body
+  starts: while the body waits, the request holds no thread (Django's own handler keeps it for
+  the whole stream).
+- A body that fails after its headers went out still ends the response: daphne would otherwise
+  hold it half-sent forever and stop reaping applications.
+- An SSE body whose stream fails ends with an AI SDK `error` chunk: "database unavailable" for
+  weather, a plain message for anything else, never the exception's text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import AsyncIterator
+
+import pytest
+from django.db import OperationalError
+from django.http import StreamingHttpResponse
+from django.urls import path
+
+from agentruns.stream.access.sse import watched_body
+from agentruns.stream.http_handler import RequestThread, StreamingASGIHandler
+from agentruns.stream.unavailable import REASON
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+seen: dict[str, object] = {}
+
+
+def waiting_view(request):
+    seen["view_thread"] = threading.current_thread()
+
+    async def body() -> AsyncIterator[bytes]:
+        yield b"first"
+        seen["waiting"].set()
+        await seen["release"].wait()
+        yield b"last"
+
+    return StreamingHttpResponse(body(), content_type="text/event-stream")
+
+
+def failing_view(request):
+    async def body() -> AsyncIterator[bytes]:
+        yield b"first"
+        raise RuntimeError("the body failed")
+
+    return StreamingHttpResponse(body(), content_type="text/event-stream")
+
+
+urlpatterns = [path("waits", waiting_view), path("fails", failing_view)]
+
+
+async def call(path_: str, on_message=None) -> list[dict]:
+    """One GET through the handler; the messages it sent."""
+    sent: list[dict] = []
+    asked: list[bool] = []
+    never = asyncio.Event()  # the client stays: no http.disconnect
+
+    async def receive() -> dict:
+        if not asked:
+            asked.append(True)
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await never.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+        if on_message is not None:
+            await on_message(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": path_,
+        "raw_path": path_.encode(),
+        "query_string": b"",
+        "headers": [(b"host", b"testserver")],
+        "client": ("127.0.0.1", 5000),
+        "server": ("testserver", 80),
+    }
+    await StreamingASGIHandler()(scope, receive, send)
+    return sent
+
+
+@pytest.fixture
+def urls(settings):
+    settings.ROOT_URLCONF = __name__
+    settings.ALLOWED_HOSTS = ["testserver"]
+
+
+def test_a_waiting_stream_holds_no_request_thread(urls):
+    async def scenario() -> tuple[int, list[dict]]:
+        seen["waiting"], seen["release"] = asyncio.Event(), asyncio.Event()
+        task = asyncio.create_task(call("/waits"))
+        await asyncio.wait_for(seen["waiting"].wait(), timeout=30)
+        view_thread = seen["view_thread"]
+        for _ in range(100):  # the let-go thread ends as soon as it is idle
+            if not view_thread.is_alive():
+                break
+            await asyncio.sleep(0.02)
+        alive = view_thread.is_alive()
+        seen["release"].set()
+        return alive, await asyncio.wait_for(task, timeout=30)
+
+    alive, sent = asyncio.run(scenario())
+    # the view ran on a thread of its own (not the loop's), which was gone while the body waited
+    assert seen["view_thread"] is not threading.main_thread()
+    assert not alive
+    bodies = [m.get("body", b"") for m in sent if m["type"] == "http.response.body"]
+    assert b"".join(bodies) == b"firstlast" and sent[-1].get("more_body", False) is False
+
+
+def test_a_body_failing_after_its_headers_still_ends_the_response(urls, caplog):
+    sent = asyncio.run(call("/fails"))  # no exception leaves the handler
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
+    assert sent[-1] == {"type": "http.response.body"}  # the end, after "first"
+    assert "the body failed" in caplog.text
+
+
+def test_request_thread_runs_calls_in_order_and_ends_when_let_go():
+    executor = RequestThread()
+    names = [executor.submit(lambda: threading.current_thread().name).result() for _ in range(3)]
+    assert names == ["asgi-request"] * 3 and executor.alive()
+    executor.let_go()
+    for _ in range(100):
+        if not executor.alive():
+            break
+        threading.Event().wait(0.02)
+    assert not executor.alive()
+    assert executor.submit(lambda: 7).result(timeout=10) == 7  # a later call: a thread again
+    executor.shutdown()
+    assert not executor.alive()
+    with pytest.raises(RuntimeError):
+        executor.submit(lambda: 1)
+
+
+async def chunks_of(upstream: AsyncIterator[bytes]) -> list[dict]:
+    out = []
+    async for frame in watched_body(upstream, viewer=None, slot=None):
+        out.append(json.loads(frame.decode().removeprefix("data: ")))
+    return out
+
+
+@pytest.mark.parametrize(
+    "failure, said",
+    [
+        (OperationalError("connection refused"), REASON),
+        (KeyError("secret internals"), "the stream failed; resume it to continue"),
+    ],
+)
+def test_an_sse_body_that_fails_ends_with_an_error_chunk(failure, said):
+    async def upstream() -> AsyncIterator[bytes]:
+        yield b'data: {"type": "start"}\n\n'
+        raise failure
+
+    assert asyncio.run(chunks_of(upstream())) == [
+        {"type": "start"},
+        {"type": "error", "errorText": said},
+    ]
