@@ -63,6 +63,9 @@ class ApprovalInbox:
     def run_failed(self, run_id: Any, fields: dict[str, Any]) -> None:
         outbox.run_failed(run_id, fields)
 
+    def forget_runs(self, run_ids: list, *, dry_run: bool) -> dict[str, int]:
+        return outbox.forget_runs(run_ids, dry_run=dry_run)
+
     def delivery_loop(self) -> threading.Thread:
         from approvals.notifications.loop import DeliveryLoop
 

@@ -30,7 +30,12 @@ from agentruns.models.runs import (
     StepKind,
     StepStatus,
 )
-from agentruns.models.shared import ConcurrencyKey, QuotaBucket, WorkerHeartbeat
+from agentruns.models.shared import (
+    ConcurrencyKey,
+    ModelRateBucket,
+    QuotaBucket,
+    WorkerHeartbeat,
+)
 
 __all__ = [
     "PRIORITY_MAX",
@@ -42,6 +47,7 @@ __all__ = [
     "ApprovalOverride",
     "AttemptOutcome",
     "ConcurrencyKey",
+    "ModelRateBucket",
     "OperationAllowance",
     "OperationExecution",
     "OperationState",

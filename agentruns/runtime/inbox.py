@@ -1,9 +1,10 @@
 """What the runtime needs from an inbox (DESIGN.md 4): the port an inbox app provides.
 
 The runtime parks a step for a person, hands a run's request over to one when it ends,
-withdraws what a cancel leaves undecided, has due items
-expired and escalated by the sweeper, reports a failed run, runs the inbox's delivery loop in
-the worker and lets the chat endpoint answer an approval. It never imports the app that does
+withdraws what a cancel leaves undecided, has due items expired and escalated by the sweeper,
+reports a failed run, has the inbox forget the runs the retention purge deletes, runs the
+inbox's delivery loop in the worker and lets the chat endpoint answer an approval. It never
+imports the app that does
 these: the app registers its implementation at start-up (`AppConfig.ready`, approvals/apps.py),
 and every call is a plain synchronous call inside the caller's transaction (no signals, which
 could be lost between the runtime's write and the inbox's).
@@ -61,6 +62,11 @@ class Inbox(Protocol):
 
     def run_failed(self, run_id: Any, fields: dict[str, Any]) -> None:
         """A run failed: the outside world hears of it (webhooks), in the failing transaction."""
+
+    def forget_runs(self, run_ids: list, *, dry_run: bool) -> dict[str, int]:
+        """The retention purge removes these finished runs: delete the inbox's rows for them
+        that no foreign key ties to a run or its steps (those go with the runs, by cascade), or
+        only count them (`dry_run`); returns {table: rows}."""
 
     def delivery_loop(self) -> threading.Thread:
         """The worker's loop delivering the inbox's notifications (not started; it has a

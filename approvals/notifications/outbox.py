@@ -1,4 +1,5 @@
-"""The outbox writers: one delivery row per event and endpoint, one mail notice per item.
+"""The outbox writers: one delivery row per event and endpoint, one mail notice per item (and
+what the retention purge removes of them).
 
 Always called inside the transaction of the change being reported: a change that rolls back
 leaves no event behind, and a committed change always has its event (the delivery loop sends it
@@ -15,6 +16,7 @@ import uuid
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Q
 from django.utils import timezone
 
 from agentruns.models import Run
@@ -22,7 +24,13 @@ from agentruns.runtime.values.ids import actor_name
 from agentruns.runtime.values.redaction import redact_fields, redact_text
 from agentruns.runtime.values.timestamps import iso
 from approvals.conf import conf
-from approvals.models import Approval, MailNotice, WebhookDelivery, WebhookEndpoint
+from approvals.models import (
+    Approval,
+    DeliveryStatus,
+    MailNotice,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
 
 APPROVAL_REQUESTED = "approval.requested"
 APPROVAL_ESCALATED = "approval.escalated"
@@ -168,6 +176,18 @@ def run_failed(run_id: Any, fields: dict[str, Any]) -> str:
         if name in fields:
             setattr(run, name, fields[name])
     return record(RUN_FAILED, run=run)
+
+
+def forget_runs(run_ids: list, *, dry_run: bool) -> dict[str, int]:
+    """The webhook deliveries of finished runs the retention purge removes (no foreign key ties
+    them to a run or an item): those delivered or given up; a pending one is still sent.
+    Deleted, or only counted (`dry_run`); {table: rows}."""
+    items = Approval.objects.filter(run_id__in=run_ids).values("id")
+    rows = WebhookDelivery.objects.filter(Q(run_id__in=run_ids) | Q(approval_id__in=items)).exclude(
+        status=DeliveryStatus.PENDING
+    )
+    count = rows.count() if dry_run else rows.delete()[0]
+    return {WebhookDelivery._meta.db_table: count} if count else {}
 
 
 def queue_mail(approval: Approval, kind: str) -> None:

@@ -18,6 +18,7 @@ from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, RunStatus, Step, StepAttempt, StepKind, StepStatus
 from agentruns.registry import get_tool
 from agentruns.runtime import outcomes, tracing
+from agentruns.runtime.access import model_limits
 from agentruns.runtime.dispatch import connections
 from agentruns.runtime.events import (
     EventType,
@@ -72,7 +73,6 @@ class RunFailed(Exception):
 class ModelSteps(PlannedSteps):
     """Mixin of RunExecutor: the host and the slice state it relies on are `slice_state.py`."""
 
-    # ---------------------------------------------------------------- model steps
     def model_turn(self, step: Step | None) -> str | None:
         """One model step; returns the run's final status when the answer finished the run."""
         if step is None:
@@ -90,7 +90,7 @@ class ModelSteps(PlannedSteps):
             self.state.steps.append(step)
         messages = self.state.conversation.extend(self.state.steps[: step.index])
         outage: ModelOutage | None = None
-        while True:
+        while (waited := model_limits.wait_for_slot(self, messages)) is None:
             attempt = step.attempts + 1
             try:
                 return self._stream_model(step, attempt, messages)
@@ -109,9 +109,9 @@ class ModelSteps(PlannedSteps):
                     verdict = outage.verdict(exc)
                     self._record_model_failure(step, step.attempts + 1, verdict, final=True)
                     raise RunFailed(f"model error: {verdict}") from exc
-                outcome = self._wait_out_model_outage(outage, exc, wait)
-                if outcome:
+                if outcome := self._wait_out_model_outage(outage, exc, wait):
                     return outcome
+        return waited  # backed off until its rate-limit slot, or cancelled while it waited
 
     def _wait_out_model_outage(
         self, outage: ModelOutage, exc: ModelError, wait: float
