@@ -20,7 +20,6 @@ would remove, table by table, deleting nothing.
 from __future__ import annotations
 
 import logging
-import random
 from collections import Counter
 from datetime import datetime, timedelta
 from typing import Any
@@ -31,6 +30,7 @@ from django.db.models import Q, QuerySet
 from django.db.models.deletion import Collector
 from django.utils import timezone
 
+from agentruns.backoff import jittered
 from agentruns.conf import conf
 from agentruns.models import TERMINAL_RUN_STATUSES, Run
 from agentruns.runtime.access.quotas import take
@@ -143,7 +143,7 @@ class RetentionLoop(OwnedThread):
         backoff = weather.Backoff(base=1.0, cap=60.0)
         wait = 0.0  # the first look at start, as the sweeper's first pass
         while not self.stopped.wait(wait):
-            wait = LOOK_EVERY_SECONDS * random.uniform(0.8, 1.2)
+            wait = jittered(LOOK_EVERY_SECONDS, 0.2)
             try:
                 close_old_connections()
                 purge_due()
