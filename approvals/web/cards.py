@@ -25,6 +25,7 @@ from agentruns.models import Step, StepAttempt, StepKind
 from agentruns.registry import Tool, UnknownTool, get_tool
 from agentruns.registry.deployed import cannot_run
 from agentruns.runtime.values.money import major_text
+from agentruns.web.forms.inputs import string_attrs
 from approvals.domain.context import contexts
 from approvals.domain.decisions import args_diff
 from approvals.domain.policy import waiting_for
@@ -159,13 +160,7 @@ def schema_fields(
                 high = min((v for v in (high, bound_high) if v is not None), default=None)
             attrs.update({k: v for k, v in (("min", low), ("max", high)) if v is not None})
         if kind == "string":
-            for key, attr in (
-                ("maxLength", "maxlength"),
-                ("minLength", "minlength"),
-                ("pattern", "pattern"),
-            ):
-                if key in prop:
-                    attrs[attr] = prop[key]
+            attrs.update(string_attrs(prop))
         fields.append(
             FormField(
                 name=name,
