@@ -28,6 +28,7 @@ from contextlib import nullcontext
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import QuerySet
 
 from agentruns.models import TERMINAL_RUN_STATUSES, Run, Step, StepKind, StepStatus
 from agentruns.registry import Agent, UnknownAgent, all_agents, get_agent, get_tool, has_tool
@@ -69,25 +70,39 @@ def _declaring(run_id: uuid.UUID | str, run: Run | None) -> Agent | None:
     return found
 
 
-def ending(run_id: uuid.UUID | str, change: Any, *, run: Run | None = None) -> None:
+def ending(
+    run_id: uuid.UUID | str,
+    change: Any,
+    *,
+    run: Run | None = None,
+    steps: list[Step] | None = None,
+) -> None:
     """Complete `change` (a `transitions.RunChange`) that ends the run: see the module.
-    `run`: the run as its caller holds it (the final answer's executor), else it is read."""
+    `run` and `steps`: the run and all its steps as their caller holds them (the final answer's
+    executor), else they are read."""
     if change.fields.get("status") not in TERMINAL_RUN_STATUSES:
         return
     declared = _declaring(run_id, run)
     if declared is None:
         return
     name, handing = declared.name, handover_tools(declared)
-    tool_steps = Step.objects.filter(run_id=run_id, kind=StepKind.TOOL).order_by("index")
+    if steps is not None:
+        held = sorted((s for s in steps if s.kind == StepKind.TOOL), key=lambda s: s.index)
+        tool_steps: QuerySet[Step] | None = None
+    else:
+        tool_steps = Step.objects.filter(run_id=run_id, kind=StepKind.TOOL).order_by("index")
     if declared.outcome is None:  # only hand-overs to look for: their steps alone
-        steps = list(tool_steps.filter(tool__in=handing, status=StepStatus.SUCCEEDED))
-        handed, outcome = steps, HANDED_OVER if steps else ""
+        if tool_steps is not None:
+            held = list(tool_steps.filter(tool__in=handing, status=StepStatus.SUCCEEDED))
+        handed = [s for s in held if s.tool in handing and s.status == StepStatus.SUCCEEDED]
+        outcome = HANDED_OVER if handed else ""
     else:
         run = copy.copy(run) if run is not None else Run.objects.get(id=run_id)
         change.apply_to(run)  # the hook sees the run as it ends
-        steps = list(tool_steps)
-        handed = [s for s in steps if s.tool in handing and s.status == StepStatus.SUCCEEDED]
-        outcome = _asked(declared, run, steps, default=HANDED_OVER if handed else "")
+        if tool_steps is not None:
+            held = list(tool_steps)
+        handed = [s for s in held if s.tool in handing and s.status == StepStatus.SUCCEEDED]
+        outcome = _asked(declared, run, held, default=HANDED_OVER if handed else "")
     opened: list[tuple[str, dict] | None] = []
     if handed:
         with transaction.atomic():  # the items and their outbox rows together

@@ -39,8 +39,7 @@ from agentruns.runtime.values.ids import step_key
 from agentruns.runtime.values.redaction import redact_text
 from agentruns.runtime.values.text import storable, storable_text
 
-# the first text of a turn is shown at once when the model took this long to say anything (a
-# model answering instantly, like the scripted one without delay, keeps the normal batching)
+# a turn's first text is shown at once after this long a silence (an instant model batches)
 FIRST_DELTA_AFTER_S = 0.005
 MODEL_STEP_FIELDS = [
     "status",
@@ -351,7 +350,8 @@ class ModelSteps(PlannedSteps):
         fields: dict[str, Any] = {"step_count": len(self.state.steps)}
         final = not answer.calls  # the answer: finish the run in this same commit
         if final:
-            done = transitions.ended(run, RunStatus.SUCCEEDED, output=answer.text)
+            steps, text = self.state.steps, answer.text
+            done = transitions.ended(run, RunStatus.SUCCEEDED, steps=steps, output=text)
             events.extend(done.events)
             fields.update(done.fields)
         self.commit(

@@ -16,7 +16,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from agentruns.models import Run, RunStatus
+from agentruns.models import Run, RunStatus, Step
 from agentruns.runtime import outcomes, tracing, writer
 from agentruns.runtime.dispatch import concurrency
 from agentruns.runtime.dispatch.queue import enqueue
@@ -79,11 +79,11 @@ def finished(status: str, *, output: str = "", error: str = "", stop_reason: str
     return RunChange(fields, events)
 
 
-def ended(run: Run, status: str, **why: Any) -> RunChange:
+def ended(run: Run, status: str, *, steps: list[Step] | None = None, **why: Any) -> RunChange:
     """`finished`, announced (its outcome and hand-overs set), for a writer that folds the end
-    into a commit of its own: the final model answer's."""
+    into a commit of its own: the final model answer's, which holds the run's `steps`."""
     change = finished(status, **why)
-    announce(run.id, change, run=run)
+    announce(run.id, change, run=run, steps=steps)
     return change
 
 
@@ -143,11 +143,17 @@ def aborted(error: str) -> RunChange:
 
 
 # ------------------------------------------------------------------ applying them
-def announce(run_id: uuid.UUID | str, change: RunChange, *, run: Run | None = None) -> None:
+def announce(
+    run_id: uuid.UUID | str,
+    change: RunChange,
+    *,
+    run: Run | None = None,
+    steps: list[Step] | None = None,
+) -> None:
     """What the outside world hears of the change (a failing run's webhook), written in the
     transaction that writes the change: every writer of a RunChange calls this with it. A change
     that ends the run gets its outcome and opens its hand-overs here (runtime/outcomes.py)."""
-    outcomes.ending(run_id, change, run=run)
+    outcomes.ending(run_id, change, run=run, steps=steps)
     if change.fields.get("status") == RunStatus.FAILED:
         inbox().run_failed(run_id, change.fields)
 
