@@ -92,6 +92,8 @@ bench: venv
 	PG_EXTRA_OPTS=" " scripts/with-postgres.sh $(BIN)/python -m benchmarks.pydantic_ai_flow \
 		$(if $(BENCH_QUICK),--runs 10 --rounds 1,--runs 40 --rounds 3) --json var/bench-pydantic-ai.json
 	PG_EXTRA_OPTS=" " scripts/with-postgres.sh $(BIN)/python -m benchmarks.inflight --write-docs
+	PG_EXTRA_OPTS=" " scripts/with-postgres.sh $(BIN)/python -m benchmarks.model_rate_limit --write-docs
+	PG_EXTRA_OPTS=" " scripts/with-postgres.sh $(BIN)/python -m benchmarks.events_size --write-docs
 	PG_EXTRA_OPTS=" " scripts/with-postgres.sh $(BIN)/python -m benchmarks.concurrency_keys --write-docs
 	PG_EXTRA_OPTS=" " scripts/with-postgres.sh $(BIN)/python -m benchmarks.desk_pages --write-docs \
 		$(if $(BENCH_QUICK),--tickets 5000 --runs 1000 --repeat 10)

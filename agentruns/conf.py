@@ -6,16 +6,58 @@ and why a typo fails loudly: `agentruns/setting.py`). README's settings table li
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 from django.core.checks import Error, Tags, register
+from django.core.exceptions import ImproperlyConfigured
 
 from agentruns.setting import Conf, Setting
 
 
 def _q_timeout() -> float:
     return float(settings.Q_CLUSTER.get("timeout") or 120)
+
+
+@dataclass(frozen=True)
+class ModelLimit:
+    """A model provider's rate limit for one model name (runtime/access/model_limits.py)."""
+
+    rpm: int = 0  # requests a minute (0: not limited)
+    tpm: int = 0  # tokens a minute (0: not limited)
+
+
+def parse_model_limits(name: str, raw: Any) -> dict[str, ModelLimit]:
+    """`{"<model name>": {"rpm": 60, "tpm": 90000}, ...}` (JSON, or that dict in a settings
+    module) -> {model name: ModelLimit}; anything else is ImproperlyConfigured, naming it."""
+    if isinstance(raw, str):
+        if not raw.strip():
+            return {}
+        try:
+            raw = json.loads(raw)
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"{name} is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ImproperlyConfigured(
+            f'{name} must be a JSON object: {{"<model name>": {{"rpm": 60, "tpm": 90000}}}}'
+        )
+    limits: dict[str, ModelLimit] = {}
+    for model, limit in raw.items():
+        where = f"{name}[{model!r}]"
+        if not isinstance(model, str) or not model.strip():
+            raise ImproperlyConfigured(f"{name}: a model name must be a non-empty string")
+        if not isinstance(limit, dict) or not limit:
+            raise ImproperlyConfigured(f'{where} must be an object like {{"rpm": 60}}')
+        unknown = sorted(set(limit) - {"rpm", "tpm"})
+        if unknown:
+            raise ImproperlyConfigured(f"{where}: unknown key(s) {unknown}; use rpm and tpm")
+        for key, value in limit.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ImproperlyConfigured(f"{where}.{key}={value!r} is not a positive integer")
+        limits[model] = ModelLimit(**limit)
+    return limits
 
 
 # a token's lifetime in days, at most (ten years; 0 is a token that never expires)
@@ -86,6 +128,23 @@ SETTINGS: tuple[Setting, ...] = (
         "AGENTRUNS_MODEL_PRICES", str, "", '"gpt-4o-mini=0.15/0.60,...": USD per million tokens'
     ),
     Setting("AGENTRUNS_MAX_COST_USD", float, 0, "a run's cost budget (0: none)", 0),
+    Setting(
+        "AGENTRUNS_MODEL_LIMITS",
+        str,
+        "",
+        'the providers\' rate limits, kept before each request: {"<model name>": {"rpm": 60, '
+        '"tpm": 90000}} (JSON; the name as the run\'s model says it)',
+        parser=parse_model_limits,
+    ),
+    Setting(
+        "AGENTRUNS_MODEL_LIMIT_JITTER_SECONDS",
+        float,
+        0.25,
+        "how late a request may reach the provider after its rate-limit slot with no second or "
+        "minute over the limit there (a limit of a whole number a second is kept at "
+        "1 / (1 + this) of it)",
+        0,
+    ),
     # execution
     Setting(
         "AGENTRUNS_LEASE_TTL_SECONDS",
@@ -178,6 +237,14 @@ SETTINGS: tuple[Setting, ...] = (
         "where crash_once remembers what it crashed",
     ),
     Setting("AGENTRUNS_AGENT_MODULES", str, "", "extra modules that register agents (comma list)"),
+    Setting(
+        "AGENTRUNS_RETENTION_DAYS",
+        float,
+        0,
+        "the worker deletes finished runs (their steps, events, inbox items) older than this, "
+        "hourly (0: never)",
+        0,
+    ),
     # streaming
     Setting("REDIS_URL", str, "", "channels_redis for the stream (unset: in-memory layer + poll)"),
     Setting(

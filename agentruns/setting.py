@@ -108,6 +108,9 @@ class Setting:
     default: Any  # a value, or a callable of no arguments (read when first needed)
     doc: str
     minimum: float | None = None
+    # a parser of its own for a structured value (a JSON object): (name, raw) -> value, raising
+    # ImproperlyConfigured; None: the parser of `type`
+    parser: Callable[[str, Any], Any] | None = None
     maximum: float | None = None
 
     def read(self) -> Any:
@@ -116,7 +119,7 @@ class Setting:
             raw = _env(self.name)
         if raw is None:
             raw = self.default() if callable(self.default) else self.default
-        value = _PARSERS[self.type](self.name, raw)
+        value = (self.parser or _PARSERS[self.type])(self.name, raw)
         if self.minimum is not None and value < self.minimum:
             raise ImproperlyConfigured(f"{self.name}={raw!r} is below its minimum {self.minimum}")
         if self.maximum is not None and value > self.maximum:

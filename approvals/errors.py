@@ -42,6 +42,21 @@ class DecisionError(Exception):
         self.code = code
 
 
+class NoteRequired(DecisionError):
+    """A rejection (or a hand-over's close) with neither a reason nor an internal note."""
+
+    status = 400
+    fields = ("reason", "internal_note")
+
+    def __init__(self, decision: str = "reject") -> None:
+        what = "to close a hand-over" if decision == "close" else "to reject"
+        super().__init__(
+            "Give a reason (the agent is told it and may pass it on to the customer) or an "
+            f"internal note (for staff only), or both, {what}",
+            code="note_required",
+        )
+
+
 class NotAllowed(DecisionError):
     """This person may not make this decision (separation of duties, their limit)."""
 
@@ -119,4 +134,6 @@ def status_of(exc: DecisionError) -> int:
 def error_details(exc: DecisionError) -> dict:
     if isinstance(exc, LimitExceeded):
         return {"code": exc.code, "figures": exc.figures}
+    if isinstance(exc, NoteRequired):
+        return {"code": exc.code, "fields": list(exc.fields)}
     return {"field": exc.field, "rule": exc.rule} if isinstance(exc, EditNotAllowed) else {}

@@ -30,7 +30,7 @@ from approvals.models import Approval, ApprovalKind, DeliveryStatus, WebhookDeli
 from approvals.notifications import outbox
 
 APPROVAL_AGE_BUCKETS = (60, 300, 900, 1800, 3600, 4 * 3600, 24 * 3600)
-KINDS = ("approval", "reconciliation")
+KINDS = ("approval", "reconciliation", "handover")
 
 
 class ApprovalInbox:
@@ -43,6 +43,10 @@ class ApprovalInbox:
 
     def open_reconciliation(self, step: Step, agent: str) -> int:
         return parking.open_reconciliation(step, agent).id
+
+    def open_handover(self, step: Step, agent: str) -> int | None:
+        opened = parking.open_handover(step, agent)
+        return opened.id if opened is not None else None
 
     def approved_call_refusal(self, step: Step) -> str:
         return parking.approved_call_refusal(step)
@@ -59,6 +63,9 @@ class ApprovalInbox:
     def run_failed(self, run_id: Any, fields: dict[str, Any]) -> None:
         outbox.run_failed(run_id, fields)
 
+    def forget_runs(self, run_ids: list, *, dry_run: bool) -> dict[str, int]:
+        return outbox.forget_runs(run_ids, dry_run=dry_run)
+
     def delivery_loop(self) -> threading.Thread:
         from approvals.notifications.loop import DeliveryLoop
 
@@ -74,9 +81,7 @@ class ApprovalInbox:
         if not kind:
             raise Refused(f"approval {approval_id} is not part of this chat's run", 404)
         if kind[0] != ApprovalKind.APPROVAL:
-            raise Refused(
-                f"approval {approval_id} is a reconciliation: decide it in the inbox", 409
-            )
+            raise Refused(f"approval {approval_id} is a {kind[0]}: decide it in the inbox", 409)
         try:
             services.decide(
                 approval_id,

@@ -17,6 +17,8 @@ from approvals.conf import conf
 class ApprovalKind(models.TextChoices):
     APPROVAL = "approval"
     RECONCILIATION = "reconciliation"
+    # a run handed its request over to a person (a `handover=True` tool): picked up and closed
+    HANDOVER = "handover"
 
 
 class ApprovalStatus(models.TextChoices):
@@ -47,7 +49,11 @@ class Approval(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     decided_at = models.DateTimeField(null=True, blank=True)
+    # what the agent is told (and may pass on to the customer): a rejection's reason
     reason = models.TextField(blank=True, default="")
+    # the decider's note for staff only: the audit trail (the item, its history, the run page,
+    # the API), never the agent's conversation, the run's events or anything the customer gets
+    internal_note = models.TextField(blank=True, default="", db_default="")
     expires_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     # earlier decisions on this step, oldest first: the row (one per step) is reused when an
@@ -191,6 +197,7 @@ class Approval(models.Model):
 class DecisionKind(models.TextChoices):
     APPROVE = "approve"
     REJECT = "reject"
+    CLOSE = "close"  # a hand-over done with
 
 
 class ApprovalDecision(models.Model):
@@ -209,6 +216,7 @@ class ApprovalDecision(models.Model):
     # approve: the tool's `amount_arg` in what was approved (an approver's total per day)
     amount = models.BigIntegerField(null=True, blank=True)
     reason = models.TextField(blank=True, default="")
+    internal_note = models.TextField(blank=True, default="", db_default="")  # staff only
     decided_at = models.DateTimeField()
 
     class Meta:

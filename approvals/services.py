@@ -3,8 +3,8 @@
 The inbox's pages (web/), its bulk action, the JSON API (api/), the chat endpoint (through the
 runtime's inbox port, inbox.py) all call `decide(approval_id, decision, user, ...)`, so every
 rule is checked once, here and in what it calls, in this order: the decision is one this item
-can take, the reason (the one rule that differs per door: `REASON_REQUIRED`), the right to
-decide (`approvals.decide_approval` + `approvals.view_approval`), the decision rate limit, then
+can take, a reason or an internal note to reject (the one rule that differs per door:
+`check_note`), the right to decide (`approvals.decide_approval` + `approvals.view_approval`), the decision rate limit, then
 under the item's row lock: still pending, the version of the proposal decided on, whether the
 deployed code can run the call, the two-person rule, the edit policy and the approver's limit.
 
@@ -29,14 +29,19 @@ from agentruns.runtime.access.quotas import QuotaExceeded, check_decision
 from agentruns.runtime.values.ids import actor_name
 from agentruns.runtime.values.timestamps import iso
 from approvals.domain import policy
-from approvals.domain.outcomes import approved, check_open, reconciled, rejected
-from approvals.errors import AlreadyDecided, DecisionError, StaleProposal
+from approvals.domain.outcomes import approved, check_open, closed, reconciled, rejected
+from approvals.errors import AlreadyDecided, DecisionError, NoteRequired, StaleProposal
 from approvals.models import Approval, ApprovalKind, ApprovalStatus
 
 RESOLUTIONS = ("happened", "retry", "abort")
-DECISIONS = ("approve", "reject", *RESOLUTIONS)
+DECISIONS = ("approve", "reject", *RESOLUTIONS, "close")
 BULK_DECISIONS = ("approve", "reject")
 MAX_ITEMS = 200
+# the kind of item each decision is for (the rest: approvals)
+KIND_OF = {
+    **dict.fromkeys(RESOLUTIONS, ApprovalKind.RECONCILIATION),
+    "close": ApprovalKind.HANDOVER,
+}
 
 
 class Door(StrEnum):
@@ -47,22 +52,19 @@ class Door(StrEnum):
     CHAT = "chat"  # the AI SDK chat endpoint
 
 
-# A rejection's reason is passed on to the customer by the agent. A person in the inbox must
-# write one; the API and the chat (whose answer has no text field people fill in) may leave it
-# out, and the agent is then told REJECTED_BY_DEFAULT.
-REASON_REQUIRED = {Door.INBOX}
-REJECTED_BY_DEFAULT = "rejected by staff"
-NO_REASON = "Give a reason for the rejection: the agent passes it on to the customer."
+# Rejecting (and closing a hand-over) takes the reason the agent is told and may pass on to the
+# customer, and/or an internal note for staff only (the audit trail): at least one of the two,
+# in every door but the chat, whose answer has no field people fill in (a rejection from there
+# without a reason tells the agent only that it was rejected).
+NOTE_REQUIRED = {"reject", "close"}
+NOTE_OPTIONAL = {Door.CHAT}
 
 
-def reason_for(decision: str, reason: str, door: Door) -> str:
-    """The reason recorded for `decision` from `door` (the per-door rule above)."""
-    reason = reason.strip()
-    if decision == "reject" and not reason:
-        if door in REASON_REQUIRED:
-            raise DecisionError(NO_REASON, code="reason_required")
-        return REJECTED_BY_DEFAULT
-    return reason
+def check_note(decision: str, reason: str, internal_note: str, door: Door) -> None:
+    """NoteRequired (a 400 naming both fields) for a rejection or a close without either."""
+    if decision in NOTE_REQUIRED and door not in NOTE_OPTIONAL:
+        if not reason.strip() and not internal_note.strip():
+            raise NoteRequired(decision)
 
 
 def decide(
@@ -75,9 +77,12 @@ def decide(
     version: int | None = None,
     result: Any = None,
     door: Door = Door.API,
+    internal_note: str = "",
 ) -> Approval:
-    """Approve (optionally with edited arguments), reject, or reconcile an unknown outcome
-    (`happened`, `retry`, `abort`, with the `result` when it happened).
+    """Approve (optionally with edited arguments), reject, reconcile an unknown outcome
+    (`happened`, `retry`, `abort`, with the `result` when it happened), or close a hand-over.
+    `reason` is what the agent is told (a rejection's, which it may pass on to the customer);
+    `internal_note` is kept for staff only (see `check_note`).
 
     An item needing several approvers stays pending until that many distinct people approved
     the same arguments (outcomes.py; who may: policy.py), and the run stays parked meanwhile.
@@ -86,21 +91,23 @@ def decide(
     """
     if decision not in DECISIONS:
         raise DecisionError("Unknown action.", code="unknown_decision")
-    reason = reason_for(decision, reason, door)
+    reason, note = reason.strip(), internal_note.strip()
+    check_note(decision, reason, note, door)
     policy.check_may_decide(user)
     check_decision(user)
     with transaction.atomic():
         approval = _locked(approval_id)
-        reconciling = decision in RESOLUTIONS
-        kind = ApprovalKind.RECONCILIATION if reconciling else ApprovalKind.APPROVAL
+        kind = KIND_OF.get(decision, ApprovalKind.APPROVAL)
         # a late click must learn who decided, not that its edits are invalid
         check_open(approval, kind, version)
-        if reconciling:
-            outcome = reconciled(approval, user, decision, result, reason)
+        if kind == ApprovalKind.RECONCILIATION:
+            outcome = reconciled(approval, user, decision, result, reason, note)
+        elif kind == ApprovalKind.HANDOVER:
+            outcome = closed(approval, user, reason, note)
         elif decision == "reject":
-            outcome = rejected(approval, user, reason)
+            outcome = rejected(approval, user, reason, internal_note=note)
         else:
-            outcome = approved(approval, user, edited_args, reason)
+            outcome = approved(approval, user, edited_args, reason, note)
         outcome.carry_out()
         return approval
 
@@ -112,19 +119,43 @@ def approve(
     edited_args: dict | None = None,
     reason: str = "",
     version: int | None = None,
+    internal_note: str = "",
 ) -> Approval:
     """`decide(..., "approve")` for scripts and tests."""
     return decide(
-        approval_id, "approve", user, edited_args=edited_args, reason=reason, version=version
+        approval_id,
+        "approve",
+        user,
+        edited_args=edited_args,
+        reason=reason,
+        version=version,
+        internal_note=internal_note,
     )
 
 
 def reject(
-    approval_id: int, *, user: Any, reason: str = "", version: int | None = None
+    approval_id: int,
+    *,
+    user: Any,
+    reason: str = "",
+    version: int | None = None,
+    internal_note: str = "",
 ) -> Approval:
     """`decide(..., "reject")` for scripts and tests: the agent receives
-    `{"error": "rejected", "reason": ...}` as the tool's result."""
-    return decide(approval_id, "reject", user, reason=reason, version=version)
+    `{"error": "rejected", "reason": ...}` as the tool's result (never the internal note)."""
+    return decide(
+        approval_id,
+        "reject",
+        user,
+        reason=reason,
+        version=version,
+        internal_note=internal_note,
+    )
+
+
+def close(approval_id: int, *, user: Any, internal_note: str = "", reason: str = "") -> Approval:
+    """`decide(..., "close")` for scripts and tests: a hand-over is done with."""
+    return decide(approval_id, "close", user, reason=reason, internal_note=internal_note)
 
 
 def reconcile(
@@ -158,11 +189,20 @@ def decide_one(
     reason: str,
     version: int | None = None,
     door: Door = Door.API,
+    internal_note: str = "",
 ) -> dict:
     """One item of a bulk decision: what happened, or the error and a code for scripts."""
     result: dict[str, Any] = {"id": approval_id}
     try:
-        approval = decide(approval_id, decision, user, reason=reason, version=version, door=door)
+        approval = decide(
+            approval_id,
+            decision,
+            user,
+            reason=reason,
+            version=version,
+            door=door,
+            internal_note=internal_note,
+        )
     except Approval.DoesNotExist:
         return {**result, "ok": False, "code": "not_found", "error": "no such approval"}
     except AlreadyDecided as exc:
@@ -199,6 +239,7 @@ def decide_many(
     held: Mapping[int, Any] | None = None,
     versions: Mapping[int, int | None] | None = None,
     door: Door = Door.API,
+    internal_note: str = "",
 ) -> list[dict]:
     """Bulk decisions: many items with one reason, each its own decision through `decide` (its
     own transaction and compare-and-set, limit check and audit event), so one item that cannot
@@ -212,6 +253,7 @@ def decide_many(
     policy.check_may_decide(user)
     if decision not in BULK_DECISIONS:
         raise DecisionError(f"decision must be one of {', '.join(BULK_DECISIONS)}")
+    check_note(decision, reason, internal_note, door)  # one reason or note for all of them
     unique = list(dict.fromkeys(ids))
     if len(unique) > MAX_ITEMS:
         raise DecisionError(f"at most {MAX_ITEMS} items at once", code="too_many")
@@ -226,6 +268,7 @@ def decide_many(
             reason=reason,
             version=versions.get(approval_id),
             door=door,
+            internal_note=internal_note,
         )
         for approval_id in unique
     ]

@@ -17,14 +17,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import time
-import uuid
 from pathlib import Path
 
 import httpx
 
-from benchmarks.idle_sockets import admin, database_url, manage
+from benchmarks.idle_sockets import admin, manage, seeded_database
 from benchmarks.procs import QUOTAS_OFF_THE_WAY, start_web, stop_web
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,20 +92,8 @@ async def hold_streams(url: str, token: str, n: int, pid: int) -> dict:
 
 
 def case(checkout: Path, label: str, streams: int, extra: dict[str, str]) -> dict:
-    name = f"chat_{label.replace('-', '_')}_{uuid.uuid4().hex[:6]}"
-    admin(f"CREATE DATABASE {name}")
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url(name),
-        "DJANGO_SETTINGS_MODULE": "config.settings",
-        "LOG_LEVEL": "WARNING",
-        "PYTHONUNBUFFERED": "1",
-        **QUOTAS_OFF_THE_WAY,
-        **extra,
-    }
-    env.pop("AGENTRUNS_AGENT_MODULES", None)
-    manage(checkout, env, "migrate", "--noinput", "-v0")
-    manage(checkout, env, "seed_demo")
+    env = seeded_database(checkout, f"chat_{label}", {**QUOTAS_OFF_THE_WAY, **extra})
+    name = env["DATABASE_URL"].rsplit("/", 1)[-1]
     token = manage(checkout, env, "create_api_token", "approver").strip().splitlines()[-1]
     web, url = start_web(checkout, env)
     try:

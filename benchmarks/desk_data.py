@@ -176,6 +176,10 @@ def insert_desk(tickets: int, runs: int, seed: int = 34) -> dict[str, Any]:
             if approval.status == "pending" and pending_left <= 0:
                 approval.status, approval.decided_at = "rejected", approval.created_at
             pending_left -= approval.status == "pending"
+            # what the run came to (the runs list's outcome column and filter)
+            if approval.run.status == "succeeded":
+                rejected = approval.status == "rejected"
+                approval.run.outcome = "refund_rejected" if rejected else "refunded"
         Run.objects.bulk_create(new_runs)
         Step.objects.bulk_create(steps)
         StepAttempt.objects.bulk_create(attempts)
@@ -213,6 +217,7 @@ def _approval(rng, run, step, order, created, users, decisions, status):
         decided_by=None if pending else who,
         decided_at=decided_at,
         reason="" if verdict == "approved" else "not covered",
+        internal_note="" if verdict == "approved" else "second claim this month",
         created_at=created,
         approvals_given=0 if pending else 1,
     )
@@ -226,6 +231,7 @@ def _approval(rng, run, step, order, created, users, decisions, status):
                 round=1,
                 args=step.arguments,
                 reason=approval.reason,
+                internal_note=approval.internal_note,
                 decided_at=decided_at,
             )
         )

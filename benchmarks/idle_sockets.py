@@ -57,6 +57,25 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
 
 
+def seeded_database(checkout: Path, prefix: str, extra: dict[str, str]) -> dict[str, str]:
+    """A fresh database of the server, migrated and seeded by `checkout`: the environment of
+    that checkout's processes on it (`extra` on top)."""
+    name = f"{prefix.replace('-', '_')}_{uuid.uuid4().hex[:6]}"
+    admin(f"CREATE DATABASE {name}")
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(name),
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "LOG_LEVEL": "WARNING",
+        "PYTHONUNBUFFERED": "1",
+        **extra,
+    }
+    env.pop("AGENTRUNS_AGENT_MODULES", None)
+    manage(checkout, env, "migrate", "--noinput", "-v0")
+    manage(checkout, env, "seed_demo")
+    return env
+
+
 def manage(checkout: Path, env: dict[str, str], *args: str) -> str:
     done = subprocess.run(
         [sys.executable, "manage.py", *args],
@@ -107,19 +126,8 @@ async def hold(url: str, run_ids: list[str], token: str, n: int, seconds: float,
 def case(
     checkout: Path, label: str, sockets: int, runs: int, seconds: float, extra: dict[str, str]
 ) -> dict:
-    name = f"idle_{label.replace('-', '_')}_{uuid.uuid4().hex[:6]}"
-    admin(f"CREATE DATABASE {name}")
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url(name),
-        "DJANGO_SETTINGS_MODULE": "config.settings",
-        "LOG_LEVEL": "WARNING",
-        "PYTHONUNBUFFERED": "1",
-        **extra,
-    }
-    env.pop("AGENTRUNS_AGENT_MODULES", None)
-    manage(checkout, env, "migrate", "--noinput", "-v0")
-    manage(checkout, env, "seed_demo")
+    env = seeded_database(checkout, f"idle_{label}", extra)
+    name = env["DATABASE_URL"].rsplit("/", 1)[-1]
     token = manage(checkout, env, "create_api_token", "viewer").strip().splitlines()[-1].strip()
     run_ids = manage(
         checkout,

@@ -179,11 +179,19 @@ class _Handler(BaseHTTPRequestHandler):
                     ],
                 },
             )
+        elif self.path.rstrip("/").endswith("/_fake/limit"):  # what the rate limit counted
+            self._json(200, fake.limit_counts())
         else:
             self._json(404, {"error": {"message": "not found", "type": "invalid_request_error"}})
 
     def do_POST(self) -> None:
         fake = self.server_state
+        chat = self.path.rstrip("/").endswith("/chat/completions")
+        authorized = (
+            fake.api_key is None or self.headers.get("Authorization") == f"Bearer {fake.api_key}"
+        )
+        # the provider's rate limit counts a request as it arrives, before its body is read
+        refused = fake._admit() if chat and authorized else None
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)
         try:
@@ -191,7 +199,7 @@ class _Handler(BaseHTTPRequestHandler):
         except json.JSONDecodeError:
             body = raw.decode(errors="replace")
         fake._record(RecordedRequest("POST", self.path, _headers(self), body, time.monotonic()))
-        if not self.path.rstrip("/").endswith("/chat/completions"):
+        if not chat:
             self._json(
                 404,
                 {
@@ -202,13 +210,13 @@ class _Handler(BaseHTTPRequestHandler):
                 },
             )
             return
-        if (
-            fake.api_key is not None
-            and self.headers.get("Authorization") != f"Bearer {fake.api_key}"
-        ):
+        if not authorized:
             self._error(
                 Fail(401, "Incorrect API key provided. You can find your API key in your account.")
             )
+            return
+        if refused is not None:
+            self._error(refused)
             return
         problem = conversation_problem(body)
         if problem:

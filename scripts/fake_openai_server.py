@@ -13,7 +13,12 @@ What it speaks (POST /v1/chat/completions, GET /v1/models):
   `data: [DONE]`; plain JSON when `stream` is false;
 - error responses in OpenAI's shape (`{"error": {"message", "type", "code"}}`): 429 with
   `Retry-After`, 500, 401, and 400 for a malformed conversation (a tool message that answers
-  no call, an unanswered tool call), as the real API does.
+  no call, an unanswered tool call), as the real API does;
+- a provider's rate limit (`rpm=`, `--rpm`): at most `rpm` chat requests in any 60 seconds and
+  at most `per_second` (default ceil(rpm / 60)) in any second, counted when they arrive, as
+  providers enforce a minute's limit over shorter windows; a request beyond either is answered
+  429 with `Retry-After` and counted in `limit.refused` (`GET /v1/_fake/limit` answers the
+  counts, for a server run as its own process).
 
 Responses come from a scripted queue (`FakeOpenAI.script(Reply(...), Fail(429, ...), ...)`);
 when the queue is empty the server falls back to its mode: `refund` plays the demo's refund
@@ -24,10 +29,12 @@ agent from the conversation alone (support/policy.py, the same flow as the offli
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 import sys
 import threading
 import time
+from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -74,6 +81,42 @@ class _QuietServer(ThreadingHTTPServer):
         super().handle_error(request, client_address)
 
 
+class ProviderLimit:
+    """Requests a minute, enforced over sliding windows of a minute and of a second at arrival.
+    A refused request does not count against the windows (it did no work)."""
+
+    def __init__(self, rpm: int, per_second: int | None = None) -> None:
+        self.rpm = rpm
+        self.per_second = per_second or math.ceil(rpm / 60)
+        self._arrivals: deque[float] = deque()  # admitted requests in the last minute
+        self._lock = threading.Lock()
+        self.admitted = 0
+        self.refused = 0  # answered 429
+        # (time.time(), admitted) of the latest requests, for a harness to see the pace it kept
+        self.history: deque[tuple[float, bool]] = deque(maxlen=100_000)
+
+    def admit(self) -> float | None:
+        """A request arrives: None when it may go on, else the seconds until it would have been
+        admitted."""
+        with self._lock:
+            now = time.monotonic()
+            arrivals = self._arrivals
+            while arrivals and now - arrivals[0] >= 60:
+                arrivals.popleft()
+            if len(arrivals) >= self.rpm:
+                wait: float | None = 60 - (now - arrivals[0])
+            elif len(arrivals) >= self.per_second and now - arrivals[-self.per_second] < 1:
+                wait = 1 - (now - arrivals[-self.per_second])
+            else:
+                wait = None
+                arrivals.append(now)
+                self.admitted += 1
+            if wait is not None:
+                self.refused += 1
+            self.history.append((time.time(), wait is None))
+            return wait
+
+
 class FakeOpenAI:
     """The server, run on a background thread: `with FakeOpenAI() as fake: fake.url ...`."""
 
@@ -85,10 +128,13 @@ class FakeOpenAI:
         mode: str = "error",
         delay: float = 0.0,
         api_key: str | None = None,
+        rpm: int | None = None,
+        per_second: int | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
         self.mode, self.delay, self.api_key = mode, delay, api_key
+        self.limit = ProviderLimit(rpm, per_second) if rpm else None
         self._queue: list[Reply | Fail] = []
         self._lock = threading.Lock()
         self.requests: list[RecordedRequest] = []
@@ -146,6 +192,30 @@ class FakeOpenAI:
         with self._lock:
             self.requests.append(request)
 
+    def limit_counts(self) -> dict:
+        limit = self.limit
+        if limit is None:
+            return {"rpm": None}
+        return {
+            "rpm": limit.rpm,
+            "per_second": limit.per_second,
+            "admitted": limit.admitted,
+            "refused": limit.refused,
+            "history": list(limit.history),
+        }
+
+    def _admit(self) -> Fail | None:
+        """The provider's rate limit (`rpm`): a 429 for a request beyond it."""
+        wait = self.limit.admit() if self.limit is not None else None
+        if wait is None:
+            return None
+        return Fail(
+            429,
+            f"Rate limit reached for requests: limit {self.limit.rpm} per minute, "
+            f"{self.limit.per_second} per second.",
+            retry_after=math.ceil(wait * 1000) / 1000,
+        )
+
     def _next(self, body: dict) -> Reply | Fail:
         with self._lock:
             if self._queue:
@@ -188,9 +258,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--api-key", default=None, help="require this bearer key (default: accept any)"
     )
+    parser.add_argument(
+        "--rpm", type=int, default=None, help="a rate limit: chat requests a minute (429 beyond)"
+    )
+    parser.add_argument(
+        "--per-second", type=int, default=None, help="... and a second (default ceil(rpm / 60))"
+    )
     args = parser.parse_args(argv)
     fake = FakeOpenAI(
-        args.host, args.port, mode=args.mode, delay=args.delay_ms / 1000, api_key=args.api_key
+        args.host,
+        args.port,
+        mode=args.mode,
+        delay=args.delay_ms / 1000,
+        api_key=args.api_key,
+        rpm=args.rpm,
+        per_second=args.per_second,
     )
     signal.signal(signal.SIGTERM, _interrupt)  # a process manager stops us with SIGTERM
     fake.start()

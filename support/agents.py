@@ -31,6 +31,7 @@ from agentruns.registry.search import register_search_expansion
 from support.conf import demo_conf
 from support.ledger import refund_context, refund_limit, refund_operation_key
 from support.models import Order, OutboxMessage, Ticket, TicketNote
+from support.outcomes import REFUND_OUTCOMES, refund_outcome
 from support.policy import refund_policy
 
 _client: tuple[int, httpx.Client] | None = None
@@ -73,9 +74,10 @@ refund_agent = Agent(
     instructions=(
         "You are a support agent for an online shop. Look up the order, refund the amount "
         "the customer is owed (the order amount unless they ask for less), note it on the "
-        "ticket and reply to the customer. If a refund is rejected, tell the customer why. "
-        "If you have no refund tool, tell the customer a colleague will take over and note "
-        "the hand-over on the ticket."
+        "ticket and reply to the customer. If you refund less than the order's amount, say so "
+        "and why. If a refund is rejected, tell the customer the reason you were given, if any. "
+        "If you have no refund tool, hand the request over to a colleague with hand_over, tell "
+        "the customer a colleague will take over and note the hand-over on the ticket."
     ),
 )
 
@@ -169,6 +171,13 @@ def add_ticket_note(order_id: str, note: str) -> dict:
     return {"ticket_id": ticket.ticket_id, "note_id": row.pk}
 
 
+@refund_agent.tool_plain(metadata=durable(handover=True, context=refund_context))
+def hand_over(order_id: str, reason: str) -> dict:
+    """Hand the customer's request over to a colleague when you may not do what it needs (you
+    have no refund tool): a person picks it up in the inbox, with the order beside it."""
+    return {"handed_over": True, "order_id": order_id, "reason": reason}
+
+
 @refund_agent.tool_plain(metadata=durable(side_effect=True, idempotency="none"))
 def send_customer_reply(order_id: str, message: str) -> dict:
     """Send a reply to the customer by email (not idempotent: an interrupted send is unknown)."""
@@ -195,6 +204,9 @@ def customers_orders(q: str) -> list[str]:
 register_agent(
     refund_agent,
     scripted_policy=refund_policy,
+    # what a run's work came to, beside its status (refunded, refund rejected, handed over...)
+    outcome=refund_outcome,
+    outcomes=REFUND_OUTCOMES,
     # the model reads the whole input (order, ticket, message) as JSON, not only the message
     format_input=None,
     search_fields=("order_id", "ticket_id"),

@@ -3,8 +3,13 @@
 It reads only the conversation and the tools it is offered (as a real model would), so a
 resumed run and an uninterrupted one get the same turns. Flow: look up the order -> refund ->
 note + reply -> summary. Without `issue_refund` (a trainee's run: the tool policy of the
-starter's groups leaves it out) it hands over instead: it tells the customer a colleague will
-take over, notes that on the ticket, and finishes.
+starter's groups leaves it out) it hands over instead: it calls `hand_over` (an item in the
+inbox that a person picks up), tells the customer a colleague will take over, notes that on the
+ticket, and finishes.
+
+What the customer reads is safe to send: a partial refund says it is partial and why (the amount
+they asked for, or what our team approved on review), and a rejection says only the reason the
+approver gave for the customer (never their internal note, which the agent is never told).
 """
 
 from __future__ import annotations
@@ -62,6 +67,18 @@ def requested_amount_cents(message: str) -> int | None:
     return None
 
 
+def _calls(messages: list[dict]) -> dict[str, dict]:
+    """Latest arguments per tool name, from the assistant's own tool calls."""
+    calls: dict[str, dict] = {}
+    for message in messages:
+        for call in message.get("tool_calls") or []:
+            try:
+                calls[call["function"]["name"]] = json.loads(call["function"]["arguments"])
+            except (TypeError, KeyError, json.JSONDecodeError):
+                continue
+    return calls
+
+
 def _results(messages: list[dict]) -> dict[str, dict]:
     """Latest result per tool name, from the assistant tool calls and tool messages."""
     names: dict[str, str] = {}
@@ -79,22 +96,26 @@ def _results(messages: list[dict]) -> dict[str, dict]:
     return results
 
 
-def _hand_over(order_id: str, name: str, amount: str, done: dict) -> ScriptedTurn:
+def _hand_over(
+    order_id: str, name: str, amount: str, done: dict, tools: list[str] | None
+) -> ScriptedTurn:
     if "send_customer_reply" not in done:
-        note = (
-            f"Hand-over: the customer asks for a refund of {amount}; this run may not issue "
-            "refunds, so a colleague must take over."
-        )
+        why = f"the customer asks for a refund of {amount}; this run may not issue refunds"
+        note = f"Hand-over: {why}, so a colleague must take over."
         reply = (
             f"Hi {name}, thank you for your message about order {order_id}. A colleague will "
             "take over your refund request and get back to you shortly."
         )
+        calls: list[tuple[str, dict | str]] = []
+        if tools is None or "hand_over" in tools:  # a person picks it up in the inbox
+            calls.append(("hand_over", {"order_id": order_id, "reason": why}))
+        calls += [
+            ("add_ticket_note", {"order_id": order_id, "note": note}),
+            ("send_customer_reply", {"order_id": order_id, "message": reply}),
+        ]
         return ScriptedTurn(
             text="I may not issue refunds here, so I will hand this over to a colleague.",
-            tool_calls=[
-                ("add_ticket_note", {"order_id": order_id, "note": note}),
-                ("send_customer_reply", {"order_id": order_id, "message": reply}),
-            ],
+            tool_calls=calls,
         )
     return ScriptedTurn(
         text=(
@@ -138,6 +159,53 @@ def _already_refunded(
     )
 
 
+def _refunded(
+    order: dict, name: str, refund: dict, asked_for: object, asked: int | None
+) -> tuple[str, str]:
+    """The note and the reply of a refund made: a partial one says so, and why."""
+    currency, order_id = order.get("currency", "USD"), order["order_id"]
+    cents, paid = refund["amount_cents"], order["amount_cents"]
+    done = f"{format_cents(cents, currency)} ({refund['refund_id']})"
+    statement = "It should appear on your statement within 5 business days."
+    if cents >= paid:
+        note = f"Refunded {done} at the customer's request."
+        reply = f"Hi {name}, we have refunded {format_cents(cents, currency)} for order {order_id}."
+        return note, f"{reply} {statement}"
+    part = f"{format_cents(cents)} of {format_cents(paid, currency)}"
+    if isinstance(asked_for, int) and cents < asked_for:  # lowered by an approver on review
+        because = (
+            f"our team reviewed your request for {format_cents(asked_for, currency)} and "
+            f"approved {format_cents(cents, currency)}"
+        )
+        noted = "partial: lowered on review"
+    elif asked is not None:
+        because = "that is the amount you asked us to refund"
+        noted = "partial: the amount the customer asked for"
+    else:
+        because = f"{format_cents(cents, currency)} is what could be refunded for this order"
+        noted = "partial"
+    note = f"Refunded {part} ({refund['refund_id']}), {noted}."
+    reply = f"Hi {name}, we refunded {part} for order {order_id} because {because}."
+    return note, f"{reply} {statement}"
+
+
+def _not_refunded(order_id: str, name: str, refund: dict) -> tuple[str, str]:
+    """The note and the reply of a refund not made. A person's rejection says only the reason
+    they gave for the customer (the result carries nothing else); a failure says what failed."""
+    if refund.get("error") == "rejected":
+        why = str(refund.get("reason") or "").strip()
+        note = f"Refund rejected{': ' + why if why else ''}."
+    else:
+        why = str(refund.get("reason") or refund.get("error") or "it could not be processed")
+        note = f"Refund not issued: {why}."
+    said = f": {why.rstrip('.')}." if why else "."
+    reply = (
+        f"Hi {name}, we are sorry, but we could not approve a refund for order {order_id}{said} "
+        "Reply to this message if you have questions."
+    )
+    return note, reply
+
+
 def refund_policy(messages: list[dict], tools: list[str] | None = None) -> ScriptedTurn:
     try:
         request = json.loads(messages[1]["content"])
@@ -168,7 +236,7 @@ def refund_policy(messages: list[dict], tools: list[str] | None = None) -> Scrip
     may_refund = tools is None or "issue_refund" in tools
     refused = "not allowed" in str(done.get("issue_refund", {}).get("error", ""))
     if not may_refund or refused:
-        return _hand_over(order_id, name, format_cents(amount, currency), done)
+        return _hand_over(order_id, name, format_cents(amount, currency), done, tools)
 
     if "issue_refund" not in done:
         return ScriptedTurn(
@@ -192,20 +260,11 @@ def refund_policy(messages: list[dict], tools: list[str] | None = None) -> Scrip
         return _already_refunded(order_id, name, currency, refund, done)
 
     if "send_customer_reply" not in done:
+        asked_for = _calls(messages).get("issue_refund", {}).get("amount_cents")
         if "refund_id" in refund:
-            paid = format_cents(refund["amount_cents"], currency)
-            note = f"Refunded {paid} ({refund['refund_id']}) at the customer's request."
-            reply = (
-                f"Hi {name}, we have refunded {paid} for order {order_id}. "
-                "It should appear on your statement within 5 business days."
-            )
+            note, reply = _refunded(order, name, refund, asked_for, asked)
         else:
-            why = refund.get("reason") or refund.get("error") or "it could not be processed"
-            note = f"Refund not issued: {why}."
-            reply = (
-                f"Hi {name}, we are sorry, but we could not approve a refund for order "
-                f"{order_id}: {why}. Reply to this message if you have questions."
-            )
+            note, reply = _not_refunded(order_id, name, refund)
         return ScriptedTurn(
             text="Now I will note this on the ticket and reply to the customer.",
             tool_calls=[

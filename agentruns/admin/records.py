@@ -93,6 +93,7 @@ class RunAdmin(ReadOnlyMixin, admin.ModelAdmin):
         "short_id",
         "agent",
         "status",
+        "outcome",
         "step_count",
         "search_text",
         "stop_reason",
@@ -105,6 +106,7 @@ class RunAdmin(ReadOnlyMixin, admin.ModelAdmin):
     list_filter = (
         StatusFinishedFilter,
         "status",
+        "outcome",
         "agent",
         "stop_reason",
         "cancel_requested",
@@ -122,7 +124,7 @@ class RunAdmin(ReadOnlyMixin, admin.ModelAdmin):
             None,
             {"fields": ("page_link", "id", "agent", "status", "input", "dedupe_key", "created_by")},
         ),
-        ("Outcome", {"fields": ("output", "shown_error", "stop_reason", "finished_at")}),
+        ("Outcome", {"fields": ("outcome", "output", "shown_error", "stop_reason", "finished_at")}),
         (
             "Limits and usage",
             {

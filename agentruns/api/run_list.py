@@ -59,6 +59,8 @@ def _cursor(raw: str | None, name: str) -> str:
     permission=VIEW,
     query={
         "status": {"type": "string", "enum": RunStatus.values},
+        # what the work came to (`refund_rejected`, `handed_over`, ...; registry/outcomes/)
+        "outcome": {"type": "string", "pattern": "^[a-z][a-z0-9_]{0,39}$"},
         "agent": {"type": "string", "minLength": 1, "maxLength": AGENT_MAX},
         "created_by": {"type": "string", "minLength": 1, "maxLength": 150},
         "q": {"type": "string", "minLength": 1, "maxLength": 100},
@@ -74,6 +76,7 @@ def _cursor(raw: str | None, name: str) -> str:
 def list_runs(
     request: HttpRequest,
     status: str = "",
+    outcome: str = "",
     agent: str = "",
     created_by: str = "",
     q: str = "",
@@ -85,6 +88,7 @@ def list_runs(
 ) -> dict:
     filters = RunFilters(
         status=status,
+        outcome=outcome,
         agent=agent,
         q=q.strip(),
         created_by=created_by,

@@ -70,6 +70,8 @@ RUN = obj(
         "output": {"type": "string"},
         "error": TEXT_OR_NULL,
         "stop_reason": TEXT_OR_NULL,
+        # what the work came to, when it ended (its agent's declaration; null: none)
+        "outcome": TEXT_OR_NULL,
         "step_count": COUNT,
         "usage": obj(
             {
@@ -119,6 +121,8 @@ RUN_SUMMARY = obj(
         "status": {"type": "string", "enum": RunStatus.values},
         "error": TEXT_OR_NULL,
         "stop_reason": TEXT_OR_NULL,
+        # what the work came to, when it ended (its agent's declaration; null: none)
+        "outcome": TEXT_OR_NULL,
         "step_count": COUNT,
         "cancel_requested": {"type": "boolean"},
         "worker": TEXT_OR_NULL,

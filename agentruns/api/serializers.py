@@ -61,6 +61,7 @@ def run_summary_payload(run: Run) -> dict:
         "status": run.status,
         "error": redact_text(run.error) or None,
         "stop_reason": run.stop_reason or None,
+        "outcome": run.outcome or None,
         "step_count": run.step_count,
         "cancel_requested": run.cancel_requested,
         "worker": run.worker or None,
@@ -83,6 +84,7 @@ def run_payload(run: Run, steps: list[Step] | None = None) -> dict:
         "output": run.output,
         "error": redact_text(run.error) or None,
         "stop_reason": run.stop_reason or None,
+        "outcome": run.outcome or None,
         "step_count": run.step_count,
         "usage": {
             "prompt_tokens": run.prompt_tokens,

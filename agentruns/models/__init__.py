@@ -31,7 +31,12 @@ from agentruns.models.runs import (
     StepKind,
     StepStatus,
 )
-from agentruns.models.shared import ConcurrencyKey, QuotaBucket, WorkerHeartbeat
+from agentruns.models.shared import (
+    ConcurrencyKey,
+    ModelRateBucket,
+    QuotaBucket,
+    WorkerHeartbeat,
+)
 
 __all__ = [
     "PRIORITY_MAX",
@@ -43,6 +48,7 @@ __all__ = [
     "ApprovalOverride",
     "AttemptOutcome",
     "ConcurrencyKey",
+    "ModelRateBucket",
     "OperationAllowance",
     "OperationExecution",
     "OperationState",

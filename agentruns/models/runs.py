@@ -101,6 +101,9 @@ class Run(models.Model):
     output_data = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     stop_reason = models.CharField(max_length=200, blank=True, default="")
+    # what the run's work came to, set when it ends by its agent's declaration ("refunded",
+    # "refund_rejected", "handed_over"; "" for none): agentruns/registry/outcomes/
+    outcome = models.CharField(max_length=40, blank=True, default="", db_default="")
     # denormalised search keys (order id, ticket id) for the runs list
     search_text = models.CharField(max_length=200, blank=True, default="")
     # the run's OpenTelemetry trace (runtime/tracing.py): chosen at start, the caller's when it
@@ -150,6 +153,12 @@ class Run(models.Model):
             models.Index(fields=["-created_at", "-id"], name="run_created_idx"),
             models.Index(fields=["status", "-created_at"], name="run_status_created_idx"),
             models.Index(fields=["agent", "-created_at"], name="run_agent_created_idx"),
+            # the runs list's outcome filter (only ended runs have one)
+            models.Index(
+                fields=["outcome", "-created_at"],
+                condition=~Q(outcome=""),
+                name="run_outcome_created_idx",
+            ),
             # no plain index on search_text: the list searches it with istartswith / icontains,
             # which the trigram index on UPPER(search_text) serves (migration 0002); a btree on
             # the raw column served no query and cost every run's insert and final update

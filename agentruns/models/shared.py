@@ -1,5 +1,5 @@
-"""Rows every process shares: the workers' heartbeats, the quota buckets and the concurrency
-keys in use."""
+"""Rows every process shares: the workers' heartbeats, the quota buckets, the concurrency keys
+in use and the model providers' rate-limit buckets."""
 
 from __future__ import annotations
 
@@ -39,6 +39,21 @@ class QuotaBucket(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key}: {self.tokens:.1f}"
+
+
+class ModelRateBucket(models.Model):
+    """One model's rate limit (AGENTRUNS_MODEL_LIMITS; `runtime/access/model_limits.py`), shared
+    by every worker process: the slots its requests were given, on the database's clock
+    (seconds). `slot` is the last request's; the next may not go before `next_request_at` (the
+    requests a minute) nor before `next_token_at` (the tokens a minute)."""
+
+    model = models.CharField(max_length=200, primary_key=True)
+    slot = models.FloatField()
+    next_request_at = models.FloatField()
+    next_token_at = models.FloatField()
+
+    def __str__(self) -> str:
+        return f"{self.model}: next request at {self.next_request_at:.3f}"
 
 
 class ConcurrencyKey(models.Model):

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import jsonschema
 
 from agentruns.registry import concurrency
-from agentruns.registry.context import current_step
+from agentruns.registry.context import ToolContext, current_step
 from agentruns.registry.durable import durable
 from agentruns.registry.edits import Edit, EditRefused
 from agentruns.registry.errors import (
@@ -38,16 +38,9 @@ from agentruns.registry.errors import (
 )
 from agentruns.registry.model_names import check_model_name
 from agentruns.registry.operations import OperationKeyError, OverLimit
+from agentruns.registry.outcomes import check_declaration as check_outcomes
 from agentruns.registry.schemas import _simple_plan, schema_from_signature, strict_validator
-from agentruns.registry.tools import (
-    RetryPolicy,
-    Tool,
-    ToolContext,
-    _tools,
-    get_tool,
-    has_tool,
-    tool,
-)
+from agentruns.registry.tools import RetryPolicy, Tool, _tools, get_tool, has_tool, tool
 
 # the edit policy (agentruns.registry.edits) and the strict validator are part of the plug-in API
 __all__ = [
@@ -110,6 +103,9 @@ class Agent:
     # tool -> its argument with the words it sends the run's customer (the run page's reply)
     replies: Mapping[str, str] = field(default_factory=dict)
     input_schema: dict | None = None
+    # what a run's work came to, when it ends, and each outcome's tone (registry/outcomes/)
+    outcome: Callable[[Any, list], str | None] | None = field(default=None, repr=False)
+    outcomes: Mapping[str, str] = field(default_factory=dict)
     # a Pydantic AI agent's (registry/pydantic_agents): its own pydantic_ai Model and settings,
     # and how the run's input becomes the user prompt
     model_instance: Any = field(default=None, repr=False, compare=False)
@@ -157,6 +153,7 @@ def register_agent(
         raise TypeError("tools=, deps= and options are for a pydantic_ai.Agent")
     for tool_name in agent.tools:
         get_tool(tool_name)  # fail at startup, not at run time
+    agent.outcomes = check_outcomes(agent.name, agent.outcome, agent.outcomes)
     if agent.retry_unknown not in ("refuse", "skip"):
         raise ValueError(f"agent {agent.name!r}: retry_unknown must be 'refuse' or 'skip'")
     if agent.model_instance is None:  # a provider SDK not installed: here, not mid-run

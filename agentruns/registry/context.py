@@ -1,12 +1,28 @@
-"""`current_step()`: the step a running tool belongs to, for code that is not handed a ToolContext
-(a Pydantic AI tool receives its `RunContext`, an MCP call nothing of ours)."""
+"""What a running tool receives besides its arguments (`ToolContext`), and `current_step()`: the
+step a running tool belongs to, for code that is not handed a ToolContext (a Pydantic AI tool
+receives its `RunContext`, an MCP call nothing of ours)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
+
+
+@dataclass
+class ToolContext:
+    """What a tool receives besides its arguments."""
+
+    run: Any
+    step: Any
+    attempt: int
+    idempotency_key: str
+    # the W3C trace context for the call's outgoing requests (send it as the `traceparent`
+    # header): the tool's span when tracing is on, else the run's root span
+    traceparent: str = ""
+
 
 _current: ContextVar[Any] = ContextVar("agentruns_current_step", default=None)
 

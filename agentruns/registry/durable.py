@@ -30,6 +30,8 @@ KEYS = frozenset(
         "operation_key",
         "limit",
         "context",
+        "currency_arg",
+        "handover",
     }
 )
 
@@ -49,6 +51,8 @@ def durable(
     operation_key: Callable[[dict], str] | None = None,
     limit: Callable[[dict], Any] | None = None,
     context: Callable[[dict], dict] | None = None,
+    currency_arg: str | None = None,
+    handover: bool | None = None,
 ) -> dict[str, dict[str, Any]]:
     """`{"agentruns": {...}}` for a Pydantic AI tool's `metadata=` (only the keys given)."""
     given = {k: v for k, v in locals().items() if v is not None}

@@ -14,7 +14,7 @@ refund's "amount may only go down" is `Edit.at_most_requested` on whatever the t
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -71,16 +71,25 @@ class Edit:
             low = requested if low is None else max(low, requested)
         return low, high
 
-    def human(self, requested: Any) -> str:
-        """The rule in words, for the inbox form: "from 1 up to 4599 (the requested value)"."""
+    def human(
+        self, requested: Any, show: Callable[[Any], str] | None = None, unit: str = ""
+    ) -> str:
+        """The rule in words, for the inbox form: "from 1 up to 4599 (the requested value)";
+        `show` writes a bound (an amount in its currency: "45.99") and `unit` follows the
+        last one ("from 0.01 up to 45.99 USD")."""
         if self.rule == "free":
             return "may be changed"
+        show = show or _num
+        unit = f" {unit}" if unit else ""
         low, high = self.limits(requested)
         if self.rule == "at_most_requested":
-            floor = f"from {_num(low)} " if low is not None else ""
-            return f"may only be lowered: {floor}up to {_num(high)} (the requested value)"
-        ceiling = f" up to {_num(high)}" if high is not None else ""
-        return f"may only be raised: from {_num(low)} (the requested value){ceiling}"
+            floor = f"from {show(low)} " if low is not None else ""
+            return f"may only be lowered: {floor}up to {show(high)}{unit} (the requested value)"
+        if high is None:
+            return f"may only be raised: from {show(low)}{unit} (the requested value)"
+        return (
+            f"may only be raised: from {show(low)} (the requested value) up to {show(high)}{unit}"
+        )
 
 
 class EditRefused(ValueError):
@@ -164,8 +173,10 @@ def check_declaration(
     editable: Mapping[str, Edit],
     redact: tuple[str, ...],
     amount_arg: str | None,
+    currency_arg: str | None = None,
 ) -> None:
-    """At registration: an edit policy and an amount argument must name real, fitting fields."""
+    """At registration: an edit policy, an amount argument and a currency argument must name
+    real, fitting fields."""
     properties = parameters.get("properties", {})
     for name, edit in editable.items():
         if not isinstance(edit, Edit):
@@ -180,3 +191,5 @@ def check_declaration(
             )
     if amount_arg is not None and not set(_types(properties.get(amount_arg))) & set(NUMERIC):
         raise ValueError(f"{tool_name}: amount_arg {amount_arg!r} must be a number argument")
+    if currency_arg is not None and "string" not in _types(properties.get(currency_arg)):
+        raise ValueError(f"{tool_name}: currency_arg {currency_arg!r} must be a string argument")

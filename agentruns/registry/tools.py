@@ -1,6 +1,5 @@
 """The engine's tools: `@tool`, the `Tool` each registered function becomes (its policy: side
-effect, idempotency, approvals, edits, redaction, retries, operation keys and limits), its
-`RetryPolicy` and the `ToolContext` it is called with. Re-exported by `agentruns.registry`."""
+effect, idempotency, approvals, edits, redaction, retries, operation keys and limits, currency, hand-over) and its `RetryPolicy`. Re-exported by `agentruns.registry`."""
 
 from __future__ import annotations
 
@@ -51,19 +50,6 @@ class RetryPolicy:
 
 
 @dataclass
-class ToolContext:
-    """What a tool receives besides its arguments."""
-
-    run: Any
-    step: Any
-    attempt: int
-    idempotency_key: str
-    # the W3C trace context for the call's outgoing requests (send it as the `traceparent`
-    # header): the tool's span when tracing is on, else the run's root span
-    traceparent: str = ""
-
-
-@dataclass
 class Tool:
     name: str
     func: Callable[..., Any]
@@ -92,6 +78,9 @@ class Tool:
     operation_key: Callable[[dict], str] | None = None
     limit: Callable[[dict], OverLimit | str | None] | None = None
     context: Callable[[dict], dict] | None = None
+    # the argument holding the currency of `amount_arg` (else the context's `currency`)
+    currency_arg: str | None = None
+    handover: bool = False  # a call hands the run over to a person (registry/outcomes/)
     _compiled: Any = field(default=None, repr=False, compare=False)
     _simple: Any = field(default=None, repr=False, compare=False)
 
@@ -195,6 +184,8 @@ def tool(
     operation_key: Callable[[dict], str] | None = None,
     limit: Callable[[dict], OverLimit | str | None] | None = None,
     context: Callable[[dict], dict] | None = None,
+    currency_arg: str | None = None,
+    handover: bool = False,
 ):
     """Register a function as a tool. Usable bare (`@tool`) or with options."""
     if idempotency not in ("key", "none"):
@@ -221,8 +212,10 @@ def tool(
             operation_key=operation_key,
             limit=limit,
             context=context,
+            currency_arg=currency_arg,
+            handover=bool(handover),
         )
-        check_declaration(t.name, t.parameters, t.editable, t.redact, amount_arg)
+        check_declaration(t.name, t.parameters, t.editable, t.redact, amount_arg, currency_arg)
         for what in ("operation_key", "limit", "context"):
             if getattr(t, what) is not None and not callable(getattr(t, what)):
                 raise ValueError(f"{t.name}: {what} must be a function of the arguments")

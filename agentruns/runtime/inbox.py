@@ -1,8 +1,10 @@
 """What the runtime needs from an inbox (DESIGN.md 4): the port an inbox app provides.
 
-The runtime parks a step for a person, withdraws what a cancel leaves undecided, has due items
-expired and escalated by the sweeper, reports a failed run, runs the inbox's delivery loop in
-the worker and lets the chat endpoint answer an approval. It never imports the app that does
+The runtime parks a step for a person, hands a run's request over to one when it ends,
+withdraws what a cancel leaves undecided, has due items expired and escalated by the sweeper,
+reports a failed run, has the inbox forget the runs the retention purge deletes, runs the
+inbox's delivery loop in the worker and lets the chat endpoint answer an approval. It never
+imports the app that does
 these: the app registers its implementation at start-up (`AppConfig.ready`, approvals/apps.py),
 and every call is a plain synchronous call inside the caller's transaction (no signals, which
 could be lost between the runtime's write and the inbox's).
@@ -41,6 +43,11 @@ class Inbox(Protocol):
     def open_reconciliation(self, step: Step, agent: str) -> int:
         """The step's outcome is unknown: a person says what happened; returns the item's id."""
 
+    def open_handover(self, step: Step, agent: str) -> int | None:
+        """The run handed its request over to a person with this step (a successful call of a
+        `handover=True` tool, registry/outcomes/): an item a person picks up and closes.
+        Returns the new item's id, or None when the step has one already."""
+
     def approved_call_refusal(self, step: Step) -> str:
         """Why an approved call must not run as it is now ("" when it may)."""
 
@@ -55,6 +62,11 @@ class Inbox(Protocol):
 
     def run_failed(self, run_id: Any, fields: dict[str, Any]) -> None:
         """A run failed: the outside world hears of it (webhooks), in the failing transaction."""
+
+    def forget_runs(self, run_ids: list, *, dry_run: bool) -> dict[str, int]:
+        """The retention purge removes these finished runs: delete the inbox's rows for them
+        that no foreign key ties to a run or its steps (those go with the runs, by cascade), or
+        only count them (`dry_run`); returns {table: rows}."""
 
     def delivery_loop(self) -> threading.Thread:
         """The worker's loop delivering the inbox's notifications (not started; it has a

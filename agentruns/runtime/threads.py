@@ -2,14 +2,15 @@
 
 A worker process carries, besides q2's own, the pool's run threads and its supervisor, the
 model-stream loop, the nudge sender, the delta writer, the lease keeper, the run claimer, and in
-`qcluster` the sweeper loop and the delivery loop (with its senders). Each is started through
-`process_threads().start(...)` with the way to stop it, so one place knows what runs in the
-process (`names()`, for /metrics and tests) and stops it all together (`stop_all`), last started
-first. Keyed by pid: a forked child (q2's workers) starts its own and inherits none.
+`qcluster` the sweeper loop, the delivery loop (with its senders) and the retention loop. Each
+is started through `process_threads().start(...)` with the way to stop it, so one place knows
+what runs in the process (`names()`, for /metrics and tests) and stops it all together
+(`stop_all`), last started first. Keyed by pid: a forked child (q2's workers) starts its own and
+inherits none.
 
-A background loop that is an object (the claimer, the sweeper loop, the delivery loop) derives
-from `OwnedThread`: `start()` hands its `run` to the owner, `stop()` sets `stopped`, which its
-loop watches.
+A background loop that is an object (the claimer, the sweeper, delivery and retention loops)
+derives from `OwnedThread`: `start()` hands its `run` to the owner, `stop()` sets `stopped`,
+which its loop watches.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ LIST_FIELDS = (
     "status",
     "error",
     "stop_reason",
+    "outcome",
     "step_count",
     "created_at",
     "finished_at",
@@ -42,11 +43,13 @@ LIST_FIELDS = (
     "waiting_behind",  # a run waiting in its concurrency key's line
 )
 _HEX = re.compile(r"^[0-9a-f]{1,32}$")
+OUTCOME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 
 
 @dataclass
 class RunFilters:
     status: str = ""
+    outcome: str = ""  # what the work came to (registry/outcomes/)
     agent: str = ""
     age: str = ""
     q: str = ""
@@ -62,8 +65,10 @@ class RunFilters:
     def from_query(cls, params: dict) -> RunFilters:
         status = params.get("status", "")
         age = params.get("age", "")
+        outcome = params.get("outcome", "")
         return cls(
             status=status if status in RunStatus.values else "",
+            outcome=outcome if OUTCOME.match(outcome) else "",
             agent=params.get("agent", "")[:100],
             age=age if age in AGES else "",
             q=params.get("q", "").strip()[:100],
@@ -122,6 +127,8 @@ def filtered_runs(filters: RunFilters, now: datetime | None = None) -> QuerySet[
     runs = Run.objects.only(*LIST_FIELDS)
     if filters.status:
         runs = runs.filter(status=filters.status)
+    if filters.outcome:
+        runs = runs.filter(outcome=filters.outcome)
     if filters.agent:
         runs = runs.filter(agent=filters.agent)
     if filters.age:

@@ -24,7 +24,7 @@ from agentruns.runtime.execution.cancel import cancel_run as _cancel_run
 from agentruns.runtime.execution.transitions import ActionRefused
 from agentruns.runtime.operations import gate as operations
 from agentruns.runtime.values.ids import actor_name
-from agentruns.runtime.values.redaction import redact_fields
+from agentruns.runtime.values.redaction import redact_fields, redact_text
 from agentruns.runtime.values.timestamps import iso
 
 
@@ -87,6 +87,10 @@ def retry_run(run_id: uuid.UUID | str, *, user: Any = None) -> Run:
                         next_attempt=failed.attempts + 1,
                         idempotency_key=failed.idempotency_key,
                         by=who,
+                        # a request to try again has no error of its own: the one it answers
+                        # is the previous attempt's
+                        error="",
+                        previous_error=redact_text(failed.error),
                     ),
                 )
             )

@@ -1,5 +1,6 @@
 """The run page as support staff read it: the conversation first (the customer's message, the
-agent's words, the reply it sent), the input as fields, and who may act on the run.
+agent's words, the reply it sent, the hand-overs to a person), the input as fields, and who may
+act on the run.
 
 The runtime knows nothing of customers: the customer's message is the input's `message` (the
 input of every Pydantic AI agent, DESIGN.md 6), and a reply is the argument the run's agent
@@ -20,6 +21,9 @@ from agentruns.runtime.values.redaction import redact_fields
 from agentruns.selectors.people import groups_with_permission
 
 MESSAGE_KEY = "message"
+# the inbox item's kind for a hand-over (the inbox app's; the runtime reads its items by the
+# step's `approval` relation, as the step table does)
+HANDOVER_KIND = "handover"
 OPERATE = "agentruns.operate_run"
 # a reply's state in words, by its step's status
 REPLY_STATES = {
@@ -48,6 +52,47 @@ class Reply:
     state: str
     sent: bool
     at: datetime | None
+
+
+@dataclass
+class HandOver:
+    """A hand-over of the run's request to a person (a `handover=True` tool's call): why, and
+    where its inbox item stands."""
+
+    step: int
+    why: str  # the call's `reason` argument, as the agent gave it
+    approval: Any  # the inbox item: its status, who holds or closed it, their reason and note
+
+    @property
+    def state(self) -> str:
+        a = self.approval
+        if a.status == "pending":
+            held = getattr(a.claimed_by, "get_username", None)
+            return f"taken by {held()}" if held else "waiting in the inbox"
+        if a.resolution == "withdrawn":
+            return "withdrawn"
+        who = a.decided_by.get_username() if a.decided_by is not None else "the system"
+        return f"closed by {who}"
+
+
+def _item(step: Step) -> Any:
+    try:
+        return step.approval  # select_related by the view; absent for most steps
+    except Exception:  # RelatedObjectDoesNotExist
+        return None
+
+
+def handovers(run: Run, steps: list[Step]) -> list[HandOver]:
+    """The run's hand-overs to a person, in step order, with their inbox items."""
+    out = []
+    for step in steps:
+        item = _item(step) if step.kind == StepKind.TOOL else None
+        if item is None or item.kind != HANDOVER_KIND:
+            continue
+        args = step.arguments if isinstance(step.arguments, dict) else {}
+        why = redact_fields(args, run.redacted_fields(step.tool)).get("reason")
+        out.append(HandOver(step.index, why if isinstance(why, str) else "", item))
+    return out
 
 
 def customer_message(run: Run) -> str:

@@ -22,6 +22,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from agentruns import services
 from agentruns.models import PRIORITY_MAX, PRIORITY_MIN, Run, RunEvent, RunStatus, Step, StepAttempt
 from agentruns.registry import Agent, all_agents
+from agentruns.registry.outcomes import tones
 from agentruns.runtime.execution import unknown_outcomes
 from agentruns.runtime.values.ids import parse_id
 from agentruns.runtime.values.text import UnsafeValue, loads_strict
@@ -49,6 +50,7 @@ def run_list(request: HttpRequest) -> HttpResponse:
         "filters": filters.as_params(),
         "filter_query": urlencode(filters.as_params()),
         "statuses": RunStatus.values,
+        "outcomes": sorted(tones(all_agents().values())),
         "agents": sorted(all_agents()),
         "ages": list(AGES),
     }
@@ -62,7 +64,7 @@ def run_detail(request: HttpRequest, run_id) -> HttpResponse:
     run = get_object_or_404(Run.objects.select_related("created_by"), id=run_id)
     steps = list(
         Step.objects.filter(run=run)
-        .select_related("approval", "approval__decided_by")
+        .select_related("approval", "approval__decided_by", "approval__claimed_by")
         .prefetch_related(Prefetch("attempt_rows", queryset=StepAttempt.objects.order_by("number")))
         .order_by("index")
     )
@@ -94,6 +96,7 @@ def run_detail(request: HttpRequest, run_id) -> HttpResponse:
             "customer_message": run_view.customer_message(run),
             "input_items": run_view.input_items(run),
             "replies": run_view.replies(run, steps),
+            "handovers": run_view.handovers(run, steps),
             "who_may_act": run_view.who_may_act(run, request.user),
             "input_json": json.dumps(run.input, indent=2, ensure_ascii=False, default=str),
         },

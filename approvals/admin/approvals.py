@@ -40,7 +40,16 @@ class ApprovalAdmin(admin.ModelAdmin):
         (None, {"fields": ("kind", "status", "agent", "tool", "run_link", "step_link")}),
         (
             "Decision",
-            {"fields": ("decided_by", "decided_at", "reason", "resolution", "expires_at")},
+            {
+                "fields": (
+                    "decided_by",
+                    "decided_at",
+                    "reason",
+                    "internal_note",
+                    "resolution",
+                    "expires_at",
+                )
+            },
         ),
         ("Claim and due time", {"fields": ("claimed_by", "claimed_at", "due_at", "escalated_at")}),
         (
@@ -61,6 +70,7 @@ class ApprovalAdmin(admin.ModelAdmin):
         "decided_by",
         "decided_at",
         "reason",
+        "internal_note",
         "resolution",
         "expires_at",
         "claimed_by",
@@ -116,7 +126,7 @@ class ApprovalAdmin(admin.ModelAdmin):
             return "—"
         return format_html_join(
             mark_safe("<br>"),
-            "round {}: {} {} at {}{}{}",
+            "round {}: {} {} at {}{}{}{}",
             (
                 (
                     d.round,
@@ -125,6 +135,7 @@ class ApprovalAdmin(admin.ModelAdmin):
                     d.decided_at.isoformat(timespec="seconds"),
                     f" with {_pretty(obj.redacted(d.args))}" if d.edited else "",
                     f" ({d.reason})" if d.reason else "",
+                    f" [internal note: {d.internal_note}]" if d.internal_note else "",
                 )
                 for d in rows
             ),

@@ -14,7 +14,13 @@ from agentruns.runtime.values.timestamps import iso
 from approvals import services
 from approvals.api.approvals import APPROVAL, already_decided, approval_payload
 from approvals.domain import claims
-from approvals.errors import AlreadyDecided, ClaimedByOther, DecisionError, status_of
+from approvals.errors import (
+    AlreadyDecided,
+    ClaimedByOther,
+    DecisionError,
+    error_details,
+    status_of,
+)
 from approvals.models import Approval
 
 
@@ -82,7 +88,7 @@ def approval_release(request: HttpRequest, approval_id: str) -> dict:
 @endpoint(
     "POST",
     "/approvals/bulk",
-    summary="Approve or reject many items with one reason: one result per id",
+    summary="Approve or reject many items with one reason (and note): one result per id",
     permission="approvals.decide_approval",
     body={
         "ids": {
@@ -93,6 +99,8 @@ def approval_release(request: HttpRequest, approval_id: str) -> dict:
         },
         "decision": {"type": "string", "enum": list(services.BULK_DECISIONS)},
         "reason": {"type": "string", "maxLength": 2000},
+        # for staff only, kept on every item decided (rejecting needs a reason or a note)
+        "internal_note": {"type": "string", "maxLength": 2000},
         # id -> the `version` of the proposal selected; an id without one is decided as the
         # single API decides one without a version
         "versions": {
@@ -104,7 +112,8 @@ def approval_release(request: HttpRequest, approval_id: str) -> dict:
     required=("ids", "decision"),
     responses={
         200: "a result per id (ok, or code and error; stale_version with the current version)",
-        400: "a key of versions that is not an id",
+        400: "a key of versions that is not an id; a rejection without a reason or an "
+        "internal note (`fields`)",
         403: "no right to decide or to see the items",
     },
     tags=("approvals",),
@@ -148,7 +157,10 @@ def approval_bulk(request: HttpRequest, body: dict) -> dict:
             user=request.user,
             reason=body.get("reason", ""),
             versions=versions,
+            internal_note=body.get("internal_note", ""),
         )
     except DecisionError as exc:
-        raise BadRequest(str(exc), status_of(exc), code=exc.code) from None
+        raise BadRequest(
+            str(exc), status_of(exc), **{"code": exc.code, **error_details(exc)}
+        ) from None
     return {"results": results, "summary": services.summary(results)}

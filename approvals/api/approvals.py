@@ -42,7 +42,10 @@ APPROVAL = obj(
         "resolution": TEXT_OR_NULL,
         "decided_by": TEXT_OR_NULL,
         "decided_at": TIME_OR_NULL,
+        # what the agent was told (a rejection's reason, which it may pass on to the customer)
         "reason": {"type": "string"},
+        # the decider's note for staff only (never the agent's or the customer's)
+        "internal_note": {"type": "string"},
         "expires_at": TIME_OR_NULL,
         "created_at": TIME,
         # its run's priority: lists show the highest first, then the newest
@@ -73,13 +76,14 @@ APPROVAL = obj(
             "items": obj(
                 {
                     "by": {"type": "string"},
-                    "decision": {"type": "string", "enum": ["approve", "reject"]},
+                    "decision": {"type": "string", "enum": ["approve", "reject", "close"]},
                     "at": TIME,
                     "round": COUNT,
                     "counted": {"type": "boolean"},
                     "edited": {"type": "boolean"},
                     "args": ARGS_OR_NULL,
                     "reason": {"type": "string"},
+                    "internal_note": {"type": "string"},
                 }
             ),
         },
@@ -126,6 +130,7 @@ def approval_payload(approval: Approval, card: Card | None = None) -> dict:
         "decided_by": approval.decided_by_name,
         "decided_at": iso(approval.decided_at),
         "reason": approval.reason,
+        "internal_note": approval.internal_note,
         "expires_at": iso(approval.expires_at),
         "created_at": iso(approval.created_at),
         "priority": approval.priority,
@@ -204,12 +209,19 @@ def already_decided(exc: AlreadyDecided) -> BadRequest:
 @endpoint(
     "POST",
     "/approvals/{approval_id}",
-    summary="Decide: approve (optionally with edited args) or reject; reconcile an unknown outcome",
+    summary=(
+        "Decide: approve (optionally with edited args) or reject; reconcile an unknown outcome; "
+        "close a hand-over"
+    ),
     permission="approvals.decide_approval",
     path_params={"approval_id": INT_ID},
     body={
         "decision": {"type": "string", "enum": list(services.DECISIONS)},
+        # what the agent is told (and may pass on to the customer)
         "reason": {"type": "string", "maxLength": 2000},
+        # for staff only: kept in the audit trail, never shown to the agent or the customer;
+        # rejecting or closing needs a reason, an internal note, or both
+        "internal_note": {"type": "string", "maxLength": 2000},
         "args": {"type": "object"},
         "result": {},
         # the `version` of the proposal decided on; without it only an item nobody edited
@@ -218,7 +230,8 @@ def already_decided(exc: AlreadyDecided) -> BadRequest:
     required=("decision",),
     responses={
         200: "the approval (still pending while more approvals are required)",
-        400: "an edit outside the tool's edit policy (names the field and the rule)",
+        400: "an edit outside the tool's edit policy (names the field and the rule); a "
+        "rejection or a close without a reason or an internal note (`fields`)",
         403: "no right to decide this (permission, the run's starter, above your limit or your "
         "total per day: `figures`)",
         409: "already decided, already approved by you, a stale `version` (with the current "
@@ -243,6 +256,7 @@ def approval_decide(request: HttpRequest, approval_id: str, body: dict) -> dict 
             version=body.get("version"),
             result=body.get("result"),
             door=services.Door.API,
+            internal_note=body.get("internal_note", ""),
         )
     except AlreadyDecided as exc:
         raise already_decided(exc) from None

@@ -25,13 +25,15 @@ from agentruns.runtime.values.timestamps import iso
 from agentruns.selectors.operations import key_payload, key_states
 from approvals.models import Approval, ApprovalKind, ApprovalStatus
 
+# what a tool's context is shown beside: a call waiting for approval, and a hand-over (the
+# person who picks it up reads the order the run was about)
+CONTEXT_KINDS = (ApprovalKind.APPROVAL, ApprovalKind.HANDOVER)
+
 
 def contexts(approvals: list[Approval]) -> dict[int, dict | None]:
-    """Each approval's context by id (None: decided, a reconciliation, or nothing declared)."""
+    """Each item's context by id (None: decided, a reconciliation, or nothing declared)."""
     pending = [
-        a
-        for a in approvals
-        if a.status == ApprovalStatus.PENDING and a.kind == ApprovalKind.APPROVAL
+        a for a in approvals if a.status == ApprovalStatus.PENDING and a.kind in CONTEXT_KINDS
     ]
     keys = sorted({a.operation_key for a in pending if a.operation_key})
     states = key_states(keys)

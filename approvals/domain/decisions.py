@@ -37,6 +37,7 @@ def payload(approval: Approval) -> dict:
                 "edited": d.edited,
                 "args": approval.redacted(d.args),
                 "reason": d.reason,
+                "internal_note": d.internal_note,
             }
             for d in approval.decisions.all()
         ],

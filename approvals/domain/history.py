@@ -38,6 +38,10 @@ OUTCOMES: dict[str, tuple[str, Q]] = {
     "retry": ("reconciled: retried", Q(resolution="retry")),
     "abort": ("reconciled: run aborted", Q(resolution="abort")),
     "withdrawn": ("withdrawn", Q(resolution="withdrawn")),
+    "closed": (
+        "hand-over closed",
+        Q(kind=ApprovalKind.HANDOVER, status=ApprovalStatus.RESOLVED),
+    ),
 }
 TEXT_MAX = 100
 RUN_IDS_MAX = 500
@@ -141,29 +145,44 @@ class HistoryEntry:
     at: datetime | None
     who: str
     what: str
-    reason: str = ""
+    reason: str = ""  # what the agent was told (and may pass on to the customer)
     diff: dict | None = None  # an approval with edits: argument -> {from, to} (redacted)
+    internal_note: str = ""  # the decider's note for staff (the inbox's pages are staff's)
 
 
 def history_of(approval: Approval) -> list[HistoryEntry]:
-    """What happened to an item, in order: the request, each person's decision (the prefetched
-    decision rows, with the edits they made), then how it ended when no person's decision ended
-    it (expired, reconciled, withdrawn)."""
+    """What happened to an item, in order: the request (or the hand-over), each person's
+    decision (the prefetched decision rows, with the edits they made, their reason and internal
+    note), then how it ended when no person's decision ended it (expired, reconciled,
+    withdrawn)."""
     requested = approval.visible_args()
-    entries = [HistoryEntry(approval.created_at, "the agent", f"asked for {approval.tool}")]
+    handover = approval.kind == ApprovalKind.HANDOVER
+    asked = (
+        f"handed over to a person ({approval.tool})" if handover else f"asked for {approval.tool}"
+    )
+    entries = [HistoryEntry(approval.created_at, "the agent", asked)]
     rows = list(approval.decisions.all())
     for row in rows:
+        diff = None
         if row.decision == DecisionKind.APPROVE:
             diff = args_diff(requested, approval.redacted(row.args or {})) if row.edited else None
             what = "approved with edits" if diff else "approved"
-            entries.append(HistoryEntry(row.decided_at, row.username, what, row.reason, diff))
         else:
-            entries.append(HistoryEntry(row.decided_at, row.username, "rejected", row.reason))
-    ended_by_a_person = approval.status in (ApprovalStatus.APPROVED, ApprovalStatus.REJECTED)
+            what = "closed the hand-over" if row.decision == DecisionKind.CLOSE else "rejected"
+        entries.append(
+            HistoryEntry(row.decided_at, row.username, what, row.reason, diff, row.internal_note)
+        )
+    ended_by_a_person = approval.status in (ApprovalStatus.APPROVED, ApprovalStatus.REJECTED) or (
+        handover and approval.status == ApprovalStatus.RESOLVED
+    )
     if not (ended_by_a_person and rows):
         what = {"withdrawn": "withdrawn"}.get(approval.resolution) or (
             f"reconciled: {approval.resolution}" if approval.resolution else approval.status
         )
         who = approval.decided_by_name or "the system"
-        entries.append(HistoryEntry(approval.decided_at, who, what, approval.reason))
+        entries.append(
+            HistoryEntry(
+                approval.decided_at, who, what, approval.reason, None, approval.internal_note
+            )
+        )
     return entries

@@ -53,6 +53,7 @@ from approvals.models import Approval, ApprovalDecision, ApprovalKind, ApprovalS
 from approvals.notifications import outbox
 
 APPROVED = "approved"
+CLOSED = "closed"
 
 
 @dataclass
@@ -163,7 +164,8 @@ def settle(approval: Approval, kind: str, user: Any, **changes: Any) -> Approval
         check_open(approval, kind)
     for name, value in changes.items():
         setattr(approval, name, value)
-    outbox.record(outbox.APPROVAL_DECIDED, approval=approval)
+    event = outbox.HANDOVER_CLOSED if kind == ApprovalKind.HANDOVER else outbox.APPROVAL_DECIDED
+    outbox.record(event, approval=approval)
     return approval
 
 
@@ -188,7 +190,13 @@ def _row(approval: Approval, user: Any, decision: str, **fields: Any) -> Approva
 
 
 def record_approval(
-    approval: Approval, user: Any, args: dict, reason: str, required: int, tool: Tool
+    approval: Approval,
+    user: Any,
+    args: dict,
+    reason: str,
+    required: int,
+    tool: Tool,
+    internal_note: str = "",
 ) -> Progress:
     """Count `user`'s approval of `args` (checked by approvals.domain.policy) as the module's
     docstring says: `args` need `required` approvers (the tool's `approvals_required`); saves
@@ -209,6 +217,7 @@ def record_approval(
         args=args,
         edited=restarted,
         reason=reason,
+        internal_note=internal_note,
         amount=amount_of(approval, tool, args),
     )
     approval.approvals_given += 1
@@ -226,27 +235,46 @@ def record_approval(
     return Progress(row, approval.approvals_given >= approval.approvals_required, restarted)
 
 
-def record_rejection(approval: Approval, user: Any, reason: str) -> ApprovalDecision:
-    return _row(approval, user, DecisionKind.REJECT, reason=reason)
+def record_rejection(
+    approval: Approval, user: Any, reason: str, internal_note: str = ""
+) -> ApprovalDecision:
+    return _row(approval, user, DecisionKind.REJECT, reason=reason, internal_note=internal_note)
 
 
 # ------------------------------------------------------------------ each decision
-def approved(current: Approval, user: Any, edited_args: dict | None, reason: str) -> Outcome:
+def approved(
+    current: Approval, user: Any, edited_args: dict | None, reason: str, internal_note: str = ""
+) -> Outcome:
     """The step keeps its idempotency key and runs with the approved arguments; the requested
     ones stay on the approval, the full approved set goes to `edited_args` when it differs."""
     args, tool = check_approval(current, user, edited_args)
-    progress = record_approval(current, user, args, reason, tool.approvals_for(args), tool)
+    required = tool.approvals_for(args)
+    progress = record_approval(current, user, args, reason, required, tool, internal_note)
     if not progress.complete:
         return partial(current, user, progress)
     edited = current.edited_args
-    settle(current, ApprovalKind.APPROVAL, user, status=ApprovalStatus.APPROVED, reason=reason)
+    settle(
+        current,
+        ApprovalKind.APPROVAL,
+        user,
+        status=ApprovalStatus.APPROVED,
+        reason=reason,
+        internal_note=internal_note,
+    )
     step = current.step
     step.arguments, step.approved, step.status = args, True, StepStatus.PENDING
     writer.save_step(step, ["arguments", "approved", "status"])
     return Outcome(current, user, APPROVED, args=args, edited=edited is not None)
 
 
-def reconciled(approval: Approval, user: Any, resolution: str, result: Any, reason: str) -> Outcome:
+def reconciled(
+    approval: Approval,
+    user: Any,
+    resolution: str,
+    result: Any,
+    reason: str,
+    internal_note: str = "",
+) -> Outcome:
     """Staff say what happened to a call whose outcome is unknown (DESIGN.md 4.4), by the
     runtime's one rule for such steps (runtime/execution/unknown_outcomes.py).
 
@@ -264,6 +292,7 @@ def reconciled(approval: Approval, user: Any, resolution: str, result: Any, reas
         resolution=resolution,
         resolution_result=happened,
         reason=reason,
+        internal_note=internal_note,
     )
     step, now = approval.step, timezone.now()
     run = Run.objects.select_for_update().get(id=approval.run_id)
@@ -299,16 +328,44 @@ def reconciled(approval: Approval, user: Any, resolution: str, result: Any, reas
 
 
 def rejected(
-    approval: Approval, user: Any, reason: str, status: str = ApprovalStatus.REJECTED
+    approval: Approval,
+    user: Any,
+    reason: str,
+    status: str = ApprovalStatus.REJECTED,
+    internal_note: str = "",
 ) -> Outcome:
     """Settle as rejected (or expired); the agent receives `{"error": "rejected", "reason": ...}`
-    as the tool's result, so it can tell the customer why. Inside the caller's transaction."""
-    settle(approval, ApprovalKind.APPROVAL, user, status=status, reason=reason)
+    as the tool's result, so it can tell the customer why. The internal note stays on the item
+    and its decision row: staff's, never the agent's. Inside the caller's transaction."""
+    settle(
+        approval,
+        ApprovalKind.APPROVAL,
+        user,
+        status=status,
+        reason=reason,
+        internal_note=internal_note,
+    )
     approval.step.reject(reason)
     writer.save_step(approval.step, Step.REJECTED_FIELDS)
     if status == ApprovalStatus.REJECTED:  # a person's decision (an expiry is nobody's): its row
-        record_rejection(approval, user, reason)
+        record_rejection(approval, user, reason, internal_note)
     return Outcome(approval, user, str(status))
+
+
+def closed(approval: Approval, user: Any, reason: str, internal_note: str) -> Outcome:
+    """A person is done with a hand-over: resolved ("closed") with their note. The run ended when
+    it handed over (its outcome stays): only the audit event is added to its timeline."""
+    settle(
+        approval,
+        ApprovalKind.HANDOVER,
+        user,
+        status=ApprovalStatus.RESOLVED,
+        resolution=CLOSED,
+        reason=reason,
+        internal_note=internal_note,
+    )
+    _row(approval, user, DecisionKind.CLOSE, reason=reason, internal_note=internal_note)
+    return Outcome(approval, user, CLOSED, then=WAIT)
 
 
 def partial(approval: Approval, user: Any, progress: Progress) -> Outcome:

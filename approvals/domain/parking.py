@@ -84,9 +84,9 @@ def open_approval(step: Step, agent: str) -> Approval:
     return approval
 
 
-def _announce_opened(approval: Approval) -> None:
+def _announce_opened(approval: Approval, event: str = outbox.APPROVAL_REQUESTED) -> None:
     """The item is in the inbox: viewers, webhooks and (batched) email hear of it on commit."""
-    outbox.record(outbox.APPROVAL_REQUESTED, approval=approval)
+    outbox.record(event, approval=approval)
     outbox.queue_mail(approval, MailNotice.Kind.REQUESTED)
     nudge_on_commit(approval.run_id, 0, inbox=True)
 
@@ -98,6 +98,7 @@ def _decision_record(approval: Approval) -> dict:
         "decided_by": approval.decided_by_name,
         "decided_at": iso(approval.decided_at),
         "reason": approval.reason,
+        "internal_note": approval.internal_note,
         "requested_args": approval.requested_args,
         "edited_args": approval.edited_args,
         "resolution": approval.resolution,
@@ -109,9 +110,9 @@ def _decision_record(approval: Approval) -> dict:
     }
 
 
-def open_reconciliation(step: Step, agent: str) -> Approval:
-    """The step's outcome is unknown; the step's one Approval row is reused, and an earlier
-    decision on it (who approved the call before it was interrupted) moves to its history."""
+def _reopened(step: Step, agent: str, kind: str, **fresh: Any) -> Approval:
+    """The step's one Approval row as a new pending item of `kind`; an earlier decision on it
+    (who approved the call before it was interrupted) moves to its history."""
     earlier = Approval.objects.select_related("decided_by").filter(step=step).first()
     history = [*earlier.history, _decision_record(earlier)] if earlier is not None else []
     run = Run.objects.get(id=step.run_id)
@@ -120,7 +121,7 @@ def open_reconciliation(step: Step, agent: str) -> Approval:
         defaults={
             "history": history,
             "run": run,
-            "kind": ApprovalKind.RECONCILIATION,
+            "kind": kind,
             "status": ApprovalStatus.PENDING,
             "agent": agent,
             "tool": step.tool,
@@ -128,25 +129,48 @@ def open_reconciliation(step: Step, agent: str) -> Approval:
             "decided_by": None,
             "decided_at": None,
             "resolution": "",
+            "internal_note": "",  # an earlier decision's note lives on in `history`
             "expires_at": None,
             # a new item: its own due time, nobody on it yet
             "due_at": due_at_for(run, step.tool),
             "escalated_at": None,
             "claimed_by": None,
             "claimed_at": None,
-            # one person reconciles, whatever the call needed to be approved
+            # one person settles it, whatever the call needed to be approved
             "approvals_required": 1,
             "approvals_given": 0,
             "priority": run.priority,
+            **fresh,
         },
     )
+    return approval
+
+
+def open_reconciliation(step: Step, agent: str) -> Approval:
+    """The step's outcome is unknown: a person says what happened."""
+    approval = _reopened(step, agent, ApprovalKind.RECONCILIATION)
     _announce_opened(approval)
+    return approval
+
+
+def open_handover(step: Step, agent: str) -> Approval | None:
+    """The run handed its request over to a person with this step (a successful call of a
+    `handover=True` tool; runtime/outcomes.py, when the run ends): an item someone picks up
+    (claims) and closes with a note. It never expires and no cancel withdraws it: it is work for
+    a person, whatever becomes of the run. None when the step has one already (a retried run
+    that ends again)."""
+    if Approval.objects.filter(step=step, kind=ApprovalKind.HANDOVER).exists():
+        return None
+    approval = _reopened(step, agent, ApprovalKind.HANDOVER, edited_args=None, reason="")
+    _announce_opened(approval, outbox.HANDOVER_OPENED)
     return approval
 
 
 def withdraw_approvals(run: Run, *, reason: str) -> list[int]:
     ids = list(
-        Approval.objects.filter(run=run, status=ApprovalStatus.PENDING).values_list("id", flat=True)
+        Approval.objects.filter(run=run, status=ApprovalStatus.PENDING)
+        .exclude(kind=ApprovalKind.HANDOVER)  # a person's work, whatever becomes of the run
+        .values_list("id", flat=True)
     )
     if ids:
         Approval.objects.filter(id__in=ids, status=ApprovalStatus.PENDING).update(

@@ -1,4 +1,5 @@
-"""The outbox writers: one delivery row per event and endpoint, one mail notice per item.
+"""The outbox writers: one delivery row per event and endpoint, one mail notice per item (and
+what the retention purge removes of them).
 
 Always called inside the transaction of the change being reported: a change that rolls back
 leaves no event behind, and a committed change always has its event (the delivery loop sends it
@@ -15,6 +16,7 @@ import uuid
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Q
 from django.utils import timezone
 
 from agentruns.models import Run
@@ -22,19 +24,30 @@ from agentruns.runtime.values.ids import actor_name
 from agentruns.runtime.values.redaction import redact_fields, redact_text
 from agentruns.runtime.values.timestamps import iso
 from approvals.conf import conf
-from approvals.models import Approval, MailNotice, WebhookDelivery, WebhookEndpoint
+from approvals.models import (
+    Approval,
+    DeliveryStatus,
+    MailNotice,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
 
 APPROVAL_REQUESTED = "approval.requested"
 APPROVAL_ESCALATED = "approval.escalated"
 APPROVAL_DECIDED = "approval.decided"
 APPROVAL_WITHDRAWN = "approval.withdrawn"
 RUN_FAILED = "run.failed"
+# a run handed its request over to a person (an inbox item of kind handover), and it was closed
+HANDOVER_OPENED = "handover.opened"
+HANDOVER_CLOSED = "handover.closed"
 EVENT_TYPES = (
     APPROVAL_REQUESTED,
     APPROVAL_ESCALATED,
     APPROVAL_DECIDED,
     APPROVAL_WITHDRAWN,
     RUN_FAILED,
+    HANDOVER_OPENED,
+    HANDOVER_CLOSED,
 )
 
 
@@ -103,6 +116,7 @@ def run_data(run: Run) -> dict:
         "status": run.status,
         "error": redact_text(run.error),
         "stop_reason": run.stop_reason,
+        "outcome": run.outcome or None,
         "created_at": iso(run.created_at),
         "finished_at": iso(run.finished_at),
         "url": run_url(run.id),
@@ -158,10 +172,22 @@ def run_failed(run_id: Any, fields: dict[str, Any]) -> str:
     if not settings_endpoint_events() and not WebhookEndpoint.objects.filter(active=True).exists():
         return ""
     run = Run.objects.get(id=run_id)
-    for name in ("status", "error", "stop_reason", "finished_at"):
+    for name in ("status", "error", "stop_reason", "outcome", "finished_at"):
         if name in fields:
             setattr(run, name, fields[name])
     return record(RUN_FAILED, run=run)
+
+
+def forget_runs(run_ids: list, *, dry_run: bool) -> dict[str, int]:
+    """The webhook deliveries of finished runs the retention purge removes (no foreign key ties
+    them to a run or an item): those delivered or given up; a pending one is still sent.
+    Deleted, or only counted (`dry_run`); {table: rows}."""
+    items = Approval.objects.filter(run_id__in=run_ids).values("id")
+    rows = WebhookDelivery.objects.filter(Q(run_id__in=run_ids) | Q(approval_id__in=items)).exclude(
+        status=DeliveryStatus.PENDING
+    )
+    count = rows.count() if dry_run else rows.delete()[0]
+    return {WebhookDelivery._meta.db_table: count} if count else {}
 
 
 def queue_mail(approval: Approval, kind: str) -> None:

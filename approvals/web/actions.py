@@ -26,7 +26,7 @@ from agentruns.services.operations import ALLOW_PERMISSION
 from approvals import services
 from approvals.domain import claims, policy
 from approvals.domain.selectors import approvals_query
-from approvals.errors import AlreadyDecided, ClaimedByOther, DecisionError
+from approvals.errors import AlreadyDecided, ClaimedByOther, DecisionError, NoteRequired
 from approvals.models import Approval
 from approvals.web.cards import card_for
 from approvals.web.views import DECIDE_PERMISSION, VIEW_PERMISSION
@@ -147,6 +147,7 @@ def bulk_decide(request: HttpRequest) -> HttpResponse:
         return HttpResponse(str(exc), status=403, content_type="text/plain; charset=utf-8")
     decision = request.POST.get("action", "")
     reason = request.POST.get("reason", "").strip()[:2000]
+    internal_note = request.POST.get("internal_note", "").strip()[:2000]
     try:
         selected = _selected(request)
     except BadId as exc:
@@ -157,8 +158,8 @@ def bulk_decide(request: HttpRequest) -> HttpResponse:
         results = [{"id": None, "ok": False, "code": "bad_request", "error": "Unknown action."}]
     elif not ids:
         results = [{"id": None, "ok": False, "code": "bad_request", "error": "Select items first."}]
-    elif decision == "reject" and not reason:  # the inbox's rule, services.REASON_REQUIRED
-        results = [{"id": None, "ok": False, "code": "bad_request", "error": services.NO_REASON}]
+    elif decision == "reject" and not reason and not internal_note:  # services.check_note
+        results = [{"id": None, "ok": False, "code": "bad_request", "error": str(NoteRequired())}]
     else:
         ids = list(dict.fromkeys(ids))[: services.MAX_ITEMS]  # the inbox decides the first ones
         held = {}
@@ -173,6 +174,7 @@ def bulk_decide(request: HttpRequest) -> HttpResponse:
             held=held,
             versions=selected,
             door=services.Door.INBOX,
+            internal_note=internal_note,
         )
     if not request.htmx:
         for r in results:

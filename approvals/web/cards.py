@@ -22,13 +22,15 @@ from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from agentruns.models import Step, StepAttempt, StepKind
-from agentruns.registry import UnknownTool, get_tool
+from agentruns.registry import Tool, UnknownTool, get_tool
 from agentruns.registry.deployed import cannot_run
-from agentruns.runtime.values.money import format_cents
+from agentruns.runtime.values.money import major_text
+from agentruns.web.forms.inputs import string_attrs
 from approvals.domain.context import contexts
 from approvals.domain.decisions import args_diff
 from approvals.domain.policy import waiting_for
 from approvals.models import Approval, ApprovalDecision, ApprovalKind, ApprovalStatus
+from approvals.web.amounts import Money, currency_of, first_text, money_of
 from approvals.web.context_view import ContextView, context_view
 
 log = logging.getLogger(__name__)
@@ -39,7 +41,6 @@ CONTEXT_STEPS = 12
 RECENT_MODEL_TEXTS = 3
 
 CUSTOMER_KEYS = ("customer_name", "customer", "name")
-CURRENCY_KEYS = ("currency",)
 ORDER_KEYS = ("order_id",)
 
 
@@ -55,6 +56,8 @@ class FormField:
     attrs: dict = field(default_factory=dict)
     choices: list = field(default_factory=list)
     hint: str = ""  # the edit policy in words ("may only be lowered: from 1 up to 4599 ...")
+    # the tool's amount, shown and typed in this currency's major unit ("12.50")
+    currency: str = ""
 
     @property
     def input_value(self) -> str:
@@ -62,7 +65,20 @@ class FormField:
             return json.dumps(self.value, ensure_ascii=False)
         if self.value is None:
             return ""
+        if self.currency and isinstance(self.value, int):
+            return major_text(self.value)  # typed in the currency: "12.50"
         return str(self.value)
+
+
+@dataclass
+class ArgRow:
+    """One argument in the card's table: the current proposal's value (an amount also in its
+    currency) and, when an approver changed it, what the agent asked for."""
+
+    name: str
+    value: Any
+    shown: str = ""  # an amount in its currency ("120.00 USD")
+    asked: str = ""  # edited: the agent's value as shown
 
 
 @dataclass
@@ -80,7 +96,7 @@ class Card:
     request_text: str  # what the run was asked to do (the customer's message, for example)
     recent_text: list[str]  # the model's recent messages before it parked
     attempt: StepAttempt | None = None  # reconciliation: the attempt whose outcome is unknown
-    diff: dict = field(default_factory=dict)  # decided with edits: name -> {from, to}
+    diff: dict = field(default_factory=dict)  # edited: name -> {from, to}, amounts as shown
     # the two-person rule: this round's approvals, and who may still decide, in words
     given: list[ApprovalDecision] = field(default_factory=list)
     waiting_for: str = ""
@@ -94,15 +110,26 @@ class Card:
     # key and the other pending items of that key (the API's `context`), and its lines
     context: dict | None = None
     context_view: ContextView | None = None
+    # the arguments as they stand now (the current proposal), for the card's table
+    rows: list[ArgRow] = field(default_factory=list)
+    # the tool's amount argument and its currency (None: no amount, or no currency known)
+    money: Money | None = None
 
     @property
     def given_user_ids(self) -> list[int]:
         return [d.user_id for d in self.given if d.user_id]
 
+    @property
+    def is_handover(self) -> bool:
+        return self.approval.kind == ApprovalKind.HANDOVER
 
-def schema_fields(approval: Approval, args: dict, hidden: Iterable[str]) -> list[FormField]:
+
+def schema_fields(
+    approval: Approval, args: dict, hidden: Iterable[str], money: Money | None = None
+) -> list[FormField]:
     """The form's inputs for `args` (the current proposal, redacted): editable are the fields
-    the tool's edit policy declares (and the approver can see), bounded by their rule."""
+    the tool's edit policy declares (and the approver can see), bounded by their rule. The
+    tool's amount (`money`) is shown, bounded and typed in its currency."""
     try:
         tool = get_tool(approval.tool)
     except UnknownTool:
@@ -117,7 +144,14 @@ def schema_fields(approval: Approval, args: dict, hidden: Iterable[str]) -> list
             kind = next((k for k in kind if k != "null"), "string")
         attrs: dict[str, Any] = {}
         edit = tool.editable.get(name)
-        if kind in ("integer", "number"):
+        requested = approval.requested_args.get(name)
+        in_currency = money is not None and money.arg == name and kind == "integer"
+        if in_currency:
+            low, high = edit.limits(requested) if edit is not None else (None, None)
+            low = max((v for v in (prop.get("minimum"), low) if v is not None), default=None)
+            high = min((v for v in (prop.get("maximum"), high) if v is not None), default=None)
+            attrs = money.field_attrs(low, high)
+        elif kind in ("integer", "number"):
             attrs["step"] = "1" if kind == "integer" else "any"
             low, high = prop.get("minimum"), prop.get("maximum")
             if edit is not None:  # the edit policy's bound, where it is tighter than the schema
@@ -126,13 +160,7 @@ def schema_fields(approval: Approval, args: dict, hidden: Iterable[str]) -> list
                 high = min((v for v in (high, bound_high) if v is not None), default=None)
             attrs.update({k: v for k, v in (("min", low), ("max", high)) if v is not None})
         if kind == "string":
-            for key, attr in (
-                ("maxLength", "maxlength"),
-                ("minLength", "minlength"),
-                ("pattern", "pattern"),
-            ):
-                if key in prop:
-                    attrs[attr] = prop[key]
+            attrs.update(string_attrs(prop))
         fields.append(
             FormField(
                 name=name,
@@ -142,19 +170,43 @@ def schema_fields(approval: Approval, args: dict, hidden: Iterable[str]) -> list
                 required=name in required,
                 attrs=attrs,
                 choices=list(prop.get("enum", [])),
-                hint=edit.human(approval.requested_args.get(name)) if edit is not None else "",
+                hint=_hint(edit, requested, money if in_currency else None),
+                currency=money.currency if in_currency and money is not None else "",
             )
         )
     return fields
 
 
-def _first(sources: list[dict], keys: tuple[str, ...]) -> str | None:
-    for source in sources:
-        for key in keys:
-            value = source.get(key)
-            if isinstance(value, str | int) and not isinstance(value, bool) and value != "":
-                return str(value)
-    return None
+def _hint(edit: Any, requested: Any, money: Money | None) -> str:
+    if edit is None:
+        return ""
+    return money.hint(edit, requested) if money is not None else edit.human(requested)
+
+
+def arg_rows(requested: dict, proposal: dict, money: Money | None) -> list[ArgRow]:
+    """The table's rows: the proposal, an amount also in its currency, changes marked."""
+    rows = []
+    for name in dict.fromkeys([*requested, *proposal]):
+        value = proposal.get(name)
+        is_money = money is not None and money.arg == name
+        row = ArgRow(name, value, shown=money.show(value) if is_money else "")
+        if name in requested and not _same(requested.get(name), value):
+            asked = requested.get(name)
+            row.asked = money.show(asked) if is_money else json.dumps(asked, ensure_ascii=False)
+        rows.append(row)
+    return rows
+
+
+def shown_diff(diff: dict, money: Money | None) -> dict:
+    """An edit's changes as people read them: the amount in its currency."""
+    if money is None or money.arg not in diff:
+        return diff
+    change = diff[money.arg]
+    return {**diff, money.arg: {"from": money.show(change["from"]), "to": money.show(change["to"])}}
+
+
+def _same(a: Any, b: Any) -> bool:
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
 def _context_steps(approvals: list[Approval]) -> dict[Any, list[Step]]:
@@ -195,20 +247,25 @@ def build_cards(approvals: Iterable[Approval]) -> list[Card]:
     approvals = list(approvals)
     context = _context_steps(approvals)
     attempts = _unknown_attempts(approvals)
-    cards = [_safe_card(a, context.get(a.run_id, []), attempts.get(a.step_id)) for a in approvals]
     across = contexts(approvals)
+    cards = [
+        _safe_card(a, context.get(a.run_id, []), attempts.get(a.step_id), across.get(a.id))
+        for a in approvals
+    ]
     for card in cards:
         card.context = across.get(card.approval.id)
         card.context_view = context_view(card.context)
     return cards
 
 
-def _safe_card(approval: Approval, earlier: list[Step], attempt: StepAttempt | None) -> Card:
+def _safe_card(
+    approval: Approval, earlier: list[Step], attempt: StepAttempt | None, across: dict | None
+) -> Card:
     """One item's card; an item the deployed code cannot read (a tool whose schema or edit policy
     changed under its parked arguments) gets a plain card saying so: one bad row never breaks
     the inbox."""
     try:
-        return _card(approval, earlier, attempt)
+        return _card(approval, earlier, attempt, across)
     except Exception as exc:  # anything a changed tool definition can throw at the form
         log.warning("approval %s: card without its form: %r", approval.id, exc)
         return Card(
@@ -237,11 +294,32 @@ def cannot_run_now(approval: Approval) -> str:
     return cannot_run(approval.agent, approval.tool, approval.effective_args)
 
 
+def _shown_amount(cents: int | None, currency: str) -> str | None:
+    return Money("", currency).show(cents) if cents is not None else None
+
+
 def card_for(approval: Approval) -> Card:
     return build_cards([approval])[0]
 
 
-def _card(approval: Approval, earlier: list[Step], attempt: StepAttempt | None) -> Card:
+def _deployed(name: str) -> Tool | None:
+    try:
+        return get_tool(name)
+    except UnknownTool:
+        return None
+
+
+def _amount(approval: Approval, money: Money | None) -> int | None:
+    """The proposal's amount (the tool's `amount_arg`, else `amount_cents`) when an integer."""
+    if money is None:
+        return approval.amount_cents
+    amount = approval.effective_args.get(money.arg)
+    return amount if isinstance(amount, int) and not isinstance(amount, bool) else None
+
+
+def _card(
+    approval: Approval, earlier: list[Step], attempt: StepAttempt | None, across: dict | None
+) -> Card:
     run = approval.run
     hidden = approval.hidden_fields
     requested = approval.visible_args()
@@ -249,8 +327,10 @@ def _card(approval: Approval, earlier: list[Step], attempt: StepAttempt | None) 
     # newest facts first: a later lookup wins over an earlier one, the args over both
     results = [s.result for s in earlier if s.kind == StepKind.TOOL and isinstance(s.result, dict)]
     sources = [approval.requested_args, *results, run_input]
-    currency = _first(sources, CURRENCY_KEYS) or ""
-    amount_cents = approval.amount_cents
+    tool = _deployed(approval.tool)
+    currency = currency_of(tool, approval.effective_args, across, sources)
+    money = money_of(tool, currency)
+    amount_cents = _amount(approval, money)
     texts = [s.text.strip() for s in earlier if s.kind == StepKind.MODEL and s.text.strip()]
     request_text = run_input.get("message") if isinstance(run_input.get("message"), str) else ""
     if not request_text and run_input:
@@ -259,18 +339,19 @@ def _card(approval: Approval, earlier: list[Step], attempt: StepAttempt | None) 
     proposal = requested
     if approval.edited_args is not None:
         proposal = approval.redacted(approval.edited_args)
-        diff = args_diff(requested, proposal)
+        diff = shown_diff(args_diff(requested, proposal), money)
     return Card(
         approval=approval,
         args=requested,
-        fields=schema_fields(approval, proposal, hidden),
+        fields=schema_fields(approval, proposal, hidden, money),
+        rows=arg_rows(requested, proposal, money),
         waited_seconds=(timezone.now() - approval.created_at).total_seconds(),
         reason_given=str(approval.requested_args.get("reason", "")),
-        amount=format_cents(amount_cents, currency) if amount_cents is not None else None,
+        amount=_shown_amount(amount_cents, currency),
         amount_cents=amount_cents,
         currency=currency,
-        order_id=_first(sources, ORDER_KEYS),
-        customer=_first([*results, run_input], CUSTOMER_KEYS),
+        order_id=first_text(sources, ORDER_KEYS),
+        customer=first_text([*results, run_input], CUSTOMER_KEYS),
         request_text=request_text,
         recent_text=list(reversed(texts[:RECENT_MODEL_TEXTS])),
         attempt=attempt,
@@ -279,4 +360,5 @@ def _card(approval: Approval, earlier: list[Step], attempt: StepAttempt | None) 
         waiting_for=waiting_for(approval) if approval.status == "pending" else "",
         cannot_run=cannot_run_now(approval),
         asked_because=str(run.tool_permission(approval.tool).get("approval_because") or ""),
+        money=money,
     )

@@ -1,5 +1,6 @@
-"""The inbox card's decision form: edited arguments typed by the tool's schema, and the version
-of the proposal the card showed. Refusals read like the API's (`EditNotAllowed`, field and rule).
+"""The inbox card's decision form: edited arguments typed by the tool's schema (the tool's amount
+in its currency, approvals/web/amounts.py), and the version of the proposal the card showed.
+Refusals read like the API's (`EditNotAllowed`, field and rule).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from agentruns.runtime.values.ids import BadId, parse_id
 from agentruns.runtime.values.text import UnsafeValue, check_text, loads_strict
 from approvals.errors import EditNotAllowed
 from approvals.models import Approval
+from approvals.web.amounts import amount_from_form
 
 _NOT_PARSED = object()
 
@@ -68,7 +70,13 @@ def form_args(approval: Approval, post: QueryDict) -> dict | None:
         kind = prop.get("type", "string")
         if isinstance(kind, list):
             kind = next((k for k in kind if k != "null"), "string")
-        value = _parse_value(name, kind, post.get(field, "").strip())
+        raw = post.get(field, "").strip()
+        if f"unit_{name}" in post and kind == "integer":  # the amount, typed in its currency
+            requested = approval.requested_args.get(name)
+            unit = post.get(f"unit_{name}", "")
+            value = amount_from_form(name, raw, unit, tool.editable.get(name), requested)
+        else:
+            value = _parse_value(name, kind, raw)
         if name not in shown or not same_value(shown.get(name), value):
             edited[name] = value
     return edited or None

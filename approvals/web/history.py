@@ -19,7 +19,7 @@ from approvals.domain.history import (
     history_of,
 )
 from approvals.models import ApprovalKind
-from approvals.web.cards import Card, build_cards
+from approvals.web.cards import Card, build_cards, shown_diff
 from approvals.web.views import PAGE_SIZE, VIEW_PERMISSION
 
 
@@ -33,6 +33,8 @@ class DecidedItem:
 
 def _outcome(card: Card) -> tuple[str, str]:
     a = card.approval
+    if a.kind == ApprovalKind.HANDOVER and a.status == "resolved":
+        return "hand-over closed", "succeeded"
     if a.resolution == "withdrawn":
         return "withdrawn", "skipped"
     if a.resolution:
@@ -53,7 +55,11 @@ def decided(request: HttpRequest) -> HttpResponse:
     items = []
     for card in build_cards(page.items):
         outcome, tone = _outcome(card)
-        items.append(DecidedItem(card, outcome, tone, history_of(card.approval)))
+        entries = history_of(card.approval)
+        for entry in entries:  # an edited amount in its currency, as on the card
+            if entry.diff:
+                entry.diff = shown_diff(entry.diff, card.money)
+        items.append(DecidedItem(card, outcome, tone, entries))
     context = {
         "page": page,
         "items": items,

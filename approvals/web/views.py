@@ -127,17 +127,28 @@ def inbox(request: HttpRequest) -> HttpResponse:
 
 
 DONE = {
-    "reject": "Rejected: “{reason}”. The agent will tell the customer.",
     "happened": "Marked as happened; the run continues.",
     "retry": "Marked as not happened; the step runs again.",
     "abort": "The run was aborted.",
+    "close": "Closed: the hand-over is done.",
 }
+
+
+def _rejected_note(reason: str, internal_note: str) -> str:
+    told = (
+        f"The agent is told “{reason}” and may pass it on to the customer."
+        if reason
+        else "The agent is told only that it was rejected."
+    )
+    kept = " Your internal note is kept for staff only." if internal_note else ""
+    return f"Rejected. {told}{kept}"
 
 
 def _decide(request: HttpRequest, approval: Approval) -> tuple[str, str]:
     """Apply the posted decision. Returns (level, message) for the person who clicked."""
     action = request.POST.get("action", "")
     reason = request.POST.get("reason", "").strip()
+    internal_note = request.POST.get("internal_note", "").strip()
     edited, result = None, None
     if action == "approve":
         edited = form_args(approval, request.POST)
@@ -157,9 +168,12 @@ def _decide(request: HttpRequest, approval: Approval) -> tuple[str, str]:
         version=posted_version(request) if action in ("approve", "reject") else None,
         result=result,
         door=services.Door.INBOX,
+        internal_note=internal_note,
     )
+    if action == "reject":
+        return "success", _rejected_note(reason, internal_note)
     if action != "approve":
-        return "success", DONE[action].format(reason=reason)
+        return "success", DONE[action]
     if decided.status == "pending":
         return "success", (
             f"Your approval is {decided.approvals_given} of {decided.approvals_required}"

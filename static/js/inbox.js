@@ -61,7 +61,8 @@
     form.querySelectorAll("[data-original]").forEach(function (field) {
       const now = field.type === "checkbox" ? String(field.checked) : field.value;
       if (now !== field.dataset.original) {
-        changes.push(field.name.replace(/^arg_/, "") + ": " + field.dataset.original + " → " + now);
+        const unit = field.dataset.unit ? " " + field.dataset.unit : ""; // an amount's currency
+        changes.push(field.name.replace(/^arg_/, "") + ": " + field.dataset.original + unit + " → " + now + unit);
       }
     });
     const preview = form.querySelector(".diff-preview");
@@ -98,10 +99,11 @@
         window.alert("Select items first (x, or the boxes).");
         return;
       }
-      if (submitter && submitter.value === "reject" && reason && !reason.value.trim()) {
+      const note = elt.querySelector("input[name=internal_note]");
+      if (submitter && submitter.value === "reject" && reason && !reason.value.trim() && !(note && note.value.trim())) {
         event.preventDefault();
         reason.focus();
-        reason.placeholder = "a reason is required to reject: the agent tells the customer";
+        reason.placeholder = "to reject: a reason for the customer, an internal note, or both";
         return;
       }
       const held = picked.map(heldByOther).filter(Boolean);
@@ -209,7 +211,7 @@
       if (card) focusCard(card);
       return;
     }
-    if (event.key === "Enter" && field.matches("form.decide input[name=reason]")) {
+    if (event.key === "Enter" && field.matches("form.decide input[name=reason], form.decide input[name=internal_note]")) {
       const form = field.closest("form.decide");
       if (form.dataset.intent === "reject") {
         event.preventDefault();

@@ -107,9 +107,9 @@
     }
   }
 
-  // The step table, the approval card, the SVG timeline, the replies sent and the actions (or
-  // who may act) are server-rendered: after step or approval events, fetch the page once
-  // (debounced) and swap those parts in place.
+  // The step table, the approval card, the SVG timeline, the replies sent, the hand-overs and
+  // the actions (or who may act) are server-rendered: after step or approval events, fetch the
+  // page once (debounced) and swap those parts in place.
   let refreshTimer = null;
   function scheduleRefresh() {
     if (refreshTimer) return;
@@ -119,10 +119,19 @@
         const res = await fetch(window.location.pathname, { headers: { "X-Requested-With": "runstream" } });
         if (!res.ok) return;
         const doc = new DOMParser().parseFromString(await res.text(), "text/html");
-        for (const sel of ["#steps", "#approval-card", ".svgwrap", ".facts", ".run-head .actions", "#run-replies", "#run-notes"]) {
+        for (const sel of ["#steps", "#approval-card", ".svgwrap", ".facts", ".run-head .actions", "#run-replies", "#run-handovers", "#run-notes"]) {
           const fresh = doc.querySelector(sel);
           const here = document.querySelector(sel);
           if (fresh && here) here.innerHTML = fresh.innerHTML;
+        }
+        // the status and outcome chips: their colour says what the run's work came to
+        for (const id of ["run-status", "run-outcome"]) {
+          const fresh = doc.getElementById(id);
+          const here = document.getElementById(id);
+          if (!fresh || !here) continue;
+          here.className = fresh.className;
+          here.hidden = fresh.hidden;
+          here.textContent = fresh.textContent;
         }
       } catch (e) { /* the next event tries again */ }
     }, 300);

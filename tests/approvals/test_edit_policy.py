@@ -13,6 +13,7 @@ import pytest
 from django.test import Client
 
 from agentruns.models import Run, RunEvent, RunStatus, Step
+from agentruns.runtime.values.money import major_text
 from agentruns.services import start_run
 from agentruns.tokens import create_token
 from approvals.models import Approval, ApprovalDecision, ApprovalStatus
@@ -87,8 +88,10 @@ def test_the_rule_in_words_and_the_same_refusal_in_the_inbox(approver):
     html = client.get("/approvals/").content.decode()
     # order_id is shown fixed, not as an input; the amount input is bounded by the request
     assert 'name="arg_order_id"' not in html and 'data-fixed="order_id"' in html
-    assert re.search(rf'name="arg_amount_cents"[^>]*min="1"[^>]*max="{requested}"', html)
-    assert f"may only be lowered: from 1 up to {requested} (the requested value)" in html
+    # in the order's currency (issue 34): typed as 247.11, bounded from 0.01 to the request
+    shown = major_text(requested)
+    assert re.search(rf'name="arg_amount_cents"[^>]*min="0.01"[^>]*max="{shown}"', html)
+    assert f"may only be lowered: from 0.01 up to {shown} USD (the requested value)" in html
     api = ApiClient(approver)
     for typed, sent in ((str(requested + 100), requested + 100), ("5.0", 5.0)):
         api_error = api.post(
@@ -101,6 +104,18 @@ def test_the_rule_in_words_and_the_same_refusal_in_the_inbox(approver):
         )
         assert response["X-Decision-Status"] == "400"
         assert api_error in response.content.decode()  # the very message the API gives
+    # the form as the inbox sends it: the amount in the currency, refused in it
+    response = client.post(
+        f"/approvals/{approval.id}/decide/",
+        {"version": "1", "action": "approve", "arg_amount_cents": major_text(requested + 100),
+         "unit_amount_cents": "USD"},
+        HTTP_HX_REQUEST="true",
+    )  # fmt: skip
+    assert response["X-Decision-Status"] == "400"
+    assert (
+        f"edit refused: amount_cents must be at most {shown} USD (may only be lowered: from "
+        f"0.01 up to {shown} USD (the requested value))" in response.content.decode()
+    )
     assert Approval.objects.get(id=approval.id).status == ApprovalStatus.PENDING
     assert GatewayRefund.objects.count() == 0
 

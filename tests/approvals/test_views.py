@@ -64,8 +64,11 @@ def test_card_shows_what_a_person_needs_to_decide(client, approver):
     assert 'class="waited"' in html
     assert f'id="decide-{approval.id}"' in html and 'name="arg_amount_cents"' in html
     assert 'name="arg_card_token"' not in html  # a redacted field is not editable
-    # form attributes from the JSON schema, narrowed by the edit policy (may only go down)
-    assert 'min="1"' in html and 'max="4599"' in html
+    # form attributes from the JSON schema, narrowed by the edit policy (may only go down), in
+    # the call's currency (the amount is typed as 12.50, issue 34)
+    assert 'min="0.01"' in html and 'max="45.99"' in html and 'value="45.99"' in html
+    assert 'name="unit_amount_cents" value="EUR"' in html
+    assert "may only be lowered: from 0.01 up to 45.99 EUR (the requested value)" in html
 
 
 def test_viewer_sees_but_cannot_decide_in_the_ui(approver, viewer):
@@ -137,7 +140,7 @@ def test_edit_form_approves_with_changed_args_and_shows_the_diff(approver):
         **HX,
     )
     html = response.content.decode()
-    assert "amount_cents 4599 → 2500" in html
+    assert "amount_cents 45.99 EUR → 25.00 EUR" in html  # in the currency (issue 34)
     approval.refresh_from_db()
     assert (
         approval.status == ApprovalStatus.APPROVED and approval.edited_args["amount_cents"] == 2500

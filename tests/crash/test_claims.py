@@ -80,6 +80,11 @@ def test_a_notify_nobody_heard_is_rung_by_the_q2_doorbell(tmp_path, procs, gatew
     since = timezone.now()
     w = worker(tmp_path, procs, gateway, "worker-missed", AGENTRUNS_RUN_CLAIM_POLL_SECONDS=600)
     pools_up(w, since)
+    # each claimer's first look (what was queued while nobody listened) comes after its pool's
+    # heartbeat: a run made before that look is taken by it, not missed (a CI run: started 9 ms
+    # after it was made). A run that settles first outlasts those looks
+    probe, _ = refund("ORD-1003")
+    kit.wait_settled([probe.id], [w], timeout=90)
     # no NOTIFY and no doorbell: as if its NOTIFY was sent while no claimer listened
     missed, amount = refund("ORD-1002", enqueue_task=False)
     kit.wait_settled([missed.id], [w], timeout=90)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 from agentruns.models import RunStatus
+from agentruns.runtime.values.money import format_cents, major_text
 from agentruns.services import start_run
 from approvals.models import Approval, ApprovalStatus
 from support.models import Order, OutboxMessage
@@ -68,7 +69,7 @@ def test_approve_with_a_lowered_amount_and_reject_in_the_inbox(
         lowered = order.amount_cents - 500
         card1.locator("summary").click()
         amount = card1.locator("input[name=arg_amount_cents]")
-        amount.fill(str(lowered))
+        amount.fill(major_text(lowered))  # typed in the order's currency (issue 34)
         assert "Will approve with: amount_cents" in card1.locator(".diff-preview").inner_text()
         swaps = page.evaluate("window.__swaps")
         third = start_run("refund", {"order_id": "ORD-1012", "message": "Wrong colour"}).run
@@ -77,9 +78,9 @@ def test_approve_with_a_lowered_amount_and_reject_in_the_inbox(
         )
         page.locator(f"#approval-{a3.id}").wait_for(timeout=WAIT_MS)
         assert page.evaluate("window.__swaps") > swaps
-        assert page.locator(f"#approval-{a1.id} input[name=arg_amount_cents]").input_value() == str(
-            lowered
-        )
+        assert page.locator(
+            f"#approval-{a1.id} input[name=arg_amount_cents]"
+        ).input_value() == major_text(lowered)
         assert (
             "Will approve with: amount_cents"
             in page.locator(f"#approval-{a1.id} .diff-preview").inner_text()
@@ -88,7 +89,8 @@ def test_approve_with_a_lowered_amount_and_reject_in_the_inbox(
         page.locator(f"#approval-{a1.id} button[value=approve]").click()
         log = page.locator("#decision-log")
         log.locator("li").first.wait_for(timeout=WAIT_MS)
-        assert f"amount_cents {order.amount_cents} → {lowered}" in log.inner_text()
+        shown = f"{format_cents(order.amount_cents, 'USD')} → {format_cents(lowered, 'USD')}"
+        assert f"amount_cents {shown}" in log.inner_text()
         page.locator(f"#approval-{a1.id}").wait_for(state="detached", timeout=WAIT_MS)
         page.wait_for_function(
             "() => document.getElementById('nav-pending').textContent.trim() === '2'",

@@ -20,7 +20,7 @@ import pytest
 from django.db import connections
 
 from agentruns.models import Run, RunStatus, Step
-from agentruns.runtime.values.money import format_cents
+from agentruns.runtime.values.money import format_cents, major_text
 from agentruns.services import start_run
 from approvals.models import Approval
 from support.models import Order, OutboxMessage
@@ -111,7 +111,7 @@ def test_approve_a_lowered_refund_and_watch_the_run_finish(tmp_path, people, bro
 
     lowered = order.amount_cents - 1234
     card.locator("summary").click()
-    card.locator("input[name=arg_amount_cents]").fill(str(lowered))
+    card.locator("input[name=arg_amount_cents]").fill(major_text(lowered))  # in USD (issue 34)
     journey.shot("edited")
     card.locator("button[value=approve]").click()
     card.wait_for(state="detached", timeout=WAIT_MS)

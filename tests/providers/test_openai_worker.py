@@ -88,6 +88,7 @@ def test_refund_run_end_to_end_over_the_openai_provider(tmp_path: Path, seeded):
         assert {t["function"]["name"] for t in requests[0].body["tools"]} == {
             "lookup_order",
             "issue_refund",
+            "hand_over",
             "add_ticket_note",
             "send_customer_reply",
         }

@@ -313,11 +313,14 @@ def test_trainee_run_on_a_real_worker_hands_over_and_ignores_a_policy_edit_mid_r
         assert "a colleague will take over" in run.output
         assert ledger(url, "ORD-1007") == []  # the gateway executed nothing
         assert GatewayRefund.objects.filter(order_id="ORD-1007").count() == 0
+        # the trainee's run hands the request over (issue 34: a hand-over is an inbox item)
         assert [s.tool for s in steps(run) if s.kind == "tool"] == [
             "lookup_order",
+            "hand_over",
             "add_ticket_note",
             "send_customer_reply",
         ]
+        assert Approval.objects.filter(run_id=run_id, kind="handover").count() == 1
         assert "A colleague will take over" in OutboxMessage.objects.get(run_id=run.id).body
         assert TicketNote.objects.filter(
             ticket__order__order_id="ORD-1007", body__startswith="Hand-over"

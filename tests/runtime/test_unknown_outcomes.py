@@ -201,7 +201,9 @@ def test_bulk_decisions_never_settle_a_reconciliation(lead, monkeypatch, decisio
     run = unknown_reply_run(lead, monkeypatch)
     item = item_of(run)
     api = ApiClient(lead)
-    pending = api.post("/api/approvals/bulk", {"ids": [item.id], "decision": decision})
+    # (a rejection needs a reason or an internal note since issue 34: both decisions carry one)
+    bulk = {"ids": [item.id], "decision": decision, "reason": "bulk"}
+    pending = api.post("/api/approvals/bulk", bulk)
     assert pending.status_code == 200, pending.content
     assert pending.json()["results"][0]["code"] == "wrong_kind"
     client = Client()
@@ -212,7 +214,7 @@ def test_bulk_decisions_never_settle_a_reconciliation(lead, monkeypatch, decisio
     assert item.status == "pending"
     assert advance(Run.objects.get(id=run.id)).status == RunStatus.WAITING
     decisions.reconcile(item.id, user=lead, resolution="abort")
-    after = api.post("/api/approvals/bulk", {"ids": [item.id], "decision": decision})
+    after = api.post("/api/approvals/bulk", bulk)
     assert after.json()["results"][0]["code"] == "already_decided"
     client.post("/approvals/bulk/", action, HTTP_HX_REQUEST="true")
     assert_untouched(run)

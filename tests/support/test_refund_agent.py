@@ -16,7 +16,7 @@ from agentruns.runtime.providers import TextDelta, ToolCall, Usage, get_provider
 from agentruns.runtime.providers.base import ModelRequest
 from support import agents as support_agents
 
-TOOLS = ["lookup_order", "issue_refund", "add_ticket_note", "send_customer_reply"]
+TOOLS = ["lookup_order", "issue_refund", "add_ticket_note", "hand_over", "send_customer_reply"]
 DEFAULT_RETRY = {
     "max_attempts": 3,
     "backoff_seconds": 0.5,
@@ -69,6 +69,9 @@ def test_the_refund_agent_is_a_pydantic_ai_agent_with_the_declared_semantics():
         limit=True,
     )
     assert get_tool("add_ticket_note").policy() == _policy()
+    # a trainee's run hands its request over to a person (an inbox item when the run ends)
+    assert get_tool("hand_over").policy() == _policy(side_effect=False)
+    assert get_tool("hand_over").handover and not get_tool("issue_refund").handover
     assert get_tool("send_customer_reply").policy() == _policy(idempotency="none")
     assert get_tool("issue_refund").parameters == {
         "type": "object",
@@ -105,7 +108,7 @@ def _first_turn() -> ModelRequest:
 EXPECTED_FIRST_TURN = [
     *(TextDelta(t) for t in ["Let ", "me ", "look ", "up ", "order ", "ORD-1001 ", "first."]),
     ToolCall(id="call_2_0", name="lookup_order", arguments='{"order_id": "ORD-1001"}'),
-    Usage(prompt_tokens=102, completion_tokens=19),
+    Usage(prompt_tokens=138, completion_tokens=19),
 ]
 
 

@@ -65,6 +65,9 @@ def test_retry_reruns_only_the_failed_step_with_the_same_key(operator):
     assert [e.type for e in audit] == ["step.retry_requested", "run.retried"]
     assert audit[0].data["by"] == "operator" and audit[0].data["step"] == 2
     assert audit[0].data["idempotency_key"] == charge.idempotency_key
+    # the retry's own event has no error of its own; the failure it answers is named as such
+    assert audit[0].data["error"] == ""
+    assert "temporary outage" in audit[0].data["previous_error"]
 
     run = advance(run)
     assert run.status == RunStatus.SUCCEEDED and run.output == "charged"

@@ -1,5 +1,5 @@
-"""`python manage.py qcluster`: django-q2's worker, plus the recovery sweeper and the outbox's
-delivery loop (webhooks, email).
+"""`python manage.py qcluster`: django-q2's worker, plus the recovery sweeper, the outbox's
+delivery loop (webhooks, email) and the retention purge (AGENTRUNS_RETENTION_DAYS).
 
 Wraps django-q2's command (agentruns is listed before django_q, so this one wins): a sweep pass
 and the sweeper schedule at start, then a fast sweeper loop in this process, because q2
@@ -31,6 +31,7 @@ from django_q.signals import post_spawn
 from agentruns.runtime.inbox import inbox
 from agentruns.runtime.outages import weather
 from agentruns.runtime.outages.faults import is_infrastructure_error
+from agentruns.runtime.retention import RetentionLoop
 from agentruns.runtime.store import nudges
 from agentruns.runtime.workers import collector, pool, q2_cluster, stop_signals
 from agentruns.runtime.workers.claimer import start_claimer
@@ -38,7 +39,9 @@ from agentruns.runtime.workers.sweeper import SweeperLoop, ensure_schedule, swee
 
 log = logging.getLogger(__name__)
 
-LOOP_JOIN_SECONDS = 1.0  # the sweeper and delivery loops finish their pass, at most this long
+LOOP_JOIN_SECONDS = (
+    1.0  # the sweeper, delivery and retention loops end their pass, at most this long
+)
 
 
 def exit_without_teardown() -> NoReturn:
@@ -93,14 +96,16 @@ class Command(QClusterCommand):
         deliveries = None if options.get("no_deliveries") else inbox().delivery_loop()
         if deliveries:
             deliveries.start()
+        retention = RetentionLoop()  # idle while AGENTRUNS_RETENTION_DAYS is 0
+        retention.start()
         try:
             while cluster.sentinel.is_alive():
                 time.sleep(0.5)
         finally:
-            for thread in (loop, deliveries):
+            for thread in (loop, deliveries, retention):
                 if thread:
                     thread.stopped.set()
-        for thread in (loop, deliveries):
+        for thread in (loop, deliveries, retention):
             if thread:
                 thread.join(LOOP_JOIN_SECONDS)
         exit_without_teardown()

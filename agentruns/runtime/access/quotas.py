@@ -43,22 +43,24 @@ class QuotaExceeded(Exception):
 _TABLE = QuotaBucket._meta.db_table
 
 
-def _now_sql() -> str:
+def db_clock_sql() -> str:
+    """The database's clock in unix seconds, as SQL: one value for the whole statement."""
     if connection.vendor == "postgresql":
         # one value for the whole statement (clock_timestamp() would move between its uses)
         return "extract(epoch from statement_timestamp())::float8"
     return "((julianday('now') - 2440587.5) * 86400.0)"  # SQLite: unix seconds, ms resolution
 
 
-def _least_greatest_sql() -> tuple[str, str]:
+def least_greatest_sql() -> tuple[str, str]:
+    """The SQL functions of the smaller and the larger of their arguments."""
     return ("LEAST", "GREATEST") if connection.vendor == "postgresql" else ("MIN", "MAX")
 
 
 def take(key: str, *, burst: float, per_second: float) -> float:
     """Take one token from bucket `key`: 0.0 when granted, else the seconds until one is there.
     One statement (an UPSERT ... RETURNING), whichever backend."""
-    now = _now_sql()
-    least, greatest = _least_greatest_sql()
+    now = db_clock_sql()
+    least, greatest = least_greatest_sql()
     # the tokens the row holds now: what it had plus the refill since its stamp, up to burst
     refilled = (
         f"{least}(%s, {_TABLE}.tokens + "
@@ -138,7 +140,7 @@ def refused_in_flight(user: Any, cap: InFlightCap) -> QuotaExceeded:
 
 def give_back(key: str, *, burst: float) -> None:
     """One token back into bucket `key`, up to `burst` (a take whose action was refused)."""
-    least, _ = _least_greatest_sql()
+    least, _ = least_greatest_sql()
     with connection.cursor() as cursor:
         cursor.execute(
             f'UPDATE {_TABLE} SET tokens = {least}(%s, tokens + 1) WHERE "key" = %s', [burst, key]

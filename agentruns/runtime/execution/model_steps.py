@@ -17,7 +17,8 @@ from django.utils import timezone
 from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, RunStatus, Step, StepAttempt, StepKind, StepStatus
 from agentruns.registry import get_tool
-from agentruns.runtime import tracing
+from agentruns.runtime import outcomes, tracing
+from agentruns.runtime.access import model_limits
 from agentruns.runtime.dispatch import connections
 from agentruns.runtime.events import (
     EventType,
@@ -38,8 +39,7 @@ from agentruns.runtime.values.ids import step_key
 from agentruns.runtime.values.redaction import redact_text
 from agentruns.runtime.values.text import storable, storable_text
 
-# the first text of a turn is shown at once when the model took this long to say anything (a
-# model answering instantly, like the scripted one without delay, keeps the normal batching)
+# a turn's first text is shown at once after this long a silence (an instant model batches)
 FIRST_DELTA_AFTER_S = 0.005
 MODEL_STEP_FIELDS = [
     "status",
@@ -72,7 +72,6 @@ class RunFailed(Exception):
 class ModelSteps(PlannedSteps):
     """Mixin of RunExecutor: the host and the slice state it relies on are `slice_state.py`."""
 
-    # ---------------------------------------------------------------- model steps
     def model_turn(self, step: Step | None) -> str | None:
         """One model step; returns the run's final status when the answer finished the run."""
         if step is None:
@@ -90,7 +89,7 @@ class ModelSteps(PlannedSteps):
             self.state.steps.append(step)
         messages = self.state.conversation.extend(self.state.steps[: step.index])
         outage: ModelOutage | None = None
-        while True:
+        while (waited := model_limits.wait_for_slot(self, messages)) is None:
             attempt = step.attempts + 1
             try:
                 return self._stream_model(step, attempt, messages)
@@ -109,9 +108,9 @@ class ModelSteps(PlannedSteps):
                     verdict = outage.verdict(exc)
                     self._record_model_failure(step, step.attempts + 1, verdict, final=True)
                     raise RunFailed(f"model error: {verdict}") from exc
-                outcome = self._wait_out_model_outage(outage, exc, wait)
-                if outcome:
+                if outcome := self._wait_out_model_outage(outage, exc, wait):
                     return outcome
+        return waited  # backed off until its rate-limit slot, or cancelled while it waited
 
     def _wait_out_model_outage(
         self, outage: ModelOutage, exc: ModelError, wait: float
@@ -255,13 +254,13 @@ class ModelSteps(PlannedSteps):
     def _complete_model_step(self, answer: ModelAnswer) -> str | None:
         now = timezone.now()
         planned = self._plan_tool_steps(answer.calls, now)
-        # read-only and transactional calls at the head of the plan run now and are recorded in
-        # the model's commit (transactional ones inside it): if we die first, the model turn and
-        # those calls are simply done again
+        # read-only and transactional calls at the head of the plan run now, recorded in the
+        # model's commit (transactional ones inside it): if we die first, both are done again
         limit = len(planned)
+        ends = not answer.calls and outcomes.hands_over(self.state.run.agent, self.state.steps)
         while True:
             head = self._eager_prefix(planned)[:limit]
-            in_txn = any(get_tool(s.tool).transactional for s in head)
+            in_txn = ends or any(get_tool(s.tool).transactional for s in head)
             try:
                 with transaction.atomic() if in_txn else nullcontext():
                     eager = self._run_eager_prefix(head, in_txn)
@@ -351,7 +350,8 @@ class ModelSteps(PlannedSteps):
         fields: dict[str, Any] = {"step_count": len(self.state.steps)}
         final = not answer.calls  # the answer: finish the run in this same commit
         if final:
-            done = transitions.finished(RunStatus.SUCCEEDED, output=answer.text)
+            steps, text = self.state.steps, answer.text
+            done = transitions.ended(run, RunStatus.SUCCEEDED, steps=steps, output=text)
             events.extend(done.events)
             fields.update(done.fields)
         self.commit(

@@ -36,6 +36,9 @@ class SliceState:
     cursor: int = 0
     # side-effect steps whose "running + attempt" row went out in the model's commit
     begun_here: set[uuid.UUID] = field(default_factory=set)
+    # the slice's first model request looked for a rate-limit slot the run reserved before it
+    # backed off (runtime/access/model_limits.py)
+    slot_checked: bool = False
 
     def next_step(self) -> Step | None:
         """The first step that is not terminal (moving the cursor past those that are); None
@@ -80,6 +83,9 @@ class ExecutorHost:
         raise NotImplementedError
 
     def back_off(self, until: Any, **why: Any) -> str:
+        raise NotImplementedError
+
+    def _wait_for_retry(self, due: Any) -> bool:
         raise NotImplementedError
 
     def outcome_unknown(self, step: Step, why: str) -> str:

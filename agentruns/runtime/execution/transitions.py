@@ -17,7 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from agentruns.models import Run, RunStatus, Step, StepStatus, Wait, WaitKind, WaitStatus
-from agentruns.runtime import tracing, writer
+from agentruns.runtime import outcomes, tracing, writer
 from agentruns.runtime.dispatch import concurrency
 from agentruns.runtime.dispatch.queue import enqueue
 from agentruns.runtime.events import EventSpec, EventType
@@ -92,6 +92,14 @@ def finished(
     return RunChange(fields, events)
 
 
+def ended(run: Run, status: str, *, steps: list[Step] | None = None, **why: Any) -> RunChange:
+    """`finished`, announced (its outcome and hand-overs set), for a writer that folds the end
+    into a commit of its own: the final model answer's, which holds the run's `steps`."""
+    change = finished(status, **why)
+    announce(run.id, change, run=run, steps=steps)
+    return change
+
+
 def parked() -> RunChange:
     """running -> waiting: a step needs a human; the run holds no lease and no worker."""
     return RunChange({"status": RunStatus.WAITING, **RELEASED}, [_status_event(RunStatus.WAITING)])
@@ -128,6 +136,7 @@ def requeued(now: datetime) -> RunChange:
             "status": RunStatus.QUEUED,
             "error": "",
             "stop_reason": "",
+            "outcome": "",  # it is given again when the run ends again
             "finished_at": None,
             "cancel_requested": False,
             "enqueued_at": now,
@@ -147,9 +156,17 @@ def aborted(error: str) -> RunChange:
 
 
 # ------------------------------------------------------------------ applying them
-def announce(run_id: uuid.UUID | str, change: RunChange) -> None:
+def announce(
+    run_id: uuid.UUID | str,
+    change: RunChange,
+    *,
+    run: Run | None = None,
+    steps: list[Step] | None = None,
+) -> None:
     """What the outside world hears of the change (a failing run's webhook), written in the
-    transaction that writes the change: every writer of a RunChange calls this with it."""
+    transaction that writes the change: every writer of a RunChange calls this with it. A change
+    that ends the run gets its outcome and opens its hand-overs here (runtime/outcomes.py)."""
+    outcomes.ending(run_id, change, run=run, steps=steps)
     if change.fields.get("status") == RunStatus.FAILED:
         inbox().run_failed(run_id, change.fields)
 

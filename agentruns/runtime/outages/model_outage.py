@@ -32,6 +32,20 @@ from agentruns.runtime.values.timestamps import iso
 JITTER = 0.2  # each wait is its backoff +-20%: runs that lost the same server do not return at once
 
 
+def latest_queued_event(run_id: uuid.UUID | str) -> dict:
+    """The data of the run's latest `queued` status event ({} when none): what a backing-off
+    run carries into its next slice (an outage's state, a reserved rate-limit slot)."""
+    latest = (
+        RunEvent.objects.filter(
+            run_id=run_id, type=EventType.RUN_STATUS, data__status=RunStatus.QUEUED
+        )
+        .order_by("-seq")
+        .values_list("data", flat=True)
+        .first()
+    )
+    return latest if isinstance(latest, dict) else {}
+
+
 @dataclass
 class ModelOutage:
     """One step's outage of its dependency (a tool server's: `tool_outage.py`, a subclass)."""
@@ -45,15 +59,7 @@ class ModelOutage:
     @classmethod
     def resume(cls, run_id: uuid.UUID | str, step: int) -> ModelOutage:
         """The outage this step was backing off from (see the module docstring), or a new one."""
-        latest = (
-            RunEvent.objects.filter(
-                run_id=run_id, type=EventType.RUN_STATUS, data__status=RunStatus.QUEUED
-            )
-            .order_by("-seq")
-            .values_list("data", flat=True)
-            .first()
-        )
-        state = (latest or {}).get(cls.KEY)
+        state = latest_queued_event(run_id).get(cls.KEY)
         if isinstance(state, dict) and state.get("step") == step:
             try:
                 since = datetime.fromisoformat(state["since"]).timestamp()

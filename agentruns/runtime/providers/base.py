@@ -1,8 +1,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+# the moment (time.time()) a model request under a rate limit may leave, its slot
+# (runtime/access/model_limits.py): a provider whose HTTP client waits for it at the wire says so
+# with `precise_start = True`; the others are sent once the caller's thread has waited for it
+NOT_BEFORE: ContextVar[float | None] = ContextVar("agentruns_not_before", default=None)
 
 
 @dataclass
@@ -61,7 +67,9 @@ class ModelError(Exception):
 
 class ModelProvider(Protocol):
     # optional attribute `waits: bool` (default True): the model keeps the executor waiting, so
-    # it gives its database connection back for the stream (False only for instant answers)
+    # it gives its database connection back for the stream (False only for instant answers);
+    # `precise_start: bool` (default False): its requests wait for NOT_BEFORE at the wire; and
+    # `prepare()`: build what a request needs before it waits for a rate-limit slot
 
     def stream(
         self, request: ModelRequest, sink: TextSink | None = None

@@ -1,8 +1,9 @@
 """`openai:` / `openai/` models: Pydantic AI's OpenAI Chat Completions model on OPENAI_BASE_URL.
 
 Any OpenAI-compatible server (OpenAI, vLLM, Ollama, LM Studio, OpenRouter) with OPENAI_API_KEY
-(local servers ignore it; the SDK insists on one). The SDK's own retries stay on
-(`OPENAI_MAX_RETRIES`, exponential, honouring `Retry-After`) inside one model attempt: a 429 or
+(local servers ignore it; the SDK insists on one). The SDK's own retries stay on (but not under a
+rate limit: below) (`OPENAI_MAX_RETRIES`, exponential, honouring `Retry-After`) inside one model
+attempt: a 429 or
 5xx before anything streamed re-sends the same request, which has no effect to repeat; what
 persists is an outage for the engine (model_errors.py). `OPENAI_TIMEOUT_SECONDS` is the
 wait between bytes. `OPENAI_REQUEST_OPTIONS` (a JSON object) is merged into every request body
@@ -11,24 +12,30 @@ wait between bytes. `OPENAI_REQUEST_OPTIONS` (a JSON object) is merged into ever
 One client (one keep-alive pool) per process, thread and configuration: the async client's pool
 belongs to the event loop it streams on (the process's stream loop, stream_pump.py, so in effect
 one client per process), and q2 forks workers, so a client is never shared across a fork or a
-loop.
+loop. A request under a rate limit waits for its slot (`NOT_BEFORE`) in the client's transport,
+the last step before the wire: what Pydantic AI and the SDK do before then (and the hand-over to
+the stream loop) cannot make it late, so it reaches the provider when the limit allows it; one
+that would still leave too late is not sent, and the SDK does not retry it (`_SlottedWire`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
+import time
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from openai import AsyncOpenAI
+import httpx2  # the transport the SDK speaks (its fork of httpx)
+from openai import DEFAULT_CONNECTION_LIMITS, AsyncOpenAI, DefaultAsyncHttpxClient
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
 from agentruns.conf import conf
 from agentruns.registry.pydantic_agents.calls import thread_loop
-from agentruns.runtime.providers.base import ModelError
+from agentruns.runtime.providers.base import NOT_BEFORE, ModelError
 
 PLACEHOLDER_KEY = "not-set"
 PREFIXES = ("openai:", "openai-chat:")
@@ -70,6 +77,59 @@ def _new_client() -> AsyncOpenAI:
         api_key=conf.OPENAI_API_KEY or PLACEHOLDER_KEY,
         timeout=conf.OPENAI_TIMEOUT_SECONDS or None,
         max_retries=conf.OPENAI_MAX_RETRIES,
+        # the SDK's own default client (its limits, redirects), with the rate-limit slot's hook
+        http_client=DefaultAsyncHttpxClient(transport=_SlottedWire()),
+    )
+
+
+class _SlottedWire(httpx2.AsyncBaseTransport):
+    """The SDK's transport (its connection limits), keeping a request under a rate limit
+    (`NOT_BEFORE`: its slot, set by runtime/access/model_limits.py; the task carries the
+    caller's context, stream_pump.py) to its slot:
+
+    - it leaves at its slot, not before;
+    - it does not leave when it would leave later than half the jitter allowance after it (its
+      process too busy to wake it on time, or an SDK retry after a connection error): arriving
+      that late it could share the provider's second with the next slot's request. It is
+      answered here, unsent, with a 429 (`slot_missed`): the engine backs off as for the
+      provider's, and its next attempt reserves a new slot;
+    - its failure (a 429, a 5xx) is not retried by the SDK (`x-should-retry: false`, which the
+      SDK obeys): the retry would leave at once, without a slot, past the shared bucket. It
+      goes to the engine instead, as above.
+
+    A request without a limit passes through untouched (the SDK retries as configured)."""
+
+    def __init__(self) -> None:
+        self._wire = httpx2.AsyncHTTPTransport(limits=DEFAULT_CONNECTION_LIMITS)
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        due = NOT_BEFORE.get()
+        if due is None:
+            return await self._wire.handle_async_request(request)
+        if (delay := due - time.time()) > 0:
+            await asyncio.sleep(delay)
+        late = time.time() - due
+        if late > conf.MODEL_LIMIT_JITTER_SECONDS / 2:
+            return _slot_missed(request, late)
+        response = await self._wire.handle_async_request(request)
+        if response.status_code >= 400:
+            response.headers["x-should-retry"] = "false"
+        return response
+
+    async def aclose(self) -> None:
+        await self._wire.aclose()
+
+
+SLOT_MISSED = "slot_missed"
+
+
+def _slot_missed(request: httpx2.Request, late: float) -> httpx2.Response:
+    message = f"not sent: {late:.2f} s after its rate-limit slot (a new slot is taken)"
+    return httpx2.Response(
+        429,
+        headers={"x-should-retry": "false"},
+        json={"error": {"message": message, "type": "requests", "code": SLOT_MISSED}},
+        request=request,
     )
 
 

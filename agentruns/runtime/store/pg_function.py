@@ -46,6 +46,7 @@ RUN_SET_FIELDS = [
     "output",
     "error",
     "stop_reason",
+    "outcome",
     "started_at",
     "finished_at",
 ]

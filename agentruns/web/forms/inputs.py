@@ -42,6 +42,12 @@ class InputField:
         return self.value in (True, "true", "on", "1")
 
 
+def string_attrs(prop: Mapping[str, Any]) -> dict[str, Any]:
+    """A string property's bounds as the HTML input's own (the browser checks them first)."""
+    html = {"maxLength": "maxlength", "minLength": "minlength", "pattern": "pattern"}
+    return {attr: prop[key] for key, attr in html.items() if key in prop}
+
+
 def _type(prop: Mapping[str, Any]) -> str:
     kind = prop.get("type", "string")
     if isinstance(kind, list):  # ["integer", "null"]: the non-null type
@@ -59,13 +65,7 @@ def _field(name: str, prop: Mapping[str, Any], required: bool, value: Any) -> In
             name, "choice", required, str(shown), prop.get("description", ""), choices
         )
     if kind == "string":
-        for key, attr in (
-            ("maxLength", "maxlength"),
-            ("minLength", "minlength"),
-            ("pattern", "pattern"),
-        ):
-            if key in prop:
-                attrs[attr] = prop[key]
+        attrs.update(string_attrs(prop))
         long = int(prop.get("maxLength") or 10**9) > LONG_TEXT
         kind = "textarea" if long else "text"
     elif kind in ("integer", "number"):

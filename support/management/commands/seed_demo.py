@@ -53,11 +53,13 @@ USERS = {
     "viewer": "viewer",
     "trainee": "trainees",
 }
-# the trainees' runs may look up orders, write notes and reply, but never refund
+# the trainees' runs may look up orders, write notes, reply and hand a request over to a
+# colleague (an item in the inbox), but never refund
 TRAINEE_TOOLS = {
     "lookup_order": True,
     "add_ticket_note": True,
     "send_customer_reply": True,
+    "hand_over": True,
     "issue_refund": False,
 }
 
@@ -147,16 +149,19 @@ class Command(BaseCommand):
 
     @staticmethod
     def _trainee_policy() -> None:
-        """Created once; an admin's later edits of it are kept (it is configuration)."""
-        policy, created = ToolPolicy.objects.get_or_create(
+        """Created once; an admin's later edits of it are kept (it is configuration): a tool
+        the seed knows and the policy has no rule for (one a newer release added, like
+        `hand_over`) gets its rule, and no existing rule is changed."""
+        policy, _ = ToolPolicy.objects.get_or_create(
             group=Group.objects.get(name="trainees"),
             defaults={"note": "trainees may look orders up and reply, never refund"},
         )
-        if created:
-            ToolRule.objects.bulk_create(
-                ToolRule(policy=policy, tool=tool, allowed=allowed)
-                for tool, allowed in TRAINEE_TOOLS.items()
-            )
+        ruled = set(policy.rules.values_list("tool", flat=True))
+        ToolRule.objects.bulk_create(
+            ToolRule(policy=policy, tool=tool, allowed=allowed)
+            for tool, allowed in TRAINEE_TOOLS.items()
+            if tool not in ruled
+        )
 
     @staticmethod
     def _perm(dotted: str) -> Permission:

@@ -12,7 +12,7 @@ from agentruns.runtime.store import pg_function as pgcommit
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('agentruns', '0017_commit_function_in_flight_cap'),
+        ('agentruns', '0019_model_rate_bucket'),
     ]
 
     operations = [
