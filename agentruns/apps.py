@@ -29,7 +29,7 @@ class AgentRunsConfig(AppConfig):
         # the modules named by AGENTRUNS_AGENT_MODULES (benchmarks, scripts)
         import os
 
-        if os.environ.get("H8_ENGINE") == "new":  # TRANSITION ONLY (branch h8-engine)
+        if os.environ.get("H8_ENGINE", "new") == "new":  # TRANSITION ONLY (branch h8-engine)
             from agentruns.registry import on_register
             from agentruns.runtime.engine.agents import prepare
 

@@ -10,7 +10,7 @@ from django.contrib.auth.models import Group
 from django.core.management import call_command
 from django.db import connection
 
-if os.environ.get("H8_ENGINE") == "new":  # TRANSITION ONLY (branch h8-engine)
+if os.environ.get("H8_ENGINE", "new") == "new":  # TRANSITION ONLY (branch h8-engine)
     import agentruns.runtime.execution.executor as _old
     from agentruns.runtime.engine.executor import RunExecutor as _New
 

@@ -3,7 +3,7 @@ the agent's own loop (`engine/executor.py`), otherwise on the loop it replaces."
 
 import os
 
-if os.environ.get("H8_ENGINE") == "new":
+if os.environ.get("H8_ENGINE", "new") == "new":
     from agentruns.runtime.engine.executor import RunExecutor
 else:
     from agentruns.runtime.execution.executor import RunExecutor
