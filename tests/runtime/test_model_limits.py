@@ -221,12 +221,11 @@ def test_the_tokens_charged_are_the_prompt_and_max_tokens_or_the_last_answer(set
     class State:
         run = Run(model="openai/m")
         agent = Agent(name="x", instructions="", model_settings={"max_tokens": 256})
-        tool_schemas = [{"name": "t", "parameters": {}}]
         steps: list = []
 
-    messages = [{"role": "user", "content": "x" * 400}]
-    as_json = '[{"role": "user", "content": ""}]' + '[{"name": "t", "parameters": {}}]'
-    prompt = (len(as_json) + 400) // 4
+    # the request's messages and tool declarations as JSON (engine/model_slot.py measures them)
+    messages = len('[{"role": "user", "content": ""}]' + '[{"name": "t", "parameters": {}}]') + 400
+    prompt = messages // 4
     assert model_limits.request_tokens(State, messages) == prompt + 256
     State.agent = Agent(name="x", instructions="")
     settings.OPENAI_REQUEST_OPTIONS = '{"max_completion_tokens": 64}'

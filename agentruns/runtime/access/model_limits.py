@@ -41,7 +41,6 @@ in-process executor (no pool to hand the run back to) waits on its thread, notic
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -51,7 +50,7 @@ from typing import Any, NamedTuple
 from django.db import connection
 
 from agentruns.conf import ModelLimit, conf
-from agentruns.models import ModelRateBucket, RunStatus, StepKind, StepStatus
+from agentruns.models import ModelRateBucket, StepKind, StepStatus
 from agentruns.runtime.access.quotas import db_clock_sql, least_greatest_sql
 from agentruns.runtime.dispatch import connections
 from agentruns.runtime.outages.model_outage import ModelOutage, latest_queued_event
@@ -149,9 +148,9 @@ def max_tokens(model: str, agent: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def request_tokens(state: Any, messages: list[dict]) -> int:
-    """The tokens a model request is charged (see the module docstring)."""
-    prompt = len(json.dumps(messages, default=str)) + len(json.dumps(state.tool_schemas))
+def request_tokens(state: Any, prompt_chars: int) -> int:
+    """The tokens a model request is charged (see the module docstring); `prompt_chars`: the
+    request's messages and tool declarations as JSON."""
     answer = max_tokens(state.run.model or conf.MODEL, state.agent)
     if not answer:  # the previous answer's reported tokens, charged now
         answer = next(
@@ -162,7 +161,7 @@ def request_tokens(state: Any, messages: list[dict]) -> int:
             ),
             0,
         )
-    return prompt // CHARS_PER_TOKEN + answer
+    return prompt_chars // CHARS_PER_TOKEN + answer
 
 
 def wake_lead() -> float:
@@ -176,44 +175,48 @@ def describe(model: str, limit: ModelLimit) -> str:
     return f"{WAITING} ({model}: {' and '.join(parts)} a minute)"
 
 
-def wait_for_slot(host: Any, messages: list[dict]) -> str | None:
-    """Before a model request of the executor `host`: None once its slot has come (the request
-    goes now), or the run's status when the slice ends instead (backed off until the slot, or
-    cancelled while it waited)."""
-    NOT_BEFORE.set(None)
-    state = host.state
+class SlotWait(NamedTuple):
+    """What a request under a limit does before it goes: sleep on its thread until `due` (the
+    slot; the request may be handed over `handoff` early), or back off without a thread until
+    `back_off_until` with `event` (what the backing-off event carries)."""
+
+    due: float
+    back_off_until: datetime | None
+    event: dict
+
+
+def slot_for(state: Any, prompt_chars: Any, *, in_worker: bool) -> SlotWait | None:
+    """Before a model request of the slice `state` (None: no limit on its model). The slot the
+    run backed off for, if it did and it is still on time; else a new one, reserved now.
+    `prompt_chars()`: the request's size, computed only when the limit counts tokens."""
     model = state.run.model or conf.MODEL
     limit = conf.MODEL_LIMITS.get(model)
     if limit is None:
         return None
-    prepare = getattr(state.provider, "prepare", None)  # what the request needs, before its slot
-    if prepare is not None:
-        prepare()
     due, carried = None, {}
     if not state.slot_checked:  # the slot this run backed off for, if it did
         state.slot_checked = True
         if state.run.last_seq > 2:  # (a new run has its created and running events only)
-            due, carried = _held_slot(host.run_id, model)
+            due, carried = _held_slot(state.run.id, model)
     if due is None:
-        tokens = request_tokens(state, messages) if limit.tpm else 0
+        tokens = request_tokens(state, prompt_chars()) if limit.tpm else 0
         due = time.time() + reserve(model, limit, tokens).wait
     wait, lead = due - time.time(), wake_lead()
-    if host.drain is not None and wait > max(lead, conf.RETRY_SLEEP_MAX_SECONDS):
-        until = datetime.fromtimestamp(due - lead, UTC)
+    if in_worker and wait > max(lead, conf.RETRY_SLEEP_MAX_SECONDS):
         held = {"model": model, "slot": iso(datetime.fromtimestamp(due, UTC))}
-        return host.back_off(until, waiting=describe(model, limit), **carried, **{KEY: held})
-    connections.release()  # no connection held while it waits
-    if wait > 1.0 and not host._wait_for_retry(datetime.fromtimestamp(due - 1.0, UTC)):
-        return host.finish(
-            RunStatus.CANCELLED, stop_reason="cancelled", error="cancelled on request"
-        )
+        event = {"waiting": describe(model, limit), **carried, KEY: held}
+        return SlotWait(due, datetime.fromtimestamp(due - lead, UTC), event)
+    return SlotWait(due, None, {})
+
+
+def sleep_until_slot(due: float, *, precise_start: bool) -> None:
+    """The last moment before the slot, on the request's thread (no connection held); a
+    provider that waits at the wire gets the request `HANDOFF_SECONDS` early: building and
+    handing it over then cannot make it late. Sets `NOT_BEFORE` for the wire."""
     connections.release()
-    # a provider that waits at the wire gets the request a moment early: building and handing it
-    # over then cannot make it late; the others are sent at the slot (no database work between)
-    start = due - HANDOFF_SECONDS if getattr(state.provider, "precise_start", False) else due
+    start = due - HANDOFF_SECONDS if precise_start else due
     time.sleep(max(0.0, start - time.time()))
     NOT_BEFORE.set(due)
-    return None
 
 
 def _held_slot(run_id: Any, model: str) -> tuple[float | None, dict]:

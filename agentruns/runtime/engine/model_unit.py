@@ -32,7 +32,7 @@ from agentruns.models import AttemptOutcome, RunStatus, Step, StepKind, StepStat
 from agentruns.registry.model_names import pydantic_ai_name
 from agentruns.runtime import tracing
 from agentruns.runtime.dispatch import connections
-from agentruns.runtime.engine import status
+from agentruns.runtime.engine import model_slot, status
 from agentruns.runtime.engine.plan import (
     Answer,
     begin_attempt,
@@ -128,7 +128,7 @@ async def execute(state: SliceState, model_id: str | None, body: Any, params: An
             state.executor.commit([])
     model = _model(state, model_id)
     with tracing.model_span(state.executor, step):
-        answer = await _attempts(state, step, model, body)
+        answer = await _attempts(state, step, model, body, params)
         with island():
             record_model_step(state, step, answer, params)
     record_durable_unit(executed=True)
@@ -159,9 +159,11 @@ def _superseded(state: SliceState, step: Step) -> None:
     )
 
 
-async def _attempts(state: SliceState, step: Step, model: Model, body: Any) -> Answer:
+async def _attempts(state: SliceState, step: Step, model: Model, body: Any, params: Any) -> Answer:
     outage: ModelOutage | None = None
     while True:
+        with island():
+            model_slot.wait_for_slot(state, model, params)
         attempt = step.attempts + 1
         try:
             if streams(model):

@@ -82,6 +82,8 @@ class SliceState:
     # the n-th model request of the agent's loop is model_steps[n] (index order)
     model_steps: list[Step] = field(default_factory=list)
     models_seen: int = 0
+    # whether the run's latest backing-off event was read for the rate-limit slot it held
+    slot_checked: bool = False
     # (index of the model step, tool call id) -> the tool step it planned
     calls: dict[tuple[int, str], Step] = field(default_factory=dict)
     # side-effect steps whose "running + attempt" went out with their model's commit

@@ -1,0 +1,54 @@
+"""A model request's rate-limit slot (AGENTRUNS_MODEL_LIMITS; runtime/access/model_limits.py),
+kept before each attempt of the model unit: the request goes at its slot, the run backs off
+without a thread when the slot is far off, and a cancel read while it waits ends the slice."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic_ai.messages import ModelMessagesTypeAdapter
+from pydantic_ai.models import Model
+
+from agentruns.models import RunStatus
+from agentruns.registry.model_names import pydantic_ai_name
+from agentruns.runtime.access import model_limits
+from agentruns.runtime.dispatch import connections
+from agentruns.runtime.engine import status
+from agentruns.runtime.providers import openai_compatible
+from agentruns.runtime.providers.base import NOT_BEFORE
+from agentruns.runtime.providers.models import name_of
+
+
+def wait_for_slot(state: Any, model: Model, params: Any) -> None:
+    """Returns once the request may go (its slot has come: `NOT_BEFORE` is set for the wire);
+    raises the slice's end when the run backs off for its slot or is cancelled meanwhile."""
+    NOT_BEFORE.set(None)
+    slot = model_limits.slot_for(
+        state, lambda: _prompt_chars(params), in_worker=state.drain is not None
+    )
+    if slot is None:
+        return
+    executor = state.executor
+    if slot.back_off_until is not None:
+        until, event = slot.back_off_until, slot.event
+        raise status.ends(RunStatus.QUEUED, lambda: status.back_off(executor, until, **event))
+    connections.release()  # no connection held while it waits
+    if slot.due - time.time() > 1.0:
+        if not status.wait_for_retry(executor, datetime.fromtimestamp(slot.due - 1.0, UTC)):
+            raise status.cancelled(executor)
+    model_limits.sleep_until_slot(slot.due, precise_start=_waits_at_the_wire(model))
+
+
+def _prompt_chars(params: Any) -> int:
+    """The request's messages and tool declarations as JSON, in characters."""
+    tools = params.model_request_parameters.function_tools
+    declared = sum(len(str(t.parameters_json_schema)) + len(t.description or "") for t in tools)
+    return len(ModelMessagesTypeAdapter.dump_json(params.messages)) + declared
+
+
+def _waits_at_the_wire(model: Model) -> bool:
+    """The OpenAI-compatible client holds a request until its slot (`_SlottedWire`)."""
+    name = name_of(model)
+    return bool(name) and pydantic_ai_name(name).startswith(openai_compatible.PREFIXES)
