@@ -27,13 +27,11 @@ class AgentRunsConfig(AppConfig):
         tracing.configure(instrument_libraries=conf.TRACE_LIBRARIES)
         # Agents and tools are registered from each app's `agents.py`, like admin.py, and from
         # the modules named by AGENTRUNS_AGENT_MODULES (benchmarks, scripts)
-        import os
+        # each agent is prepared for the engine as it registers (its durability capability)
+        from agentruns.registry import on_register
+        from agentruns.runtime.engine.agents import prepare
 
-        if os.environ.get("H8_ENGINE", "new") == "new":  # TRANSITION ONLY (branch h8-engine)
-            from agentruns.registry import on_register
-            from agentruns.runtime.engine.agents import prepare
-
-            on_register(prepare)
+        on_register(prepare)
         autodiscover_modules("agents")
         for module in filter(None, conf.AGENT_MODULES.split(",")):
             import_module(module.strip())

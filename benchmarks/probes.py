@@ -107,7 +107,7 @@ def install_worker() -> None:
     install_gc_probe()
     install_pool_probe()
     from agentruns.runtime.dispatch.broker import DoorbellBroker
-    from agentruns.runtime.execution.executor import RunExecutor
+    from agentruns.runtime.engine.executor import RunExecutor
     from agentruns.runtime.workers.pool import RunPool
 
     original = DoorbellBroker.dequeue

@@ -32,7 +32,7 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 
 from agentruns.models import Run, StepAttempt  # noqa: E402
-from agentruns.runtime.execution.executor import RunExecutor  # noqa: E402
+from agentruns.runtime.engine.executor import RunExecutor  # noqa: E402
 from agentruns.services import execute_inline, start_run  # noqa: E402
 from benchmarks.docs import write_marked_section  # noqa: E402
 from benchmarks.procs import start_qcluster, stop  # noqa: E402

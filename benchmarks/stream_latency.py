@@ -246,7 +246,7 @@ def persistence_benchmark() -> dict:
 
     from agentruns.models import RunEvent
     from agentruns.registry import Agent, ScriptedTurn, register_agent
-    from agentruns.runtime.execution.executor import RunExecutor
+    from agentruns.runtime.engine.executor import RunExecutor
     from agentruns.runtime.store import nudges
     from agentruns.services import start_run
 

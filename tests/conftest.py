@@ -10,15 +10,6 @@ from django.contrib.auth.models import Group
 from django.core.management import call_command
 from django.db import connection
 
-if os.environ.get("H8_ENGINE", "new") == "new":  # TRANSITION ONLY (branch h8-engine)
-    import agentruns.runtime.execution.executor as _old
-    from agentruns.runtime.engine.executor import RunExecutor as _New
-
-    _old.RunExecutor = _New
-    import tests.helpers as _helpers
-
-    _helpers.RunExecutor = _New
-
 from tests import pgserver, testkit  # (testkit registers the shared test agents and tools)
 from tests.helpers import ApiClient, make_user  # (importable from here too, as older tests do)
 from tests.procs import Proc

@@ -15,7 +15,7 @@ from django.test import Client
 from django.utils import timezone
 
 from agentruns.models import Run, RunEvent, Step
-from agentruns.runtime.execution.executor import RunExecutor
+from agentruns.runtime.engine.executor import RunExecutor
 from agentruns.services import start_run
 from agentruns.tokens import create_token
 

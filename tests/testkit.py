@@ -31,8 +31,8 @@ from agentruns.registry import (
     register_agent,
     tool,
 )
+from agentruns.runtime.engine.executor import RunExecutor
 from agentruns.runtime.execution import failpoints
-from agentruns.runtime.execution.executor import RunExecutor
 from agentruns.services import start_run
 from approvals import services as decisions
 from support.ledger import refund_context, refund_limit, refund_operation_key

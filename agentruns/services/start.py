@@ -27,7 +27,7 @@ from agentruns.runtime import writer
 from agentruns.runtime.access import permissions, quotas
 from agentruns.runtime.dispatch import claims, concurrency
 from agentruns.runtime.dispatch.queue import enqueue
-from agentruns.runtime.engine.switch import RunExecutor
+from agentruns.runtime.engine.executor import RunExecutor
 from agentruns.runtime.events import EventType
 from agentruns.runtime.execution import transitions
 from agentruns.runtime.execution.transitions import ActionRefused

@@ -11,7 +11,7 @@ import pytest
 from django.test import Client
 
 from agentruns.models import Run, RunStatus, Step
-from agentruns.runtime.execution.executor import RunExecutor
+from agentruns.runtime.engine.executor import RunExecutor
 from tests.helpers import ApiClient, advance, assert_json_error, make_user, script_run
 
 pytestmark = pytest.mark.django_db

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from agentruns.models import Run, RunStatus, Step, StepStatus
 from agentruns.registry import Agent, Edit, ToolContext, register_agent, tool
-from agentruns.runtime.execution.executor import RunExecutor
+from agentruns.runtime.engine.executor import RunExecutor
 from agentruns.services import start_run
 from approvals.models import Approval, ApprovalKind
 from tests.helpers import advance

@@ -17,8 +17,8 @@ from django.utils import timezone
 
 from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepStatus
 from agentruns.registry import get_tool
+from agentruns.runtime.engine.executor import RunExecutor
 from agentruns.runtime.events import EventType
-from agentruns.runtime.execution.executor import RunExecutor
 from agentruns.services import cancel_run
 from tests.crash.kit import attempt_outcomes
 from tests.helpers import advance, events

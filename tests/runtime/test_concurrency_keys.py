@@ -22,8 +22,8 @@ from agentruns.models import ConcurrencyKey, Run, RunStatus
 from agentruns.registry import Agent, register_agent
 from agentruns.registry.concurrency import concurrency_of
 from agentruns.runtime.dispatch import claims, concurrency
+from agentruns.runtime.engine.executor import RunExecutor
 from agentruns.runtime.execution import transitions
-from agentruns.runtime.execution.executor import RunExecutor
 from agentruns.runtime.workers.sweeper import sweep
 from agentruns.services import cancel_run, fork_run, retry_run, start_run
 from approvals import services as approval_services

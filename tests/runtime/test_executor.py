@@ -10,7 +10,7 @@ from django.db import connection
 from django.utils import timezone
 
 from agentruns.models import AttemptOutcome, Run, RunEvent, Step, StepAttempt, StepStatus
-from agentruns.runtime.execution.executor import RunExecutor
+from agentruns.runtime.engine.executor import RunExecutor
 from agentruns.services import start_run
 from approvals import services as approval_services
 from approvals.models import Approval
@@ -381,18 +381,18 @@ def test_stop_per_agent_cost_budget(settings):
     assert run.cost_usd >= 0.5
 
 
-def test_cancel_read_with_the_model_commit_that_began_a_side_effect_call(monkeypatch):
-    """The model's commit both begins a side-effect call (its "running + attempt" rows) and
-    reads a cancel that just landed: the call is never made, and nothing is left running."""
-    from agentruns.runtime.execution import model_steps
+def test_cancel_read_with_the_commit_that_began_a_side_effect_call(monkeypatch):
+    """The "before" commit of a side-effect call (its "running + attempt" rows) reads a cancel
+    that just landed: the call is never made, and nothing is left running."""
+    from agentruns.runtime.engine.tools import opening
 
-    original = model_steps.ModelSteps._commit_model_step
+    original = opening._begin
 
-    def cancel_lands_first(self, *args, **kwargs):
-        Run.objects.filter(id=self.run_id).update(cancel_requested=True)
-        return original(self, *args, **kwargs)
+    def cancel_lands_first(state, *args, **kwargs):
+        Run.objects.filter(id=state.run.id).update(cancel_requested=True)
+        return original(state, *args, **kwargs)
 
-    monkeypatch.setattr(model_steps.ModelSteps, "_commit_model_step", cancel_lands_first)
+    monkeypatch.setattr(opening, "_begin", cancel_lands_first)
     turns = [{"calls": [["t_pay", {"amount": 50}], ["t_echo", {"text": "x"}]]}, {"text": "paid"}]
     run = advance(script_run(turns))
     assert run.status == "cancelled"

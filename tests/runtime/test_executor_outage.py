@@ -21,7 +21,7 @@ from django_q.models import OrmQ
 from agentruns.models import AttemptOutcome, Run, RunStatus, StepAttempt, StepStatus
 from agentruns.registry import Agent, RetryPolicy, ToolContext, register_agent, tool
 from agentruns.runtime.dispatch.lease import Heartbeat
-from agentruns.runtime.execution.executor import RunExecutor
+from agentruns.runtime.engine.executor import RunExecutor
 from agentruns.runtime.outages.faults import database_unavailable
 from tests.helpers import advance, assert_gapless, event_types, leased_run, script_run, steps
 from tests.procs import wait_until
@@ -249,7 +249,7 @@ def test_the_keeper_flags_no_lease_lost_while_it_cannot_renew():
 
 def test_an_engine_bug_still_ends_the_run_as_internal_error(caplog):
     run = script_run([], agent="outage-broken")
-    with caplog.at_level("ERROR", logger="agentruns.runtime.execution.executor"):
+    with caplog.at_level("ERROR", logger="agentruns.runtime.engine.executor"):
         run = advance(run)
     assert run.status == RunStatus.FAILED
     assert run.error.startswith("internal error: RuntimeError(")

@@ -27,8 +27,8 @@ from agentruns.models import ModelRateBucket, Run, RunStatus, Step
 from agentruns.registry import Agent, ScriptedTurn, register_agent
 from agentruns.runtime.access import model_limits
 from agentruns.runtime.dispatch import claims
+from agentruns.runtime.engine.executor import RunExecutor
 from agentruns.runtime.execution import transitions
-from agentruns.runtime.execution.executor import RunExecutor
 from agentruns.runtime.outages.model_outage import latest_queued_event
 from agentruns.runtime.providers import ModelError, ModelRequest, get_provider
 from agentruns.runtime.providers.base import NOT_BEFORE

@@ -30,8 +30,8 @@ from agentruns.models import (
     StepStatus,
 )
 from agentruns.registry import get_tool
+from agentruns.runtime.engine.executor import RunExecutor
 from agentruns.runtime.events import EventType
-from agentruns.runtime.execution.executor import RunExecutor
 from agentruns.runtime.operations import executions
 from agentruns.services import ActionRefused
 from approvals import services as decisions

@@ -11,8 +11,8 @@ from django.utils import timezone
 from django_q.models import OrmQ
 
 from agentruns.models import Run, RunEvent, Step, StepAttempt, StepKind
+from agentruns.runtime.engine.executor import RunExecutor
 from agentruns.runtime.events import LeaseLost
-from agentruns.runtime.execution.executor import RunExecutor
 from agentruns.runtime.store import pg_function as pgcommit
 from agentruns.runtime.store.rows import WriteBatch
 from agentruns.runtime.workers.sweeper import sweep

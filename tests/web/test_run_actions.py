@@ -20,7 +20,7 @@ from agentruns.models import (
     StepKind,
     StepStatus,
 )
-from agentruns.runtime.execution.executor import RunExecutor
+from agentruns.runtime.engine.executor import RunExecutor
 from agentruns.runtime.values.ids import step_key
 from agentruns.services import ActionRefused, cancel_run, fork_run, resolve_step, retry_run
 from approvals.domain.selectors import approvals_query

@@ -51,7 +51,7 @@ from agentruns.models import Run, WorkerHeartbeat
 from agentruns.runtime.dispatch import connections
 from agentruns.runtime.dispatch.lease import hand_back, release_leases
 from agentruns.runtime.dispatch.queue import ADVANCE_TASK, enqueue
-from agentruns.runtime.engine.switch import RunExecutor
+from agentruns.runtime.engine.executor import RunExecutor
 from agentruns.runtime.outages import process_health, weather
 from agentruns.runtime.outages.faults import is_infrastructure_error
 from agentruns.runtime.threads import process_threads
