@@ -91,9 +91,13 @@ def side_by_side(runs: int, rounds: int) -> dict[str, dict]:
         measure(system, 10, 0)
     per_round: dict[str, list[float]] = {s.name: [] for s in systems}
     latencies: dict[str, list[float]] = {s.name: [] for s in systems}
+    # CPU of this process per run (all its threads: a peer's background ones too)
+    cpu: dict[str, list[float]] = {s.name: [] for s in systems}
     for r in range(rounds):
         for system in systems:
+            started = time.process_time()
             lat = measure(system, runs, r * runs)
+            cpu[system.name].append((time.process_time() - started) * 1000 / runs)
             per_round[system.name].append(runs / sum(lat))
             latencies[system.name].extend(lat)
         if (r + 1) % max(1, rounds // 5) == 0:
@@ -112,6 +116,7 @@ def side_by_side(runs: int, rounds: int) -> dict[str, dict]:
             "steps_per_s": statistics.median(per_round[name]) * STEPS_PER_RUN,
             "p50_ms": pct(latencies[name], 50) * 1000,
             "p99_ms": pct(latencies[name], 99) * 1000,
+            "cpu_ms_per_run": statistics.median(cpu[name]),
         }
         for name in per_round
     }
@@ -264,7 +269,10 @@ def side_by_side_only(runs: int, rounds: int) -> None:
     results = side_by_side(runs, rounds)
     ratios = ratios_of(results)
     for name, r in results.items():
-        print(f"{name:52} {r['runs_per_s']:7.1f} runs/s  p50 {r['p50_ms']:6.2f} ms")
+        print(
+            f"{name:52} {r['runs_per_s']:7.1f} runs/s  p50 {r['p50_ms']:6.2f} ms  "
+            f"CPU {r['cpu_ms_per_run']:6.2f} ms/run"
+        )
     print(", ".join(f"{k} = {v:.2f}" for k, v in ratios.items()))
     (ROOT / "var").mkdir(exist_ok=True)
     (ROOT / "var" / "bench-engine-side.json").write_text(
@@ -283,11 +291,14 @@ def main() -> None:
     )
     parser.add_argument("--no-docs", action="store_true")
     parser.add_argument("--side-by-side-only", action="store_true")
+    parser.add_argument("--runs", type=int, default=0, help="runs per round (0: the default)")
+    parser.add_argument("--rounds", type=int, default=0, help="rounds (0: the default)")
     args = parser.parse_args()
     args.quick = args.quick or bool(os.environ.get("BENCH_QUICK"))
     # rounds long enough for each system to run warm (10-run rounds measured every system
     # slower, ours most: caches go cold when four systems take turns every few milliseconds)
     runs, rounds, kills = (30, 2, 3) if args.quick else (150, 7, 20)
+    runs, rounds = args.runs or runs, args.rounds or rounds
 
     call_command("migrate", verbosity=0)
     call_command("seed_demo", stdout=open(os.devnull, "w"))
