@@ -220,6 +220,7 @@ def peer_latency_bound(
 # ---------------------------------------------------------------------------- report
 PEERS = (
     ("dbos", "DBOS Transact (queue)"),
+    ("dbos-agent", "Pydantic AI agent + DBOSDurability (queue)"),
     ("langgraph", "LangGraph + PostgresSaver (thread pool)"),
 )
 

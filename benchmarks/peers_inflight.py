@@ -2,12 +2,14 @@
 model step waiting TURN_MS like a real model, N runs started together.
 
 - DBOS Transact: workflows enqueued on a DBOS queue with `worker_concurrency` = ours in flight;
+- the same Pydantic AI agent as ours on `DBOSDurability` (`benchmarks/peers_agent.py`): its
+  workflow enqueued on such a queue;
 - LangGraph + PostgresSaver: `invoke` on a thread pool of the same size, `durability="sync"`.
 Both get a psycopg pool for their own database work (the checkpointer's, the tools') as large as
 the pools of our two worker processes together. Run in a process of its own (DBOS keeps
 background threads, and the RSS measured is this process's):
 
-    python -m benchmarks.peers_inflight dbos|langgraph DSN N[,N...] TURN_MS CONCURRENCY POOL [TOKENS]
+    python -m benchmarks.peers_inflight dbos|dbos-agent|langgraph DSN N[,N...] TURN_MS CONCURRENCY POOL [TOKENS]
 
 prints one JSON object per N. TOKENS (the streaming workload): a model turn is TOKENS tokens
 TURN_MS / TOKENS apart instead of one wait of TURN_MS. The peers have no durable stream, so
@@ -187,7 +189,9 @@ def langgraph_peer(
 def main() -> None:
     peer, dsn, ns, turn_ms, concurrency, pool_size = sys.argv[1:7]
     tokens = int(sys.argv[7]) if len(sys.argv) > 7 else 0
-    build = {"dbos": dbos_peer, "langgraph": langgraph_peer}[peer]
+    from benchmarks.peers_agent import dbos_agent_peer
+
+    build = {"dbos": dbos_peer, "dbos-agent": dbos_agent_peer, "langgraph": langgraph_peer}[peer]
     run_all = build(dsn, float(turn_ms) / 1000, int(concurrency), int(pool_size), tokens)
     sampler = Sampler(dsn, f"bench-peer-{peer}", [os.getpid()])
     sampler.start()

@@ -1,9 +1,13 @@
-"""`make bench`: the engine side by side with the floor, DBOS Transact and LangGraph.
+"""`make bench`: the engine side by side with the floor, DBOS Transact, the same Pydantic AI
+agent on DBOSDurability (benchmarks/peers_agent.py) and LangGraph.
 
 Everything runs in one process on one throwaway PostgreSQL (fsync on), in interleaved rounds so
 machine noise hits every system alike; we report medians over rounds and the ratios.
 
     PG_EXTRA_OPTS=" " scripts/with-postgres.sh .venv/bin/python -m benchmarks.run [--quick]
+
+`--side-by-side-only` runs the in-process rounds alone (no queue, run length or recovery),
+prints them and writes var/bench-engine-side.json (not the docs, not var/bench-engine.json).
 """
 
 from __future__ import annotations
@@ -75,9 +79,10 @@ def measure(system, runs: int, offset: int) -> list[float]:
 
 def side_by_side(runs: int, rounds: int) -> dict[str, dict]:
     from benchmarks.peers import DBOSPeer, Floor, LangGraphAsyncPeer, LangGraphPeer
+    from benchmarks.peers_agent import DBOSAgentPeer
 
     systems = [Floor(dsn()), Ours()]
-    for peer in (DBOSPeer, LangGraphPeer, LangGraphAsyncPeer):
+    for peer in (DBOSPeer, DBOSAgentPeer, LangGraphPeer, LangGraphAsyncPeer):
         try:
             systems.append(peer(dsn()))
         except Exception as exc:  # an optional extra that is missing must not sink the rest
@@ -86,9 +91,13 @@ def side_by_side(runs: int, rounds: int) -> dict[str, dict]:
         measure(system, 10, 0)
     per_round: dict[str, list[float]] = {s.name: [] for s in systems}
     latencies: dict[str, list[float]] = {s.name: [] for s in systems}
+    # CPU of this process per run (all its threads: a peer's background ones too)
+    cpu: dict[str, list[float]] = {s.name: [] for s in systems}
     for r in range(rounds):
         for system in systems:
+            started = time.process_time()
             lat = measure(system, runs, r * runs)
+            cpu[system.name].append((time.process_time() - started) * 1000 / runs)
             per_round[system.name].append(runs / sum(lat))
             latencies[system.name].extend(lat)
         if (r + 1) % max(1, rounds // 5) == 0:
@@ -107,6 +116,7 @@ def side_by_side(runs: int, rounds: int) -> dict[str, dict]:
             "steps_per_s": statistics.median(per_round[name]) * STEPS_PER_RUN,
             "p50_ms": pct(latencies[name], 50) * 1000,
             "p99_ms": pct(latencies[name], 99) * 1000,
+            "cpu_ms_per_run": statistics.median(cpu[name]),
         }
         for name in per_round
     }
@@ -242,6 +252,34 @@ def chart(results: dict, lengths: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def ratios_of(results: dict) -> dict[str, float]:
+    ours = results["ours (engine in-process)"]["runs_per_s"]
+    ratios = {"ours/floor": ours / results["floor (raw psycopg)"]["runs_per_s"]}
+    for peer, key in (
+        ("DBOS Transact", "ours/DBOS"),
+        ("Pydantic AI agent + DBOSDurability", "ours/DBOSDurability agent"),
+        ("LangGraph + PostgresSaver", "ours/LangGraph"),
+    ):
+        if peer in results:
+            ratios[key] = ours / results[peer]["runs_per_s"]
+    return ratios
+
+
+def side_by_side_only(runs: int, rounds: int) -> None:
+    results = side_by_side(runs, rounds)
+    ratios = ratios_of(results)
+    for name, r in results.items():
+        print(
+            f"{name:52} {r['runs_per_s']:7.1f} runs/s  p50 {r['p50_ms']:6.2f} ms  "
+            f"CPU {r['cpu_ms_per_run']:6.2f} ms/run"
+        )
+    print(", ".join(f"{k} = {v:.2f}" for k, v in ratios.items()))
+    (ROOT / "var").mkdir(exist_ok=True)
+    (ROOT / "var" / "bench-engine-side.json").write_text(
+        json.dumps({"results": results, "ratios": ratios, "runs": runs, "rounds": rounds}, indent=2)
+    )
+
+
 def write_docs(section: str) -> None:
     write_marked_section("engine", section)
 
@@ -252,15 +290,22 @@ def main() -> None:
         "--quick", action="store_true", help="fewer runs (a smoke test of the harness)"
     )
     parser.add_argument("--no-docs", action="store_true")
+    parser.add_argument("--side-by-side-only", action="store_true")
+    parser.add_argument("--runs", type=int, default=0, help="runs per round (0: the default)")
+    parser.add_argument("--rounds", type=int, default=0, help="rounds (0: the default)")
     args = parser.parse_args()
     args.quick = args.quick or bool(os.environ.get("BENCH_QUICK"))
     # rounds long enough for each system to run warm (10-run rounds measured every system
     # slower, ours most: caches go cold when four systems take turns every few milliseconds)
     runs, rounds, kills = (30, 2, 3) if args.quick else (150, 7, 20)
+    runs, rounds = args.runs or runs, args.rounds or rounds
 
     call_command("migrate", verbosity=0)
     call_command("seed_demo", stdout=open(os.devnull, "w"))
     print("side by side (in-process, sequential):", file=sys.stderr)
+    if args.side_by_side_only:
+        side_by_side_only(runs, rounds)
+        return
     results = side_by_side(runs, rounds)
     print("through django-q2 (2 workers):", file=sys.stderr)
     results["ours (through django-q2, 2 workers)"] = through_queue(60 if args.quick else 300)
@@ -269,11 +314,7 @@ def main() -> None:
     print("recovery after SIGKILL:", file=sys.stderr)
     rec = recovery(kills)
 
-    ours = results["ours (engine in-process)"]["runs_per_s"]
-    ratios = {"ours/floor": ours / results["floor (raw psycopg)"]["runs_per_s"]}
-    for peer in ("DBOS Transact", "LangGraph + PostgresSaver"):
-        if peer in results:
-            ratios[f"ours/{peer.split(' ')[0]}"] = ours / results[peer]["runs_per_s"]
+    ratios = ratios_of(results)
     lines = [
         "| system | runs/s | steps/s | p50 run (ms) | p99 run (ms) |",
         "|---|---:|---:|---:|---:|",

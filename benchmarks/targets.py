@@ -1,4 +1,4 @@
-"""The last step of `make bench`: every target of issues 22 and 21, "met" or "not met" with its
+"""The last step of `make bench`: every target of issues 22, 21 and 32, "met" or "not met" with its
 figures, from what this run's harnesses wrote (var/bench-engine.json by `benchmarks.run`,
 var/bench-inflight.json by `benchmarks.inflight`, var/bench-pydantic-ai.json by
 `benchmarks.pydantic_ai_flow --json`), so every figure comes from the same `make bench`.
@@ -26,6 +26,9 @@ VAR = ROOT / "var"
 AUX_PROCESSES = 4
 FLAT_PER_STEP = 1.25  # "flat": a 1001-step run's cost per step within 1.25x an 11-step run's
 SYNC_PEERS = ("DBOS Transact", "LangGraph + PostgresSaver")  # the async LangGraph is reference only
+AGENT_PEER = (
+    "Pydantic AI agent + DBOSDurability"  # the same agent as ours (benchmarks/peers_agent.py)
+)
 
 
 @dataclass
@@ -241,7 +244,46 @@ def collect() -> list[Target]:
         found.append(Target(21, "what Pydantic AI costs per step", None, "no figures"))
     found += _latency_targets(21, "sleeping", sleeping, 200, 2.2, peers_too=False)
     found.append(_start_latency(21, inflight, 100))
+    found += _agent_peer_targets(results, sleeping["results"])
     return [*found, *_unmeasured(found)]
+
+
+def _agent_peer_targets(engine: dict, sleeping: dict) -> list[Target]:
+    """Issue 32: ours against the same Pydantic AI agent on DBOSDurability."""
+    found = []
+    ours, peer = engine.get("ours (engine in-process)"), engine.get(AGENT_PEER)
+    if ours and peer:
+        ratio = ours["runs_per_s"] / peer["runs_per_s"]
+        found.append(
+            Target(
+                32,
+                f"CPU-bound: ours/{AGENT_PEER} at least 2x",
+                ratio >= 2.0,
+                f"{ratio:.2f} ({ours['runs_per_s']:.1f} against {peer['runs_per_s']:.1f} runs/s)",
+            )
+        )
+    ours_at = row_at(sleeping.get(OURS) or [], 200)
+    peer_at = row_at(sleeping.get(f"{AGENT_PEER} (queue)") or [], 200)
+    if ours_at and peer_at:
+        mine, theirs = 200 / ours_at["wall_s"], 200 / peer_at["wall_s"]
+        found.append(
+            Target(
+                32,
+                f"sleeping: N=200 runs/s at least {AGENT_PEER}'s",
+                mine >= theirs,
+                f"ours {mine:.1f} runs/s, {theirs:.1f} (ours/peer {mine / theirs:.2f})",
+            )
+        )
+    found.append(
+        Target(
+            32,
+            "in-process CPU per step within 1.3x the previous main's",
+            None,
+            "measured by `benchmarks.ab_engine` against main's checkout (a second checkout), "
+            "not by `make bench`: docs/BENCHMARKS.md, 'The same agent on DBOSDurability'",
+        )
+    )
+    return found
 
 
 # every target collect() knows, by the start of its text: one without a row was not measured
@@ -252,6 +294,8 @@ EXPECTED = (
     (21, "CPU-bound: ours/LangGraph"),
     (21, "CPU-bound: ours/DBOS"),
     (21, "per-step cost"),
+    (32, "CPU-bound: ours/Pydantic AI agent"),
+    (32, "sleeping: N=200 runs/s at least Pydantic AI agent"),
 )
 
 
@@ -265,7 +309,7 @@ def _unmeasured(found: list[Target]) -> list[Target]:
 
 def markdown(found: list[Target]) -> str:
     lines = [
-        "## Targets of issues 22 and 21, side by side in one `make bench`",
+        "## Targets of issues 22, 21 and 32, side by side in one `make bench`",
         "",
         f"Written by `benchmarks/targets.py` at the end of `make bench`"
         f"{' (BENCH_QUICK=1: smaller rounds)' if os.environ.get('BENCH_QUICK') else ''}; "

@@ -41,9 +41,19 @@ def ends(outcome: str, commit: Callable[[], str]) -> SliceEnds:
     return SliceEnds(outcome, commit)
 
 
-def apply(executor: Any, change: RunChange, *, events_before: list[EventSpec] = ()) -> int:
-    """Commit a change of the run's status, after `events_before`."""
-    transitions.announce(executor.run_id, change)  # rolled back with the commit if it fails
+def apply(
+    executor: Any,
+    change: RunChange,
+    *,
+    events_before: list[EventSpec] = (),
+    held: Any = None,
+) -> int:
+    """Commit a change of the run's status, after `events_before`. `held`: the slice's state,
+    when its run and steps are the run's as they end (its outcome and hand-overs are then
+    decided from them, without reading the run and its steps again)."""
+    run, steps = (held.run, held.steps) if held is not None else (None, None)
+    # rolled back with the commit if it fails
+    transitions.announce(executor.run_id, change, run=run, steps=steps)
     return executor.commit([*events_before, *change.events], set_fields=change.fields)
 
 
@@ -55,7 +65,10 @@ def finish(
     output_data: Any = None,
     error: str = "",
     stop_reason: str = "",
+    answered: bool = False,
 ) -> str:
+    """`answered`: the agent's loop returned, so the slice holds every step of the run as it
+    ends (the final answer's end, as the old loop's was)."""
     with transaction.atomic(savepoint=False):
         state = executor.state  # None when the slice failed loading
         executions.run_ended(state.run if state else executor.run_id, f"the run ended ({status})")
@@ -68,6 +81,7 @@ def finish(
                 error=error,
                 stop_reason=stop_reason,
             ),
+            held=state if answered else None,
         )
     return status
 
@@ -77,10 +91,10 @@ def finished_with(executor: Any, result: Any) -> str:
     object of a structured `output_type` as JSON)."""
     output = result.output
     if isinstance(output, str):
-        return finish(executor, RunStatus.SUCCEEDED, output=output)
+        return finish(executor, RunStatus.SUCCEEDED, output=output, answered=True)
     data = storable(to_jsonable_python(output))
     text = json.dumps(data, ensure_ascii=False)
-    return finish(executor, RunStatus.SUCCEEDED, output=text, output_data=data)
+    return finish(executor, RunStatus.SUCCEEDED, output=text, output_data=data, answered=True)
 
 
 def fail(executor: Any, error: str, *, stop_reason: str = "") -> SliceEnds:
