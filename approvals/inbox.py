@@ -30,7 +30,7 @@ from approvals.models import Approval, ApprovalKind, DeliveryStatus, WebhookDeli
 from approvals.notifications import outbox
 
 APPROVAL_AGE_BUCKETS = (60, 300, 900, 1800, 3600, 4 * 3600, 24 * 3600)
-KINDS = ("approval", "reconciliation", "handover")
+KINDS = ("approval", "reconciliation", "handover", "question")
 
 
 class ApprovalInbox:
@@ -47,6 +47,13 @@ class ApprovalInbox:
     def open_handover(self, step: Step, agent: str) -> int | None:
         opened = parking.open_handover(step, agent)
         return opened.id if opened is not None else None
+
+    def open_question(
+        self, step: Step, agent: str, *, token: str, question: str, choices: list[str] | None
+    ) -> int:
+        return parking.open_question(
+            step, agent, token=token, question=question, choices=choices
+        ).id
 
     def approved_call_refusal(self, step: Step) -> str:
         return parking.approved_call_refusal(step)

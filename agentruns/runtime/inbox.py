@@ -48,6 +48,12 @@ class Inbox(Protocol):
         `handover=True` tool, registry/outcomes/): an item a person picks up and closes.
         Returns the new item's id, or None when the step has one already."""
 
+    def open_question(
+        self, step: Step, agent: str, *, token: str, question: str, choices: list[str] | None
+    ) -> int:
+        """The run asks a person `question` with this call's step (`ask_human`): an item whose
+        answer resolves the wait on `token`; returns the item's id."""
+
     def approved_call_refusal(self, step: Step) -> str:
         """Why an approved call must not run as it is now ("" when it may)."""
 
