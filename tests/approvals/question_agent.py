@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from pydantic_ai import Agent
+from pydantic_ai import Agent, CallDeferred
 from pydantic_ai.messages import ModelMessage, ModelRequest, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
@@ -36,3 +36,21 @@ asker = Agent(
     toolsets=[wait_tools()],
 )
 register_agent(asker)
+
+
+policy = Agent(
+    FunctionModel(stream_function=play, model_name="policy-script"),
+    name="pa-policy",
+    instructions="You check refund policies.",
+)
+
+
+@policy.tool_plain
+def policy_check(order_id: str) -> str:
+    """Ask a person whether the refund policy applies (any tool may defer as a question)."""
+    raise CallDeferred(
+        {"question": f"Refund {order_id}?", "choices": ["yes", "no"]}, kind="question"
+    )
+
+
+register_agent(policy)
