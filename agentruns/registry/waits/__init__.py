@@ -3,7 +3,7 @@
     register_agent(Agent("...", name="refund", toolsets=[wait_tools()]))
 
 Each tool defers its call (`CallDeferred`); the engine parks the run on a `Wait` and resumes it
-with the answer as the call's result (agentruns/runtime/engine/questions.py for questions).
+with the answer as the call's result (agentruns/runtime/engine/tools/questions.py for questions).
 """
 
 from __future__ import annotations

@@ -35,9 +35,10 @@ from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolDen
 
 from agentruns.models import RunStatus, Step, StepStatus, Wait, WaitKind, WaitStatus
 from agentruns.runtime import writer
-from agentruns.runtime.engine import questions, status
+from agentruns.runtime.engine import status
 from agentruns.runtime.engine.plan import stage
 from agentruns.runtime.engine.slice import SliceState, island
+from agentruns.runtime.engine.tools import questions
 from agentruns.runtime.events import EventType, step_event_data
 from agentruns.runtime.execution.transitions import approval_results
 from agentruns.runtime.inbox import inbox
