@@ -25,6 +25,7 @@ from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily
 
 from agentruns.models import Run, Step
 from agentruns.runtime.inbox import Refused
+from agentruns.runtime.values.ids import is_uuid
 from approvals.domain import escalation, outcomes, parking
 from approvals.models import Approval, ApprovalKind, DeliveryStatus, WebhookDelivery
 from approvals.notifications import outbox
@@ -54,6 +55,32 @@ class ApprovalInbox:
         return parking.open_question(
             step, agent, token=token, question=question, choices=choices
         ).id
+
+    def question_calls(self, run: Run, call_ids: list[str]) -> set[str]:
+        steps = [i for i in call_ids if is_uuid(i)]  # the stream names a call by its step
+        rows = Approval.objects.filter(run=run, kind=ApprovalKind.QUESTION, step_id__in=steps)
+        return {str(step) for step in rows.values_list("step_id", flat=True)}
+
+    def answer_question(self, run: Run, call_id: str, *, user: Any, answer: str) -> int:
+        from approvals import services  # the decision service sits above this port
+        from approvals.errors import AlreadyDecided, DecisionError, status_of
+
+        item = (
+            Approval.objects.filter(
+                run=run, kind=ApprovalKind.QUESTION, step_id=call_id if is_uuid(call_id) else None
+            )
+            .values_list("id", flat=True)
+            .first()
+        )
+        if item is None:
+            raise Refused(f"tool call {call_id} asked no question of this chat's run", 404)
+        try:
+            services.decide(item, "answer", user, answer=answer, door=services.Door.CHAT)
+        except AlreadyDecided:
+            pass  # somebody answered first: the continuation shows their answer
+        except DecisionError as exc:  # empty, not a choice, no right to answer
+            raise Refused(str(exc), status_of(exc), exc.code) from None
+        return item
 
     def approved_call_refusal(self, step: Step) -> str:
         return parking.approved_call_refusal(step)

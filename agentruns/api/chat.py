@@ -30,6 +30,7 @@ from django.db import transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
 from agentruns import selectors, services
+from agentruns.api import chat_questions
 from agentruns.api.endpoint import endpoint
 from agentruns.api.parsing import BadRequest
 from agentruns.api.runs import CHAT_KEY_PREFIX
@@ -228,6 +229,10 @@ def chat(request: HttpRequest, agent: str, body: dict) -> HttpResponseBase:
     if answers:  # the right to answer comes before looking for the chat's run
         require(request, DECIDE, VIEW_APPROVAL)
     run = chat_run(agent, body["id"], request.user)
+    questions = chat_questions.asked_in(run, chat_questions.tool_outputs(messages)) if run else {}
+    if questions:  # a question answered with addToolOutput: the same rights as an approval
+        require(request, DECIDE, VIEW_APPROVAL)
+        return ui_message_stream_response(run, chat_questions.answer(request, run, questions))
     if run is not None and answers:
         start, stale = decide(request, run, answers)
         response = ui_message_stream_response(run, start)

@@ -39,6 +39,11 @@ class ApprovalFolding:
     _shown: Callable[[str, Any], Any]
 
     def _approval_requested(self, data: dict) -> None:
+        if data.get("kind") == "question" and data.get("approval") is not None:
+            # the call's part stays awaiting its output, which the chat may give (addToolOutput,
+            # api/chat_questions.py); its answer, from any door, is the call's output
+            self.approval_chunks[int(data["approval"])] = self.count + (0 if self.in_segment else 1)
+            return
         if data.get("kind", "approval") != "approval" or data.get("approval") is None:
             return  # a reconciliation is staff's business in the inbox, not the chat's
         call = self.calls.get(int(data.get("step", -1)))

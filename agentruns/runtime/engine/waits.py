@@ -39,7 +39,7 @@ from agentruns.runtime.engine import status
 from agentruns.runtime.engine.plan import stage
 from agentruns.runtime.engine.slice import SliceState, island
 from agentruns.runtime.engine.tools import questions
-from agentruns.runtime.events import EventType, step_event_data
+from agentruns.runtime.events import EventType, step_event_data, succeeded_event_data
 from agentruns.runtime.execution.transitions import approval_results
 from agentruns.runtime.inbox import inbox
 
@@ -286,4 +286,6 @@ def _record_external(
         step.status, step.finished_at = StepStatus.SUCCEEDED, now
         step.result = value if isinstance(value, dict | list | str | int | float) else str(value)
         stage(state.pending.batch, step, ["status", "result", "finished_at"])
-        state.pending.events.append((EventType.STEP_SUCCEEDED, step_event_data(step)))
+        state.pending.events.append(
+            (EventType.STEP_SUCCEEDED, succeeded_event_data(state.run, step))
+        )
