@@ -3,8 +3,8 @@ chat as a tool part awaiting its output (`tool-input-available`, no output; the 
 segment ends with `tool-calls`), which an AI SDK front end answers with `addToolOutput`. Its
 next POST ends with that assistant message; each tool part in state `output-available` whose
 call is one of the run's questions is answered through the inbox's one decision (the runtime's
-inbox port: the same rules as the inbox and the API), and the stream continues after the stop
-that asked. A question somebody answered first is left as it is: the continuation shows the
+inbox port: the same rules as the inbox and the API; the chat endpoint, api/chat.py, calls it),
+and the stream continues after the stop that asked. A question somebody answered first is left as it is: the continuation shows the
 answer that counted.
 """
 
@@ -15,7 +15,6 @@ from typing import Any
 from django.db import transaction
 from django.http import HttpRequest
 
-from agentruns.api.parsing import BadRequest
 from agentruns.models import Run
 from agentruns.runtime.inbox import Refused, inbox
 from agentruns.stream.ui_stream import chunks_until_now
@@ -43,9 +42,10 @@ def tool_outputs(messages: list[dict]) -> dict[str, Any]:
 def answer_text(call_id: str, output: Any) -> str:
     text = output.get("answer") if isinstance(output, dict) else output
     if not isinstance(text, str) or len(text) > MAX_ANSWER_CHARS:
-        raise BadRequest(
+        raise Refused(
             f"the output of tool call {call_id!r} answers a question: a string of at most "
-            f"{MAX_ANSWER_CHARS} characters"
+            f"{MAX_ANSWER_CHARS} characters",
+            400,
         )
     return text
 
@@ -58,19 +58,12 @@ def asked_in(run: Run, outputs: dict[str, Any]) -> dict[str, Any]:
 
 def answer(request: HttpRequest, run: Run, outputs: dict[str, Any]) -> int:
     """Answer the run's questions with the chat's outputs, all or none; returns the chunk index
-    the continuation starts at."""
+    the continuation starts at. Refused (the inbox's status: 400/403/404) for a bad answer."""
     items: list[int] = []
     with transaction.atomic():
         for call_id, output in outputs.items():
-            try:
-                items.append(
-                    inbox().answer_question(
-                        run, call_id, user=request.user, answer=answer_text(call_id, output)
-                    )
-                )
-            except Refused as exc:  # the inbox's status: 400/403/404
-                extra = {"code": exc.code} if exc.code else {}
-                raise BadRequest(str(exc), exc.status, **extra) from None
+            text = answer_text(call_id, output)
+            items.append(inbox().answer_question(run, call_id, user=request.user, answer=text))
     fold = chunks_until_now(run)
     starts = [index for item in items if (index := fold.continuation_index(item)) is not None]
     return max(starts) if starts else fold.count
