@@ -21,6 +21,7 @@ class ToolCall:
     tool_call_id: str
     tool: str
     settled: bool = False  # output, error or denial emitted: later decisions change nothing
+    answered: bool = False  # a question's answer is its output (its step's success repeats it)
 
 
 class ApprovalFolding:
@@ -97,6 +98,18 @@ class ApprovalFolding:
         if call is None or call.settled:
             return
         decision = str(data.get("decision") or "")
+        if data.get("kind") == "question":
+            # answered while the run is parked: the answer is the call's output at once (the
+            # chat's continuation starts here)
+            self._emit(
+                {
+                    "type": "tool-output-available",
+                    "toolCallId": call.tool_call_id,
+                    "output": str(data.get("answer") or ""),
+                }
+            )
+            call.settled = call.answered = True
+            return
         if data.get("kind") == "reconciliation":
             resolution = data.get("resolution")
             if resolution == "happened":
