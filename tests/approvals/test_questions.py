@@ -247,3 +247,17 @@ def test_a_question_deferred_by_any_tool_lands_in_the_inbox(django_user_model):
     run = advance(run)
     assert run.status == RunStatus.SUCCEEDED, run.error
     assert run.output.startswith("Policy: policy_check=yes")
+
+
+def test_the_run_page_shows_the_question_and_the_answer_as_text(django_user_model):
+    run = asked(question="Refund <i>all</i>?")
+    lead = make_user(django_user_model, "lead", superuser=True)
+    services.answer(Approval.objects.get(run=run).id, user=lead, answer="yes <b>all</b>")
+    advance(run)
+    client = Client()
+    client.force_login(lead)
+    page = client.get(f"/runs/{run.id}/").content.decode()
+    assert "Refund &lt;i&gt;all&lt;/i&gt;?" in page and "<i>all</i>" not in page
+    assert "question requested" in page
+    assert '<span class="chip s-succeeded">answered</span>' in page
+    assert "yes &lt;b&gt;all&lt;/b&gt;" in page and "<b>all</b>" not in page
