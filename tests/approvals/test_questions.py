@@ -261,3 +261,13 @@ def test_the_run_page_shows_the_question_and_the_answer_as_text(django_user_mode
     assert "question requested" in page
     assert '<span class="chip s-succeeded">answered</span>' in page
     assert "yes &lt;b&gt;all&lt;/b&gt;" in page and "<b>all</b>" not in page
+
+
+def test_a_question_without_text_or_with_one_choice_goes_back_to_the_model():
+    run = asked(question="  ")
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert not Approval.objects.filter(run=run).exists()
+    assert "ask_human needs a question" in run.output  # the retry prompt the model read
+    run = asked(choices=["only"])
+    assert run.status == RunStatus.SUCCEEDED and not Approval.objects.filter(run=run).exists()
+    assert "at least two distinct choices" in run.output
