@@ -271,3 +271,16 @@ def test_a_question_without_text_or_with_one_choice_goes_back_to_the_model():
     run = asked(choices=["only"])
     assert run.status == RunStatus.SUCCEEDED and not Approval.objects.filter(run=run).exists()
     assert "at least two distinct choices" in run.output
+
+
+def test_every_agent_may_add_the_waiting_tools():
+    from pydantic_ai import Agent
+    from pydantic_ai.models.function import FunctionModel
+
+    from agentruns.registry import get_agent, register_agent, wait_tools
+
+    second = Agent(
+        FunctionModel(question_agent.asking), name="pa-asker-too", toolsets=[wait_tools()]
+    )
+    register_agent(second)  # the same ask_human as pa-asker's: no clash of tool names
+    assert "ask_human" in get_agent("pa-asker-too").tools
