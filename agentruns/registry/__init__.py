@@ -194,7 +194,7 @@ def _from_pydantic_ai(agent: Any, *, tools: Any, deps: Any, **options: Any) -> A
         owner = _tool_owners.get(spec.name)
         # the waiting tools (`wait_tools()`) are the same functions in every agent that adds them
         shared = spec.name in {f.__name__ for f in WAIT_TOOLS}
-        if spec.name in _tools and owner != adopted.name  and not shared:
+        if spec.name in _tools and owner != adopted.name and not shared:
             raise ValueError(
                 f"Pydantic AI agent {adopted.name!r}: a tool named {spec.name!r} is already "
                 f"registered (by {owner or 'an @tool'}); tool names are global (tool policies "
