@@ -57,6 +57,13 @@ class NoteRequired(DecisionError):
         )
 
 
+class AnswerRefused(DecisionError):
+    """A question's answer that cannot be taken: empty, or not one of the question's choices."""
+
+    status = 400
+    fields = ("answer",)
+
+
 class NotAllowed(DecisionError):
     """This person may not make this decision (separation of duties, their limit)."""
 
@@ -134,6 +141,6 @@ def status_of(exc: DecisionError) -> int:
 def error_details(exc: DecisionError) -> dict:
     if isinstance(exc, LimitExceeded):
         return {"code": exc.code, "figures": exc.figures}
-    if isinstance(exc, NoteRequired):
+    if isinstance(exc, NoteRequired | AnswerRefused):
         return {"code": exc.code, "fields": list(exc.fields)}
     return {"field": exc.field, "rule": exc.rule} if isinstance(exc, EditNotAllowed) else {}

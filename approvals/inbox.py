@@ -25,12 +25,13 @@ from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily
 
 from agentruns.models import Run, Step
 from agentruns.runtime.inbox import Refused
+from agentruns.runtime.values.ids import is_uuid
 from approvals.domain import escalation, outcomes, parking
 from approvals.models import Approval, ApprovalKind, DeliveryStatus, WebhookDelivery
 from approvals.notifications import outbox
 
 APPROVAL_AGE_BUCKETS = (60, 300, 900, 1800, 3600, 4 * 3600, 24 * 3600)
-KINDS = ("approval", "reconciliation", "handover")
+KINDS = ("approval", "reconciliation", "handover", "question")
 
 
 class ApprovalInbox:
@@ -47,6 +48,39 @@ class ApprovalInbox:
     def open_handover(self, step: Step, agent: str) -> int | None:
         opened = parking.open_handover(step, agent)
         return opened.id if opened is not None else None
+
+    def open_question(
+        self, step: Step, agent: str, *, token: str, question: str, choices: list[str] | None
+    ) -> int:
+        return parking.open_question(
+            step, agent, token=token, question=question, choices=choices
+        ).id
+
+    def question_calls(self, run: Run, call_ids: list[str]) -> set[str]:
+        steps = [i for i in call_ids if is_uuid(i)]  # the stream names a call by its step
+        rows = Approval.objects.filter(run=run, kind=ApprovalKind.QUESTION, step_id__in=steps)
+        return {str(step) for step in rows.values_list("step_id", flat=True)}
+
+    def answer_question(self, run: Run, call_id: str, *, user: Any, answer: str) -> int:
+        from approvals import services  # the decision service sits above this port
+        from approvals.errors import AlreadyDecided, DecisionError, status_of
+
+        item = (
+            Approval.objects.filter(
+                run=run, kind=ApprovalKind.QUESTION, step_id=call_id if is_uuid(call_id) else None
+            )
+            .values_list("id", flat=True)
+            .first()
+        )
+        if item is None:
+            raise Refused(f"tool call {call_id} asked no question of this chat's run", 404)
+        try:
+            services.decide(item, "answer", user, answer=answer, door=services.Door.CHAT)
+        except AlreadyDecided:
+            pass  # somebody answered first: the continuation shows their answer
+        except DecisionError as exc:  # empty, not a choice, no right to answer
+            raise Refused(str(exc), status_of(exc), exc.code) from None
+        return item
 
     def approved_call_refusal(self, step: Step) -> str:
         return parking.approved_call_refusal(step)

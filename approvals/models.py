@@ -19,6 +19,9 @@ class ApprovalKind(models.TextChoices):
     RECONCILIATION = "reconciliation"
     # a run handed its request over to a person (a `handover=True` tool): picked up and closed
     HANDOVER = "handover"
+    # the agent asked a person a question (`ask_human`, or any call deferred as a question):
+    # answered with text (or one of the choices), which the model gets as the call's result
+    QUESTION = "question"
 
 
 class ApprovalStatus(models.TextChoices):
@@ -82,6 +85,9 @@ class Approval(models.Model):
     operation_key = models.CharField(max_length=200, blank=True, default="")
     # its run's priority when it opened: the inbox lists the highest first, then the newest
     priority = models.SmallIntegerField(default=0, db_default=0)
+    # a question: the token of the run's wait the answer resolves, and the answer given
+    wait_token = models.CharField(max_length=64, blank=True, default="", db_default="")
+    answer = models.TextField(blank=True, default="", db_default="")
 
     class Meta:
         ordering = ["-priority", "-created_at", "-id"]
@@ -147,6 +153,17 @@ class Approval(models.Model):
         return redact_fields(args, self.hidden_fields)
 
     @property
+    def question(self) -> str:
+        """A question's text ("" for other kinds)."""
+        return str(self.requested_args.get("question") or "") if self.kind == "question" else ""
+
+    @property
+    def choices(self) -> list[str] | None:
+        """A question's choices (None: any answer, or not a question)."""
+        choices = self.requested_args.get("choices") if self.kind == "question" else None
+        return [str(c) for c in choices] if isinstance(choices, list) and choices else None
+
+    @property
     def decided_by_name(self) -> str | None:
         return actor_name(self.decided_by)
 
@@ -198,6 +215,7 @@ class DecisionKind(models.TextChoices):
     APPROVE = "approve"
     REJECT = "reject"
     CLOSE = "close"  # a hand-over done with
+    ANSWER = "answer"  # a question answered
 
 
 class ApprovalDecision(models.Model):

@@ -28,19 +28,20 @@ from django.db import transaction
 from agentruns.runtime.access.quotas import QuotaExceeded, check_decision
 from agentruns.runtime.values.ids import actor_name
 from agentruns.runtime.values.timestamps import iso
-from approvals.domain import policy
+from approvals.domain import policy, questions
 from approvals.domain.outcomes import approved, check_open, closed, reconciled, rejected
 from approvals.errors import AlreadyDecided, DecisionError, NoteRequired, StaleProposal
 from approvals.models import Approval, ApprovalKind, ApprovalStatus
 
 RESOLUTIONS = ("happened", "retry", "abort")
-DECISIONS = ("approve", "reject", *RESOLUTIONS, "close")
+DECISIONS = ("approve", "reject", *RESOLUTIONS, "close", "answer")
 BULK_DECISIONS = ("approve", "reject")
 MAX_ITEMS = 200
 # the kind of item each decision is for (the rest: approvals)
 KIND_OF = {
     **dict.fromkeys(RESOLUTIONS, ApprovalKind.RECONCILIATION),
     "close": ApprovalKind.HANDOVER,
+    "answer": ApprovalKind.QUESTION,
 }
 
 
@@ -78,9 +79,11 @@ def decide(
     result: Any = None,
     door: Door = Door.API,
     internal_note: str = "",
+    answer: str = "",
 ) -> Approval:
     """Approve (optionally with edited arguments), reject, reconcile an unknown outcome
-    (`happened`, `retry`, `abort`, with the `result` when it happened), or close a hand-over.
+    (`happened`, `retry`, `abort`, with the `result` when it happened), close a hand-over, or
+    answer a question (`answer`: free text, or one of the question's choices).
     `reason` is what the agent is told (a rejection's, which it may pass on to the customer);
     `internal_note` is kept for staff only (see `check_note`).
 
@@ -93,6 +96,8 @@ def decide(
         raise DecisionError("Unknown action.", code="unknown_decision")
     reason, note = reason.strip(), internal_note.strip()
     check_note(decision, reason, note, door)
+    if decision == "answer":
+        answer = questions.check_answer(answer)
     policy.check_may_decide(user)
     check_decision(user)
     with transaction.atomic():
@@ -104,6 +109,8 @@ def decide(
             outcome = reconciled(approval, user, decision, result, reason, note)
         elif kind == ApprovalKind.HANDOVER:
             outcome = closed(approval, user, reason, note)
+        elif kind == ApprovalKind.QUESTION:
+            outcome = questions.answered(approval, user, answer)
         elif decision == "reject":
             outcome = rejected(approval, user, reason, internal_note=note)
         else:
@@ -156,6 +163,11 @@ def reject(
 def close(approval_id: int, *, user: Any, internal_note: str = "", reason: str = "") -> Approval:
     """`decide(..., "close")` for scripts and tests: a hand-over is done with."""
     return decide(approval_id, "close", user, reason=reason, internal_note=internal_note)
+
+
+def answer(approval_id: int, *, user: Any, answer: str) -> Approval:
+    """`decide(..., "answer")` for scripts and tests: the model gets `answer` as the result."""
+    return decide(approval_id, "answer", user, answer=answer)
 
 
 def reconcile(

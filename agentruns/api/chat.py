@@ -38,6 +38,7 @@ from agentruns.models import Run
 from agentruns.registry import UnknownAgent, get_agent
 from agentruns.runtime.inbox import Refused, inbox
 from agentruns.runtime.values.ids import BadId, parse_versioned_id
+from agentruns.stream import ui_questions
 from agentruns.stream.ui_stream import chunks_until_now, ui_message_stream_response
 
 VIEW = "agentruns.view_run"
@@ -228,6 +229,14 @@ def chat(request: HttpRequest, agent: str, body: dict) -> HttpResponseBase:
     if answers:  # the right to answer comes before looking for the chat's run
         require(request, DECIDE, VIEW_APPROVAL)
     run = chat_run(agent, body["id"], request.user)
+    questions = ui_questions.asked_in(run, ui_questions.tool_outputs(messages)) if run else {}
+    if questions:  # a question answered with addToolOutput: the same rights as an approval
+        require(request, DECIDE, VIEW_APPROVAL)
+        try:
+            return ui_message_stream_response(run, ui_questions.answer(request, run, questions))
+        except Refused as exc:
+            extra = {"code": exc.code} if exc.code else {}
+            raise BadRequest(str(exc), exc.status, **extra) from None
     if run is not None and answers:
         start, stale = decide(request, run, answers)
         response = ui_message_stream_response(run, start)

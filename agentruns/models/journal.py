@@ -16,6 +16,7 @@ from agentruns.models.runs import Run
 class WaitKind(models.TextChoices):
     APPROVAL = "approval"  # the inbox decides the calls' approvals (`calls`)
     EVENT = "event"  # something outside resolves the token
+    QUESTION = "question"  # a person answers the model's question in the inbox (`calls`: its call)
 
 
 class WaitStatus(models.TextChoices):
@@ -33,7 +34,8 @@ class Wait(models.Model):
     status = models.CharField(max_length=16, choices=WaitStatus.choices, default=WaitStatus.PENDING)
     # what `ask` returned (null: it handed the token on and the run waits for the resolution)
     asked = models.JSONField(null=True, blank=True)
-    calls = models.JSONField(default=list, blank=True)  # an approval wait: the tool call ids
+    # an approval wait: the tool call ids; a question: its call (both found by call, not order)
+    calls = models.JSONField(default=list, blank=True)
     payload = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     resolved_by = models.CharField(max_length=150, blank=True, default="")

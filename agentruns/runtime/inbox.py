@@ -48,6 +48,19 @@ class Inbox(Protocol):
         `handover=True` tool, registry/outcomes/): an item a person picks up and closes.
         Returns the new item's id, or None when the step has one already."""
 
+    def open_question(
+        self, step: Step, agent: str, *, token: str, question: str, choices: list[str] | None
+    ) -> int:
+        """The run asks a person `question` with this call's step (`ask_human`): an item whose
+        answer resolves the wait on `token`; returns the item's id."""
+
+    def question_calls(self, run: Run, call_ids: list[str]) -> set[str]:
+        """Which of `call_ids` are calls of the run that asked a person a question."""
+
+    def answer_question(self, run: Run, call_id: str, *, user: Any, answer: str) -> int:
+        """Answer the run's question asked by the call `call_id` as `user` (the chat); returns
+        the item's id. One answered first is left as it is (no error: the chat shows it)."""
+
     def approved_call_refusal(self, step: Step) -> str:
         """Why an approved call must not run as it is now ("" when it may)."""
 

@@ -21,6 +21,7 @@ class ToolCall:
     tool_call_id: str
     tool: str
     settled: bool = False  # output, error or denial emitted: later decisions change nothing
+    answered: bool = False  # a question's answer is its output (its step's success repeats it)
 
 
 class ApprovalFolding:
@@ -39,6 +40,11 @@ class ApprovalFolding:
     _shown: Callable[[str, Any], Any]
 
     def _approval_requested(self, data: dict) -> None:
+        if data.get("kind") == "question" and data.get("approval") is not None:
+            # the call's part stays awaiting its output, which the chat may give (addToolOutput,
+            # api/chat_questions.py); its answer, from any door, is the call's output
+            self.approval_chunks[int(data["approval"])] = self.count + (0 if self.in_segment else 1)
+            return
         if data.get("kind", "approval") != "approval" or data.get("approval") is None:
             return  # a reconciliation is staff's business in the inbox, not the chat's
         call = self.calls.get(int(data.get("step", -1)))
@@ -92,6 +98,18 @@ class ApprovalFolding:
         if call is None or call.settled:
             return
         decision = str(data.get("decision") or "")
+        if data.get("kind") == "question":
+            # answered while the run is parked: the answer is the call's output at once (the
+            # chat's continuation starts here)
+            self._emit(
+                {
+                    "type": "tool-output-available",
+                    "toolCallId": call.tool_call_id,
+                    "output": str(data.get("answer") or ""),
+                }
+            )
+            call.settled = call.answered = True
+            return
         if data.get("kind") == "reconciliation":
             resolution = data.get("resolution")
             if resolution == "happened":

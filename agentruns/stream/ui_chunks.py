@@ -229,7 +229,7 @@ class UIChunks(ApprovalFolding):
 
     def _output(self, data: dict) -> None:
         call = self.calls.get(int(data.get("step", -1)))
-        if call is not None:
+        if call is not None and not call.answered:
             output = self._shown(call.tool, data.get("result"))
             self._emit(
                 {"type": "tool-output-available", "toolCallId": call.tool_call_id, "output": output}

@@ -46,6 +46,10 @@ APPROVAL = obj(
         "reason": {"type": "string"},
         # the decider's note for staff only (never the agent's or the customer's)
         "internal_note": {"type": "string"},
+        # a question (kind `question`): what the agent asked, the choices if any, the answer
+        "question": TEXT_OR_NULL,
+        "choices": {"type": ["array", "null"], "items": {"type": "string"}},
+        "answer": TEXT_OR_NULL,
         "expires_at": TIME_OR_NULL,
         "created_at": TIME,
         # its run's priority: lists show the highest first, then the newest
@@ -131,6 +135,9 @@ def approval_payload(approval: Approval, card: Card | None = None) -> dict:
         "decided_at": iso(approval.decided_at),
         "reason": approval.reason,
         "internal_note": approval.internal_note,
+        "question": approval.question or None,
+        "choices": approval.choices,
+        "answer": approval.answer or None,
         "expires_at": iso(approval.expires_at),
         "created_at": iso(approval.created_at),
         "priority": approval.priority,
@@ -211,7 +218,7 @@ def already_decided(exc: AlreadyDecided) -> BadRequest:
     "/approvals/{approval_id}",
     summary=(
         "Decide: approve (optionally with edited args) or reject; reconcile an unknown outcome; "
-        "close a hand-over"
+        "close a hand-over; answer a question"
     ),
     permission="approvals.decide_approval",
     path_params={"approval_id": INT_ID},
@@ -226,12 +233,15 @@ def already_decided(exc: AlreadyDecided) -> BadRequest:
         "result": {},
         # the `version` of the proposal decided on; without it only an item nobody edited
         "version": {"type": "integer", "minimum": 1, "maximum": 2**31 - 1},
+        # `answer`: the answer to a question (one of its `choices` when it has any)
+        "answer": {"type": "string", "maxLength": 4000},
     },
     required=("decision",),
     responses={
         200: "the approval (still pending while more approvals are required)",
         400: "an edit outside the tool's edit policy (names the field and the rule); a "
-        "rejection or a close without a reason or an internal note (`fields`)",
+        "rejection or a close without a reason or an internal note (`fields`); an empty answer, "
+        "or one that is not among the question's choices",
         403: "no right to decide this (permission, the run's starter, above your limit or your "
         "total per day: `figures`)",
         409: "already decided, already approved by you, a stale `version` (with the current "
@@ -257,6 +267,7 @@ def approval_decide(request: HttpRequest, approval_id: str, body: dict) -> dict 
             result=body.get("result"),
             door=services.Door.API,
             internal_note=body.get("internal_note", ""),
+            answer=body.get("answer", ""),
         )
     except AlreadyDecided as exc:
         raise already_decided(exc) from None

@@ -164,7 +164,10 @@ def settle(approval: Approval, kind: str, user: Any, **changes: Any) -> Approval
         check_open(approval, kind)
     for name, value in changes.items():
         setattr(approval, name, value)
-    event = outbox.HANDOVER_CLOSED if kind == ApprovalKind.HANDOVER else outbox.APPROVAL_DECIDED
+    event = {
+        ApprovalKind.HANDOVER: outbox.HANDOVER_CLOSED,
+        ApprovalKind.QUESTION: outbox.QUESTION_ANSWERED,
+    }.get(kind, outbox.APPROVAL_DECIDED)
     outbox.record(event, approval=approval)
     return approval
 

@@ -166,6 +166,28 @@ def open_handover(step: Step, agent: str) -> Approval | None:
     return approval
 
 
+def open_question(
+    step: Step, agent: str, *, token: str, question: str, choices: list[str] | None
+) -> Approval:
+    """The run asks a person a question with this call (`ask_human`): answered with text (or
+    one of `choices`), which resolves the wait on `token`. It never expires; it escalates like
+    any item, and a cancel withdraws it."""
+    run = Run.objects.get(id=step.run_id)
+    approval = Approval.objects.create(
+        step=step,
+        run=run,
+        kind=ApprovalKind.QUESTION,
+        agent=agent,
+        tool=step.tool,
+        requested_args={"question": question, "choices": choices},
+        wait_token=token,
+        due_at=due_at_for(run, step.tool),
+        priority=run.priority,
+    )
+    _announce_opened(approval, outbox.QUESTION_ASKED)
+    return approval
+
+
 def withdraw_approvals(run: Run, *, reason: str) -> list[int]:
     ids = list(
         Approval.objects.filter(run=run, status=ApprovalStatus.PENDING)

@@ -40,6 +40,9 @@ RUN_FAILED = "run.failed"
 # a run handed its request over to a person (an inbox item of kind handover), and it was closed
 HANDOVER_OPENED = "handover.opened"
 HANDOVER_CLOSED = "handover.closed"
+# the agent asked a person a question (an inbox item of kind question), and it was answered
+QUESTION_ASKED = "question.asked"
+QUESTION_ANSWERED = "question.answered"
 EVENT_TYPES = (
     APPROVAL_REQUESTED,
     APPROVAL_ESCALATED,
@@ -48,6 +51,8 @@ EVENT_TYPES = (
     RUN_FAILED,
     HANDOVER_OPENED,
     HANDOVER_CLOSED,
+    QUESTION_ASKED,
+    QUESTION_ANSWERED,
 )
 
 
@@ -105,6 +110,12 @@ def approval_data(approval: Approval) -> dict:
         "decided_at": iso(approval.decided_at),
         "reason": approval.reason,
         "resolution": approval.resolution or None,
+        # a question: what was asked, the choices if any, the answer once given
+        **(
+            {"question": approval.question, "choices": approval.choices, "answer": approval.answer}
+            if approval.kind == "question"
+            else {}
+        ),
         "url": approval_url(approval.id),
     }
 

@@ -147,6 +147,10 @@ def _rejected_note(reason: str, internal_note: str) -> str:
 def _decide(request: HttpRequest, approval: Approval) -> tuple[str, str]:
     """Apply the posted decision. Returns (level, message) for the person who clicked."""
     action = request.POST.get("action", "")
+    if action == "answer":  # a question: free text, or the choice clicked
+        answer = request.POST.get("answer", "")
+        services.decide(approval.id, action, request.user, door=services.Door.INBOX, answer=answer)
+        return "success", "Answered; the run continues with your answer."
     reason = request.POST.get("reason", "").strip()
     internal_note = request.POST.get("internal_note", "").strip()
     edited, result = None, None

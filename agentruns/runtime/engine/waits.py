@@ -38,7 +38,8 @@ from agentruns.runtime import writer
 from agentruns.runtime.engine import status
 from agentruns.runtime.engine.plan import stage
 from agentruns.runtime.engine.slice import SliceState, island
-from agentruns.runtime.events import EventType, step_event_data
+from agentruns.runtime.engine.tools import questions
+from agentruns.runtime.events import EventType, step_event_data, succeeded_event_data
 from agentruns.runtime.execution.transitions import approval_results
 from agentruns.runtime.inbox import inbox
 
@@ -89,11 +90,11 @@ class StepWaiter(ExternalEventWaiter):
 
 def _next_wait(state: SliceState) -> Wait | None:
     """The next wait of the run in order (an approval our rule asked for is found by its call
-    instead: `rule_wait`)."""
+    instead: `rule_wait`; a question by its step: questions.py)."""
     while state.waits_seen < len(state.waits):
         wait = state.waits[state.waits_seen]
         state.waits_seen += 1
-        if wait.name != RULE_WAIT:
+        if wait.name != RULE_WAIT and not questions.is_question_wait(wait):
             return wait
     return None
 
@@ -169,10 +170,16 @@ async def decide_deferred(
     decided: DeferredToolResults | None = None
     if requests.approvals:
         decided = await _approvals(state, requests)
-    if requests.calls and not _others_answer(ctx):
+    asked = questions.question_calls(requests)
+    if asked:  # a person answers in the inbox (parks until every question is answered)
+        answered = DeferredToolResults(calls=questions.answers(state, requests, asked))
+        _record_external(state, DeferredToolRequests(calls=asked), answered)
+        decided = answered if decided is None else _merged(decided, answered)
+    others = [call for call in requests.calls if call not in asked]
+    if others and not _others_answer(ctx):
         from pydantic_ai.external_events import wait_for_external_event
 
-        remaining = DeferredToolRequests(calls=requests.calls, metadata=requests.metadata)
+        remaining = DeferredToolRequests(calls=others, metadata=requests.metadata)
         payload = await wait_for_external_event("deferred_tool_calls", ask=lambda token: None)
         results = RESULTS.validate_python(payload)
         _record_external(state, remaining, results)
@@ -279,4 +286,6 @@ def _record_external(
         step.status, step.finished_at = StepStatus.SUCCEEDED, now
         step.result = value if isinstance(value, dict | list | str | int | float) else str(value)
         stage(state.pending.batch, step, ["status", "result", "finished_at"])
-        state.pending.events.append((EventType.STEP_SUCCEEDED, step_event_data(step)))
+        state.pending.events.append(
+            (EventType.STEP_SUCCEEDED, succeeded_event_data(state.run, step))
+        )

@@ -55,3 +55,12 @@ def parse_versioned_id(raw: object, *, what: str = "id") -> tuple[int, int | Non
     head, dot, tail = text.partition(".")
     item = parse_id(head, what=what)
     return item, parse_id(tail, what=f"{what} version") if dot else None
+
+
+def is_uuid(raw: object) -> bool:
+    """`raw` is a UUID's text (a step's or a run's id), so a lookup by it cannot fail."""
+    try:
+        uuid.UUID(str(raw))
+    except ValueError:
+        return False
+    return isinstance(raw, str)

@@ -5,6 +5,9 @@
 //   - approvals: a tool part in state approval-requested gets Approve / Reject; the answer goes
 //     back with addToolApprovalResponse and is sent automatically
 //     (lastAssistantMessageIsCompleteWithApprovalResponses);
+//   - questions: the agent's `ask_human` call waits for its output (state input-available once
+//     the run parked); the page asks the question (the choices as buttons, else a text box) and
+//     the answer goes back with addToolOutput, sent automatically once;
 //   - resume: the chat id is kept in sessionStorage, so a reload (or a dropped connection)
 //     resumes with resumeStream(): GET /api/chat/<agent>/<id>/stream, a replay of the message.
 import {
@@ -41,6 +44,12 @@ class RenderingState {
 class PageChat extends AbstractChat {
   constructor({ id, input, messages }) {
     const state = new RenderingState(messages, () => render(this));
+    // an answer given here is sent once, as the approvals' responses are
+    const answered = { pending: false };
+    const sendWhen = (options) => {
+      if (answered.pending) { answered.pending = false; return true; }
+      return lastAssistantMessageIsCompleteWithApprovalResponses(options);
+    };
     super({
       id,
       state,
@@ -50,10 +59,15 @@ class PageChat extends AbstractChat {
         credentials: "same-origin",
         body: { input },
       }),
-      sendAutomaticallyWhen: lastAssistantMessageIsCompleteWithApprovalResponses,
+      sendAutomaticallyWhen: sendWhen,
       onError: () => render(this),
     });
     this.pageState = state;
+    this.answered = answered;
+  }
+  answerQuestion(toolCallId, text) {
+    this.answered.pending = true;
+    return this.addToolOutput({ tool: "ask_human", toolCallId, output: text });
   }
   // AbstractChat reports status changes through setStatus; repaint on each
   setStatus(change) { super.setStatus(change); render(this); }
@@ -86,11 +100,32 @@ function toolPart(chat, part) {
     no.addEventListener("click", answer(false));
     box.append(el("div", { class: "chat-approval" }, "Needs your approval: ", yes, " ", no, " ", reason));
   }
+  if (name === "ask_human" && part.state === "input-available" && chat.status === "ready") {
+    box.append(questionForm(chat, part));
+  }
   if (part.approval?.reason) box.append(el("div", { class: "muted" }, part.approval.reason));
   if (part.state === "output-available") box.append(el("pre", { class: "chat-output" }, json(part.output)));
   if (part.state === "output-error") box.append(el("div", { class: "err" }, part.errorText));
   if (part.state === "output-denied") box.append(el("div", { class: "err" }, "not run: denied"));
   return box;
+}
+
+function questionForm(chat, part) {
+  const { question = "", choices = null } = part.input || {};
+  const form = el("form", { class: "chat-question" }, el("p", { class: "chat-question-text" }, question));
+  const send = (text) => { if (text.trim()) chat.answerQuestion(part.toolCallId, text.trim()); };
+  if (Array.isArray(choices) && choices.length) {
+    for (const choice of choices) {
+      const button = el("button", { type: "button", class: "ok chat-choice" }, String(choice));
+      button.addEventListener("click", () => send(String(choice)));
+      form.append(button, " ");
+    }
+  } else {
+    const text = el("input", { type: "text", class: "chat-answer", placeholder: "your answer", "aria-label": "your answer" });
+    form.append(text, " ", el("button", { type: "submit", class: "ok" }, "Answer"));
+    form.addEventListener("submit", (event) => { event.preventDefault(); send(text.value); });
+  }
+  return form;
 }
 
 function render(chat) {
