@@ -1,0 +1,446 @@
+"""The Pydantic AI features the engine once refused, each run through `register_agent` on the
+agent's own loop, in process against PostgreSQL: structured output (a model class, ToolOutput,
+NativeOutput, PromptedOutput, a union, an output function), output validators sending the model
+back, instruction, system prompt and model settings functions, deps, capabilities (a history
+processor, Thinking, a builtin tool, ModelFallback, hooks), `prepare`, a dynamic toolset,
+`validation_context`, `tool_timeout`, deferred tools whose results arrive by token
+(`CallDeferred`, `ExternalToolset`) and models that cannot stream.
+
+The model is a `FunctionModel` without a stream function (it cannot stream) playing the run's
+message: {"calls": [[tool, args], ...], "output": <the final answer>}: turn i asks for call i,
+then it answers with `output` (through the output tool when the agent has one, else as text).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+from pydantic import BaseModel, ValidationInfo, field_validator
+from pydantic_ai import Agent, CallDeferred, ModelRetry, RunContext
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    RetryPromptPart,
+    SystemPromptPart,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.output import NativeOutput, PromptedOutput, ToolOutput
+from pydantic_ai.tools import ToolDefinition
+from pydantic_ai.toolsets import ExternalToolset, FunctionToolset
+
+from agentruns.models import RunStatus, Step, StepStatus, Wait, WaitStatus
+from agentruns.registry import register_agent
+from agentruns.runtime.execution.transitions import resolve_wait
+from agentruns.services import start_run
+from tests.helpers import ApiClient, advance, make_user, steps
+
+pytestmark = pytest.mark.django_db
+
+
+class Refund(BaseModel):
+    order_id: str
+    amount_cents: int
+
+
+class Escalation(BaseModel):
+    reason: str
+
+
+# what each model request saw (instructions, settings, tools offered), newest last
+seen: list[AgentInfo] = []
+conversations: list[list[ModelMessage]] = []
+
+
+def _plan(messages: list[ModelMessage]) -> dict:
+    for message in messages:
+        if isinstance(message, ModelRequest):
+            for part in message.parts:
+                if isinstance(part, UserPromptPart):
+                    return json.loads(str(part.content))
+    return {}
+
+
+def answers(messages: list[ModelMessage]) -> list[str]:
+    """What the tools answered in the last request (returns and retry prompts)."""
+    last = messages[-1]
+    if not isinstance(last, ModelRequest):
+        return []
+    return [
+        f"{p.tool_name}={p.content}"
+        for p in last.parts
+        if isinstance(p, ToolReturnPart | RetryPromptPart) and p.tool_name
+    ]
+
+
+def plays(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """The whole turn at once (no stream function: this model cannot stream)."""
+    seen.append(info)
+    conversations.append(list(messages))
+    plan = _plan(messages)
+    turn = sum(isinstance(m, ModelResponse) for m in messages)
+    calls = plan.get("calls", [])
+    if turn < len(calls):
+        name, args = calls[turn]
+        return ModelResponse(parts=[ToolCallPart(name, json.dumps(args), tool_call_id=f"c{turn}")])
+    retried = sum(  # the final answers sent back (by an output validator or function)
+        (isinstance(p, RetryPromptPart) and not p.tool_name)
+        or (getattr(p, "tool_call_id", None) == "out" and getattr(p, "outcome", "") == "retried")
+        for m in messages
+        if isinstance(m, ModelRequest)
+        for p in m.parts
+    )
+    outputs = plan.get("outputs") or [plan.get("output", "Done.")]
+    output = outputs[min(retried, len(outputs) - 1)]
+    if info.output_tools and not isinstance(output, str):
+        tool = info.output_tools[0]
+        return ModelResponse(
+            parts=[ToolCallPart(tool.name, json.dumps(output), tool_call_id="out")]
+        )
+    text = output if isinstance(output, str) else json.dumps(output)
+    return ModelResponse(parts=[TextPart(text)])
+
+
+def whole_model(name: str = "whole") -> FunctionModel:
+    return FunctionModel(function=plays, model_name=name)
+
+
+def start(agent: str, *calls: tuple[str, dict], **plan: object):
+    message = json.dumps({"calls": [list(c) for c in calls], **plan})
+    return start_run(agent, {"message": message}).run
+
+
+@pytest.fixture(autouse=True)
+def _fresh_record():
+    seen.clear()
+    conversations.clear()
+
+
+# ------------------------------------------------------------------ models that cannot stream
+def test_a_model_that_cannot_stream_answers_whole():
+    pa = Agent(whole_model(), name="lift-whole")
+
+    @pa.tool_plain
+    def lift_lookup(order_id: str) -> dict:
+        return {"order_id": order_id, "amount_cents": 4200}
+
+    register_agent(pa)
+    run = advance(start("lift-whole", ("lift_lookup", {"order_id": "O-1"}), output="Found."))
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert [(s.kind, s.tool, s.status) for s in steps(run)] == [
+        ("model", "", "succeeded"),
+        ("tool", "lift_lookup", "succeeded"),
+        ("model", "", "succeeded"),
+    ]
+    assert run.output == "Found."
+
+
+# ------------------------------------------------------------------ structured output
+OUTPUT_TYPES = {
+    "a model class": Refund,
+    "ToolOutput": ToolOutput(Refund, name="final_refund"),
+    "NativeOutput": NativeOutput(Refund),
+    "PromptedOutput": PromptedOutput(Refund),
+    "a union": [Refund, Escalation],
+}
+
+
+@pytest.mark.parametrize("kind", list(OUTPUT_TYPES))
+def test_structured_output_is_the_runs_output_as_json(kind, django_user_model):
+    pa = Agent(whole_model(), name="lift-out", output_type=OUTPUT_TYPES[kind])
+
+    @pa.tool_plain
+    def lift_order(order_id: str) -> dict:
+        return {"order_id": order_id, "amount_cents": 2500}
+
+    register_agent(pa)
+    run = advance(
+        start(
+            "lift-out",
+            ("lift_order", {"order_id": "O-7"}),
+            output={"order_id": "O-7", "amount_cents": 2500},
+        )
+    )
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert run.output_data == {"order_id": "O-7", "amount_cents": 2500}
+    # the output tool's call is the run's output, not a step of its own
+    assert [s.tool for s in steps(run)] == ["", "lift_order", ""]
+    viewer = make_user(django_user_model, "viewer", ["agentruns.view_run"])
+    body = ApiClient(viewer).get(f"/api/runs/{run.id}").json()
+    assert body["output"] == {"order_id": "O-7", "amount_cents": 2500}
+
+
+def _refund_for(order_id: str, amount_cents: int) -> Refund:
+    """An output function: what the model answers, turned into the run's output."""
+    if amount_cents <= 0:
+        raise ModelRetry("the amount must be positive")
+    return Refund(order_id=order_id.upper(), amount_cents=amount_cents)
+
+
+def test_an_output_function_runs_and_its_retry_goes_back_to_the_model():
+    register_agent(Agent(whole_model(), name="lift-outfn", output_type=_refund_for))
+    run = advance(
+        start(
+            "lift-outfn",
+            outputs=[
+                {"order_id": "o-8", "amount_cents": 0},
+                {"order_id": "o-8", "amount_cents": 900},
+            ],
+        )
+    )
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert run.output_data == {"order_id": "O-8", "amount_cents": 900}
+    assert len(steps(run)) == 2  # the model was sent back once
+
+
+# ------------------------------------------------------------------ output validators
+def test_an_output_validator_sends_the_model_back_once():
+    pa = Agent(whole_model(), name="lift-valid", output_type=Refund)
+    validated: list[int] = []
+
+    @pa.output_validator
+    def at_most_the_order(output: Refund) -> Refund:
+        validated.append(output.amount_cents)
+        if output.amount_cents > 5000:
+            raise ModelRetry("more than the order's total (5000)")
+        return output
+
+    register_agent(pa)
+    run = advance(
+        start(
+            "lift-valid",
+            outputs=[
+                {"order_id": "O-9", "amount_cents": 9000},
+                {"order_id": "O-9", "amount_cents": 5000},
+            ],
+        )
+    )
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert run.output_data == {"order_id": "O-9", "amount_cents": 5000}
+    assert [s.kind for s in steps(run)] == ["model", "model"]
+    # the second request carried the validator's reason
+    assert answers(conversations[-1]) == ["final_result=more than the order's total (5000)"]
+
+
+# ------------------------------------------------------------------ instructions and settings
+@dataclass
+class Shop:
+    name: str
+    max_cents: int
+
+
+def test_instruction_system_prompt_and_model_settings_functions_see_the_runs_deps():
+    pa = Agent(
+        whole_model(),
+        name="lift-instr",
+        deps_type=Shop,
+        instructions="Static first.",
+        model_settings=lambda ctx: {"temperature": 0.1, "max_tokens": ctx.deps.max_cents},
+    )
+
+    @pa.instructions
+    def shop_name(ctx: RunContext[Shop]) -> str:
+        return f"You serve {ctx.deps.name}."
+
+    @pa.system_prompt
+    def limit(ctx: RunContext[Shop]) -> str:
+        return f"Never above {ctx.deps.max_cents}."
+
+    @pa.tool
+    def lift_shop(ctx: RunContext[Shop]) -> str:
+        return ctx.deps.name
+
+    register_agent(pa, deps=lambda run: Shop(name=f"shop {run.input['shop']}", max_cents=77))
+    run = start_run(
+        "lift-instr",
+        {"message": json.dumps({"calls": [["lift_shop", {}]], "output": "ok"}), "shop": "A"},
+    ).run
+    run = advance(run)
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert Step.objects.get(run=run, tool="lift_shop").result == "shop A"
+    assert len(seen) == 2
+    for info in seen:
+        assert info.instructions == "Static first.\n\nYou serve shop A."
+        assert info.model_settings["max_tokens"] == 77
+    system = [p.content for p in conversations[0][0].parts if isinstance(p, SystemPromptPart)]
+    assert system == ["Never above 77."]
+
+
+# ------------------------------------------------------------------ validation_context
+class Amount(BaseModel):
+    cents: int
+
+    @field_validator("cents")
+    @classmethod
+    def under_the_limit(cls, value: int, info: ValidationInfo) -> int:
+        if info.context and value > info.context["limit"]:
+            raise ValueError(f"above the limit {info.context['limit']}")
+        return value
+
+
+def test_validation_context_reaches_tool_and_output_validation():
+    pa = Agent(
+        whole_model(),
+        name="lift-vctx",
+        output_type=Amount,
+        validation_context=lambda ctx: {"limit": 100},
+    )
+
+    @pa.tool_plain
+    def lift_pay(order_id: str, amount: Amount) -> int:
+        return amount.cents
+
+    register_agent(pa)
+    run = advance(
+        start(
+            "lift-vctx",
+            ("lift_pay", {"order_id": "O-1", "amount": {"cents": 500}}),
+            ("lift_pay", {"order_id": "O-1", "amount": {"cents": 50}}),
+            outputs=[{"cents": 300}, {"cents": 30}],
+        )
+    )
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    pays = list(Step.objects.filter(run=run, tool="lift_pay").order_by("index"))
+    assert pays[0].status == StepStatus.FAILED and "above the limit 100" in pays[0].error
+    assert pays[1].result == 50
+    assert run.output_data == {"cents": 30}
+
+
+# ------------------------------------------------------------------ prepare, dynamic toolsets
+def test_prepare_hides_a_tool_for_this_run_and_the_snapshot_still_holds():
+    pa = Agent(whole_model(), name="lift-prep", deps_type=dict)
+
+    async def only_for_vips(ctx: RunContext[dict], tool_def: ToolDefinition):
+        return tool_def if ctx.deps.get("vip") else None
+
+    @pa.tool_plain(prepare=only_for_vips)
+    def lift_upgrade() -> str:
+        return "upgraded"
+
+    @pa.tool_plain
+    def lift_plain() -> str:
+        return "plain"
+
+    register_agent(pa, deps=lambda run: {"vip": run.input.get("vip", False)})
+    vip = advance(
+        start_run(
+            "lift-prep",
+            {"message": json.dumps({"calls": [["lift_upgrade", {}]]}), "vip": True},
+        ).run
+    )
+    assert vip.status == RunStatus.SUCCEEDED, vip.error
+    assert {t.name for t in seen[0].function_tools} == {"lift_upgrade", "lift_plain"}
+    assert Step.objects.get(run=vip, tool="lift_upgrade").result == "upgraded"
+    seen.clear()
+    plain = advance(start("lift-prep"))
+    assert plain.status == RunStatus.SUCCEEDED, plain.error
+    assert {t.name for t in seen[0].function_tools} == {"lift_plain"}
+
+
+def test_a_dynamic_toolset_is_asked_per_run():
+    pa = Agent(whole_model(), name="lift-dyn", deps_type=dict)
+    asked: list = []
+
+    def lift_weather(city: str) -> str:
+        return f"sunny in {city}"
+
+    def lift_tides(port: str) -> str:
+        return f"high tide in {port}"
+
+    @pa.toolset
+    def by_region(ctx: RunContext[dict]) -> FunctionToolset:
+        asked.append(ctx.deps)
+        # registration asks with no run (deps None): every tool it may offer, for the snapshot
+        coastal = ctx.deps is None or ctx.deps["coastal"]
+        return FunctionToolset([lift_weather, lift_tides] if coastal else [lift_weather])
+
+    register_agent(pa, deps=lambda run: {"coastal": run.input.get("coastal", False)})
+    run = advance(
+        start_run(
+            "lift-dyn",
+            {
+                "message": json.dumps({"calls": [["lift_tides", {"port": "Brest"}]]}),
+                "coastal": True,
+            },
+        ).run
+    )
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert Step.objects.get(run=run, tool="lift_tides").result == "high tide in Brest", Step.objects.get(run=run, tool="lift_tides").error
+    assert {t.name for t in seen[0].function_tools} == {"lift_weather", "lift_tides"}
+    seen.clear()
+    inland = advance(start_run("lift-dyn", {"message": json.dumps({}), "coastal": False}).run)
+    assert inland.status == RunStatus.SUCCEEDED, inland.error
+    assert {t.name for t in seen[0].function_tools} == {"lift_weather"}
+    assert {"coastal": False} in asked and {"coastal": True} in asked
+
+
+# ------------------------------------------------------------------ tool_timeout
+def test_tool_timeout_cuts_a_slow_async_tool_and_tells_the_model():
+    import asyncio
+
+    pa = Agent(whole_model(), name="lift-timeout", tool_timeout=0.2)
+
+    @pa.tool_plain
+    async def lift_slow() -> str:
+        await asyncio.sleep(5)
+        return "too late"
+
+    register_agent(pa)
+    run = advance(start("lift-timeout", ("lift_slow", {}), output="gave up"))
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    slow = Step.objects.get(run=run, tool="lift_slow")
+    assert slow.result == {"error": "Timed out after 0.2 seconds.", "retry": True}
+    assert "lift_slow=Timed out after 0.2 seconds." in " ".join(answers(conversations[-1]))
+
+
+# ------------------------------------------------------------------ deferred tools by token
+def test_call_deferred_parks_the_run_until_its_token_is_resolved():
+    pa = Agent(whole_model(), name="lift-defer")
+
+    @pa.tool_plain
+    def lift_background_check(customer: str) -> str:
+        raise CallDeferred(metadata={"queue": "checks"})
+
+    register_agent(pa)
+    run = advance(start("lift-defer", ("lift_background_check", {"customer": "ann"})))
+    assert run.status == RunStatus.WAITING, run.error
+    wait = Wait.objects.get(run=run)
+    assert wait.status == WaitStatus.PENDING and wait.token
+    assert advance(run).status == RunStatus.WAITING  # nobody resolved it: parked again
+    resolve_wait(wait.token, {"calls": {"c0": "clean record"}}, by="checks-service")
+    run = advance(run)
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    check = Step.objects.get(run=run, tool="lift_background_check")
+    assert check.result == "clean record"
+    assert "lift_background_check=clean record" in " ".join(answers(conversations[-1]))
+    assert Wait.objects.filter(run=run).count() == 1
+
+
+def test_an_external_toolsets_call_waits_for_its_token():
+    external = ExternalToolset(
+        [
+            ToolDefinition(
+                name="lift_sign",
+                parameters_json_schema={
+                    "type": "object",
+                    "properties": {"document": {"type": "string"}},
+                    "required": ["document"],
+                },
+            )
+        ]
+    )
+    register_agent(Agent(whole_model(), name="lift-ext", toolsets=[external]))
+    run = advance(start("lift-ext", ("lift_sign", {"document": "D-1"}), output="signed"))
+    assert run.status == RunStatus.WAITING, run.error
+    wait = Wait.objects.get(run=run)
+    resolve_wait(wait.token, {"calls": {"c0": {"signed_by": "ann"}}}, by="esign")
+    run = advance(run)
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert Step.objects.get(run=run, tool="lift_sign").result == {"signed_by": "ann"}
+    assert run.output == "signed"
