@@ -19,10 +19,14 @@ from dataclasses import dataclass
 import pytest
 from pydantic import BaseModel, ValidationInfo, field_validator
 from pydantic_ai import Agent, CallDeferred, ModelRetry, RunContext
+from pydantic_ai.capabilities import Hooks, ModelFallback, ProcessHistory, Thinking, WebSearch
+from pydantic_ai.exceptions import ModelHTTPError
 from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
     ModelResponse,
+    NativeToolCallPart,
+    NativeToolReturnPart,
     RetryPromptPart,
     SystemPromptPart,
     TextPart,
@@ -32,6 +36,7 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.output import NativeOutput, PromptedOutput, ToolOutput
+from pydantic_ai.profiles import ModelProfile
 from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets import ExternalToolset, FunctionToolset
 
@@ -371,7 +376,9 @@ def test_a_dynamic_toolset_is_asked_per_run():
         ).run
     )
     assert run.status == RunStatus.SUCCEEDED, run.error
-    assert Step.objects.get(run=run, tool="lift_tides").result == "high tide in Brest", Step.objects.get(run=run, tool="lift_tides").error
+    assert Step.objects.get(run=run, tool="lift_tides").result == "high tide in Brest", (
+        Step.objects.get(run=run, tool="lift_tides").error
+    )
     assert {t.name for t in seen[0].function_tools} == {"lift_weather", "lift_tides"}
     seen.clear()
     inland = advance(start_run("lift-dyn", {"message": json.dumps({}), "coastal": False}).run)
@@ -444,3 +451,116 @@ def test_an_external_toolsets_call_waits_for_its_token():
     assert run.status == RunStatus.SUCCEEDED, run.error
     assert Step.objects.get(run=run, tool="lift_sign").result == {"signed_by": "ann"}
     assert run.output == "signed"
+
+
+# ------------------------------------------------------------------ capabilities
+def test_a_history_processor_shapes_every_request():
+    def without_card_numbers(messages: list[ModelMessage]) -> list[ModelMessage]:
+        for message in messages:
+            if isinstance(message, ModelRequest):
+                for part in message.parts:
+                    if isinstance(part, UserPromptPart) and isinstance(part.content, str):
+                        part.content = part.content.replace("4111-1111", "[card]")
+        return messages
+
+    pa = Agent(whole_model(), name="lift-hist", capabilities=[ProcessHistory(without_card_numbers)])
+
+    @pa.tool_plain
+    def lift_card_check(card: str) -> str:
+        return f"checked {card}"
+
+    register_agent(pa)
+    run = advance(start("lift-hist", ("lift_card_check", {"card": "x"}), output="4111-1111 ok"))
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert len(conversations) == 2
+    for conversation in conversations:
+        assert "4111-1111" not in str(conversation[0].parts[0].content)
+    assert "[card]" in str(conversations[1][0].parts[0].content)
+
+
+def test_thinking_sets_the_requests_thinking_setting():
+    thinking = FunctionModel(
+        function=plays, model_name="thinker", profile=ModelProfile(supports_thinking=True)
+    )
+    register_agent(Agent(thinking, name="lift-think", capabilities=[Thinking(effort="high")]))
+    run = advance(start("lift-think", output="thought"))
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert seen[0].model_request_parameters.thinking == "high"
+
+
+def searching(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """A model with native web search: it searches, then answers from what it found."""
+    seen.append(info)
+    assert [type(t).__name__ for t in info.model_request_parameters.native_tools] == [
+        "WebSearchTool"
+    ]
+    return ModelResponse(
+        parts=[
+            NativeToolCallPart("web_search", {"query": "refund law"}, tool_call_id="ws1"),
+            NativeToolReturnPart("web_search", [{"title": "14 days"}], tool_call_id="ws1"),
+            TextPart("Within 14 days."),
+        ]
+    )
+
+
+def test_a_builtin_tool_runs_on_the_models_side_and_is_no_step():
+    pa = Agent(
+        FunctionModel(function=searching, model_name="searching"),
+        name="lift-search",
+        capabilities=[WebSearch()],
+    )
+    register_agent(pa)
+    run = advance(start("lift-search"))
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert run.output == "Within 14 days."
+    (step,) = steps(run)
+    assert step.kind == "model" and "web_search" in step.payload  # replayed with it
+
+
+def failing(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    raise ModelHTTPError(status_code=400, model_name="primary", body={"error": "bad"})
+
+
+def test_model_fallback_answers_when_the_first_model_refuses():
+    pa = Agent(
+        FunctionModel(function=failing, model_name="primary"),
+        name="lift-fallback",
+        capabilities=[ModelFallback(whole_model("backup"))],
+    )
+
+    @pa.tool_plain
+    def lift_status(order_id: str) -> str:
+        return "shipped"
+
+    register_agent(pa)
+    run = advance(start("lift-fallback", ("lift_status", {"order_id": "O-3"}), output="Shipped."))
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert run.output == "Shipped."
+    assert Step.objects.get(run=run, tool="lift_status").result == "shipped"
+    assert [s.kind for s in steps(run)] == ["model", "tool", "model"]
+
+
+def test_hooks_see_and_change_the_calls_of_the_run():
+    hooks = Hooks()
+    requests: list[int] = []
+
+    @hooks.on.before_model_request
+    def count(ctx: RunContext, request_context):
+        requests.append(ctx.run_step)
+        return request_context
+
+    @hooks.on.after_tool_execute
+    def stamp(ctx: RunContext, *, call, tool_def, args, result):
+        return {**result, "audited": True}
+
+    pa = Agent(whole_model(), name="lift-hooks", capabilities=[hooks])
+
+    @pa.tool_plain
+    def lift_price(sku: str) -> dict:
+        return {"sku": sku, "cents": 990}
+
+    register_agent(pa)
+    run = advance(start("lift-hooks", ("lift_price", {"sku": "S-1"}), output="990"))
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert requests == [1, 2]
+    assert "'audited': True" in " ".join(answers(conversations[-1]))

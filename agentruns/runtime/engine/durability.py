@@ -70,8 +70,8 @@ _SETTLED = frozenset({StepStatus.SUCCEEDED, StepStatus.REJECTED, StepStatus.SKIP
 class AgentRunsDurability(BaseDurabilityCapability[Any]):
     engine_spec = ENGINE
 
-    def __init__(self, *, name: str | None = None) -> None:
-        super().__init__(name=name)
+    def __init__(self, *, name: str | None = None, models: dict[str, Model] | None = None) -> None:
+        super().__init__(name=name, models=models)
         self._backend: StepBackend | None = None
 
     def for_agent(self, agent: Any) -> AbstractCapability[Any]:

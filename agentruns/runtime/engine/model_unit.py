@@ -21,6 +21,8 @@ from datetime import timedelta
 from typing import Any
 
 from django.utils import timezone
+from pydantic_ai.capabilities import ModelFallback
+from pydantic_ai.capabilities.abstract import leaf_capabilities
 from pydantic_ai.durable_exec import JSON_CODEC, record_durable_unit
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models import Model
@@ -128,16 +130,36 @@ async def execute(state: SliceState, model_id: str | None, body: Any, params: An
             state.executor.commit([])
     model = _model(state, model_id)
     with tracing.model_span(state.executor, step):
-        answer = await _attempts(state, step, model, body)
+        try:
+            answer = await _attempts(state, step, model, body, params)
+        except FallingBack as falling:
+            # the next model of the agent's fallback answers this same step (a new attempt)
+            state.models_seen -= 1
+            raise falling.error from None
         with island():
             record_model_step(state, step, answer, params)
     record_durable_unit(executed=True)
     return answer.payload
 
 
+def fallback_models(pa_agent: Any) -> dict[str, Model]:
+    """The `Model` instances an agent's `ModelFallback` may ask, known to the durability by a
+    stable name (the order they are declared in), so their requests are units like the agent's."""
+    models: dict[str, Model] = {}
+    for cap in leaf_capabilities(pa_agent.root_capability):
+        if isinstance(cap, ModelFallback):
+            for candidate in cap.models:
+                if isinstance(candidate, Model):
+                    models[f"fallback-{len(models)}:{candidate.model_name}"] = candidate
+    return models
+
+
 def _model(state: SliceState, model_id: str | None) -> Model:
+    pa_agent = state.agent.pydantic_agent
     if model_id is None:
-        return state.agent.pydantic_agent.model
+        return pa_agent.model
+    if model_id.startswith("fallback-"):
+        return fallback_models(pa_agent)[model_id]
     return model_for(model_id)
 
 
@@ -159,7 +181,29 @@ def _superseded(state: SliceState, step: Step) -> None:
     )
 
 
-async def _attempts(state: SliceState, step: Step, model: Model, body: Any) -> Answer:
+class FallingBack(Exception):  # noqa: N818 - carries the model's own error out of the unit
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _fallback_left(params: Any) -> bool:
+    """The agent's `ModelFallback` has a model it has not tried for this request yet: a failure
+    is its to handle (it asks the next model), not an outage to wait out here. (Read from the
+    run's capability instance: pydantic-ai 2.68 keeps the untried candidates in `_remaining`.)"""
+    ctx = getattr(params, "run_context", None)
+    root = getattr(ctx, "root_capability", None)
+    if root is None:
+        return False
+    for cap in leaf_capabilities(root):
+        if isinstance(cap, ModelFallback):
+            left = getattr(cap, "_remaining", ())
+            if any(not cap._already_attempted(candidate) for candidate in left):
+                return True
+    return False
+
+
+async def _attempts(state: SliceState, step: Step, model: Model, body: Any, params: Any) -> Answer:
     outage: ModelOutage | None = None
     while True:
         attempt = step.attempts + 1
@@ -170,6 +214,11 @@ async def _attempts(state: SliceState, step: Step, model: Model, body: Any) -> A
             return await _whole(state, attempt, model, body)
         except ModelError as exc:
             with island():
+                if _fallback_left(params) and isinstance(exc.__cause__, Exception):
+                    _record_failure(state, step, attempt, exc, final=False)
+                    step.status = StepStatus.PENDING
+                    stage(state.pending.batch, step, ["status"])
+                    raise FallingBack(exc.__cause__) from None
                 outage = _failed(state, step, attempt, exc, outage)
 
 
