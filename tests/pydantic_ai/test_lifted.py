@@ -19,7 +19,14 @@ from dataclasses import dataclass
 import pytest
 from pydantic import BaseModel, ValidationInfo, field_validator
 from pydantic_ai import Agent, CallDeferred, ModelRetry, RunContext
-from pydantic_ai.capabilities import Hooks, ModelFallback, ProcessHistory, Thinking, WebSearch
+from pydantic_ai.capabilities import (
+    Hooks,
+    ModelFallback,
+    ProcessEventStream,
+    ProcessHistory,
+    Thinking,
+    WebSearch,
+)
 from pydantic_ai.exceptions import ModelHTTPError
 from pydantic_ai.messages import (
     ModelMessage,
@@ -44,7 +51,8 @@ from agentruns.models import RunStatus, Step, StepStatus, Wait, WaitStatus
 from agentruns.registry import register_agent
 from agentruns.runtime.execution.transitions import resolve_wait
 from agentruns.services import start_run
-from tests.helpers import ApiClient, advance, make_user, steps
+from tests.helpers import ApiClient, advance, events, make_user, steps
+from tests.pydantic_ai.agents import play
 
 pytestmark = pytest.mark.django_db
 
@@ -564,3 +572,28 @@ def test_hooks_see_and_change_the_calls_of_the_run():
     assert run.status == RunStatus.SUCCEEDED, run.error
     assert requests == [1, 2]
     assert "'audited': True" in " ".join(answers(conversations[-1]))
+
+
+@pytest.mark.parametrize("streams", [False, True], ids=["whole", "streamed"])
+def test_an_event_stream_handler_sees_the_runs_events(streams):
+    kinds: list[str] = []
+
+    async def on_events(ctx: RunContext, events) -> None:
+        async for event in events:
+            kinds.append(type(event).__name__)
+
+    model = FunctionModel(stream_function=play, model_name="streamer") if streams else whole_model()
+    pa = Agent(model, name="lift-events", capabilities=[ProcessEventStream(on_events)])
+
+    @pa.tool_plain
+    def lift_ping() -> str:
+        return "pong"
+
+    register_agent(pa)
+    run = advance(start("lift-events", ("lift_ping", {}), output="ok"))
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert "FunctionToolCallEvent" in kinds and "FunctionToolResultEvent" in kinds
+    if streams:  # the model's own events reach the handler, its text the run's events
+        assert "PartStartEvent" in kinds and "FinalResultEvent" in kinds
+        deltas = [e.data["text"] for e in events(run, "model.delta")]
+        assert "".join(deltas) == run.output and run.output.startswith("Done. lift_ping=pong")

@@ -154,6 +154,20 @@ class AgentRunsDurability(BaseDurabilityCapability[Any]):
         self._stamp_response(response, params.messages)
         return response
 
+    async def _model_request_stream_operation(self, params: Any) -> ModelResponse:
+        """A streamed request (the loop asks for one when the agent has an event stream
+        handler): the handler gets the model's events inside the unit, its text goes to the run's
+        events; a model that cannot stream is asked whole (its handler sees no model events)."""
+        async with self._durable_model_scope(params.model_id, params.run_context, serving=True) as (
+            model,
+            durable_ctx,
+        ):
+            response = await request_model(
+                model, params, durable_ctx, handler=self._model_stream_event_handler()
+            )
+        self._stamp_response(response, params.messages)
+        return response
+
     # ------------------------------------------------------------ the engine's rules
     async def prepare_tools(
         self, ctx: RunContext[Any], tool_defs: list[ToolDefinition]

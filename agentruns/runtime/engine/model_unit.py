@@ -24,6 +24,7 @@ from django.utils import timezone
 from pydantic_ai.capabilities import ModelFallback
 from pydantic_ai.capabilities.abstract import leaf_capabilities
 from pydantic_ai.durable_exec import JSON_CODEC, record_durable_unit
+from pydantic_ai.durable_exec._utils import consume_event_stream
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models import Model
 from pydantic_ai.models._request_timeout import open_durable_unit_stream
@@ -69,9 +70,10 @@ FIRST_DELTA_AFTER_S = 0.005
 
 
 # ------------------------------------------------------------------ inside the unit's body
-async def request_model(model: Model, params: Any, ctx: Any) -> ModelResponse:
+async def request_model(model: Model, params: Any, ctx: Any, handler: Any = None) -> ModelResponse:
     """The request itself (the unit's body): streamed when the model can, each text delta
-    handed to the unit (`deliver_delta`), else asked whole."""
+    handed to the unit (`deliver_delta`) and every event to the agent's event stream `handler`
+    (when the loop asked for a streamed request), else asked whole."""
     if not streams(model):
         response = await model.request(
             params.messages, params.model_settings, params.model_request_parameters
@@ -80,14 +82,26 @@ async def request_model(model: Model, params: Any, ctx: Any) -> ModelResponse:
         async with open_durable_unit_stream(
             model, params.messages, params.model_settings, params.model_request_parameters, ctx
         ) as streamed:
-            async for event in streamed:
-                if text := _text(event):
-                    await deliver_delta(text)
+            if handler is None:
+                async for event in streamed:
+                    if text := _text(event):
+                        await deliver_delta(text)
+            else:
+                await consume_event_stream(
+                    run_context=ctx, stream=_delivered(streamed), handler=handler
+                )
         response = streamed.get()
     usage_for = getattr(model, "usage_for", None)
     if usage_for is not None:  # the scripted model: the engine's estimate
         response.usage = usage_for(params.messages, response)
     return response
+
+
+async def _delivered(streamed: Any) -> Any:
+    async for event in streamed:
+        if text := _text(event):
+            await deliver_delta(text)
+        yield event
 
 
 # ------------------------------------------------------------------ replay
