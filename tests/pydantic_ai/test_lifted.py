@@ -17,6 +17,7 @@ import json
 from dataclasses import dataclass
 
 import pytest
+from django.contrib.auth.models import Group
 from pydantic import BaseModel, ValidationInfo, field_validator
 from pydantic_ai import Agent, CallDeferred, ModelRetry, RunContext
 from pydantic_ai.capabilities import (
@@ -47,9 +48,9 @@ from pydantic_ai.profiles import ModelProfile
 from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets import ExternalToolset, FunctionToolset
 
-from agentruns.models import RunStatus, Step, StepStatus, Wait, WaitStatus
+from agentruns.models import RunStatus, Step, StepStatus, ToolPolicy, ToolRule, Wait, WaitStatus
 from agentruns.registry import register_agent
-from agentruns.runtime.execution.transitions import resolve_wait
+from agentruns.runtime.execution.transitions import WaitAlreadyResolved, resolve_wait
 from agentruns.services import start_run
 from tests.helpers import ApiClient, advance, events, make_user, steps
 from tests.pydantic_ai.agents import play
@@ -356,9 +357,9 @@ def test_prepare_hides_a_tool_for_this_run_and_the_snapshot_still_holds():
     assert {t.name for t in seen[0].function_tools} == {"lift_plain"}
 
 
-def test_a_dynamic_toolset_is_asked_per_run():
+def _dynamic_agent(asked: list) -> None:
+    """lift-dyn: a toolset function offering lift_tides to coastal runs only."""
     pa = Agent(whole_model(), name="lift-dyn", deps_type=dict)
-    asked: list = []
 
     def lift_weather(city: str) -> str:
         return f"sunny in {city}"
@@ -374,6 +375,11 @@ def test_a_dynamic_toolset_is_asked_per_run():
         return FunctionToolset([lift_weather, lift_tides] if coastal else [lift_weather])
 
     register_agent(pa, deps=lambda run: {"coastal": run.input.get("coastal", False)})
+
+
+def test_a_dynamic_toolset_is_asked_per_run():
+    asked: list = []
+    _dynamic_agent(asked)
     run = advance(
         start_run(
             "lift-dyn",
@@ -393,6 +399,24 @@ def test_a_dynamic_toolset_is_asked_per_run():
     assert inland.status == RunStatus.SUCCEEDED, inland.error
     assert {t.name for t in seen[0].function_tools} == {"lift_weather"}
     assert {"coastal": False} in asked and {"coastal": True} in asked
+
+
+def test_the_permission_snapshot_bounds_what_prepare_and_dynamic_toolsets_offer(
+    django_user_model,
+):
+    group = Group.objects.create(name="trainees")
+    policy = ToolPolicy.objects.create(group=group, other_tools_allowed=True)
+    ToolRule.objects.create(policy=policy, tool="lift_tides", allowed=False)
+    trainee = make_user(django_user_model, "trainee", ["agentruns.start_run"])
+    trainee.groups.add(group)
+    _dynamic_agent([])
+    message = json.dumps({"calls": [["lift_tides", {"port": "Brest"}]]})
+    run = start_run("lift-dyn", {"message": message, "coastal": True}, user=trainee).run
+    run = advance(run)
+    assert {t.name for t in seen[0].function_tools} == {"lift_weather"}  # not lift_tides
+    refused = Step.objects.get(run=run, tool="lift_tides")  # the model asked all the same
+    assert refused.status == StepStatus.FAILED and "not allowed" in refused.error
+    assert refused.attempts == 0
 
 
 # ------------------------------------------------------------------ tool_timeout
@@ -435,6 +459,10 @@ def test_call_deferred_parks_the_run_until_its_token_is_resolved():
     assert check.result == "clean record"
     assert "lift_background_check=clean record" in " ".join(answers(conversations[-1]))
     assert Wait.objects.filter(run=run).count() == 1
+    with pytest.raises(WaitAlreadyResolved, match="checks-service"):  # once, and says by whom
+        resolve_wait(wait.token, {"calls": {"c0": "another"}}, by="someone-else")
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCEEDED and check.result == "clean record"
 
 
 def test_an_external_toolsets_call_waits_for_its_token():
