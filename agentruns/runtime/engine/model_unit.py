@@ -21,8 +21,6 @@ from datetime import timedelta
 from typing import Any
 
 from django.utils import timezone
-from pydantic_ai.capabilities import ModelFallback
-from pydantic_ai.capabilities.abstract import leaf_capabilities
 from pydantic_ai.durable_exec import JSON_CODEC, record_durable_unit
 from pydantic_ai.durable_exec._utils import consume_event_stream
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
@@ -36,6 +34,7 @@ from agentruns.registry.model_names import pydantic_ai_name
 from agentruns.runtime import tracing
 from agentruns.runtime.dispatch import connections
 from agentruns.runtime.engine import status
+from agentruns.runtime.engine.fallback import FallingBack, fallback_left, fallback_models
 from agentruns.runtime.engine.plan import (
     Answer,
     begin_attempt,
@@ -156,18 +155,6 @@ async def execute(state: SliceState, model_id: str | None, body: Any, params: An
     return answer.payload
 
 
-def fallback_models(pa_agent: Any) -> dict[str, Model]:
-    """The `Model` instances an agent's `ModelFallback` may ask, known to the durability by a
-    stable name (the order they are declared in), so their requests are units like the agent's."""
-    models: dict[str, Model] = {}
-    for cap in leaf_capabilities(pa_agent.root_capability):
-        if isinstance(cap, ModelFallback):
-            for candidate in cap.models:
-                if isinstance(candidate, Model):
-                    models[f"fallback-{len(models)}:{candidate.model_name}"] = candidate
-    return models
-
-
 def _model(state: SliceState, model_id: str | None) -> Model:
     pa_agent = state.agent.pydantic_agent
     if model_id is None:
@@ -195,28 +182,6 @@ def _superseded(state: SliceState, step: Step) -> None:
     )
 
 
-class FallingBack(Exception):  # noqa: N818 - carries the model's own error out of the unit
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-def _fallback_left(params: Any) -> bool:
-    """The agent's `ModelFallback` has a model it has not tried for this request yet: a failure
-    is its to handle (it asks the next model), not an outage to wait out here. (Read from the
-    run's capability instance: pydantic-ai 2.68 keeps the untried candidates in `_remaining`.)"""
-    ctx = getattr(params, "run_context", None)
-    root = getattr(ctx, "root_capability", None)
-    if root is None:
-        return False
-    for cap in leaf_capabilities(root):
-        if isinstance(cap, ModelFallback):
-            left = getattr(cap, "_remaining", ())
-            if any(not cap._already_attempted(candidate) for candidate in left):
-                return True
-    return False
-
-
 async def _attempts(state: SliceState, step: Step, model: Model, body: Any, params: Any) -> Answer:
     outage: ModelOutage | None = None
     while True:
@@ -228,7 +193,7 @@ async def _attempts(state: SliceState, step: Step, model: Model, body: Any, para
             return await _whole(state, attempt, model, body)
         except ModelError as exc:
             with island():
-                if _fallback_left(params) and isinstance(exc.__cause__, Exception):
+                if fallback_left(params) and isinstance(exc.__cause__, Exception):
                     _record_failure(state, step, attempt, exc, final=False)
                     step.status = StepStatus.PENDING
                     stage(state.pending.batch, step, ["status"])
