@@ -17,7 +17,7 @@ from agentruns.conf import conf
 from agentruns.models import Run, Step, StepStatus
 from agentruns.registry import Agent
 from agentruns.runtime.engine.durability import AgentRunsDurability
-from agentruns.runtime.engine.fallback import fallback_models
+from agentruns.runtime.providers.model_fallback import fallback_models
 
 _bound: dict[int, tuple[Any, AgentRunsDurability]] = {}
 _lock = threading.Lock()

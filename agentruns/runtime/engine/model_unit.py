@@ -34,7 +34,6 @@ from agentruns.registry.model_names import pydantic_ai_name
 from agentruns.runtime import tracing
 from agentruns.runtime.dispatch import connections
 from agentruns.runtime.engine import status
-from agentruns.runtime.engine.fallback import FallingBack, fallback_left, fallback_models
 from agentruns.runtime.engine.plan import (
     Answer,
     begin_attempt,
@@ -52,6 +51,7 @@ from agentruns.runtime.outages import process_health
 from agentruns.runtime.outages.model_outage import ModelOutage
 from agentruns.runtime.providers import ModelError, TextSink, openai_compatible
 from agentruns.runtime.providers.model_errors import model_error
+from agentruns.runtime.providers.model_fallback import FallingBack, fallback_left, fallback_models
 from agentruns.runtime.providers.models import model_for, name_of, streams, waits
 from agentruns.runtime.providers.stream_pump import (
     SinkFailed,
