@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from agentruns.models import AttemptOutcome, RunStatus, Step, StepStatus
+from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepStatus
 from agentruns.services import start_run
 from approvals import services
 from approvals.models import Approval, ApprovalStatus
@@ -28,10 +28,15 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.crash]
 
 
 def _parked(run_id) -> Approval:
-    def asked() -> Approval | None:
+    def asked() -> Approval | Run | None:
+        run = Run.objects.get(id=run_id)
+        if run.status in (RunStatus.FAILED, RunStatus.SUCCEEDED, RunStatus.CANCELLED):
+            return run  # ended without asking anybody
         return Approval.objects.filter(run_id=run_id, status=ApprovalStatus.PENDING).first()
 
-    return wait_until(asked, timeout=120, interval=0.2, message="the refund waiting for approval")
+    found = wait_until(asked, timeout=120, interval=0.2, message="the refund waiting for approval")
+    assert isinstance(found, Approval), (found.status, found.error)
+    return found
 
 
 def test_structured_output_agent_refunds_once_with_and_without_a_kill(
