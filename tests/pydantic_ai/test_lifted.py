@@ -625,3 +625,27 @@ def test_an_event_stream_handler_sees_the_runs_events(streams):
         assert "PartStartEvent" in kinds and "FinalResultEvent" in kinds
         deltas = [e.data["text"] for e in events(run, "model.delta")]
         assert "".join(deltas) == run.output and run.output.startswith("Done. lift_ping=pong")
+
+
+def test_a_sync_tool_past_its_timeout_runs_to_its_end_and_its_result_stands():
+    """A `def` tool runs on the run's thread (its connection, its transaction) and is never cut
+    mid-way: past its timeout it still runs to its end and the model gets what it did (not a
+    "Timed out" for an effect that happened)."""
+    import time
+
+    pa = Agent(whole_model(), name="lift-slow-sync")
+    finished: list[bool] = []
+
+    @pa.tool_plain(timeout=0.1)
+    def lift_slow_sync() -> str:
+        time.sleep(0.3)
+        finished.append(True)
+        return "done late"
+
+    register_agent(pa)
+    run = advance(start("lift-slow-sync", ("lift_slow_sync", {}), output="ok"))
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert finished == [True]
+    slow = Step.objects.get(run=run, tool="lift_slow_sync")
+    assert slow.result == "done late"
+    assert "lift_slow_sync=done late" in " ".join(answers(conversations[-1]))
