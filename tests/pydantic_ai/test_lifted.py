@@ -43,7 +43,7 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
-from pydantic_ai.output import NativeOutput, PromptedOutput, ToolOutput
+from pydantic_ai.output import NativeOutput, PromptedOutput, TextOutput, ToolOutput
 from pydantic_ai.profiles import ModelProfile
 from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets import ExternalToolset, FunctionToolset
@@ -156,12 +156,17 @@ def test_a_model_that_cannot_stream_answers_whole():
 
 
 # ------------------------------------------------------------------ structured output
+def _refund_from_text(text: str) -> Refund:
+    return Refund.model_validate_json(text)
+
+
 OUTPUT_TYPES = {
     "a model class": Refund,
     "ToolOutput": ToolOutput(Refund, name="final_refund"),
     "NativeOutput": NativeOutput(Refund),
     "PromptedOutput": PromptedOutput(Refund),
     "a union": [Refund, Escalation],
+    "TextOutput": TextOutput(_refund_from_text),
 }
 
 
