@@ -67,7 +67,8 @@ RUN = obj(
         "input": {"type": "object"},
         "dedupe_key": TEXT_OR_NULL,
         "model": {"type": "string"},
-        "output": {"type": "string"},
+        # the final text, or a structured output_type's validated object (any JSON value)
+        "output": {"type": ["string", "object", "array", "number", "integer", "boolean"]},
         "error": TEXT_OR_NULL,
         "stop_reason": TEXT_OR_NULL,
         # what the work came to, when it ended (its agent's declaration; null: none)

@@ -81,7 +81,8 @@ def run_payload(run: Run, steps: list[Step] | None = None) -> dict:
         "input": run.input,
         "dedupe_key": run.dedupe_key,
         "model": run.model,
-        "output": run.output,
+        # a structured output_type's validated object, else the final text
+        "output": run.output_data if run.output_data is not None else run.output,
         "error": redact_text(run.error) or None,
         "stop_reason": run.stop_reason or None,
         "outcome": run.outcome or None,

@@ -1,5 +1,6 @@
 """docs/pydantic-ai.md's feature list, held to what it says: every feature it lists as "refused"
-is a NotDurable naming it when the agent registers (checks.py), never a surprise mid-run; the
+is a NotDurable naming it when the agent registers (checks.py), never a surprise mid-run (the
+features that run on the agent's own loop: test_lifted.py); the
 toolsets of each kind it lists as durable (combined, renamed, filtered, approval-marking,
 metadata-setting, return-schema-including, a user's own wrapper) register, and their calls run
 as tool steps with the semantics they declare (PostgreSQL). `MCPToolset`, prefixed: test_mcp*.py.
@@ -8,30 +9,19 @@ as tool steps with the semantics they declare (PostgreSQL). `MCPToolset`, prefix
 from __future__ import annotations
 
 import pytest
-from pydantic import BaseModel
-from pydantic_ai import Agent, CallDeferred, RunContext
-from pydantic_ai.capabilities import ProcessEventStream, ProcessHistory, WebSearch
+from pydantic_ai import Agent, CallDeferred
 from pydantic_ai.models.test import TestModel
-from pydantic_ai.output import NativeOutput, PromptedOutput, TextOutput, ToolOutput
-from pydantic_ai.tools import ToolDefinition
-from pydantic_ai.toolsets import CombinedToolset, ExternalToolset, FunctionToolset, WrapperToolset
+from pydantic_ai.toolsets import CombinedToolset, FunctionToolset, WrapperToolset
 
-from agentruns.models import RunStatus, Step, StepStatus
+from agentruns.models import RunStatus, Step, StepStatus, Wait, WaitStatus
 from agentruns.registry import get_agent, get_tool, register_agent
 from agentruns.registry.pydantic_agents import NotDurable
+from agentruns.runtime.engine.durability import AgentRunsDurability
 from approvals import services
 from approvals.models import Approval, ApprovalStatus
 from tests.helpers import advance, make_user
 from tests.pydantic_ai.agents import play
 from tests.pydantic_ai.kit import start
-
-
-class Answer(BaseModel):
-    text: str
-
-
-def _as_text(text: str) -> str:
-    return text
 
 
 def _agent(**kwargs) -> Agent:
@@ -48,69 +38,10 @@ def _with_tool(**tool_options) -> Agent:
     return pa
 
 
-def _with_output_validator() -> Agent:
-    pa = _agent()
-
-    @pa.output_validator
-    def check(text: str) -> str:
-        return text
-
-    return pa
-
-
-def _with_toolset_function() -> Agent:
-    pa = _agent()
-
-    @pa.toolset
-    def per_step(ctx: RunContext[None]) -> FunctionToolset:
-        return FunctionToolset()
-
-    return pa
-
-
-def _nested_prepare() -> Agent:
-    async def hide(ctx, tool_def):
-        return None
-
-    inner = FunctionToolset()
-    inner.add_function(_as_text, name="feat_hidden", prepare=hide)
-    return _agent(toolsets=[CombinedToolset([FunctionToolset(), inner.prefixed("deep")])])
-
-
-def _history(messages: list) -> list:
-    return messages
-
-
-async def _on_events(ctx, events) -> None:
-    async for _ in events:
-        pass
-
-
-EXTERNAL = ToolDefinition(name="feat_external", parameters_json_schema={"type": "object"})
-# feature -> (an agent using it, the words the refusal names it with)
+# feature -> (an agent using it, the words the refusal names it with); the features once refused
+# here and now run on the agent's own loop each have their test in test_lifted.py
 REFUSED = {
-    "structured output_type": (lambda: _agent(output_type=Answer), "output_type"),
-    "ToolOutput": (lambda: _agent(output_type=ToolOutput(Answer)), "output_type"),
-    "NativeOutput": (lambda: _agent(output_type=NativeOutput(Answer)), "output_type"),
-    "PromptedOutput": (lambda: _agent(output_type=PromptedOutput(Answer)), "output_type"),
-    "TextOutput (an output function)": (
-        lambda: _agent(output_type=TextOutput(_as_text)),
-        "output_type",
-    ),
-    "output function": (lambda: _agent(output_type=_as_text), "output_type"),
-    "str or structured": (lambda: _agent(output_type=[str, Answer]), "output_type"),
-    "output validator": (_with_output_validator, "output validators"),
-    "history processor": (lambda: _agent(capabilities=[ProcessHistory(_history)]), "capabilities"),
-    "builtin tool (web search)": (lambda: _agent(capabilities=[WebSearch()]), "capabilities"),
-    "event stream handler": (
-        lambda: _agent(capabilities=[ProcessEventStream(_on_events)]),
-        "capabilities",
-    ),
-    "validation_context": (lambda: _agent(validation_context={"strict": True}), "validation_"),
-    "tool_timeout": (lambda: _agent(tool_timeout=5), "tool_timeout"),
-    "a tool's timeout": (lambda: _with_tool(timeout=5), "with a timeout"),
     "a tool's defer_loading": (lambda: _with_tool(defer_loading=True), "defer_loading"),
-    "a prepare function in a nested toolset": (_nested_prepare, "prepare function"),
     "PreparedToolset": (
         lambda: _agent(toolsets=[FunctionToolset().prepared(lambda ctx, defs: defs)]),
         "prepared toolset",
@@ -119,8 +50,10 @@ REFUSED = {
         lambda: _agent(toolsets=[FunctionToolset().defer_loading()]),
         "deferred loading",
     ),
-    "ExternalToolset": (lambda: _agent(toolsets=[ExternalToolset([EXTERNAL])]), "ExternalToolset"),
-    "toolset function": (_with_toolset_function, "DynamicToolset"),
+    "a second durable engine": (
+        lambda: _agent(capabilities=[AgentRunsDurability(name="other")]),
+        "one durable engine",
+    ),
 }
 
 
@@ -141,7 +74,6 @@ def test_the_docs_list_every_refusal():
         "ToolOutput",
         "NativeOutput",
         "PromptedOutput",
-        "TextOutput",
         "@agent.output_validator",
         "ProcessHistory",
         "WebSearch",
@@ -238,9 +170,11 @@ def test_toolsets_of_each_kind_run_as_tool_steps(django_user_model):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_call_deferred_is_refused_when_raised_with_the_reason():
+def test_call_deferred_waits_for_its_result_by_token():
+    """(It was refused when raised; its result now arrives by token: test_lifted.py.)"""
     register_agent(_kinds_agent())
     run = advance(start("pa-kinds", ("feat_defer", {})))
-    assert run.status == RunStatus.FAILED
+    assert run.status == RunStatus.WAITING, run.error
     step = Step.objects.get(run=run, tool="feat_defer")
-    assert step.status == StepStatus.FAILED and "CallDeferred is not supported" in step.error
+    assert step.status == StepStatus.PENDING and step.result is None
+    assert Wait.objects.get(run=run).status == WaitStatus.PENDING

@@ -16,7 +16,7 @@ from agentruns.models import RunStatus, Step, StepStatus
 from agentruns.services import start_run
 from approvals import services
 from approvals.models import Approval, ApprovalStatus
-from tests.helpers import advance, make_user
+from tests.helpers import ApiClient, advance, make_user
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,3 +63,24 @@ def test_the_readme_example_runs_as_printed(django_user_model, monkeypatch):
     assert refund.result["idempotency_key"] == refund.idempotency_key  # current_step()
     assert Step.objects.get(run=run, tool="close_account").result.startswith("account ")
     assert "shipped yesterday" in str(Step.objects.get(run=run, tool="bo_order_status").result)
+
+
+def readme_structured_example() -> str:
+    """The second Python block under "Bring your Pydantic AI agent": a structured-output agent."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Bring your Pydantic AI agent") :]
+    return re.findall(r"```python\n(.*?)```", section, re.S)[1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_readmes_structured_output_agent_runs_as_printed(django_user_model):
+    module = types.ModuleType("readme_structured")
+    exec(compile(readme_structured_example(), "README.md", "exec"), module.__dict__)
+
+    run = start_run("triage", {"message": "ORD-1001 arrived broken"}, model="test").run
+    run = advance(run)
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    # TestModel answers through the output tool with arguments made from the schema
+    assert run.output_data == {"order_id": "a", "amount_cents": 0}
+    viewer = make_user(django_user_model, "viewer", ["agentruns.view_run"])
+    assert ApiClient(viewer).get(f"/api/runs/{run.id}").json()["output"] == run.output_data

@@ -21,20 +21,11 @@ class Answer(BaseModel):
     text: str
 
 
+# (structured output, capabilities, instruction and model settings functions, prepare: they run
+# in the agent's own loop now, tests/pydantic_ai/test_lifted.py)
 REFUSED = {
-    "output_type": (lambda: agent(output_type=Answer), "output_type"),
-    # (an event stream handler is a capability in pydantic-ai 2.x: refused with them)
-    "capabilities": (lambda: agent(capabilities=[Thinking()]), "capabilities"),
-    "dynamic instructions": (
-        lambda: agent(instructions=lambda ctx: "now"),
-        "instruction/system prompt functions",
-    ),
     "deps without deps=": (lambda: agent(deps_type=dict), "deps_type"),
     "no name": (lambda: Agent(TestModel()), "needs a name"),
-    "model_settings function": (
-        lambda: agent(model_settings=lambda ctx: {"temperature": 0}),
-        "model_settings as a function",
-    ),
 }
 
 
@@ -46,18 +37,19 @@ def test_features_that_cannot_be_durable_are_refused(feature):
     assert words in str(refused.value)
 
 
-def test_a_tool_with_a_prepare_function_is_refused():
-    pa = agent(name="pa-prepare")
+def test_a_tool_with_a_prepare_function_registers_as_declared():
+    """Its prepare function runs per step in a run (with the run's deps), not at registration:
+    the tool is listed as declared, for the permission snapshot."""
+    pa = agent(name="pa-prepare", output_type=Answer, capabilities=[Thinking()])
 
-    async def only_sometimes(ctx, tool_def):
-        return tool_def
+    async def never_at_registration(ctx, tool_def):
+        raise AssertionError("prepare ran at registration")
 
-    @pa.tool_plain(prepare=only_sometimes)
-    def thing() -> str:
+    @pa.tool_plain(prepare=never_at_registration)
+    def reg_thing() -> str:
         return "x"
 
-    with pytest.raises(NotDurable, match="prepare"):
-        register_agent(pa)
+    assert get_agent(register_agent(pa).name).tools == ["reg_thing"]
 
 
 def test_declarations_map_onto_the_engines_tool():

@@ -12,6 +12,8 @@ This package imports nothing of `agentruns.registry` but its errors: the registr
 
 from __future__ import annotations
 
+import copy
+import inspect
 import json
 import sys
 from collections.abc import Callable, Mapping
@@ -20,7 +22,7 @@ from typing import Any
 
 from pydantic_ai import Agent as PydanticAgent
 from pydantic_ai.tools import ToolDefinition
-from pydantic_ai.toolsets import AbstractToolset
+from pydantic_ai.toolsets import AbstractToolset, DynamicToolset, FunctionToolset
 
 from agentruns.registry.durable import (
     annotation_defaults,
@@ -28,7 +30,7 @@ from agentruns.registry.durable import (
     declaration_of,
     durable,
 )
-from agentruns.registry.pydantic_agents.calls import ToolsetBinding, call, remember
+from agentruns.registry.pydantic_agents.calls import ToolsetBinding, call, remember, run_sync
 from agentruns.registry.pydantic_agents.checks import NotDurable, check_durable
 
 __all__ = ["Adopted", "NotDurable", "ToolSpec", "adopt", "durable", "is_pydantic_agent"]
@@ -75,8 +77,11 @@ def format_input(run_input: Any) -> str:
 
 
 def _instructions(agent: PydanticAgent) -> str:
+    """The agent's static instructions (its functions run in the agent's own loop, per run)."""
     parts = [str(p) for p in getattr(agent, "_system_prompts", ())]
-    parts += [str(i.instruction) for i in getattr(agent, "_instructions", ())]
+    parts += [
+        i.instruction for i in getattr(agent, "_instructions", ()) if isinstance(i.instruction, str)
+    ]
     return "\n\n".join(p for p in parts if p)
 
 
@@ -85,6 +90,41 @@ def _model(agent: PydanticAgent) -> tuple[str | None, Any]:
     if model is None or isinstance(model, str):
         return model, None
     return f"{model.system}:{model.model_name}", model
+
+
+def _as_declared(toolset: AbstractToolset, agent: PydanticAgent) -> AbstractToolset:
+    """`toolset` as registration lists it, for the engine's tools and the permission snapshot:
+    each tool as declared, its `prepare` function not run; a toolset function (`@agent.toolset`,
+    `DynamicToolset`) asked once with no run (`ctx.deps` is None), so it names every tool it
+    may offer. In a run both run in the agent's own loop at every step with the run's deps, and
+    the run's snapshot bounds what the model is offered."""
+    leaves: list[AbstractToolset] = []
+    toolset.apply(leaves.append)
+    if not any(
+        isinstance(leaf, DynamicToolset)
+        or (isinstance(leaf, FunctionToolset) and any(t.prepare for t in leaf.tools.values()))
+        for leaf in leaves
+    ):
+        return toolset
+
+    def declared(leaf: AbstractToolset) -> AbstractToolset:
+        if isinstance(leaf, DynamicToolset):
+            ctx = ToolsetBinding(toolset=leaf, agent=agent).run_context()
+            built = run_sync(_maybe_awaited(leaf.toolset_func(ctx)))
+            return FunctionToolset() if built is None else _as_declared(built, agent)
+        if not isinstance(leaf, FunctionToolset):
+            return leaf
+        bare = copy.copy(leaf)
+        bare.tools = {name: copy.copy(tool) for name, tool in leaf.tools.items()}
+        for tool in bare.tools.values():
+            tool.prepare = None
+        return bare
+
+    return toolset.visit_and_replace(declared)
+
+
+async def _maybe_awaited(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
 
 
 def _is_mcp(toolset: AbstractToolset) -> bool:
@@ -100,11 +140,6 @@ def _options(
     override: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
     where = f"Pydantic AI agent {agent_name!r}, tool {definition.name!r}"
-    if definition.kind == "external":
-        raise NotDurable(
-            f"{where}: external (deferred) tools cannot run durably: their result comes from "
-            "outside the run; use requires_approval for a person's decision"
-        )
     options: dict[str, Any] = {}
     if binding.mcp:
         options.update(annotation_defaults((definition.metadata or {}).get("annotations")))
@@ -157,11 +192,16 @@ def adopt(
         instructions=_instructions(agent),
         model=model,
         model_instance=instance,
-        model_settings=dict(agent.model_settings) if agent.model_settings else None,
+        # a function of the run context runs in the agent's own loop, per request
+        model_settings=dict(agent.model_settings)
+        if isinstance(agent.model_settings, Mapping)
+        else None,
     )
     seen: set[str] = set()
     for toolset in agent.toolsets:
-        binding = ToolsetBinding(toolset=toolset, agent=agent, deps=deps, mcp=_is_mcp(toolset))
+        binding = ToolsetBinding(
+            toolset=_as_declared(toolset, agent), agent=agent, deps=deps, mcp=_is_mcp(toolset)
+        )
         for definition in binding.discover().values():
             if definition.name in seen:
                 raise NotDurable(

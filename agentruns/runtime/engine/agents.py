@@ -17,6 +17,7 @@ from agentruns.conf import conf
 from agentruns.models import Run, Step, StepStatus
 from agentruns.registry import Agent
 from agentruns.runtime.engine.durability import AgentRunsDurability
+from agentruns.runtime.providers.model_fallback import fallback_models
 
 _bound: dict[int, tuple[Any, AgentRunsDurability]] = {}
 _lock = threading.Lock()
@@ -33,7 +34,8 @@ def prepared(agent: Agent) -> tuple[Any, AgentRunsDurability]:
         found = _bound.get(id(pa_agent))
         if found is not None and found[0] is pa_agent:
             return found
-    durability = AgentRunsDurability(name=agent.name).for_agent(pa_agent)
+    durability = AgentRunsDurability(name=agent.name, models=fallback_models(pa_agent))
+    durability = durability.for_agent(pa_agent)
     assert isinstance(durability, AgentRunsDurability)
     with _lock:
         _bound[id(pa_agent)] = (pa_agent, durability)

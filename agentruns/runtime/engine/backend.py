@@ -47,7 +47,11 @@ class StepBackend(JournalCallableOperationBackend[Any]):
         match operation_id:
             case ModelRequestId(model_id=model_id):
                 # cache_key: (model id, messages, settings, request parameters, run context)
-                params = SimpleNamespace(model_request_parameters=cache_key[3])
+                params = SimpleNamespace(
+                    messages=cache_key[1],
+                    model_request_parameters=cache_key[3],
+                    run_context=cache_key[4] if len(cache_key) > 4 else None,
+                )
                 return await model_unit.execute(state, model_id, body, params)
             case ToolsetCallToolId(toolset_kind=kind):
                 # cache_key: (tool name, arguments, run context, tool or tool definition)

@@ -70,8 +70,8 @@ _SETTLED = frozenset({StepStatus.SUCCEEDED, StepStatus.REJECTED, StepStatus.SKIP
 class AgentRunsDurability(BaseDurabilityCapability[Any]):
     engine_spec = ENGINE
 
-    def __init__(self, *, name: str | None = None) -> None:
-        super().__init__(name=name)
+    def __init__(self, *, name: str | None = None, models: dict[str, Model] | None = None) -> None:
+        super().__init__(name=name, models=models)
         self._backend: StepBackend | None = None
 
     def for_agent(self, agent: Any) -> AbstractCapability[Any]:
@@ -151,6 +151,20 @@ class AgentRunsDurability(BaseDurabilityCapability[Any]):
             durable_ctx,
         ):
             response = await request_model(model, params, durable_ctx)
+        self._stamp_response(response, params.messages)
+        return response
+
+    async def _model_request_stream_operation(self, params: Any) -> ModelResponse:
+        """A streamed request (the loop asks for one when the agent has an event stream
+        handler): the handler gets the model's events inside the unit, its text goes to the run's
+        events; a model that cannot stream is asked whole (its handler sees no model events)."""
+        async with self._durable_model_scope(params.model_id, params.run_context, serving=True) as (
+            model,
+            durable_ctx,
+        ):
+            response = await request_model(
+                model, params, durable_ctx, handler=self._model_stream_event_handler()
+            )
         self._stamp_response(response, params.messages)
         return response
 

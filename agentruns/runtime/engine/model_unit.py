@@ -22,6 +22,7 @@ from typing import Any
 
 from django.utils import timezone
 from pydantic_ai.durable_exec import JSON_CODEC, record_durable_unit
+from pydantic_ai.durable_exec._utils import consume_event_stream
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models import Model
 from pydantic_ai.models._request_timeout import open_durable_unit_stream
@@ -50,6 +51,7 @@ from agentruns.runtime.outages import process_health
 from agentruns.runtime.outages.model_outage import ModelOutage
 from agentruns.runtime.providers import ModelError, TextSink, openai_compatible
 from agentruns.runtime.providers.model_errors import model_error
+from agentruns.runtime.providers.model_fallback import FallingBack, fallback_left, fallback_models
 from agentruns.runtime.providers.models import model_for, name_of, streams, waits
 from agentruns.runtime.providers.stream_pump import (
     SinkFailed,
@@ -67,9 +69,10 @@ FIRST_DELTA_AFTER_S = 0.005
 
 
 # ------------------------------------------------------------------ inside the unit's body
-async def request_model(model: Model, params: Any, ctx: Any) -> ModelResponse:
+async def request_model(model: Model, params: Any, ctx: Any, handler: Any = None) -> ModelResponse:
     """The request itself (the unit's body): streamed when the model can, each text delta
-    handed to the unit (`deliver_delta`), else asked whole."""
+    handed to the unit (`deliver_delta`) and every event to the agent's event stream `handler`
+    (when the loop asked for a streamed request), else asked whole."""
     if not streams(model):
         response = await model.request(
             params.messages, params.model_settings, params.model_request_parameters
@@ -78,14 +81,26 @@ async def request_model(model: Model, params: Any, ctx: Any) -> ModelResponse:
         async with open_durable_unit_stream(
             model, params.messages, params.model_settings, params.model_request_parameters, ctx
         ) as streamed:
-            async for event in streamed:
-                if text := _text(event):
-                    await deliver_delta(text)
+            if handler is None:
+                async for event in streamed:
+                    if text := _text(event):
+                        await deliver_delta(text)
+            else:
+                await consume_event_stream(
+                    run_context=ctx, stream=_delivered(streamed), handler=handler
+                )
         response = streamed.get()
     usage_for = getattr(model, "usage_for", None)
     if usage_for is not None:  # the scripted model: the engine's estimate
         response.usage = usage_for(params.messages, response)
     return response
+
+
+async def _delivered(streamed: Any) -> Any:
+    async for event in streamed:
+        if text := _text(event):
+            await deliver_delta(text)
+        yield event
 
 
 # ------------------------------------------------------------------ replay
@@ -128,7 +143,12 @@ async def execute(state: SliceState, model_id: str | None, body: Any, params: An
             state.executor.commit([])
     model = _model(state, model_id)
     with tracing.model_span(state.executor, step):
-        answer = await _attempts(state, step, model, body, params)
+        try:
+            answer = await _attempts(state, step, model, body, params)
+        except FallingBack as falling:
+            # the next model of the agent's fallback answers this same step (a new attempt)
+            state.models_seen -= 1
+            raise falling.error from None
         with island():
             record_model_step(state, step, answer, params)
     record_durable_unit(executed=True)
@@ -136,8 +156,11 @@ async def execute(state: SliceState, model_id: str | None, body: Any, params: An
 
 
 def _model(state: SliceState, model_id: str | None) -> Model:
+    pa_agent = state.agent.pydantic_agent
     if model_id is None:
-        return state.agent.pydantic_agent.model
+        return pa_agent.model
+    if model_id.startswith("fallback-"):
+        return fallback_models(pa_agent)[model_id]
     return model_for(model_id)
 
 
@@ -172,6 +195,11 @@ async def _attempts(state: SliceState, step: Step, model: Model, body: Any, para
             return await _whole(state, attempt, model, body)
         except ModelError as exc:
             with island():
+                if fallback_left(params) and isinstance(exc.__cause__, Exception):
+                    _record_failure(state, step, attempt, exc, final=False)
+                    step.status = StepStatus.PENDING
+                    stage(state.pending.batch, step, ["status"])
+                    raise FallingBack(exc.__cause__) from None
                 outage = _failed(state, step, attempt, exc, outage)
 
 

@@ -44,6 +44,7 @@ RUN_SET_FIELDS = [
     "cancel_requested",
     "step_count",
     "output",
+    "output_data",
     "error",
     "stop_reason",
     "outcome",
