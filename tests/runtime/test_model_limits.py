@@ -254,6 +254,16 @@ def test_the_bucket_is_one_statement_on_sqlite_too(tmp_path):
 
 
 # ------------------------------------------------------------------ the executor
+def test_a_tokens_a_minute_limit_charges_each_request_its_prompt(settings):
+    """Under a tpm limit each request is charged its prompt (the request's messages and tool
+    declarations): the bucket's next token time moves past the last slot by that charge."""
+    _limit(settings, tpm=6_000_000)  # 100,000 tokens a second: no request waits long
+    assert RunExecutor(_start().id).advance() == RunStatus.SUCCEEDED
+    bucket = ModelRateBucket.objects.get(model="scripted")
+    assert len(SENT) == 3
+    assert bucket.next_token_at > bucket.slot  # the last request's prompt was charged
+
+
 def test_in_process_each_request_waits_for_its_slot(settings):
     _limit(settings, rpm=120)  # a slot every 0.625 s
     first, second = _start(), _start()
