@@ -44,6 +44,7 @@ from agentruns.runtime.engine.plan import (
 )
 from agentruns.runtime.engine.slice import SliceState, island
 from agentruns.runtime.engine.status import check_boundary, wait_for_retry
+from agentruns.runtime.engine.waits import record_answered_elsewhere
 from agentruns.runtime.events import EventType, step_event_data
 from agentruns.runtime.execution import failpoints
 from agentruns.runtime.execution.delta_writer import DeltaFeed, delta_writer
@@ -118,6 +119,9 @@ def recorded(step: Step) -> Any:
 # ------------------------------------------------------------------ the unit
 async def execute(state: SliceState, model_id: str | None, body: Any, params: Any) -> Any:
     position = state.models_seen
+    if position >= len(state.model_steps):  # a new request: its calls' answers came back
+        with island():
+            record_answered_elsewhere(state, params.messages)
     state.models_seen += 1
     step = state.model_steps[position] if position < len(state.model_steps) else None
     if step is not None and step.status == StepStatus.SUCCEEDED:

@@ -42,6 +42,7 @@ from agentruns.runtime.engine.tools import questions
 from agentruns.runtime.events import EventType, step_event_data, succeeded_event_data
 from agentruns.runtime.execution.transitions import approval_results
 from agentruns.runtime.inbox import inbox
+from agentruns.runtime.values.text import storable_text
 
 RESULTS = TypeAdapter(DeferredToolResults)
 
@@ -289,3 +290,36 @@ def _record_external(
         state.pending.events.append(
             (EventType.STEP_SUCCEEDED, succeeded_event_data(state.run, step))
         )
+
+
+def record_answered_elsewhere(state: SliceState, messages: Any) -> None:
+    """Before the next model request: a deferred call another capability answered (a user's
+    `RequestInput`) reaches the model as a tool return or retry prompt without its unit ever
+    running; its step records that answer, so it does not stay pending."""
+    from pydantic_ai.messages import ModelRequest, RetryPromptPart, ToolReturnPart
+
+    if not messages or not isinstance(messages[-1], ModelRequest):
+        return
+    now = timezone.now()
+    for part in messages[-1].parts:
+        if not isinstance(part, ToolReturnPart | RetryPromptPart):
+            continue
+        step = state.step_for_call(part.tool_call_id)
+        if step is None or step.is_terminal or step.attempts:
+            continue
+        step.finished_at = now
+        if isinstance(part, ToolReturnPart) and getattr(part, "outcome", "success") == "success":
+            content = part.content
+            step.status = StepStatus.SUCCEEDED
+            step.result = (
+                content if isinstance(content, dict | list | str | int | float) else str(content)
+            )
+            event = (EventType.STEP_SUCCEEDED, succeeded_event_data(state.run, step))
+            stage(state.pending.batch, step, ["status", "result", "finished_at"])
+        else:  # failed, denied or a retry prompt: the call's error, as the model read it
+            said = part.model_response_str() if isinstance(part, ToolReturnPart) else None
+            step.status = StepStatus.FAILED
+            step.error = storable_text(said or part.model_response())
+            event = (EventType.STEP_FAILED, step_event_data(step))
+            stage(state.pending.batch, step, ["status", "error", "finished_at"])
+        state.pending.events.append(event)
