@@ -31,17 +31,20 @@ from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, RunStatus, Step, StepKind, StepStatus
 from agentruns.registry.model_names import pydantic_ai_name
 from agentruns.runtime import tracing
-from agentruns.runtime.dispatch import connections
+from agentruns.runtime.dispatch import connections, stops
 from agentruns.runtime.engine import status
 from agentruns.runtime.engine.plan import (
     Answer,
+    TurnCut,
     begin_attempt,
+    cut_turn,
     end_attempt,
+    record_cut_turn,
     record_model_step,
     replayed,
     stage,
 )
-from agentruns.runtime.engine.slice import SliceState, island
+from agentruns.runtime.engine.slice import SliceState, current_or_none, island
 from agentruns.runtime.engine.status import check_boundary, wait_for_retry
 from agentruns.runtime.events import EventType, step_event_data
 from agentruns.runtime.execution import failpoints
@@ -69,19 +72,22 @@ FIRST_DELTA_AFTER_S = 0.005
 # ------------------------------------------------------------------ inside the unit's body
 async def request_model(model: Model, params: Any, ctx: Any) -> ModelResponse:
     """The request itself (the unit's body): streamed when the model can, each text delta
-    handed to the unit (`deliver_delta`), else asked whole."""
-    if not streams(model):
-        response = await model.request(
-            params.messages, params.model_settings, params.model_request_parameters
-        )
-    else:
-        async with open_durable_unit_stream(
-            model, params.messages, params.model_settings, params.model_request_parameters, ctx
-        ) as streamed:
-            async for event in streamed:
-                if text := _text(event):
-                    await deliver_delta(text)
-        response = streamed.get()
+    handed to the unit (`deliver_delta`), else asked whole. A stop of the run cancels it
+    (`stops.stoppable`: `TurnStopped`), closing the model's stream."""
+    state = current_or_none()
+    async with stops.stoppable(state.run.id if state is not None else None):
+        if not streams(model):
+            response = await model.request(
+                params.messages, params.model_settings, params.model_request_parameters
+            )
+        else:
+            async with open_durable_unit_stream(
+                model, params.messages, params.model_settings, params.model_request_parameters, ctx
+            ) as streamed:
+                async for event in streamed:
+                    if text := _text(event):
+                        await deliver_delta(text)
+            response = streamed.get()
     usage_for = getattr(model, "usage_for", None)
     if usage_for is not None:  # the scripted model: the engine's estimate
         response.usage = usage_for(params.messages, response)
@@ -128,7 +134,12 @@ async def execute(state: SliceState, model_id: str | None, body: Any, params: An
             state.executor.commit([])
     model = _model(state, model_id)
     with tracing.model_span(state.executor, step):
-        answer = await _attempts(state, step, model, body)
+        try:
+            answer = await _attempts(state, step, model, body)
+        except TurnCut as stopped:
+            with island():
+                record_cut_turn(state, step, stopped.answer, params)
+            raise status.cancelled(state.executor, output=stopped.answer.text) from None
         with island():
             record_model_step(state, step, answer, params)
     record_durable_unit(executed=True)
@@ -197,6 +208,8 @@ async def _whole(state: SliceState, attempt: int, model: Model, body: Any) -> An
         payload = await body()
     except SinkFailed as failed:
         raise failed.error from None
+    except stops.TurnStopped:
+        raise cut_turn(attempt, started, "", "") from None
     except Exception as exc:
         raise _classified(model, exc) from exc
     text = storable_text(
@@ -307,6 +320,8 @@ def _streamed(state: SliceState, step: Step, attempt: int, model: Model, body: A
             ):
                 _flush_delta(state, step, attempt, pending, started)
                 pending, last_flush, flushed = "", time.monotonic(), True
+                if executor.cancel_requested:  # read by that commit: the stop's second way in
+                    stops.deliver(state.run.id)
                 failpoints.hit("model_streaming", tool=state.run.agent, step_id=step.id)
                 if waits(model):
                     connections.release()
@@ -323,6 +338,10 @@ def _streamed(state: SliceState, step: Step, attempt: int, model: Model, body: A
         payload, done = end.value, True
     except SinkFailed as failed:
         raise failed.error from None  # the engine's own error (a lost lease), not the model's
+    except stops.TurnStopped:
+        done = True  # the text so far stands: the writer's unwritten rest goes in our commit
+        tail = pending + (feed.close() if feed is not None else "")
+        raise cut_turn(attempt, started, "".join(text), tail) from None
     except Exception as exc:
         raise _classified(model, exc) from exc
     finally:
@@ -347,6 +366,8 @@ def _taker(executor: Any, feed: DeltaFeed, text: list[str]) -> Any:
 
 def _feed_committed(executor: Any, cancel_requested: bool) -> None:
     executor.cancel_requested = executor.cancel_requested or cancel_requested
+    if cancel_requested:  # the flush read a cancel: the turn in flight stops now
+        stops.deliver(executor.run_id)
     if executor.heartbeat is not None:
         executor.heartbeat.renewed()
 
