@@ -76,27 +76,30 @@ _lock = threading.Lock()
 async def stoppable(run_id: uuid.UUID | None) -> AsyncIterator[None]:
     """The model request inside may be stopped by `deliver(run_id)`: its cancellation comes out
     of this block as `TurnStopped`. No run (a model asked outside a run): nothing to stop."""
-    if run_id is None:
+    task = asyncio.current_task()
+    if run_id is None or task is None:  # (a coroutine run eagerly, outside a task: never waits)
         yield
         return
-    task = asyncio.current_task()
-    assert task is not None
     turn = _Turn(asyncio.get_running_loop(), task)
     with _lock:
         _turns[run_id] = turn
     try:
         yield
-    except asyncio.CancelledError:
+    except (asyncio.CancelledError, Exception) as exc:
+        # after a stop, whatever the cancellation became on its way out (a client library may
+        # wrap it as a connection error) is the stop, never an outage to retry; before one it is
+        # somebody else's (the slice ending, the process stopping) or the model's failure
         if not turn.stopped:
-            raise  # somebody else's cancellation (the run's slice ending, the process stopping)
-        task.uncancel()
-        raise TurnStopped("stopped on request") from None
+            raise
+        if task.cancelling():  # our cancel is spent: the task goes on as one never cancelled
+            task.uncancel()
+        raise TurnStopped(f"stopped on request ({type(exc).__name__})") from None
     finally:
         turn.active = False
         with _lock:
             if _turns.get(run_id) is turn:
                 del _turns[run_id]
-    if turn.stopped:  # the request ended on its own while the cancel was on its way
+    if turn.stopped and task.cancelling():  # it ended on its own as the cancel came
         task.uncancel()
 
 
