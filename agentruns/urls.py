@@ -10,6 +10,7 @@ urlpatterns = [
     path("<uuid:run_id>/", views.run_detail, name="run-detail"),
     path("<uuid:run_id>/retry/", views.run_retry, name="run-retry"),
     path("<uuid:run_id>/cancel/", views.run_cancel, name="run-cancel"),
+    path("<uuid:run_id>/stop/", views.run_stop, name="run-stop"),
     path("<uuid:run_id>/fork/", views.run_fork, name="run-fork"),
     path("steps/<uuid:step_id>/resolve/", views.step_resolve, name="step-resolve"),
 ]

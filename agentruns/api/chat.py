@@ -2,6 +2,7 @@
 
     POST /api/chat/<agent>                      the AI SDK chat request -> the UI message stream
     GET  /api/chat/<agent>/<chat id>/stream     resume (?startIndex=N); 204 when no run
+    POST /api/chat/<agent>/<chat id>/stop       the stop button: the chat's run stops now
 
 One chat id of one user is one run (`dedupe_key` "chat:<user id>:<chat id>", a namespace the
 API's Idempotency-Key may not use): the first POST starts it with the last user
@@ -32,8 +33,8 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from agentruns import selectors, services
 from agentruns.api.endpoint import endpoint
 from agentruns.api.parsing import BadRequest
-from agentruns.api.runs import CHAT_KEY_PREFIX
-from agentruns.api.schemas import PRIORITY, TRACEPARENT
+from agentruns.api.runs import CHAT_KEY_PREFIX, REASON, STOP_RESPONSES, stopped
+from agentruns.api.schemas import PRIORITY, RUN, TRACEPARENT
 from agentruns.models import Run
 from agentruns.registry import UnknownAgent, get_agent
 from agentruns.runtime.inbox import Refused, inbox
@@ -298,3 +299,25 @@ def chat_stream(
     if run is None:
         return HttpResponse(status=204)
     return ui_message_stream_response(run, startIndex)
+
+
+@endpoint(
+    "POST",
+    "/chat/{agent}/{chat_id}/stop",
+    summary="Stop the chat's run (the chat's stop button); its stream ends with abort + finish",
+    permission=VIEW,
+    path_params={"agent": AGENT, "chat_id": CHAT_ID},
+    body={"reason": REASON},
+    session_writes=True,
+    responses=STOP_RESPONSES,
+    tags=("chat",),
+    returns=RUN,
+)
+def stop_chat(request: HttpRequest, agent: str, chat_id: str, body: dict) -> dict:
+    """The AI SDK's `stop()` only drops the client's fetch: a front end calls this beside it.
+    The model turn ends within a second keeping its text so far; resume the stream
+    (`GET .../stream?startIndex=N`) to see it end."""
+    run = chat_run(agent, chat_id, request.user)
+    if run is None:
+        raise BadRequest("this chat has no run", 404)
+    return stopped(request, run, body.get("reason", ""))

@@ -147,6 +147,38 @@ def cancel_run(request: HttpRequest, run_id: str, body: dict) -> dict:
     return _operated(services.cancel_run(run.id, user=request.user, reason=body.get("reason", "")))
 
 
+STOP_RESPONSES = {
+    200: "OK: stopping (a model turn in flight ends within a second)",
+    403: "neither its starter nor an operator",
+    404: "no such run",
+    409: "the run already ended",
+}
+
+
+def stopped(request: HttpRequest, run: Run, reason: str) -> dict[str, Any]:
+    """Stop `run` for the caller: its starter or an operator (`services.may_stop`), else 403."""
+    if not services.may_stop(request.user, run):
+        raise BadRequest("permission denied: only its starter or an operator may stop a run", 403)
+    return _operated(services.stop_run(run.id, user=request.user, reason=reason))
+
+
+@endpoint(
+    "POST",
+    "/runs/{run_id}/stop",
+    summary="Stop a run now: its model turn ends within a second, keeping its text so far",
+    path_params=RUN_PATH,
+    body={"reason": REASON},
+    session_writes=True,
+    responses=STOP_RESPONSES,
+    tags=("runs",),
+    returns=RUN,
+)
+def stop_run(request: HttpRequest, run_id: str, body: dict) -> dict:
+    """Its starter, or anyone with `agentruns.operate_run`. A tool call in flight finishes
+    first; the run ends `cancelled` with the stop reason "stopped" (a second stop is no error)."""
+    return stopped(request, run_or_404(run_id), body.get("reason", ""))
+
+
 @endpoint(
     "POST",
     "/runs/{run_id}/retry",

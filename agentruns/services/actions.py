@@ -1,4 +1,4 @@
-"""Actions on a run that exists: cancel, retry, resolve a failed step by hand.
+"""Actions on a run that exists: cancel, stop, retry, resolve a failed step by hand.
 
 Each is atomic and audited on the run's timeline: its RunEvent is written in the same
 transaction as the change, and the worker doorbell (`enqueue`) rings inside that transaction.
@@ -36,6 +36,27 @@ def cancel_run(run_id: uuid.UUID | str, *, user: Any = None, reason: str = "") -
     """Cancel a queued, running or waiting run: now if nobody executes it, else at the next step
     boundary (`runtime/execution/cancel.py`)."""
     return _cancel_run(run_id, who=actor_name(user), reason=reason)
+
+
+OPERATE = "agentruns.operate_run"
+
+
+def may_stop(user: Any, run: Run) -> bool:
+    """Its starter may stop their own run; an operator may stop any."""
+    if user is None or not user.is_authenticated:
+        return False
+    return user.has_perm(OPERATE) or (
+        run.created_by_id is not None and run.created_by_id == user.pk
+    )
+
+
+def stop_run(run_id: uuid.UUID | str, *, user: Any = None, reason: str = "") -> Run:
+    """Stop a run: its model turn in flight ends within a second, keeping its text so far as the
+    run's output, a tool call in flight finishes first (exactly once), and the run ends
+    `cancelled` with the stop reason "stopped"; a waiting or queued run ends now. Stopping a run
+    already asked to stop asks again (no error). Who may: `may_stop` (the caller checks it; a
+    thread's `interrupt` stops its active run as the system)."""
+    return _cancel_run(run_id, who=actor_name(user), reason=reason, stop=True)
 
 
 def _retryable_failed_step(run: Run) -> Step | None:

@@ -30,7 +30,8 @@ make that hold:
 
 Segments: a run can stop and continue (it parks for an approval, fails and is retried). Each
 stretch is `start` ... `finish` (finishReason `tool-calls` when it parked, `stop`, `error`
-after an `error` chunk, or `other` when cancelled), with the same `messageId`, so a
+after an `error` chunk, or `other` when cancelled, after an `abort` chunk when it was stopped:
+the text its cut-short model turn streamed stays), with the same `messageId`, so a
 continuation extends the same assistant message; readers end their HTTP stream at a `finish`
 that is the last chunk so far. A decision, wherever it was made (the chat, the inbox, the
 sweeper's expiry), appears as `tool-approval-response` and then the tool's output or
@@ -282,6 +283,9 @@ class UIChunks(ApprovalFolding):
             error = str(data.get("error") or "the run failed")
             self._emit({"type": "error", "errorText": error})
             metadata["error"] = error
+        if data.get("stop_reason") == "stopped":  # its starter or an operator stopped it
+            metadata["stopReason"] = "stopped"
+            self._emit({"type": "abort", "reason": "stopped"})
         self._emit({"type": "finish", "finishReason": reason, "messageMetadata": metadata})
         self.in_segment = False
 

@@ -13,6 +13,7 @@ from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
+from django.core.exceptions import PermissionDenied
 from django.db.models import Prefetch
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -86,6 +87,7 @@ def run_detail(request: HttpRequest, run_id) -> HttpResponse:
             # the model text up to run.last_seq: the socket continues after it
             "live_text": live_turns(run.id, run.last_seq),
             "can_operate": request.user.has_perm(OPERATE),
+            "can_stop": services.may_stop(request.user, run),
             # steps whose outcome is unknown in a failed run: what retry does with them
             "unknown_steps": [s for s in steps if unknown_outcomes.is_unsettled(s)],
             "can_fork": request.user.has_perm(OPERATE) and request.user.has_perm(START),
@@ -211,6 +213,23 @@ def run_cancel(request: HttpRequest, run_id) -> HttpResponse:
         services.cancel_run,
         "Cancel requested: a running run stops at its next step boundary.",
         reason=reason,
+    )
+
+
+@require_POST
+@login_required
+def run_stop(request: HttpRequest, run_id) -> HttpResponse:
+    """Its starter or an operator: the model turn in flight ends within a second."""
+    run = get_object_or_404(Run.objects.only("id", "created_by_id"), id=run_id)
+    if not services.may_stop(request.user, run):
+        raise PermissionDenied("only its starter or an operator may stop a run")
+    return _action(
+        request,
+        run_id,
+        services.stop_run,
+        "Stopped: the model's answer in progress ends now, keeping what it said so far; a tool "
+        "call in progress finishes first.",
+        reason=request.POST.get("reason", "").strip()[:500],
     )
 
 

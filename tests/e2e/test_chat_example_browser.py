@@ -91,3 +91,63 @@ def test_the_example_chat_page_drives_a_run_through_its_approval(
     finally:
         worker.kill()
         web.kill()
+
+
+def test_the_example_chats_stop_button_stops_the_run_and_keeps_its_text(
+    tmp_path, browser, settings, django_user_model
+):
+    """The page's Stop asks the server to stop (the AI SDK's stop() would only drop the fetch):
+    the model's answer ends mid-stream, the page keeps the text so far and shows the run
+    cancelled, and the run's output is that text."""
+    from django.conf import global_settings
+
+    from scripts.fake_openai_server import FakeOpenAI, Reply
+    from tests.providers.kit import API_KEY
+
+    if not BUNDLE.is_file():
+        binaries.require("npm", "building the chat example")
+        raise AssertionError("build the example first: make example")
+    settings.PASSWORD_HASHERS = global_settings.PASSWORD_HASHERS
+    user = make_user(django_user_model, "chatter", PERMS)
+    user.set_password("browser-pw")
+    user.save()
+    long_answer = "word " * 400
+    with FakeOpenAI(mode="error", api_key=API_KEY) as fake:
+        fake.script(Reply(text=long_answer, chunk_chars=4, delay=0.02))
+        env = {
+            "AGENTRUNS_AGENT_MODULES": "tests.testkit",
+            "AGENTRUNS_MODEL": "openai:fake-model",
+            "OPENAI_BASE_URL": fake.url,
+            "OPENAI_API_KEY": API_KEY,
+        }
+        web, url = start_web(tmp_path, **env)
+        worker = start_worker(tmp_path, **env)
+        try:
+            page = browser.new_page()
+            page.goto(url + "/accounts/login/?next=/examples/chat/%3Fagent%3Dscript")
+            page.fill("input[name=username]", "chatter")
+            page.fill("input[name=password]", "browser-pw")
+            page.click("button[type=submit]")
+            page.wait_for_url(re.compile(r"/examples/chat/"))
+            page.fill("input[name=message]", "Tell me a long story.")
+            page.click("#chat-form button[type=submit]")
+            page.wait_for_function(
+                "() => (document.querySelector('.role-assistant .chat-text')?.textContent || '')"
+                ".length > 40",
+                timeout=WAIT_MS,
+            )
+            page.click("#chat-stop")
+            page.wait_for_function(
+                "() => document.getElementById('chat-status').dataset.status === 'ready'"
+                " && document.querySelector('.role-assistant .chat-run-status')"
+                "?.textContent === 'cancelled'",
+                timeout=WAIT_MS,
+            )
+            shown = page.locator(".role-assistant .chat-text").all_inner_texts()
+            assert page.locator("#chat-stop").is_hidden()
+        finally:
+            worker.kill()
+            web.kill()
+    run = Run.objects.get(dedupe_key__startswith="chat:", agent="script")
+    assert (run.status, run.stop_reason) == ("cancelled", "stopped")
+    assert shown == [run.output] and 40 < len(run.output) < len(long_answer)

@@ -223,7 +223,7 @@ def test_the_tokens_charged_are_the_prompt_and_max_tokens_or_the_last_answer(set
         agent = Agent(name="x", instructions="", model_settings={"max_tokens": 256})
         steps: list = []
 
-    # the request's messages and tool declarations as JSON (engine/model_slot.py measures them)
+    # the request's messages and tool declarations as JSON (engine/model/slot.py measures them)
     messages = len('[{"role": "user", "content": ""}]' + '[{"name": "t", "parameters": {}}]') + 400
     prompt = messages // 4
     assert model_limits.request_tokens(State, messages) == prompt + 256

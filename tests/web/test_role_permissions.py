@@ -49,6 +49,8 @@ API = [
     ("GET", "/api/runs/{run}", None, by_role(LOOK, 200)),
     ("GET", "/api/runs/{run}/events", None, by_role(LOOK, 200)),
     ("POST", "/api/runs/{run}/cancel", {}, by_role(OPERATE, 409)),
+    # stop: its starter (nobody here started the run) or an operator; it ended already: 409
+    ("POST", "/api/runs/{run}/stop", {}, by_role(OPERATE, 409)),
     ("POST", "/api/runs/{run}/retry", {}, by_role(OPERATE, 409)),
     # fork needs operate_run (the endpoint) and start_run (the service): the operator has one
     ("POST", "/api/runs/{run}/fork", {"from_step": 1}, by_role(OPERATE - {"operator"}, 409)),
@@ -73,6 +75,8 @@ API = [
         by_role(START, 400),
     ),
     ("GET", "/api/chat/script/no-such-chat/stream", None, by_role(LOOK, 204)),
+    # the chat's stop button: the caller's own chat (this one has no run: 404)
+    ("POST", "/api/chat/script/no-such-chat/stop", {}, by_role(LOOK, 404)),
 ]
 PAGES = [
     ("GET", "/runs/", None, by_role(LOOK, 200, anonymous="login")),
@@ -86,6 +90,7 @@ PAGES = [
     ),
     ("POST", "/runs/{run}/retry/", {}, by_role(OPERATE, 302, anonymous="login")),
     ("POST", "/runs/{run}/cancel/", {}, by_role(OPERATE, 302, anonymous="login")),
+    ("POST", "/runs/{run}/stop/", {}, by_role(OPERATE, 302, anonymous="login")),
     (
         "POST",
         "/runs/{run}/fork/",

@@ -28,6 +28,7 @@ from django_q.cluster import Cluster
 from django_q.management.commands.qcluster import Command as QClusterCommand
 from django_q.signals import post_spawn
 
+from agentruns.runtime.dispatch import stops
 from agentruns.runtime.inbox import inbox
 from agentruns.runtime.outages import weather
 from agentruns.runtime.outages.faults import is_infrastructure_error
@@ -80,6 +81,8 @@ class Command(QClusterCommand):
         stop_signals.install()  # a stop signal to the whole group stops it as one to this process
         # each worker process claims queued runs itself (PostgreSQL), beside q2's doorbells
         post_spawn.connect(start_claimer, dispatch_uid="agentruns.run_claimer")
+        # and hears the stops of the runs it executes (runtime/dispatch/stops.py)
+        post_spawn.connect(stops.start_listener, dispatch_uid="agentruns.stop_listener")
         # and carries its runs with a collector tuned for them (runtime/workers/collector.py)
         post_spawn.connect(collector.tune, dispatch_uid="agentruns.collector")
         cluster = Cluster()

@@ -5,7 +5,7 @@ journal (docs/engine-design.md, "The journal").
 typed id and persisted name (`JournalOperationNamer`: `refund__model.request`,
 `refund__function_toolset__refund.call_tool:issue_refund`, ...):
 
-- a model request (`ModelRequestId`): the run's next model step (`model_unit.py`);
+- a model request (`ModelRequestId`): the run's next model step (`model/unit.py`);
 - a tool call (`ToolsetCallToolId`, function, MCP or dynamic): the tool step the current model
   step planned for the call's id (`tools/unit.py`);
 - anything else (`ToolsetGetToolsId`/`ToolsetGetInstructionsId` discovery, argument validation,
@@ -27,7 +27,7 @@ from pydantic_ai.durable_exec import (
     ToolsetCallToolId,
 )
 
-from agentruns.runtime.engine import model_unit
+from agentruns.runtime.engine.model import unit as model_unit
 from agentruns.runtime.engine.plan import journal_unit
 from agentruns.runtime.engine.slice import current
 from agentruns.runtime.engine.tools import unit as tool_unit

@@ -39,7 +39,7 @@ from agentruns.registry import UnknownTool, get_tool
 from agentruns.runtime.access.permissions import needs_approval
 from agentruns.runtime.engine import slice as slices
 from agentruns.runtime.engine.backend import StepBackend
-from agentruns.runtime.engine.model_unit import request_model
+from agentruns.runtime.engine.model.request import request_model
 from agentruns.runtime.engine.plan import refuse_planned
 from agentruns.runtime.engine.slice import island
 from agentruns.runtime.engine.tools.toolsets import StepsToolset, registered_tools

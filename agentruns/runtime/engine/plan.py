@@ -219,6 +219,38 @@ def record_model_step(state: SliceState, step: Step, answer: Answer, params: Any
         pending.incr_fields[name] = pending.incr_fields.get(name, 0) + value
 
 
+# ------------------------------------------------------------------ a turn a stop cut short
+# (`dispatch/stops.py`): the model unit catches the request's `TurnStopped` and raises `TurnCut`
+# with the text the attempt streamed; that text is the step's result (succeeded, no tool calls: a
+# partial answer is never acted on) and the run's output, in the commit that ends the run
+class TurnCut(Exception):
+    """The turn was stopped mid-request: `answer` holds the text it streamed so far."""
+
+    def __init__(self, answer: Answer) -> None:
+        super().__init__("stopped on request")
+        self.answer = answer
+
+
+def cut_turn(attempt: int, started: Any, text: str, tail: str) -> TurnCut:
+    """`text`: all the attempt streamed; `tail`: its end that no delta event carries yet."""
+    # the JSON codec's form of `ModelResponse(parts=[TextPart(text)])`, written out: the codec's
+    # first dump in a process builds its schema (~80 ms), and a stop must not wait for that
+    parts = [{"part_kind": "text", "content": text}] if text else []
+    return TurnCut(Answer({"parts": parts, "kind": "response"}, attempt, started, text, tail))
+
+
+def record_cut_turn(state: SliceState, step: Step, answer: Answer, params: Any) -> None:
+    """Into the pending batch: the turn's text so far as its result; a turn stopped before it
+    said anything leaves no step (nothing of it was written), or, one a dead worker left
+    running, skipped."""
+    streamed = not (step._state.adding or step.attempts < answer.attempt)
+    if answer.text or streamed:
+        record_model_step(state, step, answer, params)
+    elif not step._state.adding:
+        step.status, step.finished_at = StepStatus.SKIPPED, timezone.now()
+        stage(state.pending.batch, step, ["status", "finished_at"])
+
+
 def _plan(state: SliceState, call: dict, now: Any) -> Step:
     step_id = uuid.uuid4()
     name, call_id = str(call.get("tool_name") or ""), str(call.get("tool_call_id") or "")

@@ -1,7 +1,7 @@
 """One slice of one run, declared: what the executor loads when it takes the lease, what the
 units of the agent's loop read and change, and how a slice ends.
 
-`SliceState` is a plain dataclass the unit functions (`model_unit.py`, `tools/`,
+`SliceState` is a plain dataclass the unit functions (`model/unit.py`, `tools/`,
 `waits.py`, `backend.py`) work on; `current()` is the slice of the agent run in progress (a
 context variable: the units are called from deep inside `agent.run`).
 

@@ -30,7 +30,11 @@ from agentruns.runtime.engine.plan import end_attempt, stage
 from agentruns.runtime.engine.slice import SliceEnds
 from agentruns.runtime.events import EventSpec, EventType, step_event_data
 from agentruns.runtime.execution import transitions
-from agentruns.runtime.execution.cancel import cancel_run, withdraw_unrun_work
+from agentruns.runtime.execution.cancel import (
+    cancel_run,
+    requested_stop_reason,
+    withdraw_unrun_work,
+)
 from agentruns.runtime.execution.transitions import ActionRefused, RunChange
 from agentruns.runtime.inbox import inbox
 from agentruns.runtime.operations import executions
@@ -137,10 +141,12 @@ def back_off(executor: Any, until: Any, **why: Any) -> str:
     return RunStatus.QUEUED
 
 
-def cancel_at_boundary(executor: Any) -> str:
-    """Cancelled between two units: steps nobody will run are skipped (those the slice planned
-    but has not committed yet too), inbox items withdrawn."""
+def cancel_at_boundary(executor: Any, *, output: str = "") -> str:
+    """Cancelled between two units (or in a model turn it cut short, whose text so far is the
+    run's `output`): steps nobody will run are skipped (those the slice planned but has not
+    committed yet too), inbox items withdrawn. The stop reason says whether it was a stop."""
     now = timezone.now()
+    reason = requested_stop_reason(executor.run_id)
     state = executor.state
     with transaction.atomic(savepoint=False):
         if state is not None:
@@ -155,15 +161,15 @@ def cancel_at_boundary(executor: Any) -> str:
         apply(
             executor,
             transitions.finished(
-                RunStatus.CANCELLED, stop_reason="cancelled", error="cancelled on request"
+                RunStatus.CANCELLED, output=output, stop_reason=reason, error=f"{reason} on request"
             ),
             events_before=events,
         )
     return RunStatus.CANCELLED
 
 
-def cancelled(executor: Any) -> SliceEnds:
-    return ends(RunStatus.CANCELLED, lambda: cancel_at_boundary(executor))
+def cancelled(executor: Any, *, output: str = "") -> SliceEnds:
+    return ends(RunStatus.CANCELLED, lambda: cancel_at_boundary(executor, output=output))
 
 
 def outcome_unknown(executor: Any, step: Step, why: str) -> SliceEnds:

@@ -1,7 +1,10 @@
-"""Cancelling a run: at once when nobody executes it, at the next step boundary otherwise.
+"""Cancelling (or stopping) a run: at once when nobody executes it; otherwise the model turn in
+flight is cancelled within a second (`dispatch/stops.py`) and a tool call in flight finishes
+first (its exactly-once promise), the run ending at the next step boundary.
 
-Called by the cancel service (the run page, the API) and by the executor itself when a cancel
-arrived while it was parking the run.
+Called by the cancel and stop services (the run page, the API, the chat) and by the executor
+itself when a cancel arrived while it was parking the run. A stop is a cancel its run's starter
+may ask for; it ends the run with the stop reason "stopped" instead of "cancelled".
 """
 
 from __future__ import annotations
@@ -12,44 +15,61 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
-from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepStatus
+from agentruns.models import AttemptOutcome, Run, RunEvent, RunStatus, Step, StepStatus
 from agentruns.runtime import tracing, writer
-from agentruns.runtime.dispatch import concurrency
+from agentruns.runtime.dispatch import concurrency, stops
 from agentruns.runtime.events import EventSpec, EventType
 from agentruns.runtime.execution.transitions import ActionRefused, RunChange, apply, cancelled
 from agentruns.runtime.inbox import inbox
 from agentruns.runtime.operations import executions
 
+STOPPED, CANCELLED = "stopped", "cancelled"  # the run's stop reason after a stop, a cancel
 
-def cancel_run(run_id: uuid.UUID | str, *, who: str | None = None, reason: str = "") -> Run:
-    """Cancel a queued, running or waiting run.
+
+def cancel_run(
+    run_id: uuid.UUID | str, *, who: str | None = None, reason: str = "", stop: bool = False
+) -> Run:
+    """Cancel (`stop`: stop) a queued, running or waiting run.
 
     A run nobody executes (waiting, or queued/running with no live lease) is cancelled now and its
-    parked approvals are withdrawn from the inbox. A run a worker holds is only flagged
-    (`cancel_requested`): the engine reads the flag with every commit and stops at the next step
-    boundary, so a tool call in flight is never torn in half.
+    parked approvals are withdrawn from the inbox. A run a worker holds is flagged
+    (`cancel_requested`) and its worker told (`stops.announce`, on commit): a model turn in flight
+    ends within a second keeping its text so far, a tool call in flight finishes (it is never
+    torn in half) and the run ends before the next one. A second stop of a run already flagged
+    tells the worker again and changes nothing else; a second cancel is refused.
     """
     with transaction.atomic():
         concurrency.lock_key_of(run_id)  # its key's row before its own (concurrency.py)
         run = Run.objects.select_for_update().get(id=run_id)
         if run.is_terminal:
             raise ActionRefused(f"run is already {run.status}")
-        requested = (
-            EventType.RUN_CANCEL_REQUESTED,
-            {"by": who, "reason": reason, "status": run.status},
-        )
+        data = {"by": who, "reason": reason, "status": run.status}
+        requested = (EventType.RUN_CANCEL_REQUESTED, {**data, "stop": True} if stop else data)
         lease_live = run.lease_expires_at is not None and run.lease_expires_at > timezone.now()
         if run.status != RunStatus.WAITING and lease_live:
-            if run.cancel_requested:
+            if run.cancel_requested and not stop:
                 raise ActionRefused(
                     "cancel was already requested; the worker stops at the next step"
                 )
-            flag = RunChange({"cancel_requested": True}, [requested])
-            apply(run.id, flag)
-            flag.apply_to(run)
+            if not run.cancel_requested:
+                flag = RunChange({"cancel_requested": True}, [requested])
+                apply(run.id, flag)
+                flag.apply_to(run)
+            stops.announce(run.id)
             return run
         _end_idle_run(run, who=who, reason=reason, requested=requested)
     return run
+
+
+def requested_stop_reason(run_id: uuid.UUID | str) -> str:
+    """How the run's pending cancel was asked for: "stopped" (a stop) or "cancelled"."""
+    last = (
+        RunEvent.objects.filter(run_id=run_id, type=EventType.RUN_CANCEL_REQUESTED)
+        .order_by("-seq")
+        .values_list("data", flat=True)
+        .first()
+    )
+    return STOPPED if isinstance(last, dict) and last.get("stop") else CANCELLED
 
 
 def withdraw_unrun_work(run: Run, now: datetime, *, who: str | None) -> list[EventSpec]:
@@ -85,7 +105,10 @@ def _end_idle_run(run: Run, *, who: str | None, reason: str, requested: EventSpe
         step.finished_at = now
         writer.save_step(step, ["status", "finished_at"])
     executions.run_ended(run, "the run was cancelled after its worker died during the call")
-    change = cancelled(reason or f"cancelled by {who or 'system'}").after(requested, *withdrawn)
+    stopped = bool(requested[1].get("stop"))
+    verb = STOPPED if stopped else CANCELLED
+    change = cancelled(reason or f"{verb} by {who or 'system'}", stop_reason=verb)
+    change = change.after(requested, *withdrawn)
     apply(run.id, change)
     change.apply_to(run)
     tracing.run_ended_on_commit(run.id)  # nobody executes it: its root span goes out here

@@ -146,8 +146,9 @@ def requeued(now: datetime) -> RunChange:
     )
 
 
-def cancelled(error: str) -> RunChange:
-    return finished(RunStatus.CANCELLED, error=error, stop_reason="cancelled")
+def cancelled(error: str, *, stop_reason: str = "cancelled") -> RunChange:
+    """-> cancelled; `stop_reason` "stopped" when its starter or an operator stopped it."""
+    return finished(RunStatus.CANCELLED, error=error, stop_reason=stop_reason)
 
 
 def aborted(error: str) -> RunChange:

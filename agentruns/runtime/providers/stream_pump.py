@@ -33,6 +33,7 @@ import os
 import threading
 import types
 from collections.abc import Callable, Coroutine, Generator
+from concurrent.futures import FIRST_COMPLETED
 from contextlib import AbstractAsyncContextManager, suppress
 from typing import Any, TypeVar
 
@@ -145,16 +146,24 @@ class _Pump:
 
         loop.call_soon_threadsafe(start)
         try:
-            while (delta := self.wake.result()) is not _END:
+            while True:
+                # the task may also end without a hand-over (cancelled by a stop while it
+                # waited for us to resume it): then `outcome` is what there is to wait for
+                concurrent.futures.wait((self.wake, outcome), return_when=FIRST_COMPLETED)
+                if not self.wake.done() or (delta := self.wake.result()) is _END:
+                    return outcome.result()
                 yield delta
                 self.wake = concurrent.futures.Future()
-                loop.call_soon_threadsafe(self.resume.set_result, None)
-            return outcome.result()
+                loop.call_soon_threadsafe(self._resume)
         finally:
             if not outcome.done():  # the caller stopped early (its commit failed, a lost lease)
                 loop.call_soon_threadsafe(self._cancel)
                 with suppress(BaseException):
                     outcome.result()
+
+    def _resume(self) -> None:
+        if self.resume is not None and not self.resume.done():  # (not cancelled meanwhile)
+            self.resume.set_result(None)
 
     def _cancel(self) -> None:
         if self.task is not None:  # it is: `start` was handed to the loop first

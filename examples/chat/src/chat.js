@@ -9,7 +9,10 @@
 //     the run parked); the page asks the question (the choices as buttons, else a text box) and
 //     the answer goes back with addToolOutput, sent automatically once;
 //   - resume: the chat id is kept in sessionStorage, so a reload (or a dropped connection)
-//     resumes with resumeStream(): GET /api/chat/<agent>/<id>/stream, a replay of the message.
+//     resumes with resumeStream(): GET /api/chat/<agent>/<id>/stream, a replay of the message;
+//   - stop: POST /api/chat/<agent>/<id>/stop ends the run's model turn on the server within a
+//     second (the AI SDK's own stop() only drops this page's fetch); the stream, left open,
+//     then ends by itself with the text so far, an abort chunk and its finish.
 import {
   AbstractChat,
   DefaultChatTransport,
@@ -22,6 +25,7 @@ const csrfToken = root.dataset.csrf;
 const log = document.getElementById("chat-log");
 const form = document.getElementById("chat-form");
 const statusLine = document.getElementById("chat-status");
+const stopButton = document.getElementById("chat-stop");
 const STORE = "agentruns-example-chat";
 
 class RenderingState {
@@ -146,7 +150,9 @@ function render(chat) {
   const error = chat.error ? ` — ${chat.error.message}` : "";
   statusLine.textContent = `${chat.status}${error}`;
   statusLine.dataset.status = chat.status;
-  form.querySelector("button[type=submit]").disabled = chat.status === "streaming" || chat.status === "submitted";
+  const busy = chat.status === "streaming" || chat.status === "submitted";
+  form.querySelector("button[type=submit]").disabled = busy;
+  stopButton.hidden = !busy;
 }
 
 function saved() {
@@ -173,6 +179,22 @@ form.addEventListener("submit", async (event) => {
   sessionStorage.setItem(STORE, JSON.stringify({ id: chat.id, input, text }));
   render(chat);
   await chat.sendMessage({ text });
+});
+
+stopButton.addEventListener("click", async () => {
+  if (!chat) return;
+  stopButton.disabled = true;
+  try {
+    const response = await fetch(`/api/chat/${agent}/${encodeURIComponent(chat.id)}/stop`, {
+      method: "POST",
+      headers: { "X-CSRFToken": csrfToken, "Content-Type": "application/json" },
+      credentials: "same-origin",
+      body: "{}",
+    });
+    if (!response.ok) statusLine.textContent = `stop refused: ${(await response.json()).error}`;
+  } finally {
+    stopButton.disabled = false;
+  }
 });
 
 document.getElementById("chat-new").addEventListener("click", () => {

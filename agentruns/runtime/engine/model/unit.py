@@ -15,29 +15,31 @@ for its next commit.
 
 from __future__ import annotations
 
-import time
 import uuid
 from datetime import timedelta
 from typing import Any
 
 from django.utils import timezone
 from pydantic_ai.durable_exec import JSON_CODEC, record_durable_unit
-from pydantic_ai.durable_exec._utils import consume_event_stream
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models import Model
-from pydantic_ai.models._request_timeout import open_durable_unit_stream
 from pydantic_ai.usage import RequestUsage
 
 from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, RunStatus, Step, StepKind, StepStatus
-from agentruns.registry.model_names import pydantic_ai_name
 from agentruns.runtime import tracing
-from agentruns.runtime.dispatch import connections
-from agentruns.runtime.engine import model_slot, status
+from agentruns.runtime.dispatch import connections, stops
+from agentruns.runtime.engine import status
+from agentruns.runtime.engine.model import slot as model_slot
+from agentruns.runtime.engine.model.request import _classified
+from agentruns.runtime.engine.model.streamed import _attempt_is_new, _streamed
 from agentruns.runtime.engine.plan import (
     Answer,
+    TurnCut,
     begin_attempt,
+    cut_turn,
     end_attempt,
+    record_cut_turn,
     record_model_step,
     replayed,
     stage,
@@ -46,62 +48,18 @@ from agentruns.runtime.engine.slice import SliceState, island
 from agentruns.runtime.engine.status import check_boundary, wait_for_retry
 from agentruns.runtime.engine.waits import record_answered_elsewhere
 from agentruns.runtime.events import EventType, step_event_data
-from agentruns.runtime.execution import failpoints
-from agentruns.runtime.execution.delta_writer import DeltaFeed, delta_writer
 from agentruns.runtime.outages import process_health
 from agentruns.runtime.outages.model_outage import ModelOutage
-from agentruns.runtime.providers import ModelError, TextSink, openai_compatible
-from agentruns.runtime.providers.model_errors import model_error
+from agentruns.runtime.providers import ModelError
 from agentruns.runtime.providers.model_fallback import FallingBack, fallback_left, fallback_models
-from agentruns.runtime.providers.models import model_for, name_of, streams, waits
+from agentruns.runtime.providers.models import model_for, streams, waits
 from agentruns.runtime.providers.stream_pump import (
     SinkFailed,
-    _text,
-    deliver_delta,
-    run_streaming,
 )
 from agentruns.runtime.store.rows import WriteBatch, build
 from agentruns.runtime.values.ids import step_key
 from agentruns.runtime.values.redaction import redact_text
 from agentruns.runtime.values.text import storable_text
-
-# the first text of a turn is shown at once when the model took this long to say anything
-FIRST_DELTA_AFTER_S = 0.005
-
-
-# ------------------------------------------------------------------ inside the unit's body
-async def request_model(model: Model, params: Any, ctx: Any, handler: Any = None) -> ModelResponse:
-    """The request itself (the unit's body): streamed when the model can, each text delta
-    handed to the unit (`deliver_delta`) and every event to the agent's event stream `handler`
-    (when the loop asked for a streamed request), else asked whole."""
-    if not streams(model):
-        response = await model.request(
-            params.messages, params.model_settings, params.model_request_parameters
-        )
-    else:
-        async with open_durable_unit_stream(
-            model, params.messages, params.model_settings, params.model_request_parameters, ctx
-        ) as streamed:
-            if handler is None:
-                async for event in streamed:
-                    if text := _text(event):
-                        await deliver_delta(text)
-            else:
-                await consume_event_stream(
-                    run_context=ctx, stream=_delivered(streamed), handler=handler
-                )
-        response = streamed.get()
-    usage_for = getattr(model, "usage_for", None)
-    if usage_for is not None:  # the scripted model: the engine's estimate
-        response.usage = usage_for(params.messages, response)
-    return response
-
-
-async def _delivered(streamed: Any) -> Any:
-    async for event in streamed:
-        if text := _text(event):
-            await deliver_delta(text)
-        yield event
 
 
 # ------------------------------------------------------------------ replay
@@ -153,6 +111,10 @@ async def execute(state: SliceState, model_id: str | None, body: Any, params: An
             # the next model of the agent's fallback answers this same step (a new attempt)
             state.models_seen -= 1
             raise falling.error from None
+        except TurnCut as stopped:
+            with island():
+                record_cut_turn(state, step, stopped.answer, params)
+            raise status.cancelled(state.executor, output=stopped.answer.text) from None
         with island():
             record_model_step(state, step, answer, params)
     record_durable_unit(executed=True)
@@ -207,20 +169,6 @@ async def _attempts(state: SliceState, step: Step, model: Model, body: Any, para
                 outage = _failed(state, step, attempt, exc, outage)
 
 
-def _classified(model: Model, exc: Exception) -> BaseException:
-    """What a failed request raises: ModelError (an outage to wait out, or a verdict); a
-    configuration error or the scripted model's policy failing, as it is."""
-    from pydantic_ai.exceptions import UserError
-
-    from agentruns.runtime.providers.scripted_model import ScriptedModel
-
-    if isinstance(exc, ModelError | UserError) or isinstance(model, ScriptedModel):
-        return exc
-    name = name_of(model) or ""
-    openai = pydantic_ai_name(name).startswith(openai_compatible.PREFIXES) if name else False
-    return model_error(exc, openai_compatible.endpoint() if openai else None)
-
-
 async def _whole(state: SliceState, attempt: int, model: Model, body: Any) -> Answer:
     """A model that does not stream: the body, awaited here; its whole text is one delta."""
     started = timezone.now()
@@ -231,6 +179,8 @@ async def _whole(state: SliceState, attempt: int, model: Model, body: Any) -> An
         payload = await body()
     except SinkFailed as failed:
         raise failed.error from None
+    except stops.TurnStopped:
+        raise cut_turn(attempt, started, "", "") from None
     except Exception as exc:
         raise _classified(model, exc) from exc
     text = storable_text(
@@ -239,11 +189,6 @@ async def _whole(state: SliceState, attempt: int, model: Model, body: Any) -> An
         )
     )
     return Answer(payload, attempt, started, text, text)
-
-
-def _attempt_is_new(step: Step, attempt: int) -> bool:
-    """No row of this attempt was written yet (nothing streamed by it)."""
-    return step._state.adding or step.attempts < attempt
 
 
 def _failed(
@@ -309,92 +254,3 @@ def _record_failure(
     if streamed and not final:  # the next attempt streams the turn again from scratch
         events.append((EventType.MODEL_SUPERSEDED, {"step": step.index, "attempt": attempt}))
     state.executor.commit(events, batch=batch)
-
-
-def _streamed(state: SliceState, step: Step, attempt: int, model: Model, body: Any) -> Answer:
-    """A model that streams: the body runs on the process's stream loop while this thread
-    commits the attempt's text as it comes (the first delta its own commit, later ones through
-    the process's delta writer in a worker, batched commits of its own in-process)."""
-    started = timezone.now()
-    executor = state.executor
-    text: list[str] = []
-    pending = ""  # the text no delta event carries yet
-    feed: DeltaFeed | None = None
-    sink = TextSink()
-    flushed = False
-    last_flush = time.monotonic()
-    flush_s = conf.DELTA_FLUSH_MS / 1000.0
-    if waits(model):
-        connections.release()  # a model that keeps us waiting: no connection held
-    deltas = run_streaming(body, sink)
-    done = False
-    try:
-        while True:
-            piece = storable_text(next(deltas))
-            text.append(piece)
-            pending += piece
-            since = time.monotonic() - last_flush
-            if (
-                len(pending) >= conf.DELTA_FLUSH_CHARS
-                or since >= flush_s
-                or (not flushed and since >= FIRST_DELTA_AFTER_S)
-            ):
-                _flush_delta(state, step, attempt, pending, started)
-                pending, last_flush, flushed = "", time.monotonic(), True
-                failpoints.hit("model_streaming", tool=state.run.agent, step_id=step.id)
-                if waits(model):
-                    connections.release()
-                if state.drain is not None and feed is None:  # a worker: deltas go together
-                    feed = delta_writer().open(
-                        state.run.id,
-                        executor.owner,
-                        step.index,
-                        attempt,
-                        lambda cancel: _feed_committed(executor, cancel),
-                    )
-                    sink.take = _taker(executor, feed, text)
-    except StopIteration as end:
-        payload, done = end.value, True
-    except SinkFailed as failed:
-        raise failed.error from None  # the engine's own error (a lost lease), not the model's
-    except Exception as exc:
-        raise _classified(model, exc) from exc
-    finally:
-        deltas.close()  # a stream left early: its task is cancelled
-        if feed is not None and not done:  # failed: its text is superseded, its error stands
-            feed.close(raise_failure=False)
-    if feed is not None:  # before our own commit: the text the writer has not written yet
-        pending += feed.close()
-    return Answer(payload, attempt, started, "".join(text), pending)
-
-
-def _taker(executor: Any, feed: DeltaFeed, text: list[str]) -> Any:
-    """`sink.take` once the feed is open: called inside the stream's task (no database)."""
-
-    def take(delta: str) -> None:
-        text.append(piece := storable_text(delta))
-        feed.add(piece)
-        executor.check_lease()
-
-    return take
-
-
-def _feed_committed(executor: Any, cancel_requested: bool) -> None:
-    executor.cancel_requested = executor.cancel_requested or cancel_requested
-    if executor.heartbeat is not None:
-        executor.heartbeat.renewed()
-
-
-def _flush_delta(state: SliceState, step: Step, attempt: int, text: str, started: Any) -> None:
-    """One commit: the streamed text (and, on the attempt's first flush, the step as running
-    with its attempt row), with what the slice has not committed yet."""
-    events = []
-    batch = None
-    if _attempt_is_new(step, attempt):
-        batch = WriteBatch()
-        step.status = StepStatus.RUNNING
-        begin_attempt(batch, step, attempt, state.executor.owner, started)
-        events.append((EventType.STEP_STARTED, step_event_data(step, error="")))
-    events.append((EventType.MODEL_DELTA, {"step": step.index, "attempt": attempt, "text": text}))
-    state.executor.commit(events, batch=batch)
-    state.executor.check_lease()
