@@ -12,7 +12,7 @@ from django.db import connection
 
 from agentruns import services
 from agentruns.models import Run, RunEvent
-from agentruns.runtime.engine.switch import RunExecutor
+from agentruns.runtime.engine.executor import RunExecutor
 from agentruns.services import start_run
 from agentruns.stream.ui_chunks import chunks_of
 from scripts.fake_openai_server import FakeOpenAI, Reply
