@@ -1,0 +1,91 @@
+"""Waits past their `due_at`: a timer wakes its run, an event wait's timeout fails it.
+
+Nothing polls a run: one indexed query (`wait_pending_due_idx`: pending waits by `due_at`) finds
+what is due, made by processes that look at the database anyway. Each worker process's claimer
+(`workers/claimer.py`, on PostgreSQL) looks once a poll interval a little ahead
+(`DueWaits`), keeps what comes due soon and wakes at its due time, so a timer fires within
+milliseconds of due however many runs sleep; the sweeper (`sweep`, every
+AGENTRUNS_SWEEP_INTERVAL_SECONDS, and the q2 schedule) fires what is past due as the backstop.
+Any number of processes may fire at once: each wait is a compare-and-set (`SKIP LOCKED`, then
+pending -> resolved), its run queued in the same transaction (`transitions.settle_wait`).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from agentruns.models import Wait, WaitKind, WaitStatus
+from agentruns.runtime.execution.transitions import settle_wait
+from agentruns.runtime.waits.tools import TIMED_OUT, woke
+
+BATCH = 500
+
+
+def due_within(horizon: timedelta, now: datetime | None = None) -> list[tuple[datetime, int]]:
+    """(due_at, id) of the pending waits due before `now + horizon`, the soonest first."""
+    until = (now or timezone.now()) + horizon
+    rows = Wait.objects.filter(status=WaitStatus.PENDING, due_at__lte=until)
+    return list(rows.order_by("due_at").values_list("due_at", "id")[:BATCH])
+
+
+def fire(wait_id: int, now: datetime | None = None) -> bool:
+    """The wait comes due: a timer is resolved, any other wait fails with its timeout; its run
+    is queued. False: somebody else fired or resolved it first."""
+    with transaction.atomic():
+        wait = (
+            Wait.objects.select_for_update(skip_locked=True)
+            .filter(id=wait_id, status=WaitStatus.PENDING)
+            .first()
+        )
+        if wait is None:
+            return False
+        now = now or timezone.now()
+        if wait.kind == WaitKind.TIMER:
+            settle_wait(wait, woke(wait.due_at, now), by="timer")
+        else:
+            waited = (wait.due_at or now) - wait.created_at
+            error = f"No resolution arrived within {waited}."
+            settle_wait(wait, by=TIMED_OUT, error=error)
+    return True
+
+
+def fire_due_waits(now: datetime | None = None) -> int:
+    """Everything past due now (the sweeper). Returns how many waits this call fired."""
+    now = now or timezone.now()
+    return sum(fire(wait_id, now) for due_at, wait_id in due_within(timedelta(0), now))
+
+
+class DueWaits:
+    """A claimer's view of the waits coming due: it looks every `every` seconds, `every * 2`
+    ahead (so a wait is seen before its time even when a look is late), and fires each at its
+    due time (`tick`); `sleep_for` says how long the claimer may sleep before the next."""
+
+    def __init__(self, every: float) -> None:
+        self.every = every
+        self.next_look = 0.0  # time.monotonic() of the next query
+        self.soon: list[tuple[datetime, int]] = []
+        self.fired = 0
+
+    def tick(self) -> int:
+        if time.monotonic() >= self.next_look:
+            self.soon = due_within(timedelta(seconds=self.every * 2))
+            self.next_look = time.monotonic() + self.every
+        now = timezone.now()
+        due = [wait_id for due_at, wait_id in self.soon if due_at <= now]
+        if not due:
+            return 0
+        self.soon = [(due_at, wait_id) for due_at, wait_id in self.soon if due_at > now]
+        fired = sum(fire(wait_id, now) for wait_id in due)
+        self.fired += fired
+        return fired
+
+    def sleep_for(self, cap: float) -> float:
+        """Seconds until the next look or the next known due wait, at most `cap`."""
+        until = min(cap, self.next_look - time.monotonic())
+        if self.soon:
+            until = min(until, (self.soon[0][0] - timezone.now()).total_seconds())
+        return max(0.0, until)
