@@ -210,10 +210,13 @@ class RuntimeCollector(Collector):
             runs.add_metric([status], by_status.get(status, 0))
         yield runs
 
-        # a run waiting for a retry backoff is queued with its doorbell due later (enqueued_at)
-        backing_off = Run.objects.filter(status=RunStatus.QUEUED, enqueued_at__gt=now).count()
-        # queued behind another run of their concurrency key: no worker may claim them yet
-        in_line = Run.objects.filter(status=RunStatus.QUEUED, waiting_behind__isnull=False).count()
+        # a run waiting for a retry backoff is queued with its doorbell due later (enqueued_at);
+        # one queued behind another run of its concurrency key: no worker may claim it yet
+        queued = Run.objects.filter(status=RunStatus.QUEUED).aggregate(
+            backing_off=Count("id", filter=Q(enqueued_at__gt=now)),
+            in_line=Count("id", filter=Q(waiting_behind__isnull=False)),
+        )
+        backing_off, in_line = queued["backing_off"], queued["in_line"]
         yield GaugeMetricFamily(
             "agentruns_queue_depth",
             "Runs queued and waiting for a worker to claim them (backoffs not yet due and runs "
