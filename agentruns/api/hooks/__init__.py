@@ -16,6 +16,7 @@ from django.http import HttpRequest, HttpResponseBase
 
 from agentruns.api.endpoint import endpoint
 from agentruns.api.parsing import BadRequest, json_error, parse_json_body
+from agentruns.api.schemas import TIME, obj
 from agentruns.conf import conf
 from agentruns.registry.waits.events import MAX_TOKEN_CHARS
 from agentruns.runtime.values.timestamps import iso
@@ -66,6 +67,7 @@ def signed(request: HttpRequest) -> HttpResponseBase | bool:
     },
     example={"status": "delivered", "at": "2026-12-24T09:00:00Z"},
     tags=("hooks",),
+    returns=obj({"run_id": {"type": "string", "format": "uuid"}, "resolved_at": TIME}),
 )
 def post_hook(request: HttpRequest, token: str, body: dict[str, Any]) -> Any:
     """The body is what the run's `wait_for_event(token)` returns."""
