@@ -2,9 +2,9 @@
 and `wait_for` (offered by `wait_tools()`).
 
 The run parks until the time is due, holding no thread, no connection and no per-run polling:
-the wait's `due_at` is indexed, and the worker processes' claimers, which look at the database
-anyway, wake the runs that are due (runtime/waits/due.py). A sleep shorter than a claimer's look
-is slept on the run's thread, its wait recorded all the same.
+the wait's `due_at` is indexed, and each worker cluster's sweeper, which looks at the database
+anyway, wakes the runs that are due at their time (runtime/waits/due.py). A sleep shorter than
+its look (a second) is slept on the run's thread, its wait recorded all the same.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """Waits past their `due_at`: a timer wakes its run, an event wait's timeout fails it.
 
 Nothing polls a run: one indexed query (`wait_pending_due_idx`: pending waits by `due_at`) finds
-what is due, made by processes that look at the database anyway. Each worker process's claimer
-(`workers/claimer.py`, on PostgreSQL) looks once a poll interval a little ahead
-(`DueWaits`), keeps what comes due soon and wakes at its due time, so a timer fires within
-milliseconds of due however many runs sleep; the sweeper (`sweep`, every
-AGENTRUNS_SWEEP_INTERVAL_SECONDS, and the q2 schedule) fires what is past due as the backstop.
+what is due, made by the process that looks at the database anyway: each qcluster's sweeper
+thread (`workers/sweeper.SweeperLoop`, in the cluster's main process, which executes no run, so
+busy workers never hold a timer up) looks once a second a little ahead (`DueWaits`), keeps what
+comes due soon and fires each at its due time: a timer wakes within milliseconds of due
+however many runs sleep, at one query a second per cluster. Its sweep (`sweep`, and the q2
+schedule) fires whatever is past due as the backstop.
 Any number of processes may fire at once: each wait is a compare-and-set (`SKIP LOCKED`, then
 pending -> resolved), its run queued in the same transaction (`transitions.settle_wait`).
 """
@@ -20,7 +21,7 @@ from django.utils import timezone
 
 from agentruns.models import Wait, WaitKind, WaitStatus
 from agentruns.runtime.execution.transitions import settle_wait
-from agentruns.runtime.waits.tools import TIMED_OUT, woke
+from agentruns.runtime.waits.tools import LOOK_SECONDS, TIMED_OUT, woke
 
 BATCH = 500
 
@@ -60,11 +61,11 @@ def fire_due_waits(now: datetime | None = None) -> int:
 
 
 class DueWaits:
-    """A claimer's view of the waits coming due: it looks every `every` seconds, `every * 2`
+    """A sweeper's view of the waits coming due: it looks every `every` seconds, `every * 2`
     ahead (so a wait is seen before its time even when a look is late), and fires each at its
-    due time (`tick`); `sleep_for` says how long the claimer may sleep before the next."""
+    due time (`tick`); `sleep_for` says how long its thread may sleep before the next."""
 
-    def __init__(self, every: float) -> None:
+    def __init__(self, every: float = LOOK_SECONDS) -> None:
         self.every = every
         self.next_look = 0.0  # time.monotonic() of the next query
         self.soon: list[tuple[datetime, int]] = []

@@ -4,7 +4,7 @@ A wait is a `Wait` row named after the call's step (`TOOL_WAIT` + step id), foun
 order within the call: the call runs again from its start once the run resumes, and its n-th
 wait returns what the n-th wait was resolved with (a failed one raises again). A new wait:
 
-- a timer already due returns at once; one due within a claimer's look (about a second) is
+- a timer already due returns at once; one due within a sweeper's look (a second) is
   slept here, its wait recorded, so a crash mid-sleep finds it again;
 - an event whose token another live run holds fails at once (`TokenHeld`, recorded); a pending
   wait of a run that has ended holds nothing (it is failed on the way);
@@ -24,7 +24,6 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from pydantic import JsonValue
 
-from agentruns.conf import conf
 from agentruns.models import RunStatus, Step, StepStatus, Wait, WaitKind, WaitStatus
 from agentruns.models.runs import TERMINAL_RUN_STATUSES
 from agentruns.registry import get_tool
@@ -37,10 +36,14 @@ from agentruns.runtime.engine import status
 from agentruns.runtime.engine.plan import stage
 from agentruns.runtime.engine.slice import SliceState, island
 from agentruns.runtime.engine.waits import TOOL_WAIT
+from agentruns.runtime.events import LeaseLost
 from agentruns.runtime.operations import executions
 from agentruns.runtime.operations import gate as operations
 from agentruns.runtime.values.timestamps import iso
 
+# how often the sweepers look for waits coming due (waits/due.py): a timer due sooner than
+# this is slept on the run's thread instead (a look made just before it began would miss it)
+LOOK_SECONDS = 1.0
 # how the failure of a wait is told apart on replay (`resolved_by`)
 TIMED_OUT, HELD, RUN_ENDED = "timeout", "held", "run ended"
 
@@ -121,7 +124,7 @@ def _new(
         _held(wait, holder)
         _record(state, wait)
         raise failure(wait)
-    if kind == WaitKind.TIMER and (due - now).total_seconds() <= conf.RUN_CLAIM_POLL_SECONDS:
+    if kind == WaitKind.TIMER and (due - now).total_seconds() <= LOOK_SECONDS:
         _record(state, wait)  # short: slept here (a crash mid-sleep finds it again)
         if not status.wait_for_retry(state.executor, due):
             raise status.cancelled(state.executor)
@@ -194,7 +197,11 @@ def _park(state: SliceState, step: Step, tctx: Any, wait: Wait, *, new: bool) ->
                 try:
                     with transaction.atomic():
                         writer.save_wait(wait)
-                except IntegrityError:
+                except IntegrityError as exc:
+                    if "wait_unique_pending_token" not in str(exc):
+                        # the run's n-th wait is journaled already: another slice of this run
+                        # went on (this one's lease lapsed and was taken over)
+                        raise LeaseLost(str(state.run.id)) from None
                     _held(wait, holder_of(wait.token, state.run.id) or "unknown")
                     writer.save_wait(wait)
                     return status.yield_slice(executor, "the token is held by another run")

@@ -9,9 +9,7 @@ AGENTRUNS_RUN_CLAIM_BATCH) and claims that many of the oldest queued runs in one
 free, without waiting for a NOTIFY. A full process claims nothing, so it never hoards: a sibling
 with room takes the rest. Once a poll interval it also re-lets running runs whose lease expired
 (`claims.relet_abandoned`): a killed process's runs continue on a sibling's free slots without a
-trip through q2, whose doorbell from the sweeper stays the backstop. It also fires the waits
-that come due (`waits/due.py`: a timer wakes its run within milliseconds of its time, an event
-wait times out): one indexed query a poll interval, whatever the number of sleeping runs.
+trip through q2, whose doorbell from the sweeper stays the backstop.
 
 The q2 doorbell path is unchanged beside it (the sweeper's doorbells, approvals, yields); both
 end in the same pool and the lease decides. A database outage is weather: the claimer backs off
@@ -32,7 +30,6 @@ from agentruns.runtime.execution import transitions
 from agentruns.runtime.outages import weather
 from agentruns.runtime.outages.faults import is_infrastructure_error
 from agentruns.runtime.threads import OwnedThread
-from agentruns.runtime.waits.due import DueWaits
 from agentruns.runtime.workers.pool import RunPool, process_pool
 
 log = logging.getLogger(__name__)
@@ -50,8 +47,6 @@ class RunClaimer(OwnedThread):
         self.claimed = 0  # runs this claimer took (tests, logs)
         self.relet = 0  # of those, running runs whose lease had expired
         self._relet_due = 0.0  # monotonic: at most one look for abandoned runs per poll interval
-        # the waits coming due (timers, timeouts): looked up once a poll, fired at their time
-        self.due_waits = DueWaits(self.poll)
 
     def run(self) -> None:
         backoff = weather.Backoff(base=0.1, cap=1.0)
@@ -62,9 +57,7 @@ class RunClaimer(OwnedThread):
                     self.listener = self._listen()
                     more = True  # NOTIFYs sent while nobody listened are gone: look
                 if not more:
-                    self._wait_for_notify(self.due_waits.sleep_for(self.poll))
-                if self.due_waits.tick():
-                    more = True  # their runs are queued now: claim them without a NOTIFY
+                    self._wait_for_notify(self.poll)
                 if not self.pool.wait_for_free_slot(self.poll):
                     more = True  # full: NOTIFYs meanwhile are for whoever has room; look later
                     continue
