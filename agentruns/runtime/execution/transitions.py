@@ -286,3 +286,25 @@ def settle_wait(wait: Wait, payload: Any = None, *, by: str = "", error: str = "
     wait.resolved_by, wait.resolved_at = (by or "system")[:150], timezone.now()
     writer.save_wait(wait, ["status", "payload", "error", "resolved_by", "resolved_at"])
     resume_parked(wait.run_id, [])
+
+
+def resume_waiting(run_ids: list[Any], now: datetime) -> list[Any]:
+    """Waits of these runs were resolved in the caller's transaction (timers that came due, by
+    the batch): those still waiting are queued, each with its status event, and rung once
+    (`concurrency.ring`: one NOTIFY the claimers hear, or a doorbell each). Returns their ids."""
+    rows = list(
+        Run.objects.select_for_update()
+        .filter(id__in=set(run_ids), status=RunStatus.WAITING)
+        .values_list("id", "agent", "concurrency_key")
+    )
+    for run_id, agent, concurrency_key in rows:
+        change = RunChange(
+            {"status": RunStatus.QUEUED, "enqueued_at": now}, [_status_event(RunStatus.QUEUED)]
+        )
+        announce(run_id, change)
+        writer.append(run_id, change.events, set_fields=change.fields)
+        concurrency.follow(run_id, RunStatus.QUEUED, key=(agent, concurrency_key))
+        nudge_on_commit(run_id)
+    if rows:
+        concurrency.ring([run_id for run_id, _, _ in rows])
+    return [run_id for run_id, _, _ in rows]

@@ -8,7 +8,9 @@ comes due soon and fires each at its due time: a timer wakes within milliseconds
 however many runs sleep, at one query a second per cluster. Its sweep (`sweep`, and the q2
 schedule) fires whatever is past due as the backstop.
 Any number of processes may fire at once: each wait is a compare-and-set (`SKIP LOCKED`, then
-pending -> resolved), its run queued in the same transaction (`transitions.settle_wait`).
+pending -> resolved), and everything due at once is one transaction, its runs queued in it
+(`transitions.resume_waiting`: a few statements plus one per run; one at a time cost eleven
+each, and 200 timers due within five seconds woke 8 s late on a loaded machine).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from agentruns.models import Wait, WaitKind, WaitStatus
-from agentruns.runtime.execution.transitions import settle_wait
+from agentruns.runtime import writer
+from agentruns.runtime.execution.transitions import resume_waiting
 from agentruns.runtime.waits.tools import LOOK_SECONDS, TIMED_OUT, woke
 
 BATCH = 500
@@ -33,31 +36,40 @@ def due_within(horizon: timedelta, now: datetime | None = None) -> list[tuple[da
     return list(rows.order_by("due_at").values_list("due_at", "id")[:BATCH])
 
 
-def fire(wait_id: int, now: datetime | None = None) -> bool:
-    """The wait comes due: a timer is resolved, any other wait fails with its timeout; its run
-    is queued. False: somebody else fired or resolved it first."""
+def fire(wait_ids: list[int], now: datetime | None = None) -> int:
+    """These waits come due: timers are resolved, any other wait fails with its timeout, and
+    their runs are queued, all in one transaction of a few statements plus one per run. Returns
+    how many this call fired (a wait somebody else fired or resolved first is skipped)."""
+    now = now or timezone.now()
     with transaction.atomic():
-        wait = (
-            Wait.objects.select_for_update(skip_locked=True)
-            .filter(id=wait_id, status=WaitStatus.PENDING)
-            .first()
+        waits = list(
+            Wait.objects.select_for_update(skip_locked=True).filter(
+                id__in=wait_ids, status=WaitStatus.PENDING
+            )
         )
-        if wait is None:
-            return False
-        now = now or timezone.now()
-        if wait.kind == WaitKind.TIMER:
-            settle_wait(wait, woke(wait.due_at, now), by="timer")
-        else:
-            waited = (wait.due_at or now) - wait.created_at
-            error = f"No resolution arrived within {waited}."
-            settle_wait(wait, by=TIMED_OUT, error=error)
-    return True
+        if not waits:
+            return 0
+        for wait in waits:
+            if wait.kind == WaitKind.TIMER:
+                wait.status, wait.payload, wait.resolved_by = (
+                    WaitStatus.RESOLVED,
+                    woke(wait.due_at, now),
+                    "timer",
+                )
+            else:
+                waited = (wait.due_at or now) - wait.created_at
+                wait.status, wait.resolved_by = WaitStatus.FAILED, TIMED_OUT
+                wait.error = f"No resolution arrived within {waited}."
+            wait.resolved_at = now
+        writer.save_waits(waits, ["status", "payload", "error", "resolved_by", "resolved_at"])
+        resume_waiting([wait.run_id for wait in waits], now)
+    return len(waits)
 
 
 def fire_due_waits(now: datetime | None = None) -> int:
     """Everything past due now (the sweeper). Returns how many waits this call fired."""
     now = now or timezone.now()
-    return sum(fire(wait_id, now) for due_at, wait_id in due_within(timedelta(0), now))
+    return fire([wait_id for _, wait_id in due_within(timedelta(0), now)], now)
 
 
 class DueWaits:
@@ -80,7 +92,7 @@ class DueWaits:
         if not due:
             return 0
         self.soon = [(due_at, wait_id) for due_at, wait_id in self.soon if due_at > now]
-        fired = sum(fire(wait_id, now) for wait_id in due)
+        fired = fire(due, now)
         self.fired += fired
         return fired
 
