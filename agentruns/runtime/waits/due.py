@@ -1,12 +1,12 @@
 """Waits past their `due_at`: a timer wakes its run, an event wait's timeout fails it.
 
 Nothing polls a run: one indexed query (`wait_pending_due_idx`: pending waits by `due_at`) finds
-what is due, made by the process that looks at the database anyway: each qcluster's sweeper
-thread (`workers/sweeper.SweeperLoop`, in the cluster's main process, which executes no run, so
-busy workers never hold a timer up) looks once a second a little ahead (`DueWaits`), keeps what
-comes due soon and fires each at its due time: a timer wakes within milliseconds of due
-however many runs sleep, at one query a second per cluster. Its sweep (`sweep`, and the q2
-schedule) fires whatever is past due as the backstop.
+what is due, made beside the sweeper in each qcluster's main process (`DueWaitsLoop`: that
+process executes no run, so busy workers never hold a timer up, and its own thread, so a slow
+sweep does not either): it looks once a second a little ahead (`DueWaits`), keeps what comes
+due soon and fires each at its due time: a timer wakes within milliseconds of due however many
+runs sleep, at one query a second per cluster. The sweep (`sweep`, and the q2 schedule) fires
+whatever is past due as the backstop.
 Any number of processes may fire at once: each wait is a compare-and-set (`SKIP LOCKED`, then
 pending -> resolved), and everything due at once is one transaction, its runs queued in it
 (`transitions.resume_waiting`: a few statements plus one per run; one at a time cost eleven
@@ -15,16 +15,22 @@ each, and 200 timers due within five seconds woke 8 s late on a loaded machine).
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import datetime, timedelta
 
-from django.db import transaction
+from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
 from agentruns.models import Wait, WaitKind, WaitStatus
 from agentruns.runtime import writer
 from agentruns.runtime.execution.transitions import resume_waiting
+from agentruns.runtime.outages import weather
+from agentruns.runtime.outages.faults import is_infrastructure_error
+from agentruns.runtime.threads import OwnedThread
 from agentruns.runtime.waits.tools import LOOK_SECONDS, TIMED_OUT, woke
+
+log = logging.getLogger(__name__)
 
 BATCH = 500
 
@@ -73,7 +79,7 @@ def fire_due_waits(now: datetime | None = None) -> int:
 
 
 class DueWaits:
-    """A sweeper's view of the waits coming due: it looks every `every` seconds, `every * 2`
+    """A cluster's view of the waits coming due: it looks every `every` seconds, `every * 2`
     ahead (so a wait is seen before its time even when a look is late), and fires each at its
     due time (`tick`); `sleep_for` says how long its thread may sleep before the next."""
 
@@ -102,3 +108,28 @@ class DueWaits:
         if self.soon:
             until = min(until, (self.soon[0][0] - timezone.now()).total_seconds())
         return max(0.0, until)
+
+
+class DueWaitsLoop(OwnedThread):
+    """`DueWaits` on a thread of its own in the qcluster's main process (beside the sweeper)."""
+
+    name = "agentruns-due-waits"
+
+    def run(self) -> None:
+        due = DueWaits()
+        backoff = weather.Backoff(base=0.25, cap=LOOK_SECONDS)  # while the database is away
+        while not self.stopped.is_set():
+            try:
+                close_old_connections()
+                due.tick()
+                wait = due.sleep_for(LOOK_SECONDS)
+                backoff.reset()
+            except Exception as exc:
+                if is_infrastructure_error(exc):
+                    weather.database.noticed(exc, "the due waits")
+                else:
+                    log.warning("due waits: a look failed", exc_info=True)
+                wait = backoff.next()
+                connection.close()
+            self.stopped.wait(wait)
+        connection.close()

@@ -8,7 +8,6 @@ once at its start, and as a q2 schedule (the backstop; schedules fire at 30 s gr
 from __future__ import annotations
 
 import logging
-import time
 from datetime import datetime, timedelta
 
 from django.db import close_old_connections, connection, transaction
@@ -23,7 +22,7 @@ from agentruns.runtime.outages import weather
 from agentruns.runtime.outages.faults import is_infrastructure_error
 from agentruns.runtime.threads import OwnedThread
 from agentruns.runtime.values.ids import worker_name
-from agentruns.runtime.waits.due import DueWaits, fire_due_waits
+from agentruns.runtime.waits.due import fire_due_waits
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +60,7 @@ def sweep(now: datetime | None = None) -> int:
             if ringable.update(enqueued_at=now):
                 enqueue(run_id)
                 rung += 1
-    fire_due_waits(now)  # the claimers fire them at their time; this is the backstop
+    fire_due_waits(now)  # each cluster's DueWaitsLoop fires them at their time: the backstop
     expired = inbox().expire_due(now)
     escalated = inbox().escalate_due(now)
     if rung or expired or escalated:
@@ -141,9 +140,7 @@ def ensure_schedule() -> None:
 
 
 class SweeperLoop(OwnedThread):
-    """The fast sweeper: every AGENTRUNS_SWEEP_INTERVAL_SECONDS, in the qcluster process; and
-    between passes the waits coming due (`waits/due.DueWaits`: one look a second, each wait
-    fired at its due time).
+    """The fast sweeper: every AGENTRUNS_SWEEP_INTERVAL_SECONDS, in the qcluster process.
 
     While the database is away it tries again with a backoff capped at that interval, so its
     first pass after the outage comes within an interval of the database's return."""
@@ -153,34 +150,25 @@ class SweeperLoop(OwnedThread):
     def __init__(self, name: str | None = None) -> None:
         super().__init__()
         self.worker = name or f"qcluster@{worker_name()}"
-        self.due_waits = DueWaits()
 
     def run(self) -> None:
         interval = conf.SWEEP_INTERVAL_SECONDS
         # while the database is away: tries at most `interval` apart, from a quarter of it up
         backoff = weather.Backoff(base=min(0.25, interval / 4), cap=interval)
-        next_sweep = 0.0  # time.monotonic() of the next pass
         while not self.stopped.is_set():
             wait = interval
             try:
                 close_old_connections()
-                if time.monotonic() >= next_sweep:
-                    sweep()
-                    record_heartbeat(self.worker, swept=True)
-                    next_sweep = time.monotonic() + interval
-                # between passes: the waits coming due, each fired at its time (this thread
-                # runs no run, so a busy worker process never holds a timer up)
-                self.due_waits.tick()
-                wait = min(next_sweep - time.monotonic(), self.due_waits.sleep_for(interval))
+                sweep()
+                record_heartbeat(self.worker, swept=True)
                 weather.database.passed()
                 backoff.reset()
             except Exception as exc:
-                next_sweep = 0.0  # a whole pass first once the database answers
                 if is_infrastructure_error(exc):
                     weather.database.noticed(exc, "the sweeper")
                     wait = backoff.next()
                 else:
                     log.warning("sweeper pass failed", exc_info=True)
                 connection.close()
-            self.stopped.wait(max(wait, 0.0))
+            self.stopped.wait(wait)
         connection.close()
