@@ -1,8 +1,9 @@
 """200 runs asleep on the model's `wait_until`, due over five seconds, in two real qclusters; one
 is SIGKILLed (its process group) in the middle of the due window and started again. Every
-timer wakes within a second of its due time (p99, the wait's resolution), fired by the
-claimers' look ahead (the sweeper runs only every 2 s here, so it cannot be what meets it), and
-every run ends. Run with `-s` for the figures."""
+timer wakes within a second of its due time (p99, the wait's resolution: the run is queued),
+fired at its time by each cluster's DueWaitsLoop (the sweep, every 2 s here as by default,
+backs it up and cannot be what meets the second), and every run ends. Run with `-s` for the
+figures (TIMER_DRILL_RUNS, TIMER_DRILL_ASLEEP_WITHIN: a smaller or slower drill)."""
 
 from __future__ import annotations
 
