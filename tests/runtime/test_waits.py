@@ -144,3 +144,22 @@ def test_a_claimers_look_fires_a_timer_at_its_time():
     assert 0 <= (timer.resolved_at - timer.due_at).total_seconds() < 0.5
     assert Run.objects.get(id=run.id).status == RunStatus.QUEUED
     assert due.tick() == 0  # once
+
+
+def test_two_agents_may_both_add_the_wait_tools():
+    from pydantic_ai import Agent
+    from pydantic_ai.models.function import FunctionModel
+
+    from agentruns.registry import get_agent, register_agent, wait_tools
+    from tests.pydantic_ai.agents import play
+
+    second = Agent(
+        FunctionModel(stream_function=play, model_name="waits-script"),
+        name="pa-waits-too",
+        toolsets=[wait_tools()],
+    )
+    register_agent(second)  # tool names are global; these are everybody's
+    assert {"wait_for", "wait_until"} <= set(get_agent("pa-waits-too").tools)
+    run = advance(start("pa-waits-too", ("wait_for", {"seconds": 600})))
+    assert run.status == RunStatus.WAITING
+    assert Wait.objects.get(run=run).kind == WaitKind.TIMER
