@@ -163,3 +163,12 @@ def test_two_agents_may_both_add_the_wait_tools():
     run = advance(start("pa-waits-too", ("wait_for", {"seconds": 600})))
     assert run.status == RunStatus.WAITING
     assert Wait.objects.get(run=run).kind == WaitKind.TIMER
+
+
+def test_an_async_tool_waits_for_an_event_too():
+    run = advance(start("pa-waits", ("await_pickup", {"order_id": "P-1"})))
+    assert run.status == RunStatus.WAITING, run.error
+    resolve_hook("pickup:P-1", {"courier": "ada"}, by="courier")
+    run = advance(run)
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert _tool_step(run).result == {"event": {"courier": "ada"}}

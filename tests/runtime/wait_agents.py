@@ -51,4 +51,10 @@ def nap(seconds: float) -> dict:
     return sleep_for(seconds)
 
 
+@waiter.tool_plain(metadata=durable(side_effect=True, idempotency="key"))
+async def await_pickup(order_id: str) -> dict:
+    """An async tool waiting for the courier's pickup event."""
+    return {"event": wait_for_event(f"pickup:{order_id}")}
+
+
 register_agent(waiter)
