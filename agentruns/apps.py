@@ -18,6 +18,7 @@ class AgentRunsConfig(AppConfig):
     def ready(self) -> None:
         connect_reload()
         conf.load_all()  # a bad value stops every process at start-up, not mid-run
+        _check_hook_secret()
         check_environment()
         # django-q2 forks workers from processes that hold pooled connections
         connections.guard_forks()
@@ -30,8 +31,10 @@ class AgentRunsConfig(AppConfig):
         # each agent is prepared for the engine as it registers (its durability capability)
         from agentruns.registry import on_register
         from agentruns.runtime.engine.agents import prepare
+        from agentruns.runtime.waits.tools import install
 
         on_register(prepare)
+        install()  # how tool code's waits are kept (registry.wait_for_event, the sleeps)
         autodiscover_modules("agents")
         for module in filter(None, conf.AGENT_MODULES.split(",")):
             import_module(module.strip())
@@ -39,3 +42,13 @@ class AgentRunsConfig(AppConfig):
             check_model_name(conf.MODEL)
         except UnusableModel as exc:
             raise ImproperlyConfigured(f"AGENTRUNS_MODEL: {exc}") from None
+
+
+def _check_hook_secret() -> None:
+    from agentruns.runtime.values.webhook_signatures import BadSecret, secret_bytes
+
+    if conf.HOOK_SECRET:
+        try:
+            secret_bytes(conf.HOOK_SECRET)
+        except BadSecret as exc:
+            raise ImproperlyConfigured(f"AGENTRUNS_HOOK_SECRET: {exc}") from None

@@ -286,6 +286,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("AGENTRUNS_METRICS_WINDOW", int, 10_000, "step attempts in the duration histogram", 1),
     Setting("AGENTRUNS_METRICS_TOKEN", str, "", "a bearer token that may read /metrics"),
     Setting(
+        "AGENTRUNS_HOOK_SECRET",
+        str,
+        "",
+        "`whsec_<base64>`: machine senders of `POST /api/hooks/<token>` sign with it (Standard "
+        "Webhooks; checked at start-up); empty: only bearer tokens with `agentruns.resolve_hook`",
+    ),
+    Setting(
         "AGENTRUNS_METRICS_ALLOW",
         str,
         "127.0.0.1,::1",

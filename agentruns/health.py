@@ -44,6 +44,8 @@ from agentruns.oncall_metrics import (
 from agentruns.operators import details_for_operators, operators_only
 from agentruns.runtime.inbox import inbox
 from agentruns.runtime.values.timestamps import iso
+from agentruns.selectors.waiting import KINDS as WAIT_KINDS
+from agentruns.selectors.waiting import waiting_by_kind
 
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 METRICS_CACHE_KEY = "agentruns:metrics:v1"
@@ -208,10 +210,13 @@ class RuntimeCollector(Collector):
             runs.add_metric([status], by_status.get(status, 0))
         yield runs
 
-        # a run waiting for a retry backoff is queued with its doorbell due later (enqueued_at)
-        backing_off = Run.objects.filter(status=RunStatus.QUEUED, enqueued_at__gt=now).count()
-        # queued behind another run of their concurrency key: no worker may claim them yet
-        in_line = Run.objects.filter(status=RunStatus.QUEUED, waiting_behind__isnull=False).count()
+        # a run waiting for a retry backoff is queued with its doorbell due later (enqueued_at);
+        # one queued behind another run of its concurrency key: no worker may claim it yet
+        queued = Run.objects.filter(status=RunStatus.QUEUED).aggregate(
+            backing_off=Count("id", filter=Q(enqueued_at__gt=now)),
+            in_line=Count("id", filter=Q(waiting_behind__isnull=False)),
+        )
+        backing_off, in_line = queued["backing_off"], queued["in_line"]
         yield GaugeMetricFamily(
             "agentruns_queue_depth",
             "Runs queued and waiting for a worker to claim them (backoffs not yet due and runs "
@@ -228,6 +233,7 @@ class RuntimeCollector(Collector):
             "Queued runs waiting for a retry backoff (no thread, no lease)",
             value=backing_off,
         )
+        yield from waiting_families(now)
         yield GaugeMetricFamily(
             "agentruns_cancel_requested_runs",
             "Live runs flagged for cancel, not yet at a step boundary",
@@ -324,6 +330,27 @@ class RuntimeCollector(Collector):
                 gsum_value=total.total_seconds() if total is not None else 0.0,
             )
         return family
+
+
+def waiting_families(now) -> Iterator[GaugeMetricFamily]:
+    """Waiting runs by what they wait for, and how long the oldest has (selectors/waiting.py)."""
+    waiting = GaugeMetricFamily(
+        "agentruns_runs_waiting_for",
+        "Waiting runs by what they wait for (approval, question, event, timer, message)",
+        labels=["kind"],
+    )
+    oldest = GaugeMetricFamily(
+        "agentruns_runs_waiting_for_oldest_seconds",
+        "Seconds the longest-waiting run of each kind has waited",
+        labels=["kind"],
+    )
+    by_kind = waiting_by_kind()
+    for kind in WAIT_KINDS:
+        n, since = by_kind.get(kind, (0, None))
+        waiting.add_metric([kind], n)
+        oldest.add_metric([kind], (now - since).total_seconds() if since else 0)
+    yield waiting
+    yield oldest
 
 
 def render_metrics() -> bytes:

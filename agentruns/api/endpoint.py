@@ -71,6 +71,10 @@ class Endpoint:
     streams: bool = False
     description: str = ""  # the view's docstring
     tags: tuple[str, ...] = ()
+    # a machine sender's own proof, tried before the user's (`api/hooks`: a Standard Webhooks
+    # signature): True: accepted without a user or a permission; a response: refused; False:
+    # not one, the usual authentication follows
+    machine: Callable[[HttpRequest], HttpResponseBase | bool] | None = None
 
     def route(self) -> str:
         """The Django route: every parameter as <str:...>, so a malformed one reaches our JSON
@@ -191,15 +195,18 @@ def endpoint(
             **declared,
         )
         permission, query, session_writes = point.permission, point.query, point.session_writes
-        streams = point.streams
+        streams, machine = point.streams, point.machine
         checks = _Validated(point.path_params, query, body)
 
         @wraps(view)
         def handle(request: HttpRequest, **kwargs: str) -> HttpResponseBase:
-            refused = authenticate(request, session_writes=session_writes)
+            signed = machine(request) if machine is not None else False
+            if isinstance(signed, HttpResponseBase):
+                return signed
+            refused = None if signed else authenticate(request, session_writes=session_writes)
             if refused is not None:
                 return refused
-            if permission and not request.user.has_perm(permission):
+            if not signed and permission and not request.user.has_perm(permission):
                 return json_error(f"permission denied: {permission} is required", 403)
             slot: Slot | None = None
             try:

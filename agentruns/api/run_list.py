@@ -18,7 +18,7 @@ from agentruns.api.endpoint import endpoint
 from agentruns.api.parsing import BadRequest
 from agentruns.api.schemas import RUN_LIST
 from agentruns.api.serializers import run_summary_payload
-from agentruns.models import Run, RunStatus
+from agentruns.models import Run, RunStatus, WaitKind
 from agentruns.selectors import RunFilters, run_page
 from agentruns.selectors.pagination import decode_cursor, parse_uuid
 
@@ -59,6 +59,8 @@ def _cursor(raw: str | None, name: str) -> str:
     permission=VIEW,
     query={
         "status": {"type": "string", "enum": RunStatus.values},
+        # waiting runs by what they wait for (selectors/waiting.py)
+        "waiting_for": {"type": "string", "enum": list(WaitKind.values)},
         # what the work came to (`refund_rejected`, `handed_over`, ...; registry/outcomes/)
         "outcome": {"type": "string", "pattern": "^[a-z][a-z0-9_]{0,39}$"},
         "agent": {"type": "string", "minLength": 1, "maxLength": AGENT_MAX},
@@ -76,6 +78,7 @@ def _cursor(raw: str | None, name: str) -> str:
 def list_runs(
     request: HttpRequest,
     status: str = "",
+    waiting_for: str = "",
     outcome: str = "",
     agent: str = "",
     created_by: str = "",
@@ -88,6 +91,7 @@ def list_runs(
 ) -> dict:
     filters = RunFilters(
         status=status,
+        waiting_for=waiting_for,
         outcome=outcome,
         agent=agent,
         q=q.strip(),

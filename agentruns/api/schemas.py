@@ -7,7 +7,7 @@ schema fails the suite. Objects allow extra properties: adding a field is not a 
 
 from __future__ import annotations
 
-from agentruns.models import PRIORITY_MAX, PRIORITY_MIN, RunStatus, StepKind, StepStatus
+from agentruns.models import PRIORITY_MAX, PRIORITY_MIN, RunStatus, StepKind, StepStatus, WaitKind
 
 TIME = {"type": "string", "format": "date-time"}
 TIME_OR_NULL = {"type": ["string", "null"], "format": "date-time"}
@@ -39,6 +39,21 @@ QUEUE_FIELDS = {
     "waiting_behind": {"type": ["string", "null"], "format": "uuid"},
     "waiting_reason": TEXT_OR_NULL,
 }
+# what a waiting run waits for (selectors/waiting.py); null unless it is waiting
+WAITING_FOR = {
+    "anyOf": [
+        obj(
+            {
+                "kind": {"type": "string", "enum": list(WaitKind.values)},
+                "since": TIME_OR_NULL,
+                "due": TIME_OR_NULL,
+                "token": TEXT_OR_NULL,
+            }
+        ),
+        {"type": "null"},
+    ]
+}
+QUEUE_FIELDS["waiting_for"] = WAITING_FOR
 USAGE = obj({"prompt_tokens": COUNT, "completion_tokens": COUNT})
 STEP = obj(
     {

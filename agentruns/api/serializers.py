@@ -6,6 +6,7 @@ from agentruns.models import Run, Step
 from agentruns.runtime.values.redaction import redact_fields, redact_text
 from agentruns.runtime.values.timestamps import iso
 from agentruns.selectors import waiting_line
+from agentruns.selectors.waiting import waiting_for
 
 
 def step_payload(run: Run, step: Step) -> dict:
@@ -50,6 +51,7 @@ def queue_fields(run: Run) -> dict:
         "concurrency_key": run.concurrency_key,
         "waiting_behind": str(run.waiting_behind) if run.waiting_behind else None,
         "waiting_reason": waiting_line(run) or None,
+        "waiting_for": waiting_for(run),
     }
 
 

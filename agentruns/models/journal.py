@@ -15,8 +15,10 @@ from agentruns.models.runs import Run
 
 class WaitKind(models.TextChoices):
     APPROVAL = "approval"  # the inbox decides the calls' approvals (`calls`)
-    EVENT = "event"  # something outside resolves the token
-    QUESTION = "question"  # a person answers the model's question in the inbox (`calls`: its call)
+    EVENT = "event"  # something outside resolves the token (a hook, `resolve_wait`)
+    TIMER = "timer"  # resolved at `due_at` by whichever process looks first (runtime/waits/due.py)
+    QUESTION = "question"  # a person answers in the inbox (`ask_human`)
+    MESSAGE = "message"  # the next message of the run's thread
 
 
 class WaitStatus(models.TextChoices):
@@ -30,7 +32,8 @@ class Wait(models.Model):
     ordinal = models.PositiveIntegerField()  # the n-th wait of the run's loop
     name = models.CharField(max_length=200)
     kind = models.CharField(max_length=16, choices=WaitKind.choices)
-    token = models.CharField(max_length=64)
+    # random, or chosen by the engineer for an outside event (`wait_for_event("carrier:123")`)
+    token = models.CharField(max_length=200)
     status = models.CharField(max_length=16, choices=WaitStatus.choices, default=WaitStatus.PENDING)
     # what `ask` returned (null: it handed the token on and the run waits for the resolution)
     asked = models.JSONField(null=True, blank=True)
@@ -47,14 +50,26 @@ class Wait(models.Model):
         ordering = ["run", "ordinal"]
         constraints = [
             models.UniqueConstraint(fields=["run", "ordinal"], name="wait_unique_run_ordinal"),
-            models.UniqueConstraint(fields=["token"], name="wait_unique_token"),
+            # one live holder per token: a chosen token is waited on again once resolved
+            models.UniqueConstraint(
+                fields=["token"],
+                condition=models.Q(status="pending"),
+                name="wait_unique_pending_token",
+            ),
         ]
         indexes = [
+            models.Index(fields=["token"], name="wait_token_idx"),  # a hook's second try: 409
+            # what waiting runs wait for (`waiting_for`, /metrics), without the resolved ones
+            models.Index(
+                fields=["kind", "created_at"],
+                condition=models.Q(status="pending"),
+                name="wait_pending_kind_idx",
+            ),
             models.Index(
                 fields=["due_at"],
                 condition=models.Q(status="pending", due_at__isnull=False),
                 name="wait_pending_due_idx",
-            )
+            ),
         ]
 
     def __str__(self) -> str:

@@ -166,6 +166,7 @@ class Run(models.Model):
         permissions = [
             ("operate_run", "Can retry, cancel and resolve runs"),
             ("start_run", "Can start runs (the form, the API, fork, chat)"),
+            ("resolve_hook", "Can resume runs waiting on a hook (POST /api/hooks/<token>)"),
         ]
 
     def __str__(self) -> str:

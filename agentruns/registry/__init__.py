@@ -41,7 +41,17 @@ from agentruns.registry.operations import OperationKeyError, OverLimit
 from agentruns.registry.outcomes import check_declaration as check_outcomes
 from agentruns.registry.schemas import _simple_plan, schema_from_signature, strict_validator
 from agentruns.registry.tools import RetryPolicy, Tool, _tools, get_tool, has_tool, tool
-from agentruns.registry.waits import WAIT_TOOLS, wait_tools
+from agentruns.registry.waits import (
+    EventTimedOut,
+    EventWaitFailed,
+    TokenHeld,
+    ask_human,
+    shared_tool_names,
+    sleep_for,
+    sleep_until,
+    wait_for_event,
+    wait_tools,
+)
 
 # the edit policy (agentruns.registry.edits) and the strict validator are part of the plug-in API
 __all__ = [
@@ -69,6 +79,14 @@ __all__ = [
     "durable",
     "schema_from_signature",
     "strict_validator",
+    # waits (registry/waits): the model's toolset and what tool code calls
+    "EventTimedOut",
+    "EventWaitFailed",
+    "TokenHeld",
+    "ask_human",
+    "sleep_for",
+    "sleep_until",
+    "wait_for_event",
     "wait_tools",
 ]
 
@@ -192,9 +210,7 @@ def _from_pydantic_ai(agent: Any, *, tools: Any, deps: Any, **options: Any) -> A
     adopted = adopt(agent, name=options.pop("name", None), tools=tools, deps=deps)
     for spec in adopted.tools:
         owner = _tool_owners.get(spec.name)
-        # the waiting tools (`wait_tools()`) are the same functions in every agent that adds them
-        shared = spec.name in {f.__name__ for f in WAIT_TOOLS}
-        if spec.name in _tools and owner != adopted.name and not shared:
+        if spec.name in _tools and owner != adopted.name and spec.name not in shared_tool_names():
             raise ValueError(
                 f"Pydantic AI agent {adopted.name!r}: a tool named {spec.name!r} is already "
                 f"registered (by {owner or 'an @tool'}); tool names are global (tool policies "

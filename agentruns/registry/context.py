@@ -22,6 +22,9 @@ class ToolContext:
     # the W3C trace context for the call's outgoing requests (send it as the `traceparent`
     # header): the tool's span when tracing is on, else the run's root span
     traceparent: str = ""
+    # waits this execution of the call made so far (`wait_for_event`, timers): the n-th is found
+    # again by its order when the call runs again after the run resumed
+    waits_seen: int = 0
 
 
 _current: ContextVar[Any] = ContextVar("agentruns_current_step", default=None)

@@ -168,6 +168,11 @@ def save_journal(entries: Sequence[JournalEntry]) -> None:
     JournalEntry.objects.bulk_create(list(entries))
 
 
+def save_waits(waits: Sequence[Wait], fields: Sequence[str]) -> None:
+    """Changed waits, in one statement (the timers a sweeper fires at once)."""
+    Wait.objects.bulk_update(list(waits), list(fields))
+
+
 def save_wait(wait: Wait, fields: Sequence[str] | None = None) -> None:
     """A wait of the run's loop, new or changed (in the caller's transaction)."""
     if fields is None:

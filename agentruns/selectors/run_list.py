@@ -17,6 +17,8 @@ from django.utils import timezone
 from agentruns.models import Run, RunStatus
 from agentruns.registry.search import expanded_keys
 from agentruns.selectors.pagination import KeysetPage, keyset_page, parse_uuid
+from agentruns.selectors.waiting import KINDS as WAIT_KINDS
+from agentruns.selectors.waiting import waiting_on, with_waiting_for
 
 AGES: dict[str, timedelta] = {
     "1h": timedelta(hours=1),
@@ -60,13 +62,17 @@ class RunFilters:
     # a whole search key, exactly (an order or ticket id: "ORD-1001" but not "ORD-10010"), for
     # pages of a domain app that list the runs of one of its objects (support's ticket page)
     key: str = ""
+    # what a waiting run waits for (selectors/waiting.py: approval, question, event, timer, ...)
+    waiting_for: str = ""
 
     @classmethod
     def from_query(cls, params: dict) -> RunFilters:
         status = params.get("status", "")
         age = params.get("age", "")
         outcome = params.get("outcome", "")
+        waiting = params.get("waiting_for", "")
         return cls(
+            waiting_for=waiting if waiting in WAIT_KINDS else "",
             status=status if status in RunStatus.values else "",
             outcome=outcome if OUTCOME.match(outcome) else "",
             agent=params.get("agent", "")[:100],
@@ -143,7 +149,9 @@ def filtered_runs(filters: RunFilters, now: datetime | None = None) -> QuerySet[
         runs = runs.filter(created_at__gt=filters.created_after)
     if filters.created_before:
         runs = runs.filter(created_at__lt=filters.created_before)
-    return runs
+    if filters.waiting_for:
+        runs = runs.filter(waiting_on(filters.waiting_for))
+    return with_waiting_for(runs)
 
 
 def run_page(

@@ -28,6 +28,8 @@ from agentruns.runtime.execution import unknown_outcomes
 from agentruns.runtime.values.ids import parse_id
 from agentruns.runtime.values.text import UnsafeValue, loads_strict
 from agentruns.selectors import AGES, RunFilters, backoff_of, live_turns, run_page, waiting_line
+from agentruns.selectors.waiting import KINDS as WAIT_KINDS
+from agentruns.selectors.waiting import waiting_for
 from agentruns.web import run_view
 from agentruns.web.forms.inputs import input_fields, input_from_form
 from agentruns.web.forms.tokens import FIELD as TOKEN_FIELD
@@ -54,6 +56,7 @@ def run_list(request: HttpRequest) -> HttpResponse:
         "outcomes": sorted(tones(all_agents().values())),
         "agents": sorted(all_agents()),
         "ages": list(AGES),
+        "wait_kinds": WAIT_KINDS,
     }
     template = "agentruns/_run_rows.html" if request.htmx else "agentruns/run_list.html"
     return render(request, template, context)
@@ -94,6 +97,7 @@ def run_detail(request: HttpRequest, run_id) -> HttpResponse:
             "permissions": permission_view(run),
             "backoff": backoff_of(run, events),
             "waiting_line": waiting_line(run),
+            "waiting_for": waiting_for(run),
             # the support view: the conversation first, the input as fields, who may act
             "customer_message": run_view.customer_message(run),
             "input_items": run_view.input_items(run),

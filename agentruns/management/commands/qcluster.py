@@ -34,6 +34,7 @@ from agentruns.runtime.outages import weather
 from agentruns.runtime.outages.faults import is_infrastructure_error
 from agentruns.runtime.retention import RetentionLoop
 from agentruns.runtime.store import nudges
+from agentruns.runtime.waits.due import DueWaitsLoop
 from agentruns.runtime.workers import collector, pool, q2_cluster, stop_signals
 from agentruns.runtime.workers.claimer import start_claimer
 from agentruns.runtime.workers.sweeper import SweeperLoop, ensure_schedule, sweep
@@ -96,6 +97,10 @@ class Command(QClusterCommand):
         loop = None if options.get("no_sweeper") else SweeperLoop()
         if loop:
             loop.start()
+        # timers and timeouts, each fired at its due time (beside the sweeper, which backs it up)
+        due_waits = None if options.get("no_sweeper") else DueWaitsLoop()
+        if due_waits:
+            due_waits.start()
         deliveries = None if options.get("no_deliveries") else inbox().delivery_loop()
         if deliveries:
             deliveries.start()
@@ -105,10 +110,10 @@ class Command(QClusterCommand):
             while cluster.sentinel.is_alive():
                 time.sleep(0.5)
         finally:
-            for thread in (loop, deliveries, retention):
+            for thread in (loop, due_waits, deliveries, retention):
                 if thread:
                     thread.stopped.set()
-        for thread in (loop, deliveries, retention):
+        for thread in (loop, due_waits, deliveries, retention):
             if thread:
                 thread.join(LOOP_JOIN_SECONDS)
         exit_without_teardown()

@@ -1,9 +1,11 @@
-"""Tools that let an agent wait for people and systems, offered as one Pydantic AI toolset:
+"""Waits a run makes: the toolset agents add (`Agent(..., toolsets=[wait_tools()])`: ask a
+colleague, sleep until a time or for a while) and the functions tool code calls
+(`wait_for_event`, `sleep_until`, `sleep_for`).
 
-    register_agent(Agent("...", name="refund", toolsets=[wait_tools()]))
-
-Each tool defers its call (`CallDeferred`); the engine parks the run on a `Wait` and resumes it
-with the answer as the call's result (agentruns/runtime/engine/tools/questions.py for questions).
+Each wait parks the run (status `waiting`, `waiting_for` says for what) and is journaled: the
+run resumes in any worker process, after any restart, with what the wait returned. A question
+defers its call (`CallDeferred`) and is answered in the inbox
+(agentruns/runtime/engine/tools/questions.py).
 """
 
 from __future__ import annotations
@@ -13,15 +15,44 @@ from typing import Any
 
 from pydantic_ai.toolsets import FunctionToolset
 
+from agentruns.registry.waits import timers
+from agentruns.registry.waits.events import (
+    EventTimedOut,
+    EventWaitFailed,
+    TokenHeld,
+    wait_for_event,
+)
 from agentruns.registry.waits.questions import ask_human
+from agentruns.registry.waits.timers import sleep_for, sleep_until
 
-# the tool functions `wait_tools()` offers, in the order the model sees them
-WAIT_TOOLS: list[Callable[..., Any]] = [ask_human]
+__all__ = [
+    "EventTimedOut",
+    "EventWaitFailed",
+    "TokenHeld",
+    "ask_human",
+    "shared_tool_names",
+    "sleep_for",
+    "sleep_until",
+    "wait_for_event",
+    "wait_tools",
+]
+
+TOOLSET_ID = "agentruns_waits"
+
+# the model's tools in `wait_tools()`, in the order the model sees them (a tool added here is
+# offered to every agent that adds the toolset)
+TOOLS: list[Callable[..., Any]] = [
+    ask_human,
+    timers.wait_until,
+    timers.wait_for,
+]
 
 
 def wait_tools() -> FunctionToolset[Any]:
     """A fresh toolset of the waiting tools (each agent gets its own: toolsets are bound)."""
-    return FunctionToolset(list(WAIT_TOOLS), id="agentruns_waits")
+    return FunctionToolset(list(TOOLS), id=TOOLSET_ID)
 
 
-__all__ = ["WAIT_TOOLS", "ask_human", "wait_tools"]
+def shared_tool_names() -> frozenset[str]:
+    """Tool names every agent may declare (tool names are otherwise one agent's own)."""
+    return frozenset(tool.__name__ for tool in TOOLS)

@@ -198,6 +198,11 @@ def _carry_out(agent: str, key: str, limit: int, plan: _Plan, now: datetime, *, 
         _ring(admitted)
 
 
+def ring(run_ids: list[uuid.UUID]) -> None:
+    """Runs queued again by somebody else's transaction (timers that came due) are due now."""
+    _ring(run_ids)
+
+
 def _ring(run_ids: list[uuid.UUID]) -> None:
     """Admitted runs are due now: the claimers hear it on commit (PostgreSQL), or a q2 doorbell
     per run rings in this transaction (SQLite, claims off)."""

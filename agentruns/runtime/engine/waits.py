@@ -95,7 +95,11 @@ def _next_wait(state: SliceState) -> Wait | None:
     while state.waits_seen < len(state.waits):
         wait = state.waits[state.waits_seen]
         state.waits_seen += 1
-        if wait.name != RULE_WAIT and not questions.is_question_wait(wait):
+        if (
+            wait.name != RULE_WAIT
+            and not wait.name.startswith(TOOL_WAIT)
+            and not questions.is_question_wait(wait)
+        ):
             return wait
     return None
 
@@ -103,6 +107,9 @@ def _next_wait(state: SliceState) -> Wait | None:
 # ------------------------------------------------------------------ our approval rules
 # the name of a wait our approval rule opened for one call (found by its call, not its order)
 RULE_WAIT = "approval"
+# the name's start of a wait tool code made (`wait_for_event`, a timer): found by its step and
+# its order within the call (runtime/waits/tools.py)
+TOOL_WAIT = "tool:"
 
 
 def rule_wait(state: SliceState, call_id: str) -> Wait | None:

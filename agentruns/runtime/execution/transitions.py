@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from agentruns.models import Run, RunStatus, Step, StepStatus, Wait, WaitKind, WaitStatus
@@ -264,37 +265,47 @@ def _approvals_decided(run_id: uuid.UUID | str) -> bool:
 def resolve_wait(token: str, payload: Any = None, *, by: str = "", error: str = "") -> Wait:
     """Resolve the wait on `token` with `payload` (or fail it with `error`): once, from any
     process; the run waiting on it is queued and rung on commit. WaitAlreadyResolved for a
-    second resolution (nothing changes), UnknownToken when nobody waits on it."""
+    second resolution (nothing changes; the token's latest wait says who and when),
+    UnknownToken when nobody waits on it. (A chosen token is waited on again once resolved:
+    one pending wait per token, any number resolved.)"""
     with transaction.atomic():
-        wait = Wait.objects.select_for_update().filter(token=token).first()
+        waits = Wait.objects.select_for_update().filter(token=token)
+        wait = waits.filter(status=WaitStatus.PENDING).first()
         if wait is None:
-            raise UnknownToken(token)
-        if wait.status != WaitStatus.PENDING:
-            raise WaitAlreadyResolved(wait)
-        wait.status = WaitStatus.FAILED if error else WaitStatus.RESOLVED
-        wait.payload, wait.error = (None, error) if error else (payload, "")
-        wait.resolved_by, wait.resolved_at = (by or "system")[:150], timezone.now()
-        writer.save_wait(wait, ["status", "payload", "error", "resolved_by", "resolved_at"])
-        resume_parked(wait.run_id, [])
+            latest = waits.order_by(F("resolved_at").desc(nulls_last=True), "-id").first()
+            if latest is None:
+                raise UnknownToken(token)
+            raise WaitAlreadyResolved(latest)
+        settle_wait(wait, payload, by=by, error=error)
     return wait
 
 
-def fail_due_waits(now: datetime | None = None) -> int:
-    """The sweeper: waits past their timeout fail ("no resolution arrived"), which resumes their
-    runs with the error. Safe in any number of sweepers at once (each wait is claimed)."""
-    now = now or timezone.now()
-    due = Wait.objects.filter(status=WaitStatus.PENDING, due_at__lte=now).values_list(
-        "token", "due_at", "created_at"
-    )[:200]
-    failed = 0
-    for token, due_at, created_at in list(due):
-        try:
-            resolve_wait(
-                token,
-                by="timeout",
-                error=f"No resolution arrived within {due_at - created_at}.",
-            )
-            failed += 1
-        except (WaitAlreadyResolved, UnknownToken):
-            pass
-    return failed
+def settle_wait(wait: Wait, payload: Any = None, *, by: str = "", error: str = "") -> None:
+    """A pending wait the caller locked is resolved (or failed), and its run queued."""
+    wait.status = WaitStatus.FAILED if error else WaitStatus.RESOLVED
+    wait.payload, wait.error = (None, error) if error else (payload, "")
+    wait.resolved_by, wait.resolved_at = (by or "system")[:150], timezone.now()
+    writer.save_wait(wait, ["status", "payload", "error", "resolved_by", "resolved_at"])
+    resume_parked(wait.run_id, [])
+
+
+def resume_waiting(run_ids: list[Any], now: datetime) -> list[Any]:
+    """Waits of these runs were resolved in the caller's transaction (timers that came due, by
+    the batch): those still waiting are queued, each with its status event, and rung once
+    (`concurrency.ring`: one NOTIFY the claimers hear, or a doorbell each). Returns their ids."""
+    rows = list(
+        Run.objects.select_for_update()
+        .filter(id__in=set(run_ids), status=RunStatus.WAITING)
+        .values_list("id", "agent", "concurrency_key")
+    )
+    for run_id, agent, concurrency_key in rows:
+        change = RunChange(
+            {"status": RunStatus.QUEUED, "enqueued_at": now}, [_status_event(RunStatus.QUEUED)]
+        )
+        announce(run_id, change)
+        writer.append(run_id, change.events, set_fields=change.fields)
+        concurrency.follow(run_id, RunStatus.QUEUED, key=(agent, concurrency_key))
+        nudge_on_commit(run_id)
+    if rows:
+        concurrency.ring([run_id for run_id, _, _ in rows])
+    return [run_id for run_id, _, _ in rows]

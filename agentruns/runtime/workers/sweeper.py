@@ -22,6 +22,7 @@ from agentruns.runtime.outages import weather
 from agentruns.runtime.outages.faults import is_infrastructure_error
 from agentruns.runtime.threads import OwnedThread
 from agentruns.runtime.values.ids import worker_name
+from agentruns.runtime.waits.due import fire_due_waits
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ def sweep(now: datetime | None = None) -> int:
             if ringable.update(enqueued_at=now):
                 enqueue(run_id)
                 rung += 1
+    fire_due_waits(now)  # each cluster's DueWaitsLoop fires them at their time: the backstop
     expired = inbox().expire_due(now)
     escalated = inbox().escalate_due(now)
     if rung or expired or escalated:

@@ -1,0 +1,91 @@
+"""`POST /api/hooks/<token>`: an outside system resumes the run waiting on `token` with a JSON
+body (`registry.wait_for_event` returns it in the tool), exactly once.
+
+Who may: a bearer token whose user has `agentruns.resolve_hook`, or a machine sender signing
+with Standard Webhooks headers (`webhook-id`, `webhook-timestamp`, `webhook-signature`: HMAC-
+SHA256 of `id.timestamp.body` with AGENTRUNS_HOOK_SECRET; the one signature helper the
+outgoing webhooks use). A signature that does not verify or is older than five minutes: 401;
+signed requests while no secret is set: 403.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest, HttpResponseBase
+
+from agentruns.api.endpoint import endpoint
+from agentruns.api.parsing import BadRequest, json_error, parse_json_body
+from agentruns.api.schemas import TIME, obj
+from agentruns.conf import conf
+from agentruns.registry.waits.events import MAX_TOKEN_CHARS
+from agentruns.runtime.values.timestamps import iso
+from agentruns.runtime.values.webhook_signatures import verified
+from agentruns.runtime.waits.hooks import UnknownToken, WaitAlreadyResolved, resolve_hook
+
+SIGNATURE_HEADERS = ("webhook-id", "webhook-timestamp", "webhook-signature")
+TOKEN = {"type": "string", "minLength": 1, "maxLength": MAX_TOKEN_CHARS, "pattern": "^[^\\x00]+$"}
+HEADER = {"type": "string"}
+
+
+def signed(request: HttpRequest) -> HttpResponseBase | bool:
+    """A Standard Webhooks signature: True when it verifies, a refusal when it does not, False
+    when the request carries none (a bearer token then)."""
+    if not request.headers.get("webhook-signature"):
+        return False
+    if not conf.HOOK_SECRET:
+        return json_error("signed hooks are off here: no AGENTRUNS_HOOK_SECRET is set", 403)
+    try:
+        parse_json_body(request)  # its size and form first: the signature is over the bytes
+    except BadRequest as exc:
+        return json_error(str(exc), exc.status, **exc.extra)
+    headers = {name: request.headers.get(name, "") for name in SIGNATURE_HEADERS}
+    try:
+        body = request.body.decode("utf-8")
+    except UnicodeDecodeError:
+        return json_error("the body is not UTF-8", 400)
+    if not verified(conf.HOOK_SECRET, headers, body):
+        return json_error("the webhook signature does not verify (or is stale)", 401)
+    return True
+
+
+@endpoint(
+    "POST",
+    "/hooks/{token}",
+    summary="Resume the run waiting on a hook's token",
+    permission="agentruns.resolve_hook",
+    path_params={"token": TOKEN},
+    body={"type": "object"},
+    machine=signed,
+    headers={name: HEADER for name in SIGNATURE_HEADERS},
+    responses={
+        200: "the run waiting on the token resumes with the body",
+        401: "no valid bearer token or signature",
+        403: "no right to resolve hooks",
+        404: "no run waits on this token",
+        409: "the token was resolved already (when, and by whom)",
+    },
+    example={"status": "delivered", "at": "2026-12-24T09:00:00Z"},
+    tags=("hooks",),
+    returns=obj({"run_id": {"type": "string", "format": "uuid"}, "resolved_at": TIME}),
+)
+def post_hook(request: HttpRequest, token: str, body: dict[str, Any]) -> Any:
+    """The body is what the run's `wait_for_event(token)` returns."""
+    user = getattr(request, "user", None)
+    if user is not None and user.is_authenticated:
+        by = user.get_username()
+    else:
+        by = f"webhook {request.headers.get('webhook-id', '')}".strip()
+    try:
+        wait = resolve_hook(token, body, by=by)
+    except UnknownToken:
+        return {"error": "no run waits on this token"}, 404
+    except WaitAlreadyResolved as exc:
+        first = exc.wait
+        return {
+            "error": str(exc),
+            "run_id": str(first.run_id),
+            "resolved_at": iso(first.resolved_at),
+            "resolved_by": first.resolved_by,
+        }, 409
+    return {"run_id": str(wait.run_id), "resolved_at": iso(wait.resolved_at)}
