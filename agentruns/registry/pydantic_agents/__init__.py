@@ -28,7 +28,7 @@ from agentruns.registry.durable import (
     declaration_of,
     durable,
 )
-from agentruns.registry.pydantic_agents.calls import ToolsetBinding, call, remember
+from agentruns.registry.pydantic_agents.calls import ToolsetBinding, remember
 from agentruns.registry.pydantic_agents.checks import NotDurable, check_durable
 
 __all__ = ["Adopted", "NotDurable", "ToolSpec", "adopt", "durable", "is_pydantic_agent"]
@@ -120,11 +120,12 @@ def _options(
 
 
 def _spec(definition: ToolDefinition, binding: ToolsetBinding, options: dict) -> ToolSpec:
-    side_effect = bool(options.get("side_effect") or options.get("transactional"))
-    rerun_safe = not side_effect or options.get("idempotency", "key") == "key"
-
     def func(ctx: Any, **arguments: Any) -> Any:
-        return call(binding, definition, ctx, arguments, rerun_safe=rerun_safe)
+        # the engine calls the tool through the agent's own toolset (runtime/engine/tools/)
+        raise TypeError(
+            f"{definition.name} is a tool of Pydantic AI agent {binding.agent.name!r}: it runs "
+            "in a run of that agent, not by calling the registry Tool's func"
+        )
 
     func.__name__ = definition.name
     return ToolSpec(
