@@ -125,5 +125,6 @@ def main() -> None:
     b = statistics.median(f[0] for f in seen["b"]["sink"])
     print(f"  B sink / B stream: {b / a:.3f} per request")
 
+
 if __name__ == "__main__":
     main()

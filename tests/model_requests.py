@@ -34,9 +34,7 @@ class Params:
 
     messages: list[ModelMessage]
     model_settings: Any = None
-    model_request_parameters: ModelRequestParameters = field(
-        default_factory=ModelRequestParameters
-    )
+    model_request_parameters: ModelRequestParameters = field(default_factory=ModelRequestParameters)
 
 
 def params(

@@ -8,7 +8,6 @@ import json
 import logging
 
 import pytest
-
 from pydantic_ai.messages import TextPart, ToolCallPart
 from pydantic_ai.tools import ToolDefinition
 

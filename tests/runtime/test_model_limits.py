@@ -28,9 +28,9 @@ from agentruns.registry import Agent, ScriptedTurn, register_agent
 from agentruns.runtime.access import model_limits
 from agentruns.runtime.dispatch import claims
 from agentruns.runtime.engine.executor import RunExecutor
+from agentruns.runtime.engine.model_slot import _waits_at_the_wire
 from agentruns.runtime.execution import transitions
 from agentruns.runtime.outages.model_outage import latest_queued_event
-from agentruns.runtime.engine.model_slot import _waits_at_the_wire
 from agentruns.runtime.providers import ModelError
 from agentruns.runtime.providers.base import NOT_BEFORE
 from agentruns.runtime.providers.models import model_for

@@ -105,9 +105,7 @@ def first_turn() -> Params:
     agent = get_agent("refund")
     prompt = '{"message": "refund $10 please", "order_id": "ORD-1001"}'
     tools = [
-        ToolDefinition(
-            name=t.name, description=t.description, parameters_json_schema=t.parameters
-        )
+        ToolDefinition(name=t.name, description=t.description, parameters_json_schema=t.parameters)
         for t in agent.tool_objects()
     ]
     messages = [ModelRequest(parts=[UserPromptPart(prompt)], instructions=agent.instructions)]
@@ -132,9 +130,7 @@ def turn_of(response) -> tuple[str, list[tuple[str, str, str]], tuple[int, int]]
     """(its text, its calls as (id, name, raw arguments), its usage) of a model response."""
     text = "".join(p.content for p in response.parts if isinstance(p, TextPart))
     calls = [
-        (p.tool_call_id, p.tool_name, p.args)
-        for p in response.parts
-        if isinstance(p, ToolCallPart)
+        (p.tool_call_id, p.tool_name, p.args) for p in response.parts if isinstance(p, ToolCallPart)
     ]
     return text, calls, (response.usage.input_tokens, response.usage.output_tokens)
 
