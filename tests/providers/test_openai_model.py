@@ -96,6 +96,15 @@ def test_streams_text_then_assembles_split_tool_calls_then_usage(openai_settings
     assert sent == TOOLS
 
 
+def test_a_server_that_reports_no_usage_gets_the_engines_estimate(openai_settings, fake):
+    """Token and cost budgets count a request whose server reported no tokens (characters / 4)."""
+    fake.script(Reply(text="x" * 400, usage=(0, 0)))
+    _, response = collect()
+    assert response.usage.output_tokens == 100
+    prompt = "".join(m["content"] for m in MESSAGES)  # one request: the system and user parts
+    assert response.usage.input_tokens == len(prompt) // 4
+
+
 def test_request_options_from_settings_are_sent(openai_settings, fake):
     openai_settings.OPENAI_REQUEST_OPTIONS = '{"temperature": 0, "max_tokens": 64, "stream": false}'
     fake.script(Reply(text="ok"))

@@ -50,7 +50,13 @@ from agentruns.runtime.outages import process_health
 from agentruns.runtime.outages.model_outage import ModelOutage
 from agentruns.runtime.providers import ModelError, TextSink, openai_compatible
 from agentruns.runtime.providers.model_errors import model_error
-from agentruns.runtime.providers.models import model_for, name_of, streams, waits
+from agentruns.runtime.providers.models import (
+    estimated_usage,
+    model_for,
+    name_of,
+    streams,
+    waits,
+)
 from agentruns.runtime.providers.stream_pump import (
     SinkFailed,
     _text,
@@ -85,6 +91,8 @@ async def request_model(model: Model, params: Any, ctx: Any) -> ModelResponse:
     usage_for = getattr(model, "usage_for", None)
     if usage_for is not None:  # the scripted model: the engine's estimate
         response.usage = usage_for(params.messages, response)
+    elif not (response.usage.input_tokens or response.usage.output_tokens):
+        response.usage = estimated_usage(params.messages, response)  # a server that says none
     return response
 
 
