@@ -1,13 +1,16 @@
 """The CPU of the model path alone (no database): per model request and per streamed chunk.
 
-    .venv/bin/python -m benchmarks.model_path --a /path/to/old-checkout --b . --rounds 5
+    .venv/bin/python -m benchmarks.model_path --a /path/to/other-checkout --b . --rounds 5
 
-The scripted provider (a Pydantic AI `FunctionModel`, providers/scripted.py) answers turns of
-`--tokens` tokens without any delay, so only CPU is measured, three ways:
-- `instant`: the path of a model that never waits (`model_request` on the thread's loop);
-- `stream`: the streamed path (the one a waiting model takes), every delta back to sync code;
-- `sink`: the streamed path with the deltas taken inside the stream's coroutine (the executor's
-  delta feed after a turn's first delta), where the checkout has it (`TextSink`).
+The scripted model (a Pydantic AI `FunctionModel`, providers/scripted_model.py) answers turns of
+`--tokens` tokens without any delay, so only CPU is measured, each request as the engine's model
+unit makes it (`model_unit.request_model`; both checkouts need the engine, runtime/engine/):
+- `whole`: the path of a model that does not stream (`Model.request`, awaited on the thread's
+  own loop, as the unit's `_whole` does);
+- `stream`: the streamed path (the one a waiting model takes: a task of the process's stream
+  loop, `stream_pump.run_streaming`), every delta back to sync code;
+- `sink`: the streamed path with the deltas taken inside the stream's task (the delta feed
+  after a turn's first delta, `TextSink.take`).
 Each is run with `--tokens` and with one token a turn: the difference is the per-chunk cost, the
 rest the per-request cost. A and B alternate in fresh processes, so noise hits both alike.
 """
@@ -21,45 +24,55 @@ import sys
 from pathlib import Path
 
 CHILD = r"""
-import os, sys, time, types
+import os, sys, time
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 import django
 django.setup()
+from pydantic_ai.messages import ModelRequest, UserPromptPart
+from pydantic_ai.models import ModelRequestParameters
 from agentruns.registry import ScriptedTurn
-from agentruns.runtime.providers import ModelRequest
-from agentruns.runtime.providers.scripted import ScriptedProvider
-try:
-    from agentruns.runtime.providers.base import TextSink
-except ImportError:  # a checkout before the sink
-    TextSink = None
+from agentruns.registry.pydantic_agents.calls import thread_loop
+from agentruns.runtime.engine.model_unit import request_model
+from agentruns.runtime.providers import TextSink
+from agentruns.runtime.providers.scripted_model import Playing, ScriptedModel, playing
+from agentruns.runtime.providers.stream_pump import run_streaming
 
 tokens, requests = int(sys.argv[1]), int(sys.argv[2])
 
+class Params:
+    messages = [ModelRequest(parts=[UserPromptPart("hi")], instructions="Be brief.")]
+    model_settings = None
+    model_request_parameters = ModelRequestParameters(allow_text_output=True)
+
+class Streamed(ScriptedModel):
+    waits = True  # as with a delay, without waiting
+
 def measure(mode, count):
     text = " ".join(f"tok{i}" for i in range(count))
-    agent = types.SimpleNamespace(scripted_policy=lambda messages: ScriptedTurn(text=text))
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    policy = lambda messages: ScriptedTurn(text=text)
+    model = ScriptedModel() if mode == "whole" else Streamed()
     got = []
     def once():
-        provider = ScriptedProvider()
-        provider.instant = mode == "instant"
-        request = ModelRequest(model="scripted", messages=messages, tools=[], agent=agent)
+        if mode == "whole":
+            return thread_loop().run_until_complete(request_model(model, Params, None))
+        sink = TextSink()
         if mode == "sink":
-            sink = TextSink()
             sink.take = got.append
-            items = list(provider.stream(request, sink=sink))
-        else:
-            items = list(provider.stream(request))
-        return items
-    for _ in range(50):
-        once()
-    cpu = time.process_time()
-    for _ in range(requests):
-        once()
+        deltas = run_streaming(lambda: request_model(model, Params, None), sink)
+        try:
+            while True:
+                next(deltas)
+        except StopIteration as end:
+            return end.value
+    with playing(Playing(policy=policy, instructions="Be brief.")):
+        for _ in range(50):
+            once()
+        cpu = time.process_time()
+        for _ in range(requests):
+            once()
     return (time.process_time() - cpu) * 1e6 / requests
 
-modes = ["instant", "stream"] + (["sink"] if TextSink is not None else [])
-for mode in modes:
+for mode in ("whole", "stream", "sink"):
     print(mode, measure(mode, tokens), measure(mode, 1))
 """
 
@@ -108,10 +121,9 @@ def main() -> None:
         a = statistics.median(f[0] for f in seen["a"][mode])
         b = statistics.median(f[0] for f in seen["b"].get(mode, seen["a"][mode]))
         print(f"  B/A {mode}: {b / a:.3f} per request")
-    if "sink" in seen["b"]:
-        a = statistics.median(f[0] for f in seen["a"]["stream"])
-        b = statistics.median(f[0] for f in seen["b"]["sink"])
-        print(f"  B sink / A stream: {b / a:.3f} per request")
+    a = statistics.median(f[0] for f in seen["b"]["stream"])
+    b = statistics.median(f[0] for f in seen["b"]["sink"])
+    print(f"  B sink / B stream: {b / a:.3f} per request")
 
 
 if __name__ == "__main__":

@@ -5,12 +5,12 @@
 The fake OpenAI-compatible server (scripts/fake_openai_server.py, `echo` mode, no delay) runs as
 its own process, so this process's CPU is the client's alone. Each request is a mid-run turn:
 system prompt, user message, an answered tool call, three tool schemas, a streamed answer of
-~60 chunks. The legs alternate in rounds, each request on a new provider (one per executor
-pass in the engine, so this includes building the model):
+~60 chunks. The legs alternate in rounds:
 - `sdk`: the `openai` SDK's own streaming loop on one sync client, what the hand-written
   provider (`openai_provider.py`, removed) did per request: the floor;
-- `pydantic-ai`: `get_provider("openai/fake")`, the engine's path (messages converted to
-  Pydantic AI's, `OpenAIChatModel` streamed with `model_request_stream_sync`).
+- `engine`: the request as the engine's model unit makes it (`model_for("openai/fake")`, the
+  process's `OpenAIChatModel`; `model_unit.request_model` as a task of the process's stream loop,
+  `stream_pump.run_streaming`, every delta handed back to this thread; tests/model_requests.py).
 Prints per-request wall time (median, p95) and CPU (process time / requests) of each leg, the
 median of the rounds.
 """
@@ -101,13 +101,27 @@ def _sdk_leg(url: str) -> Callable[[], int]:
     return one
 
 
-def _pydantic_ai_leg() -> Callable[[], int]:
-    from agentruns.runtime.providers import ModelRequest, TextDelta, get_provider
+def _engine_leg() -> Callable[[], int]:
+    from pydantic_ai.tools import ToolDefinition
+
+    from agentruns.runtime.providers.models import model_for
+    from tests.model_requests import ask, conversation, params
+
+    request = params(
+        conversation(MESSAGES),
+        [
+            ToolDefinition(
+                name=t["function"]["name"],
+                description=t["function"]["description"],
+                parameters_json_schema=t["function"]["parameters"],
+            )
+            for t in TOOLS
+        ],
+    )
 
     def one() -> int:
-        provider = get_provider("openai/fake")
-        request = ModelRequest(model="openai/fake", messages=MESSAGES, tools=TOOLS)
-        return sum(isinstance(item, TextDelta) for item in provider.stream(request))
+        deltas, _ = ask(model_for("openai/fake"), request)
+        return len(deltas)
 
     return one
 
@@ -145,7 +159,7 @@ def main() -> None:
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("httpx2").setLevel(logging.WARNING)
-    legs = {"sdk": _sdk_leg(url), "pydantic-ai": _pydantic_ai_leg()}
+    legs = {"sdk": _sdk_leg(url), "engine": _engine_leg()}
     try:
         for one in legs.values():  # warm up: imports, connections
             _measure(one, 20)

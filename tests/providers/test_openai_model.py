@@ -1,6 +1,6 @@
-"""`openai/<model>` on its own: Pydantic AI's OpenAI model (the real `openai` SDK under it)
-against the fake server's real socket (moved from test_openai_provider.py when the hand-written
-provider went; the assertions are the same but the tool schemas, see the first test)."""
+"""`openai/<model>` on its own: the model the engine asks (`model_for`: Pydantic AI's OpenAI
+model, the real `openai` SDK under it), one request as the engine's model unit makes it
+(tests/model_requests.py), against the fake server's real socket."""
 
 from __future__ import annotations
 
@@ -8,16 +8,13 @@ import json
 import logging
 
 import pytest
+from pydantic_ai.messages import TextPart, ToolCallPart
+from pydantic_ai.tools import ToolDefinition
 
-from agentruns.runtime.providers import (
-    ModelError,
-    ModelRequest,
-    TextDelta,
-    ToolCall,
-    Usage,
-    get_provider,
-)
+from agentruns.runtime.providers import ModelError
+from agentruns.runtime.providers.models import model_for
 from scripts.fake_openai_server import Fail, Reply
+from tests.model_requests import ask, conversation, params, stream
 from tests.providers.kit import API_KEY, MODEL
 
 TOOLS = [
@@ -44,11 +41,17 @@ MESSAGES = [
 ]
 
 
-def collect(messages: list[dict] | None = None) -> list:
-    provider = get_provider(MODEL)
-    return list(
-        provider.stream(ModelRequest(model=MODEL, messages=messages or MESSAGES, tools=TOOLS))
-    )
+def collect(messages: list[dict] | None = None) -> tuple[list[str], object]:
+    """(the text deltas, the response) of one request of the conversation, with TOOLS."""
+    tools = [
+        ToolDefinition(
+            name=t["function"]["name"],
+            description=t["function"]["description"],
+            parameters_json_schema=t["function"]["parameters"],
+        )
+        for t in TOOLS
+    ]
+    return ask(model_for(MODEL), params(conversation(messages or MESSAGES), tools))
 
 
 def test_streams_text_then_assembles_split_tool_calls_then_usage(openai_settings, fake):
@@ -61,19 +64,21 @@ def test_streams_text_then_assembles_split_tool_calls_then_usage(openai_settings
             usage=(120, 30),
         )
     )
-    items = collect()
+    deltas, response = collect()
 
-    deltas = [i for i in items if isinstance(i, TextDelta)]
     assert len(deltas) > 5  # streamed piece by piece, not in one block
-    assert "".join(d.text for d in deltas) == "Let me check both of those for you."
-    calls = [i for i in items if isinstance(i, ToolCall)]
-    assert [(c.id, c.name) for c in calls] == [("call_2_0", "lookup_order"), ("call_2_1", "t_echo")]
-    assert json.loads(calls[0].arguments) == {"order_id": "ORD-1001"}
-    assert json.loads(calls[1].arguments) == long_args
-    assert items[-1] == Usage(prompt_tokens=120, completion_tokens=30)
-    # order of the protocol: all text, then complete calls, then usage
-    kinds = [type(i).__name__ for i in items]
-    assert kinds == ["TextDelta"] * len(deltas) + ["ToolCall", "ToolCall", "Usage"]
+    assert "".join(deltas) == "Let me check both of those for you."
+    calls = [p for p in response.parts if isinstance(p, ToolCallPart)]
+    assert [(c.tool_call_id, c.tool_name) for c in calls] == [
+        ("call_2_0", "lookup_order"),
+        ("call_2_1", "t_echo"),
+    ]
+    assert json.loads(calls[0].args) == {"order_id": "ORD-1001"}
+    assert json.loads(calls[1].args) == long_args
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (120, 30)
+    # order of the protocol: all text, then complete calls
+    kinds = [type(p) for p in response.parts]
+    assert kinds == [TextPart, ToolCallPart, ToolCallPart]
     # the arguments really were split on the wire: one chunk per 3 characters
     assert fake.chunks_sent[0] > len(json.dumps(long_args)) // 3
 
@@ -91,19 +96,28 @@ def test_streams_text_then_assembles_split_tool_calls_then_usage(openai_settings
     assert sent == TOOLS
 
 
+def test_a_server_that_reports_no_usage_gets_the_engines_estimate(openai_settings, fake):
+    """Token and cost budgets count a request whose server reported no tokens (characters / 4)."""
+    fake.script(Reply(text="x" * 400, usage=(0, 0)))
+    _, response = collect()
+    assert response.usage.output_tokens == 100
+    prompt = "".join(m["content"] for m in MESSAGES)  # one request: the system and user parts
+    assert response.usage.input_tokens == len(prompt) // 4
+
+
 def test_request_options_from_settings_are_sent(openai_settings, fake):
     openai_settings.OPENAI_REQUEST_OPTIONS = '{"temperature": 0, "max_tokens": 64, "stream": false}'
     fake.script(Reply(text="ok"))
     collect()
     body = fake.chat_requests()[0].body
     assert body["temperature"] == 0 and body["max_tokens"] == 64
-    assert body["stream"] is True  # the provider owns the streaming protocol
+    assert body["stream"] is True  # the model owns the streaming protocol
 
 
 def test_rate_limit_is_retried_after_retry_after(openai_settings, fake):
     fake.script(Fail(429, retry_after=1), Reply(text="after the wait"))
-    items = collect()
-    assert "".join(i.text for i in items if isinstance(i, TextDelta)) == "after the wait"
+    deltas, _ = collect()
+    assert "".join(deltas) == "after the wait"
     first, second = fake.chat_requests()
     # the SDK waited as long as the server asked (a lower bound, not a performance claim)
     assert second.received_at - first.received_at >= 1.0
@@ -112,8 +126,8 @@ def test_rate_limit_is_retried_after_retry_after(openai_settings, fake):
 
 def test_server_error_is_retried_inside_the_call(openai_settings, fake):
     fake.script(Fail(500), Fail(503), Reply(text="recovered"))
-    items = collect()
-    assert "".join(i.text for i in items if isinstance(i, TextDelta)) == "recovered"
+    deltas, _ = collect()
+    assert "".join(deltas) == "recovered"
     assert len(fake.chat_requests()) == 3
 
 
@@ -175,12 +189,10 @@ def test_stream_broken_midway_is_retryable_after_partial_text(openai_settings, f
     fake.script(
         Reply(text="this answer will be cut off halfway through", chunk_chars=4, drop_after=4)
     )
-    provider = get_provider(MODEL)
     received: list[str] = []
     with pytest.raises(ModelError) as info:
-        for item in provider.stream(ModelRequest(model=MODEL, messages=MESSAGES, tools=TOOLS)):
-            if isinstance(item, TextDelta):
-                received.append(item.text)
+        for delta in stream(model_for(MODEL), params(conversation(MESSAGES))):
+            received.append(delta)
     assert info.value.retryable is True
     assert (
         received

@@ -1,7 +1,8 @@
 """A streamed model request consumed by one task on the process's stream loop
-(providers/stream_pump.py): the deltas a caller's `TextSink` takes inside the stream, a caller
-that stops early, a caller on a thread whose event loop is already running (Playwright's sync
-API, a notebook), and many callers' streams sharing the one loop."""
+(providers/stream_pump.py), as the engine's model unit makes it (tests/model_requests.py): the
+deltas a caller's `TextSink` takes inside the stream, a caller that stops early, a caller on a
+thread whose event loop is already running (Playwright's sync API, a notebook), and many callers'
+streams sharing the one loop."""
 
 from __future__ import annotations
 
@@ -12,24 +13,31 @@ import pytest
 from django.db import connections
 
 from agentruns.models import RunEvent
-from agentruns.registry import get_agent
 from agentruns.registry.pydantic_agents.calls import thread_loop
 from agentruns.runtime.events import LeaseLost
-from agentruns.runtime.providers import TextDelta, TextSink, get_provider
-from agentruns.runtime.providers.stream_pump import stream_loop
+from agentruns.runtime.providers import TextSink
+from agentruns.runtime.providers.models import model_for, streams, waits
+from agentruns.runtime.providers.stream_pump import STREAM_THREAD, stream_loop
 from agentruns.services import execute_inline
 from tests.helpers import assert_gapless
-from tests.support.test_refund_agent import EXPECTED_FIRST_TURN, _first_turn
-
-TEXT = "".join(item.text for item in EXPECTED_FIRST_TURN if isinstance(item, TextDelta))
+from tests.model_requests import ask, stream
+from tests.support.test_refund_agent import (
+    FIRST_TURN,
+    FIRST_TURN_TEXT,
+    FIRST_TURN_TOKENS,
+    first_turn,
+    playing_refund,
+    turn_of,
+)
 
 
 @pytest.fixture
 def streaming(settings):
     settings.SCRIPTED_MODEL_DELAY_MS = 2
-    provider = get_provider("scripted", get_agent("refund"))
-    assert provider.waits and not provider.instant
-    return provider
+    model = model_for("scripted")
+    assert streams(model) and waits(model)
+    stream_loop()  # started before the tests count threads
+    return model
 
 
 def _in_a_running_loop(work):
@@ -45,9 +53,9 @@ def _in_a_running_loop(work):
     return asyncio.run(main())
 
 
-def _stream_threads() -> list[threading.Thread]:
-    """Threads started for a stream: none (every stream runs on the one stream loop)."""
-    return [t for t in threading.enumerate() if t.name == "agentruns-stream"]
+def _threads() -> set[threading.Thread]:
+    """The process's threads but the stream loop's (every stream runs on that one)."""
+    return {t for t in threading.enumerate() if t.name != STREAM_THREAD}
 
 
 def _tasks_on_the_stream_loop() -> int:
@@ -57,9 +65,10 @@ def _tasks_on_the_stream_loop() -> int:
     return asyncio.run_coroutine_threadsafe(others(), stream_loop()[0]).result(timeout=5)
 
 
-def _taking_after_the_first(provider) -> tuple[list, list[str], set[int]]:
-    """(what stream() yielded, what the sink took, the threads `take` ran on): `take` is set
-    once the first delta is out, as the executor does after its first commit."""
+def _taking_after_the_first(model) -> tuple[list[str], tuple, list[str], set[int]]:
+    """(what the stream yielded, the turn it returned, what the sink took, the threads `take`
+    ran on): `take` is set once the first delta is out, as the model unit does after its first
+    commit."""
     sink = TextSink()
     taken: list[str] = []
     threads: set[int] = set()
@@ -69,46 +78,56 @@ def _taking_after_the_first(provider) -> tuple[list, list[str], set[int]]:
         taken.append(text)
 
     yielded = []
-    for item in provider.stream(_first_turn(), sink=sink):
-        yielded.append(item)
-        sink.take = take
-    return yielded, taken, threads
+    with playing_refund():
+        chunks = stream(model, first_turn(), sink)
+        try:
+            while True:
+                yielded.append(next(chunks))
+                sink.take = take
+        except StopIteration as end:
+            response = end.value
+    return yielded, turn_of(response), taken, threads
+
+
+def _asked() -> tuple[list[str], tuple]:
+    with playing_refund():
+        deltas, response = ask(model_for("scripted"), first_turn())
+    return deltas, turn_of(response)
 
 
 def test_a_streaming_model_called_from_a_thread_whose_loop_runs_streams_its_turn(streaming):
     """The bug: `model_request_stream_sync` refuses a running loop ("Cannot use a synchronous
     streaming method from within an async context"), which failed the run's model step."""
-    assert _in_a_running_loop(lambda: list(streaming.stream(_first_turn()))) == (
-        EXPECTED_FIRST_TURN
-    )
-    assert not _stream_threads()
+    before = _threads()
+    assert _in_a_running_loop(_asked) == (FIRST_TURN_TOKENS, FIRST_TURN)
+    assert _threads() <= before  # no thread of its own: on the stream loop
 
 
 def test_after_the_first_delta_the_sink_takes_the_rest_inside_the_stream(streaming):
-    yielded, taken, threads = _taking_after_the_first(streaming)
-    assert yielded[0] == EXPECTED_FIRST_TURN[0]
-    assert yielded[1:] == [i for i in EXPECTED_FIRST_TURN if not isinstance(i, TextDelta)]
-    assert yielded[0].text + "".join(taken) == TEXT
+    yielded, turn, taken, threads = _taking_after_the_first(streaming)
+    assert yielded == FIRST_TURN_TOKENS[:1] and turn == FIRST_TURN
+    assert yielded[0] + "".join(taken) == FIRST_TURN_TEXT
     assert threads == {stream_loop()[1].ident}  # inside the stream, on the process's stream loop
 
 
 def test_from_a_running_loop_the_sink_takes_the_rest_on_the_streams_thread(streaming):
-    yielded, taken, threads = _in_a_running_loop(lambda: _taking_after_the_first(streaming))
-    assert yielded[0].text + "".join(taken) == TEXT
-    assert yielded[-2:] == EXPECTED_FIRST_TURN[-2:]  # its tool call and usage
+    before = _threads()
+    yielded, turn, taken, threads = _in_a_running_loop(lambda: _taking_after_the_first(streaming))
+    assert yielded[0] + "".join(taken) == FIRST_TURN_TEXT
+    assert turn == FIRST_TURN  # its tool call and usage
     assert threading.get_ident() not in threads
-    assert not _stream_threads()
+    assert _threads() <= before
 
 
 def test_what_the_sink_raises_ends_the_stream_and_is_raised_as_it_is(streaming):
-    """A lost lease inside the stream is the executor's, never a model error to retry."""
+    """A lost lease inside the stream is the engine's, never a model error to retry."""
     sink = TextSink()
 
     def take(text: str) -> None:
         raise LeaseLost("run-1")
 
-    with pytest.raises(LeaseLost):
-        for _ in streaming.stream(_first_turn(), sink=sink):
+    with pytest.raises(LeaseLost), playing_refund():
+        for _ in stream(streaming, first_turn(), sink):
             sink.take = take
     assert _tasks_on_the_stream_loop() == 0
 
@@ -116,28 +135,26 @@ def test_what_the_sink_raises_ends_the_stream_and_is_raised_as_it_is(streaming):
 @pytest.mark.parametrize("running_loop", [False, True], ids=["own loop", "running loop"])
 def test_a_caller_that_stops_early_ends_the_streams_task(streaming, running_loop):
     def first_delta_then_close():
-        chunks = streaming.stream(_first_turn())
-        first = next(chunks)
-        chunks.close()
+        with playing_refund():
+            chunks = stream(streaming, first_turn())
+            first = next(chunks)
+            chunks.close()
         return first
 
+    before = _threads()
     call = _in_a_running_loop if running_loop else (lambda work: work())
-    assert call(first_delta_then_close) == EXPECTED_FIRST_TURN[0]
+    assert call(first_delta_then_close) == FIRST_TURN_TOKENS[0]
     assert _tasks_on_the_stream_loop() == 0  # cancelled and finished before close() returned
-    assert not _stream_threads()
-
-
-def test_an_instant_model_from_a_running_loop_still_answers(settings):
-    settings.SCRIPTED_MODEL_DELAY_MS = 0
-    provider = get_provider("scripted", get_agent("refund"))
-    assert provider.instant
-    assert _in_a_running_loop(lambda: list(provider.stream(_first_turn()))) == (EXPECTED_FIRST_TURN)
+    assert _threads() <= before
 
 
 @pytest.mark.django_db(transaction=True)  # its writes are not the test's transaction's
-def test_a_run_advanced_inline_from_a_running_loop_streams_and_succeeds(streaming, monkeypatch):
+@pytest.mark.parametrize("delay_ms", [0, 2], ids=["asked whole", "streamed"])
+def test_a_run_advanced_inline_from_a_running_loop_succeeds(settings, monkeypatch, delay_ms):
     """The whole run, as a Playwright sync test or a notebook advances one (Django's ORM is
-    allowed there by DJANGO_ALLOW_ASYNC_UNSAFE, as pytest-playwright sets it)."""
+    allowed there by DJANGO_ALLOW_ASYNC_UNSAFE, as pytest-playwright sets it), with a model that
+    streams and with one asked whole (no delay)."""
+    settings.SCRIPTED_MODEL_DELAY_MS = delay_ms
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     text = "one two three four five six"
     script = {"script": [{"calls": [["t_echo", {"text": "a"}]]}, {"text": text}]}
@@ -150,15 +167,14 @@ def test_a_run_advanced_inline_from_a_running_loop_streams_and_succeeds(streamin
     assert_gapless(run)
 
 
-def test_many_threads_stream_their_turns_on_the_one_stream_loop(streaming, settings):
+def test_many_threads_stream_their_turns_on_the_one_stream_loop(streaming):
     """Each run thread's turn streams on the process's loop, whole and in order per stream; the
     run threads' own loops run nothing."""
-    results: dict[int, tuple[list, list[str], set[int]]] = {}
+    results: dict[int, tuple[list[str], tuple, list[str], set[int]]] = {}
     loops_used: set[int] = set()
 
     def one(number: int) -> None:
-        provider = get_provider("scripted", get_agent("refund"))
-        results[number] = _taking_after_the_first(provider)
+        results[number] = _taking_after_the_first(streaming)
         if not thread_loop().is_closed():
             loops_used.add(len(asyncio.all_tasks(thread_loop())))
 
@@ -168,8 +184,8 @@ def test_many_threads_stream_their_turns_on_the_one_stream_loop(streaming, setti
     for thread in threads:
         thread.join(timeout=30)
     assert sorted(results) == list(range(20))
-    for yielded, taken, on in results.values():
-        assert yielded[0].text + "".join(taken) == TEXT
-        assert yielded[-2:] == EXPECTED_FIRST_TURN[-2:]
+    for yielded, turn, taken, on in results.values():
+        assert yielded[0] + "".join(taken) == FIRST_TURN_TEXT
+        assert turn == FIRST_TURN
         assert on == {stream_loop()[1].ident}
     assert loops_used <= {0} and _tasks_on_the_stream_loop() == 0

@@ -114,10 +114,15 @@ def test_deps_come_from_the_run():
 
 def test_this_apps_database_errors_stay_the_engines_weather():
     """A database outage under a Pydantic AI tool reaches the engine as the database error it is
-    (weather: no attempt, no verdict), never as the tool's "server unreachable"."""
-    from django.db import OperationalError
+    (weather: no attempt, no verdict), never as the tool's "server unreachable": the call as the
+    engine makes it, the toolset's `call_tool` inside `classified` (engine/tools/toolsets.py)."""
+    import asyncio
 
-    from agentruns.registry import RetryableToolError, ToolContext
+    from django.db import OperationalError
+    from pydantic_ai.usage import RunUsage
+
+    from agentruns.registry import RetryableToolError
+    from agentruns.registry.pydantic_agents.calls import classified
 
     pa = agent(name="pa-weather")
 
@@ -133,8 +138,16 @@ def test_this_apps_database_errors_stay_the_engines_weather():
         raise ConnectionRefusedError("connection refused")
 
     register_agent(pa)
-    ctx = ToolContext(run=None, step=None, attempt=1, idempotency_key="k")
+    (toolset,) = pa.toolsets
+    ctx = RunContext(deps=None, model=TestModel(), usage=RunUsage())
+
+    async def call(name: str) -> object:
+        tool = (await toolset.get_tools(ctx))[name]
+        return await classified(name, toolset.call_tool(name, {}, ctx, tool), rerun_safe=False)
+
     with pytest.raises(OperationalError):
-        get_tool("reg_db_down").func(ctx)
+        asyncio.run(call("reg_db_down"))
     with pytest.raises(RetryableToolError, match="unreachable"):
-        get_tool("reg_api_down").func(ctx)
+        asyncio.run(call("reg_api_down"))
+    with pytest.raises(TypeError, match="runs in a run of that agent"):
+        get_tool("reg_api_down").func(None)  # the registry's Tool is not the way to call it

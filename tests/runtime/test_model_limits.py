@@ -16,6 +16,7 @@ import time
 from datetime import datetime
 
 import pytest
+from agentruns.runtime.engine.model_slot import _waits_at_the_wire
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, transaction
 from django.test import Client
@@ -30,11 +31,13 @@ from agentruns.runtime.dispatch import claims
 from agentruns.runtime.engine.executor import RunExecutor
 from agentruns.runtime.execution import transitions
 from agentruns.runtime.outages.model_outage import latest_queued_event
-from agentruns.runtime.providers import ModelError, ModelRequest, get_provider
+from agentruns.runtime.providers import ModelError
 from agentruns.runtime.providers.base import NOT_BEFORE
+from agentruns.runtime.providers.models import model_for
 from agentruns.services import start_run
 from scripts.fake_openai_server import Fail, FakeOpenAI
 from tests.helpers import ApiClient, steps
+from tests.model_requests import ask, conversation, params
 from tests.procs import base_env, manage, sqlite_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -380,22 +383,19 @@ def test_an_openai_compatible_request_is_held_at_the_wire_until_its_slot(setting
     request hook holds it until the slot, so what happens before cannot make it late."""
     with FakeOpenAI(mode="echo") as fake:
         settings.OPENAI_BASE_URL = fake.url
-        provider = get_provider("openai/fake-model")
-        assert provider.precise_start
-        request = ModelRequest(
-            model="openai/fake-model",
-            messages=[
-                {"role": "system", "content": "Be brief."},
-                {"role": "user", "content": "hi"},
-            ],
-            tools=[],
+        model = model_for("openai/fake-model")
+        assert _waits_at_the_wire(model)
+        request = params(
+            conversation(
+                [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+            )
         )
-        list(provider.stream(request))  # the client built: what follows times the hook alone
+        ask(model, request)  # the client built: what follows times the hook alone
         due = time.time() + 0.6
         token = NOT_BEFORE.set(due)
         try:
             wall, mono = time.time(), time.monotonic()
-            list(provider.stream(request))
+            ask(model, request)
         finally:
             NOT_BEFORE.reset(token)
         arrived = wall + fake.chat_requests()[-1].received_at - mono
@@ -408,23 +408,19 @@ def test_a_request_under_a_limit_that_gets_a_429_is_not_retried_by_the_sdk(setti
     as before."""
     with FakeOpenAI(mode="echo") as fake:
         settings.OPENAI_BASE_URL = fake.url
-        provider = get_provider("openai/fake-model")
-        request = ModelRequest(
-            model="openai/fake-model",
-            messages=[{"role": "user", "content": "hi"}],
-            tools=[],
-        )
+        model = model_for("openai/fake-model")
+        request = params(conversation([{"role": "user", "content": "hi"}]))
         fake.script(Fail(429, "Rate limit reached for requests.", retry_after=0.05))
         token = NOT_BEFORE.set(time.time() + model_limits.HANDOFF_SECONDS)  # under a limit
         try:
             with pytest.raises(ModelError):
-                list(provider.stream(request))
+                ask(model, request)
         finally:
             NOT_BEFORE.reset(token)
         assert len(fake.chat_requests()) == 1
 
         fake.script(Fail(429, "Rate limit reached for requests.", retry_after=0.05))
-        list(provider.stream(request))  # no limit: the SDK's retry answers
+        ask(model, request)  # no limit: the SDK's retry answers
         assert len(fake.chat_requests()) == 3
 
 
@@ -433,20 +429,18 @@ def test_a_request_that_would_leave_too_late_after_its_slot_is_not_sent(settings
     slot it is answered unsent (the engine backs off and takes a new slot), never sent late."""
     with FakeOpenAI(mode="echo") as fake:
         settings.OPENAI_BASE_URL = fake.url
-        provider = get_provider("openai/fake-model")
-        request = ModelRequest(
-            model="openai/fake-model", messages=[{"role": "user", "content": "hi"}], tools=[]
-        )
+        model = model_for("openai/fake-model")
+        request = params(conversation([{"role": "user", "content": "hi"}]))
         token = NOT_BEFORE.set(time.time() - conf.MODEL_LIMIT_JITTER_SECONDS)
         try:
             with pytest.raises(ModelError, match="after its rate-limit slot") as raised:
-                list(provider.stream(request))
+                ask(model, request)
         finally:
             NOT_BEFORE.reset(token)
         assert raised.value.retryable and fake.chat_requests() == []
         token = NOT_BEFORE.set(time.time() + model_limits.HANDOFF_SECONDS)  # handed over early
         try:
-            list(provider.stream(request))
+            ask(model, request)
         finally:
             NOT_BEFORE.reset(token)
         assert len(fake.chat_requests()) == 1

@@ -6,15 +6,19 @@ tests/api, tests/stream, tests/e2e)."""
 from __future__ import annotations
 
 import time
-from types import SimpleNamespace
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from pydantic_ai import Agent as PydanticAgent
+from pydantic_ai.messages import ModelRequest, TextPart, ToolCallPart, UserPromptPart
 from pydantic_ai.models.function import FunctionModel
+from pydantic_ai.tools import ToolDefinition
 
 from agentruns.registry import ScriptedTurn, get_agent, get_tool
-from agentruns.runtime.providers import TextDelta, ToolCall, Usage, get_provider
-from agentruns.runtime.providers.base import ModelRequest
+from agentruns.runtime.providers.models import model_for, streams
+from agentruns.runtime.providers.scripted_model import Playing, playing
 from support import agents as support_agents
+from tests.model_requests import Params, ask, params, stream
 
 TOOLS = ["lookup_order", "issue_refund", "add_ticket_note", "hand_over", "send_customer_reply"]
 DEFAULT_RETRY = {
@@ -95,53 +99,86 @@ def test_refund_approval_rules(settings):
     assert refund.approvals_for({"amount_cents": 50_001}) == 2
 
 
-def _first_turn() -> ModelRequest:
+def first_turn() -> Params:
+    """The refund agent's first request, as its run's loop sends it: the run's input as the user
+    prompt, the agent's instructions, its tools."""
     agent = get_agent("refund")
-    messages = [
-        {"role": "system", "content": agent.instructions},
-        {"role": "user", "content": '{"message": "refund $10 please", "order_id": "ORD-1001"}'},
+    prompt = '{"message": "refund $10 please", "order_id": "ORD-1001"}'
+    tools = [
+        ToolDefinition(name=t.name, description=t.description, parameters_json_schema=t.parameters)
+        for t in agent.tool_objects()
     ]
-    tools = [t.schema() for t in agent.tool_objects()]
-    return ModelRequest(model="scripted", messages=messages, tools=tools, agent=agent)
+    messages = [ModelRequest(parts=[UserPromptPart(prompt)], instructions=agent.instructions)]
+    return params(messages, tools)
 
 
-EXPECTED_FIRST_TURN = [
-    *(TextDelta(t) for t in ["Let ", "me ", "look ", "up ", "order ", "ORD-1001 ", "first."]),
-    ToolCall(id="call_2_0", name="lookup_order", arguments='{"order_id": "ORD-1001"}'),
-    Usage(prompt_tokens=138, completion_tokens=19),
-]
+@contextmanager
+def playing_refund(policy=None) -> Iterator[None]:
+    """What the scripted model plays during a refund run (engine/loop.py sets it so)."""
+    agent = get_agent("refund")
+    with playing(Playing(policy=policy or agent.scripted_policy, instructions=agent.instructions)):
+        yield
+
+
+FIRST_TURN_TOKENS = ["Let ", "me ", "look ", "up ", "order ", "ORD-1001 ", "first."]
+FIRST_TURN_TEXT = "".join(FIRST_TURN_TOKENS)
+FIRST_TURN_CALL = ("call_2_0", "lookup_order", '{"order_id": "ORD-1001"}')
+FIRST_TURN_USAGE = (138, 19)
+
+
+def turn_of(response) -> tuple[str, list[tuple[str, str, str]], tuple[int, int]]:
+    """(its text, its calls as (id, name, raw arguments), its usage) of a model response."""
+    text = "".join(p.content for p in response.parts if isinstance(p, TextPart))
+    calls = [
+        (p.tool_call_id, p.tool_name, p.args) for p in response.parts if isinstance(p, ToolCallPart)
+    ]
+    return text, calls, (response.usage.input_tokens, response.usage.output_tokens)
+
+
+FIRST_TURN = (FIRST_TURN_TEXT, [FIRST_TURN_CALL], FIRST_TURN_USAGE)
 
 
 def test_the_scripted_model_is_a_function_model_and_plays_the_refund_policy():
-    provider = get_provider("scripted", get_agent("refund"))
-    assert isinstance(provider.model, FunctionModel)
-    assert provider.model.stream_function is not None
-    assert list(provider.stream(_first_turn())) == EXPECTED_FIRST_TURN
+    """Without a delay it is asked whole (the model unit's one delta is its text): a text part
+    per token, then the call, with the engine's usage estimate."""
+    model = model_for("scripted")
+    assert isinstance(model, FunctionModel) and model.stream_function is not None
+    assert not streams(model)
+    with playing_refund():
+        deltas, response = ask(model, first_turn())
+    assert deltas == []
+    assert [p.content for p in response.parts if isinstance(p, TextPart)] == FIRST_TURN_TOKENS
+    assert turn_of(response) == FIRST_TURN
 
 
 def test_with_a_delay_the_scripted_model_streams_each_token_as_it_comes(settings):
-    """Through Pydantic AI's sync stream: every token is handed on when the function yields it
+    """Through the model unit's stream: every token is handed on when the function yields it
     (at least the delay after the one before), not when the turn is complete."""
     delay_ms = 40
     settings.SCRIPTED_MODEL_DELAY_MS = delay_ms
-    provider = get_provider("scripted", get_agent("refund"))
-    assert provider.waits and not provider.instant
-    seen: list[tuple[float, object]] = []
-    for item in provider.stream(_first_turn()):
-        seen.append((time.monotonic(), item))
-    assert [item for _, item in seen] == EXPECTED_FIRST_TURN
-    texts = [at for at, item in seen if isinstance(item, TextDelta)]
-    gaps = [later - earlier for earlier, later in zip(texts, texts[1:], strict=False)]
+    model = model_for("scripted")
+    assert streams(model)
+    seen: list[tuple[float, str]] = []
+    with playing_refund():
+        chunks = stream(model, first_turn())
+        try:
+            while True:
+                seen.append((time.monotonic(), next(chunks)))
+        except StopIteration as end:
+            response = end.value
+    assert [delta for _, delta in seen] == FIRST_TURN_TOKENS
+    assert turn_of(response) == FIRST_TURN
+    gaps = [later - earlier for (earlier, _), (later, _) in zip(seen, seen[1:], strict=False)]
     assert min(gaps) >= delay_ms / 1000 * 0.9, gaps
 
 
-def test_a_malformed_tool_call_stays_raw_for_the_engine_to_refuse():
-    """A policy's deliberately bad JSON reaches the engine as it was produced (Pydantic AI would
-    re-serialize it as {"INVALID_JSON": ...}, valid JSON the engine could not tell apart)."""
-    request = _first_turn()
-    request.agent = SimpleNamespace(
-        scripted_policy=lambda messages: ScriptedTurn(tool_calls=[("x", "{no")])
-    )
-    provider = get_provider("scripted", request.agent)
-    calls = [c for c in provider.stream(request) if isinstance(c, ToolCall)]
-    assert calls == [ToolCall(id="call_2_0", name="x", arguments="{no")]
+def test_a_malformed_tool_call_stays_raw_for_the_engine_to_refuse(settings):
+    """A policy's deliberately bad JSON reaches the engine as it was produced (re-serialized it
+    would be {"INVALID_JSON": ...}, valid JSON the engine could not tell apart), asked whole or
+    streamed."""
+    bad = lambda messages: ScriptedTurn(tool_calls=[("x", "{no")])  # noqa: E731
+    for delay_ms in (0, 1):
+        settings.SCRIPTED_MODEL_DELAY_MS = delay_ms
+        with playing_refund(bad):
+            _, response = ask(model_for("scripted"), first_turn())
+        assert turn_of(response)[1] == [("call_2_0", "x", "{no")], delay_ms

@@ -30,7 +30,7 @@ from agentruns.registry.durable import (
     declaration_of,
     durable,
 )
-from agentruns.registry.pydantic_agents.calls import ToolsetBinding, call, remember, run_sync
+from agentruns.registry.pydantic_agents.calls import ToolsetBinding, remember, run_sync
 from agentruns.registry.pydantic_agents.checks import NotDurable, check_durable
 
 __all__ = ["Adopted", "NotDurable", "ToolSpec", "adopt", "durable", "is_pydantic_agent"]
@@ -109,7 +109,7 @@ def _as_declared(toolset: AbstractToolset, agent: PydanticAgent) -> AbstractTool
 
     def declared(leaf: AbstractToolset) -> AbstractToolset:
         if isinstance(leaf, DynamicToolset):
-            ctx = ToolsetBinding(toolset=leaf, agent=agent).run_context()
+            ctx = ToolsetBinding(toolset=leaf, agent=agent).listing_context()
             built = run_sync(_maybe_awaited(leaf.toolset_func(ctx)))
             return FunctionToolset() if built is None else _as_declared(built, agent)
         if not isinstance(leaf, FunctionToolset):
@@ -155,11 +155,12 @@ def _options(
 
 
 def _spec(definition: ToolDefinition, binding: ToolsetBinding, options: dict) -> ToolSpec:
-    side_effect = bool(options.get("side_effect") or options.get("transactional"))
-    rerun_safe = not side_effect or options.get("idempotency", "key") == "key"
-
     def func(ctx: Any, **arguments: Any) -> Any:
-        return call(binding, definition, ctx, arguments, rerun_safe=rerun_safe)
+        # the engine calls the tool through the agent's own toolset (runtime/engine/tools/)
+        raise TypeError(
+            f"{definition.name} is a tool of Pydantic AI agent {binding.agent.name!r}: it runs "
+            "in a run of that agent, not by calling the registry Tool's func"
+        )
 
     func.__name__ = definition.name
     return ToolSpec(

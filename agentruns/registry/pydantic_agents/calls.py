@@ -1,18 +1,16 @@
-"""Calling a Pydantic AI toolset's tool from the engine's (synchronous) tool step.
+"""A Pydantic AI agent's toolsets as the engine sees them: what each tool call raises, in the
+engine's vocabulary (`classified`), and the tools listed when the agent registered.
 
-Each call enters the toolset, rebuilds the tool from the definition recorded when the agent was
-registered (`get_tool_for_tool_def`: an MCP tool needs no listing), validates the arguments with
-the tool's own validator and calls it, on the executor thread's own event loop. What the tool
-raises is translated into the engine's vocabulary: `ApprovalRequired` parks the call in the
-inbox, `ModelRetry`/`ToolFailed` go back to the model as the tool's answer. An MCP server that
-could not take the call (refused the connection, did not start, answered 429 or 503) is
-`ServerUnavailable`: weather the step waits out without using an attempt (nothing of the call
-reached it). An answer that may come after the server ran the call (a 500, a 502/504 from its
-gateway, a connection that broke after the call was sent) is retried under the tool's policy
-only for a read-only or idempotent tool: for any other the outcome is unknown and reconciled by
-a person (`OutcomeUnknown`), never guessed. The MCP client reports every HTTP error status as
-the same JSON-RPC error, so a response hook on the HTTP transport notes the status of each
-`tools/call` answer for the call that made it (`observe_http`).
+A call runs on the agent's own loop, inside its step's unit (runtime/engine/tools/). What it
+raises is translated here: an MCP server that could not take the call (refused the connection,
+did not start, answered 429 or 503) is `ServerUnavailable`: weather the step waits out without
+using an attempt (nothing of the call reached it). An answer that may come after the server ran
+the call (a 500, a 502/504 from its gateway, a connection that broke after the call was sent) is
+retried under the tool's policy only for a read-only or idempotent tool: for any other the
+outcome is unknown and reconciled by a person (`OutcomeUnknown`), never guessed. The MCP client
+reports every HTTP error status as the same JSON-RPC error, so a response hook on the HTTP
+transport notes the status of each `tools/call` answer for the call that made it
+(`observe_http`).
 """
 
 from __future__ import annotations
@@ -28,12 +26,10 @@ from pydantic_ai import ApprovalRequired, CallDeferred, ModelRetry, RunContext
 from pydantic_ai.exceptions import ToolFailed
 from pydantic_ai.models.test import TestModel
 from pydantic_ai.tools import ToolDefinition
-from pydantic_ai.toolsets import AbstractToolset, FunctionToolset
+from pydantic_ai.toolsets import AbstractToolset
 from pydantic_ai.usage import RunUsage
 
-from agentruns.registry.context import stepping
 from agentruns.registry.errors import (
-    ApprovalRequested,
     FatalToolError,
     OutcomeUnknown,
     RetryableToolError,
@@ -97,23 +93,14 @@ class ToolsetBinding:
         if self.mcp:
             self.server = observe_http(self.toolset)
 
-    def run_context(self, tool_ctx: Any = None, tool_name: str | None = None) -> RunContext:
+    def listing_context(self) -> RunContext:
+        """The run context a listing gets: no run yet (registration)."""
         model = self.agent.model
-        run = getattr(tool_ctx, "run", None)
-        step = getattr(tool_ctx, "step", None)
-        run_input = getattr(run, "input", None) or {}
         return RunContext(
-            deps=self.deps(run) if self.deps is not None and run is not None else None,
-            # a tool rarely reads the model; an agent without one of its own gets a stand-in
+            deps=None,
+            # a toolset rarely reads the model; an agent without one of its own gets a stand-in
             model=model if model is not None and not isinstance(model, str) else TestModel(),
             usage=RunUsage(),
-            prompt=run_input.get("message") if isinstance(run_input, dict) else None,
-            tool_call_id=getattr(step, "call_id", None),
-            tool_name=tool_name,
-            retry=max(0, getattr(tool_ctx, "attempt", 1) - 1),
-            tool_call_approved=bool(getattr(step, "approved", False)),
-            run_id=str(run.id) if run is not None else None,
-            run_step=getattr(step, "index", 0) or 0,
             agent=self.agent,
         )
 
@@ -121,7 +108,7 @@ class ToolsetBinding:
         """List the toolset's tools (an MCP server: over its transport)."""
 
         async def listing() -> dict[str, ToolDefinition]:
-            ctx = self.run_context()
+            ctx = self.listing_context()
             async with self.toolset:
                 tools = await self.toolset.get_tools(ctx)
                 for leaf in _mcp_leaves(self.toolset):  # (the same session: listed once more)
@@ -149,83 +136,6 @@ def registered_listing(leaf: AbstractToolset) -> dict[str, ToolDefinition] | Non
     return found[1] if found is not None and found[0] is leaf else None
 
 
-def call(
-    binding: ToolsetBinding,
-    definition: ToolDefinition,
-    tool_ctx: Any,
-    arguments: dict,
-    *,
-    rerun_safe: bool,
-) -> Any:
-    """The engine's call of one Pydantic AI tool (`rerun_safe`: a broken connection may be
-    retried, the tool being read-only or idempotent)."""
-    ctx = binding.run_context(tool_ctx, definition.name)
-    inline = _inline_function(binding.toolset, definition.name)
-
-    async def validated() -> dict:
-        tool = await binding.toolset.get_tool_for_tool_def(definition, ctx)
-        args = tool.args_validator.validate_python(arguments)
-        if tool.args_validator_func is not None:
-            await _maybe_await(tool.args_validator_func(ctx, **args))
-        return args
-
-    sent = inline is not None  # False until the toolset is entered (an MCP session is up)
-    answers: list[tuple[int, float | None]] = []
-
-    async def invoke() -> Any:
-        nonlocal sent
-        http_answers.set(answers)
-        async with binding.toolset:
-            sent = True
-            args = await validated()
-            tool = await binding.toolset.get_tool_for_tool_def(definition, ctx)
-            return await binding.toolset.call_tool(definition.name, args, ctx, tool)
-
-    try:
-        with stepping(tool_ctx):  # current_step() for the tool, whoever calls Tool.func
-            if inline is not None:
-                # a plain `def` runs here, on the executor's thread and outside any event loop
-                # (as a native tool does): its database writes use this thread's connection
-                # and, for a transactional tool, the step's own transaction; pydantic-ai would
-                # send it to a worker thread of its own
-                positional, keywords = inline._call_args(run_sync(validated()), ctx)
-                return inline.function(*positional, **keywords)
-            return run_sync(invoke())
-    except ApprovalRequired as exc:
-        raise ApprovalRequested(definition.name, metadata=exc.metadata) from None
-    except (ModelRetry, ToolFailed) as exc:
-        broke = mcp_error(exc)
-        if broke is not None and (broke.code, broke.message) == HTTP_ERROR_ANSWER:
-            error_answer(binding, definition.name, exc, answers, rerun_safe=rerun_safe)
-        if broke is not None and broke.code in (CONNECTION_CLOSED, REQUEST_TIMED_OUT):
-            _connection_broke(definition.name, exc, safe=rerun_safe or not sent)
-        # the model is told, as Pydantic AI tells it, and may try again
-        return {"error": getattr(exc, "message", str(exc)), "retry": isinstance(exc, ModelRetry)}
-    except ValidationError as exc:
-        return {"error": f"invalid arguments: {exc.errors(include_url=False)}", "retry": True}
-    except CallDeferred:
-        raise FatalToolError(
-            f"{definition.name}: CallDeferred is not supported (refused: a deferred call has no "
-            "result the engine could record); declare requires_approval instead"
-        ) from None
-    except (RetryableToolError, FatalToolError):
-        raise
-    except Exception as exc:
-        if is_ours(exc):
-            raise  # this app's database or Redis: the engine's weather, never the tool's verdict
-        if binding.mcp and (not sent or unreachable(exc)):
-            # not sent: the toolset could not be entered (an MCP server that did not start or
-            # answer its handshake in time), so nothing of the call reached it
-            raise ServerUnavailable(
-                f"{definition.name}: {binding.server} unreachable: {exc!r}", server=binding.server
-            ) from exc
-        if not sent or unreachable(exc) or (rerun_safe and transport_failure(exc)):
-            raise RetryableToolError(f"{definition.name}: server unreachable: {exc!r}") from exc
-        if broken_connection(exc):
-            _connection_broke(definition.name, exc, safe=False)
-        raise
-
-
 def _connection_broke(name: str, exc: BaseException, *, safe: bool) -> None:
     """The call's connection broke: tried again when that is `safe` (read-only or idempotent, or
     nothing was sent yet), else an unknown outcome for a person to reconcile."""
@@ -235,19 +145,6 @@ def _connection_broke(name: str, exc: BaseException, *, safe: bool) -> None:
         f"{name}: the connection broke mid-call ({exc!r}): the call may or may not have "
         "taken effect"
     ) from exc
-
-
-def _inline_function(toolset: AbstractToolset, name: str) -> Any:
-    """The function schema of a plain (sync) function tool of a FunctionToolset, else None."""
-    tools = toolset.tools if isinstance(toolset, FunctionToolset) else {}
-    schema = getattr(tools.get(name), "function_schema", None)
-    return schema if schema is not None and not schema.is_async else None
-
-
-async def _maybe_await(value: Any) -> Any:
-    if asyncio.iscoroutine(value):
-        return await value
-    return value
 
 
 # the toolset of each Pydantic AI tool registered (by its name): whether it is an MCP server's
@@ -260,7 +157,7 @@ def remember(name: str, binding: ToolsetBinding) -> None:
 
 async def classified(name: str, call: Coroutine[Any, Any, T], *, rerun_safe: bool) -> T:
     """`call` (a registered Pydantic AI tool's `call_tool`, inside its step's unit), with what
-    it raises in the engine's vocabulary, as `call` above says: a server that could not take the
+    it raises in the engine's vocabulary, as this module's docstring says: a server that could not take the
     call is `ServerUnavailable`, an answer that may come after the server ran it is retried for
     a read-only or idempotent tool and `OutcomeUnknown` for any other; Pydantic AI's own control
     flow (`ModelRetry`, `ToolFailed`, deferrals, bad arguments) and this app's database errors

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any
 
+from django import db
 from pydantic_ai import Agent as PydanticAgent
 from pydantic_ai.durable_exec import external_event_scope, replay_scope
 from pydantic_ai.usage import UsageLimits
@@ -106,6 +107,8 @@ def run_agent(state: SliceState) -> Any:
             outcome.set_result(thread_loop().run_until_complete(_run(state)))
         except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
             outcome.set_exception(exc)
+        finally:  # this thread's own database connection ends with it (not left to the GC)
+            db.connections.close_all()
 
     process_threads().start("agentruns-slice", slice_thread).join()
     return outcome.result()

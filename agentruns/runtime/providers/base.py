@@ -1,34 +1,16 @@
+"""What the engine and a model request hand each other: the request's rate-limit slot, where its
+text deltas go, its usage and its failure."""
+
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 # the moment (time.time()) a model request under a rate limit may leave, its slot
-# (runtime/access/model_limits.py): a provider whose HTTP client waits for it at the wire says so
-# with `precise_start = True`; the others are sent once the caller's thread has waited for it
+# (runtime/access/model_limits.py): the OpenAI-compatible client waits for it at the wire
+# (openai_compatible._SlottedWire); other models are sent once the caller's thread has waited
 NOT_BEFORE: ContextVar[float | None] = ContextVar("agentruns_not_before", default=None)
-
-
-@dataclass
-class ModelRequest:
-    model: str
-    messages: list[dict]
-    tools: list[dict]
-    agent: Any = None  # the registry Agent (the scripted provider reads its policy)
-
-
-@dataclass
-class TextDelta:
-    text: str
-
-
-@dataclass
-class ToolCall:
-    id: str
-    name: str
-    arguments: str  # raw JSON text as the model produced it; validated by the engine
 
 
 @dataclass
@@ -38,13 +20,14 @@ class Usage:
 
 
 class TextSink:
-    """Where a provider that streams can hand text deltas without returning to its caller.
+    """Where a streamed model request hands its text deltas without returning to its caller
+    (stream_pump.run_streaming).
 
-    While `take` is None every delta is yielded as a `TextDelta`; once the caller sets it (the
-    executor: after a turn's first delta, to its delta feed), the provider calls `take(text)`
-    for each later delta instead, from inside the stream's coroutine: `take` must not touch the
-    database (Django refuses inside a running loop) and must be thread-safe. What `take` raises
-    ends the stream and is raised from `stream()` as it is."""
+    While `take` is None every delta is yielded to the caller; once the caller sets it (the model
+    unit: after a turn's first delta, to its delta feed), `take(text)` is called for each later
+    delta instead, from inside the stream's task: `take` must not touch the database (Django
+    refuses inside a running loop) and must be thread-safe. What `take` raises ends the stream
+    and is raised to the caller as it is (`SinkFailed`)."""
 
     __slots__ = ("take",)
 
@@ -63,17 +46,3 @@ class ModelError(Exception):
         super().__init__(message)
         self.retryable = retryable
         self.retry_after = retry_after
-
-
-class ModelProvider(Protocol):
-    # optional attribute `waits: bool` (default True): the model keeps the executor waiting, so
-    # it gives its database connection back for the stream (False only for instant answers);
-    # `precise_start: bool` (default False): its requests wait for NOT_BEFORE at the wire; and
-    # `prepare()`: build what a request needs before it waits for a rate-limit slot
-
-    def stream(
-        self, request: ModelRequest, sink: TextSink | None = None
-    ) -> Iterator[TextDelta | ToolCall | Usage]:
-        """Yield text deltas as they arrive (those `sink.take` does not take), then complete tool
-        calls, then usage."""
-        ...

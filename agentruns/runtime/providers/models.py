@@ -14,18 +14,25 @@ text is the attempt's one delta.
 
 from __future__ import annotations
 
+import json
 import threading
 
 from django.core.signals import setting_changed
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models import Model, infer_model
 from pydantic_ai.models.function import FunctionModel
 from pydantic_ai.models.test import TestModel
 from pydantic_ai.models.wrapper import WrapperModel
+from pydantic_ai.usage import RequestUsage
 
 from agentruns.registry.model_names import pydantic_ai_name
 from agentruns.runtime.providers import openai_compatible
 from agentruns.runtime.providers.base import ModelError
-from agentruns.runtime.providers.scripted_model import ScriptedModel, scripted_model
+from agentruns.runtime.providers.scripted_model import (
+    ScriptedModel,
+    estimate_tokens,
+    scripted_model,
+)
 
 _built: dict[str, Model] = {}
 _lock = threading.Lock()
@@ -98,3 +105,24 @@ def waits(model: Model) -> bool:
     if isinstance(inner, ScriptedModel):
         return inner.waits
     return not isinstance(inner, TestModel)
+
+
+def _part_text(part: object) -> str:
+    if isinstance(part, ToolCallPart):
+        return part.args if isinstance(part.args, str) else json.dumps(part.args or {})
+    content = getattr(part, "content", "")
+    return content if isinstance(content, str) else json.dumps(content, default=str)
+
+
+def estimated_usage(messages: list[ModelMessage], response: ModelResponse) -> RequestUsage:
+    """The usage of a request whose server reported none (characters / 4 of the conversation
+    and of the answer), so the run's token and cost budgets still count it."""
+    prompt = 0
+    for message in messages:
+        text = getattr(message, "instructions", None) or ""
+        text += "".join(_part_text(part) for part in message.parts)
+        prompt += estimate_tokens(text) if text else 0
+    answer = "".join(
+        _part_text(part) for part in response.parts if isinstance(part, TextPart | ToolCallPart)
+    )
+    return RequestUsage(input_tokens=prompt, output_tokens=estimate_tokens(answer))

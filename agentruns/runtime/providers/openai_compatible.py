@@ -53,6 +53,7 @@ def _config() -> tuple:
         conf.OPENAI_API_KEY,
         conf.OPENAI_TIMEOUT_SECONDS,
         conf.OPENAI_MAX_RETRIES,
+        conf.OPENAI_REQUEST_OPTIONS,
     )
 
 
@@ -64,8 +65,12 @@ def openai_model(name: str) -> OpenAIChatModel:
         _local.config, _local.client, _local.models = config, _new_client(), {}
     model = _local.models.get(name)
     if model is None:
+        options = request_options()
         model = OpenAIChatModel(
-            name.split(":", 1)[1], provider=OpenAIProvider(openai_client=_local.client)
+            name.split(":", 1)[1],
+            provider=OpenAIProvider(openai_client=_local.client),
+            # the model's own settings, under an agent's or a run's (which Pydantic AI merges)
+            settings={"extra_body": options} if options else None,
         )
         _local.models[name] = model
     return model

@@ -1,13 +1,11 @@
-"""Model streams: every model request of the process consumed by a task on ONE event loop.
+"""Model streams: every streamed model request of the process runs as a task on ONE event loop.
 
-`pydantic_ai.direct.model_request_stream_sync` enters the event loop, a lock, a memory stream
-and a fresh task per stream event (~70 µs of CPU per delta, benchmarks/model_path.py). Here one
-task opens the stream (`async with`, so its cancel scopes and the client's loop-bound resources
-stay in that one task), iterates it, and returns to the synchronous caller only when the caller
-has to act: a text delta while the caller's `TextSink` has no `take` (the turn's first delta,
-which the executor commits itself), and the end. Once `take` is set, deltas are handed to it
-inside the task (the executor's delta feed: a lock and a list append, no database), so a
-streamed turn costs two hand-overs however many deltas it has.
+The model unit's body (engine/model_unit.py: `Model.request_stream` under pydantic-ai's durable
+unit deadline) runs as a task of the process's stream loop (`run_streaming`), and returns to the
+synchronous caller only when the caller has to act: a text delta while the caller's `TextSink`
+has no `take` (the turn's first delta, which the model unit commits itself), and the end. Once
+`take` is set, deltas are handed to it inside the task (the delta feed: a lock and a list
+append, no database), so a streamed turn costs two hand-overs however many deltas it has.
 
 The tasks of every run of the process share one loop on a thread of its own (`stream_loop`,
 per pid: q2 forks workers). Each run thread used to drive its stream on its own loop: with 200
@@ -18,10 +16,6 @@ thread, and the run threads sleep on a lock until a hand-over. The caller's own 
 never runs inside a running loop, and a caller whose thread runs a loop of its own (Playwright's
 sync API, a notebook) waits the same way. `take` is called on the stream loop's thread: it must
 be thread-safe (the delta feed is). The caller's context variables go with its task.
-
-`answer_now` is the unstreamed request of a model that never waits (the scripted model without
-delay): its coroutine is run to the end right here when it awaits nothing, with no task and no
-loop entry, and only what it does await goes to the thread's loop.
 """
 
 from __future__ import annotations
@@ -31,22 +25,13 @@ import concurrent.futures
 import contextvars
 import os
 import threading
-import types
 from collections.abc import Callable, Coroutine, Generator
 from concurrent.futures import FIRST_COMPLETED
-from contextlib import AbstractAsyncContextManager, suppress
+from contextlib import suppress
 from typing import Any, TypeVar
 
-from pydantic_ai.messages import (
-    ModelResponse,
-    PartDeltaEvent,
-    PartStartEvent,
-    TextPart,
-    TextPartDelta,
-)
-from pydantic_ai.models import StreamedResponse
+from pydantic_ai.messages import PartDeltaEvent, PartStartEvent, TextPart, TextPartDelta
 
-from agentruns.registry.pydantic_agents.calls import run_sync, thread_loop
 from agentruns.runtime.providers.base import TextSink
 from agentruns.runtime.threads import process_threads
 
@@ -95,45 +80,39 @@ def _text(event: Any) -> str:
 
 
 class _Pump:
-    """The hand-over between the stream's task and the synchronous caller."""
+    """A model unit's body as a task of the stream loop, and the hand-over between that task
+    and the synchronous caller: the body hands each text delta over with `deliver_delta` (to the
+    sink's `take`, or back to the caller)."""
 
-    def __init__(
-        self,
-        open_stream: Callable[[], AbstractAsyncContextManager[StreamedResponse]],
-        sink: TextSink | None,
-    ) -> None:
-        self.open_stream, self.sink = open_stream, sink
+    def __init__(self, body: Callable[[], Coroutine[Any, Any, Any]], sink: TextSink) -> None:
+        self.body, self.sink = body, sink
         self.task: asyncio.Task | None = None
         self.resume: asyncio.Future | None = None  # the task waits on it after a hand-over
         # the caller waits on it: a delta, or _END
         self.wake: concurrent.futures.Future = concurrent.futures.Future()
 
-    async def consume(self) -> ModelResponse:
-        loop = asyncio.get_running_loop()
-        sink = self.sink
+    async def consume(self) -> Any:
+        _delivering.set(self)  # this task's own context: the unit's code finds it
         try:
-            async with self.open_stream() as stream:
-                async for event in stream:
-                    delta = _text(event)
-                    if not delta:
-                        continue
-                    take = sink.take if sink is not None else None
-                    if take is None:
-                        self.resume = loop.create_future()
-                        self.wake.set_result(delta)
-                        await self.resume
-                        continue
-                    try:
-                        take(delta)
-                    except Exception as exc:
-                        raise SinkFailed(exc) from exc
-                return stream.get()
+            return await self.body()
         finally:
             if not self.wake.done():
                 self.wake.set_result(_END)
 
+    async def deliver(self, delta: str) -> None:
+        take = self.sink.take
+        if take is None:
+            self.resume = asyncio.get_running_loop().create_future()
+            self.wake.set_result(delta)
+            await self.resume
+            return
+        try:
+            take(delta)
+        except Exception as exc:
+            raise SinkFailed(exc) from exc
+
     # ------------------------------------------------------------ the caller's side
-    def deltas(self) -> Generator[str, None, ModelResponse]:
+    def deltas(self) -> Generator[str, None, Any]:
         loop, thread = stream_loop()
         if threading.current_thread() is thread:
             raise RuntimeError("a model stream cannot be waited for on the stream loop itself")
@@ -185,35 +164,6 @@ _delivering: contextvars.ContextVar[_Pump | None] = contextvars.ContextVar(
 )
 
 
-class _UnitPump(_Pump):
-    """A whole durable unit's body as the stream loop's task: the code inside hands each text
-    delta over with `deliver_delta` (to the sink's `take`, or back to the caller)."""
-
-    def __init__(self, body: Callable[[], Coroutine[Any, Any, T]], sink: TextSink) -> None:
-        super().__init__(lambda: None, sink)  # type: ignore[arg-type, return-value]
-        self.body = body
-
-    async def consume(self) -> Any:
-        _delivering.set(self)  # this task's own context: the unit's code finds it
-        try:
-            return await self.body()
-        finally:
-            if not self.wake.done():
-                self.wake.set_result(_END)
-
-    async def deliver(self, delta: str) -> None:
-        take = self.sink.take if self.sink is not None else None
-        if take is None:
-            self.resume = asyncio.get_running_loop().create_future()
-            self.wake.set_result(delta)
-            await self.resume
-            return
-        try:
-            take(delta)
-        except Exception as exc:
-            raise SinkFailed(exc) from exc
-
-
 async def deliver_delta(text: str) -> bool:
     """Inside a unit run by `run_streaming`: hand `text` over (False: no unit takes deltas)."""
     pump = _delivering.get()
@@ -228,50 +178,4 @@ def run_streaming(
 ) -> Generator[str, None, T]:
     """Run `body()` as a task of the stream loop; yield the text deltas it delivers that `sink`
     does not take, then return what it returns (raise what it raises)."""
-    return (yield from _UnitPump(body, sink).deltas())
-
-
-def stream_deltas(
-    open_stream: Callable[[], AbstractAsyncContextManager[StreamedResponse]],
-    sink: TextSink | None = None,
-) -> Generator[str, None, ModelResponse]:
-    """Yield the text deltas `sink` does not take, then return the stream's response."""
-    return (yield from _Pump(open_stream, sink).deltas())
-
-
-def answer_now(coro: Coroutine[Any, Any, T]) -> T:
-    """`coro`'s result, run eagerly on this thread (as the running loop's code, so what asks for
-    the loop finds it); a coroutine that awaits something goes on as a task of the loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        pass
-    else:
-        return run_sync(coro)  # this thread's loop is someone else's: run_sync's own thread
-    loop = thread_loop()
-    asyncio._set_running_loop(loop)
-    try:
-        awaited = coro.send(None)
-    except StopIteration as done:
-        return done.value
-    finally:
-        asyncio._set_running_loop(None)
-    return run_sync(_go_on(coro, awaited))
-
-
-@types.coroutine
-def _go_on(coro: Coroutine[Any, Any, T], awaited: Any) -> Generator[Any, Any, T]:
-    """The rest of a coroutine that `answer_now` started, driven by a task (as `yield from`)."""
-    while True:
-        try:
-            sent = yield awaited
-        except BaseException as exc:  # a cancellation: into the coroutine, which may handle it
-            try:
-                awaited = coro.throw(exc)
-            except StopIteration as done:
-                return done.value
-            continue
-        try:
-            awaited = coro.send(sent)
-        except StopIteration as done:
-            return done.value
+    return (yield from _Pump(body, sink).deltas())

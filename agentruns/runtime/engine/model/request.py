@@ -15,7 +15,7 @@ from agentruns.runtime.dispatch import stops
 from agentruns.runtime.engine.slice import current_or_none
 from agentruns.runtime.providers import ModelError, openai_compatible
 from agentruns.runtime.providers.model_errors import model_error
-from agentruns.runtime.providers.models import name_of, streams
+from agentruns.runtime.providers.models import estimated_usage, name_of, streams
 from agentruns.runtime.providers.stream_pump import (
     _text,
     deliver_delta,
@@ -50,6 +50,8 @@ async def request_model(model: Model, params: Any, ctx: Any, handler: Any = None
     usage_for = getattr(model, "usage_for", None)
     if usage_for is not None:  # the scripted model: the engine's estimate
         response.usage = usage_for(params.messages, response)
+    elif not (response.usage.input_tokens or response.usage.output_tokens):
+        response.usage = estimated_usage(params.messages, response)  # a server that says none
     return response
 
 
