@@ -100,6 +100,7 @@ def start_run(
     claim_for: str | None = None,
     traceparent: str | None = None,
     priority: int = 0,
+    thread_key: str | None = None,
 ) -> StartResult:
     """Create and enqueue a run; a repeated (agent, dedupe_key) returns the existing run.
 
@@ -110,14 +111,15 @@ def start_run(
     (`execute_inline`); if that worker dies, the sweeper hands the run to the queue.
     `priority`: higher is claimed first among queued runs. An agent with a concurrency key
     admits the run or puts it in its key's line, in the transaction that creates it
-    (`runtime/dispatch/concurrency.py`).
+    (`runtime/dispatch/concurrency.py`). `thread_key`: a thread's run takes its thread's key
+    instead (one run of a thread at a time: `services/threads.py`).
     """
     check_may_start(user)
     agent = get_agent(agent_name)
     agent.validate_input(run_input)
     check_input_size(run_input)
     check_priority(priority)
-    concurrency_key = concurrency.key_for(agent_name, run_input)
+    concurrency_key = thread_key or concurrency.key_for(agent_name, run_input)
     if dedupe_key is not None:
         existing = Run.objects.filter(agent=agent_name, dedupe_key=dedupe_key).first()
         if existing is not None:
@@ -165,7 +167,9 @@ def start_run(
         )
         with nullcontext() if single else transaction.atomic():
             if concurrency_key is not None:
-                events += concurrency.admit_new(run, concurrency.declared_limit(agent_name), now)
+                events += concurrency.admit_new(
+                    run, concurrency.declared_limit(agent_name, concurrency_key), now
+                )
             admitted = run.waiting_behind is None  # in its key's line: no lease, no doorbell
             if claim_for is not None and admitted:
                 events += _leased(run, claim_for, now)
