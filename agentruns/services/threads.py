@@ -147,6 +147,8 @@ def post_message(
             client_id=client_id,
             multitask=multitask,
         )
+        if started.run.waiting_behind is None:  # admitted: its message is the history's newest
+            history.enter(turn, agents.prompt(get_agent(thread.agent), started.run))
     return Posted(thread, turn, started.run, True)
 
 

@@ -79,3 +79,116 @@ def test_three_turns_with_an_interrupt(talker, approver):
     # stored once each: the thread's rows are exactly its chain
     # (the third run stored its call, the tool's return and its answer: 9 rows)
     assert ThreadMessage.objects.filter(thread_id="t-1").count() == 9
+
+
+def test_enqueue_waits_behind_the_active_run_and_gets_its_answer(talker):
+    first = run_of(post(talker, "t-q", "one", agent=AGENT))
+    second = run_of(post(talker, "t-q", "two"))  # enqueue is the default
+    assert second.waiting_behind == first.id and not second.holds_key
+    waiting = talker.get("/api/threads/t-q").json()["messages"]
+    assert [(m["text"], m["entered"]) for m in waiting] == [("one", True), ("two", False)]
+    assert advance(first).status == RunStatus.SUCCEEDED
+    second.refresh_from_db()
+    assert second.waiting_behind is None and second.holds_key  # admitted when the first ended
+    assert advance(second).output == "heard: one | two"
+    runs = talker.get("/api/threads/t-q").json()["runs"]
+    assert [r["status"] for r in runs] == ["succeeded", "succeeded"]
+
+
+def test_a_parked_run_holds_the_thread(talker):
+    parked = run_of(post(talker, "t-p", "refund 900", agent=AGENT))
+    assert advance(parked).status == RunStatus.WAITING
+    later = run_of(post(talker, "t-p", "and when does it arrive?"))
+    assert later.waiting_behind == parked.id
+
+
+def test_reject_is_a_409_and_stores_nothing(talker):
+    first = run_of(post(talker, "t-r", "one", agent=AGENT))
+    body = assert_json_error(post(talker, "t-r", "two", multitask="reject"), 409)
+    assert body["run_id"] == str(first.id)
+    assert ThreadTurn.objects.filter(thread_id="t-r").count() == 1
+    assert Run.objects.count() == 1
+    advance(first)
+    second = run_of(post(talker, "t-r", "two", multitask="reject"))  # idle now: taken
+    assert advance(second).output == "heard: one | two"
+
+
+def test_a_repeated_message_id_is_one_turn(talker):
+    created = post(talker, "t-id", "hi", agent=AGENT, id="m-1")
+    again = post(talker, "t-id", "hi", id="m-1")
+    assert created.status_code == 201 and again.status_code == 200
+    assert again.json()["run_id"] == created.json()["run_id"]
+    assert ThreadTurn.objects.filter(thread_id="t-id").count() == 1
+
+
+def test_a_thread_started_by_post_runs_keeps_its_input(talker):
+    response = talker.post(
+        "/api/runs",
+        {"agent": AGENT, "input": {"message": "first", "order_id": "ORD-9"}, "thread": "t-api"},
+    )
+    assert response.status_code == 201, response.content
+    assert response.json()["thread"] == "t-api"
+    first = Run.objects.get(id=response.json()["id"])
+    advance(first)
+    second = run_of(post(talker, "t-api", "second"))
+    assert second.input == {"message": "second", "order_id": "ORD-9"}
+    assert advance(second).output == "heard: first | second"
+    ours = talker.post("/api/runs", {"agent": AGENT, "input": {"message": "x"}, "thread": True})
+    assert ours.status_code == 201 and Thread.objects.filter(id=ours.json()["thread"]).exists()
+
+
+def test_staff_messages_are_staff(talker, lead):
+    run_of(post(talker, "t-s", "hello", agent=AGENT))
+    staff = run_of(post(ApiClient(lead), "t-s", "a colleague here", **{"from": "staff"}))
+    advance(Run.objects.filter(thread_turn__thread_id="t-s").order_by("created_at").first())
+    advance(staff)
+    said = [(m["author"], m["sender"]) for m in talker.get("/api/threads/t-s").json()["messages"]]
+    assert said[2] == ("staff", lead.username)
+    assert said[0] == ("customer", "talker")
+
+
+def test_permissions(django_user_model, talker):
+    run_of(post(talker, "t-perm", "hello", agent=AGENT))
+    viewer = ApiClient(make_user(django_user_model, "v", ["agentruns.view_run"]))
+    nobody = ApiClient(make_user(django_user_model, "n", []))
+    assert_json_error(post(viewer, "t-perm", "more"), 403)
+    assert viewer.get("/api/threads/t-perm").status_code == 200
+    assert_json_error(nobody.get("/api/threads/t-perm"), 403)
+    assert_json_error(post(nobody, "t-new", "hi", agent=AGENT), 403)
+    assert ThreadTurn.objects.count() == 1 and not Thread.objects.filter(id="t-new").exists()
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status"),
+    [
+        ("t-bad", {"text": ""}, 400),
+        ("t-bad", {"text": "x" * 5001, "agent": AGENT}, 400),
+        ("t-bad", {"text": "hi", "agent": AGENT, "multitask": "rollback"}, 400),
+        ("t-bad", {"text": "hi", "agent": AGENT, "from": "agent"}, 400),
+        ("t-bad", {"text": 5, "agent": AGENT}, 400),
+        ("t-bad", {"agent": AGENT}, 400),
+        ("t-bad", {"text": "hi", "agent": AGENT, "surprise": 1}, 400),
+        ("t-bad", {"text": "hi"}, 404),  # a new thread's first message names its agent
+        ("t-bad", {"text": "hi", "agent": "no-such-agent"}, 404),
+        ("..", {"text": "hi", "agent": AGENT}, 404),
+        ("x" * 129, {"text": "hi", "agent": AGENT}, 404),
+    ],
+)
+def test_bad_input_is_a_json_4xx_and_stores_nothing(talker, path, body, status):
+    assert_json_error(talker.post(f"/api/threads/{path}/messages", body), status)
+    assert not Thread.objects.exists() and not Run.objects.exists()
+
+
+def test_another_agents_thread_and_unknown_threads(talker):
+    run_of(post(talker, "t-a", "hi", agent=AGENT))
+    assert_json_error(post(talker, "t-a", "hi", agent="pa-shop"), 409)
+    assert_json_error(talker.get("/api/threads/no-such"), 404)
+    raw = talker.post("/api/threads/t-a/messages", raw="{not json")
+    assert_json_error(raw, 400)
+    assert_json_error(
+        talker.post("/api/runs", {"agent": AGENT, "input": {}, "thread": "t-b"}), 400
+    )
+    assert_json_error(
+        talker.post("/api/runs", {"agent": AGENT, "input": {"message": "m"}, "thread": "a/b"}),
+        400,
+    )
