@@ -185,9 +185,7 @@ def test_another_agents_thread_and_unknown_threads(talker):
     assert_json_error(talker.get("/api/threads/no-such"), 404)
     raw = talker.post("/api/threads/t-a/messages", raw="{not json")
     assert_json_error(raw, 400)
-    assert_json_error(
-        talker.post("/api/runs", {"agent": AGENT, "input": {}, "thread": "t-b"}), 400
-    )
+    assert_json_error(talker.post("/api/runs", {"agent": AGENT, "input": {}, "thread": "t-b"}), 400)
     assert_json_error(
         talker.post("/api/runs", {"agent": AGENT, "input": {"message": "m"}, "thread": "a/b"}),
         400,
