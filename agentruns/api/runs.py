@@ -7,11 +7,11 @@ from typing import Any
 from django.http import HttpRequest
 
 from agentruns import selectors, services
+from agentruns.api.conversations.threads import THREAD_ID, start_thread
 from agentruns.api.endpoint import RUN_ID, endpoint
 from agentruns.api.parsing import BadRequest
 from agentruns.api.schemas import EVENTS, FORK_PLAN, PRIORITY, RUN, RUN_WITH_STEPS, TRACEPARENT
 from agentruns.api.serializers import run_payload
-from agentruns.api.threads import THREAD_ID, start_thread
 from agentruns.models import Run
 from agentruns.registry import UnknownAgent
 from agentruns.runtime.events import event_payload

@@ -8,7 +8,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import path, re_path
 from django.utils.module_loading import autodiscover_modules
 
-from agentruns.api import chat, operations, run_list, runs, threads  # noqa: F401
+from agentruns.api import chat, operations, run_list, runs  # noqa: F401
+from agentruns.api.conversations import threads  # noqa: F401
 from agentruns.api.endpoint import ENDPOINTS, authenticate, method_router
 from agentruns.api.openapi import openapi_document
 from agentruns.api.parsing import json_error
