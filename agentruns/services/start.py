@@ -25,6 +25,7 @@ from agentruns.models import PRIORITY_MAX, PRIORITY_MIN, Run, Step
 from agentruns.registry import get_agent
 from agentruns.runtime import writer
 from agentruns.runtime.access import permissions, quotas
+from agentruns.runtime.conversations import history as conversations
 from agentruns.runtime.dispatch import claims, concurrency
 from agentruns.runtime.dispatch.queue import enqueue
 from agentruns.runtime.engine.switch import RunExecutor
@@ -299,13 +300,21 @@ def _fork(
             priority=source.priority,
             concurrency_key=source.concurrency_key,  # the same input: the same key
         )
+        # a thread's run: the fork continues a fork of the thread, sharing its history
+        forked_thread = conversations.fork_thread(source, user=user)
+        if forked_thread is not None:
+            fork.concurrency_key = concurrency.thread_key(forked_thread.id)
         # a fork takes its key like any start: admitted, or at the end of the key's line
         waiting = (
-            concurrency.admit_new(fork, concurrency.declared_limit(fork.agent), now)
+            concurrency.admit_new(
+                fork, concurrency.declared_limit(fork.agent, fork.concurrency_key), now
+            )
             if fork.concurrency_key is not None
             else []
         )
         fork.save(force_insert=True)
+        if forked_thread is not None:
+            conversations.add_fork_turn(source, fork, forked_thread)
         quotas.hold_in_flight(in_flight)  # exact under concurrency, as `create_run` is
         copies = []
         for step in history:

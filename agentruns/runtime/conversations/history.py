@@ -86,3 +86,32 @@ def record_answer(run: Run, result: Any) -> None:
         conversation.usage.incr(result.usage)
         run_now(store.save(conversation))
         ThreadTurn.objects.filter(id=turn.id).update(answered=True)
+
+
+def fork_thread(source: Run, *, user: Any = None) -> Thread | None:
+    """A fork of a thread's run continues a fork of its thread: a new thread that shares the
+    history up to the source's message (`ConversationStore.fork` from that entry: no message
+    is copied). None: the source is no thread's turn, or its message never entered."""
+    turn = turn_of(source)
+    if turn is None or turn.entry_id is None:
+        return None
+    store = ThreadStore(agent=source.agent)
+    forked = run_now(store.fork(turn.thread_id, from_entry=turn.entry_id))
+    Thread.objects.filter(id=forked.conversation_id).update(
+        created_by=user if getattr(user, "is_authenticated", False) else None
+    )
+    return Thread.objects.get(id=forked.conversation_id)
+
+
+def add_fork_turn(source: Run, fork: Run, thread: Thread) -> None:
+    """The fork's turn of the forked thread: the source's message, already in its history."""
+    turn = ThreadTurn.objects.get(run_id=source.id)
+    ThreadTurn.objects.create(
+        thread=thread,
+        run=fork,
+        author=turn.author,
+        user_id=turn.user_id,
+        text=turn.text,
+        multitask=turn.multitask,
+        entry_id=turn.entry_id,
+    )
