@@ -10,7 +10,7 @@ from pydantic_ai.conversation_store import ConversationConflict
 from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, UserPromptPart
 
 from agentruns import services
-from agentruns.models import Run, Thread, ThreadMessage, ThreadTurn
+from agentruns.models import Thread, ThreadMessage, ThreadTurn
 from agentruns.runtime.conversations.store import ThreadStore, run_now
 from agentruns.selectors.threads import thread_messages
 from agentruns.services.threads import post_message
