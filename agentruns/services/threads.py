@@ -34,6 +34,7 @@ from agentruns.runtime.engine import agents
 from agentruns.runtime.execution.cancel import cancel_run
 from agentruns.runtime.execution.transitions import ActionRefused
 from agentruns.runtime.values.ids import actor_name
+from agentruns.runtime.values.text import UnsafeValue, check_text
 from agentruns.services.start import start_run
 
 MULTITASK = ("enqueue", "interrupt", "reject")
@@ -113,6 +114,11 @@ def post_message(
         raise ThreadRefused("the message needs text")
     if len(text) > MAX_TEXT_CHARS:
         raise ThreadRefused(f"the message is longer than {MAX_TEXT_CHARS} characters")
+    try:
+        check_text(text, "the message")
+        check_text(thread_id, "the thread id")
+    except UnsafeValue as exc:
+        raise ThreadRefused(str(exc)) from None
     if multitask not in MULTITASK:
         raise ThreadRefused(f"multitask must be one of {', '.join(MULTITASK)}")
     if author not in (Author.CUSTOMER, Author.STAFF):

@@ -74,3 +74,11 @@ def test_a_run_of_no_thread_has_no_thread_section(lead):
     page = logged_in(lead).get(f"/runs/{run.id}/").content.decode()
     assert 'id="run-thread"' not in page
     assert logged_in(lead).post(f"/runs/{run.id}/thread/", {"text": "x"}).status_code == 404
+
+
+def test_a_nul_byte_is_refused_not_a_500(thread_run, lead):
+    response = logged_in(lead).post(
+        f"/runs/{thread_run.id}/thread/", {"text": "a\x00b"}, HTTP_HX_REQUEST="1"
+    )
+    assert response.status_code == 400 and "NUL" in response.content.decode()
+    assert ThreadTurn.objects.filter(thread_id="t-page").count() == 1
