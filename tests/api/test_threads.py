@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from agentruns.models import Run, RunStatus, Thread, ThreadMessage, ThreadTurn
+from approvals.models import Approval
 from tests import thread_agents
 from tests.helpers import ApiClient, advance, assert_json_error, make_user
 
@@ -42,11 +43,13 @@ def test_three_turns_with_an_interrupt(talker, approver):
     second = run_of(post(talker, "t-1", "refund 500 please"))
     assert second.concurrency_key == "thread:t-1"
     assert advance(second).status == RunStatus.WAITING
+    assert Approval.objects.filter(run=second, status="pending").count() == 1
 
     # the customer changes their mind: the parked run is cancelled, the new message answered
     third = run_of(post(talker, "t-1", "no, only lookup", multitask="interrupt"))
     second.refresh_from_db()
     assert second.status == RunStatus.CANCELLED
+    assert not Approval.objects.filter(run=second, status="pending").exists()  # withdrawn
     assert advance(third).status == RunStatus.SUCCEEDED
     assert third.output.startswith("done: talk_lookup=")
     assert [c[0] for c in thread_agents.CALLS] == ["talk_lookup"]  # no refund ran
