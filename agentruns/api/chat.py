@@ -105,11 +105,14 @@ def chat_run(agent: str, chat_id: str, user: Any) -> Run | None:
     return run
 
 
-def chat_thread(chat_id: str, user: Any) -> Thread | None:
-    """The chat's thread (the chat id is the thread id), if this user's chat made it: a chat is
-    its user's own (another user's chat of the same id is not theirs to read or continue)."""
+def chat_thread(agent: str, chat_id: str, user: Any) -> Thread | None:
+    """The chat's thread (the chat id is the thread id), if this user's chat with this agent
+    made it: a chat is its user's own (another user's chat of the same id is not theirs to read
+    or continue)."""
     thread = selectors_threads.get_thread(chat_id)
-    return thread if thread is not None and thread.created_by_id == user.pk else None
+    if thread is None or thread.created_by_id != user.pk or thread.agent != agent:
+        return None
+    return thread
 
 
 def latest_run(thread: Thread) -> Run | None:
@@ -270,7 +273,7 @@ def chat(request: HttpRequest, agent: str, body: dict) -> HttpResponseBase:
     answers = approval_responses(messages)
     if answers:  # the right to answer comes before looking for the chat's run
         require(request, DECIDE, VIEW_APPROVAL)
-    thread = chat_thread(body["id"], request.user)
+    thread = chat_thread(agent, body["id"], request.user)
     run = latest_run(thread) if thread is not None else chat_run(agent, body["id"], request.user)
     if run is not None and answers:
         start, stale = decide(request, run, answers)
@@ -295,7 +298,10 @@ def chat(request: HttpRequest, agent: str, body: dict) -> HttpResponseBase:
         return ui_message_stream_response(run, 0)
     require(request, START)
     if thread is None and selectors_threads.get_thread(body["id"]) is not None:
-        raise BadRequest("this chat id is another user's chat: start a new chat", 409)
+        raise BadRequest(
+            "this chat id is another user's chat, or a chat with another agent: start a new chat",
+            409,
+        )
     if not text:
         raise BadRequest("the chat needs a user message with text")
     if len(text) > MAX_MESSAGE_CHARS:
@@ -337,7 +343,7 @@ def chat_stream(
     chat_id: str,
     startIndex: int | None = None,  # noqa: N803  (the AI SDK's name for it)
 ) -> HttpResponseBase:
-    thread = chat_thread(chat_id, request.user)
+    thread = chat_thread(agent, chat_id, request.user)
     if thread is not None:
         runs = selectors_threads.thread_runs(thread)
         if startIndex is None:  # the AI SDK's reconnect: the latest turn, from its start

@@ -83,3 +83,14 @@ def test_a_message_without_an_id_is_counted_by_its_place(chatter):
         chatter, "c-bare", bare, assistant("a"), {**bare, "parts": [{"type": "text", "text": "2"}]}
     )
     assert second["x-run-id"] != first["x-run-id"]
+
+
+def test_a_chat_is_one_agents(chatter):
+    chat(chatter, "c-agent", user("hello", "u1"))
+    other_agent = chatter.post(
+        "/api/chat/pa-shop",
+        {"id": "c-agent", "messages": [user("hi", "u2")], "trigger": "submit-message"},
+    )
+    assert other_agent.status_code == 409
+    assert chatter.get("/api/chat/pa-shop/c-agent/stream").status_code == 204
+    assert ThreadTurn.objects.filter(thread_id="c-agent").count() == 1
