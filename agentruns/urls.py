@@ -1,6 +1,6 @@
 from django.urls import path
 
-from agentruns.web import views
+from agentruns.web import threads, views
 from agentruns.web.layout import navigation
 
 urlpatterns = [
@@ -12,5 +12,6 @@ urlpatterns = [
     path("<uuid:run_id>/cancel/", views.run_cancel, name="run-cancel"),
     path("<uuid:run_id>/stop/", views.run_stop, name="run-stop"),
     path("<uuid:run_id>/fork/", views.run_fork, name="run-fork"),
+    path("<uuid:run_id>/thread/", threads.thread_message, name="run-thread-message"),
     path("steps/<uuid:step_id>/resolve/", views.step_resolve, name="step-resolve"),
 ]

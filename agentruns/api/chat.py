@@ -4,11 +4,17 @@
     GET  /api/chat/<agent>/<chat id>/stream     resume (?startIndex=N); 204 when no run
     POST /api/chat/<agent>/<chat id>/stop       the stop button: the chat's run stops now
 
-One chat id of one user is one run (`dedupe_key` "chat:<user id>:<chat id>", a namespace the
-API's Idempotency-Key may not use): the first POST starts it with the last user
-message's text as the agent's `message` (over the request's `input` object); a repeated POST
-(double submit, a retry after a dropped connection, `regenerate-message`) streams the same run
-from its first chunk. A POST whose last assistant message holds tool parts in state
+A chat is a conversation (issue 33): the chat id is its thread's id (`services/threads.py`), the
+thread of the user whose first message made it, and each user message is the next run of the
+thread, given the whole history: the first POST starts the thread with the last user message's
+text as the agent's `message` (over the request's `input` object), each later message continues
+it (queued behind a turn still running). A repeated POST of the same user message (its `id`, or
+its place among the user messages: a double submit, a retry after a dropped connection,
+`regenerate-message`) streams the same run from its first chunk. The chat's UI message stream
+spans its runs with one chunk cursor (`stream/ui_thread.py`): each response says where its
+first chunk is in it (`x-chat-chunk-offset`), and a resume with `startIndex` counts across the
+chat's turns. A chat begun before chats were threads (its one run found by the `dedupe_key`
+"chat:<user id>:<chat id>") is still streamed, and refuses a second message as it did. A POST whose last assistant message holds tool parts in state
 `approval-responded` decides those approvals as the caller, through the inbox's one decision
 (the runtime's inbox port: permission, limits, "already decided"), and streams the continuation of the same assistant
 message: the chunks after the stop that asked for them. If somebody else decided first, the
@@ -30,16 +36,18 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
-from agentruns import selectors, services
+from agentruns import selectors
 from agentruns.api.endpoint import endpoint
 from agentruns.api.parsing import BadRequest
 from agentruns.api.runs import CHAT_KEY_PREFIX, REASON, STOP_RESPONSES, stopped
 from agentruns.api.schemas import PRIORITY, RUN, TRACEPARENT
-from agentruns.models import Run
-from agentruns.registry import UnknownAgent, get_agent
+from agentruns.models import Run, Thread
+from agentruns.registry import UnknownAgent
 from agentruns.runtime.inbox import Refused, inbox
 from agentruns.runtime.values.ids import BadId, parse_versioned_id
-from agentruns.stream import ui_questions
+from agentruns.selectors import threads as selectors_threads
+from agentruns.services.threads import ThreadRefused, post_message
+from agentruns.stream import ui_questions, ui_thread
 from agentruns.stream.ui_stream import chunks_until_now, ui_message_stream_response
 
 VIEW = "agentruns.view_run"
@@ -96,6 +104,43 @@ def chat_run(agent: str, chat_id: str, user: Any) -> Run | None:
         if legacy is not None and legacy.created_by_id == user.pk:
             return legacy
     return run
+
+
+def chat_thread(agent: str, chat_id: str, user: Any) -> Thread | None:
+    """The chat's thread (the chat id is the thread id), if this user's chat with this agent
+    made it: a chat is its user's own (another user's chat of the same id is not theirs to read
+    or continue)."""
+    thread = selectors_threads.get_thread(chat_id)
+    if thread is None or thread.created_by_id != user.pk or thread.agent != agent:
+        return None
+    return thread
+
+
+def latest_run(thread: Thread) -> Run | None:
+    runs = selectors_threads.thread_runs(thread)
+    return runs[-1] if runs else None
+
+
+def with_offset(response: HttpResponseBase, start: int) -> HttpResponseBase:
+    """The chat-wide index of the run's first chunk (a client's cursor across turns)."""
+    response["x-chat-chunk-offset"] = str(start)
+    return response
+
+
+def thread_stream(run: Run, runs: list[Run] | None = None) -> HttpResponseBase:
+    """The run's UI message stream from its first chunk, with its offset in the chat's cursor."""
+    if runs is None:
+        thread = selectors_threads.thread_of_run(run)
+        runs = selectors_threads.thread_runs(thread) if thread is not None else [run]
+    start = ui_thread.offsets(runs)[runs.index(run)] if run in runs else 0
+    return with_offset(ui_message_stream_response(run, 0), start)
+
+
+def user_message_id(messages: list[dict]) -> str:
+    """The last user message's own id (a repeated POST of it is the same turn), or its place."""
+    users = [m for m in messages if m.get("role") == "user"]
+    given = users[-1].get("id") if users else None
+    return given if isinstance(given, str) and given else f"#{len(users)}"
 
 
 def require(request: HttpRequest, *permissions: str) -> None:
@@ -217,7 +262,7 @@ def decide(request: HttpRequest, run: Run, answers: list[Answer]) -> tuple[int, 
         400: "bad request",
         403: "no right to start, watch or decide",
         404: "no such agent or approval",
-        409: "this chat's run was started for another message",
+        409: "another user's chat id, or (a chat from before threads) another message",
         422: "the decision is not acceptable",
     },
     tags=("chat",),
@@ -229,53 +274,69 @@ def chat(request: HttpRequest, agent: str, body: dict) -> HttpResponseBase:
     answers = approval_responses(messages)
     if answers:  # the right to answer comes before looking for the chat's run
         require(request, DECIDE, VIEW_APPROVAL)
-    run = chat_run(agent, body["id"], request.user)
+    thread = chat_thread(agent, body["id"], request.user)
+    run = latest_run(thread) if thread is not None else chat_run(agent, body["id"], request.user)
     questions = ui_questions.asked_in(run, ui_questions.tool_outputs(messages)) if run else {}
     if questions:  # a question answered with addToolOutput: the same rights as an approval
         require(request, DECIDE, VIEW_APPROVAL)
         try:
-            return ui_message_stream_response(run, ui_questions.answer(request, run, questions))
+            response = ui_message_stream_response(run, ui_questions.answer(request, run, questions))
         except Refused as exc:
             extra = {"code": exc.code} if exc.code else {}
             raise BadRequest(str(exc), exc.status, **extra) from None
+        if thread is not None:
+            runs = selectors_threads.thread_runs(thread)
+            with_offset(response, ui_thread.offsets(runs)[runs.index(run)])
+        return response
     if run is not None and answers:
         start, stale = decide(request, run, answers)
         response = ui_message_stream_response(run, start)
+        if thread is not None:
+            runs = selectors_threads.thread_runs(thread)
+            with_offset(response, ui_thread.offsets(runs)[runs.index(run)])
         if stale:  # what scripts read: nothing was decided, the stream asks again
             response["x-decision-status"] = "409"
         return response
     if answers:
         raise BadRequest("this chat has no run: there is no approval to answer", 404)
     text = last_user_text(messages)
-    if run is not None:
+    if thread is None and run is not None:  # a chat begun before chats were threads
         if text and text != str(run.input.get("message", text)):
             raise BadRequest(
-                "this chat already has its run (one chat id is one run): start a new chat "
-                "for a new request",
+                "this chat began before chats were conversations (one chat id is one run): "
+                "start a new chat for a new request",
                 409,
                 run_id=str(run.id),
             )
         return ui_message_stream_response(run, 0)
     require(request, START)
+    if thread is None and selectors_threads.get_thread(body["id"]) is not None:
+        raise BadRequest(
+            "this chat id is another user's chat, or a chat with another agent: start a new chat",
+            409,
+        )
     if not text:
         raise BadRequest("the chat needs a user message with text")
     if len(text) > MAX_MESSAGE_CHARS:
         raise BadRequest(f"the message is longer than {MAX_MESSAGE_CHARS} characters")
     try:
-        get_agent(agent)
-        started = services.start_run(
-            agent,
-            {**body.get("input", {}), "message": text},
-            dedupe_key=chat_dedupe_key(body["id"], request.user),
+        posted = post_message(
+            body["id"],
+            text,
             user=request.user,
-            traceparent=request.headers.get("traceparent"),
+            agent=agent,
+            client_id=user_message_id(messages),
+            run_input=body.get("input", {}),
             priority=body.get("priority", 0),
+            traceparent=request.headers.get("traceparent"),
         )
+    except ThreadRefused as exc:
+        raise BadRequest(str(exc), exc.status, **exc.extra) from None
     except UnknownAgent as exc:
         raise BadRequest(str(exc), 404) from None
     except ValueError as exc:
         raise BadRequest(f"invalid input: {exc}") from None
-    return ui_message_stream_response(started.run, 0)
+    return thread_stream(posted.run)
 
 
 @endpoint(
@@ -293,12 +354,19 @@ def chat_stream(
     request: HttpRequest,
     agent: str,
     chat_id: str,
-    startIndex: int = 0,  # noqa: N803  (the AI SDK's name for it)
+    startIndex: int | None = None,  # noqa: N803  (the AI SDK's name for it)
 ) -> HttpResponseBase:
+    thread = chat_thread(agent, chat_id, request.user)
+    if thread is not None:
+        runs = selectors_threads.thread_runs(thread)
+        if startIndex is None:  # the AI SDK's reconnect: the latest turn, from its start
+            return thread_stream(runs[-1], runs)
+        run, local, start = ui_thread.locate(runs, startIndex)
+        return with_offset(ui_message_stream_response(run, local), start)
     run = chat_run(agent, chat_id, request.user)
     if run is None:
         return HttpResponse(status=204)
-    return ui_message_stream_response(run, startIndex)
+    return ui_message_stream_response(run, startIndex or 0)
 
 
 @endpoint(
@@ -315,9 +383,10 @@ def chat_stream(
 )
 def stop_chat(request: HttpRequest, agent: str, chat_id: str, body: dict) -> dict:
     """The AI SDK's `stop()` only drops the client's fetch: a front end calls this beside it.
-    The model turn ends within a second keeping its text so far; resume the stream
-    (`GET .../stream?startIndex=N`) to see it end."""
-    run = chat_run(agent, chat_id, request.user)
+    The chat's current turn ends within a second keeping its text so far; resume the stream
+    (`GET .../stream?startIndex=N`) to see it end. The chat takes the next message."""
+    thread = chat_thread(agent, chat_id, request.user)
+    run = latest_run(thread) if thread is not None else chat_run(agent, chat_id, request.user)
     if run is None:
         raise BadRequest("this chat has no run", 404)
     return stopped(request, run, body.get("reason", ""))

@@ -19,6 +19,15 @@ STANDARD_ERRORS = {
 }
 
 
+# one event of a UI message stream, as a client parses it: its `data` is one chunk as JSON (the
+# AI SDK's `uiMessageChunkSchema`), the last one `[DONE]`
+SSE_EVENT = {
+    "type": "object",
+    "properties": {"data": {"type": "string"}},
+    "required": ["data"],
+}
+
+
 def _responses(point: Endpoint) -> dict[str, Any]:
     out: dict[str, Any] = {}
     errors = dict(STANDARD_ERRORS)
@@ -42,7 +51,7 @@ def _responses(point: Endpoint) -> dict[str, Any]:
         if links and status.startswith("2"):
             out[status]["links"] = links
     if point.streams:
-        out["200"]["content"] = {"text/event-stream": {"schema": {"type": "string"}}}
+        out["200"]["content"] = {"text/event-stream": {"schema": SSE_EVENT}}
     return out
 
 

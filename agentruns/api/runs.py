@@ -7,6 +7,7 @@ from typing import Any
 from django.http import HttpRequest
 
 from agentruns import selectors, services
+from agentruns.api.conversations.threads import THREAD_ID, start_thread
 from agentruns.api.endpoint import RUN_ID, endpoint
 from agentruns.api.parsing import BadRequest
 from agentruns.api.schemas import EVENTS, FORK_PLAN, PRIORITY, RUN, RUN_WITH_STEPS, TRACEPARENT
@@ -59,6 +60,8 @@ def idempotency_key(request: HttpRequest) -> str | None:
         "agent": {"type": "string", "minLength": 1, "maxLength": AGENT_MAX},
         "input": {"type": "object"},
         "priority": PRIORITY,
+        # the first run of a thread (a conversation: POST /api/threads/<id>/messages continues it)
+        "thread": {"oneOf": [THREAD_ID, {"type": "boolean", "enum": [True]}]},
     },
     required=("agent",),
     responses={
@@ -77,6 +80,8 @@ def idempotency_key(request: HttpRequest) -> str | None:
     provides={"run_id": "/id"},
 )
 def create_run(request: HttpRequest, body: dict) -> tuple[dict, int]:
+    if "thread" in body:
+        return start_thread(request, body)
     try:
         result = services.start_run(
             body["agent"],

@@ -9,6 +9,7 @@ from django.urls import path, re_path
 from django.utils.module_loading import autodiscover_modules
 
 from agentruns.api import chat, hooks, operations, run_list, runs  # noqa: F401
+from agentruns.api.conversations import threads  # noqa: F401
 from agentruns.api.endpoint import ENDPOINTS, authenticate, method_router
 from agentruns.api.openapi import openapi_document
 from agentruns.api.parsing import json_error

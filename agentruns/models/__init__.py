@@ -37,6 +37,7 @@ from agentruns.models.shared import (
     QuotaBucket,
     WorkerHeartbeat,
 )
+from agentruns.models.threads import Author, Thread, ThreadMessage, ThreadTurn
 
 __all__ = [
     "PRIORITY_MAX",
@@ -47,6 +48,7 @@ __all__ = [
     "ApiToken",
     "ApprovalOverride",
     "AttemptOutcome",
+    "Author",
     "ConcurrencyKey",
     "ModelRateBucket",
     "OperationAllowance",
@@ -61,6 +63,9 @@ __all__ = [
     "StepAttempt",
     "StepKind",
     "StepStatus",
+    "Thread",
+    "ThreadMessage",
+    "ThreadTurn",
     "ToolPolicy",
     "ToolRule",
     "Wait",

@@ -25,6 +25,7 @@ from agentruns.models import PRIORITY_MAX, PRIORITY_MIN, Run, Step
 from agentruns.registry import get_agent
 from agentruns.runtime import writer
 from agentruns.runtime.access import permissions, quotas
+from agentruns.runtime.conversations import history as conversations
 from agentruns.runtime.dispatch import claims, concurrency
 from agentruns.runtime.dispatch.queue import enqueue
 from agentruns.runtime.engine.executor import RunExecutor
@@ -100,6 +101,7 @@ def start_run(
     claim_for: str | None = None,
     traceparent: str | None = None,
     priority: int = 0,
+    thread_key: str | None = None,
 ) -> StartResult:
     """Create and enqueue a run; a repeated (agent, dedupe_key) returns the existing run.
 
@@ -110,14 +112,15 @@ def start_run(
     (`execute_inline`); if that worker dies, the sweeper hands the run to the queue.
     `priority`: higher is claimed first among queued runs. An agent with a concurrency key
     admits the run or puts it in its key's line, in the transaction that creates it
-    (`runtime/dispatch/concurrency.py`).
+    (`runtime/dispatch/concurrency.py`). `thread_key`: a thread's run takes its thread's key
+    instead (one run of a thread at a time: `services/threads.py`).
     """
     check_may_start(user)
     agent = get_agent(agent_name)
     agent.validate_input(run_input)
     check_input_size(run_input)
     check_priority(priority)
-    concurrency_key = concurrency.key_for(agent_name, run_input)
+    concurrency_key = thread_key or concurrency.key_for(agent_name, run_input)
     if dedupe_key is not None:
         existing = Run.objects.filter(agent=agent_name, dedupe_key=dedupe_key).first()
         if existing is not None:
@@ -165,7 +168,9 @@ def start_run(
         )
         with nullcontext() if single else transaction.atomic():
             if concurrency_key is not None:
-                events += concurrency.admit_new(run, concurrency.declared_limit(agent_name), now)
+                events += concurrency.admit_new(
+                    run, concurrency.declared_limit(agent_name, concurrency_key), now
+                )
             admitted = run.waiting_behind is None  # in its key's line: no lease, no doorbell
             if claim_for is not None and admitted:
                 events += _leased(run, claim_for, now)
@@ -295,13 +300,21 @@ def _fork(
             priority=source.priority,
             concurrency_key=source.concurrency_key,  # the same input: the same key
         )
+        # a thread's run: the fork continues a fork of the thread, sharing its history
+        forked_thread = conversations.fork_thread(source, user=user)
+        if forked_thread is not None:
+            fork.concurrency_key = concurrency.thread_key(forked_thread.id)
         # a fork takes its key like any start: admitted, or at the end of the key's line
         waiting = (
-            concurrency.admit_new(fork, concurrency.declared_limit(fork.agent), now)
+            concurrency.admit_new(
+                fork, concurrency.declared_limit(fork.agent, fork.concurrency_key), now
+            )
             if fork.concurrency_key is not None
             else []
         )
         fork.save(force_insert=True)
+        if forked_thread is not None:
+            conversations.add_fork_turn(source, fork, forked_thread)
         quotas.hold_in_flight(in_flight)  # exact under concurrency, as `create_run` is
         copies = []
         for step in history:

@@ -35,6 +35,7 @@ from agentruns.web.forms.inputs import input_fields, input_from_form
 from agentruns.web.forms.tokens import FIELD as TOKEN_FIELD
 from agentruns.web.forms.tokens import dedupe_key_of, new_form_token
 from agentruns.web.permissions import permission_view
+from agentruns.web.threads import thread_context
 from agentruns.web.timeline import legend, timeline_svg, view_steps
 
 VIEW = "agentruns.view_run"
@@ -105,6 +106,8 @@ def run_detail(request: HttpRequest, run_id) -> HttpResponse:
             "handovers": run_view.handovers(run, steps),
             "who_may_act": run_view.who_may_act(run, request.user),
             "input_json": json.dumps(run.input, indent=2, ensure_ascii=False, default=str),
+            # the conversation this run is a turn of (issue 33), oldest message first
+            **thread_context(run, request.user),
         },
     )
 

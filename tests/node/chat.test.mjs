@@ -51,7 +51,7 @@ test("a chat request streams the run; every chunk parses; the message is the run
   assert.deepEqual(ledger.map((r) => r.amount_cents), [3000]);
 });
 
-test("a double submit streams the same run; another message in that chat is refused", async () => {
+test("a double submit streams the same run; another message continues the chat", async () => {
   const id = chatId("double");
   const body = {
     id,
@@ -67,9 +67,13 @@ test("a double submit streams the same run; another message in that chat is refu
   assert.deepEqual(again.chunks, a.chunks);
   assert.equal((await refundsOf(ORDERS.small[1])).length, 1);
 
+  // the next message is the chat's next run (issue 33), with the chat's input
   const other = await postChat("refund", { ...body, messages: [userMessage("Something else")] });
-  assert.equal(other.status, 409);
-  assert.match((await other.json()).error, /one chat id is one run/);
+  assert.equal(other.status, 200);
+  const next = other.headers.get("x-run-id");
+  assert.notEqual(next, first.headers.get("x-run-id"));
+  await readChunks(other);
+  assert.equal((await run(next)).input.order_id, ORDERS.small[1]);
 });
 
 test("resume: 204 without a run; startIndex slices the same sequence", async () => {

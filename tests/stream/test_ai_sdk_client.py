@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.
 NODE_TESTS = ROOT / "tests" / "node"
 THRESHOLD_CENTS = 10_000
 SERVER_ENV = {
-    "AGENTRUNS_AGENT_MODULES": "tests.testkit",
+    "AGENTRUNS_AGENT_MODULES": "tests.testkit,tests.thread_agents",
     "SCRIPTED_MODEL_DELAY_MS": "8",
     "REFUND_APPROVAL_THRESHOLD_CENTS": str(THRESHOLD_CENTS),
     "AGENTRUNS_FAILPOINTS": "model_streaming:script-short=crash_once",

@@ -24,6 +24,7 @@ from pydantic_ai.durable_exec import external_event_scope, replay_scope
 from pydantic_ai.usage import UsageLimits
 
 from agentruns.registry.pydantic_agents.calls import thread_loop
+from agentruns.runtime.conversations import history
 from agentruns.runtime.engine import agents
 from agentruns.runtime.engine.slice import SliceEnds, SliceState, island, running
 from agentruns.runtime.engine.waits import StepWaiter
@@ -71,6 +72,11 @@ async def _run(state: SliceState) -> Any:
     if agent.deps is not None:
         with island():
             kwargs["deps"] = agent.deps(run)
+    prompt: str | None = agents.prompt(agent, run)
+    with island():  # a thread's run: the thread's history, its own message last
+        thread_history = history.history_for(run, prompt)
+    if thread_history is not None:
+        kwargs["message_history"], prompt = thread_history, None
     what = Playing(
         policy=agent.scripted_policy,
         instructions=agent.instructions,
@@ -84,7 +90,11 @@ async def _run(state: SliceState) -> Any:
             PydanticAgent.using_thread_executor(INLINE),
             playing(what),
         ):
-            return await pa_agent.run(agents.prompt(agent, run), **kwargs)
+            result = await pa_agent.run(prompt, **kwargs)
+        if thread_history is not None:
+            with island():
+                history.record_answer(run, result)
+        return result
     except BaseExceptionGroup as group:
         ends = _ends_in(group)
         if ends is not None:

@@ -1,0 +1,1 @@
+"""A run's conversation: threads of runs stored through Pydantic AI's `ConversationStore`."""

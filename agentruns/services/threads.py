@@ -1,0 +1,186 @@
+"""Posting a message to a thread: the next run of the conversation (issue 33).
+
+A thread is a conversation of runs, one run per message (`models/threads.py`). Posting creates
+the thread if it is new (its agent named), then starts the message's run in the same
+transaction, with the thread's concurrency key (`thread:<id>`, one run at a time): when another
+run of the thread is active, the new one waits in the key's line behind it and begins when it
+ends. What happens to the active run is the post's `multitask`:
+
+- `enqueue` (the default): it finishes; the new message's run follows;
+- `interrupt`: it is cancelled (the cancel service: completed tool steps stay done, a call in
+  flight finishes first) and the new message's run follows at once;
+- `reject`: the post is refused (`ThreadBusy`, the API's 409) and nothing is stored.
+
+The new run's input is the thread's first run's input with `message` the new text (an agent
+that reads, say, an order id from its input gets the thread's), and the agent's loop is given
+the whole history (`runtime/conversations/history.py`). A message posted with the sender's own
+id (`client_id`, the AI SDK's message id) twice is one turn: the second post returns the first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from pydantic_ai._uuid import uuid7
+
+from agentruns.models import TERMINAL_RUN_STATUSES, Author, Run, Thread, ThreadTurn
+from agentruns.registry import get_agent
+from agentruns.runtime.conversations import history
+from agentruns.runtime.dispatch.concurrency import thread_key
+from agentruns.runtime.engine import agents
+from agentruns.runtime.execution.cancel import cancel_run
+from agentruns.runtime.execution.transitions import ActionRefused
+from agentruns.runtime.values.ids import actor_name
+from agentruns.runtime.values.text import UnsafeValue, check_text
+from agentruns.services.start import start_run
+
+MULTITASK = ("enqueue", "interrupt", "reject")
+MAX_TEXT_CHARS = 5000
+
+
+class ThreadRefused(ValueError):
+    """The post cannot be taken: `status` is the API's answer."""
+
+    def __init__(self, message: str, status: int = 400, **extra: Any) -> None:
+        super().__init__(message)
+        self.status, self.extra = status, extra
+
+
+@dataclass(frozen=True)
+class Posted:
+    thread: Thread
+    turn: ThreadTurn
+    run: Run
+    created: bool  # False: a repeat of a post with the same client id
+
+
+def new_thread_id() -> str:
+    return str(uuid7())
+
+
+def _thread_for_post(thread_id: str, agent: str | None, user: Any) -> Thread:
+    """The thread's row, locked; created with `agent` when it is new."""
+    thread = Thread.objects.select_for_update().filter(id=thread_id).first()
+    if thread is None:
+        if agent is None:
+            raise ThreadRefused(f"no thread {thread_id}: its first message names its agent", 404)
+        try:
+            with transaction.atomic():
+                Thread.objects.create(
+                    id=thread_id,
+                    agent=agent,
+                    revision=str(uuid7()),
+                    updated_at=timezone.now(),
+                    created_by=user if getattr(user, "is_authenticated", False) else None,
+                )
+        except IntegrityError:
+            pass  # a concurrent first message made it
+        thread = Thread.objects.select_for_update().get(id=thread_id)
+    if agent is not None and agent != thread.agent:
+        raise ThreadRefused(
+            f"thread {thread_id} is a conversation with agent {thread.agent}, not {agent}", 409
+        )
+    return thread
+
+
+def active_runs(thread: Thread) -> list[Run]:
+    """The thread's runs that have not ended, oldest first (the active one, then its line)."""
+    return list(
+        Run.objects.filter(thread_turn__thread=thread)
+        .exclude(status__in=TERMINAL_RUN_STATUSES)
+        .order_by("created_at", "id")
+    )
+
+
+def post_message(
+    thread_id: str,
+    text: str,
+    *,
+    user: Any = None,
+    agent: str | None = None,
+    author: str = Author.CUSTOMER,
+    multitask: str = "enqueue",
+    client_id: str | None = None,
+    run_input: dict | None = None,
+    priority: int = 0,
+    traceparent: str | None = None,
+) -> Posted:
+    """Add a message to the thread (created with `agent` if new) and start its run."""
+    text = (text or "").strip()
+    if not text:
+        raise ThreadRefused("the message needs text")
+    if len(text) > MAX_TEXT_CHARS:
+        raise ThreadRefused(f"the message is longer than {MAX_TEXT_CHARS} characters")
+    try:
+        check_text(text, "the message")
+        check_text(thread_id, "the thread id")
+    except UnsafeValue as exc:
+        raise ThreadRefused(str(exc)) from None
+    if multitask not in MULTITASK:
+        raise ThreadRefused(f"multitask must be one of {', '.join(MULTITASK)}")
+    if author not in (Author.CUSTOMER, Author.STAFF):
+        raise ThreadRefused("a message is the customer's or staff's")
+    with transaction.atomic():
+        thread = _thread_for_post(thread_id, agent, user)
+        if client_id is not None:
+            repeat = ThreadTurn.objects.filter(thread=thread, client_id=client_id).first()
+            if repeat is not None:
+                return Posted(thread, repeat, repeat.run, False)
+        active = active_runs(thread)
+        if active and multitask == "reject":
+            raise ThreadBusy(thread, active[0])
+        if active and multitask == "interrupt":
+            _interrupt(active, user)
+        first = ThreadTurn.objects.filter(thread=thread).select_related("run").first()
+        base = dict(first.run.input) if first is not None else {}
+        started = start_run(
+            thread.agent,
+            {**base, **(run_input or {}), "message": text},
+            user=user,
+            priority=priority,
+            traceparent=traceparent,
+            thread_key=thread_key(thread.id),
+        )
+        turn = ThreadTurn.objects.create(
+            thread=thread,
+            run=started.run,
+            author=author,
+            user=user if getattr(user, "is_authenticated", False) else None,
+            text=text,
+            client_id=client_id,
+            multitask=multitask,
+        )
+        if started.run.waiting_behind is None:  # admitted: its message is the history's newest
+            history.enter(turn, agents.prompt(get_agent(thread.agent), started.run))
+    return Posted(thread, turn, started.run, True)
+
+
+class ThreadBusy(ThreadRefused):
+    def __init__(self, thread: Thread, run: Run) -> None:
+        super().__init__(
+            f"thread {thread.id} has an active run ({run.status}): the message was not taken "
+            '(post it with "multitask": "enqueue" or "interrupt")',
+            409,
+            run_id=str(run.id),
+        )
+
+
+def _interrupt(active: list[Run], user: Any) -> None:
+    """Stop the thread's active run (the one holding its key): its model turn in flight ends
+    within a second (`stop`), completed tool steps stay done; the runs in line stay. A run
+    stopped before it began leaves its message in the history all the same."""
+    for run in active:
+        if run.waiting_behind is not None:
+            continue
+        try:
+            cancel_run(
+                run.id, who=actor_name(user), reason="interrupted by a new message", stop=True
+            )
+        except ActionRefused:
+            pass  # it ended meanwhile
+        turn = ThreadTurn.objects.get(run_id=run.id)
+        if turn.entry_id is None:
+            history.enter(turn, agents.prompt(get_agent(run.agent), run))

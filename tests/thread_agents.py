@@ -1,0 +1,78 @@
+"""A Pydantic AI agent of the conversation tests (issue 33) that answers from the whole history.
+
+Its `FunctionModel` reads every user prompt of the history it is given: a last prompt with
+"refund <cents>" calls `talk_refund` (a person approves above 100 cents), one with "lookup" calls
+`talk_lookup`; after a tool answered it says what the tools said; otherwise it answers
+"heard: <every prompt so far, oldest first, joined by ' | '>", so a test reads off the answer
+exactly which history the run was given.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic_ai import Agent, ApprovalRequired, RunContext
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+from agentruns.registry import durable, register_agent
+
+CALLS: list[tuple[str, dict]] = []  # the tool calls executed in this process
+
+
+def prompts(messages: list[ModelMessage]) -> list[str]:
+    return [
+        str(part.content)
+        for message in messages
+        if isinstance(message, ModelRequest)
+        for part in message.parts
+        if isinstance(part, UserPromptPart)
+    ]
+
+
+def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    last = messages[-1]
+    returns = [p for p in last.parts if isinstance(p, ToolReturnPart)]
+    if returns:
+        said = " | ".join(f"{p.tool_name}={p.content}" for p in returns)
+        return ModelResponse(parts=[TextPart(f"done: {said}")])
+    heard = prompts(messages)
+    latest = heard[-1] if heard else ""
+    refund = re.search(r"refund (\d+)", latest)
+    turn = sum(isinstance(m, ModelResponse) for m in messages)
+    if refund:
+        args = {"amount_cents": int(refund.group(1))}
+        return ModelResponse(parts=[ToolCallPart("talk_refund", args, tool_call_id=f"r{turn}")])
+    if "lookup" in latest:
+        return ModelResponse(parts=[ToolCallPart("talk_lookup", {}, tool_call_id=f"l{turn}")])
+    return ModelResponse(parts=[TextPart("heard: " + " | ".join(heard))])
+
+
+talk = Agent(FunctionModel(answer, model_name="talk-script"), name="pa-talk")
+
+
+@talk.tool_plain
+def talk_lookup() -> dict:
+    """Look the order up (read-only)."""
+    CALLS.append(("talk_lookup", {}))
+    return {"order": "ORD-1", "status": "delivered"}
+
+
+@talk.tool(metadata=durable(side_effect=True, idempotency="key"))
+def talk_refund(ctx: RunContext[None], amount_cents: int) -> dict:
+    """Refund; a person approves above 100 cents."""
+    if amount_cents > 100 and not ctx.tool_call_approved:
+        raise ApprovalRequired()
+    CALLS.append(("talk_refund", {"amount_cents": amount_cents}))
+    return {"refunded": amount_cents}
+
+
+register_agent(talk)

@@ -1,0 +1,84 @@
+"""The run page's thread (issue 33): who said what and when, escaped, and staff's message form
+(HTMX, the API's service): a new run of the thread answers it."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from agentruns.models import Run, ThreadTurn
+from agentruns.services.threads import post_message
+from tests import thread_agents  # noqa: F401  (registers pa-talk)
+from tests.helpers import advance, make_user
+
+pytestmark = pytest.mark.django_db
+
+HOSTILE = '<script>alert("x")</script> my refund?'
+
+
+@pytest.fixture
+def thread_run(django_user_model) -> Run:
+    customer = make_user(django_user_model, "customer", ["agentruns.start_run"])
+    run = post_message("t-page", HOSTILE, user=customer, agent="pa-talk").run
+    return advance(run)
+
+
+def logged_in(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_the_page_shows_the_thread_escaped_customer_first(thread_run, lead):
+    page = logged_in(lead).get(f"/runs/{thread_run.id}/").content.decode()
+    assert '<section class="run-thread"' in page
+    assert "<script>alert" not in page
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; my refund?" in page
+    thread = page[page.index('id="run-thread"') :]
+    customer, agent = thread.index('data-author="customer"'), thread.index('data-author="agent"')
+    assert customer < agent
+    assert 'name="text"' in page  # the lead may start runs: the form is there
+
+
+def test_staff_add_a_message_through_htmx(thread_run, lead):
+    response = logged_in(lead).post(
+        f"/runs/{thread_run.id}/thread/",
+        {"text": "Staff here: approved by phone", "multitask": "enqueue"},
+        HTTP_HX_REQUEST="true",
+    )
+    assert response.status_code == 200
+    html = response.content.decode()
+    turn = ThreadTurn.objects.get(thread_id="t-page", author="staff")
+    assert turn.user == lead and turn.text == "Staff here: approved by phone"
+    assert f"/runs/{turn.run_id}/" in html and 'data-author="staff"' in html
+    assert advance(turn.run).output.endswith("| Staff here: approved by phone")
+
+
+def test_who_may_post_and_bad_posts(thread_run, django_user_model, lead):
+    viewer = logged_in(make_user(django_user_model, "viewer", ["agentruns.view_run"]))
+    page = viewer.get(f"/runs/{thread_run.id}/").content.decode()
+    assert 'id="run-thread"' in page and 'name="text"' not in page
+    refused = viewer.post(f"/runs/{thread_run.id}/thread/", {"text": "hi"}, HTTP_HX_REQUEST="1")
+    assert refused.status_code == 403
+    empty = logged_in(lead).post(
+        f"/runs/{thread_run.id}/thread/", {"text": "  "}, HTTP_HX_REQUEST="1"
+    )
+    assert empty.status_code == 400 and "needs text" in empty.content.decode()
+    assert ThreadTurn.objects.filter(thread_id="t-page").count() == 1
+
+
+def test_a_run_of_no_thread_has_no_thread_section(lead):
+    from tests.helpers import script_run
+
+    run = script_run([{"text": "hi"}])
+    page = logged_in(lead).get(f"/runs/{run.id}/").content.decode()
+    assert 'id="run-thread"' not in page
+    assert logged_in(lead).post(f"/runs/{run.id}/thread/", {"text": "x"}).status_code == 404
+
+
+def test_a_nul_byte_is_refused_not_a_500(thread_run, lead):
+    response = logged_in(lead).post(
+        f"/runs/{thread_run.id}/thread/", {"text": "a\x00b"}, HTTP_HX_REQUEST="1"
+    )
+    assert response.status_code == 400 and "NUL" in response.content.decode()
+    assert ThreadTurn.objects.filter(thread_id="t-page").count() == 1
