@@ -135,7 +135,19 @@ def test_an_at_least_requested_number_may_only_be_raised_up_to_its_maximum(appro
     assert CALLS["ap_hold"] == [("ORD-1001", 30)]  # the raised value, once
 
 
-def test_reject_feeds_the_reason_back_to_the_agent(approver, django_capture_on_commit_callbacks):
+def test_reject_feeds_the_reason_back_to_the_agent(
+    approver, django_capture_on_commit_callbacks, monkeypatch
+):
+    from agentruns.runtime.providers import scripted_model
+
+    seen: list[list[dict]] = []  # what the (scripted) model was sent, turn by turn
+    convert = scripted_model.engine_messages
+
+    def spy(messages, playing):
+        seen.append(converted := convert(messages, playing))
+        return converted
+
+    monkeypatch.setattr(scripted_model, "engine_messages", spy)
     approval = parked_approval()
     with django_capture_on_commit_callbacks(execute=True):
         services.reject(approval.id, user=approver, reason="outside the 30-day window")
@@ -146,9 +158,8 @@ def test_reject_feeds_the_reason_back_to_the_agent(approver, django_capture_on_c
     assert run.status == RunStatus.SUCCEEDED
     assert CALLS["ap_refund"] == []
     # the model's next turn saw the rejection as the tool's result
-    from agentruns.runtime.execution.conversation import tool_result_content
-
-    assert "outside the 30-day window" in tool_result_content(step)
+    tool_answers = [m for m in seen[-1] if m.get("role") == "tool"]
+    assert "outside the 30-day window" in str(tool_answers[-1]["content"])
     (event,) = events(run.id, "approval.decided")
     assert (
         event.data["decision"] == "rejected" and event.data["reason"] == "outside the 30-day window"

@@ -18,7 +18,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from agentruns.models import Run, RunEvent, RunStatus, Step, StepAttempt
+from agentruns.models import JournalEntry, Run, RunEvent, RunStatus, Step, StepAttempt, Wait
 from agentruns.runtime import retention
 from agentruns.services import cancel_run
 from approvals import services as approvals
@@ -29,7 +29,19 @@ from tests.procs import base_env, manage, sqlite_env, start_worker, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-MODELS = (Run, Step, StepAttempt, RunEvent, Approval, ApprovalDecision, MailNotice, WebhookDelivery)
+# every table a run's rows are in (the journal's waits and entries go with their run too)
+MODELS = (
+    Run,
+    Step,
+    StepAttempt,
+    RunEvent,
+    Wait,
+    JournalEntry,
+    Approval,
+    ApprovalDecision,
+    MailNotice,
+    WebhookDelivery,
+)
 LONG_AGO = timedelta(days=100)
 PAY = [{"calls": [["t_pay", {"amount": 500}]]}, {"text": "done"}]  # parks for approval
 
