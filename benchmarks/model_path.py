@@ -32,7 +32,7 @@ from pydantic_ai.messages import ModelRequest, UserPromptPart
 from pydantic_ai.models import ModelRequestParameters
 from agentruns.registry import ScriptedTurn
 from agentruns.registry.pydantic_agents.calls import thread_loop
-from agentruns.runtime.engine.model_unit import request_model
+from agentruns.runtime.engine.model.request import request_model
 from agentruns.runtime.providers import TextSink
 from agentruns.runtime.providers.scripted_model import Playing, ScriptedModel, playing
 from agentruns.runtime.providers.stream_pump import run_streaming

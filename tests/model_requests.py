@@ -1,4 +1,4 @@
-"""One model request the way the engine's model unit makes it (runtime/engine/model_unit.py),
+"""One model request the way the engine's model unit makes it (runtime/engine/model/request.py),
 without a run: `request_model` (the unit's body: streamed when the model can, else asked whole)
 as a task of the process's stream loop (`stream_pump.run_streaming`), its text deltas handed to
 the caller or to its `TextSink`, and what it raises classified as the unit classifies it
@@ -10,7 +10,6 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentruns.runtime.engine.model_unit import _classified, request_model
 from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
@@ -24,6 +23,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.models import Model, ModelRequestParameters
 from pydantic_ai.tools import ToolDefinition
 
+from agentruns.runtime.engine.model.request import _classified, request_model
 from agentruns.runtime.providers import TextSink
 from agentruns.runtime.providers.stream_pump import SinkFailed, run_streaming
 

@@ -117,7 +117,7 @@ def test_the_chat_example_asks_the_question_and_the_answer_continues_the_run(
         question = page.locator(".chat-tool[data-tool=ask_human] .chat-question")
         question.wait_for(timeout=WAIT_MS)
         assert question.locator(".chat-question-text").inner_text() == SECOND
-        run = Run.objects.get(dedupe_key__startswith="chat:", agent="pa-asker")
+        run = Run.objects.get(thread_turn__isnull=False, agent="pa-asker")
         assert run.status == RunStatus.WAITING
         question.locator("button.chat-choice", has_text="half").click()
         page.wait_for_function(  # an arrow function: a bare expression is eval'd (CSP)

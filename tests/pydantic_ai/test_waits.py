@@ -23,12 +23,8 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from agentruns.models import Run, RunStatus, Wait, WaitStatus
 from agentruns.registry import register_agent
-from agentruns.runtime.execution.transitions import (
-    UnknownToken,
-    WaitAlreadyResolved,
-    fail_due_waits,
-    resolve_wait,
-)
+from agentruns.runtime.execution.transitions import UnknownToken, WaitAlreadyResolved, resolve_wait
+from agentruns.runtime.waits.due import fire_due_waits
 from agentruns.services import start_run
 from tests.helpers import advance, assert_gapless, steps
 
@@ -118,8 +114,8 @@ def test_an_unknown_token_is_refused():
 def test_a_timeout_resumes_the_wait_with_an_external_event_error():
     run, wait = _parked("pa-carrier-timeout")
     assert wait.due_at is not None
-    assert fail_due_waits() == 0  # not due yet
-    assert fail_due_waits(now=wait.due_at + timedelta(seconds=1)) == 1
+    assert fire_due_waits() == 0  # not due yet
+    assert fire_due_waits(now=wait.due_at + timedelta(seconds=1)) == 1
     wait.refresh_from_db()
     assert wait.status == WaitStatus.FAILED and wait.resolved_by == "timeout"
     run = advance(run)

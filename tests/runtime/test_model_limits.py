@@ -16,7 +16,6 @@ import time
 from datetime import datetime
 
 import pytest
-from agentruns.runtime.engine.model_slot import _waits_at_the_wire
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, transaction
 from django.test import Client
@@ -29,6 +28,7 @@ from agentruns.registry import Agent, ScriptedTurn, register_agent
 from agentruns.runtime.access import model_limits
 from agentruns.runtime.dispatch import claims
 from agentruns.runtime.engine.executor import RunExecutor
+from agentruns.runtime.engine.model.slot import _waits_at_the_wire
 from agentruns.runtime.execution import transitions
 from agentruns.runtime.outages.model_outage import latest_queued_event
 from agentruns.runtime.providers import ModelError

@@ -26,10 +26,21 @@ def modules_that_start_threads() -> set[str]:
             name = str(path.relative_to(ROOT))
             if "/migrations/" in name:
                 continue
-            for node in ast.walk(ast.parse(path.read_text())):
+            tree = ast.parse(path.read_text())
+            # a bare name starts threads only if it came from the thread modules (a model
+            # named `Thread`, a conversation's, does not)
+            imported = {
+                alias.asname or alias.name
+                for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom)
+                and node.module in ("threading", "concurrent.futures")
+                for alias in node.names
+            }
+            for node in ast.walk(tree):
                 if isinstance(node, ast.Call):
-                    called = ast.unparse(node.func).rsplit(".", 1)[-1]
-                    if called in STARTERS:
+                    dotted = ast.unparse(node.func)
+                    called = dotted.rsplit(".", 1)[-1]
+                    if called in STARTERS and ("." in dotted or called in imported):
                         found.add(name)
                 if isinstance(node, ast.ClassDef) and any(
                     ast.unparse(base).endswith("Thread") and ast.unparse(base) != "OwnedThread"

@@ -57,7 +57,7 @@ class Stopped:
 
     @property
     def run(self) -> Run:
-        return Run.objects.get(dedupe_key__endswith=f":{self.chat}")
+        return Run.objects.get(thread_turn__thread_id=self.chat)
 
 
 def chat_and_stop(client: httpx.Client, chat: str, after_deltas: int) -> Stopped:
@@ -73,7 +73,7 @@ def chat_and_stop(client: httpx.Client, chat: str, after_deltas: int) -> Stopped
     def watch_the_row() -> None:  # the run's `cancelled` row, seen from outside
         try:
             wait_until(
-                lambda: Run.objects.filter(dedupe_key__endswith=f":{chat}", status="cancelled"),
+                lambda: Run.objects.filter(thread_turn__thread_id=chat, status="cancelled"),
                 timeout=30,
                 interval=0.01,
                 message="the run's cancelled row",

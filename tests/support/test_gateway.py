@@ -10,7 +10,9 @@ import pytest
 from django.test import Client
 
 from agentruns.models import Run
-from agentruns.registry import ToolContext, get_tool
+from agentruns.registry import ToolContext
+from agentruns.registry.context import stepping
+from support.agents import issue_refund
 from support.models import GatewayRefund, Order
 from tests.helpers import assert_json_error
 from tests.procs import start_web
@@ -114,7 +116,11 @@ def test_issue_refund_sends_the_key(tmp_path, settings, seeded):
         settings.REFUND_GATEWAY_URL = url + "/gateway"
         run = Run.objects.create(agent="refund", input={})
         context = ToolContext(run=run, step=None, attempt=1, idempotency_key="step-key-1")
-        refund = get_tool("issue_refund").func
+
+        def refund(context: ToolContext, **arguments) -> dict:
+            with stepping(context):  # the call's step, as the engine's tool unit makes it
+                return issue_refund(**arguments)
+
         settings.REFUND_GATEWAY_KEY = ""  # a tool without the key is refused ...
         with pytest.raises(Exception, match="401"):
             refund(context, order_id="ORD-1002", amount_cents=500, reason="r")

@@ -77,6 +77,12 @@ API = [
     ("GET", "/api/chat/script/no-such-chat/stream", None, by_role(LOOK, 204)),
     # the chat's stop button: the caller's own chat (this one has no run: 404)
     ("POST", "/api/chat/script/no-such-chat/stop", {}, by_role(LOOK, 404)),
+    # threads: reading needs view_run (no such thread: 404), posting start_run (no text: 400)
+    ("GET", "/api/threads/no-such-thread", None, by_role(LOOK, 404)),
+    ("POST", "/api/threads/matrix-thread/messages", {"text": ""}, by_role(START, 400)),
+    # hooks: agentruns.resolve_hook, which of the demo roles only the lead (every permission)
+    # has; machines sign instead
+    ("POST", "/api/hooks/no-such-token", {}, by_role({"lead"}, 404)),
 ]
 PAGES = [
     ("GET", "/runs/", None, by_role(LOOK, 200, anonymous="login")),
@@ -91,6 +97,8 @@ PAGES = [
     ("POST", "/runs/{run}/retry/", {}, by_role(OPERATE, 302, anonymous="login")),
     ("POST", "/runs/{run}/cancel/", {}, by_role(OPERATE, 302, anonymous="login")),
     ("POST", "/runs/{run}/stop/", {}, by_role(OPERATE, 302, anonymous="login")),
+    # a staff message to the run's thread: start_run (this run is in no thread: 404)
+    ("POST", "/runs/{run}/thread/", {"text": ""}, by_role(START, 404, anonymous="login")),
     (
         "POST",
         "/runs/{run}/fork/",
@@ -257,7 +265,10 @@ def test_every_route_has_a_row():
             .replace("/steps/0/", "/steps/{index}/")
             .replace("/chat/script/no-such-chat/", "/chat/{agent}/{chat_id}/")
             .replace("/chat/script", "/chat/{agent}")
-            .replace("/refund:ORD-0", "/{key}"),
+            .replace("/refund:ORD-0", "/{key}")
+            .replace("/threads/no-such-thread", "/threads/{thread_id}")
+            .replace("/threads/matrix-thread/", "/threads/{thread_id}/")
+            .replace("/hooks/no-such-token", "/hooks/{token}"),
         )
         for method, path, _, _ in API
     }

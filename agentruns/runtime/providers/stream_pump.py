@@ -1,6 +1,6 @@
 """Model streams: every streamed model request of the process runs as a task on ONE event loop.
 
-The model unit's body (engine/model_unit.py: `Model.request_stream` under pydantic-ai's durable
+The model unit's body (engine/model/request.py: `Model.request_stream` under pydantic-ai's durable
 unit deadline) runs as a task of the process's stream loop (`run_streaming`), and returns to the
 synchronous caller only when the caller has to act: a text delta while the caller's `TextSink`
 has no `take` (the turn's first delta, which the model unit commits itself), and the end. Once
