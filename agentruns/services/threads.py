@@ -153,8 +153,8 @@ def post_message(
             client_id=client_id,
             multitask=multitask,
         )
-        if started.run.waiting_behind is None:  # admitted: its message is the history's newest
-            history.enter(turn, agents.prompt(get_agent(thread.agent), started.run))
+        # its message enters the history when its run first executes (`history.history_for`:
+        # its first slice), or when it is interrupted before that: a post stays a few statements
     return Posted(thread, turn, started.run, True)
 
 

@@ -89,8 +89,15 @@ def test_enqueue_waits_behind_the_active_run_and_gets_its_answer(talker):
     second = run_of(post(talker, "t-q", "two"))  # enqueue is the default
     assert second.waiting_behind == first.id and not second.holds_key
     waiting = talker.get("/api/threads/t-q").json()["messages"]
-    assert [(m["text"], m["entered"]) for m in waiting] == [("one", True), ("two", False)]
+    # a message enters the history when its run first executes (its first slice)
+    assert [(m["text"], m["entered"]) for m in waiting] == [("one", False), ("two", False)]
     assert advance(first).status == RunStatus.SUCCEEDED
+    waiting = talker.get("/api/threads/t-q").json()["messages"]
+    assert [(m["text"], m["entered"]) for m in waiting] == [
+        ("one", True),
+        ("heard: one", True),
+        ("two", False),
+    ]
     second.refresh_from_db()
     assert second.waiting_behind is None and second.holds_key  # admitted when the first ended
     assert advance(second).output == "heard: one | two"

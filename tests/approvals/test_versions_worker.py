@@ -66,7 +66,7 @@ def test_a_decision_on_the_version_before_an_edit_refunds_nothing(seeded, tmp_pa
             if c["type"] == "tool-input-available" and c["toolCallId"] == asked["toolCallId"]
         )
         assert call["input"]["amount_cents"] == 24711
-        approval = Approval.objects.get(run__dedupe_key__endswith=":T-1030")
+        approval = Approval.objects.get(run__thread_turn__thread_id="T-1030")
         assert asked["approvalId"] == str(approval.id) and approval.approvals_required == 2
 
         edit = api("approver2").post(

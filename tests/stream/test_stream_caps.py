@@ -105,6 +105,7 @@ def test_one_users_300_concurrent_chats_get_the_cap_and_429s_and_hold_no_threads
 
     answers, held = asyncio.run(burst())
     statuses = Counter(opened.status for opened in answers)
+    print("BODIES", {o.status: o.body[:300] for o in answers if o.status != 200})
     print(json.dumps({"statuses": statuses, "idle": idle, "held": held}))
     assert statuses[200] == CAP and statuses[429] == 300 - CAP, statuses
     for opened in answers:
