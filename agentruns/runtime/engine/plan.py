@@ -29,6 +29,7 @@ from pydantic_ai.durable_exec import record_durable_unit
 from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, JournalEntry, Step, StepAttempt, StepKind, StepStatus
 from agentruns.registry import ToolArgumentsError, UnknownTool, get_tool
+from agentruns.runtime import tracing
 from agentruns.runtime.access.permissions import refused_message
 from agentruns.runtime.engine.slice import SliceState, island
 from agentruns.runtime.events import (
@@ -118,6 +119,23 @@ def end_attempt(batch: WriteBatch, step: Step, number: int, **values: Any) -> No
             return
     row = build(StepAttempt, step_id=step.id, number=number, **values)
     batch.update(row, list(values), where={"step": step.id, "number": number})
+
+
+def crashed(state: Any, step: Step, error: str) -> None:
+    """Into the slice's pending batch: the open attempt of a step left `running` by a dead
+    worker ended as crashed, the step pending again (its next attempt runs it anew)."""
+    tracing.worker_lost(state.executor, step)
+    batch = state.pending.batch
+    end_attempt(
+        batch,
+        step,
+        step.attempts,
+        outcome=AttemptOutcome.CRASHED,
+        error=error,
+        finished_at=timezone.now(),
+    )
+    step.status = StepStatus.PENDING
+    stage(batch, step, ["status"])
 
 
 # ------------------------------------------------------------------ a model step's result
@@ -251,19 +269,24 @@ def record_cut_turn(state: SliceState, step: Step, answer: Answer, params: Any) 
         stage(state.pending.batch, step, ["status", "finished_at"])
 
 
-def _plan(state: SliceState, call: dict, now: Any) -> Step:
+def new_step(state: SliceState, kind: str, **fields: Any) -> Step:
+    """The run's next step (not saved: the slice's next commit inserts it), with its stable
+    idempotency key from the moment it exists."""
     step_id = uuid.uuid4()
-    name, call_id = str(call.get("tool_name") or ""), str(call.get("tool_call_id") or "")
-    step = build(
+    return build(
         Step,
         id=step_id,
         run_id=state.run.id,
         index=len(state.steps),
-        kind=StepKind.TOOL,
-        tool=name[:100],
-        call_id=call_id[:100],
+        kind=kind,
         idempotency_key=step_key(state.run.id, step_id),
+        **fields,
     )
+
+
+def _plan(state: SliceState, call: dict, now: Any) -> Step:
+    name, call_id = str(call.get("tool_name") or ""), str(call.get("tool_call_id") or "")
+    step = new_step(state, StepKind.TOOL, tool=name[:100], call_id=call_id[:100])
     try:
         step.arguments = _validated_arguments(state, name, call.get("args"))
     except (ToolArgumentsError, UnknownTool) as exc:

@@ -15,7 +15,6 @@ for its next commit.
 
 from __future__ import annotations
 
-import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -37,8 +36,10 @@ from agentruns.runtime.engine.plan import (
     Answer,
     TurnCut,
     begin_attempt,
+    crashed,
     cut_turn,
     end_attempt,
+    new_step,
     record_cut_turn,
     record_model_step,
     replayed,
@@ -56,8 +57,7 @@ from agentruns.runtime.providers.models import model_for, streams, waits
 from agentruns.runtime.providers.stream_pump import (
     SinkFailed,
 )
-from agentruns.runtime.store.rows import WriteBatch, build
-from agentruns.runtime.values.ids import step_key
+from agentruns.runtime.store.rows import WriteBatch
 from agentruns.runtime.values.redaction import redact_text
 from agentruns.runtime.values.text import storable_text
 
@@ -88,16 +88,7 @@ async def execute(state: SliceState, model_id: str | None, body: Any, params: An
     with island():
         check_boundary(state, model=step is None or step.status != StepStatus.RUNNING)
         if step is None:
-            step_id = uuid.uuid4()
-            step = build(
-                Step,
-                id=step_id,
-                run_id=state.run.id,
-                index=len(state.steps),
-                kind=StepKind.MODEL,
-                idempotency_key=step_key(state.run.id, step_id),
-                status=StepStatus.RUNNING,
-            )
+            step = new_step(state, StepKind.MODEL, status=StepStatus.RUNNING)
             state.add_step(step)
         elif step.status == StepStatus.RUNNING:
             _superseded(state, step)  # left running by a dead worker: a new attempt
@@ -131,18 +122,7 @@ def _model(state: SliceState, model_id: str | None) -> Model:
 
 
 def _superseded(state: SliceState, step: Step) -> None:
-    tracing.worker_lost(state.executor, step)
-    batch = state.pending.batch
-    end_attempt(
-        batch,
-        step,
-        step.attempts,
-        outcome=AttemptOutcome.CRASHED,
-        error="worker died mid-stream",
-        finished_at=timezone.now(),
-    )
-    step.status = StepStatus.PENDING
-    stage(batch, step, ["status"])
+    crashed(state, step, "worker died mid-stream")
     state.pending.events.append(
         (EventType.MODEL_SUPERSEDED, {"step": step.index, "attempt": step.attempts})
     )

@@ -45,6 +45,7 @@ from agentruns.runtime.dispatch import connections
 from agentruns.runtime.engine import status
 from agentruns.runtime.engine.plan import (
     attempt_row,
+    crashed,
     end_attempt,
     journal_text,
     journal_unit,
@@ -114,21 +115,10 @@ async def execute(state: SliceState, kind: str, name: str, ctx: Any, body: Any) 
 
 def _recover(state: SliceState, step: Step) -> None:
     """A step left `running` by a dead worker (DESIGN.md 4.5)."""
-    tracing.worker_lost(state.executor, step)
     policy = state.run.tool_policy(step.tool)
     if policy.get("side_effect") and policy.get("idempotency") == "none":
         raise status.outcome_unknown(state.executor, step, "worker died mid-call")
-    batch = state.pending.batch
-    end_attempt(
-        batch,
-        step,
-        step.attempts,
-        outcome=AttemptOutcome.CRASHED,
-        error="worker died mid-call",
-        finished_at=timezone.now(),
-    )
-    step.status = StepStatus.PENDING
-    stage(batch, step, ["status"])
+    crashed(state, step, "worker died mid-call")
     state.pending.events.append((EventType.STEP_RECOVERED, step_event_data(step)))
 
 
