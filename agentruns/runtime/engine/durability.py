@@ -34,7 +34,7 @@ from pydantic_ai.messages import ModelResponse
 from pydantic_ai.models import Model
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, RunContext, ToolDefinition
 
-from agentruns.models import StepStatus
+from agentruns.models import Step, StepStatus
 from agentruns.registry import UnknownTool, get_tool
 from agentruns.runtime.access.permissions import needs_approval
 from agentruns.runtime.engine import slice as slices
@@ -181,8 +181,7 @@ class AgentRunsDurability(BaseDurabilityCapability[Any]):
     async def wrap_tool_validate(
         self, ctx: RunContext[Any], *, call: Any, tool_def: Any, args: Any, handler: Any
     ) -> Any:
-        state = slices.current_or_none()
-        step = state.step_for_call(call.tool_call_id) if state is not None else None
+        state, step = _slice_and_step(call)
         if step is None:
             return await handler(args)
         if step.status == StepStatus.FAILED and not step.attempts:
@@ -196,8 +195,7 @@ class AgentRunsDurability(BaseDurabilityCapability[Any]):
     ) -> Any:
         """The tool's own validation refused arguments the engine's schema accepted: the step
         fails as a bad call does (its error back to the model)."""
-        state = slices.current_or_none()
-        step = state.step_for_call(call.tool_call_id) if state is not None else None
+        state, step = _slice_and_step(call)
         if step is not None and step.status == StepStatus.PENDING and not step.attempts:
             with island():
                 refuse_planned(state, step, str(error))
@@ -206,8 +204,7 @@ class AgentRunsDurability(BaseDurabilityCapability[Any]):
     async def wrap_tool_execute(
         self, ctx: RunContext[Any], *, call: Any, tool_def: Any, args: Any, handler: Any
     ) -> Any:
-        state = slices.current_or_none()
-        step = state.step_for_call(call.tool_call_id) if state is not None else None
+        state, step = _slice_and_step(call)
         if step is None:
             return await handler(args)
         if ctx.tool_call_approved:
@@ -239,3 +236,9 @@ class AgentRunsDurability(BaseDurabilityCapability[Any]):
         if state is None:
             return None
         return await decide_deferred(state, ctx, requests)
+
+
+def _slice_and_step(call: Any) -> tuple[Any, Step | None]:
+    """The slice in progress (None: not in a run) and the step it planned for `call`."""
+    state = slices.current_or_none()
+    return state, state.step_for_call(call.tool_call_id) if state is not None else None

@@ -14,6 +14,7 @@ event loop (see docs/engine-design.md, "Threads and loops").
 from __future__ import annotations
 
 import asyncio
+import secrets
 import threading
 import time
 import uuid
@@ -25,7 +26,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from agentruns.models import Run, Step, StepKind
+from agentruns.models import Run, Step, StepKind, Wait
 from agentruns.registry import Agent
 from agentruns.runtime.events import EventSpec
 from agentruns.runtime.store.rows import WriteBatch
@@ -125,6 +126,19 @@ class SliceState:
             self.model_steps.append(step)
         elif (model := self.current_model) is not None and step.call_id:
             self.calls[(model.index, step.call_id)] = step
+
+    def new_wait(self, name: str, kind: str, *, token: str = "", **fields: Any) -> Wait:
+        """The run's next wait (not saved), with its token (a random one unless the caller's)."""
+        wait = Wait(
+            run_id=self.run.id,
+            ordinal=len(self.waits),
+            name=name[:200],
+            kind=kind,
+            token=token or secrets.token_urlsafe(32),
+            **fields,
+        )
+        self.waits.append(wait)
+        return wait
 
     def now(self) -> Any:
         return timezone.now()

@@ -20,7 +20,6 @@ capability of the run (a user's `RequestInput`) answers them.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
@@ -62,16 +61,9 @@ class StepWaiter(ExternalEventWaiter):
         found = _next_wait(state)
         if found is not None:
             return _replayed(state, found)
-        token = secrets.token_urlsafe(32)
-        wait = Wait(
-            run_id=state.run.id,
-            ordinal=len(state.waits),
-            name=name[:200],
-            kind=WaitKind.EVENT,
-            token=token,
-            due_at=timezone.now() + timeout if timeout is not None else None,
-        )
-        state.waits.append(wait)
+        due = timezone.now() + timeout if timeout is not None else None
+        wait = state.new_wait(name, WaitKind.EVENT, due_at=due)
+        token = wait.token
         state.waits_seen += 1
         with island():
             status.check_boundary(state, model=False)
@@ -245,15 +237,7 @@ def _open_in_inbox(state: SliceState, waiting: list[Step], *, name: str) -> Base
     for step in waiting:
         step.status = StepStatus.WAITING_APPROVAL
         stage(state.pending.batch, step, ["status"])
-    wait = Wait(
-        run_id=state.run.id,
-        ordinal=len(state.waits),
-        name=name,
-        kind=WaitKind.APPROVAL,
-        token=secrets.token_urlsafe(32),
-        calls=[s.call_id for s in waiting],
-    )
-    state.waits.append(wait)
+    wait = state.new_wait(name, WaitKind.APPROVAL, calls=[s.call_id for s in waiting])
     if name != RULE_WAIT:
         state.waits_seen += 1
     executor = state.executor

@@ -16,7 +16,6 @@ wait returns what the n-th wait was resolved with (a failed one raises again). A
 
 from __future__ import annotations
 
-import secrets
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -111,15 +110,7 @@ def _new(
     now = timezone.now()
     if kind == WaitKind.TIMER and due <= now:
         return woke(due, now)  # nothing to wait for (and nothing to find again)
-    wait = Wait(
-        run_id=state.run.id,
-        ordinal=len(state.waits),
-        name=name,
-        kind=kind,
-        token=token or secrets.token_urlsafe(32),
-        due_at=due,
-    )
-    state.waits.append(wait)
+    wait = state.new_wait(name, kind, token=token, due_at=due)
     if kind == WaitKind.EVENT and (holder := holder_of(token, state.run.id)) is not None:
         _held(wait, holder)
         _record(state, wait)

@@ -13,7 +13,6 @@ result, which the model reads on its next turn. Questions are asked before a use
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
 from django.db import transaction
@@ -102,15 +101,8 @@ def _ask(
     asked: list[tuple[Wait, Step, str, list[str] | None]] = []
     for call, step in unasked:
         question, choices = question_of(call, requests.metadata.get(call.tool_call_id))
-        wait = Wait(
-            run_id=state.run.id,
-            ordinal=len(state.waits),
-            name=QUESTION_WAIT,
-            kind=WaitKind.QUESTION,
-            token=secrets.token_urlsafe(32),
-            calls=[str(step.id)],
-        )
-        state.waits.append(wait)  # (found by its step, never by its order: not "seen")
+        # found by its step, never by its order: not "seen"
+        wait = state.new_wait(QUESTION_WAIT, WaitKind.QUESTION, calls=[str(step.id)])
         asked.append((wait, step, question, choices))
     agent, executor = state.run.agent, state.executor
 
