@@ -37,16 +37,15 @@ from django.db import transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
 from agentruns import selectors
+from agentruns.api.conversations.threads import post_as_caller
 from agentruns.api.endpoint import endpoint
 from agentruns.api.parsing import BadRequest
 from agentruns.api.runs import CHAT_KEY_PREFIX, REASON, STOP_RESPONSES, stopped
 from agentruns.api.schemas import PRIORITY, RUN, TRACEPARENT
 from agentruns.models import Run, Thread
-from agentruns.registry import UnknownAgent
 from agentruns.runtime.inbox import Refused, inbox
 from agentruns.runtime.values.ids import BadId, parse_versioned_id
 from agentruns.selectors import threads as selectors_threads
-from agentruns.services.threads import ThreadRefused, post_message
 from agentruns.stream import ui_questions, ui_thread
 from agentruns.stream.ui_stream import chunks_until_now, ui_message_stream_response
 
@@ -110,7 +109,10 @@ def chat_thread(agent: str, chat_id: str, user: Any) -> Thread | None:
     """The chat's thread (the chat id is the thread id), if this user's chat with this agent
     made it: a chat is its user's own (another user's chat of the same id is not theirs to read
     or continue)."""
-    thread = selectors_threads.get_thread(chat_id)
+    return own_thread(selectors_threads.get_thread(chat_id), agent, user)
+
+
+def own_thread(thread: Thread | None, agent: str, user: Any) -> Thread | None:
     if thread is None or thread.created_by_id != user.pk or thread.agent != agent:
         return None
     return thread
@@ -127,13 +129,15 @@ def with_offset(response: HttpResponseBase, start: int) -> HttpResponseBase:
     return response
 
 
-def thread_stream(run: Run, runs: list[Run] | None = None) -> HttpResponseBase:
-    """The run's UI message stream from its first chunk, with its offset in the chat's cursor."""
-    if runs is None:
-        thread = selectors_threads.thread_of_run(run)
-        runs = selectors_threads.thread_runs(thread) if thread is not None else [run]
-    start = ui_thread.offsets(runs)[runs.index(run)] if run in runs else 0
-    return with_offset(ui_message_stream_response(run, 0), start)
+def thread_stream(run: Run, runs: list[Run]) -> HttpResponseBase:
+    """The run's UI message stream from its first chunk, with its offset in the chat's cursor
+    (`runs`: the thread's runs)."""
+    return offset_in(ui_message_stream_response(run, 0), runs, run)
+
+
+def offset_in(response: HttpResponseBase, runs: list[Run], run: Run) -> HttpResponseBase:
+    """`response` (a stream of `run`) with the chat-wide index of the run's first chunk."""
+    return with_offset(response, ui_thread.offsets(runs)[runs.index(run)] if run in runs else 0)
 
 
 def user_message_id(messages: list[dict]) -> str:
@@ -274,8 +278,14 @@ def chat(request: HttpRequest, agent: str, body: dict) -> HttpResponseBase:
     answers = approval_responses(messages)
     if answers:  # the right to answer comes before looking for the chat's run
         require(request, DECIDE, VIEW_APPROVAL)
-    thread = chat_thread(agent, body["id"], request.user)
-    run = latest_run(thread) if thread is not None else chat_run(agent, body["id"], request.user)
+    found = selectors_threads.get_thread(body["id"])  # (another user's or agent's: refused)
+    thread = own_thread(found, agent, request.user)
+    if thread is not None:
+        run = latest_run(thread)
+    elif found is None:  # a chat begun before chats were threads has a run and no thread
+        run = chat_run(agent, body["id"], request.user)
+    else:
+        run = None
     questions = ui_questions.asked_in(run, ui_questions.tool_outputs(messages)) if run else {}
     if questions:  # a question answered with addToolOutput: the same rights as an approval
         require(request, DECIDE, VIEW_APPROVAL)
@@ -285,15 +295,13 @@ def chat(request: HttpRequest, agent: str, body: dict) -> HttpResponseBase:
             extra = {"code": exc.code} if exc.code else {}
             raise BadRequest(str(exc), exc.status, **extra) from None
         if thread is not None:
-            runs = selectors_threads.thread_runs(thread)
-            with_offset(response, ui_thread.offsets(runs)[runs.index(run)])
+            offset_in(response, selectors_threads.thread_runs(thread), run)
         return response
     if run is not None and answers:
         start, stale = decide(request, run, answers)
         response = ui_message_stream_response(run, start)
         if thread is not None:
-            runs = selectors_threads.thread_runs(thread)
-            with_offset(response, ui_thread.offsets(runs)[runs.index(run)])
+            offset_in(response, selectors_threads.thread_runs(thread), run)
         if stale:  # what scripts read: nothing was decided, the stream asks again
             response["x-decision-status"] = "409"
         return response
@@ -310,7 +318,7 @@ def chat(request: HttpRequest, agent: str, body: dict) -> HttpResponseBase:
             )
         return ui_message_stream_response(run, 0)
     require(request, START)
-    if thread is None and selectors_threads.get_thread(body["id"]) is not None:
+    if thread is None and found is not None:
         raise BadRequest(
             "this chat id is another user's chat, or a chat with another agent: start a new chat",
             409,
@@ -319,24 +327,16 @@ def chat(request: HttpRequest, agent: str, body: dict) -> HttpResponseBase:
         raise BadRequest("the chat needs a user message with text")
     if len(text) > MAX_MESSAGE_CHARS:
         raise BadRequest(f"the message is longer than {MAX_MESSAGE_CHARS} characters")
-    try:
-        posted = post_message(
-            body["id"],
-            text,
-            user=request.user,
-            agent=agent,
-            client_id=user_message_id(messages),
-            run_input=body.get("input", {}),
-            priority=body.get("priority", 0),
-            traceparent=request.headers.get("traceparent"),
-        )
-    except ThreadRefused as exc:
-        raise BadRequest(str(exc), exc.status, **exc.extra) from None
-    except UnknownAgent as exc:
-        raise BadRequest(str(exc), 404) from None
-    except ValueError as exc:
-        raise BadRequest(f"invalid input: {exc}") from None
-    return thread_stream(posted.run)
+    posted = post_as_caller(
+        request,
+        body["id"],
+        text,
+        agent=agent,
+        client_id=user_message_id(messages),
+        run_input=body.get("input", {}),
+        priority=body.get("priority", 0),
+    )
+    return thread_stream(posted.run, selectors_threads.thread_runs(posted.thread))
 
 
 @endpoint(

@@ -81,7 +81,9 @@ def thread_payload(thread: Thread) -> dict:
     }
 
 
-def _posted(request: HttpRequest, thread_id: str, text: str, **options: object):
+def post_as_caller(request: HttpRequest, thread_id: str, text: str, **options: object):
+    """`post_message` as the request's user, its refusals as the API's JSON 4xx (the threads
+    API and the chat)."""
     try:
         return post_message(
             thread_id,
@@ -109,7 +111,7 @@ def start_thread(request: HttpRequest, body: dict) -> tuple[dict, int]:
     key = request.headers.get("Idempotency-Key") or None
     if key is not None and (len(key) > 200 or not key.isprintable()):
         raise BadRequest("Idempotency-Key must be at most 200 printable characters")
-    posted = _posted(
+    posted = post_as_caller(
         request,
         thread_id,
         text,
@@ -152,7 +154,7 @@ def start_thread(request: HttpRequest, body: dict) -> tuple[dict, int]:
     example={"text": "Where is my refund?", "agent": "refund", "input": {"order_id": "ORD-1001"}},
 )
 def post_thread_message(request: HttpRequest, thread_id: str, body: dict) -> tuple[dict, int]:
-    posted = _posted(
+    posted = post_as_caller(
         request,
         thread_id,
         body["text"],
