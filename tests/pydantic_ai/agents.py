@@ -26,22 +26,13 @@ from pydantic_ai.messages import (
     ModelResponse,
     RetryPromptPart,
     ToolReturnPart,
-    UserPromptPart,
 )
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
 
 from agentruns.registry import Edit, RetryableToolError, current_step, durable, register_agent
 from support.agents import gateway_client, gateway_headers
 from support.conf import demo_conf
-
-
-def _plan(messages: list[ModelMessage]) -> dict:
-    for message in messages:
-        if isinstance(message, ModelRequest):
-            for part in message.parts:
-                if isinstance(part, UserPromptPart):
-                    return json.loads(str(part.content))
-    return {}
+from tests.pydantic_ai.kit import planned
 
 
 def tool_answers(messages: list[ModelMessage]) -> list[str]:
@@ -57,7 +48,7 @@ def tool_answers(messages: list[ModelMessage]) -> list[str]:
 
 
 async def play(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str | dict]:
-    plan = _plan(messages)
+    plan = planned(messages)
     turn = sum(isinstance(m, ModelResponse) for m in messages)
     calls = plan.get("calls", [])
     offered = {t.name for t in info.function_tools}

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from pydantic_ai.messages import ModelMessage, ModelRequest, UserPromptPart
+
 from agentruns.models import Run
 from agentruns.services import start_run
 from tests.procs import ROOT, Proc, base_env, free_port, wait_http
@@ -16,6 +18,16 @@ from tests.pydantic_ai.mcp_server import faults_path, read_ledger
 def plan(*calls: tuple[str, dict], say: str = "Done.", **extra: object) -> str:
     """The message the test agents' FunctionModel plays (tests/pydantic_ai/agents.py)."""
     return json.dumps({"calls": [list(c) for c in calls], "say": say, **extra})
+
+
+def planned(messages: list[ModelMessage]) -> dict:
+    """The plan a test put in the run's first user message (`plan`), as a dict."""
+    for message in messages:
+        if isinstance(message, ModelRequest):
+            for part in message.parts:
+                if isinstance(part, UserPromptPart):
+                    return json.loads(str(part.content))
+    return {}
 
 
 def start(agent: str, *calls: tuple[str, dict], user=None, say: str = "Done.", **extra) -> Run:

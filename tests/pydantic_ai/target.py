@@ -23,28 +23,19 @@ from pydantic_ai.messages import (
     TextPart,
     ToolCallPart,
     ToolReturnPart,
-    UserPromptPart,
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from agentruns.registry import RetryableToolError, current_step, durable, register_agent
 from support.agents import gateway_client, gateway_headers
 from support.conf import demo_conf
+from tests.pydantic_ai.kit import planned
 
 
 class RefundMade(BaseModel):
     order_id: str
     amount_cents: int
     refund_id: str
-
-
-def _asked(messages: list[ModelMessage]) -> dict:
-    for message in messages:
-        if isinstance(message, ModelRequest):
-            for part in message.parts:
-                if isinstance(part, UserPromptPart):
-                    return json.loads(str(part.content))
-    return {}
 
 
 def _parts(messages: list[ModelMessage], kind: type) -> list:
@@ -55,7 +46,7 @@ def _parts(messages: list[ModelMessage], kind: type) -> list:
 
 def refunds_whole(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     """One whole response per request (no stream function: this model cannot stream)."""
-    asked = _asked(messages)
+    asked = planned(messages)
     if f"order {asked.get('order_id')}" not in (info.instructions or ""):
         return ModelResponse(parts=[TextPart("I was not told which order to refund.")])
     made = [p for p in _parts(messages, ToolReturnPart) if p.tool_name == "tgt_refund"]

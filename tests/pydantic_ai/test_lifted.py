@@ -54,6 +54,7 @@ from agentruns.runtime.execution.transitions import WaitAlreadyResolved, resolve
 from agentruns.services import start_run
 from tests.helpers import ApiClient, advance, events, make_user, steps
 from tests.pydantic_ai.agents import play
+from tests.pydantic_ai.kit import planned
 
 pytestmark = pytest.mark.django_db
 
@@ -72,15 +73,6 @@ seen: list[AgentInfo] = []
 conversations: list[list[ModelMessage]] = []
 
 
-def _plan(messages: list[ModelMessage]) -> dict:
-    for message in messages:
-        if isinstance(message, ModelRequest):
-            for part in message.parts:
-                if isinstance(part, UserPromptPart):
-                    return json.loads(str(part.content))
-    return {}
-
-
 def answers(messages: list[ModelMessage]) -> list[str]:
     """What the tools answered in the last request (returns and retry prompts)."""
     last = messages[-1]
@@ -97,7 +89,7 @@ def plays(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     """The whole turn at once (no stream function: this model cannot stream)."""
     seen.append(info)
     conversations.append(list(messages))
-    plan = _plan(messages)
+    plan = planned(messages)
     turn = sum(isinstance(m, ModelResponse) for m in messages)
     calls = plan.get("calls", [])
     if turn < len(calls):
