@@ -42,10 +42,6 @@ def _with_tool(**tool_options) -> Agent:
 # here and now run on the agent's own loop each have their test in test_lifted.py
 REFUSED = {
     "a tool's defer_loading": (lambda: _with_tool(defer_loading=True), "defer_loading"),
-    "PreparedToolset": (
-        lambda: _agent(toolsets=[FunctionToolset().prepared(lambda ctx, defs: defs)]),
-        "prepared toolset",
-    ),
     "DeferredLoadingToolset": (
         lambda: _agent(toolsets=[FunctionToolset().defer_loading()]),
         "deferred loading",

@@ -354,6 +354,37 @@ def test_prepare_hides_a_tool_for_this_run_and_the_snapshot_still_holds():
     assert {t.name for t in seen[0].function_tools} == {"lift_plain"}
 
 
+def test_a_prepared_toolset_hides_a_tool_for_this_run():
+    """`.prepared()`: its function runs at every step with the run's deps and chooses among the
+    toolset's tools (Pydantic AI refuses one that adds or renames a tool)."""
+    tools = FunctionToolset()
+
+    @tools.tool_plain
+    def lift_refund_fast() -> str:
+        return "fast"
+
+    @tools.tool_plain
+    def lift_refund_slow() -> str:
+        return "slow"
+
+    async def by_tier(ctx: RunContext[dict], defs: list[ToolDefinition]) -> list[ToolDefinition]:
+        return [d for d in defs if ctx.deps.get("vip") or d.name != "lift_refund_fast"]
+
+    pa = Agent(
+        whole_model(), name="lift-prepared", deps_type=dict, toolsets=[tools.prepared(by_tier)]
+    )
+    register_agent(pa, deps=lambda run: {"vip": run.input.get("vip", False)})
+    message = json.dumps({"calls": [["lift_refund_fast", {}]]})
+    vip = advance(start_run("lift-prepared", {"message": message, "vip": True}).run)
+    assert vip.status == RunStatus.SUCCEEDED, vip.error
+    assert {t.name for t in seen[0].function_tools} == {"lift_refund_fast", "lift_refund_slow"}
+    assert Step.objects.get(run=vip, tool="lift_refund_fast").result == "fast"
+    seen.clear()
+    plain = advance(start("lift-prepared"))
+    assert plain.status == RunStatus.SUCCEEDED, plain.error
+    assert {t.name for t in seen[0].function_tools} == {"lift_refund_slow"}
+
+
 def _dynamic_agent(asked: list) -> None:
     """lift-dyn: a toolset function offering lift_tides to coastal runs only."""
     pa = Agent(whole_model(), name="lift-dyn", deps_type=dict)

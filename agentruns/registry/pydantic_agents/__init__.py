@@ -13,6 +13,7 @@ This package imports nothing of `agentruns.registry` but its errors: the registr
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import json
 import sys
@@ -22,7 +23,14 @@ from typing import Any
 
 from pydantic_ai import Agent as PydanticAgent
 from pydantic_ai.tools import ToolDefinition
-from pydantic_ai.toolsets import AbstractToolset, DynamicToolset, FunctionToolset
+from pydantic_ai.toolsets import (
+    AbstractToolset,
+    CombinedToolset,
+    DynamicToolset,
+    FunctionToolset,
+    PreparedToolset,
+    WrapperToolset,
+)
 
 from agentruns.registry.durable import (
     annotation_defaults,
@@ -98,6 +106,7 @@ def _as_declared(toolset: AbstractToolset, agent: PydanticAgent) -> AbstractTool
     `DynamicToolset`) asked once with no run (`ctx.deps` is None), so it names every tool it
     may offer. In a run both run in the agent's own loop at every step with the run's deps, and
     the run's snapshot bounds what the model is offered."""
+    toolset = _unprepared(toolset)
     leaves: list[AbstractToolset] = []
     toolset.apply(leaves.append)
     if not any(
@@ -123,11 +132,24 @@ def _as_declared(toolset: AbstractToolset, agent: PydanticAgent) -> AbstractTool
     return toolset.visit_and_replace(declared)
 
 
+def _unprepared(toolset: AbstractToolset) -> AbstractToolset:
+    """`toolset` without its `.prepared()` functions (which run per step in a run, where the
+    run's snapshot bounds what they offer): registration lists every tool they may offer."""
+    if type(toolset) is PreparedToolset:
+        return _unprepared(toolset.wrapped)
+    if isinstance(toolset, WrapperToolset):
+        return dataclasses.replace(toolset, wrapped=_unprepared(toolset.wrapped))
+    if isinstance(toolset, CombinedToolset):
+        return dataclasses.replace(toolset, toolsets=[_unprepared(t) for t in toolset.toolsets])
+    return toolset
+
+
 async def _maybe_awaited(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
 def _is_mcp(toolset: AbstractToolset) -> bool:
+    toolset = _unprepared(toolset)
     leaves: list[AbstractToolset] = []
     toolset.apply(leaves.append)
     return any(type(leaf).__name__ == "MCPToolset" for leaf in leaves)

@@ -3,7 +3,8 @@
 Each refusal names the feature and why, so the error is the documentation (docs/pydantic-ai.md
 lists them all). A run executes the agent's own loop with every I/O a recorded step
 (`runtime/engine/`), so almost everything runs; what is refused is what would change the
-run's tools after its permission snapshot froze them, or a second durable engine.
+run's tools after its permission snapshot froze them (deferred loading), or a second durable
+engine.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from pydantic_ai.toolsets import (
     CombinedToolset,
     DeferredLoadingToolset,
     FunctionToolset,
-    PreparedToolset,
     WrapperToolset,
 )
 
@@ -65,8 +65,6 @@ _FROZEN = "the run's tools are frozen when it starts (its permission snapshot na
 def check_toolset(name: str, toolset: AbstractToolset) -> None:
     """Raise NotDurable for the first part of `toolset` (wrappers and members included) that
     cannot run durably."""
-    if type(toolset) is PreparedToolset:
-        _refuse(name, "a prepared toolset (.prepared())", f"its function runs per step; {_FROZEN}")
     if isinstance(toolset, DeferredLoadingToolset):
         _refuse(name, "deferred loading (.defer_loading())", f"tools found mid-run; {_FROZEN}")
     if isinstance(toolset, FunctionToolset):
