@@ -24,8 +24,10 @@ def post(api: ApiClient, thread: str, text: str, **body):
 
 
 def run_of(response) -> Run:
-    assert response.status_code in (200, 201), response.content[:500]
-    return Run.objects.get(id=response.json()["run_id"])
+    assert response.status_code == 202, response.content[:500]
+    body = response.json()  # DESIGN 6: 202 {"run": {...}, "message": {...}}
+    assert body["run"]["id"] == body["run_id"] and body["message"]["run_id"] == body["run_id"]
+    return Run.objects.get(id=body["run_id"])
 
 
 @pytest.fixture
@@ -126,7 +128,7 @@ def test_reject_is_a_409_and_stores_nothing(talker):
 def test_a_repeated_message_id_is_one_turn(talker):
     created = post(talker, "t-id", "hi", agent=AGENT, id="m-1")
     again = post(talker, "t-id", "hi", id="m-1")
-    assert created.status_code == 201 and again.status_code == 200
+    assert created.status_code == again.status_code == 202
     assert again.json()["run_id"] == created.json()["run_id"]
     assert ThreadTurn.objects.filter(thread_id="t-id").count() == 1
 

@@ -14,12 +14,17 @@ from django.http import HttpRequest
 
 from agentruns.api.endpoint import endpoint
 from agentruns.api.parsing import BadRequest
-from agentruns.api.schemas import PRIORITY, RUN_SUMMARY, TEXT_OR_NULL, TIME, TRACEPARENT, obj
+from agentruns.api.schemas import PRIORITY, RUN, RUN_SUMMARY, TEXT_OR_NULL, TIME, TRACEPARENT, obj
 from agentruns.api.serializers import run_payload, run_summary_payload
 from agentruns.models import Thread
 from agentruns.registry import UnknownAgent
 from agentruns.runtime.values.timestamps import iso
-from agentruns.selectors.threads import get_thread, thread_messages, thread_runs
+from agentruns.selectors.threads import (
+    ThreadMessageView,
+    get_thread,
+    thread_messages,
+    thread_runs,
+)
 from agentruns.services.threads import (
     MAX_TEXT_CHARS,
     MULTITASK,
@@ -56,7 +61,26 @@ THREAD = obj(
         "runs": {"type": "array", "items": RUN_SUMMARY},
     }
 )
-POSTED = obj({"thread": THREAD, "run_id": {"type": "string", "format": "uuid"}})
+POSTED = obj(
+    {
+        "run": RUN,
+        "message": MESSAGE,
+        "thread": THREAD,
+        "run_id": {"type": "string", "format": "uuid"},
+    }
+)
+
+
+def message_payload(m: ThreadMessageView) -> dict:
+    return {
+        "id": m.id,
+        "author": m.author,
+        "sender": m.sender,
+        "text": m.text,
+        "run_id": m.run_id,
+        "created_at": iso(m.created_at),
+        "entered": m.entered,
+    }
 
 
 def thread_payload(thread: Thread) -> dict:
@@ -65,18 +89,7 @@ def thread_payload(thread: Thread) -> dict:
         "agent": thread.agent,
         "created_by": thread.created_by.get_username() if thread.created_by_id else None,
         "created_at": iso(thread.created_at),
-        "messages": [
-            {
-                "id": m.id,
-                "author": m.author,
-                "sender": m.sender,
-                "text": m.text,
-                "run_id": m.run_id,
-                "created_at": iso(m.created_at),
-                "entered": m.entered,
-            }
-            for m in thread_messages(thread)
-        ],
+        "messages": [message_payload(m) for m in thread_messages(thread)],
         "runs": [run_summary_payload(run) for run in thread_runs(thread)],
     }
 
@@ -141,8 +154,7 @@ def start_thread(request: HttpRequest, body: dict) -> tuple[dict, int]:
     },
     required=("text",),
     responses={
-        201: "the message's run was started",
-        200: "a repeat of the message with this id: its run",
+        202: "its run was started or queued (a repeat of the message's id: the same run)",
         400: "bad input",
         403: "no right to start runs",
         404: "no such thread (a first message names its agent) or agent",
@@ -165,8 +177,22 @@ def post_thread_message(request: HttpRequest, thread_id: str, body: dict) -> tup
         run_input=body.get("input"),
         priority=body.get("priority", 0),
     )
-    payload = {"thread": thread_payload(posted.thread), "run_id": str(posted.run.id)}
-    return payload, 201 if posted.created else 200
+    thread = thread_payload(posted.thread)
+    message = next(
+        (
+            m
+            for m in thread["messages"]
+            if m["run_id"] == str(posted.run.id) and m["author"] != "agent"
+        ),
+        None,
+    )
+    payload = {
+        "run": run_payload(posted.run, []),
+        "message": message,
+        "thread": thread,
+        "run_id": str(posted.run.id),
+    }
+    return payload, 202  # accepted: the run answers it (a repeat of the same id: the same run)
 
 
 @endpoint(
