@@ -66,11 +66,7 @@ class Answered:
 
 
 def answered(approval: Approval, user: Any, answer: str) -> Answered:
-    choices = approval.choices
-    if choices is not None and answer not in choices:
-        raise AnswerRefused(
-            f"The answer must be one of the choices: {', '.join(choices)}", code="not_a_choice"
-        )
+    # free text is always an answer (DESIGN.md 6): the choices are what the card offers first
     settle(
         approval,
         ApprovalKind.QUESTION,

@@ -101,14 +101,13 @@ def test_the_chat_answer_keeps_the_rules_of_the_inbox(django_user_model):
             {"id": "c1", "messages": [user_message(text), with_output(call_id, output)]},
         )
 
-    refused = post("maybe")
-    assert refused.status_code == 400 and refused.json()["code"] == "not_a_choice"
     assert post({"not": "text"}).status_code == 400
     assert Approval.objects.get(run=run).status == "pending"
-    assert post({"answer": "no"}).status_code == 200
-    assert Approval.objects.get(run=run).answer == "no"
+    # free text is an answer too (DESIGN 6: the choices are offered as buttons)
+    assert post({"answer": "only if it is under 30 days"}).status_code == 200
+    assert Approval.objects.get(run=run).answer == "only if it is under 30 days"
     assert post("yes").status_code == 200  # answered first: left as it is, the stream shows it
-    assert Approval.objects.get(run=run).answer == "no"
+    assert Approval.objects.get(run=run).answer == "only if it is under 30 days"
 
 
 def test_answering_in_the_chat_needs_the_right_to_decide(django_user_model):

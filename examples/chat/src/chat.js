@@ -6,7 +6,7 @@
 //     back with addToolApprovalResponse and is sent automatically
 //     (lastAssistantMessageIsCompleteWithApprovalResponses);
 //   - questions: the agent's `ask_human` call waits for its output (state input-available once
-//     the run parked); the page asks the question (the choices as buttons, else a text box) and
+//     the run parked); the page asks the question (the choices as buttons, and a text box) and
 //     the answer goes back with addToolOutput, sent automatically once;
 //   - resume: the chat id is kept in sessionStorage, so a reload (or a dropped connection)
 //     resumes with resumeStream(): GET /api/chat/<agent>/<id>/stream, a replay of the message;
@@ -118,17 +118,17 @@ function questionForm(chat, part) {
   const { question = "", choices = null } = part.input || {};
   const form = el("form", { class: "chat-question" }, el("p", { class: "chat-question-text" }, question));
   const send = (text) => { if (text.trim()) chat.answerQuestion(part.toolCallId, text.trim()); };
-  if (Array.isArray(choices) && choices.length) {
-    for (const choice of choices) {
-      const button = el("button", { type: "button", class: "ok chat-choice" }, String(choice));
-      button.addEventListener("click", () => send(String(choice)));
-      form.append(button, " ");
-    }
-  } else {
-    const text = el("input", { type: "text", class: "chat-answer", placeholder: "your answer", "aria-label": "your answer" });
-    form.append(text, " ", el("button", { type: "submit", class: "ok" }, "Answer"));
-    form.addEventListener("submit", (event) => { event.preventDefault(); send(text.value); });
+  const offered = Array.isArray(choices) && choices.length;
+  for (const choice of offered ? choices : []) {
+    const button = el("button", { type: "button", class: "ok chat-choice" }, String(choice));
+    button.addEventListener("click", () => send(String(choice)));
+    form.append(button, " ");
   }
+  // free text is always an answer; the choices, when there are any, come first
+  const label = offered ? "another answer" : "your answer";
+  const text = el("input", { type: "text", class: "chat-answer", placeholder: label, "aria-label": label });
+  form.append(text, " ", el("button", { type: "submit", class: "ok" }, "Answer"));
+  form.addEventListener("submit", (event) => { event.preventDefault(); send(text.value); });
   return form;
 }
 
