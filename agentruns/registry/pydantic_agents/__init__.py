@@ -1,10 +1,12 @@
 """A `pydantic_ai.Agent` as an agent of this engine (`register_agent(agent)`).
 
-The engine drives the run, not `agent.run()`: the agent is read once, at registration, into what
-a run needs (its static instructions, model and model settings, and every tool of its toolsets
-with the engine's semantics), and then every model request is a model step and every tool call a
-tool step of the one executor (docs/architecture.md, "Pydantic AI agents"). What cannot be made
-durable that way is refused here, with the reason (`checks.py`).
+A run executes the agent's own loop (`agent.run()`) inside the engine's durability capability
+(`runtime/engine/`, docs/engine-design.md). Registration reads the agent once for what the
+engine keeps outside the loop: its name, static instructions, model and settings (for the runs
+list and the cost), and every tool of its toolsets with the engine's semantics (side effect,
+idempotency, approvals, edits: `registry/durable.py`), which the registry turns into its `Tool`s
+and the run's permission snapshot. What no run could carry durably is refused here, with the
+reason (`checks.py`).
 
 This package imports nothing of `agentruns.registry` but its errors: the registry builds its own
 `Tool`s and `Agent` from the specs `adopt` returns.
@@ -223,7 +225,7 @@ def adopt(
     seen: set[str] = set()
     for toolset in agent.toolsets:
         binding = ToolsetBinding(
-            toolset=_as_declared(toolset, agent), agent=agent, deps=deps, mcp=_is_mcp(toolset)
+            toolset=_as_declared(toolset, agent), agent=agent, mcp=_is_mcp(toolset)
         )
         for definition in binding.discover().values():
             if definition.name in seen:

@@ -16,7 +16,7 @@ transport notes the status of each `tools/call` answer for the call that made it
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -80,11 +80,10 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
 
 @dataclass
 class ToolsetBinding:
-    """One of the agent's toolsets, with what a call needs to rebuild a run context."""
+    """One of the agent's toolsets, as registration lists it (and an MCP server's name)."""
 
     toolset: AbstractToolset
     agent: Any  # the pydantic_ai.Agent
-    deps: Callable[[Any], Any] | None = None  # deps from the run (register_agent(..., deps=))
     mcp: bool = False
     definitions: dict[str, ToolDefinition] = field(default_factory=dict)
     server: str = ""  # an MCP toolset's server, as the run's events name it

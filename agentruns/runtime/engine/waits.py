@@ -30,6 +30,8 @@ from pydantic import JsonValue, TypeAdapter
 from pydantic_ai.capabilities import RequestInput
 from pydantic_ai.capabilities.abstract import leaf_capabilities
 from pydantic_ai.durable_exec import ExternalEventError, ExternalEventWaiter, record_durable_unit
+from pydantic_ai.external_events import wait_for_external_event
+from pydantic_ai.messages import ModelRequest, RetryPromptPart, ToolReturnPart
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolDenied
 
 from agentruns.models import RunStatus, Step, StepStatus, Wait, WaitKind, WaitStatus
@@ -177,8 +179,6 @@ async def decide_deferred(
         decided = answered if decided is None else _merged(decided, answered)
     others = [call for call in requests.calls if call not in asked]
     if others and not _others_answer(ctx):
-        from pydantic_ai.external_events import wait_for_external_event
-
         remaining = DeferredToolRequests(calls=others, metadata=requests.metadata)
         payload = await wait_for_external_event("deferred_tool_calls", ask=lambda token: None)
         results = RESULTS.validate_python(payload)
@@ -287,8 +287,6 @@ def record_answered_elsewhere(state: SliceState, messages: Any) -> None:
     """Before the next model request: a deferred call another capability answered (a user's
     `RequestInput`) reaches the model as a tool return or retry prompt without its unit ever
     running; its step records that answer, so it does not stay pending."""
-    from pydantic_ai.messages import ModelRequest, RetryPromptPart, ToolReturnPart
-
     if not messages or not isinstance(messages[-1], ModelRequest):
         return
     now = timezone.now()
