@@ -65,6 +65,8 @@ _FROZEN = "the run's tools are frozen when it starts (its permission snapshot na
 def check_toolset(name: str, toolset: AbstractToolset) -> None:
     """Raise NotDurable for the first part of `toolset` (wrappers and members included) that
     cannot run durably."""
+    # (Pydantic AI's tool search adds its own tool and reveals tools per request, outside the
+    # tools the registry and the snapshot name: not a limit of durable execution, work left)
     if isinstance(toolset, DeferredLoadingToolset):
         _refuse(name, "deferred loading (.defer_loading())", f"tools found mid-run; {_FROZEN}")
     if isinstance(toolset, FunctionToolset):
