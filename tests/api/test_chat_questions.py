@@ -11,6 +11,7 @@ import pytest
 from agentruns.models import Run, RunEvent, RunStatus
 from agentruns.stream.ui_stream import new_fold
 from approvals.models import Approval
+from tests.api.test_chat import CHATTER
 from tests.approvals import question_agent
 from tests.conftest import ApiClient, make_user
 from tests.helpers import advance
@@ -18,12 +19,6 @@ from tests.pydantic_ai.kit import plan
 
 pytestmark = pytest.mark.django_db
 
-CHATTER = [
-    "agentruns.view_run",
-    "agentruns.start_run",
-    "approvals.view_approval",
-    "approvals.decide_approval",
-]
 QUESTION = "Is this order eligible?"
 
 
