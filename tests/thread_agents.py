@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from pydantic_ai import Agent, ApprovalRequired, RunContext
+from pydantic_ai import Agent, ApprovalRequired, RunContext, Tool
 from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
@@ -48,11 +48,15 @@ def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     latest = heard[-1] if heard else ""
     refund = re.search(r"refund (\d+)", latest)
     turn = sum(isinstance(m, ModelResponse) for m in messages)
+
+    def tool(does: str) -> str:  # this agent's name of the tool (talk_refund, order_refund)
+        return next(t.name for t in info.function_tools if t.name.endswith(f"_{does}"))
+
     if refund:
         args = {"amount_cents": int(refund.group(1))}
-        return ModelResponse(parts=[ToolCallPart("talk_refund", args, tool_call_id=f"r{turn}")])
+        return ModelResponse(parts=[ToolCallPart(tool("refund"), args, tool_call_id=f"r{turn}")])
     if "lookup" in latest:
-        return ModelResponse(parts=[ToolCallPart("talk_lookup", {}, tool_call_id=f"l{turn}")])
+        return ModelResponse(parts=[ToolCallPart(tool("lookup"), {}, tool_call_id=f"l{turn}")])
     return ModelResponse(parts=[TextPart("heard: " + " | ".join(heard))])
 
 
@@ -76,3 +80,18 @@ def talk_refund(ctx: RunContext[None], amount_cents: int) -> dict:
 
 
 register_agent(talk)
+
+# the same conversation about an order, keyed by it (issue 30: one run per order at a time)
+talk_order = Agent(
+    FunctionModel(answer, model_name="talk-script"),
+    name="pa-talk-order",
+    tools=[
+        Tool(talk_lookup, name="order_lookup"),
+        Tool(
+            talk_refund,
+            name="order_refund",
+            metadata=durable(side_effect=True, idempotency="key"),
+        ),
+    ],
+)
+register_agent(talk_order, concurrency_key=lambda run_input: run_input["order_id"])

@@ -85,8 +85,19 @@ class Run(models.Model):
     concurrency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     # it counts against its key's limit (admitted, and not a waiting run that let its place go)
     holds_key = models.BooleanField(default=False, db_default=False)
-    # queued but not admitted: the run it waits behind in its key's line (claims skip it)
+    # queued but not admitted: the run it waits behind in its key's line, or in its thread's
+    # line (claims skip it)
     waiting_behind = models.UUIDField(null=True, blank=True)
+    # the conversation it is a turn of (models/threads.py): one run of a thread at a time, in
+    # a line of the thread's own beside its agent's key (runtime/dispatch/thread_line.py)
+    thread = models.ForeignKey(
+        "Thread",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="runs",
+        db_index=False,
+    )
 
     step_count = models.PositiveIntegerField(default=0)
     # last allocated RunEvent.seq; bumped with UPDATE ... RETURNING so seq has no holes
@@ -148,6 +159,12 @@ class Run(models.Model):
                 fields=["agent", "concurrency_key", "created_at", "id"],
                 condition=Q(holds_key=True) | Q(waiting_behind__isnull=False),
                 name="run_key_line_idx",
+            ),
+            # a thread's runs, in start order (its line: the runs of it that have not ended)
+            models.Index(
+                fields=["thread", "created_at", "id"],
+                condition=Q(thread__isnull=False),
+                name="run_thread_idx",
             ),
             # the runs list: newest first, optionally by status / agent
             models.Index(fields=["-created_at", "-id"], name="run_created_idx"),

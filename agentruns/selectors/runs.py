@@ -65,10 +65,15 @@ def nav_counts() -> dict:
 
 
 def waiting_line(run: Run) -> str:
-    """What a run waiting in its concurrency key's line waits for, as a person reads it ("" for
-    any other run): the run ahead of it, and the key (runtime/dispatch/concurrency.py)."""
+    """What a run waiting in its concurrency key's line (or its thread's) waits for, as a person
+    reads it ("" for any other run): the run ahead of it, and the key (runtime/dispatch/)."""
     if run.waiting_behind is None:
         return ""
+    if run.concurrency_key is None:
+        return (
+            f"waiting behind run {str(run.waiting_behind)[:8]}: the thread's turn before it "
+            "(one run of a thread at a time)"
+        )
     return (
         f"waiting behind run {str(run.waiting_behind)[:8]}: runs of {run.agent} with "
         f"concurrency key {run.concurrency_key} take turns, in start order"

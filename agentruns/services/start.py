@@ -26,7 +26,7 @@ from agentruns.registry import get_agent
 from agentruns.runtime import writer
 from agentruns.runtime.access import permissions, quotas
 from agentruns.runtime.conversations import history as conversations
-from agentruns.runtime.dispatch import claims, concurrency
+from agentruns.runtime.dispatch import claims, concurrency, thread_line
 from agentruns.runtime.dispatch.queue import enqueue
 from agentruns.runtime.engine.executor import RunExecutor
 from agentruns.runtime.events import EventType
@@ -101,7 +101,7 @@ def start_run(
     claim_for: str | None = None,
     traceparent: str | None = None,
     priority: int = 0,
-    thread_key: str | None = None,
+    thread_id: str | None = None,
 ) -> StartResult:
     """Create and enqueue a run; a repeated (agent, dedupe_key) returns the existing run.
 
@@ -112,15 +112,16 @@ def start_run(
     (`execute_inline`); if that worker dies, the sweeper hands the run to the queue.
     `priority`: higher is claimed first among queued runs. An agent with a concurrency key
     admits the run or puts it in its key's line, in the transaction that creates it
-    (`runtime/dispatch/concurrency.py`). `thread_key`: a thread's run takes its thread's key
-    instead (one run of a thread at a time: `services/threads.py`).
+    (`runtime/dispatch/concurrency.py`). `thread_id`: a turn of that thread (`services/threads.py`,
+    which holds the thread's row lock): it waits in the thread's line while an earlier run of the
+    thread has not ended, and takes its key when its turn comes (`dispatch/thread_line.py`).
     """
     check_may_start(user)
     agent = get_agent(agent_name)
     agent.validate_input(run_input)
     check_input_size(run_input)
     check_priority(priority)
-    concurrency_key = thread_key or concurrency.key_for(agent_name, run_input)
+    concurrency_key = concurrency.key_for(agent_name, run_input)
     if dedupe_key is not None:
         existing = Run.objects.filter(agent=agent_name, dedupe_key=dedupe_key).first()
         if existing is not None:
@@ -165,13 +166,14 @@ def start_run(
             and (notify or not enqueue_task)
             and not connection.in_atomic_block
             and concurrency_key is None
+            and thread_id is None
         )
         with nullcontext() if single else transaction.atomic():
-            if concurrency_key is not None:
-                events += concurrency.admit_new(
-                    run, concurrency.declared_limit(agent_name, concurrency_key), now
-                )
-            admitted = run.waiting_behind is None  # in its key's line: no lease, no doorbell
+            placed = thread_line.place(run, thread_id) if thread_id is not None else []
+            events += placed
+            if concurrency_key is not None and not placed:
+                events += concurrency.admit_new(run, concurrency.declared_limit(agent_name), now)
+            admitted = run.waiting_behind is None  # in a line: no lease, no doorbell
             if claim_for is not None and admitted:
                 events += _leased(run, claim_for, now)
             run.last_seq = writer.create_run(
@@ -300,15 +302,14 @@ def _fork(
             priority=source.priority,
             concurrency_key=source.concurrency_key,  # the same input: the same key
         )
-        # a thread's run: the fork continues a fork of the thread, sharing its history
+        # a thread's run: the fork continues a fork of the thread (its first run), sharing its
+        # history
         forked_thread = conversations.fork_thread(source, user=user)
         if forked_thread is not None:
-            fork.concurrency_key = concurrency.thread_key(forked_thread.id)
+            fork.thread_id = forked_thread.id
         # a fork takes its key like any start: admitted, or at the end of the key's line
         waiting = (
-            concurrency.admit_new(
-                fork, concurrency.declared_limit(fork.agent, fork.concurrency_key), now
-            )
+            concurrency.admit_new(fork, concurrency.declared_limit(fork.agent), now)
             if fork.concurrency_key is not None
             else []
         )

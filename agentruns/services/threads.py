@@ -2,9 +2,10 @@
 
 A thread is a conversation of runs, one run per message (`models/threads.py`). Posting creates
 the thread if it is new (its agent named), then starts the message's run in the same
-transaction, with the thread's concurrency key (`thread:<id>`, one run at a time): when another
-run of the thread is active, the new one waits in the key's line behind it and begins when it
-ends. What happens to the active run is the post's `multitask`:
+transaction, one run of a thread at a time: when another run of the thread has not ended, the
+new one waits in the thread's line behind it and takes its turn when that one ends
+(`runtime/dispatch/thread_line.py`); its agent's concurrency key (an order's line) applies to it
+as to any run. What happens to the active run is the post's `multitask`:
 
 - `enqueue` (the default): it finishes; the new message's run follows;
 - `interrupt`: it is cancelled (the cancel service: completed tool steps stay done, a call in
@@ -29,7 +30,6 @@ from pydantic_ai._uuid import uuid7
 from agentruns.models import TERMINAL_RUN_STATUSES, Author, Run, Thread, ThreadTurn
 from agentruns.registry import get_agent
 from agentruns.runtime.conversations import history
-from agentruns.runtime.dispatch.concurrency import thread_key
 from agentruns.runtime.engine import agents
 from agentruns.runtime.execution.cancel import cancel_run
 from agentruns.runtime.execution.transitions import ActionRefused
@@ -89,7 +89,7 @@ def _thread_for_post(thread_id: str, agent: str | None, user: Any) -> Thread:
 def active_runs(thread: Thread) -> list[Run]:
     """The thread's runs that have not ended, oldest first (the active one, then its line)."""
     return list(
-        Run.objects.filter(thread_turn__thread=thread)
+        Run.objects.filter(thread_id=thread.id)
         .exclude(status__in=TERMINAL_RUN_STATUSES)
         .order_by("created_at", "id")
     )
@@ -142,7 +142,7 @@ def post_message(
             user=user,
             priority=priority,
             traceparent=traceparent,
-            thread_key=thread_key(thread.id),
+            thread_id=thread.id,
         )
         turn = ThreadTurn.objects.create(
             thread=thread,
@@ -169,12 +169,11 @@ class ThreadBusy(ThreadRefused):
 
 
 def _interrupt(active: list[Run], user: Any) -> None:
-    """Stop the thread's active run (the one holding its key): its model turn in flight ends
-    within a second (`stop`), completed tool steps stay done; the runs in line stay. A run
-    stopped before it began leaves its message in the history all the same."""
-    for run in active:
-        if run.waiting_behind is not None:
-            continue
+    """Stop the thread's active run (its oldest that has not ended; the others wait in the
+    thread's line behind it and stay): its model turn in flight ends within a second (`stop`),
+    completed tool steps stay done. A run stopped before it began leaves its message in the
+    history all the same."""
+    for run in active[:1]:
         try:
             cancel_run(
                 run.id, who=actor_name(user), reason="interrupted by a new message", stop=True

@@ -37,13 +37,14 @@ def talker(django_user_model):
 
 
 def test_three_turns_with_an_interrupt(talker, approver):
+    thread_agents.CALLS.clear()  # the calls this process's earlier tests made
     first = run_of(post(talker, "t-1", "hello there", agent=AGENT))
     assert advance(first).status == RunStatus.SUCCEEDED
     assert first.output == "heard: hello there"
 
     # the second turn parks for a person (a refund above 100 cents)
     second = run_of(post(talker, "t-1", "refund 500 please"))
-    assert second.concurrency_key == "thread:t-1"
+    assert second.thread_id == "t-1" and second.waiting_behind is None
     assert advance(second).status == RunStatus.WAITING
     assert Approval.objects.filter(run=second, status="pending").count() == 1
 
@@ -101,7 +102,8 @@ def test_enqueue_waits_behind_the_active_run_and_gets_its_answer(talker):
         ("two", False),
     ]
     second.refresh_from_db()
-    assert second.waiting_behind is None and second.holds_key  # admitted when the first ended
+    # its turn came when the first ended (its agent declares no key: it is due at once)
+    assert second.waiting_behind is None and second.enqueued_at is not None
     assert advance(second).output == "heard: one | two"
     runs = talker.get("/api/threads/t-q").json()["runs"]
     assert [r["status"] for r in runs] == ["succeeded", "succeeded"]

@@ -67,7 +67,7 @@ def test_a_fork_of_a_threads_run_continues_a_fork_of_the_thread(django_user_mode
     fork = services.fork_run(second.id, model_turns[-1], user=lead)
     turn = ThreadTurn.objects.get(run=fork)
     assert turn.thread_id != "t-f" and turn.thread.forked_from == "t-f"
-    assert fork.concurrency_key == f"thread:{turn.thread_id}"
+    assert fork.thread_id == turn.thread_id
     before = ThreadMessage.objects.filter(thread_id="t-f").count()
     assert advance(fork).status == "succeeded"
     assert fork.output == second.output

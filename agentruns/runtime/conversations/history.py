@@ -21,14 +21,13 @@ from django.db import transaction
 from pydantic_ai.conversation import Conversation
 from pydantic_ai.messages import ModelMessage, ModelRequest, UserPromptPart
 
-from agentruns.models import Run, Thread, ThreadTurn
+from agentruns.models import TERMINAL_RUN_STATUSES, Run, Thread, ThreadTurn
 from agentruns.runtime.conversations.store import ThreadStore, author_metadata, run_now
-from agentruns.runtime.dispatch.concurrency import THREAD_KEY_PREFIX
 
 
 def turn_of(run: Run) -> ThreadTurn | None:
-    """The run's turn of its thread (a run without a thread's key costs no query)."""
-    if not (run.concurrency_key or "").startswith(THREAD_KEY_PREFIX):
+    """The run's turn of its thread (a run of no thread costs no query)."""
+    if run.thread_id is None:
         return None
     return ThreadTurn.objects.filter(run_id=run.id).select_related("thread").first()
 
@@ -51,12 +50,29 @@ def enter(turn: ThreadTurn, text: str) -> str:
             conversation = run_now(store.load(turn.thread_id)) or Conversation(
                 conversation_id=turn.thread_id
             )
+            missed = _never_entered_before(fresh)
+            conversation.messages.extend(prompt_message(m, m.text) for m in missed)
             conversation.messages.append(prompt_message(turn, text))
             entries = run_now(store.save(conversation))
             fresh.entry_id = entries[-1].id
+            for earlier, entry in zip(missed, entries[-1 - len(missed) : -1], strict=True):
+                ThreadTurn.objects.filter(id=earlier.id).update(entry_id=entry.id)
             ThreadTurn.objects.filter(id=turn.id).update(entry_id=fresh.entry_id)
     turn.entry_id = fresh.entry_id
     return turn.entry_id
+
+
+def _never_entered_before(turn: ThreadTurn) -> list[ThreadTurn]:
+    """The thread's earlier turns whose runs ended before they began (cancelled while they
+    waited): what the customer said then is said all the same, in its place before this one."""
+    return list(
+        ThreadTurn.objects.filter(
+            thread_id=turn.thread_id,
+            entry_id=None,
+            run__status__in=TERMINAL_RUN_STATUSES,
+            created_at__lt=turn.created_at,
+        ).order_by("created_at", "id")
+    )
 
 
 def history_for(run: Run, text: str) -> list[ModelMessage] | None:

@@ -43,13 +43,6 @@ from agentruns.runtime.events import EventSpec, EventType
 from agentruns.runtime.store.sql import run_value
 
 KEY_MAX = Run._meta.get_field("concurrency_key").max_length
-# a thread's runs share the key "thread:<id>", one at a time (runtime/conversations/): the next
-# turn's run waits behind the active one in the key's line, whatever the agent declares
-THREAD_KEY_PREFIX = "thread:"
-
-
-def thread_key(thread_id: str) -> str:
-    return f"{THREAD_KEY_PREFIX}{thread_id}"
 
 
 class BadConcurrencyKey(ValueError):
@@ -85,11 +78,9 @@ class _Member:
     behind: uuid.UUID | None
 
 
-def declared_limit(agent: str, key: str | None = None) -> int | None:
+def declared_limit(agent: str) -> int | None:
     """The agent's limit as this process's code declares it (None: the agent is not deployed
-    here, or declares no key); a thread's key: 1."""
-    if key is not None and key.startswith(THREAD_KEY_PREFIX):
-        return 1
+    here, or declares no key)."""
     declared = concurrency_of(agent)
     return declared.limit if declared is not None else None
 
@@ -254,13 +245,11 @@ def lock_key_of(run_id: uuid.UUID | str) -> None:
         _lock(found[0][0], found[0][1], None)
 
 
-def _ends_place(agent: str | None, status: str, key: str | None = None) -> bool:
+def _ends_place(agent: str | None, status: str) -> bool:
     """A change to `status` ends the run's place: it ended, or it parked and its agent lets the
-    place go while it waits (a thread's run keeps it: its turn is not over)."""
+    place go while it waits."""
     if status in TERMINAL_RUN_STATUSES:
         return True
-    if key is not None and key.startswith(THREAD_KEY_PREFIX):
-        return False
     declared = concurrency_of(agent) if agent is not None and status == RunStatus.WAITING else None
     return declared is not None and declared.release_while_waiting
 
@@ -276,7 +265,7 @@ def following(
     commit (most are: no status, or a run without a key) gets no transaction and no query."""
     if status is None or (key is not None and key[1] is None):
         return _NOTHING
-    if not _ends_place(key[0] if key is not None else None, status, key[1] if key else None):
+    if not _ends_place(key[0] if key is not None else None, status):
         return _NOTHING  # running, or queued again by the executor (a yield): it keeps its place
     return _follow_around(run_id, status, key)
 
@@ -308,11 +297,11 @@ def follow(
     agent, concurrency_key = key
     if concurrency_key is None:
         return
-    ends = _ends_place(agent, status, concurrency_key)
+    ends = _ends_place(agent, status)
     if not ends and status != RunStatus.QUEUED:
         return  # parked, keeping its place
     run_id = uuid.UUID(str(run_id))
-    limit = _lock(agent, concurrency_key, declared_limit(agent, concurrency_key))
+    limit = _lock(agent, concurrency_key, declared_limit(agent))
     line = _line(agent, concurrency_key)
     me = next((m for m in line if m.id == run_id), None)
     if ends:

@@ -35,7 +35,7 @@ from agentruns.conf import conf
 from agentruns.models import JournalEntry, Run, RunStatus, Step, Wait
 from agentruns.registry import UnknownAgent, get_agent
 from agentruns.runtime import tracing, writer
-from agentruns.runtime.dispatch import concurrency, lease
+from agentruns.runtime.dispatch import lease, thread_line
 from agentruns.runtime.dispatch.lease import Heartbeat
 from agentruns.runtime.engine import status
 from agentruns.runtime.engine.loop import run_agent
@@ -79,6 +79,7 @@ class RunExecutor:
         self.trace_slice: Any = None  # tracing.begin_slice: the slice span, None when off
         self.state: SliceState | None = None
         self.run_key: tuple[str, str | None] | None = None  # (agent, concurrency key) once read
+        self.thread_id: str | None = None  # the run's thread (models/threads.py), once read
 
     # ---------------------------------------------------------------- lease
     def claim(self) -> bool:
@@ -120,10 +121,11 @@ class RunExecutor:
             incr = _merged(pending.incr_fields, incr)
         if "lease_owner" not in fields:
             fields["lease_expires_at"] = now + timedelta(seconds=self.ttl)
-        # an end lets the run's concurrency key go in the same transaction (nothing without one)
+        # an end lets the run's concurrency key and its thread's turn go in the same transaction
+        # (nothing without them)
         with (
             transaction.atomic(savepoint=False) if journal else nullcontext(),
-            concurrency.following(self.run_id, fields.get("status"), self.run_key),
+            thread_line.following(self.run_id, fields.get("status"), self.run_key, self.thread_id),
         ):
             if journal:
                 writer.save_journal(journal)
@@ -198,6 +200,7 @@ class RunExecutor:
     def _drive(self, claimed: Run | None) -> str:
         run = claimed if claimed is not None else self.store.load_run(self.run_id)
         self.run_key = (run.agent, run.concurrency_key)
+        self.thread_id = run.thread_id
         self.trace_slice = tracing.begin_slice(self, run)
         self.cancel_requested = run.cancel_requested
         try:

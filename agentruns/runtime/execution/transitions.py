@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from agentruns.models import Run, RunStatus, Step, StepStatus, Wait, WaitKind, WaitStatus
 from agentruns.runtime import outcomes, tracing, writer
-from agentruns.runtime.dispatch import concurrency
+from agentruns.runtime.dispatch import concurrency, thread_line
 from agentruns.runtime.dispatch.queue import enqueue
 from agentruns.runtime.events import EventSpec, EventType
 from agentruns.runtime.inbox import inbox
@@ -179,6 +179,7 @@ def apply(run_id: uuid.UUID | str, change: RunChange) -> int:
     announce(run_id, change)
     last_seq = writer.append(run_id, change.events, set_fields=change.fields)
     concurrency.follow(run_id, change.fields.get("status"))
+    thread_line.follow_change(run_id, change.fields.get("status"))
     return last_seq
 
 
