@@ -2,7 +2,7 @@
 
 Its `FunctionModel` reads every user prompt of the history it is given: a last prompt with
 "refund <cents>" calls `talk_refund` (a person approves above 100 cents), one with "lookup" calls
-`talk_lookup`; after a tool answered it says what the tools said; otherwise it answers
+`talk_lookup` ("lookup then refund <cents>": the refund after the lookup's answer); after a tool answered it says what the tools said; otherwise it answers
 "heard: <every prompt so far, oldest first, joined by ' | '>", so a test reads off the answer
 exactly which history the run was given.
 """
@@ -26,6 +26,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from agentruns.registry import durable, register_agent
 
 CALLS: list[tuple[str, dict]] = []  # the tool calls executed in this process
+GIVEN: list[list[ModelMessage]] = []  # the messages each model request was given
 
 
 def prompts(messages: list[ModelMessage]) -> list[str]:
@@ -39,20 +40,25 @@ def prompts(messages: list[ModelMessage]) -> list[str]:
 
 
 def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    GIVEN.append(list(messages))
     last = messages[-1]
     returns = [p for p in last.parts if isinstance(p, ToolReturnPart)]
-    if returns:
-        said = " | ".join(f"{p.tool_name}={p.content}" for p in returns)
-        return ModelResponse(parts=[TextPart(f"done: {said}")])
     heard = prompts(messages)
     latest = heard[-1] if heard else ""
-    refund = re.search(r"refund (\d+)", latest)
     turn = sum(isinstance(m, ModelResponse) for m in messages)
 
     def tool(does: str) -> str:  # this agent's name of the tool (talk_refund, order_refund)
         return next(t.name for t in info.function_tools if t.name.endswith(f"_{does}"))
 
-    if refund:
+    then_refund = re.search(r"then refund (\d+)", latest)
+    if returns and then_refund and all(p.tool_name == tool("lookup") for p in returns):
+        args = {"amount_cents": int(then_refund.group(1))}
+        return ModelResponse(parts=[ToolCallPart(tool("refund"), args, tool_call_id=f"r{turn}")])
+    if returns:
+        said = " | ".join(f"{p.tool_name}={p.content}" for p in returns)
+        return ModelResponse(parts=[TextPart(f"done: {said}")])
+    refund = re.search(r"refund (\d+)", latest)
+    if refund and "lookup" not in latest:
         args = {"amount_cents": int(refund.group(1))}
         return ModelResponse(parts=[ToolCallPart(tool("refund"), args, tool_call_id=f"r{turn}")])
     if "lookup" in latest:

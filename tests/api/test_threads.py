@@ -8,6 +8,7 @@ history its run had.
 from __future__ import annotations
 
 import pytest
+from pydantic_ai.messages import ToolCallPart, ToolReturnPart
 
 from agentruns.models import Run, RunStatus, Thread, ThreadMessage, ThreadTurn
 from approvals.models import Approval
@@ -85,6 +86,30 @@ def test_three_turns_with_an_interrupt(talker, approver):
     # stored once each: the thread's rows are exactly its chain
     # (the third run stored its call, the tool's return and its answer: 9 rows)
     assert ThreadMessage.objects.filter(thread_id="t-1").count() == 9
+
+
+def test_an_interrupted_runs_completed_tool_steps_reach_the_next_turns_model(talker, approver):
+    second = run_of(post(talker, "t-done", "lookup then refund 500", agent=AGENT))
+    assert advance(second).status == RunStatus.WAITING  # looked up; the refund waits for a person
+    third = run_of(post(talker, "t-done", "no refund after all", multitask="interrupt"))
+    second.refresh_from_db()
+    assert second.status == RunStatus.CANCELLED
+    thread_agents.GIVEN.clear()
+    assert advance(third).status == RunStatus.SUCCEEDED
+    given = thread_agents.GIVEN[0]  # what the next turn's model read: the lookup happened
+    returns = [p for m in given for p in m.parts if isinstance(p, ToolReturnPart)]
+    assert [(r.tool_name, r.content) for r in returns] == [
+        ("talk_lookup", {"order": "ORD-1", "status": "delivered"})
+    ]
+    calls = [p.tool_name for m in given for p in m.parts if isinstance(p, ToolCallPart)]
+    assert calls == ["talk_lookup"]  # the refund that never ran is not in its history
+    assert thread_agents.prompts(given) == ["lookup then refund 500", "no refund after all"]
+    said = [(m["author"], m["text"]) for m in talker.get("/api/threads/t-done").json()["messages"]]
+    assert said[:3] == [
+        ("customer", "lookup then refund 500"),
+        ("agent", "(calls talk_lookup)"),
+        ("customer", "no refund after all"),
+    ]
 
 
 def test_enqueue_waits_behind_the_active_run_and_gets_its_answer(talker):

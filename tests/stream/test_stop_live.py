@@ -20,7 +20,7 @@ import httpx
 import pytest
 from django.db import connection
 
-from agentruns.models import Run, RunEvent
+from agentruns.models import Run, RunEvent, ThreadMessage
 from agentruns.tokens import create_token
 from scripts.fake_openai_server import FakeOpenAI, Reply
 from tests.conftest import make_user
@@ -155,6 +155,11 @@ def test_a_chats_stop_ends_the_model_turn_within_a_second(tmp_path, django_user_
 
         # a resume after the stop replays what was written, the same chunks, and ends
         assert stop.resumed == stop.live
+
+        # the chat's history keeps what was said before the stop: the next turn's model reads it
+        said = [m.message for m in ThreadMessage.objects.filter(thread_id=stop.chat)]
+        responses = [m for m in said if m["kind"] == "response"]
+        assert [[p["content"] for p in m["parts"]] for m in responses] == [[stop.text]]
 
     assert len(steady.text) >= 40
     assert stalled.text == STALLING[:14]  # its first chunk: the next was 5 s away

@@ -9,8 +9,10 @@ its author in its metadata. When the agent's loop returns, `record_answer` appen
 messages (`result.new_messages()`) once (`ThreadTurn.answered`, under the same lock): a slice
 that dies after it and before the run's end commit replays to the same answer and stores nothing.
 
-A run that does not end by its agent's answer (cancelled, interrupted, failed) stores no answer:
-its message stays in the history, so the next turn's model sees what the customer said.
+A run that does not end by its agent's answer stores no answer: its message stays in the history,
+so the next turn's model sees what the customer said. One stopped in a slice (an interrupt, a
+stop) stores what it did before the stop (`engine/transcript.py`: the tool steps that completed
+stay done, and the next turn's model reads them).
 """
 
 from __future__ import annotations
@@ -87,6 +89,12 @@ def history_for(run: Run, text: str) -> list[ModelMessage] | None:
 
 def record_answer(run: Run, result: Any) -> None:
     """Append the run's answer to its thread, once."""
+    record_messages(run, result.new_messages(), result.usage)
+
+
+def record_messages(run: Run, messages: list[ModelMessage], usage: Any = None) -> None:
+    """Append the run's own messages (its answer, or what a stopped run did) to its thread,
+    once: `ThreadTurn.answered`, under the thread's row lock."""
     turn = turn_of(run)
     if turn is None or turn.answered:
         return
@@ -98,8 +106,9 @@ def record_answer(run: Run, result: Any) -> None:
         conversation = run_now(store.load(turn.thread_id))
         if conversation is None:
             return  # the thread was deleted meanwhile
-        conversation.messages.extend(result.new_messages())
-        conversation.usage.incr(result.usage)
+        conversation.messages.extend(messages)
+        if usage is not None:
+            conversation.usage.incr(usage)
         run_now(store.save(conversation))
         ThreadTurn.objects.filter(id=turn.id).update(answered=True)
 

@@ -24,6 +24,7 @@ from django.utils import timezone
 from pydantic_core import to_jsonable_python
 
 from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepStatus
+from agentruns.runtime.conversations import transcript
 from agentruns.runtime.dispatch import connections
 from agentruns.runtime.dispatch.queue import enqueue
 from agentruns.runtime.engine.plan import end_attempt, stage
@@ -76,6 +77,8 @@ def finish(
     with transaction.atomic(savepoint=False):
         state = executor.state  # None when the slice failed loading
         executions.run_ended(state.run if state else executor.run_id, f"the run ended ({status})")
+        if status != RunStatus.SUCCEEDED and state is not None:
+            transcript.record_unanswered(state.run, state.steps)
         apply(
             executor,
             transitions.finished(
@@ -157,6 +160,8 @@ def cancel_at_boundary(executor: Any, *, output: str = "") -> str:
                 ):
                     step.status, step.finished_at = StepStatus.SKIPPED, now
         events = withdraw_unrun_work(executor.state.run, now, who=None)
+        if state is not None:  # a thread's run: what it did, for the next turn's model
+            transcript.record_unanswered(state.run, state.steps)
         executions.run_ended(executor.state.run, "the run was cancelled during the call")
         apply(
             executor,

@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from agentruns.models import Run, RunStatus, Step, StepStatus, Wait, WaitKind, WaitStatus
 from agentruns.runtime import outcomes, tracing, writer
+from agentruns.runtime.conversations import transcript
 from agentruns.runtime.dispatch import concurrency, thread_line
 from agentruns.runtime.dispatch.queue import enqueue
 from agentruns.runtime.events import EventSpec, EventType
@@ -180,6 +181,8 @@ def apply(run_id: uuid.UUID | str, change: RunChange) -> int:
     last_seq = writer.append(run_id, change.events, set_fields=change.fields)
     concurrency.follow(run_id, change.fields.get("status"))
     thread_line.follow_change(run_id, change.fields.get("status"))
+    if change.fields.get("status") in (RunStatus.CANCELLED, RunStatus.FAILED):
+        transcript.record_unanswered(run_id)  # a thread's run: what it did, for the next turn
     return last_seq
 
 

@@ -19,14 +19,13 @@ from datetime import timedelta
 from typing import Any
 
 from django.utils import timezone
-from pydantic_ai.durable_exec import JSON_CODEC, record_durable_unit
-from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.durable_exec import record_durable_unit
 from pydantic_ai.models import Model
-from pydantic_ai.usage import RequestUsage
 
 from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, RunStatus, Step, StepKind, StepStatus
 from agentruns.runtime import tracing
+from agentruns.runtime.conversations.transcript import recorded
 from agentruns.runtime.dispatch import connections, stops
 from agentruns.runtime.engine import status
 from agentruns.runtime.engine.model import slot as model_slot
@@ -42,7 +41,6 @@ from agentruns.runtime.engine.plan import (
     new_step,
     record_cut_turn,
     record_model_step,
-    replayed,
     stage,
 )
 from agentruns.runtime.engine.slice import SliceState, island
@@ -60,18 +58,6 @@ from agentruns.runtime.providers.stream_pump import (
 from agentruns.runtime.store.rows import WriteBatch
 from agentruns.runtime.values.redaction import redact_text
 from agentruns.runtime.values.text import storable_text
-
-
-# ------------------------------------------------------------------ replay
-def recorded(step: Step) -> Any:
-    """What a succeeded model step returns on replay (the JSON codec's form)."""
-    if step.payload is not None:
-        return replayed(step.payload)
-    parts: list[Any] = [TextPart(step.text)] if step.text else []
-    for call in step.tool_calls or []:
-        parts.append(ToolCallPart(call["name"], call["arguments"], tool_call_id=call["id"]))
-    usage = RequestUsage(input_tokens=step.prompt_tokens, output_tokens=step.completion_tokens)
-    return JSON_CODEC.dump(ModelResponse, ModelResponse(parts=parts, usage=usage))
 
 
 # ------------------------------------------------------------------ the unit

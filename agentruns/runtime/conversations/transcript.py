@@ -1,0 +1,99 @@
+"""A run's own transcript read from its steps, and what a thread's run that ends without an
+answer leaves in its thread (issue 33: an interrupt keeps the completed tool steps, and the next
+turn's model reads them).
+
+A model step's result is the ModelResponse it recorded (`recorded`: what a replay returns); a
+tool step's result is its call's answer. A thread's run that is cancelled or fails stores, in the
+commit that ends it and so before the next turn can begin, its responses and the answers of the
+calls that ran (`record_unanswered`): a cut turn's text so far, the refund that went out before
+the stop. A call that never ran is left out with its request, so the next model does not read
+that it happened.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import orjson
+from pydantic_ai.durable_exec import JSON_CODEC
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    ModelResponsePart,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
+from pydantic_ai.usage import RequestUsage
+
+from agentruns.models import Run, Step, StepKind, StepStatus
+from agentruns.runtime.conversations import history
+
+ANSWERED = (StepStatus.SUCCEEDED, StepStatus.FAILED)
+
+
+def recorded(step: Step) -> Any:
+    """What a succeeded model step returns on replay (the JSON codec's form): its `payload`, the
+    ModelResponse; a step of the engine before this one: rebuilt from its text and calls."""
+    if step.payload is not None:
+        return orjson.loads(step.payload)
+    parts: list[Any] = [TextPart(step.text)] if step.text else []
+    for call in step.tool_calls or []:
+        parts.append(ToolCallPart(call["name"], call["arguments"], tool_call_id=call["id"]))
+    usage = RequestUsage(input_tokens=step.prompt_tokens, output_tokens=step.completion_tokens)
+    return JSON_CODEC.dump(ModelResponse, ModelResponse(parts=parts, usage=usage))
+
+
+def _answer(step: Step, call: ToolCallPart) -> ToolReturnPart:
+    said = step.result if step.status == StepStatus.SUCCEEDED else f"error: {step.error}"
+    return ToolReturnPart(call.tool_name, said, tool_call_id=call.tool_call_id)
+
+
+def _turn(model: Step, tools: dict[str, Step]) -> list[ModelMessage]:
+    """A model step's response with the calls that were answered, then their answers."""
+    response = JSON_CODEC.load(ModelResponse, recorded(model))
+    answers = [
+        _answer(tools[part.tool_call_id], part)
+        for part in response.parts
+        if isinstance(part, ToolCallPart)
+        and part.tool_call_id in tools
+        and tools[part.tool_call_id].status in ANSWERED
+    ]
+    answered = {a.tool_call_id for a in answers}
+    parts: list[ModelResponsePart] = [
+        p for p in response.parts if not isinstance(p, ToolCallPart) or p.tool_call_id in answered
+    ]
+    said: list[ModelMessage] = [replace(response, parts=parts)] if parts else []
+    return [*said, ModelRequest(parts=list(answers))] if answers else said
+
+
+def messages_of(steps: list[Step]) -> list[ModelMessage]:
+    """What the run's model said and its tools answered, in step order."""
+    turns: list[tuple[Step, dict[str, Step]]] = []
+    for step in sorted(steps, key=lambda s: s.index):
+        if step.kind == StepKind.MODEL:
+            turns.append((step, {}))
+        elif turns and step.call_id:
+            turns[-1][1][step.call_id] = step
+    said: list[ModelMessage] = []
+    for model, tools in turns:
+        if model.status == StepStatus.SUCCEEDED:
+            said += _turn(model, tools)
+    return said
+
+
+def record_unanswered(run: Run | Any, steps: list[Step] | None = None) -> None:
+    """A thread's run ends without its agent's answer (inside the transaction that ends it):
+    what it did goes to its thread, once. `run`: the run or its id; `steps`: the run's steps as
+    they end (read when not given)."""
+    if not isinstance(run, Run):
+        run = Run.objects.filter(id=run).only("id", "thread_id").first()
+    if run is None or run.thread_id is None:
+        return
+    if steps is None:
+        steps = list(Step.objects.filter(run_id=run.id))
+    said = messages_of(steps)
+    if said:
+        history.record_messages(run, said)
