@@ -144,6 +144,10 @@ def test_a_chats_stop_ends_the_model_turn_within_a_second(tmp_path, django_user_
         # the text streamed so far is kept: the run's output, the chat's text part, the events
         assert stop.text and len(stop.text) < len(whole) and whole.startswith(stop.text)
         assert run.output == stop.text
+        # the server's usage never came (the stream was cut): the budgets count an estimate
+        cut = run.steps.get(kind="model")
+        assert cut.prompt_tokens > 0 and cut.completion_tokens > 0
+        assert run.prompt_tokens == cut.prompt_tokens
         deltas = RunEvent.objects.filter(run=run, type="model.delta").order_by("seq")
         assert "".join(e.data["text"] for e in deltas) == stop.text
         types = [c["type"] for c in stop.live if isinstance(c, dict)]

@@ -24,7 +24,9 @@ from typing import Any
 
 import orjson
 from django.utils import timezone
-from pydantic_ai.durable_exec import record_durable_unit
+from pydantic_ai.durable_exec import JSON_CODEC, record_durable_unit
+from pydantic_ai.messages import ModelResponse, TextPart
+from pydantic_ai.usage import RequestUsage
 
 from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, JournalEntry, Step, StepAttempt, StepKind, StepStatus
@@ -39,6 +41,7 @@ from agentruns.runtime.events import (
 )
 from agentruns.runtime.providers.base import Usage
 from agentruns.runtime.providers.costs import model_cost_usd
+from agentruns.runtime.providers.models import estimated_usage
 from agentruns.runtime.store.rows import WriteBatch, build
 from agentruns.runtime.values.ids import step_key
 from agentruns.runtime.values.text import UnsafeValue, loads_strict, storable, storable_text
@@ -263,6 +266,12 @@ def record_cut_turn(state: SliceState, step: Step, answer: Answer, params: Any) 
     running, skipped."""
     streamed = not (step._state.adding or step.attempts < answer.attempt)
     if answer.text or streamed:
+        # the server's usage comes at the stream's end, which a cut never reads: the prompt was
+        # sent and the text so far was made, so the run's budgets count the estimate
+        said = ModelResponse(parts=[TextPart(answer.text)] if answer.text else [])
+        answer.payload["usage"] = JSON_CODEC.dump(
+            RequestUsage, estimated_usage(params.messages, said)
+        )
         record_model_step(state, step, answer, params)
     elif not step._state.adding:
         step.status, step.finished_at = StepStatus.SKIPPED, timezone.now()
