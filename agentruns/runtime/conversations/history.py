@@ -10,9 +10,10 @@ messages (`result.new_messages()`) once (`ThreadTurn.answered`, under the same l
 that dies after it and before the run's end commit replays to the same answer and stores nothing.
 
 A run that does not end by its agent's answer stores no answer: its message stays in the history,
-so the next turn's model sees what the customer said. One stopped in a slice (an interrupt, a
-stop) stores what it did before the stop (`engine/transcript.py`: the tool steps that completed
-stay done, and the next turn's model reads them).
+so the next turn's model sees what the customer said. A cancelled one (an interrupt, a stop)
+stores what it did before (`transcript.py`: the tool steps that completed stay done, and the next
+turn's model reads them); a failed one may be retried, and stores its answer if the retry
+succeeds.
 """
 
 from __future__ import annotations

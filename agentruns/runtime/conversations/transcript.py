@@ -3,11 +3,12 @@ answer leaves in its thread (issue 33: an interrupt keeps the completed tool ste
 turn's model reads them).
 
 A model step's result is the ModelResponse it recorded (`recorded`: what a replay returns); a
-tool step's result is its call's answer. A thread's run that is cancelled or fails stores, in the
-commit that ends it and so before the next turn can begin, its responses and the answers of the
-calls that ran (`record_unanswered`): a cut turn's text so far, the refund that went out before
-the stop. A call that never ran is left out with its request, so the next model does not read
-that it happened.
+tool step's result is its call's answer. A thread's run that is cancelled (an interrupt, a stop)
+stores, in the commit that ends it and so before the next turn can begin, its responses and the
+answers of the calls that ran (`record_unanswered`): a cut turn's text so far, the refund that
+went out before the stop. A call that never ran is left out with its request, so the next model
+does not read that it happened. A failed run stores nothing here: it may be retried, and its
+answer is appended when the retry succeeds.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def messages_of(steps: list[Step]) -> list[ModelMessage]:
 
 
 def record_unanswered(run: Run | Any, steps: list[Step] | None = None) -> None:
-    """A thread's run ends without its agent's answer (inside the transaction that ends it):
+    """A thread's run is cancelled (inside the transaction that ends it):
     what it did goes to its thread, once. `run`: the run or its id; `steps`: the run's steps as
     they end (read when not given)."""
     if not isinstance(run, Run):

@@ -77,8 +77,6 @@ def finish(
     with transaction.atomic(savepoint=False):
         state = executor.state  # None when the slice failed loading
         executions.run_ended(state.run if state else executor.run_id, f"the run ended ({status})")
-        if status != RunStatus.SUCCEEDED and state is not None:
-            transcript.record_unanswered(state.run, state.steps)
         apply(
             executor,
             transitions.finished(
