@@ -8,7 +8,9 @@ from __future__ import annotations
 import time
 from datetime import timedelta
 
+import psycopg
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from agentruns.models import Run, RunStatus, StepAttempt, StepStatus, Wait, WaitKind, WaitStatus
@@ -144,6 +146,28 @@ def test_a_claimers_look_fires_a_timer_at_its_time():
     assert 0 <= (timer.resolved_at - timer.due_at).total_seconds() < 0.5
     assert Run.objects.get(id=run.id).status == RunStatus.QUEUED
     assert due.tick() == 0  # once
+
+
+@pytest.mark.django_db(transaction=True)  # another connection holds the wait's row
+def test_a_timer_another_process_was_firing_when_it_died_fires_soon_after():
+    run = advance(start("pa-waits", ("nap", {"seconds": 1.5})))
+    timer = Wait.objects.get(run=run)
+    due = DueWaits()
+    assert due.tick() == 0  # seen ahead
+    params = connection.get_connection_params()
+    for key in ("pool", "cursor_factory", "context"):
+        params.pop(key, None)
+    with psycopg.connect(**params) as other:  # another cluster's fire of it, in flight
+        other.execute(f"SELECT id FROM {Wait._meta.db_table} WHERE id = %s FOR UPDATE", [timer.id])
+        time.sleep((timer.due_at - timezone.now()).total_seconds() + 0.01)
+        assert due.tick() == 0  # due, and locked: skipped
+        other.rollback()  # that process died: its transaction is gone, the wait still pending
+    due.next_look = time.monotonic() + 60  # no new look: the retry alone must fire it
+    time.sleep(due.sleep_for(5.0))
+    assert due.tick() == 1
+    timer.refresh_from_db()
+    assert timer.status == WaitStatus.RESOLVED
+    assert (timer.resolved_at - timer.due_at).total_seconds() < 0.5
 
 
 def test_two_agents_may_both_add_the_wait_tools():

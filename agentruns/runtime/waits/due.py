@@ -8,7 +8,9 @@ due soon and fires each at its due time: a timer wakes within milliseconds of du
 runs sleep, at one query a second per cluster. The sweep (`sweep`, and the q2 schedule) fires
 whatever is past due as the backstop.
 Any number of processes may fire at once: each wait is a compare-and-set (`SKIP LOCKED`, then
-pending -> resolved), and everything due at once is one transaction, its runs queued in it
+pending -> resolved; one another process holds is looked at again 0.1 s later, so a process
+that dies mid-fire does not hold it up until the next look), and everything due at once is one
+transaction, its runs queued in it
 (`transitions.resume_waiting`: a few statements plus one per run; one at a time cost eleven
 each, and 200 timers due within five seconds woke 8 s late on a loaded machine).
 """
@@ -33,6 +35,7 @@ from agentruns.runtime.waits.tools import LOOK_SECONDS, TIMED_OUT, woke
 log = logging.getLogger(__name__)
 
 BATCH = 500
+RETRY_SECONDS = 0.1  # a wait another process was firing, looked at again (`DueWaits`)
 
 
 def due_within(horizon: timedelta, now: datetime | None = None) -> list[tuple[datetime, int]]:
@@ -46,6 +49,11 @@ def fire(wait_ids: list[int], now: datetime | None = None) -> int:
     """These waits come due: timers are resolved, any other wait fails with its timeout, and
     their runs are queued, all in one transaction of a few statements plus one per run. Returns
     how many this call fired (a wait somebody else fired or resolved first is skipped)."""
+    return len(fire_waits(wait_ids, now))
+
+
+def fire_waits(wait_ids: list[int], now: datetime | None = None) -> list[int]:
+    """`fire`, answering the ids of the waits this call fired."""
     now = now or timezone.now()
     with transaction.atomic():
         waits = list(
@@ -54,7 +62,7 @@ def fire(wait_ids: list[int], now: datetime | None = None) -> int:
             )
         )
         if not waits:
-            return 0
+            return []
         for wait in waits:
             if wait.kind == WaitKind.TIMER:
                 wait.status, wait.payload, wait.resolved_by = (
@@ -69,7 +77,7 @@ def fire(wait_ids: list[int], now: datetime | None = None) -> int:
             wait.resolved_at = now
         writer.save_waits(waits, ["status", "payload", "error", "resolved_by", "resolved_at"])
         resume_waiting([wait.run_id for wait in waits], now)
-    return len(waits)
+    return [wait.id for wait in waits]
 
 
 def fire_due_waits(now: datetime | None = None) -> int:
@@ -98,9 +106,20 @@ class DueWaits:
         if not due:
             return 0
         self.soon = [(due_at, wait_id) for due_at, wait_id in self.soon if due_at > now]
-        fired = fire(due, now)
-        self.fired += fired
-        return fired
+        fired = fire_waits(due, now)
+        self.fired += len(fired)
+        self._try_again(set(due) - set(fired), now)
+        return len(fired)
+
+    def _try_again(self, skipped: set[int], now: datetime) -> None:
+        """Waits this look found locked: another process is firing them. Those still pending
+        are tried again in RETRY_SECONDS, so a process that dies in the middle of its fire holds
+        them up that long, not until the next look."""
+        if not skipped:
+            return
+        pending = Wait.objects.filter(id__in=skipped, status=WaitStatus.PENDING)
+        again = now + timedelta(seconds=RETRY_SECONDS)
+        self.soon = sorted(self.soon + [(again, i) for i in pending.values_list("id", flat=True)])
 
     def sleep_for(self, cap: float) -> float:
         """Seconds until the next look or the next known due wait, at most `cap`."""
