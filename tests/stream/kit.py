@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 from django.db import transaction
 from django.db.models import F
 
 from agentruns.models import Run, RunEvent
 from agentruns.runtime.store import get_store
+from tests.procs import start_web, start_worker
+from tests.providers.kit import API_KEY
 
 
 def make_run(agent: str = "script") -> Run:
@@ -66,3 +71,23 @@ def text_from_frames(frames: list[dict]) -> str:
                 newest[key[0]] = key[1]
             turns[key] = turns.get(key, "") + d["text"]
     return "".join(turns.values())
+
+
+@contextmanager
+def served_by_fake_openai(tmp_path: Path, fake_url: str) -> Iterator[str]:
+    """daphne and a qcluster worker on the test database, the test agents' model the fake
+    OpenAI server at `fake_url`: yields the web server's URL, stops both after."""
+    env = {
+        "AGENTRUNS_AGENT_MODULES": "tests.testkit",
+        "AGENTRUNS_MODEL": "openai:fake-model",
+        "OPENAI_BASE_URL": fake_url,
+        "OPENAI_API_KEY": API_KEY,
+        "OPENAI_TIMEOUT_SECONDS": 30,
+    }
+    web, url = start_web(tmp_path, **env)
+    worker = start_worker(tmp_path, **env)
+    try:
+        yield url
+    finally:
+        worker.stop()
+        web.stop()

@@ -24,8 +24,9 @@ from agentruns.models import Run, RunEvent, ThreadMessage
 from agentruns.tokens import create_token
 from scripts.fake_openai_server import FakeOpenAI, Reply
 from tests.conftest import make_user
-from tests.procs import start_web, start_worker, wait_until
+from tests.procs import wait_until
 from tests.providers.kit import API_KEY
+from tests.stream.kit import served_by_fake_openai
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -111,25 +112,15 @@ def chat_and_stop(client: httpx.Client, chat: str, after_deltas: int) -> Stopped
 def test_a_chats_stop_ends_the_model_turn_within_a_second(tmp_path, django_user_model):
     starter = make_user(django_user_model, "starter", ["agentruns.view_run", "agentruns.start_run"])
     headers = {"Authorization": f"Bearer {create_token(starter)}"}
-    with FakeOpenAI(mode="error", api_key=API_KEY) as fake:
-        env = {
-            "AGENTRUNS_AGENT_MODULES": "tests.testkit",
-            "AGENTRUNS_MODEL": "openai:fake-model",
-            "OPENAI_BASE_URL": fake.url,
-            "OPENAI_API_KEY": API_KEY,
-            "OPENAI_TIMEOUT_SECONDS": 30,
-        }
-        web, url = start_web(tmp_path, **env)
-        worker = start_worker(tmp_path, **env)
-        try:
-            with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
-                fake.script(Reply(text=LONG, chunk_chars=4, delay=0.02))
-                steady = chat_and_stop(client, "stop-steady", after_deltas=10)
-                fake.script(Reply(text=STALLING, chunk_chars=14, delay=5))
-                stalled = chat_and_stop(client, "stop-stalled", after_deltas=1)
-        finally:
-            worker.stop()
-            web.stop()
+    with (
+        FakeOpenAI(mode="error", api_key=API_KEY) as fake,
+        served_by_fake_openai(tmp_path, fake.url) as url,
+        httpx.Client(base_url=url, headers=headers, timeout=30) as client,
+    ):
+        fake.script(Reply(text=LONG, chunk_chars=4, delay=0.02))
+        steady = chat_and_stop(client, "stop-steady", after_deltas=10)
+        fake.script(Reply(text=STALLING, chunk_chars=14, delay=5))
+        stalled = chat_and_stop(client, "stop-stalled", after_deltas=1)
 
     for stop, whole in ((steady, LONG), (stalled, STALLING)):
         print(

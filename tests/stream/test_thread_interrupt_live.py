@@ -19,8 +19,9 @@ from agentruns.models import Run, RunEvent, StepStatus
 from agentruns.tokens import create_token
 from scripts.fake_openai_server import FakeOpenAI, Reply
 from tests.conftest import make_user
-from tests.procs import start_web, start_worker, wait_until
+from tests.procs import wait_until
 from tests.providers.kit import API_KEY
+from tests.stream.kit import served_by_fake_openai
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -52,45 +53,33 @@ def test_three_turns_with_an_interrupt_mid_stream(tmp_path, django_user_model):
         django_user_model, "customer", ["agentruns.view_run", "agentruns.start_run"]
     )
     headers = {"Authorization": f"Bearer {create_token(customer)}"}
-    with FakeOpenAI(mode="error", api_key=API_KEY) as fake:
-        env = {
-            "AGENTRUNS_AGENT_MODULES": "tests.testkit",
-            "AGENTRUNS_MODEL": "openai:fake-model",
-            "OPENAI_BASE_URL": fake.url,
-            "OPENAI_API_KEY": API_KEY,
-            "OPENAI_TIMEOUT_SECONDS": 30,
-        }
-        web, url = start_web(tmp_path, **env)
-        worker = start_worker(tmp_path, **env)
-        try:
-            with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
-                fake.script(Reply(text="Hello, how can I help?"))
-                first = post(client, "Hello", agent="script")
-                assert ended(first).status == "succeeded"
+    with (
+        FakeOpenAI(mode="error", api_key=API_KEY) as fake,
+        served_by_fake_openai(tmp_path, fake.url) as url,
+        httpx.Client(base_url=url, headers=headers, timeout=30) as client,
+    ):
+        fake.script(Reply(text="Hello, how can I help?"))
+        first = post(client, "Hello", agent="script")
+        assert ended(first).status == "succeeded"
 
-                fake.script(
-                    Reply(tool_calls=[("t_echo", {"text": "ORD-7"})]),
-                    Reply(text=LONG, chunk_chars=4, delay=0.02),
-                )
-                second = post(client, "Where is order ORD-7?")
-                wait_until(  # looked up, and streaming its answer
-                    lambda: (
-                        RunEvent.objects.filter(run_id=second.id, type="model.delta").count() >= 5
-                    ),
-                    timeout=60,
-                    interval=0.02,
-                    message="the second turn's answer streaming",
-                )
-                fake.script(Reply(text="Understood, nothing more on ORD-7."))
-                asked = time.monotonic()
-                third = post(client, "Never mind, thanks", multitask="interrupt")
-                assert ended(second, timeout=10).status == "cancelled"
-                to_cancelled = time.monotonic() - asked
-                assert ended(third).status == "succeeded"
-                body = client.get(f"/api/threads/{THREAD}").json()
-        finally:
-            worker.stop()
-            web.stop()
+        fake.script(
+            Reply(tool_calls=[("t_echo", {"text": "ORD-7"})]),
+            Reply(text=LONG, chunk_chars=4, delay=0.02),
+        )
+        second = post(client, "Where is order ORD-7?")
+        wait_until(  # looked up, and streaming its answer
+            lambda: RunEvent.objects.filter(run_id=second.id, type="model.delta").count() >= 5,
+            timeout=60,
+            interval=0.02,
+            message="the second turn's answer streaming",
+        )
+        fake.script(Reply(text="Understood, nothing more on ORD-7."))
+        asked = time.monotonic()
+        third = post(client, "Never mind, thanks", multitask="interrupt")
+        assert ended(second, timeout=10).status == "cancelled"
+        to_cancelled = time.monotonic() - asked
+        assert ended(third).status == "succeeded"
+        body = client.get(f"/api/threads/{THREAD}").json()
 
     print(f"interrupt -> the streaming run's cancelled row {to_cancelled * 1000:.0f} ms")
     assert to_cancelled < 1.0
