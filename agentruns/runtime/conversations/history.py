@@ -90,20 +90,24 @@ def history_for(run: Run, text: str) -> list[ModelMessage] | None:
 
 def record_answer(run: Run, result: Any) -> None:
     """Append the run's answer to its thread, once."""
-    record_messages(run, result.new_messages(), result.usage)
+    record_messages(run.id, run.thread_id, result.new_messages(), result.usage)
 
 
-def record_messages(run: Run, messages: list[ModelMessage], usage: Any = None) -> None:
+def record_messages(
+    run_id: Any, thread_id: str | None, messages: list[ModelMessage], usage: Any = None
+) -> None:
     """Append the run's own messages (its answer, or what a stopped run did) to its thread,
     once: `ThreadTurn.answered`, under the thread's row lock."""
-    turn = turn_of(run)
+    if thread_id is None:
+        return
+    turn = ThreadTurn.objects.filter(run_id=run_id).first()
     if turn is None or turn.answered:
         return
     with transaction.atomic():
         Thread.objects.select_for_update().filter(id=turn.thread_id).first()
         if ThreadTurn.objects.filter(id=turn.id, answered=True).exists():
             return
-        store = ThreadStore(run_id=run.id)
+        store = ThreadStore(run_id=run_id)
         conversation = run_now(store.load(turn.thread_id))
         if conversation is None:
             return  # the thread was deleted meanwhile

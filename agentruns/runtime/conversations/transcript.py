@@ -29,7 +29,7 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.usage import RequestUsage
 
-from agentruns.models import Run, Step, StepKind, StepStatus
+from agentruns.models import Step, StepKind, StepStatus
 from agentruns.runtime.conversations import history
 
 ANSWERED = (StepStatus.SUCCEEDED, StepStatus.FAILED)
@@ -85,16 +85,13 @@ def messages_of(steps: list[Step]) -> list[ModelMessage]:
     return said
 
 
-def record_unanswered(run: Run | Any, steps: list[Step] | None = None) -> None:
-    """A thread's run is cancelled (inside the transaction that ends it):
-    what it did goes to its thread, once. `run`: the run or its id; `steps`: the run's steps as
-    they end (read when not given)."""
-    if not isinstance(run, Run):
-        run = Run.objects.filter(id=run).only("id", "thread_id").first()
-    if run is None or run.thread_id is None:
+def record_unanswered(run_id: Any, thread_id: str | None, steps: list[Step] | None = None) -> None:
+    """A thread's run is cancelled (inside the transaction that ends it): what it did goes to
+    its thread, once. `steps`: the run's steps as they end (read when not given)."""
+    if thread_id is None:
         return
     if steps is None:
-        steps = list(Step.objects.filter(run_id=run.id))
+        steps = list(Step.objects.filter(run_id=run_id))
     said = messages_of(steps)
     if said:
-        history.record_messages(run, said)
+        history.record_messages(run_id, thread_id, said)

@@ -127,20 +127,22 @@ def _take_turn(run_id: uuid.UUID) -> None:
     concurrency.ring([run_id])
 
 
-def follow_change(run_id: uuid.UUID | str, status: str | None) -> None:
+def follow_change(run_id: uuid.UUID | str, status: str | None) -> str | None:
     """What a change of the run's status to `status` does to its thread's line, inside the
-    transaction that writes it (`transitions.apply`: a writer that holds no lease)."""
+    transaction that writes it (`transitions.apply`: a writer that holds no lease). Returns the
+    run's thread when the change ends it (None: no thread, or not an end)."""
     if status not in TERMINAL_RUN_STATUSES:
-        return
+        return None
     found = (
         Run.objects.filter(id=run_id)
         .values_list("thread_id", "waiting_behind", "concurrency_key")
         .first()
     )
     if found is None or found[0] is None:
-        return
+        return None
     thread_id, ahead, key = found
     follow(run_id, thread_id, ahead if key is None else None)
+    return thread_id
 
 
 def following(

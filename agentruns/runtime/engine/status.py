@@ -159,7 +159,7 @@ def cancel_at_boundary(executor: Any, *, output: str = "") -> str:
                     step.status, step.finished_at = StepStatus.SKIPPED, now
         events = withdraw_unrun_work(executor.state.run, now, who=None)
         if state is not None:  # a thread's run: what it did, for the next turn's model
-            transcript.record_unanswered(state.run, state.steps)
+            transcript.record_unanswered(state.run.id, state.run.thread_id, state.steps)
         executions.run_ended(executor.state.run, "the run was cancelled during the call")
         apply(
             executor,

@@ -180,9 +180,9 @@ def apply(run_id: uuid.UUID | str, change: RunChange) -> int:
     announce(run_id, change)
     last_seq = writer.append(run_id, change.events, set_fields=change.fields)
     concurrency.follow(run_id, change.fields.get("status"))
-    thread_line.follow_change(run_id, change.fields.get("status"))
-    if change.fields.get("status") == RunStatus.CANCELLED:
-        transcript.record_unanswered(run_id)  # a thread's run: what it did, for the next turn
+    thread_id = thread_line.follow_change(run_id, change.fields.get("status"))
+    if thread_id is not None and change.fields.get("status") == RunStatus.CANCELLED:
+        transcript.record_unanswered(run_id, thread_id)  # what it did, for the next turn
     return last_seq
 
 
