@@ -335,6 +335,7 @@ def chat(request: HttpRequest, agent: str, body: dict) -> HttpResponseBase:
         client_id=user_message_id(messages),
         run_input=body.get("input", {}),
         priority=body.get("priority", 0),
+        chat=True,
     )
     return thread_stream(posted.run, selectors_threads.thread_runs(posted.thread))
 

@@ -8,8 +8,9 @@ history (`head`), its usage, the branches it left, whom it forked from. A `Threa
 
 A `ThreadTurn` is one message posted to the thread and the run that answers it: posted while
 another run of the thread is active, it waits (its run in the thread's line,
-`runtime/dispatch/concurrency.py`) and enters the history when its run begins, so the history a
-run is given never changes under it (`runtime/conversations/`).
+`runtime/dispatch/thread_line.py`) and enters the history when its run begins, so the history a
+run is given never changes under it (`runtime/conversations/`). A run parked for a person or a
+system lets the next turn go, except in a chat (`Thread.chat`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ class Thread(models.Model):
     forked_from = models.CharField(max_length=128, blank=True, default="")
     forked_at = models.CharField(max_length=64, blank=True, default="")
     branches = models.JSONField(default=list, blank=True)
+    # a chat's thread (the AI SDK's useChat, `api/chat.py`): a turn parked for a person keeps
+    # the thread, because the chat continues the parked assistant message in place and its chunk
+    # cursor counts the turns one after the other; any other thread's next turn passes it
+    chat = models.BooleanField(default=False)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

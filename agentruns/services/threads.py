@@ -7,10 +7,16 @@ new one waits in the thread's line behind it and takes its turn when that one en
 (`runtime/dispatch/thread_line.py`); its agent's concurrency key (an order's line) applies to it
 as to any run. What happens to the active run is the post's `multitask`:
 
-- `enqueue` (the default): it finishes; the new message's run follows;
+- `enqueue` (the default): it finishes, or parks, and the new message's run follows;
 - `interrupt`: it is cancelled (the cancel service: completed tool steps stay done, a call in
   flight finishes first) and the new message's run follows at once;
 - `reject`: the post is refused (`ThreadBusy`, the API's 409) and nothing is stored.
+
+A run parked for a person or a system does not hold the thread's turn (`thread_line`): a message
+posted while every run of the thread is parked starts at once, and `reject` takes it. An
+`interrupt` cancels the thread's oldest run that has not ended, parked or not: the turn the new
+message supersedes first (the customer changed their mind about the refund that waits for
+approval). In a chat (`Thread.chat`) a parked turn keeps the thread.
 
 The new run's input is the thread's first run's input with `message` the new text (an agent
 that reads, say, an order id from its input gets the thread's), and the agent's loop is given
@@ -27,7 +33,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from pydantic_ai._uuid import uuid7
 
-from agentruns.models import TERMINAL_RUN_STATUSES, Author, Run, Thread, ThreadTurn
+from agentruns.models import TERMINAL_RUN_STATUSES, Author, Run, RunStatus, Thread, ThreadTurn
 from agentruns.registry import get_agent
 from agentruns.runtime.conversations import history
 from agentruns.runtime.engine import agents
@@ -61,8 +67,8 @@ def new_thread_id() -> str:
     return str(uuid7())
 
 
-def _thread_for_post(thread_id: str, agent: str | None, user: Any) -> Thread:
-    """The thread's row, locked; created with `agent` when it is new."""
+def _thread_for_post(thread_id: str, agent: str | None, user: Any, chat: bool) -> Thread:
+    """The thread's row, locked; created with `agent` (a chat's if `chat`) when it is new."""
     thread = Thread.objects.select_for_update().filter(id=thread_id).first()
     if thread is None:
         if agent is None:
@@ -72,6 +78,7 @@ def _thread_for_post(thread_id: str, agent: str | None, user: Any) -> Thread:
                 Thread.objects.create(
                     id=thread_id,
                     agent=agent,
+                    chat=chat,
                     revision=str(uuid7()),
                     updated_at=timezone.now(),
                     created_by=user if getattr(user, "is_authenticated", False) else None,
@@ -87,12 +94,17 @@ def _thread_for_post(thread_id: str, agent: str | None, user: Any) -> Thread:
 
 
 def active_runs(thread: Thread) -> list[Run]:
-    """The thread's runs that have not ended, oldest first (the active one, then its line)."""
+    """The thread's runs that have not ended, oldest first."""
     return list(
         Run.objects.filter(thread_id=thread.id)
         .exclude(status__in=TERMINAL_RUN_STATUSES)
         .order_by("created_at", "id")
     )
+
+
+def holds_turn(thread: Thread, run: Run) -> bool:
+    """Whether the unended `run` holds its thread's turn (`thread_line.HOLDS_TURN`)."""
+    return thread.chat or run.status != RunStatus.WAITING
 
 
 def post_message(
@@ -107,8 +119,10 @@ def post_message(
     run_input: dict | None = None,
     priority: int = 0,
     traceparent: str | None = None,
+    chat: bool = False,
 ) -> Posted:
-    """Add a message to the thread (created with `agent` if new) and start its run."""
+    """Add a message to the thread (created with `agent` if new, a chat's if `chat`) and start
+    its run."""
     text = (text or "").strip()
     if not text:
         raise ThreadRefused("the message needs text")
@@ -124,14 +138,15 @@ def post_message(
     if author not in (Author.CUSTOMER, Author.STAFF):
         raise ThreadRefused("a message is the customer's or staff's")
     with transaction.atomic():
-        thread = _thread_for_post(thread_id, agent, user)
+        thread = _thread_for_post(thread_id, agent, user, chat)
         if client_id is not None:
             repeat = ThreadTurn.objects.filter(thread=thread, client_id=client_id).first()
             if repeat is not None:
                 return Posted(thread, repeat, repeat.run, False)
         active = active_runs(thread)
-        if active and multitask == "reject":
-            raise ThreadBusy(thread, active[0])
+        holding = [run for run in active if holds_turn(thread, run)]
+        if holding and multitask == "reject":
+            raise ThreadBusy(thread, holding[0])
         if active and multitask == "interrupt":
             _interrupt(active, user)
         first = ThreadTurn.objects.filter(thread=thread).select_related("run").first()
@@ -169,10 +184,9 @@ class ThreadBusy(ThreadRefused):
 
 
 def _interrupt(active: list[Run], user: Any) -> None:
-    """Stop the thread's active run (its oldest that has not ended; the others wait in the
-    thread's line behind it and stay): its model turn in flight ends within a second (`stop`),
-    completed tool steps stay done. A run stopped before it began leaves its message in the
-    history all the same."""
+    """Stop the thread's oldest run that has not ended, parked or not (the others stay): its
+    model turn in flight ends within a second (`stop`), completed tool steps stay done. A run
+    stopped before it began leaves its message in the history all the same."""
     for run in active[:1]:
         try:
             cancel_run(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentruns.models import Run, ThreadTurn
+from agentruns.models import Run, RunStatus, Thread, ThreadTurn
 from agentruns.stream.ui_stream import chunks_until_now
 from tests import thread_agents  # noqa: F401  (registers pa-talk)
 from tests.helpers import ApiClient, advance, make_user
@@ -59,6 +59,16 @@ def test_the_next_user_message_continues_the_chat(chatter):
     offset = chunks_until_now(one).count
     later = chatter.get(f"/api/chat/pa-talk/c-1/stream?startIndex={offset}")
     assert later["x-run-id"] == str(two.id) and later["x-chat-chunk-offset"] == str(offset)
+
+
+def test_a_chats_parked_turn_keeps_the_chat(chatter):
+    # (a thread of the threads API lets its next turn pass a parked one: tests/api/test_threads)
+    first = chat(chatter, "c-park", user("refund 900", "u1"))
+    parked = advance(Run.objects.get(id=first["x-run-id"]))
+    assert parked.status == RunStatus.WAITING and Thread.objects.get(id="c-park").chat
+    # the chat continues the parked assistant message in place: the next message waits for it
+    second = chat(chatter, "c-park", user("refund 900", "u1"), assistant("a1"), user("hi", "u2"))
+    assert Run.objects.get(id=second["x-run-id"]).waiting_behind == parked.id
 
 
 def test_a_chat_is_its_users_own(chatter, django_user_model):

@@ -65,18 +65,19 @@ def test_a_chat_waits_in_its_orders_line_behind_a_run_parked_for_a_person(talker
     assert later.waiting_behind == chat.id  # still the thread's: one turn at a time
     assert advance(chat).status == RunStatus.WAITING  # its own refund waits for a person
 
-    # the chat's refund parks its run, which keeps both the order and the thread
+    # the chat's refund parks its run: the thread's next turn goes, into the order's line
+    # behind the parked refund (which keeps the order)
     refresh(later)
-    assert later.waiting_behind == chat.id and later.concurrency_key is None
+    assert later.waiting_behind == chat.id and later.concurrency_key == "O-7"
+    assert not later.holds_key
     started = services.start_run(AGENT, {"message": "lookup", "order_id": "O-7"}).run
-    assert started.waiting_behind == chat.id  # the order's line: a third door, the same line
+    assert started.waiting_behind == later.id  # the order's line: a third door, the same line
 
     approval = Approval.objects.get(run=chat, status="pending")
     assert ApiClient(approver).post(f"/api/approvals/{approval.id}", {"decision": "approve"})
     assert advance(chat).status == RunStatus.SUCCEEDED
     refresh(later, started)
-    # the chat's end gave its thread's turn to `later`, which joined the order's line at its
-    # start order: ahead of the run started after it
+    # the chat's end gave the order to `later`, ahead of the run started after it
     assert later.concurrency_key == "O-7" and later.holds_key and later.waiting_behind is None
     assert started.waiting_behind == later.id
     assert advance(later).output.startswith("heard: refund 300 please")

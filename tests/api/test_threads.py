@@ -134,11 +134,73 @@ def test_enqueue_waits_behind_the_active_run_and_gets_its_answer(talker):
     assert [r["status"] for r in runs] == ["succeeded", "succeeded"]
 
 
-def test_a_parked_run_holds_the_thread(talker):
+def test_a_parked_run_lets_the_next_turn_go_and_resumes_beside_it(talker, approver):
+    thread_agents.CALLS.clear()
     parked = run_of(post(talker, "t-p", "refund 900", agent=AGENT))
-    assert advance(parked).status == RunStatus.WAITING
+    assert advance(parked).status == RunStatus.WAITING  # the refund waits for a person
+    # the conversation goes on meanwhile: the next message's run starts at once
     later = run_of(post(talker, "t-p", "and when does it arrive?"))
-    assert later.waiting_behind == parked.id
+    assert later.waiting_behind is None and later.enqueued_at is not None
+    assert advance(later).output == "heard: refund 900 | and when does it arrive?"
+    # every run of the thread parked or ended: even `reject` takes a message
+    asked = run_of(post(talker, "t-p", "are you there?", multitask="reject"))
+    assert asked.waiting_behind is None
+    assert advance(asked).status == RunStatus.SUCCEEDED
+
+    # the refund is approved: the parked run resumes beside the turns after it, from its own
+    # history, and its answer is appended to the thread when it ends
+    approval = Approval.objects.get(run=parked, status="pending")
+    decided = ApiClient(approver).post(f"/api/approvals/{approval.id}", {"decision": "approve"})
+    assert decided.status_code == 200, decided.content[:300]
+    thread_agents.GIVEN.clear()
+    assert advance(parked).status == RunStatus.SUCCEEDED
+    assert thread_agents.prompts(thread_agents.GIVEN[0]) == ["refund 900"]
+    assert thread_agents.CALLS == [("talk_refund", {"amount_cents": 900})]  # once
+
+    thanks = run_of(post(talker, "t-p", "thanks"))
+    thread_agents.GIVEN.clear()
+    assert advance(thanks).status == RunStatus.SUCCEEDED
+    returns = [p for m in thread_agents.GIVEN[0] for p in m.parts if isinstance(p, ToolReturnPart)]
+    assert [(r.tool_name, r.content) for r in returns] == [("talk_refund", {"refunded": 900})]
+    said = [(m["author"], m["text"]) for m in talker.get("/api/threads/t-p").json()["messages"]]
+    assert said == [
+        ("customer", "refund 900"),
+        ("customer", "and when does it arrive?"),
+        ("agent", later.output),
+        ("customer", "are you there?"),
+        ("agent", asked.output),
+        ("agent", "(calls talk_refund)"),
+        ("agent", parked.output),
+        ("customer", "thanks"),
+        ("agent", thanks.output),
+    ]
+
+
+def test_a_message_waits_behind_the_turn_that_passed_a_parked_run(talker):
+    parked = run_of(post(talker, "t-pp", "refund 900", agent=AGENT))
+    assert advance(parked).status == RunStatus.WAITING
+    passing = run_of(post(talker, "t-pp", "one"))
+    behind = run_of(post(talker, "t-pp", "two"))  # one run holds the thread's turn at a time
+    assert passing.waiting_behind is None and behind.waiting_behind == passing.id
+    assert assert_json_error(post(talker, "t-pp", "three", multitask="reject"), 409)[
+        "run_id"
+    ] == str(passing.id)
+    assert advance(passing).status == RunStatus.SUCCEEDED
+    behind.refresh_from_db()
+    assert behind.waiting_behind is None and behind.enqueued_at is not None
+
+
+def test_a_run_queued_behind_one_that_parks_takes_its_turn_in_the_commit_that_parks_it(talker):
+    first = run_of(post(talker, "t-pq", "refund 900", agent=AGENT))
+    second = run_of(post(talker, "t-pq", "and when?"))
+    third = run_of(post(talker, "t-pq", "hello?"))
+    assert (second.waiting_behind, third.waiting_behind) == (first.id, second.id)
+    assert advance(first).status == RunStatus.WAITING
+    second.refresh_from_db()
+    third.refresh_from_db()
+    assert second.waiting_behind is None and second.enqueued_at is not None
+    assert third.waiting_behind == second.id  # still one turn at a time behind it
+    assert advance(second).output == "heard: refund 900 | and when?"
 
 
 def test_reject_is_a_409_and_stores_nothing(talker):

@@ -9,13 +9,20 @@ admitted, or in the key's line. So a chat about an order is in the order's line 
 run about that order (issue 30), and its turns still follow one another.
 
 A run in the thread's line is one with a thread, a run ahead and no key. One that ends there (a
-cancel) hands its place to the run behind it. A run parked for a person keeps the thread: its
-turn is not over.
+cancel) hands its place to the run behind it. A run that parks (for a person, an outside event,
+a timer) lets the next turn go as an end does, and a message posted while the thread's runs are
+all parked starts at once: the conversation goes on while a refund waits for its approval. The
+parked run, resumed, runs beside the turns after it (its history is fixed at its own message;
+its answer is appended to the thread when it ends), and its agent's concurrency key still keeps
+two runs about one order apart. A chat's thread (`Thread.chat`) is the exception: its parked
+turn keeps the thread, because the AI SDK continues a parked assistant message in place and the
+chat's chunk cursor counts its turns one after the other (`stream/ui_thread.py`).
 
-Races: a post places its run behind the newest run of the thread that has not ended, under that
-run's row lock (`place`), and a run's end looks for the runs behind it under its own row lock
-(`follow`): either the post comes first and the end sees its run, or the end comes first and the
-post no longer finds an unended run there. SQLite serialises writers.
+Races: a post places its run behind the newest run of the thread that holds the thread (not
+ended, and not parked unless a chat), under that run's row lock (`place`), and a run's end or
+park looks for the runs behind it under its own row lock (`follow`): either the post comes first
+and the end sees its run, or the end comes first and the post no longer finds that run holding
+the thread. SQLite serialises writers.
 """
 
 from __future__ import annotations
@@ -25,9 +32,10 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 
 from django.db import connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
-from agentruns.models import TERMINAL_RUN_STATUSES, Run, RunStatus
+from agentruns.models import TERMINAL_RUN_STATUSES, Run, RunStatus, Thread
 from agentruns.runtime import writer
 from agentruns.runtime.dispatch import concurrency
 from agentruns.runtime.events import EventSpec, EventType
@@ -47,30 +55,33 @@ def _waiting_event(behind: uuid.UUID) -> EventSpec:
     )
 
 
-def _unended(thread_id: str) -> Run | None:
+# a run that holds its thread's turn: not ended, and not parked (unless its thread is a chat)
+HOLDS_TURN = ~Q(status__in=TERMINAL_RUN_STATUSES) & ~Q(status=RunStatus.WAITING, thread__chat=False)
+
+
+def _holding(thread_id: str) -> Run | None:
+    """The thread's newest run that holds the thread's turn."""
     return (
-        Run.objects.filter(thread_id=thread_id)
-        .exclude(status__in=TERMINAL_RUN_STATUSES)
+        Run.objects.filter(HOLDS_TURN, thread_id=thread_id)
         .order_by("-created_at", "-id")
         .only("id")
         .first()
     )
 
 
-def _lock_unended(run_id: uuid.UUID) -> bool:
-    """Lock the run's row; whether it has still not ended."""
-    locked = Run.objects.select_for_update().filter(id=run_id).values_list("status", flat=True)
-    status = locked.first()
-    return status is not None and status not in TERMINAL_RUN_STATUSES
+def _lock_holding(run_id: uuid.UUID) -> bool:
+    """Lock the run's row; whether it still holds its thread's turn."""
+    locked = Run.objects.select_for_update(of=("self",)).filter(HOLDS_TURN, id=run_id)
+    return locked.values_list("id", flat=True).first() is not None
 
 
 def place(run: Run, thread_id: str) -> list[EventSpec]:
     """A new run of the thread, before its row is written (inside the caller's transaction):
-    behind the thread's newest run that has not ended, with no key and no doorbell (the events
+    behind the thread's newest run that holds the turn, with no key and no doorbell (the events
     that say so), or [] when there is none (the thread's active run: its agent's key decides)."""
     run.thread_id = thread_id
-    while (ahead := _unended(thread_id)) is not None:
-        if connection.vendor == "sqlite" or _lock_unended(ahead.id):
+    while (ahead := _holding(thread_id)) is not None:
+        if connection.vendor == "sqlite" or _lock_holding(ahead.id):
             run.waiting_behind, run.holds_key, run.enqueued_at = ahead.id, False, None
             run.concurrency_key = None
             return [_waiting_event(ahead.id)]
@@ -152,19 +163,24 @@ def following(
     thread_id: str | None,
 ) -> AbstractContextManager[None]:
     """Around the executor's commit of a change to `status`: its concurrency key's
-    (`concurrency.following`) and, when a thread's run ends, its thread's line, in one
+    (`concurrency.following`) and, when a thread's run ends or parks, its thread's line, in one
     transaction (a running run is never in its thread's line)."""
     keys = concurrency.following(run_id, status, key)
-    if thread_id is None or status not in TERMINAL_RUN_STATUSES:
+    if thread_id is None:
         return keys
-    return _thread_and_key(run_id, thread_id, keys)
+    if status in TERMINAL_RUN_STATUSES:
+        return _thread_and_key(run_id, thread_id, keys, parks=False)
+    if status == RunStatus.WAITING:
+        return _thread_and_key(run_id, thread_id, keys, parks=True)
+    return keys
 
 
 @contextmanager
 def _thread_and_key(
-    run_id: uuid.UUID, thread_id: str, keys: AbstractContextManager[None]
+    run_id: uuid.UUID, thread_id: str, keys: AbstractContextManager[None], *, parks: bool
 ) -> Iterator[None]:
     with transaction.atomic(savepoint=False):
-        follow(run_id, thread_id, None)
+        if not parks or Thread.objects.filter(id=thread_id, chat=False).exists():
+            follow(run_id, thread_id, None)  # a parked turn lets the next go (not in a chat)
         with keys:
             yield
