@@ -23,7 +23,7 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from agentruns.registry import durable, register_agent
+from agentruns.registry import durable, register_agent, wait_tools
 
 CALLS: list[tuple[str, dict]] = []  # the tool calls executed in this process
 GIVEN: list[list[ModelMessage]] = []  # the messages each model request was given
@@ -101,3 +101,31 @@ talk_order = Agent(
     ],
 )
 register_agent(talk_order, concurrency_key=lambda run_input: run_input["order_id"])
+
+
+def ask_or_answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """A last prompt beginning "ask" asks the customer which order; a reply is said back."""
+    GIVEN.append(list(messages))
+    returns = [p for p in messages[-1].parts if isinstance(p, ToolReturnPart)]
+    if returns:
+        reply = returns[0].content
+        if isinstance(reply, dict):
+            return ModelResponse(parts=[TextPart(f"got: {reply['reply']} from {reply['from']}")])
+        return ModelResponse(parts=[TextPart(f"told: {reply}")])
+    heard = prompts(messages)
+    if heard and heard[-1].startswith("ask"):
+        turn = sum(isinstance(m, ModelResponse) for m in messages)
+        question = {"question": "Which order do you mean?"}
+        return ModelResponse(
+            parts=[ToolCallPart("ask_customer", question, tool_call_id=f"a{turn}")]
+        )
+    return ModelResponse(parts=[TextPart("heard: " + " | ".join(heard))])
+
+
+# asks the customer within its turn (issue 33: a run waiting for the thread's next message)
+asker = Agent(
+    FunctionModel(ask_or_answer, model_name="ask-customer-script"),
+    name="pa-ask-customer",
+    toolsets=[wait_tools()],
+)
+register_agent(asker)

@@ -44,12 +44,15 @@ from agentruns.registry.tools import RetryPolicy, Tool, _tools, get_tool, has_to
 from agentruns.registry.waits import (
     EventTimedOut,
     EventWaitFailed,
+    NotAConversation,
     TokenHeld,
+    ask_customer,
     ask_human,
     shared_tool_names,
     sleep_for,
     sleep_until,
     wait_for_event,
+    wait_for_message,
     wait_tools,
 )
 
@@ -82,11 +85,14 @@ __all__ = [
     # waits (registry/waits): the model's toolset and what tool code calls
     "EventTimedOut",
     "EventWaitFailed",
+    "NotAConversation",
     "TokenHeld",
+    "ask_customer",
     "ask_human",
     "sleep_for",
     "sleep_until",
     "wait_for_event",
+    "wait_for_message",
     "wait_tools",
 ]
 

@@ -5,7 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agentruns.models import Run, Thread, ThreadMessage, ThreadTurn
+from agentruns.models import (
+    TERMINAL_RUN_STATUSES,
+    Author,
+    Run,
+    Thread,
+    ThreadMessage,
+    ThreadTurn,
+    Wait,
+    WaitKind,
+    WaitStatus,
+)
+from agentruns.registry.waits.messages import message_token
 from agentruns.runtime.conversations.store import history_ids
 
 
@@ -53,12 +64,55 @@ def thread_messages(thread: Thread) -> list[ThreadMessageView]:
         if m.text
     ]
     waiting = ThreadTurn.objects.filter(thread=thread, entry__isnull=True).select_related("user")
-    views += [
+    pending = [
         ThreadMessageView(
             f"turn-{t.id}", t.author, _name(t.user), t.text, str(t.run_id), t.created_at, False
         )
         for t in waiting.order_by("created_at", "id")
     ]
+    pending += _asked_and_replied(thread)
+    return views + sorted(pending, key=lambda view: view.created_at)
+
+
+def _asked_and_replied(thread: Thread) -> list[ThreadMessageView]:
+    """The questions the thread's runs ask the customer (`ask_customer`) and the replies, while
+    their runs have not stored them in the history (they do when they end)."""
+    waits = (
+        Wait.objects.filter(token=message_token(thread.id), kind=WaitKind.MESSAGE)
+        .exclude(run__thread_turn__answered=True)
+        .exclude(status=WaitStatus.FAILED)
+        .exclude(status=WaitStatus.PENDING, run__status__in=TERMINAL_RUN_STATUSES)
+        .order_by("created_at", "id")
+    )
+    views = []
+    for wait in waits:
+        asked = wait.asked if isinstance(wait.asked, dict) else {}
+        if isinstance(asked.get("question"), str):
+            views.append(
+                ThreadMessageView(
+                    f"ask-{wait.id}",
+                    Author.AGENT,
+                    None,
+                    asked["question"],
+                    str(wait.run_id),
+                    wait.created_at,
+                    False,
+                )
+            )
+        reply = wait.payload if isinstance(wait.payload, dict) else {}
+        if wait.status == WaitStatus.RESOLVED and isinstance(reply.get("text"), str):
+            author = reply.get("author")
+            views.append(
+                ThreadMessageView(
+                    f"reply-{wait.id}",
+                    author if author in (Author.CUSTOMER, Author.STAFF) else Author.CUSTOMER,
+                    reply.get("sender") if isinstance(reply.get("sender"), str) else None,
+                    reply["text"],
+                    str(wait.run_id),
+                    wait.resolved_at,
+                    False,
+                )
+            )
     return views
 
 

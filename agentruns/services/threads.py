@@ -18,6 +18,10 @@ posted while every run of the thread is parked starts at once, and `reject` take
 message supersedes first (the customer changed their mind about the refund that waits for
 approval). In a chat (`Thread.chat`) a parked turn keeps the thread.
 
+A run of the thread that waits for its next message (`ask_customer`, `wait_for_message`) is
+answered by the message instead (`runtime/waits/replies.py`): no run is started, the waiting
+one resumes with it; an `interrupt` post cancels the waiting run and starts its own turn.
+
 The new run's input is the thread's first run's input with `message` the new text (an agent
 that reads, say, an order id from its input gets the thread's), and the agent's loop is given
 the whole history (`runtime/conversations/history.py`). A message posted with the sender's own
@@ -33,7 +37,15 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from pydantic_ai._uuid import uuid7
 
-from agentruns.models import TERMINAL_RUN_STATUSES, Author, Run, RunStatus, Thread, ThreadTurn
+from agentruns.models import (
+    TERMINAL_RUN_STATUSES,
+    Author,
+    Run,
+    RunStatus,
+    Thread,
+    ThreadTurn,
+    Wait,
+)
 from agentruns.registry import get_agent
 from agentruns.runtime.conversations import history
 from agentruns.runtime.engine import agents
@@ -41,6 +53,7 @@ from agentruns.runtime.execution.cancel import cancel_run
 from agentruns.runtime.execution.transitions import ActionRefused
 from agentruns.runtime.values.ids import actor_name
 from agentruns.runtime.values.text import UnsafeValue, check_text
+from agentruns.runtime.waits import replies
 from agentruns.services.start import start_run
 
 MULTITASK = ("enqueue", "interrupt", "reject")
@@ -58,9 +71,10 @@ class ThreadRefused(ValueError):
 @dataclass(frozen=True)
 class Posted:
     thread: Thread
-    turn: ThreadTurn
+    turn: ThreadTurn | None  # None: the message answered a run waiting for it (`reply`)
     run: Run
     created: bool  # False: a repeat of a post with the same client id
+    reply: Wait | None = None  # the message wait the message answered
 
 
 def new_thread_id() -> str:
@@ -143,6 +157,15 @@ def post_message(
             repeat = ThreadTurn.objects.filter(thread=thread, client_id=client_id).first()
             if repeat is not None:
                 return Posted(thread, repeat, repeat.run, False)
+            answered = replies.answered_before(thread.id, client_id)
+            if answered is not None:
+                return Posted(thread, None, answered.run, False, answered)
+        if multitask != "interrupt":  # a run waiting for the thread's next message gets it
+            answering = replies.reply(
+                thread.id, text, author=author, user=user, client_id=client_id
+            )
+            if answering is not None:
+                return Posted(thread, None, Run.objects.get(id=answering.run_id), True, answering)
         active = active_runs(thread)
         holding = [run for run in active if holds_turn(thread, run)]
         if holding and multitask == "reject":

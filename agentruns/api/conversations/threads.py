@@ -154,7 +154,10 @@ def start_thread(request: HttpRequest, body: dict) -> tuple[dict, int]:
     },
     required=("text",),
     responses={
-        202: "its run was started or queued (a repeat of the message's id: the same run)",
+        202: (
+            "its run was started or queued, or the thread's run waiting for a message resumed "
+            "with it (a repeat of the message's id: the same run)"
+        ),
         400: "bad input",
         403: "no right to start runs",
         404: "no such thread (a first message names its agent) or agent",
@@ -182,7 +185,8 @@ def post_thread_message(request: HttpRequest, thread_id: str, body: dict) -> tup
         (
             m
             for m in thread["messages"]
-            if m["run_id"] == str(posted.run.id) and m["author"] != "agent"
+            if (m["id"] == f"reply-{posted.reply.id}" if posted.reply else m["author"] != "agent")
+            and m["run_id"] == str(posted.run.id)
         ),
         None,
     )

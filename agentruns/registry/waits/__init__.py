@@ -1,6 +1,6 @@
 """Waits a run makes: the toolset agents add (`Agent(..., toolsets=[wait_tools()])`: ask a
-colleague, sleep until a time or for a while) and the functions tool code calls
-(`wait_for_event`, `sleep_until`, `sleep_for`).
+colleague, ask the customer, sleep until a time or for a while) and the functions tool code calls
+(`wait_for_event`, `wait_for_message`, `sleep_until`, `sleep_for`).
 
 Each wait parks the run (status `waiting`, `waiting_for` says for what) and is journaled: the
 run resumes in any worker process, after any restart, with what the wait returned. A question
@@ -22,18 +22,22 @@ from agentruns.registry.waits.events import (
     TokenHeld,
     wait_for_event,
 )
+from agentruns.registry.waits.messages import NotAConversation, ask_customer, wait_for_message
 from agentruns.registry.waits.questions import ask_human
 from agentruns.registry.waits.timers import sleep_for, sleep_until
 
 __all__ = [
     "EventTimedOut",
     "EventWaitFailed",
+    "NotAConversation",
     "TokenHeld",
+    "ask_customer",
     "ask_human",
     "shared_tool_names",
     "sleep_for",
     "sleep_until",
     "wait_for_event",
+    "wait_for_message",
     "wait_tools",
 ]
 
@@ -43,6 +47,7 @@ TOOLSET_ID = "agentruns_waits"
 # offered to every agent that adds the toolset)
 TOOLS: list[Callable[..., Any]] = [
     ask_human,
+    ask_customer,
     timers.wait_until,
     timers.wait_for,
 ]

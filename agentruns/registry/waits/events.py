@@ -20,6 +20,8 @@ from pydantic import JsonValue
 from pydantic_ai.durable_exec import ExternalEventError
 
 MAX_TOKEN_CHARS = 200
+# the tokens of a thread's message waits (`messages.py`): no event wait may take one
+MESSAGE_TOKEN_PREFIX = "message:"
 
 
 class EventWaitFailed(ExternalEventError):
@@ -45,6 +47,8 @@ class ToolWaits(Protocol):
 
     def timer(self, due: datetime) -> JsonValue: ...
 
+    def message(self, question: str | None, timeout: timedelta | None) -> JsonValue: ...
+
 
 _engine: ToolWaits | None = None
 
@@ -68,6 +72,8 @@ def check_token(token: Any) -> str:
         raise ValueError(
             f"a wait's token has at most {MAX_TOKEN_CHARS} characters and no '/' or NUL"
         )
+    if token.startswith(MESSAGE_TOKEN_PREFIX):
+        raise ValueError(f"tokens beginning {MESSAGE_TOKEN_PREFIX!r} are a thread's messages'")
     return token
 
 

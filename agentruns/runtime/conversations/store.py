@@ -33,14 +33,17 @@ from pydantic_ai.messages import (
     ModelResponse,
     TextPart,
     ToolCallPart,
+    ToolReturnPart,
     UserPromptPart,
 )
 from pydantic_ai.usage import RunUsage
 
 from agentruns.models import Author, Thread, ThreadMessage
+from agentruns.registry.waits.messages import ask_customer
 
 T = TypeVar("T")
 META = "agentruns"  # our key in a message's metadata
+ASK_CUSTOMER = ask_customer.__name__  # the tool whose question and reply people read as said
 USAGE = TypeAdapter(RunUsage)
 DEFERRED = TypeAdapter(DeferredToolRequests)
 
@@ -70,26 +73,55 @@ def load_message(data: Any) -> ModelMessage:
 
 
 def message_text(message: ModelMessage) -> str:
-    """What people read of a message: a prompt's text, a response's text (or the tools it calls)."""
+    """What people read of a message: a prompt's text (or the reply to the agent's question), a
+    response's text and the questions it asks the customer (or else the tools it calls)."""
     meta = (getattr(message, "metadata", None) or {}).get(META)
     if isinstance(meta, dict) and isinstance(meta.get("text"), str):
         return meta["text"]
     if isinstance(message, ModelRequest):
         texts = [p.content for p in message.parts if isinstance(p, UserPromptPart)]
+        texts += [reply["reply"] for reply in _replies(message)]
         return "\n".join(t if isinstance(t, str) else str(t) for t in texts)
     if isinstance(message, ModelResponse):
-        text = "".join(p.content for p in message.parts if isinstance(p, TextPart))
-        if text:
+        said = ["".join(p.content for p in message.parts if isinstance(p, TextPart))]
+        said += [_question(p) for p in message.parts if isinstance(p, ToolCallPart)]
+        if text := "\n".join(s for s in said if s):
             return text
         calls = [p.tool_name for p in message.parts if isinstance(p, ToolCallPart)]
         return f"(calls {', '.join(calls)})" if calls else ""
     return ""
 
 
+def _question(call: ToolCallPart) -> str:
+    """The question of an `ask_customer` call ("" for any other call)."""
+    if call.tool_name != ASK_CUSTOMER:
+        return ""
+    try:
+        question = call.args_as_dict().get("question")
+    except ValueError:  # arguments the model broke: the call was refused, not asked
+        return ""
+    return question if isinstance(question, str) else ""
+
+
+def _replies(message: ModelRequest) -> list[dict[str, Any]]:
+    """The replies to the agent's questions the request returns (`ask_customer`'s results)."""
+    return [
+        p.content
+        for p in message.parts
+        if isinstance(p, ToolReturnPart)
+        and p.tool_name == ASK_CUSTOMER
+        and isinstance(p.content, dict)
+        and isinstance(p.content.get("reply"), str)
+    ]
+
+
 def _said_by(message: ModelMessage) -> tuple[str, int | None]:
     meta = (getattr(message, "metadata", None) or {}).get(META)
     if isinstance(message, ModelRequest) and isinstance(meta, dict):
         return str(meta.get("author") or Author.CUSTOMER), meta.get("user")
+    if isinstance(message, ModelRequest) and (replies := _replies(message)):
+        author = replies[0].get("from")
+        return (author if author in (Author.CUSTOMER, Author.STAFF) else Author.CUSTOMER), None
     return Author.AGENT, None
 
 

@@ -1,4 +1,5 @@
-"""Waits made by tool code, as the runtime keeps them (`registry.wait_for_event`, the sleeps).
+"""Waits made by tool code, as the runtime keeps them (`registry.wait_for_event`,
+`wait_for_message`, the sleeps).
 
 A wait is a `Wait` row named after the call's step (`TOOL_WAIT` + step id), found again by its
 order within the call: the call runs again from its start once the run resumes, and its n-th
@@ -6,12 +7,14 @@ wait returns what the n-th wait was resolved with (a failed one raises again). A
 
 - a timer already due returns at once; one due within a sweeper's look (a second) is
   slept here, its wait recorded, so a crash mid-sleep finds it again;
-- an event whose token another live run holds fails at once (`TokenHeld`, recorded); a pending
-  wait of a run that has ended holds nothing (it is failed on the way);
+- an event (or a thread's next message: its token is `message:<thread id>`) whose token another
+  live run holds fails at once (`TokenHeld`, recorded); a pending wait of a run that has ended
+  holds nothing (it is failed on the way);
 - otherwise the run parks: the call's open attempt is not an attempt (it is undone, as an
   outage's is), its step pending again, its operation key let go, and the wait row, the step and
-  the run's `waiting` status are one commit. A hook or the timer resolves the row and queues
-  the run (`transitions.resume_parked`).
+  the run's `waiting` status are one commit. A hook, a message posted to the thread
+  (`waits/replies.py`) or the timer resolves the row and queues the run
+  (`transitions.resume_parked`).
 """
 
 from __future__ import annotations
@@ -23,12 +26,13 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from pydantic import JsonValue
 
-from agentruns.models import RunStatus, Step, StepStatus, Wait, WaitKind, WaitStatus
+from agentruns.models import RunStatus, Step, StepStatus, Thread, Wait, WaitKind, WaitStatus
 from agentruns.models.runs import TERMINAL_RUN_STATUSES
 from agentruns.registry import get_tool
 from agentruns.registry.context import current_step
 from agentruns.registry.waits import events
 from agentruns.registry.waits.events import EventTimedOut, EventWaitFailed, TokenHeld
+from agentruns.registry.waits.messages import NotAConversation, message_token
 from agentruns.runtime import writer
 from agentruns.runtime.engine import slice as slices
 from agentruns.runtime.engine import status
@@ -45,6 +49,8 @@ from agentruns.runtime.values.timestamps import iso
 LOOK_SECONDS = 1.0
 # how the failure of a wait is told apart on replay (`resolved_by`)
 TIMED_OUT, HELD, RUN_ENDED = "timeout", "held", "run ended"
+# waits on a token the code names (one live run holds it at a time), not a random one
+TOKENS_CHOSEN = (WaitKind.EVENT, WaitKind.MESSAGE)
 
 
 class RuntimeToolWaits:
@@ -57,6 +63,28 @@ class RuntimeToolWaits:
     def timer(self, due: datetime) -> JsonValue:
         return _wait(WaitKind.TIMER, "", due)
 
+    def message(self, question: str | None, timeout: timedelta | None) -> JsonValue:
+        """The run's thread's next message (`registry/waits/messages.py`)."""
+        state = slices.current_or_none()
+        if state is None:
+            raise RuntimeError("a run's waits are made by a tool while it runs in a run")
+        thread_id = state.run.thread_id
+        if thread_id is None:
+            raise NotAConversation(
+                "this run is no conversation's turn: no customer message can reach it "
+                "(ask_human asks a colleague)"
+            )
+        with island():
+            chat = Thread.objects.filter(id=thread_id, chat=True).exists()
+        if chat:
+            raise NotAConversation(
+                "in a chat the customer's reply is the chat's next message: ask your question "
+                "in your answer and end your turn; their reply comes with this conversation"
+            )
+        due = timezone.now() + timeout if timeout is not None else None
+        asked = {"question": question} if question else None
+        return _wait(WaitKind.MESSAGE, message_token(thread_id), due, asked=asked)
+
 
 def install() -> None:
     events.install(RuntimeToolWaits())
@@ -67,7 +95,7 @@ def woke(due: datetime | None, now: datetime) -> dict[str, Any]:
     return {"woke_at": iso(now), "due_at": iso(due)}
 
 
-def _wait(kind: str, token: str, due: datetime | None) -> JsonValue:
+def _wait(kind: str, token: str, due: datetime | None, *, asked: Any = None) -> JsonValue:
     state = slices.current_or_none()
     try:
         tctx = current_step()
@@ -82,13 +110,13 @@ def _wait(kind: str, token: str, due: datetime | None) -> JsonValue:
     with island():
         if nth < len(mine):
             return _again(state, step, tctx, mine[nth], kind, token)
-        return _new(state, step, tctx, name, kind, token, due)
+        return _new(state, step, tctx, name, kind, token, due, asked)
 
 
 def _again(
     state: SliceState, step: Step, tctx: Any, wait: Wait, kind: str, token: str
 ) -> JsonValue:
-    if wait.kind != kind or (kind == WaitKind.EVENT and wait.token != token):
+    if wait.kind != kind or (kind in TOKENS_CHOSEN and wait.token != token):
         raise RuntimeError(
             f"the call's wait #{tctx.waits_seen} was a {wait.kind} wait on {wait.token!r}, now it "
             f"is a {kind} wait on {token!r}: code around a wait must do the same on every run"
@@ -104,14 +132,21 @@ def _again(
 
 
 def _new(
-    state: SliceState, step: Step, tctx: Any, name: str, kind: str, token: str, due: Any
+    state: SliceState,
+    step: Step,
+    tctx: Any,
+    name: str,
+    kind: str,
+    token: str,
+    due: Any,
+    asked: Any,
 ) -> JsonValue:
     status.check_boundary(state, model=False, begun=True)
     now = timezone.now()
     if kind == WaitKind.TIMER and due <= now:
         return woke(due, now)  # nothing to wait for (and nothing to find again)
-    wait = state.new_wait(name, kind, token=token, due_at=due)
-    if kind == WaitKind.EVENT and (holder := holder_of(token, state.run.id)) is not None:
+    wait = state.new_wait(name, kind, token=token, due_at=due, asked=asked)
+    if kind in TOKENS_CHOSEN and (holder := holder_of(token, state.run.id)) is not None:
         _held(wait, holder)
         _record(state, wait)
         raise failure(wait)
