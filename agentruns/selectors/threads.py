@@ -29,6 +29,12 @@ class ThreadMessageView:
     run_id: str | None
     created_at: Any
     entered: bool  # in the history; False: waiting for its run to begin (or its run never did)
+    note: str = ""  # what people read about a message not in the history yet
+
+
+WAITING_TURN = "waiting for its turn"
+ASKED = "waiting for the reply: the next message answers it"
+REPLIED = "the reply: the run goes on with it"
 
 
 def get_thread(thread_id: str) -> Thread | None:
@@ -66,7 +72,14 @@ def thread_messages(thread: Thread) -> list[ThreadMessageView]:
     waiting = ThreadTurn.objects.filter(thread=thread, entry__isnull=True).select_related("user")
     pending = [
         ThreadMessageView(
-            f"turn-{t.id}", t.author, _name(t.user), t.text, str(t.run_id), t.created_at, False
+            f"turn-{t.id}",
+            t.author,
+            _name(t.user),
+            t.text,
+            str(t.run_id),
+            t.created_at,
+            False,
+            WAITING_TURN,
         )
         for t in waiting.order_by("created_at", "id")
     ]
@@ -97,6 +110,7 @@ def _asked_and_replied(thread: Thread) -> list[ThreadMessageView]:
                     str(wait.run_id),
                     wait.created_at,
                     False,
+                    ASKED if wait.status == WaitStatus.PENDING else "",
                 )
             )
         reply = wait.payload if isinstance(wait.payload, dict) else {}
@@ -111,6 +125,7 @@ def _asked_and_replied(thread: Thread) -> list[ThreadMessageView]:
                     str(wait.run_id),
                     wait.resolved_at,
                     False,
+                    REPLIED,
                 )
             )
     return views

@@ -39,7 +39,8 @@ def thread_context(run: Run, user: Any, **extra: Any) -> dict:
 @login_required
 @permission_required(START, raise_exception=True)
 def thread_message(request: HttpRequest, run_id: Any) -> HttpResponse:
-    """Staff add a message to the thread of this run; HTMX gets the thread again."""
+    """Staff add a message to the thread of this run (the thread's next run, or the reply a run
+    of it waits for); HTMX gets the thread again."""
     run = get_object_or_404(Run, id=run_id)
     thread = thread_of_run(run)
     if thread is None:
@@ -54,7 +55,7 @@ def thread_message(request: HttpRequest, run_id: Any) -> HttpResponse:
             author=Author.STAFF,
             multitask=multitask if multitask in dict(CHOICES) else "enqueue",
         )
-        extra["posted"] = posted.run
+        extra["posted"], extra["replied"] = posted.run, posted.reply is not None
     except (ThreadRefused, ValueError) as exc:
         status, extra["thread_error"] = 400, str(exc)
     if not request.htmx:

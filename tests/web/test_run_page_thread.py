@@ -6,13 +6,14 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from agentruns.models import Run, ThreadTurn
+from agentruns.models import Run, RunStatus, ThreadTurn
 from agentruns.services.threads import post_message
 from tests import thread_agents  # noqa: F401  (registers pa-talk)
 from tests.helpers import advance, make_user
 
 pytestmark = pytest.mark.django_db
 
+AGENT_ASKING = "pa-ask-customer"  # asks "Which order do you mean?" (tests/thread_agents.py)
 HOSTILE = '<script>alert("x")</script> my refund?'
 
 
@@ -52,6 +53,25 @@ def test_staff_add_a_message_through_htmx(thread_run, lead):
     assert turn.user == lead and turn.text == "Staff here: approved by phone"
     assert f"/runs/{turn.run_id}/" in html and 'data-author="staff"' in html
     assert advance(turn.run).output.endswith("| Staff here: approved by phone")
+
+
+def test_staff_answer_the_question_a_run_asks_the_customer(lead, django_user_model):
+    customer = make_user(django_user_model, "asking-customer", ["agentruns.start_run"])
+    run = advance(post_message("t-page-ask", "ask me", user=customer, agent=AGENT_ASKING).run)
+    assert run.status == RunStatus.WAITING
+    page = logged_in(lead).get(f"/runs/{run.id}/").content.decode()
+    thread = page[page.index('id="run-thread"') :]
+    assert "Which order do you mean?" in thread and "waiting for the reply" in thread
+    response = logged_in(lead).post(
+        f"/runs/{run.id}/thread/",
+        {"text": "ORD-5 <b>", "multitask": "enqueue"},
+        HTTP_HX_REQUEST="true",
+    )
+    html = response.content.decode()
+    assert response.status_code == 200 and "asked for it and goes on with it" in html
+    assert "ORD-5 &lt;b&gt;" in html and 'data-author="staff"' in html
+    assert not ThreadTurn.objects.filter(thread_id="t-page-ask", author="staff").exists()
+    assert advance(run).output == "got: ORD-5 <b> from staff"
 
 
 def test_who_may_post_and_bad_posts(thread_run, django_user_model, lead):
