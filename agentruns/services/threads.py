@@ -157,16 +157,17 @@ def post_message(
             repeat = ThreadTurn.objects.filter(thread=thread, client_id=client_id).first()
             if repeat is not None:
                 return Posted(thread, repeat, repeat.run, False)
-            answered = replies.answered_before(thread.id, client_id)
+            answered = None if thread.chat else replies.answered_before(thread.id, client_id)
             if answered is not None:
                 return Posted(thread, None, answered.run, False, answered)
-        if multitask != "interrupt":  # a run waiting for the thread's next message gets it
+        active = active_runs(thread)
+        if multitask != "interrupt" and any(r.status == RunStatus.WAITING for r in active):
+            # a run waiting for the thread's next message gets it (a chat's never does)
             answering = replies.reply(
                 thread.id, text, author=author, user=user, client_id=client_id
             )
             if answering is not None:
                 return Posted(thread, None, Run.objects.get(id=answering.run_id), True, answering)
-        active = active_runs(thread)
         holding = [run for run in active if holds_turn(thread, run)]
         if holding and multitask == "reject":
             raise ThreadBusy(thread, holding[0])
