@@ -71,9 +71,15 @@ def step_content(step: Step) -> str:
     return _dumps({"error": step.error or step.status})
 
 
-def tool_content(state: Any, call_id: str) -> str | None:
-    """The engine-form content of the tool call `call_id` of this run (None: not a step)."""
-    for step in reversed(state.steps):
-        if step.call_id == call_id and step.is_terminal:
-            return step_content(step)
-    return None
+def tool_contents(state: Any) -> dict[str, str]:
+    """The engine-form content of each tool call of this run that has a terminal step (its
+    latest), by call id: one pass over the steps for a whole conversation."""
+    contents: dict[str, str] = {}
+    cache = state.step_contents
+    for step in state.steps:
+        if step.call_id and step.is_terminal:
+            key = (step.id, step.status, step.attempts)
+            if (content := cache.get(key)) is None:
+                content = cache[key] = step_content(step)
+            contents[step.call_id] = content
+    return contents

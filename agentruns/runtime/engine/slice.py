@@ -96,6 +96,9 @@ class SliceState:
     waits_seen: int = 0
     # the executor (commit, check_lease, the cancel flag) and the model's streaming hand-over
     executor: Any = None
+    # what each terminal tool step says to the scripted model, by (step id, status, attempts):
+    # every model request reads the whole history, so each is dumped once a slice
+    step_contents: dict[tuple[Any, str, int], str] = field(default_factory=dict)
 
     def index_steps(self) -> None:
         """`model_steps` and `calls` from `steps` (loaded in index order)."""

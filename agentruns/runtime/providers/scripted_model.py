@@ -22,7 +22,7 @@ import functools
 import inspect
 import json
 import re
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -51,11 +51,11 @@ _TOKEN = re.compile(r"\S+\s*|\s+")
 @dataclass
 class Playing:
     """What the scripted model needs of the run it plays: the agent's policy and instructions,
-    and what the engine recorded for each tool call (`tool_content`: call id -> the content)."""
+    and what the engine recorded for the tool calls (`tool_contents`: call id -> the content)."""
 
     policy: Callable[..., ScriptedTurn] | None
     instructions: str = ""
-    tool_content: Callable[[str], str | None] = field(default=lambda call_id: None)
+    tool_contents: Callable[[], Mapping[str, str]] = field(default=lambda: {})
 
 
 _playing: ContextVar[Playing | None] = ContextVar("agentruns_scripted_playing", default=None)
@@ -95,9 +95,9 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
 
 
-def _tool_message(part: Any, playing_: Playing) -> dict:
+def _tool_message(part: Any, recorded: Mapping[str, str]) -> dict:
     call_id = part.tool_call_id or ""
-    content = playing_.tool_content(call_id)
+    content = recorded.get(call_id)
     if content is None:  # not a step of this run's journal: as Pydantic AI says it
         if isinstance(part, RetryPromptPart):
             content = _dumps({"error": part.model_response()})
@@ -112,6 +112,7 @@ def engine_messages(messages: list[ModelMessage], playing_: Playing) -> list[dic
     """The conversation in the engine's form (see the module's docstring)."""
     out: list[dict] = [{"role": "system", "content": playing_.instructions}]
     system: list[str] = []
+    recorded = playing_.tool_contents()
     for message in messages:
         if isinstance(message, ModelRequest):
             for part in message.parts:
@@ -123,7 +124,7 @@ def engine_messages(messages: list[ModelMessage], playing_: Playing) -> list[dic
                 elif isinstance(part, ToolReturnPart | RetryPromptPart) and (
                     not isinstance(part, RetryPromptPart) or part.tool_name
                 ):
-                    out.append(_tool_message(part, playing_))
+                    out.append(_tool_message(part, recorded))
                 elif isinstance(part, RetryPromptPart):
                     out.append({"role": "user", "content": part.model_response()})
             if not playing_.instructions and message.instructions:
