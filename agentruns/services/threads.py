@@ -48,6 +48,7 @@ from agentruns.models import (
 )
 from agentruns.registry import get_agent
 from agentruns.runtime.conversations import history
+from agentruns.runtime.dispatch import thread_line
 from agentruns.runtime.engine import agents
 from agentruns.runtime.execution.cancel import cancel_run
 from agentruns.runtime.execution.transitions import ActionRefused
@@ -116,11 +117,6 @@ def active_runs(thread: Thread) -> list[Run]:
     )
 
 
-def holds_turn(thread: Thread, run: Run) -> bool:
-    """Whether the unended `run` holds its thread's turn (`thread_line.HOLDS_TURN`)."""
-    return thread.chat or run.status != RunStatus.WAITING
-
-
 def post_message(
     thread_id: str,
     text: str,
@@ -168,7 +164,7 @@ def post_message(
             )
             if answering is not None:
                 return Posted(thread, None, Run.objects.get(id=answering.run_id), True, answering)
-        holding = [run for run in active if holds_turn(thread, run)]
+        holding = [run for run in active if thread_line.holds_turn(run.status, thread.chat)]
         if holding and multitask == "reject":
             raise ThreadBusy(thread, holding[0])
         if active and multitask == "interrupt":

@@ -19,12 +19,9 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from pydantic_ai import ModelRetry
-
 from agentruns.registry.waits import events
 from agentruns.registry.waits.events import EventWaitFailed
-
-MAX_QUESTION = 2000
+from agentruns.registry.waits.questions import checked_question
 
 
 class NotAConversation(EventWaitFailed):
@@ -64,11 +61,7 @@ def ask_customer(question: str) -> dict[str, Any] | str:
     Args:
         question: the question, as the customer should read it.
     """
-    text = question.strip()
-    if not text:
-        raise ModelRetry("ask_customer needs a question: say what you want to know")
-    if len(text) > MAX_QUESTION:
-        raise ModelRetry(f"the question is too long: at most {MAX_QUESTION} characters")
+    text = checked_question(question, "ask_customer")
     try:
         reply = wait_for_message(question=text)
     except EventWaitFailed as exc:  # not a conversation here, or another turn asked first

@@ -16,13 +16,19 @@ MAX_CHOICES = 10
 MAX_CHOICE = 200
 
 
-def question_metadata(question: str, choices: list[str] | None) -> dict:
-    """The question as the inbox shows it (checked: the model is told what to fix)."""
+def checked_question(question: str, tool: str) -> str:
+    """The question a tool asks, stripped (checked: the model is told what to fix)."""
     question = question.strip()
     if not question:
-        raise ModelRetry("ask_human needs a question: say what you want to know")
+        raise ModelRetry(f"{tool} needs a question: say what you want to know")
     if len(question) > MAX_QUESTION:
         raise ModelRetry(f"the question is too long: at most {MAX_QUESTION} characters")
+    return question
+
+
+def question_metadata(question: str, choices: list[str] | None) -> dict:
+    """The question as the inbox shows it (checked: the model is told what to fix)."""
+    question = checked_question(question, "ask_human")
     if choices is None:
         return {"question": question, "choices": None}
     kept = list(dict.fromkeys(c.strip() for c in choices if c.strip()))

@@ -59,6 +59,11 @@ def _waiting_event(behind: uuid.UUID) -> EventSpec:
 HOLDS_TURN = ~Q(status__in=TERMINAL_RUN_STATUSES) & ~Q(status=RunStatus.WAITING, thread__chat=False)
 
 
+def holds_turn(status: str, chat: bool) -> bool:
+    """`HOLDS_TURN` of a run read already (its status, whether its thread is a chat)."""
+    return status not in TERMINAL_RUN_STATUSES and (chat or status != RunStatus.WAITING)
+
+
 def _holding(thread_id: str) -> Run | None:
     """The thread's newest run that holds the thread's turn."""
     return (
