@@ -107,6 +107,16 @@ def test_an_interrupt_cancels_the_waiting_run_and_starts_a_turn(talker):
     assert advance(again).output == "got: ORD-3 from customer"
 
 
+def test_a_cancelled_asking_run_leaves_the_next_message_a_turn_of_its_own(talker, lead):
+    asking = run_of(post(talker, "t-ask-x", "ask me", agent=AGENT))
+    assert advance(asking).status == RunStatus.WAITING
+    assert ApiClient(lead).post(f"/api/runs/{asking.id}/cancel", {}).status_code == 200
+    turn = run_of(post(talker, "t-ask-x", "ORD-4"))
+    assert turn.id != asking.id
+    assert Wait.objects.get(run=asking).status != WaitStatus.RESOLVED  # it answered nothing
+    assert advance(turn).output == "heard: ask me | ORD-4"
+
+
 def test_a_run_of_no_thread_is_told_to_ask_a_colleague():
     run = advance(start("pa-waits", ("ask_customer", {"question": "Which order?"})))
     assert run.status == RunStatus.SUCCEEDED, run.error

@@ -1,9 +1,9 @@
 """A message posted to a thread whose run waits for the thread's next message answers that wait
 (`registry/waits/messages.py`) instead of starting a run of its own.
 
-Exactly once: the pending wait is locked and resolved in the poster's transaction
-(`transitions.settle_wait` queues its run in it), so of two messages posted at once one answers
-and the other, finding no pending wait, starts a turn. A pending wait whose run has ended holds
+Exactly once: the pending wait and its run are locked and the wait resolved in the poster's
+transaction (`transitions.settle_wait` queues its run in it); posts to one thread are serialised
+by the thread's row lock, so of two messages the first answers and the second starts a turn. A pending wait whose run has ended holds
 nothing: it is failed on the way and the message starts a turn as any other. A message posted
 again with the sender's id (`client_id`) finds the wait it answered.
 """
@@ -15,7 +15,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from agentruns.models import Wait, WaitKind, WaitStatus
+from agentruns.models import Run, Wait, WaitKind, WaitStatus
 from agentruns.models.runs import TERMINAL_RUN_STATUSES
 from agentruns.registry.waits.messages import message_token
 from agentruns.runtime import writer
@@ -44,11 +44,15 @@ def reply(
     commit); None when no live run waits for one."""
     with transaction.atomic():
         waits = _message_waits(thread_id).filter(status=WaitStatus.PENDING)
-        wait = waits.select_for_update(of=("self",)).select_related("run").first()
+        wait = waits.select_for_update().first()
         if wait is None:
             return None
-        if wait.run.status in TERMINAL_RUN_STATUSES:
-            wait.status, wait.error = WaitStatus.FAILED, f"its run ended ({wait.run.status})"
+        # the run's row too: a cancel (which locks it) either ended it before, and the message
+        # is a turn of its own, or comes after the run was queued with the reply
+        locked = Run.objects.select_for_update().filter(id=wait.run_id)
+        status = locked.values_list("status", flat=True).first()
+        if status is None or status in TERMINAL_RUN_STATUSES:
+            wait.status, wait.error = WaitStatus.FAILED, f"its run ended ({status})"
             wait.resolved_by, wait.resolved_at = RUN_ENDED, timezone.now()
             writer.save_wait(wait, ["status", "error", "resolved_by", "resolved_at"])
             return None
