@@ -3,9 +3,10 @@
 A chat is a thread; each user message is a run, each run one assistant message (`run-<id>`).
 The chat's chunks are its runs' chunks one after the other, in turn order: chunk N of the chat
 is chunk N - offset(run) of the run it falls in, where a run's offset is the number of chunks
-of the runs before it. Runs of a thread run one at a time (its concurrency key), so every run
-before the latest has ended and its chunk count no longer changes: the cursor is gap-free and
-stays valid. (A failed run retried after a later turn began would grow under the cursor: the
+of the runs before it. A chat's runs run one at a time (its thread's line,
+`runtime/dispatch/thread_line.py`; a chat's parked turn keeps the thread, `Thread.chat`), so
+every run before the latest has ended and its chunk count no longer changes: the cursor is
+gap-free and stays valid. (A failed run retried after a later turn began would grow under the cursor: the
 thread's next turn is only queued behind an active run, and a retry of an older turn moves the
 indexes of the turns after it.)
 """
