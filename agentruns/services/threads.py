@@ -105,6 +105,9 @@ def _thread_for_post(thread_id: str, agent: str | None, user: Any, chat: bool) -
         raise ThreadRefused(
             f"thread {thread_id} is a conversation with agent {thread.agent}, not {agent}", 409
         )
+    if chat and not thread.chat:  # the API made it, a chat continues it: a chat's from now on
+        Thread.objects.filter(id=thread.id).update(chat=True)
+        thread.chat = True
     return thread
 
 

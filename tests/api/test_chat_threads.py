@@ -71,6 +71,19 @@ def test_a_chats_parked_turn_keeps_the_chat(chatter):
     assert Run.objects.get(id=second["x-run-id"]).waiting_behind == parked.id
 
 
+def test_a_thread_the_api_made_is_a_chats_once_the_chat_continues_it(chatter):
+    made = chatter.post(
+        "/api/runs", {"agent": "pa-talk", "input": {"message": "refund 900"}, "thread": "c-api"}
+    )
+    assert made.status_code == 201 and not Thread.objects.get(id="c-api").chat
+    parked = advance(Run.objects.get(id=made.json()["id"]))
+    assert parked.status == RunStatus.WAITING
+    # the chat's next message: the thread is a chat's now, and waits for the parked turn
+    second = chat(chatter, "c-api", user("refund 900", "u1"), assistant("a1"), user("hi", "u2"))
+    assert second.status_code == 200 and Thread.objects.get(id="c-api").chat
+    assert Run.objects.get(id=second["x-run-id"]).waiting_behind == parked.id
+
+
 def test_a_chat_is_its_users_own(chatter, django_user_model):
     chat(chatter, "c-mine", user("hello", "u1"))
     other = ApiClient(make_user(django_user_model, "other", CHATTER))
