@@ -97,6 +97,13 @@ class ApprovalInbox:
     def run_failed(self, run_id: Any, fields: dict[str, Any]) -> None:
         outbox.run_failed(run_id, fields)
 
+    def agent_said(
+        self, run_id: Any, thread_id: str, *, asked: bool, message_id: str, text: str, sent_at: Any
+    ) -> None:
+        outbox.agent_said(
+            run_id, thread_id, asked=asked, message_id=message_id, text=text, sent_at=sent_at
+        )
+
     def forget_runs(self, run_ids: list, *, dry_run: bool) -> dict[str, int]:
         return outbox.forget_runs(run_ids, dry_run=dry_run)
 

@@ -76,6 +76,12 @@ class Inbox(Protocol):
     def run_failed(self, run_id: Any, fields: dict[str, Any]) -> None:
         """A run failed: the outside world hears of it (webhooks), in the failing transaction."""
 
+    def agent_said(
+        self, run_id: Any, thread_id: str, *, asked: bool, message_id: str, text: str, sent_at: Any
+    ) -> None:
+        """The agent answered a message of a thread, or asked its customer (`asked`: `text` is
+        the question): the outside world hears of it (webhooks), in the transaction storing it."""
+
     def forget_runs(self, run_ids: list, *, dry_run: bool) -> dict[str, int]:
         """The retention purge removes these finished runs: delete the inbox's rows for them
         that no foreign key ties to a run or its steps (those go with the runs, by cascade), or

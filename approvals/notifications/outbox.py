@@ -43,6 +43,10 @@ HANDOVER_CLOSED = "handover.closed"
 # the agent asked a person a question (an inbox item of kind question), and it was answered
 QUESTION_ASKED = "question.asked"
 QUESTION_ANSWERED = "question.answered"
+# the agent answered a message of a thread, or asked the thread's customer (`ask_customer`): a
+# system that relays the conversation (mail, a helpdesk) tells the customer
+THREAD_ANSWERED = "thread.answered"
+THREAD_ASKED = "thread.asked"
 EVENT_TYPES = (
     APPROVAL_REQUESTED,
     APPROVAL_ESCALATED,
@@ -53,6 +57,8 @@ EVENT_TYPES = (
     HANDOVER_CLOSED,
     QUESTION_ASKED,
     QUESTION_ANSWERED,
+    THREAD_ANSWERED,
+    THREAD_ASKED,
 )
 
 
@@ -134,21 +140,26 @@ def run_data(run: Run) -> dict:
     }
 
 
-def _body(event_type: str, approval: Approval | None, run: Run | None) -> str:
-    payload = {
-        "type": event_type,
-        "timestamp": iso(timezone.now()),
-        "data": {
-            "approval": approval_data(approval) if approval is not None else None,
-            "run": run_data(run) if run is not None else None,
-        },
+def _body(event_type: str, approval: Approval | None, run: Run | None, thread: dict | None) -> str:
+    data = {
+        "approval": approval_data(approval) if approval is not None else None,
+        "run": run_data(run) if run is not None else None,
     }
+    if thread is not None:
+        data["thread"] = thread
+    payload = {"type": event_type, "timestamp": iso(timezone.now()), "data": data}
     # compact and exactly these bytes on every try: the signature covers them
     return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
 # ------------------------------------------------------------------ writers
-def record(event_type: str, *, approval: Approval | None = None, run: Run | None = None) -> str:
+def record(
+    event_type: str,
+    *,
+    approval: Approval | None = None,
+    run: Run | None = None,
+    thread: dict | None = None,
+) -> str:
     """One delivery per endpoint that wants `event_type`, in the caller's transaction.
 
     Returns the event's webhook id ("" when no endpoint wants it: nothing is written)."""
@@ -160,7 +171,7 @@ def record(event_type: str, *, approval: Approval | None = None, run: Run | None
         return ""
     if run is None and approval is not None:
         run = approval.run
-    webhook_id, body = new_webhook_id(), _body(event_type, approval, run)
+    webhook_id, body = new_webhook_id(), _body(event_type, approval, run, thread)
     WebhookDelivery.objects.bulk_create(
         [
             WebhookDelivery(
@@ -177,16 +188,44 @@ def record(event_type: str, *, approval: Approval | None = None, run: Run | None
     return webhook_id
 
 
+def _nobody_listens() -> bool:
+    """No endpoint at all: the run need not be read to write nothing."""
+    return (
+        not settings_endpoint_events() and not WebhookEndpoint.objects.filter(active=True).exists()
+    )
+
+
 def run_failed(run_id: Any, fields: dict[str, Any]) -> str:
     """A run is about to end `failed` with `fields` (a `transitions.RunChange`'s), inside the
     transaction that writes it."""
-    if not settings_endpoint_events() and not WebhookEndpoint.objects.filter(active=True).exists():
+    if _nobody_listens():
         return ""
     run = Run.objects.get(id=run_id)
     for name in ("status", "error", "stop_reason", "outcome", "finished_at"):
         if name in fields:
             setattr(run, name, fields[name])
     return record(RUN_FAILED, run=run)
+
+
+def agent_said(
+    run_id: Any, thread_id: str, *, asked: bool, message_id: str, text: str, sent_at: Any
+) -> str:
+    """The agent answered a message of `thread_id` (`thread.answered`), or asked its customer a
+    question and waits for the reply (`thread.asked`: `text` is the question, "" when the tool
+    code asked none), inside the transaction that stores it."""
+    if _nobody_listens():
+        return ""
+    message = {
+        "id": message_id,
+        "author": "agent",
+        "text": redact_text(text),
+        "created_at": iso(sent_at),
+    }
+    return record(
+        THREAD_ASKED if asked else THREAD_ANSWERED,
+        run=Run.objects.get(id=run_id),
+        thread={"id": thread_id, "message": message},
+    )
 
 
 def forget_runs(run_ids: list, *, dry_run: bool) -> dict[str, int]:

@@ -6,8 +6,9 @@ every later slice of the run finds the entry and reads the same history up to it
 loop replays deterministically whatever the thread did meanwhile. The message is the last
 request of the history the agent's loop is given (`agent.run(None, message_history=...)`), with
 its author in its metadata. When the agent's loop returns, `record_answer` appends the run's new
-messages (`result.new_messages()`) once (`ThreadTurn.answered`, under the same lock): a slice
-that dies after it and before the run's end commit replays to the same answer and stores nothing.
+messages (`result.new_messages()`) once (`ThreadTurn.answered`, under the same lock), and the
+`thread.answered` webhook in the same commit: a slice that dies after it and before the run's end
+commit replays to the same answer and stores (and announces) nothing.
 
 A run that does not end by its agent's answer stores no answer: its message stays in the history,
 so the next turn's model sees what the customer said. A cancelled one (an interrupt, a stop)
@@ -21,11 +22,19 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
+from django.utils import timezone
 from pydantic_ai.conversation import Conversation
-from pydantic_ai.messages import ModelMessage, ModelRequest, UserPromptPart
+from pydantic_ai.conversation_store import ConversationEntry
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, UserPromptPart
 
 from agentruns.models import TERMINAL_RUN_STATUSES, Run, Thread, ThreadTurn
-from agentruns.runtime.conversations.store import ThreadStore, author_metadata, run_now
+from agentruns.runtime.conversations.store import (
+    ThreadStore,
+    author_metadata,
+    message_text,
+    run_now,
+)
+from agentruns.runtime.inbox import inbox
 
 
 def turn_of(run: Run) -> ThreadTurn | None:
@@ -89,14 +98,20 @@ def history_for(run: Run, text: str) -> list[ModelMessage] | None:
 
 
 def record_answer(run: Run, result: Any) -> None:
-    """Append the run's answer to its thread, once."""
-    record_messages(run.id, run.thread_id, result.new_messages(), result.usage)
+    """Append the run's answer to its thread, once, and tell the outside world
+    (`thread.answered`) in the same commit."""
+    record_messages(run.id, run.thread_id, result.new_messages(), result.usage, answer=True)
 
 
 def record_messages(
-    run_id: Any, thread_id: str | None, messages: list[ModelMessage], usage: Any = None
+    run_id: Any,
+    thread_id: str | None,
+    messages: list[ModelMessage],
+    usage: Any = None,
+    *,
+    answer: bool = False,
 ) -> None:
-    """Append the run's own messages (its answer, or what a stopped run did) to its thread,
+    """Append the run's own messages (its `answer`, or what a stopped run did) to its thread,
     once: `ThreadTurn.answered`, under the thread's row lock."""
     if thread_id is None:
         return
@@ -114,8 +129,25 @@ def record_messages(
         conversation.messages.extend(messages)
         if usage is not None:
             conversation.usage.incr(usage)
-        run_now(store.save(conversation))
+        entries = run_now(store.save(conversation))
         ThreadTurn.objects.filter(id=turn.id).update(answered=True)
+        if answer and entries:
+            _announce_answer(run_id, turn.thread_id, entries)
+
+
+def _announce_answer(run_id: Any, thread_id: str, entries: list[ConversationEntry]) -> None:
+    """`thread.answered` with what the thread shows of the answer: its last response that says
+    something (the final text, or the calls of an answer given by an output tool)."""
+    said = [e for e in entries if isinstance(e.message, ModelResponse) and message_text(e.message)]
+    answer = said[-1] if said else entries[-1]
+    inbox().agent_said(
+        run_id,
+        thread_id,
+        asked=False,
+        message_id=answer.id,
+        text=message_text(answer.message),
+        sent_at=timezone.now(),
+    )
 
 
 def fork_thread(source: Run, *, user: Any = None) -> Thread | None:

@@ -40,6 +40,7 @@ from agentruns.runtime.engine.plan import stage
 from agentruns.runtime.engine.slice import SliceState, island
 from agentruns.runtime.engine.waits import TOOL_WAIT
 from agentruns.runtime.events import LeaseLost
+from agentruns.runtime.inbox import inbox
 from agentruns.runtime.operations import executions
 from agentruns.runtime.operations import gate as operations
 from agentruns.runtime.values.timestamps import iso
@@ -231,9 +232,27 @@ def _park(state: SliceState, step: Step, tctx: Any, wait: Wait, *, new: bool) ->
                     _held(wait, holder_of(wait.token, state.run.id) or "unknown")
                     writer.save_wait(wait)
                     return status.yield_slice(executor, "the token is held by another run")
-            return status.park(executor)
+            parked = status.park(executor)
+            if new and wait.kind == WaitKind.MESSAGE:
+                _announce_question(state, wait)
+            return parked
 
     return status.ends(RunStatus.WAITING, commit)
+
+
+def _announce_question(state: SliceState, wait: Wait) -> None:
+    """`thread.asked`, in the commit that parks the run (a resumed run finds its wait and does
+    not ask again); its message id is the one the thread shows."""
+    asked = wait.asked if isinstance(wait.asked, dict) else {}
+    question = asked.get("question")
+    inbox().agent_said(
+        state.run.id,
+        str(state.run.thread_id),
+        asked=True,
+        message_id=f"ask-{wait.id}",
+        text=question if isinstance(question, str) else "",
+        sent_at=wait.created_at or timezone.now(),
+    )
 
 
 def _give_back(state: SliceState, step: Step, attempt: int) -> None:
