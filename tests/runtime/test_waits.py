@@ -121,12 +121,36 @@ def test_the_model_sleeps_durably_and_wakes_when_due():
 def test_wait_until_a_past_time_and_tool_code_naps_return_at_once():
     run = advance(start("pa-waits", ("wait_until", {"when": "2020-01-01T00:00:00Z"})))
     assert run.status == RunStatus.SUCCEEDED, run.error
-    assert not Wait.objects.filter(run=run).exists()
+    (past,) = Wait.objects.filter(run=run)  # never parked: recorded resolved at once
+    assert (past.kind, past.status, past.resolved_by) == (WaitKind.TIMER, "resolved", "timer")
     bad = advance(start("pa-waits", ("wait_until", {"when": "next tuesday"})))
     assert bad.status == RunStatus.SUCCEEDED and "not an ISO 8601" in bad.output
     short = advance(start("pa-waits", ("nap", {"seconds": 0.3})))  # slept here, recorded
     assert short.status == RunStatus.SUCCEEDED, short.error
     assert Wait.objects.get(run=short).status == WaitStatus.RESOLVED
+
+
+def test_a_sleep_already_due_keeps_its_place_among_the_calls_waits():
+    # replayed after the event, the due sleep must find its own record, not the event's
+    run = advance(start("pa-waits", ("settle_then_await", {"order_id": "O-due"})))
+    assert run.status == RunStatus.WAITING, run.error
+    resolve_hook("carrier:O-due", {"status": "delivered"}, by="carrier")
+    run = advance(run)
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    result = _tool_step(run).result
+    assert result["event"] == {"status": "delivered"} and "woke_at" in result["slept"]
+    assert_gapless(run)
+
+    # a sleep of nothing, then an hour: woken once, the call ends (it does not sleep again)
+    run = advance(start("pa-waits", ("nap_then_sleep", {"seconds": 3600})))
+    assert run.status == RunStatus.WAITING, run.error
+    hour = Wait.objects.get(run=run, status=WaitStatus.PENDING)
+    assert fire_due_waits(hour.due_at) == 1
+    run = advance(run)
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert Wait.objects.filter(run=run).count() == 2
+    result = _tool_step(run).result
+    assert result["second"]["due_at"] != result["first"]["due_at"]
 
 
 def test_a_claimers_look_fires_a_timer_at_its_time():

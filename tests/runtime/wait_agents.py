@@ -6,6 +6,7 @@ does ({"calls": [[tool, args], ...], "say": "..."})."""
 from __future__ import annotations
 
 from collections import Counter
+from datetime import UTC, datetime
 
 from pydantic_ai import Agent
 from pydantic_ai.models.function import FunctionModel
@@ -16,6 +17,7 @@ from agentruns.registry import (
     durable,
     register_agent,
     sleep_for,
+    sleep_until,
     wait_for_event,
     wait_tools,
 )
@@ -55,6 +57,19 @@ def nap(seconds: float) -> dict:
 async def await_pickup(order_id: str) -> dict:
     """An async tool waiting for the courier's pickup event."""
     return {"event": wait_for_event(f"pickup:{order_id}")}
+
+
+@waiter.tool_plain(metadata=durable(side_effect=True, idempotency="key"))
+def settle_then_await(order_id: str) -> dict:
+    """A sleep already due, then the carrier's event (the call runs again once it comes)."""
+    slept = sleep_until(datetime(2020, 1, 1, tzinfo=UTC))
+    return {"slept": slept, "event": wait_for_event(f"carrier:{order_id}")}
+
+
+@waiter.tool_plain
+def nap_then_sleep(seconds: float) -> dict:
+    """A sleep of nothing, then a long one."""
+    return {"first": sleep_for(0), "second": sleep_for(seconds)}
 
 
 register_agent(waiter)

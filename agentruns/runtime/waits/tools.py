@@ -5,7 +5,7 @@ A wait is a `Wait` row named after the call's step (`TOOL_WAIT` + step id), foun
 order within the call: the call runs again from its start once the run resumes, and its n-th
 wait returns what the n-th wait was resolved with (a failed one raises again). A new wait:
 
-- a timer already due returns at once; one due within a sweeper's look (a second) is
+- a timer already due returns at once (its wait recorded resolved); one due within a sweeper's look (a second) is
   slept here, its wait recorded, so a crash mid-sleep finds it again;
 - an event (or a thread's next message: its token is `message:<thread id>`) whose token another
   live run holds fails at once (`TokenHeld`, recorded); a pending wait of a run that has ended
@@ -144,9 +144,14 @@ def _new(
 ) -> JsonValue:
     status.check_boundary(state, model=False, begun=True)
     now = timezone.now()
-    if kind == WaitKind.TIMER and due <= now:
-        return woke(due, now)  # nothing to wait for (and nothing to find again)
     wait = state.new_wait(name, kind, token=token, due_at=due, asked=asked)
+    if kind == WaitKind.TIMER and due <= now:
+        # nothing to wait for, but recorded all the same: the call's later waits are found again
+        # by their order, and this one, replayed after `due`, must not take a later one's place
+        wait.status, wait.payload = WaitStatus.RESOLVED, woke(due, now)
+        wait.resolved_by, wait.resolved_at = "timer", now
+        _record(state, wait)
+        return wait.payload
     if kind in TOKENS_CHOSEN and (holder := holder_of(token, state.run.id)) is not None:
         _held(wait, holder)
         _record(state, wait)
