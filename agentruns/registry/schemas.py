@@ -4,7 +4,9 @@ schemas derived from a function's type hints. Used by the registry, the edit pol
 
 from __future__ import annotations
 
+import functools
 import inspect
+import re
 import types
 import typing
 from collections.abc import Callable
@@ -36,13 +38,46 @@ def _strict_integer(checker: Any, instance: Any) -> bool:
     return isinstance(instance, int) and not isinstance(instance, bool)
 
 
+@functools.lru_cache(maxsize=256)
+def _ecma_regex(pattern: str) -> re.Pattern:
+    """`pattern` with ECMA-262's `$` (JSON Schema's dialect): the end of the string, where
+    Python's `$` also matches before a final newline ("id\n" would pass `^[a-z]+$`)."""
+    out, in_class, escaped = [], False, False
+    for char in pattern:
+        if escaped:
+            out.append(char)
+            escaped = False
+        elif char == "\\":
+            out.append(char)
+            escaped = True
+        elif char == "[":
+            in_class = True
+            out.append(char)
+        elif char == "]":
+            in_class = False
+            out.append(char)
+        elif char == "$" and not in_class:
+            out.append(r"\Z")
+        else:
+            out.append(char)
+    return re.compile("".join(out))
+
+
+def _ecma_pattern(validator: Any, pattern: str, instance: Any, schema: dict) -> Any:
+    if validator.is_type(instance, "string") and not _ecma_regex(pattern).search(instance):
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
 def strict_validator(schema: dict) -> Any:
     """A jsonschema validator for `schema` (its own draft, 2020-12 when it names none) whose
-    "integer" takes only integers and which checks formats (uuid, date-time, ...)."""
+    "integer" takes only integers, whose patterns end where ECMA-262's do (`_ecma_regex`) and
+    which checks formats (uuid, date-time, ...)."""
     base = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     base.check_schema(schema)
     strict = jsonschema.validators.extend(
-        base, type_checker=base.TYPE_CHECKER.redefine("integer", _strict_integer)
+        base,
+        validators={"pattern": _ecma_pattern},
+        type_checker=base.TYPE_CHECKER.redefine("integer", _strict_integer),
     )
     return strict(schema, format_checker=base.FORMAT_CHECKER)
 

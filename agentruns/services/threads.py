@@ -30,6 +30,7 @@ id (`client_id`, the AI SDK's message id) twice is one turn: the second post ret
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,8 +56,10 @@ from agentruns.runtime.execution.transitions import ActionRefused
 from agentruns.runtime.values.ids import actor_name
 from agentruns.runtime.values.text import UnsafeValue, check_text
 from agentruns.runtime.waits import replies
-from agentruns.services.start import start_run
+from agentruns.services.actions import OPERATE, may_stop
+from agentruns.services.start import VIEW_PERMISSION, start_run
 
+THREAD_KEY_NAMESPACE = uuid.UUID("6f1d5c52-3f0e-4f55-9d3c-2a7c4b8e9a10")
 MULTITASK = ("enqueue", "interrupt", "reject")
 MAX_TEXT_CHARS = 5000
 
@@ -105,10 +108,48 @@ def _thread_for_post(thread_id: str, agent: str | None, user: Any, chat: bool) -
         raise ThreadRefused(
             f"thread {thread_id} is a conversation with agent {thread.agent}, not {agent}", 409
         )
+    if thread.chat and not chat and not _may_post_to_chat(thread, user):
+        raise ThreadRefused(
+            f"thread {thread_id} is another user's chat: only its user (or an operator) may "
+            "add to it",
+            403,
+        )
     if chat and not thread.chat:  # the API made it, a chat continues it: a chat's from now on
         Thread.objects.filter(id=thread.id).update(chat=True)
         thread.chat = True
     return thread
+
+
+def thread_id_for_key(client_id: str | None, agent: str, user: Any) -> str:
+    """An id of ours for a new thread: a fresh one, or, with the sender's key (`POST /api/runs`
+    with `"thread": true` and an Idempotency-Key), the same one for the same user, agent and key,
+    so a repeat (concurrent too: the thread's row serialises them) is the same thread and run."""
+    if client_id is None or not getattr(user, "is_authenticated", False):
+        return new_thread_id()
+    return str(uuid.uuid5(THREAD_KEY_NAMESPACE, f"{user.pk}:{agent}:{client_id}"))
+
+
+def _check_same_sender(sender_id: Any, user: Any, client_id: str) -> None:
+    """A repeat names its run only for its sender or someone who may see the run (the system
+    too): another user's message id is no way to a run one may not view (`services.start`'s
+    rule for an Idempotency-Key)."""
+    if user is None or user.has_perm(VIEW_PERMISSION):
+        return
+    if sender_id is None or sender_id != getattr(user, "pk", None):
+        raise ThreadRefused(
+            f"message id {client_id!r} is another sender's on this thread: use an id of your own",
+            409,
+        )
+
+
+def _may_post_to_chat(thread: Thread, user: Any) -> bool:
+    """A chat is its user's own (the chat endpoint finds only its user's): through the threads
+    API its user, an operator, or the system (no user) may add to it."""
+    if user is None:
+        return True
+    if not getattr(user, "is_authenticated", False):
+        return False
+    return thread.created_by_id == user.pk or user.has_perm(OPERATE)
 
 
 def active_runs(thread: Thread) -> list[Run]:
@@ -155,9 +196,11 @@ def post_message(
         if client_id is not None:
             repeat = ThreadTurn.objects.filter(thread=thread, client_id=client_id).first()
             if repeat is not None:
+                _check_same_sender(repeat.user_id, user, client_id)
                 return Posted(thread, repeat, repeat.run, False)
-            answered = None if thread.chat else replies.answered_before(thread.id, client_id)
+            answered = replies.answered_before(thread.id, client_id)
             if answered is not None:
+                _check_same_sender(answered.payload.get("user"), user, client_id)
                 return Posted(thread, None, answered.run, False, answered)
         active = active_runs(thread)
         if multitask != "interrupt" and any(r.status == RunStatus.WAITING for r in active):
@@ -209,8 +252,16 @@ class ThreadBusy(ThreadRefused):
 def _interrupt(active: list[Run], user: Any) -> None:
     """Stop the thread's oldest run that has not ended, parked or not (the others stay): its
     model turn in flight ends within a second (`stop`), completed tool steps stay done. A run
-    stopped before it began leaves its message in the history all the same."""
+    stopped before it began leaves its message in the history all the same. A person may only
+    interrupt a run they may stop (the stop button's rule); the system (no user) may."""
     for run in active[:1]:
+        if user is not None and not may_stop(user, run):
+            raise ThreadRefused(
+                f"you may not stop run {run.id} (only its starter or an operator may): "
+                'interrupt refused (post with "multitask": "enqueue")',
+                403,
+                run_id=str(run.id),
+            )
         try:
             cancel_run(
                 run.id, who=actor_name(user), reason="interrupted by a new message", stop=True

@@ -57,10 +57,10 @@ def thread_message(request: HttpRequest, run_id: Any) -> HttpResponse:
         )
         extra["posted"], extra["replied"] = posted.run, posted.reply is not None
     except (ThreadRefused, ValueError) as exc:
-        status, extra["thread_error"] = 400, str(exc)
+        status, extra["thread_error"] = getattr(exc, "status", 400), str(exc)
     if not request.htmx:
         if "posted" in extra:
             return redirect("run-detail", run_id=extra["posted"].id)
-        return HttpResponse(extra["thread_error"], status=400, content_type="text/plain")
+        return HttpResponse(extra["thread_error"], status=status, content_type="text/plain")
     context = thread_context(run, request.user, **extra)
     return render(request, "agentruns/_run_thread.html", context, status=status)

@@ -29,8 +29,8 @@ from agentruns.services.threads import (
     MAX_TEXT_CHARS,
     MULTITASK,
     ThreadRefused,
-    new_thread_id,
     post_message,
+    thread_id_for_key,
 )
 
 VIEW = "agentruns.view_run"
@@ -63,9 +63,10 @@ THREAD = obj(
 )
 POSTED = obj(
     {
-        "run": RUN,
-        "message": MESSAGE,
-        "thread": THREAD,
+        # null for a caller without `view_run` (another's run, the thread's other messages)
+        "run": {"anyOf": [RUN, {"type": "null"}]},
+        "message": {"anyOf": [MESSAGE, {"type": "null"}]},
+        "thread": {"anyOf": [THREAD, {"type": "null"}]},
         "run_id": {"type": "string", "format": "uuid"},
     }
 )
@@ -120,10 +121,12 @@ def start_thread(request: HttpRequest, body: dict) -> tuple[dict, int]:
     text = run_input.get("message")
     if not isinstance(text, str) or not text.strip():
         raise BadRequest("'input.message' is required to start a thread (its first message)")
-    thread_id = new_thread_id() if body["thread"] is True else body["thread"]
     key = request.headers.get("Idempotency-Key") or None
     if key is not None and (len(key) > 200 or not key.isprintable()):
         raise BadRequest("Idempotency-Key must be at most 200 printable characters")
+    thread_id = body["thread"]
+    if thread_id is True:  # an id of ours: a repeat of the key finds the thread it made
+        thread_id = thread_id_for_key(key, body["agent"], request.user)
     posted = post_as_caller(
         request,
         thread_id,
@@ -190,10 +193,12 @@ def post_thread_message(request: HttpRequest, thread_id: str, body: dict) -> tup
         ),
         None,
     )
+    viewer = request.user.has_perm(VIEW)
+    own_run = posted.run.created_by_id == request.user.pk
     payload = {
-        "run": run_payload(posted.run, []),
+        "run": run_payload(posted.run, []) if viewer or own_run else None,
         "message": message,
-        "thread": thread,
+        "thread": thread if viewer else None,  # posting is not reading (`view_run`)
         "run_id": str(posted.run.id),
     }
     return payload, 202  # accepted: the run answers it (a repeat of the same id: the same run)
