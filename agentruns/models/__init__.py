@@ -11,7 +11,7 @@ from agentruns.models.access import (
     ToolPolicy,
     ToolRule,
 )
-from agentruns.models.journal import JournalEntry, Wait, WaitKind, WaitStatus
+from agentruns.models.journal import HookReceipt, JournalEntry, Wait, WaitKind, WaitStatus
 from agentruns.models.operations import (
     OperationAllowance,
     OperationExecution,
@@ -50,6 +50,7 @@ __all__ = [
     "AttemptOutcome",
     "Author",
     "ConcurrencyKey",
+    "HookReceipt",
     "ModelRateBucket",
     "OperationAllowance",
     "OperationExecution",

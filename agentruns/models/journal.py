@@ -92,3 +92,16 @@ class JournalEntry(models.Model):
 
     def __str__(self) -> str:
         return f"journal {self.ordinal} {self.name} of {self.run_id}"
+
+
+class HookReceipt(models.Model):
+    """A signed hook request's `webhook-id`, kept while its signature would still verify (a
+    few minutes): a second request with the id, to any token, is a replay and refused (the
+    signature covers the id, timestamp and body, not the token in the URL)."""
+
+    webhook_id = models.CharField(max_length=200, primary_key=True)
+    token = models.CharField(max_length=200)
+    received_at = models.DateTimeField(db_index=True)
+
+    def __str__(self) -> str:
+        return f"hook receipt {self.webhook_id}"

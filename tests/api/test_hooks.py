@@ -33,8 +33,10 @@ def carrier(django_user_model) -> ApiClient:
     return ApiClient(make_user(django_user_model, "carrier", ["agentruns.resolve_hook"]))
 
 
-def _signed_post(client: Client, token: str, body: str, secret: str = SECRET, **at):
-    headers = signed_headers(secret, "msg_1", body, **at)
+def _signed_post(
+    client: Client, token: str, body: str, secret: str = SECRET, msg: str = "msg_1", **at
+):
+    headers = signed_headers(secret, msg, body, **at)
     extra = {f"HTTP_{k.upper().replace('-', '_')}": v for k, v in headers.items()}
     return client.post(f"/api/hooks/{token}", body, content_type="application/json", **extra)
 
@@ -84,6 +86,23 @@ def test_a_standard_webhooks_signature_resolves(client, settings):
     assert response.status_code == 200, response.content
     assert response.json()["run_id"] == str(run.id)
     assert Wait.objects.get(run=run).resolved_by == "webhook msg_1"
+
+
+def test_a_signed_request_is_taken_once_whatever_token_it_is_sent_to(client, settings):
+    settings.AGENTRUNS_HOOK_SECRET = SECRET
+    lost, other = _waiting("H-7"), _waiting("H-8")
+    body = json.dumps({"status": "lost"})
+    assert _signed_post(client, "carrier:H-7", body, msg="msg_7").status_code == 200
+    # the same signed request (a valid signature: it covers the id, not the URL) to another
+    # order's token within its five minutes: a replay, refused, nothing resolved
+    replayed = assert_json_error(_signed_post(client, "carrier:H-8", body, msg="msg_7"), 409)
+    assert "received already" in replayed["error"]
+    assert Wait.objects.get(run=other).status == WaitStatus.PENDING
+    assert Wait.objects.get(run=lost).resolved_by == "webhook msg_7"
+    # a request that resolved nothing left no receipt: its retry (same id) may resolve
+    assert _signed_post(client, "carrier:nobody", body, msg="msg_9").status_code == 404
+    assert _signed_post(client, "carrier:H-8", body, msg="msg_9").status_code == 200
+    assert Wait.objects.get(run=other).resolved_by == "webhook msg_9"
 
 
 def test_bad_or_stale_signatures_are_401_and_signed_hooks_without_a_secret_403(client, settings):

@@ -5,7 +5,9 @@ Who may: a bearer token whose user has `agentruns.resolve_hook`, or a machine se
 with Standard Webhooks headers (`webhook-id`, `webhook-timestamp`, `webhook-signature`: HMAC-
 SHA256 of `id.timestamp.body` with AGENTRUNS_HOOK_SECRET; the one signature helper the
 outgoing webhooks use). A signature that does not verify or is older than five minutes: 401;
-signed requests while no secret is set: 403.
+signed requests while no secret is set: 403. The signature does not cover the URL's token, so a
+`webhook-id` is taken once (`resolve_hook`'s receipt): a captured request sent again, to this
+token or another, within its five minutes is 409.
 """
 
 from __future__ import annotations
@@ -21,11 +23,17 @@ from agentruns.conf import conf
 from agentruns.registry.waits.events import MAX_TOKEN_CHARS
 from agentruns.runtime.values.timestamps import iso
 from agentruns.runtime.values.webhook_signatures import verified
-from agentruns.runtime.waits.hooks import UnknownToken, WaitAlreadyResolved, resolve_hook
+from agentruns.runtime.waits.hooks import (
+    HookReplayed,
+    UnknownToken,
+    WaitAlreadyResolved,
+    resolve_hook,
+)
 
 SIGNATURE_HEADERS = ("webhook-id", "webhook-timestamp", "webhook-signature")
 TOKEN = {"type": "string", "minLength": 1, "maxLength": MAX_TOKEN_CHARS, "pattern": "^[^\\x00]+$"}
 HEADER = {"type": "string"}
+MAX_WEBHOOK_ID_CHARS = 200
 
 
 def signed(request: HttpRequest) -> HttpResponseBase | bool:
@@ -46,6 +54,8 @@ def signed(request: HttpRequest) -> HttpResponseBase | bool:
         return json_error("the body is not UTF-8", 400)
     if not verified(conf.HOOK_SECRET, headers, body):
         return json_error("the webhook signature does not verify (or is stale)", 401)
+    if len(headers["webhook-id"]) > MAX_WEBHOOK_ID_CHARS:
+        return json_error(f"webhook-id is longer than {MAX_WEBHOOK_ID_CHARS} characters", 400)
     return True
 
 
@@ -63,7 +73,8 @@ def signed(request: HttpRequest) -> HttpResponseBase | bool:
         401: "no valid bearer token or signature",
         403: "no right to resolve hooks",
         404: "no run waits on this token",
-        409: "the token was resolved already (when, and by whom)",
+        409: "the token was resolved already (when, and by whom), or a signed request's "
+        "webhook-id was taken before (a replay)",
     },
     example={"status": "delivered", "at": "2026-12-24T09:00:00Z"},
     tags=("hooks",),
@@ -72,12 +83,16 @@ def signed(request: HttpRequest) -> HttpResponseBase | bool:
 def post_hook(request: HttpRequest, token: str, body: dict[str, Any]) -> Any:
     """The body is what the run's `wait_for_event(token)` returns."""
     user = getattr(request, "user", None)
+    receipt = None
     if user is not None and user.is_authenticated:
         by = user.get_username()
-    else:
-        by = f"webhook {request.headers.get('webhook-id', '')}".strip()
+    else:  # a signed request (`signed` verified it)
+        receipt = request.headers.get("webhook-id", "")
+        by = f"webhook {receipt}".strip()
     try:
-        wait = resolve_hook(token, body, by=by)
+        wait = resolve_hook(token, body, by=by, receipt=receipt)
+    except HookReplayed as exc:
+        return {"error": str(exc), "received_at": iso(exc.receipt.received_at)}, 409
     except UnknownToken:
         return {"error": "no run waits on this token"}, 404
     except WaitAlreadyResolved as exc:

@@ -5,28 +5,48 @@ Exactly once across processes: the pending wait is locked and set resolved in on
 approval, a question or a timer has its own way to be resolved). A second delivery finds no
 pending wait and the token's latest resolution: `WaitAlreadyResolved` (409) with its time; a
 token nobody waits on, or only a run that has ended: `UnknownToken` (404).
+
+A signed request's `webhook-id` is its receipt, stored in the resolving transaction: the same id
+again, to this token or any other, is a replay (`HookReplayed`, 409) for as long as its
+signature would verify; a request that resolved nothing left no receipt (its retry may).
 """
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from agentruns.models import Wait, WaitKind, WaitStatus
+from agentruns.models import HookReceipt, Wait, WaitKind, WaitStatus
 from agentruns.models.runs import TERMINAL_RUN_STATUSES
 from agentruns.runtime import writer
 from agentruns.runtime.execution.transitions import UnknownToken, WaitAlreadyResolved, settle_wait
 from agentruns.runtime.waits.tools import HELD, RUN_ENDED
 
-__all__ = ["UnknownToken", "WaitAlreadyResolved", "resolve_hook"]
+__all__ = ["HookReplayed", "UnknownToken", "WaitAlreadyResolved", "resolve_hook"]
+
+# a signature verifies for five minutes either side of its timestamp (the reference library)
+RECEIPTS_KEPT = timedelta(minutes=10)
 
 
-def resolve_hook(token: str, payload: Any, *, by: str) -> Wait:
-    """Resume the run waiting on `token` with `payload`; returns the wait (its `run_id`)."""
+class HookReplayed(Exception):
+    def __init__(self, receipt: HookReceipt) -> None:
+        super().__init__(
+            f"webhook-id {receipt.webhook_id!r} was received already: a signed request is "
+            "taken once (send a new event with a new id)"
+        )
+        self.receipt = receipt
+
+
+def resolve_hook(token: str, payload: Any, *, by: str, receipt: str | None = None) -> Wait:
+    """Resume the run waiting on `token` with `payload`; returns the wait (its `run_id`).
+    `receipt`: the signed request's `webhook-id` (`HookReplayed` if it was taken before)."""
     with transaction.atomic():
+        if receipt is not None:
+            _take_receipt(receipt, token)
         waits = Wait.objects.filter(token=token, kind=WaitKind.EVENT)
         wait = waits.select_for_update().filter(status=WaitStatus.PENDING).first()
         if wait is not None and wait.run.status in TERMINAL_RUN_STATUSES:
@@ -46,3 +66,13 @@ def resolve_hook(token: str, payload: Any, *, by: str) -> Wait:
             raise WaitAlreadyResolved(earlier)
         settle_wait(wait, payload, by=by)
     return wait
+
+
+def _take_receipt(webhook_id: str, token: str) -> None:
+    now = timezone.now()
+    HookReceipt.objects.filter(received_at__lt=now - RECEIPTS_KEPT).delete()
+    try:
+        with transaction.atomic():
+            HookReceipt.objects.create(webhook_id=webhook_id, token=token[:200], received_at=now)
+    except IntegrityError:
+        raise HookReplayed(HookReceipt.objects.get(webhook_id=webhook_id)) from None
