@@ -5,6 +5,7 @@ timeout is an error the tool handles; due waits are fired once however many look
 
 from __future__ import annotations
 
+import math
 import time
 from datetime import timedelta
 
@@ -14,6 +15,7 @@ from django.db import connection
 from django.utils import timezone
 
 from agentruns.models import Run, RunStatus, StepAttempt, StepStatus, Wait, WaitKind, WaitStatus
+from agentruns.registry.waits.events import wait_timeout
 from agentruns.runtime.waits.due import DueWaits, fire_due_waits
 from agentruns.runtime.waits.hooks import UnknownToken, WaitAlreadyResolved, resolve_hook
 from tests.helpers import advance, assert_gapless, steps
@@ -103,6 +105,18 @@ def test_a_timeout_resumes_the_tool_with_an_error_it_handles():
     assert _tool_step(run).result["failed"] == "EventTimedOut"
     with pytest.raises(WaitAlreadyResolved):  # a late event: 409, not a second resolution
         resolve_hook("carrier:O-4", {}, by="carrier")
+
+
+def test_a_timeout_is_none_at_infinity_and_a_clear_error_past_a_year():
+    assert wait_timeout(None) is None and wait_timeout(math.inf) is None
+    assert wait_timeout(30) == timedelta(seconds=30)
+    for bad in (math.nan, -1, 0, 1e20, 10**400, -math.inf, timedelta(days=10**6)):
+        with pytest.raises(ValueError, match="timeout"):
+            wait_timeout(bad)
+    # in a run: the tool's mistake fails it with the reason (not an OverflowError), nothing parks
+    run = advance(start("pa-waits", ("await_delivery", {"order_id": "O-big", "timeout": 1e20})))
+    assert run.status == RunStatus.FAILED and "at most 366 days" in run.error, run.error
+    assert not Wait.objects.filter(run=run, status=WaitStatus.PENDING).exists()
 
 
 def test_the_model_sleeps_durably_and_wakes_when_due():

@@ -13,6 +13,7 @@ package imports nothing of the runtime.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -20,6 +21,8 @@ from pydantic import JsonValue
 from pydantic_ai.durable_exec import ExternalEventError
 
 MAX_TOKEN_CHARS = 200
+# the longest a wait may last (a timeout, a sleep): a year and a day
+MAX_WAIT = timedelta(days=366)
 # the tokens of a thread's message waits (`messages.py`): no event wait may take one
 MESSAGE_TOKEN_PREFIX = "message:"
 
@@ -84,8 +87,26 @@ def wait_for_event(token: str, *, timeout: float | timedelta | None = None) -> J
     timedelta): then `EventTimedOut`. Another live run already waiting on `token`:
     `TokenHeld` at once, naming it. Both are `ExternalEventError`s the tool may catch."""
     check_token(token)
-    if timeout is not None and not isinstance(timeout, timedelta):
-        timeout = timedelta(seconds=float(timeout))
-    if timeout is not None and timeout.total_seconds() <= 0:
-        raise ValueError("a wait's timeout is a positive number of seconds")
-    return engine().event(token, timeout)
+    return engine().event(token, wait_timeout(timeout))
+
+
+def wait_timeout(timeout: float | timedelta | None) -> timedelta | None:
+    """A wait's `timeout` as a timedelta: None or infinity is none; else more than nothing and
+    at most `MAX_WAIT` (NaN, a negative number or a century: ValueError, never an overflow)."""
+    if timeout is None:
+        return None
+    if not isinstance(timeout, timedelta):
+        try:
+            seconds = float(timeout)
+        except OverflowError:  # an int past any float
+            seconds = math.nan
+        if seconds == math.inf:
+            return None
+        if not 0 < seconds <= MAX_WAIT.total_seconds():  # (NaN too)
+            raise ValueError(
+                f"a wait's timeout is a positive number of seconds, at most {MAX_WAIT.days} days"
+            )
+        timeout = timedelta(seconds=seconds)
+    if not timedelta(0) < timeout <= MAX_WAIT:
+        raise ValueError(f"a wait's timeout is more than nothing, at most {MAX_WAIT.days} days")
+    return timeout

@@ -42,11 +42,7 @@ def wait_for_message(
     thread shows it while the run waits). `timeout` (seconds or a timedelta): then
     `EventTimedOut`. `NotAConversation` in a run of no thread or in a chat; `TokenHeld` when
     another run of the thread already waits for its next message."""
-    if timeout is not None and not isinstance(timeout, timedelta):
-        timeout = timedelta(seconds=float(timeout))
-    if timeout is not None and timeout.total_seconds() <= 0:
-        raise ValueError("a wait's timeout is a positive number of seconds")
-    reply = events.engine().message(question, timeout)
+    reply = events.engine().message(question, events.wait_timeout(timeout))
     if not isinstance(reply, dict):
         raise EventWaitFailed("the message wait was resolved without a message")
     return reply

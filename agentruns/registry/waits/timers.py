@@ -13,10 +13,10 @@ from datetime import UTC, datetime, timedelta
 
 from pydantic import JsonValue
 
-from agentruns.registry.waits.events import engine
+from agentruns.registry.waits.events import MAX_WAIT, engine
 
 # a sleep of the model's may be long (days); beyond a year it is a mistake, refused
-MAX_SLEEP = timedelta(days=366)
+MAX_SLEEP = MAX_WAIT
 
 
 def _aware(when: datetime) -> datetime:
