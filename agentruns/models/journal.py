@@ -12,6 +12,10 @@ from django.db import models
 
 from agentruns.models.runs import Run
 
+# the name's start of a wait tool code made (`wait_for_event`, a timer): `tool:<step id>`, found
+# by its step and its order within the call (runtime/waits/tools.py)
+TOOL_WAIT = "tool:"
+
 
 class WaitKind(models.TextChoices):
     APPROVAL = "approval"  # the inbox decides the calls' approvals (`calls`)

@@ -117,6 +117,22 @@ def test_a_cancelled_asking_run_leaves_the_next_message_a_turn_of_its_own(talker
     assert advance(turn).output == "heard: ask me | ORD-4"
 
 
+def test_a_reply_taken_by_a_run_stopped_before_it_resumed_reaches_the_next_turn(talker):
+    asking = run_of(post(talker, "t-ask-stop", "ask me", agent=AGENT))
+    assert advance(asking).status == RunStatus.WAITING
+    assert run_of(post(talker, "t-ask-stop", "ORD-2, the blender")).id == asking.id  # queued
+    stopped = talker.post(f"/api/runs/{asking.id}/stop", {})
+    assert stopped.status_code == 200 and stopped.json()["status"] == "cancelled"
+    later = run_of(post(talker, "t-ask-stop", "hello?"))
+    thread_agents.GIVEN.clear()
+    assert advance(later).status == RunStatus.SUCCEEDED
+    returns = [p for m in thread_agents.GIVEN[0] for p in m.parts if isinstance(p, ToolReturnPart)]
+    assert [(r.tool_name, r.content) for r in returns] == [
+        ("ask_customer", {"reply": "ORD-2, the blender", "from": "customer"})
+    ]
+    assert ("customer", "ORD-2, the blender", True) in said(talker, "t-ask-stop")
+
+
 def test_a_run_of_no_thread_is_told_to_ask_a_colleague():
     run = advance(start("pa-waits", ("ask_customer", {"question": "Which order?"})))
     assert run.status == RunStatus.SUCCEEDED, run.error

@@ -6,8 +6,8 @@ A model step's result is the ModelResponse it recorded (`recorded`: what a repla
 tool step's result is its call's answer. A thread's run that is cancelled (an interrupt, a stop)
 stores, in the commit that ends it and so before the next turn can begin, its responses and the
 answers of the calls that ran (`record_unanswered`): a cut turn's text so far, the refund that
-went out before the stop. A call that never ran is left out with its request, so the next model
-does not read that it happened. A failed run stores nothing here: it may be retried, and its
+went out before the stop, the customer's reply to a question the run had not read yet. A call
+that never ran is left out with its request, so the next model does not read that it happened. A failed run stores nothing here: it may be retried, and its
 answer is appended when the retry succeeds.
 """
 
@@ -29,7 +29,8 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.usage import RequestUsage
 
-from agentruns.models import Step, StepKind, StepStatus
+from agentruns.models import Step, StepKind, StepStatus, Wait, WaitKind, WaitStatus
+from agentruns.models.journal import TOOL_WAIT
 from agentruns.runtime.conversations import history
 
 ANSWERED = (StepStatus.SUCCEEDED, StepStatus.FAILED)
@@ -47,20 +48,30 @@ def recorded(step: Step) -> Any:
     return JSON_CODEC.dump(ModelResponse, ModelResponse(parts=parts, usage=usage))
 
 
-def _answer(step: Step, call: ToolCallPart) -> ToolReturnPart:
-    said = step.result if step.status == StepStatus.SUCCEEDED else f"error: {step.error}"
+def _answer(step: Step, call: ToolCallPart, replies: dict[str, dict]) -> ToolReturnPart:
+    if step.status == StepStatus.SUCCEEDED:
+        said = step.result
+    elif step.status == StepStatus.FAILED:
+        said = f"error: {step.error}"
+    else:  # cut after the customer's reply reached it: the reply, as `ask_customer` returns it
+        reply = replies[str(step.id)]
+        said = {"reply": reply.get("text", ""), "from": reply.get("author", "customer")}
     return ToolReturnPart(call.tool_name, said, tool_call_id=call.tool_call_id)
 
 
-def _turn(model: Step, tools: dict[str, Step]) -> list[ModelMessage]:
+def _answered(step: Step, replies: dict[str, dict]) -> bool:
+    return step.status in ANSWERED or str(step.id) in replies
+
+
+def _turn(model: Step, tools: dict[str, Step], replies: dict[str, dict]) -> list[ModelMessage]:
     """A model step's response with the calls that were answered, then their answers."""
     response = JSON_CODEC.load(ModelResponse, recorded(model))
     answers = [
-        _answer(tools[part.tool_call_id], part)
+        _answer(tools[part.tool_call_id], part, replies)
         for part in response.parts
         if isinstance(part, ToolCallPart)
         and part.tool_call_id in tools
-        and tools[part.tool_call_id].status in ANSWERED
+        and _answered(tools[part.tool_call_id], replies)
     ]
     answered = {a.tool_call_id for a in answers}
     parts: list[ModelResponsePart] = [
@@ -70,8 +81,9 @@ def _turn(model: Step, tools: dict[str, Step]) -> list[ModelMessage]:
     return [*said, ModelRequest(parts=list(answers))] if answers else said
 
 
-def messages_of(steps: list[Step]) -> list[ModelMessage]:
-    """What the run's model said and its tools answered, in step order."""
+def messages_of(steps: list[Step], replies: dict[str, dict] | None = None) -> list[ModelMessage]:
+    """What the run's model said and its tools answered, in step order. `replies`: the
+    customer's messages that answered a call still pending (by its step id)."""
     turns: list[tuple[Step, dict[str, Step]]] = []
     for step in sorted(steps, key=lambda s: s.index):
         if step.kind == StepKind.MODEL:
@@ -81,7 +93,7 @@ def messages_of(steps: list[Step]) -> list[ModelMessage]:
     said: list[ModelMessage] = []
     for model, tools in turns:
         if model.status == StepStatus.SUCCEEDED:
-            said += _turn(model, tools)
+            said += _turn(model, tools, replies or {})
     return said
 
 
@@ -92,6 +104,20 @@ def record_unanswered(run_id: Any, thread_id: str | None, steps: list[Step] | No
         return
     if steps is None:
         steps = list(Step.objects.filter(run_id=run_id))
-    said = messages_of(steps)
+    said = messages_of(steps, _replies_taken(run_id))
     if said:
         history.record_messages(run_id, thread_id, said)
+
+
+def _replies_taken(run_id: Any) -> dict[str, dict]:
+    """The thread's messages that answered the run's calls waiting for one (by step id): a run
+    stopped after the reply came and before it resumed still hands the reply to the next turn
+    (the customer said it; the thread shows it)."""
+    waits = Wait.objects.filter(
+        run_id=run_id, kind=WaitKind.MESSAGE, status=WaitStatus.RESOLVED, name__startswith=TOOL_WAIT
+    )
+    replies: dict[str, dict] = {}
+    for wait in waits.order_by("ordinal"):
+        if isinstance(wait.payload, dict):  # a call's last reply is what it would go on with
+            replies[wait.name.removeprefix(TOOL_WAIT)] = wait.payload
+    return replies

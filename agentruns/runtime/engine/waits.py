@@ -35,6 +35,7 @@ from pydantic_ai.messages import ModelRequest, RetryPromptPart, ToolReturnPart
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolDenied
 
 from agentruns.models import RunStatus, Step, StepStatus, Wait, WaitKind, WaitStatus
+from agentruns.models.journal import TOOL_WAIT
 from agentruns.runtime import writer
 from agentruns.runtime.engine import status
 from agentruns.runtime.engine.plan import stage
@@ -101,9 +102,6 @@ def _next_wait(state: SliceState) -> Wait | None:
 # ------------------------------------------------------------------ our approval rules
 # the name of a wait our approval rule opened for one call (found by its call, not its order)
 RULE_WAIT = "approval"
-# the name's start of a wait tool code made (`wait_for_event`, a timer): found by its step and
-# its order within the call (runtime/waits/tools.py)
-TOOL_WAIT = "tool:"
 
 
 def rule_wait(state: SliceState, call_id: str) -> Wait | None:

@@ -27,6 +27,7 @@ from django.utils import timezone
 from pydantic import JsonValue
 
 from agentruns.models import RunStatus, Step, StepStatus, Thread, Wait, WaitKind, WaitStatus
+from agentruns.models.journal import TOOL_WAIT
 from agentruns.models.runs import TERMINAL_RUN_STATUSES
 from agentruns.registry import get_tool
 from agentruns.registry.context import current_step
@@ -38,7 +39,6 @@ from agentruns.runtime.engine import slice as slices
 from agentruns.runtime.engine import status
 from agentruns.runtime.engine.plan import stage
 from agentruns.runtime.engine.slice import SliceState, island
-from agentruns.runtime.engine.waits import TOOL_WAIT
 from agentruns.runtime.events import LeaseLost
 from agentruns.runtime.inbox import inbox
 from agentruns.runtime.operations import executions
