@@ -30,6 +30,10 @@ def _held() -> QuerySet[Step]:
     return Step.objects.filter(run=OuterRef("pk"), status__in=_HELD).order_by("index")
 
 
+def _held_since() -> Subquery:
+    return Subquery(_held().values(since=Coalesce("finished_at", "started_at", "created_at"))[:1])
+
+
 def with_waiting_for(runs: QuerySet[Run]) -> QuerySet[Run]:
     """`runs` with what each waits for, as `waiting_for(run)` reads it (same query)."""
     pending = _pending()
@@ -38,9 +42,7 @@ def with_waiting_for(runs: QuerySet[Run]) -> QuerySet[Run]:
         wait_since=Subquery(pending.values("created_at")[:1]),
         wait_due=Subquery(pending.values("due_at")[:1]),
         wait_token=Subquery(pending.values("token")[:1]),
-        held_since=Subquery(
-            _held().values(since=Coalesce("finished_at", "started_at", "created_at"))[:1]
-        ),
+        held_since=_held_since(),
     )
 
 
@@ -86,4 +88,18 @@ def waiting_by_kind() -> dict[str, tuple[int, datetime | None]]:
         .values_list("kind")
         .annotate(n=Count("run_id", distinct=True), oldest=Min("created_at"))
     )
-    return {kind: (n, oldest) for kind, n, oldest in rows}
+    counts = {kind: (n, oldest) for kind, n, oldest in rows}
+    # runs held on a step a person settles with no wait row (a reconciliation): approvals, as
+    # `waiting_for` says
+    held = (
+        Run.objects.filter(status=RunStatus.WAITING)
+        .exclude(Exists(_pending()))
+        .annotate(held_since=_held_since())
+        .filter(held_since__isnull=False)
+        .aggregate(n=Count("id"), oldest=Min("held_since"))
+    )
+    if held["n"]:
+        n, oldest = counts.get(WaitKind.APPROVAL, (0, None))
+        times = [t for t in (oldest, held["oldest"]) if t is not None]
+        counts[WaitKind.APPROVAL] = (n + held["n"], min(times) if times else None)
+    return counts

@@ -34,6 +34,7 @@ from tests.testkit import (
     failed_shipping_run,
     unknown_reply_run,
 )
+from tests.web.test_health import families, samples
 
 pytestmark = pytest.mark.django_db
 
@@ -196,6 +197,16 @@ def test_the_answers_that_settle_an_unknown_outcome(lead, monkeypatch, answer, s
 
 
 # ------------------------------------------------------------------ bulk and the chat
+def test_a_run_held_for_reconciliation_waits_for_an_approval_in_metrics(
+    lead, monkeypatch, client, settings
+):
+    settings.AGENTRUNS_METRICS_CACHE_SECONDS = 0  # another test's scrape may be cached
+    run = unknown_reply_run(lead, monkeypatch)
+    assert ApiClient(lead).get(f"/api/runs/{run.id}").json()["waiting_for"]["kind"] == "approval"
+    waiting = samples(families(client)["agentruns_runs_waiting_for"])
+    assert waiting[(("kind", "approval"),)] == 1
+
+
 @pytest.mark.parametrize("decision", ["approve", "reject"])
 def test_bulk_decisions_never_settle_a_reconciliation(lead, monkeypatch, decision):
     run = unknown_reply_run(lead, monkeypatch)
