@@ -233,15 +233,15 @@ def already_decided(exc: AlreadyDecided) -> BadRequest:
         "result": {},
         # the `version` of the proposal decided on; without it only an item nobody edited
         "version": {"type": "integer", "minimum": 1, "maximum": 2**31 - 1},
-        # `answer`: the answer to a question (one of its `choices` when it has any)
+        # `answer`: the answer to a question (its `choices` are offered first; free text too)
         "answer": {"type": "string", "maxLength": 4000},
     },
     required=("decision",),
     responses={
         200: "the approval (still pending while more approvals are required)",
         400: "an edit outside the tool's edit policy (names the field and the rule); a "
-        "rejection or a close without a reason or an internal note (`fields`); an empty answer, "
-        "or one that is not among the question's choices",
+        "rejection or a close without a reason or an internal note (`fields`); an empty answer "
+        "(free text is an answer even when the question offers choices)",
         403: "no right to decide this (permission, the run's starter, above your limit or your "
         "total per day: `figures`)",
         409: "already decided, already approved by you, a stale `version` (with the current "

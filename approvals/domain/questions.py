@@ -1,8 +1,8 @@
 """A question answered (an inbox item of kind `question`): the answer resolves the run's wait.
 
 Under the item's row lock (services.decide): the item is still pending (a second answer gets
-`AlreadyDecided`, naming who answered first and when), the answer is one of the question's
-choices when it has any, then the compare-and-set on the item (settle: the `question.answered`
+`AlreadyDecided`, naming who answered first and when), the answer is not empty (free text
+is an answer even when the question offers choices), then the compare-and-set on the item (settle: the `question.answered`
 webhook), the person's decision row, the audit event on the run's timeline and the wait's own
 compare-and-set (`resolve_wait`), which queues the run once: its model reads the answer as the
 call's result on its next turn.
