@@ -67,6 +67,11 @@ def test_the_next_message_answers_the_run_waiting_for_it(talker):
     assert advance(asking).status == RunStatus.SUCCEEDED
     asking.refresh_from_db()
     assert asking.output == "got: ORD-2, the blender from customer"
+    # repeated once its run has stored it: the same run, the message as the history has it
+    stored = post(talker, "t-ask", "ORD-2, the blender", id="m-2")
+    assert stored.status_code == 202 and stored.json()["run_id"] == str(asking.id)
+    assert stored.json()["message"]["text"] == "ORD-2, the blender"
+    assert stored.json()["message"]["entered"] is True
     assert said(talker, "t-ask") == [
         ("customer", "ask me something", True),
         ("agent", QUESTION, True),

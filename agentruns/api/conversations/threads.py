@@ -28,6 +28,7 @@ from agentruns.selectors.threads import (
 from agentruns.services.threads import (
     MAX_TEXT_CHARS,
     MULTITASK,
+    Posted,
     ThreadRefused,
     post_message,
     thread_id_for_key,
@@ -140,6 +141,19 @@ def start_thread(request: HttpRequest, body: dict) -> tuple[dict, int]:
     return payload, 201 if posted.created else 200
 
 
+def posted_message(messages: list[dict], posted: Posted) -> dict | None:
+    """The posted message among the thread's: its turn's, or the reply a waiting run took
+    (`reply-<wait id>` until that run ends and stores it in the history as its own entry)."""
+    run_id = str(posted.run.id)
+    ours = [m for m in messages if m["run_id"] == run_id and m["author"] != "agent"]
+    if posted.reply is None:
+        return ours[0] if ours else None
+    replied = posted.reply.payload if isinstance(posted.reply.payload, dict) else {}
+    by_id = [m for m in ours if m["id"] == f"reply-{posted.reply.id}"]
+    stored = [m for m in ours if m["text"] == replied.get("text")]
+    return (by_id or stored[-1:] or [None])[0]
+
+
 @endpoint(
     "POST",
     "/threads/{thread_id}/messages",
@@ -184,15 +198,7 @@ def post_thread_message(request: HttpRequest, thread_id: str, body: dict) -> tup
         priority=body.get("priority", 0),
     )
     thread = thread_payload(posted.thread)
-    message = next(
-        (
-            m
-            for m in thread["messages"]
-            if (m["id"] == f"reply-{posted.reply.id}" if posted.reply else m["author"] != "agent")
-            and m["run_id"] == str(posted.run.id)
-        ),
-        None,
-    )
+    message = posted_message(thread["messages"], posted)
     viewer = request.user.has_perm(VIEW)
     own_run = posted.run.created_by_id == request.user.pk
     payload = {
