@@ -13,7 +13,8 @@ from django.views.decorators.http import require_POST
 
 from agentruns.models import Author, Run
 from agentruns.selectors.threads import thread_messages, thread_of_run
-from agentruns.services.threads import MAX_TEXT_CHARS, ThreadRefused, post_message
+from agentruns.services.actions import may_stop
+from agentruns.services.threads import MAX_TEXT_CHARS, ThreadRefused, active_runs, post_message
 
 START = "agentruns.start_run"
 CHOICES = (("enqueue", "after the current turn"), ("interrupt", "interrupt the current turn"))
@@ -24,12 +25,15 @@ def thread_context(run: Run, user: Any, **extra: Any) -> dict:
     thread = thread_of_run(run)
     if thread is None:
         return {"thread": None}
+    active = active_runs(thread)
+    # interrupting stops the thread's oldest active run: offered to whoever may stop it
+    choices = CHOICES if active and may_stop(user, active[0]) else CHOICES[:1]
     return {
         "run": run,
         "thread": thread,
         "thread_messages": thread_messages(thread),
         "can_post": user.has_perm(START),
-        "multitask_choices": CHOICES,
+        "multitask_choices": choices,
         "max_chars": MAX_TEXT_CHARS,
         **extra,
     }

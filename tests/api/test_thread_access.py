@@ -63,6 +63,10 @@ def test_an_interrupt_needs_the_right_to_stop_the_run(alice, trainee, operator):
 def test_the_run_page_form_follows_the_same_rule(alice, trainee):
     first = run_of(post(alice, "t-form", "hello", agent=AGENT))
     trainee.client.force_login(trainee.user)
+    shown = trainee.client.get(f"/runs/{first.id}/").content.decode()
+    assert 'name="multitask"' in shown and 'value="interrupt"' not in shown  # not offered
+    alice.client.force_login(alice.user)
+    assert 'value="interrupt"' in alice.client.get(f"/runs/{first.id}/").content.decode()
     page = trainee.client.post(
         f"/runs/{first.id}/thread/", {"text": "stop it", "multitask": "interrupt"}
     )
