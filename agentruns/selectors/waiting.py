@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, Exists, Min, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Count, Exists, Min, OuterRef, Q, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
 
 from agentruns.models import Run, RunStatus, Step, StepStatus, Wait, WaitKind, WaitStatus
@@ -80,26 +80,28 @@ def waiting_on(kind: str) -> Q:
 
 
 def waiting_by_kind() -> dict[str, tuple[int, datetime | None]]:
-    """/metrics: waiting runs by what they wait for, and the oldest wait of each kind (one
-    query over the pending waits of waiting runs; the partial index holds only pending ones)."""
-    rows = (
+    """/metrics: waiting runs by what they wait for, and the oldest wait of each kind, in one
+    query: the pending waits of waiting runs (the partial index holds only pending ones), and
+    the runs held on a step a person settles with no wait row (a reconciliation), counted as
+    approvals as `waiting_for` says."""
+    waits = (
         Wait.objects.filter(status=WaitStatus.PENDING, run__status=RunStatus.WAITING)
         .order_by()
         .values_list("kind")
         .annotate(n=Count("run_id", distinct=True), oldest=Min("created_at"))
     )
-    counts = {kind: (n, oldest) for kind, n, oldest in rows}
-    # runs held on a step a person settles with no wait row (a reconciliation): approvals, as
-    # `waiting_for` says
     held = (
         Run.objects.filter(status=RunStatus.WAITING)
         .exclude(Exists(_pending()))
-        .annotate(held_since=_held_since())
+        .annotate(held_since=_held_since(), kind=Value(WaitKind.APPROVAL.value))
         .filter(held_since__isnull=False)
-        .aggregate(n=Count("id"), oldest=Min("held_since"))
+        .order_by()
+        .values_list("kind")
+        .annotate(n=Count("id"), oldest=Min("held_since"))
     )
-    if held["n"]:
-        n, oldest = counts.get(WaitKind.APPROVAL, (0, None))
-        times = [t for t in (oldest, held["oldest"]) if t is not None]
-        counts[WaitKind.APPROVAL] = (n + held["n"], min(times) if times else None)
+    counts: dict[str, tuple[int, datetime | None]] = {}
+    for kind, n, oldest in waits.union(held, all=True):
+        before, earlier = counts.get(kind, (0, None))
+        times = [t for t in (earlier, oldest) if t is not None]
+        counts[kind] = (before + n, min(times) if times else None)
     return counts
