@@ -92,7 +92,13 @@ def test_a_signed_request_is_taken_once_whatever_token_it_is_sent_to(client, set
     settings.AGENTRUNS_HOOK_SECRET = SECRET
     lost, other = _waiting("H-7"), _waiting("H-8")
     body = json.dumps({"status": "lost"})
-    assert _signed_post(client, "carrier:H-7", body, msg="msg_7").status_code == 200
+    first = _signed_post(client, "carrier:H-7", body, msg="msg_7")
+    assert first.status_code == 200
+    # the sender's retry (same id, same token) is told its delivery was taken, and by what run
+    retried = assert_json_error(_signed_post(client, "carrier:H-7", body, msg="msg_7"), 409)
+    assert (
+        retried["run_id"] == str(lost.id) and retried["resolved_at"] == first.json()["resolved_at"]
+    )
     # the same signed request (a valid signature: it covers the id, not the URL) to another
     # order's token within its five minutes: a replay, refused, nothing resolved
     replayed = assert_json_error(_signed_post(client, "carrier:H-8", body, msg="msg_7"), 409)

@@ -7,8 +7,9 @@ pending wait and the token's latest resolution: `WaitAlreadyResolved` (409) with
 token nobody waits on, or only a run that has ended: `UnknownToken` (404).
 
 A signed request's `webhook-id` is its receipt, stored in the resolving transaction: the same id
-again, to this token or any other, is a replay (`HookReplayed`, 409) for as long as its
-signature would verify; a request that resolved nothing left no receipt (its retry may).
+again is the sender's retry when it is sent to the same token (`WaitAlreadyResolved`, 409 naming
+the run), else a replay (`HookReplayed`, 409), for as long as its signature would verify; a
+request that resolved nothing left no receipt (its retry may).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def resolve_hook(token: str, payload: Any, *, by: str, receipt: str | None = Non
     `receipt`: the signed request's `webhook-id` (`HookReplayed` if it was taken before)."""
     with transaction.atomic():
         if receipt is not None:
-            _take_receipt(receipt, token)
+            _take_receipt(receipt, token, by)
         waits = Wait.objects.filter(token=token, kind=WaitKind.EVENT)
         wait = waits.select_for_update().filter(status=WaitStatus.PENDING).first()
         if wait is not None and wait.run.status in TERMINAL_RUN_STATUSES:
@@ -68,11 +69,18 @@ def resolve_hook(token: str, payload: Any, *, by: str, receipt: str | None = Non
     return wait
 
 
-def _take_receipt(webhook_id: str, token: str) -> None:
+def _take_receipt(webhook_id: str, token: str, by: str) -> None:
+    """Store the request's receipt; taken before: the sender's retry of a delivery to this
+    token is answered as one (`WaitAlreadyResolved`, naming the run it resumed), any other
+    repeat is a replay (`HookReplayed`)."""
     now = timezone.now()
     HookReceipt.objects.filter(received_at__lt=now - RECEIPTS_KEPT).delete()
     try:
         with transaction.atomic():
             HookReceipt.objects.create(webhook_id=webhook_id, token=token[:200], received_at=now)
     except IntegrityError:
-        raise HookReplayed(HookReceipt.objects.get(webhook_id=webhook_id)) from None
+        earlier = HookReceipt.objects.get(webhook_id=webhook_id)
+        resolved = Wait.objects.filter(token=token, kind=WaitKind.EVENT, resolved_by=by)
+        if earlier.token == token[:200] and (wait := resolved.order_by("-id").first()):
+            raise WaitAlreadyResolved(wait) from None
+        raise HookReplayed(earlier) from None
