@@ -83,9 +83,17 @@ def check_priority(priority: Any) -> int:
     return priority
 
 
+def may_repeat(sender_id: Any, user: Any) -> bool:
+    """A repeated key (an Idempotency-Key, a thread message's id) names what its sender made
+    only for that sender, someone who may view runs, or the system (no user)."""
+    if user is None or user.has_perm(VIEW_PERMISSION):
+        return True
+    return sender_id == getattr(user, "pk", None)
+
+
 def _deduplicated(run: Run, user: Any) -> StartResult:
     """The run a repeated key names, only for someone who may see it: its starter or a viewer."""
-    if user is None or run.created_by_id == user.pk or user.has_perm(VIEW_PERMISSION):
+    if may_repeat(run.created_by_id, user):
         return StartResult(run, False)
     raise KeyInUse("this Idempotency-Key already names another user's run, which you may not view")
 

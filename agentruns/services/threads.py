@@ -57,7 +57,7 @@ from agentruns.runtime.values.ids import actor_name
 from agentruns.runtime.values.text import UnsafeValue, check_text
 from agentruns.runtime.waits import replies
 from agentruns.services.actions import OPERATE, may_stop
-from agentruns.services.start import VIEW_PERMISSION, start_run
+from agentruns.services.start import may_repeat, start_run
 
 THREAD_KEY_NAMESPACE = uuid.UUID("6f1d5c52-3f0e-4f55-9d3c-2a7c4b8e9a10")
 MULTITASK = ("enqueue", "interrupt", "reject")
@@ -130,12 +130,8 @@ def thread_id_for_key(client_id: str | None, agent: str, user: Any) -> str:
 
 
 def _check_same_sender(sender_id: Any, user: Any, client_id: str) -> None:
-    """A repeat names its run only for its sender or someone who may see the run (the system
-    too): another user's message id is no way to a run one may not view (`services.start`'s
-    rule for an Idempotency-Key)."""
-    if user is None or user.has_perm(VIEW_PERMISSION):
-        return
-    if sender_id is None or sender_id != getattr(user, "pk", None):
+    """Another user's message id is no way to a run one may not view (`may_repeat`)."""
+    if not may_repeat(sender_id, user):
         raise ThreadRefused(
             f"message id {client_id!r} is another sender's on this thread: use an id of your own",
             409,

@@ -7,8 +7,9 @@ tool step's result is its call's answer. A thread's run that is cancelled (an in
 stores, in the commit that ends it and so before the next turn can begin, its responses and the
 answers of the calls that ran (`record_unanswered`): a cut turn's text so far, the refund that
 went out before the stop, the customer's reply to a question the run had not read yet. A call
-that never ran is left out with its request, so the next model does not read that it happened. A failed run stores nothing here: it may be retried, and its
-answer is appended when the retry succeeds.
+that never ran is left out with its request, so the next model does not read that it happened.
+A failed run stores nothing here: it may be retried, and its answer is appended when the retry
+succeeds.
 """
 
 from __future__ import annotations

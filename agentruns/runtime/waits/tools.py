@@ -5,8 +5,9 @@ A wait is a `Wait` row named after the call's step (`TOOL_WAIT` + step id), foun
 order within the call: the call runs again from its start once the run resumes, and its n-th
 wait returns what the n-th wait was resolved with (a failed one raises again). A new wait:
 
-- a timer already due returns at once (its wait recorded resolved); one due within a sweeper's look (a second) is
-  slept here, its wait recorded, so a crash mid-sleep finds it again;
+- a timer already due returns at once (its wait recorded, resolved); one due within a
+  sweeper's look (a second) is slept here, its wait recorded, so a crash mid-sleep finds it
+  again;
 - an event (or a thread's next message: its token is `message:<thread id>`) whose token another
   live run holds fails at once (`TokenHeld`, recorded); a pending wait of a run that has ended
   holds nothing (it is failed on the way);
