@@ -85,6 +85,9 @@ class ApprovalInbox:
     def approved_call_refusal(self, step: Step) -> str:
         return parking.approved_call_refusal(step)
 
+    def approval_of(self, step: Step) -> dict[str, Any] | None:
+        return parking.approval_of(step)
+
     def withdraw(self, run: Run, *, reason: str) -> list[int]:
         return parking.withdraw_approvals(run, reason=reason)
 

@@ -28,8 +28,15 @@ from agentruns.registry import (
 )
 from agentruns.registry.search import MAX_KEYS as SEARCH_MAX_KEYS
 from agentruns.registry.search import register_search_expansion
+from agentruns.runtime.values.timestamps import iso
 from support.conf import demo_conf
-from support.ledger import refund_context, refund_limit, refund_operation_key
+from support.ledger import (
+    order_refunds,
+    refund_context,
+    refund_limit,
+    refund_operation_key,
+    request_refund,
+)
 from support.models import Order, OutboxMessage, Ticket, TicketNote
 from support.outcomes import REFUND_OUTCOMES, refund_outcome
 from support.policy import refund_policy
@@ -72,23 +79,57 @@ def refund_approvers(arguments: dict) -> int:
 refund_agent = Agent(
     name="refund",
     instructions=(
-        "You are a support agent for an online shop. Look up the order, refund the amount "
-        "the customer is owed (the order amount unless they ask for less), note it on the "
-        "ticket and reply to the customer. If you refund less than the order's amount, say so "
-        "and why. If a refund is rejected, tell the customer the reason you were given, if any. "
-        "If you have no refund tool, hand the request over to a colleague with hand_over, tell "
-        "the customer a colleague will take over and note the hand-over on the ticket."
+        "You are a support agent for an online shop. Each run answers one customer request (a "
+        "ticket). Look up the order with its ticket: it says what was paid, what was refunded "
+        "already and whether this request was refunded before. Refund what the customer is "
+        "owed (the order amount unless they ask for less), never more than what is left of "
+        "the order; if this request was already refunded, say when and how much instead of "
+        "refunding again. Note what you did on the ticket and reply to the customer. If you "
+        "refund less than they asked for, say so and why; if an approver changed the amount, "
+        "pass on the approver's words for the customer. If a refund is rejected, tell the "
+        "customer the reason you were given, if any. If the customer only asks a question, "
+        "answer it or ask what they need; refund nothing. If you have no refund tool, hand the "
+        "request over to a colleague with hand_over, tell the customer a colleague will take "
+        "over and note the hand-over on the ticket."
     ),
 )
 
+TICKET_ID = Annotated[str, Field(pattern="^T-[A-Za-z0-9-]{1,18}$")]
+
+
+def request_ticket(order: Order, ticket_id: str | None = None) -> Ticket | None:
+    """The customer request a run answers: `ticket_id` when it is one of the order's tickets
+    (None when it is not), else the order's open ticket, else its latest, else a ticket made for
+    the order (`T-<order_id>`, once: the same one every time it is asked)."""
+    tickets = order.tickets.order_by("id")
+    if ticket_id:
+        return tickets.filter(ticket_id=ticket_id).first()
+    found = tickets.filter(status="open").first() or tickets.last()
+    if found is None:
+        found, _ = Ticket.objects.get_or_create(
+            ticket_id=f"T-{order.order_id}"[:20],
+            defaults={"order": order, "subject": "Refund request", "body": ""},
+        )
+    return found
+
 
 @refund_agent.tool_plain(metadata=durable(redact=("customer_email",)))
-def lookup_order(order_id: str) -> dict:
-    """Look up an order: customer, amount, currency, item and status."""
+def lookup_order(order_id: str, ticket_id: str | None = None) -> dict:
+    """Look up an order and the customer's request (its ticket; default: the order's open
+    ticket): customer, amount, currency, item, status; the order's refunds so far, what is left
+    to refund, and the refund this request already had, if any."""
     order = Order.objects.filter(order_id=order_id).first()
     if order is None:
         return {"found": False, "order_id": order_id}
-    ticket = order.tickets.filter(status="open").order_by("id").first()
+    ticket = request_ticket(order, ticket_id)
+    if ticket is None:
+        return {
+            "found": False,
+            "order_id": order_id,
+            "error": f"ticket {ticket_id} is not a request about order {order_id}",
+        }
+    refunds = order_refunds(order)
+    earlier = request_refund(ticket.ticket_id)
     return {
         "found": True,
         "order_id": order.order_id,
@@ -98,7 +139,19 @@ def lookup_order(order_id: str) -> dict:
         "currency": order.currency,
         "item": order.item,
         "status": order.status,
-        "ticket_id": ticket.ticket_id if ticket else None,
+        "ticket_id": ticket.ticket_id,
+        "refunds": refunds.as_json(),
+        "refunded_cents": refunds.refunded_cents,
+        "remaining_cents": refunds.remaining_cents,
+        # this request was paid already (its operation key is used): refunding again pays nothing
+        "request_refunded": None
+        if earlier is None
+        else {
+            "amount_cents": earlier.amount_cents,
+            "refund_id": earlier.refund_id,
+            "at": iso(earlier.at),
+            "run_id": earlier.run_id,
+        },
     }
 
 
@@ -108,13 +161,13 @@ def lookup_order(order_id: str) -> dict:
         idempotency="key",
         requires_approval=needs_refund_approval,
         approvals_required=refund_approvers,
-        # approvers may lower the amount, never raise it or change the order
+        # approvers may lower the amount, never raise it or change the order or the request
         editable={"amount_cents": Edit.at_most_requested(minimum=1), "reason": Edit.free()},
         amount_arg="amount_cents",
         retry=RetryPolicy(max_attempts=3, backoff_seconds=0.5, backoff_max_seconds=5),
-        # across runs (support/ledger.py): one refund per order whichever run asks (a second
-        # run is told it was already done), refunds adding up to at most what was paid, and
-        # the order's refunds beside the call in the inbox
+        # across runs (support/ledger.py): one refund per customer request, its ticket,
+        # whichever run asks (a later call is told it was already done), an order's refunds
+        # adding up to at most what was paid, and the order's refunds beside the call
         operation_key=refund_operation_key,
         limit=refund_limit,
         context=refund_context,
@@ -122,10 +175,13 @@ def lookup_order(order_id: str) -> dict:
 )
 def issue_refund(
     order_id: Annotated[str, Field(pattern="^ORD-[0-9]+$")],
+    ticket_id: TICKET_ID,
     amount_cents: Annotated[int, Field(ge=1, le=10_000_000)],
     reason: Annotated[str, Field(max_length=500)],
 ) -> dict:
-    """Refund an order through the payment gateway. Sends the step's idempotency key."""
+    """Refund an order for one customer request (its ticket) through the payment gateway. Sends
+    the step's idempotency key. When an approver changed the call, the result says what was
+    asked (`requested_cents`) and the approver's words for the customer (`approver_reason`)."""
     ctx = current_step()
     url = demo_conf.GATEWAY_URL.rstrip("/") + "/refunds"
     try:
@@ -141,26 +197,47 @@ def issue_refund(
     if response.status_code >= 400:
         raise FatalToolError(f"gateway refused: {response.status_code} {response.text[:300]}")
     body = response.json()
-    return {"refund_id": body["id"], "amount_cents": body["amount_cents"], "order_id": order_id}
+    result = {
+        "refund_id": body["id"],
+        "amount_cents": body["amount_cents"],
+        "order_id": order_id,
+        "ticket_id": ticket_id,
+    }
+    return result | review_of(getattr(ctx, "approval", None))
 
 
-def _ticket_for(order_id: str) -> Ticket:
+def review_of(approval: dict | None) -> dict:
+    """What the customer may hear of the approval that let the refund run: the amount the
+    agent asked for when an approver lowered it, and the approver's words for the customer."""
+    if not approval:
+        return {}
+    review: dict = {}
+    asked = (approval.get("requested") or {}).get("amount_cents")
+    made = (approval.get("approved") or {}).get("amount_cents")
+    if isinstance(asked, int) and isinstance(made, int) and made != asked:
+        review["requested_cents"] = asked
+    reason = str(approval.get("reason") or "").strip()
+    if reason:
+        review["approver_reason"] = reason
+    return review
+
+
+def _ticket_for(order_id: str, ticket_id: str | None) -> Ticket:
     order = Order.objects.filter(order_id=order_id).first()
     if order is None:
         raise FatalToolError(f"no order {order_id}")
-    ticket = order.tickets.filter(status="open").order_by("id").first()
+    ticket = request_ticket(order, ticket_id)
     if ticket is None:
-        ticket = Ticket.objects.create(
-            ticket_id=f"T-{order.order_id}", order=order, subject="Refund request", body=""
-        )
+        raise FatalToolError(f"ticket {ticket_id} is not a request about order {order_id}")
     return ticket
 
 
 @refund_agent.tool_plain(metadata=durable(side_effect=True, idempotency="key"))
-def add_ticket_note(order_id: str, note: str) -> dict:
-    """Add an internal note to the order's open support ticket."""
+def add_ticket_note(order_id: str, note: str, ticket_id: str | None = None) -> dict:
+    """Add an internal note to the customer's request (its ticket; default: the order's open
+    ticket)."""
     ctx = current_step()
-    ticket = _ticket_for(order_id)
+    ticket = _ticket_for(order_id, ticket_id)
     try:
         with transaction.atomic():
             row = TicketNote.objects.create(
@@ -172,33 +249,64 @@ def add_ticket_note(order_id: str, note: str) -> dict:
 
 
 @refund_agent.tool_plain(metadata=durable(handover=True, context=refund_context))
-def hand_over(order_id: str, reason: str) -> dict:
+def hand_over(order_id: str, reason: str, ticket_id: str | None = None) -> dict:
     """Hand the customer's request over to a colleague when you may not do what it needs (you
-    have no refund tool): a person picks it up in the inbox, with the order beside it."""
-    return {"handed_over": True, "order_id": order_id, "reason": reason}
+    have no refund tool): a person picks it up in the inbox, with the order and the request's
+    ticket beside it."""
+    return {"handed_over": True, "order_id": order_id, "ticket_id": ticket_id, "reason": reason}
 
 
 @refund_agent.tool_plain(metadata=durable(side_effect=True, idempotency="none"))
-def send_customer_reply(order_id: str, message: str) -> dict:
-    """Send a reply to the customer by email (not idempotent: an interrupted send is unknown)."""
+def send_customer_reply(order_id: str, message: str, ticket_id: str | None = None) -> dict:
+    """Send a reply to the customer by email, on their request (its ticket; default: the
+    order's open ticket). Not idempotent: an interrupted send is unknown."""
     ctx = current_step()
-    order = Order.objects.filter(order_id=order_id).first()
-    if order is None:
-        raise FatalToolError(f"no order {order_id}")
+    ticket = _ticket_for(order_id, ticket_id)
     row = OutboxMessage.objects.create(
-        order=order, to=order.customer_email, body=message, run_id=ctx.run.id, step_id=ctx.step.id
+        order=ticket.order,
+        ticket=ticket,
+        to=ticket.order.customer_email,
+        body=message,
+        run_id=ctx.run.id,
+        step_id=ctx.step.id,
     )
     return {"outbox_id": row.pk, "to": "customer"}
 
 
 @register_search_expansion
-def customers_orders(q: str) -> list[str]:
-    """A customer's name (or part of it) stands for their orders, newest first: the runs list and
-    the inbox's decided view find their runs (a run's search keys are its order and ticket)."""
-    if len(q) < 2 or any(c.isdigit() for c in q):  # an id, an amount: no customer's name
+def desk_search_keys(q: str) -> list[str]:
+    """What a search text stands for in the desk, as the orders whose runs it finds (a run's
+    search keys are its order and ticket), newest first: the runs list, the API's `q` and the
+    inbox's decided view find runs by what support staff type.
+
+    - an order's or a ticket's number, digits alone ("1050", "#1050"): that order, and the
+      order of the ticket with that number (index lookups);
+    - words ("yoga", "Jun Sato", "arrived broken"): the orders whose customer's name has them,
+      and the orders of the tickets whose words have them (the customer's message, the subject,
+      the customer's name and email: the ticket search's one trigram index)."""
+    text = q.strip().lstrip("#")
+    if text.isdigit():
+        orders = set(
+            Order.objects.filter(order_id=f"ORD-{text}").values_list("order_id", flat=True)
+        )
+        orders |= set(
+            Ticket.objects.filter(ticket_id__in=[f"T-{text}", f"T-ORD-{text}"]).values_list(
+                "order__order_id", flat=True
+            )
+        )
+        return sorted(orders)
+    if len(text) < 2 or any(c.isdigit() for c in text):  # a key, an amount: no words of people
         return []
-    orders = Order.objects.filter(customer_name__icontains=q).order_by("-id")
-    return list(orders.values_list("order_id", flat=True)[:SEARCH_MAX_KEYS])
+    named = Order.objects.filter(customer_name__icontains=text).order_by("-id")
+    keys = list(named.values_list("order_id", flat=True)[:SEARCH_MAX_KEYS])
+    if len(text) >= 3:  # (the trigram index needs three characters)
+        said = (
+            Ticket.objects.filter(search_text__icontains=text)
+            .order_by("-created_at", "-id")
+            .values_list("order__order_id", flat=True)
+        )
+        keys += list(said[:SEARCH_MAX_KEYS])
+    return list(dict.fromkeys(keys))[:SEARCH_MAX_KEYS]
 
 
 register_agent(
@@ -218,6 +326,17 @@ register_agent(
             "order_id": {"type": "string", "minLength": 1, "maxLength": 20},
             "message": {"type": "string", "maxLength": 5000},
             "ticket_id": {"type": "string", "maxLength": 50},
+            # a person refunds by hand through the agent's own refund tool (the desk's ticket
+            # page, on a hand-over): this amount, with these words for the customer
+            "staff_refund": {
+                "type": "object",
+                "properties": {
+                    "amount_cents": {"type": "integer", "minimum": 1, "maximum": 10_000_000},
+                    "reason": {"type": "string", "maxLength": 500},
+                },
+                "required": ["amount_cents"],
+                "additionalProperties": False,
+            },
         },
         "required": ["order_id"],
         "additionalProperties": False,  # an unknown key is a mistake, or a payload

@@ -8,7 +8,7 @@ class SupportConfig(AppConfig):
 
     def ready(self) -> None:
         # the desk's pages in the layout's navigation, as any domain app adds its own
-        from agentruns.web.layout.navigation import register_nav_link
+        from agentruns.web.layout.navigation import register_nav_link, register_record_page
 
         register_nav_link(
             "Tickets",
@@ -16,3 +16,5 @@ class SupportConfig(AppConfig):
             permission="support.view_ticket",
             active_names=("ticket-queue", "ticket-detail"),
         )
+        # a run's or an inbox item's ticket links to the ticket's page
+        register_record_page("ticket_id", "ticket-detail")

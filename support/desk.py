@@ -2,8 +2,9 @@
 
 The queue is keyset-paginated with the app's one pagination helper (newest first, one indexed
 range scan per page at any table size); a ticket page costs a fixed number of queries: the
-ticket with its order, the conversation (notes and replies), the gateway's refunds of the order,
-and the runs on it (the runtime's own run search, by the order's id as a whole search key).
+ticket with its order, the conversation (notes, replies, the request's hand-over), the gateway's
+refunds of the order (each with the request it paid), the request's own refund, and the runs on
+it (the runtime's own run search, by the order's id as a whole search key).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from agentruns.models import Run
 from agentruns.runtime.values.money import format_cents
 from agentruns.selectors import RunFilters, run_page
 from agentruns.selectors.pagination import KeysetPage, keyset_page
-from support.models import GatewayRefund, OutboxMessage, Ticket, TicketNote
+from approvals.models import Approval, ApprovalKind, ApprovalStatus
+from support.ledger import RequestRefund, order_refunds, request_refund
+from support.models import OutboxMessage, Ticket, TicketNote
 
 PAGE_SIZE = 25
 STATUSES = {"open": "open tickets", "any": "every ticket"}
@@ -80,17 +83,40 @@ class Refund:
     amount: str
     reason: str
     created_at: datetime
+    ticket_id: str | None = None  # the request it paid, when known
 
 
 @dataclass
 class Message:
-    """One entry of a ticket's conversation: the customer's words, a reply sent, or a note."""
+    """One entry of a ticket's conversation: the customer's words, a reply sent, a note, or what
+    a person did with the request's hand-over."""
 
-    kind: str  # "customer" | "reply" | "note"
+    kind: str  # "customer" | "reply" | "note" | "handover"
     who: str
     text: str
     at: datetime
     run_id: Any = None  # the run that wrote it, when one did
+
+
+@dataclass
+class Handover:
+    """The request's hand-over to a person (the inbox item a run opened when it could not do
+    what the customer needs): where it stands, who has it, and who closed it with what note."""
+
+    item: Approval
+    why: str  # what the agent said when it handed over
+
+    @property
+    def pending(self) -> bool:
+        return self.item.status == ApprovalStatus.PENDING
+
+    @property
+    def holder(self) -> Any:
+        return self.item.claimant()
+
+    @property
+    def closed_by(self) -> str:
+        return self.item.decided_by_name or "" if not self.pending else ""
 
 
 @dataclass
@@ -103,6 +129,11 @@ class TicketView:
     fully_refunded: bool
     runs: list[Run]
     active_runs: list[Run] = field(default_factory=list)
+    refundable_cents: int = 0
+    # the request's hand-over, the newest (None: never handed over)
+    handover: Handover | None = None
+    # this request's refund when it was paid (its operation key used): asking again pays nothing
+    request_refund: RequestRefund | None = None
 
     @property
     def order(self):
@@ -112,45 +143,107 @@ class TicketView:
     def amount(self) -> str:
         return format_cents(self.order.amount_cents, self.order.currency)
 
+    @property
+    def state(self) -> str:
+        """Where the request stands, in words (beside its status)."""
+        handover = self.handover
+        if handover is None:
+            return ""
+        if handover.pending:
+            holder = handover.holder
+            taken = f"taken by {holder.get_username()}" if holder else "waiting for a colleague"
+            return f"handed over: {taken}"
+        if handover.item.resolution == "withdrawn":
+            return "hand-over withdrawn"
+        return f"hand-over closed by {handover.closed_by or 'the system'}"
+
 
 def ticket_view(ticket: Ticket) -> TicketView:
     order = ticket.order
     notes = list(
         TicketNote.objects.filter(ticket=ticket).order_by("-created_at")[:TICKET_PAGE_ROWS]
     )
+    # the request's own replies, and the order's from before replies named their ticket
     replies = list(
-        OutboxMessage.objects.filter(order=order)
-        .only("body", "created_at", "run_id")
+        OutboxMessage.objects.filter(Q(ticket=ticket) | Q(ticket__isnull=True, order=order))
+        .only("body", "created_at", "run_id", "sent_by")
         .order_by("-created_at")[:TICKET_PAGE_ROWS]
     )
+    runs = ticket_runs(ticket)
+    handover = ticket_handover(ticket, runs)
     conversation = [
         Message("customer", order.customer_name, ticket.body or ticket.subject, ticket.created_at),
-        *(Message("reply", "reply sent", r.body, r.created_at, r.run_id) for r in replies),
-        *(Message("note", "internal note", n.body, n.created_at) for n in notes),
+        *(
+            Message("reply", r.sent_by or "reply sent", r.body, r.created_at, r.run_id)
+            for r in replies
+        ),
+        *(Message("note", n.author or "internal note", n.body, n.created_at) for n in notes),
+        *handover_messages(handover),
     ]
     conversation.sort(key=lambda m: m.at)
-    ledger = list(
-        GatewayRefund.objects.filter(order_id=order.order_id).order_by("created_at", "id")[
-            :TICKET_PAGE_ROWS
-        ]
-    )
-    total = sum(r.amount_cents for r in ledger)
-    runs = ticket_runs(ticket)
+    refunds = order_refunds(order, limit=TICKET_PAGE_ROWS)
+    left = refunds.remaining_cents
     return TicketView(
         ticket=ticket,
         conversation=conversation,
         refunds=[
             Refund(
-                f"rf_{r.pk}", format_cents(r.amount_cents, order.currency), r.reason, r.created_at
+                r.refund_id,
+                format_cents(r.amount_cents, order.currency),
+                r.reason,
+                r.at,
+                r.ticket_id,
             )
-            for r in ledger
+            for r in refunds.refunds
         ],
-        refunded=format_cents(total, order.currency),
-        refundable=format_cents(max(0, order.amount_cents - total), order.currency),
-        fully_refunded=total >= order.amount_cents,
+        refunded=format_cents(refunds.refunded_cents, order.currency),
+        refundable=format_cents(left, order.currency),
+        fully_refunded=refunds.refunded_cents >= order.amount_cents,
         runs=runs,
         active_runs=[r for r in runs if r.status in ACTIVE_RUN_STATUSES],
+        refundable_cents=left,
+        handover=handover,
+        request_refund=request_refund(ticket.ticket_id),
     )
+
+
+def ticket_handover(ticket: Ticket, runs: list[Run]) -> Handover | None:
+    """The newest hand-over of the runs on the ticket's order that is about this ticket (its
+    call names the ticket, or its run's input does; one naming none is the order's open
+    request's). One query, by the runs' ids."""
+    items = (
+        Approval.objects.filter(kind=ApprovalKind.HANDOVER, run_id__in=[r.id for r in runs])
+        .select_related("run", "step", "claimed_by", "decided_by")
+        .order_by("-created_at", "-id")
+    )
+    for item in items:
+        named = item.requested_args.get("ticket_id") or (item.run.input or {}).get("ticket_id")
+        if named in (ticket.ticket_id, None):
+            return Handover(item, str(item.requested_args.get("reason") or ""))
+    return None
+
+
+def handover_messages(handover: Handover | None) -> list[Message]:
+    """The hand-over in the conversation: the agent handing over, and a person closing it."""
+    if handover is None:
+        return []
+    item = handover.item
+    said = [
+        Message(
+            "handover", "the agent", f"handed over: {handover.why}", item.created_at, item.run_id
+        )
+    ]
+    if not handover.pending and item.decided_at is not None:
+        if item.resolution == "withdrawn":
+            text = "the hand-over was withdrawn"
+        else:
+            text = "closed the hand-over"
+            words = "; ".join(w for w in (item.internal_note, item.reason) if w)
+            text += f": {words}" if words else ""
+        said.append(
+            Message("handover", item.decided_by_name or "the system", text, item.decided_at)
+        )
+    return said
 
 
 def ticket_runs(ticket: Ticket) -> list[Run]:

@@ -1,25 +1,48 @@
-"""What an order's refunds add up to, for the refund tool's declarations across runs
-(agentruns.registry `limit=` and `context=`): the refunds of an order never exceed what was paid
-for it, whichever runs and how many partial refunds made them, and an approver sees the order's
-refunds so far before deciding. Read from the gateway's ledger: what was actually refunded.
+"""One refund per customer request, and an order's refunds never above what was paid: the refund
+tool's declarations across runs (agentruns.registry `operation_key=`, `limit=`, `context=`), and
+what the agent and the desk read of an order's refunds.
 
-The runtime checks the limit while the call holds the order's operation key
-(`refund:<order_id>`), so two refunds of one order are never checked at the same moment.
+- The operation key is the request: `refund:<ticket_id>`. A ticket is paid once, whichever run
+  asks (a later call is answered with the first one's refund, marked already done; a lead may
+  allow one more); another ticket on the same order is another request.
+- The limit is the order's: the gateway's ledger (what was actually refunded) plus the refunds
+  of the order's other requests being made right now, plus this one, at most what was paid.
+  The runtime checks it while the call holds its own key; calls of *different* keys are
+  serialised here, on the order's row (`SELECT ... FOR UPDATE` inside the gate's transaction):
+  the second waits for the first to take its key and then counts it as in flight, so two
+  tickets of one order can never both pass on the same remainder.
+- The context (beside the call in the inbox) and `order_refunds` (the agent's lookup, the ticket
+  page): the order's refunds, each with the request it paid when known, and the totals.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
 from django.db.models import Sum
 
+from agentruns.models import OperationExecution, OperationState, Step
 from agentruns.registry import OverLimit
 from agentruns.runtime.values.money import format_cents
 from agentruns.runtime.values.timestamps import iso
-from support.models import GatewayRefund, Order
+from agentruns.selectors.operations import key_state
+from support.models import GatewayRefund, Order, Ticket
+
+KEY_PREFIX = "refund:"
+
+
+def refund_key(ticket_id: str) -> str:
+    return f"{KEY_PREFIX}{ticket_id}"
 
 
 def refund_operation_key(args: dict) -> str:
-    """One refund per order, whichever run asks (a lead may allow one more)."""
-    return f"refund:{args['order_id']}"
+    """One refund per customer request (its ticket), whichever run asks (a lead may allow one
+    more). A call without a ticket has no key: the runtime refuses it (it could not be kept
+    single)."""
+    return refund_key(args["ticket_id"])
 
 
 def _refunded_cents(order_id: str) -> int:
@@ -27,40 +50,193 @@ def _refunded_cents(order_id: str) -> int:
     return int(total["total"] or 0)
 
 
+def _in_flight_cents(order_id: str, own_keys: list[str]) -> int:
+    """What the order's other requests are refunding right now: calls holding a refund key
+    (being made, retried, or of unknown outcome) whose refund the gateway has not recorded yet.
+    Few rows: one per refund in flight anywhere. `own_keys`: the call's own key (the limit is
+    checked while the call holds it), and the order's own (a tool keyed per order)."""
+    held = OperationExecution.objects.filter(
+        state=OperationState.HELD, key__startswith=KEY_PREFIX
+    ).exclude(key__in=own_keys)
+    steps = Step.objects.filter(
+        id__in=held.values("step_id"), arguments__order_id=order_id
+    ).values_list("idempotency_key", "arguments")
+    rows = list(steps)
+    if not rows:
+        return 0
+    recorded = set(
+        GatewayRefund.objects.filter(idempotency_key__in=[key for key, _ in rows]).values_list(
+            "idempotency_key", flat=True
+        )
+    )
+    amounts = (args.get("amount_cents") for key, args in rows if key not in recorded)
+    return sum(a for a in amounts if isinstance(a, int) and not isinstance(a, bool))
+
+
 def refund_limit(args: dict) -> OverLimit | None:
-    """Over the limit when this refund and the order's earlier ones exceed what was paid. An
-    unknown order is no limit's business: the gateway refuses it."""
-    order = Order.objects.filter(order_id=args.get("order_id")).first()
-    amount = args.get("amount_cents")
+    """Over the limit when this refund, the order's earlier ones and the ones in flight for its
+    other requests exceed what was paid; a ticket of another order is refused here too (its key
+    would be another customer's request). An unknown order is the gateway's to refuse."""
+    order_id, amount = args.get("order_id"), args.get("amount_cents")
+    orders = Order.objects.filter(order_id=order_id)
+    if connection.in_atomic_block:  # the order's refunds are checked one call at a time
+        orders = orders.select_for_update()
+    order = orders.first()
     if order is None or not isinstance(amount, int):
         return None
+    if "ticket_id" in args:
+        refused = _other_orders_ticket(order, args["ticket_id"])
+        if refused is not None:
+            return refused
     refunded = _refunded_cents(order.order_id)
-    total = refunded + amount
+    own = [refund_key(order.order_id)]
+    if isinstance(args.get("ticket_id"), str):
+        own.append(refund_key(args["ticket_id"]))
+    in_flight = _in_flight_cents(order.order_id, own)
+    total = refunded + in_flight + amount
     if total <= order.amount_cents:
         return None
     currency = order.currency
+    figures = {
+        "order_id": order.order_id,
+        "amount_cents": amount,
+        "refunded_cents": refunded,
+        "total_cents": total,
+        "paid_cents": order.amount_cents,
+        "currency": currency,
+    }
+    moving = ""
+    if in_flight:
+        figures["in_flight_cents"] = in_flight
+        moving = f" ({format_cents(in_flight, currency)} of them being refunded right now)"
     return OverLimit(
         f"this refund of {format_cents(amount, currency)} would bring the order's refunds to "
-        f"{format_cents(total)} of {format_cents(order.amount_cents, currency)} paid",
-        {
-            "order_id": order.order_id,
-            "amount_cents": amount,
-            "refunded_cents": refunded,
-            "total_cents": total,
-            "paid_cents": order.amount_cents,
-            "currency": currency,
-        },
+        f"{format_cents(total)} of {format_cents(order.amount_cents, currency)} paid{moving}",
+        figures,
+    )
+
+
+def _other_orders_ticket(order: Order, ticket_id: object) -> OverLimit | None:
+    ticket_order = (
+        Ticket.objects.filter(ticket_id=ticket_id).values_list("order__order_id", flat=True).first()
+        if isinstance(ticket_id, str)
+        else None
+    )
+    if ticket_order == order.order_id:
+        return None
+    where = f"is about order {ticket_order}" if ticket_order else "does not exist"
+    return OverLimit(
+        f"ticket {ticket_id} {where}, not {order.order_id}: a refund pays the order its request "
+        "is about",
+        {"order_id": order.order_id, "ticket_id": ticket_id},
+    )
+
+
+@dataclass
+class OrderRefund:
+    refund_id: str
+    amount_cents: int
+    at: datetime
+    ticket_id: str | None  # the request it paid (None: made before refunds named their ticket)
+    reason: str = ""  # what the gateway was told
+
+
+@dataclass
+class OrderRefunds:
+    """An order's refunds as the gateway executed them, each with its request when known."""
+
+    order: Order
+    refunds: list[OrderRefund] = field(default_factory=list)
+
+    @property
+    def refunded_cents(self) -> int:
+        return sum(r.amount_cents for r in self.refunds)
+
+    @property
+    def remaining_cents(self) -> int:
+        return max(0, self.order.amount_cents - self.refunded_cents)
+
+    def of_ticket(self, ticket_id: str) -> list[OrderRefund]:
+        return [r for r in self.refunds if r.ticket_id == ticket_id]
+
+    def as_json(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "id": r.refund_id,
+                "amount_cents": r.amount_cents,
+                "at": iso(r.at),
+                "ticket_id": r.ticket_id,
+            }
+            for r in self.refunds
+        ]
+
+
+def order_refunds(order: Order, limit: int | None = None) -> OrderRefunds:
+    """The order's refunds, oldest first (at most `limit`, the newest kept), in two queries: the
+    gateway's ledger, and the refund keys whose results name those refunds."""
+    rows = GatewayRefund.objects.filter(order_id=order.order_id).order_by("created_at", "id")
+    ledger = list(rows)[-limit:] if limit else list(rows)
+    ids = [f"rf_{r.pk}" for r in ledger]
+    tickets: dict[str, str] = {}
+    if ids:
+        done = OperationExecution.objects.filter(
+            key__startswith=KEY_PREFIX,
+            state=OperationState.DONE,
+            result__refund_id__in=ids,
+        ).values_list("key", "result")
+        for key, result in done:
+            if isinstance(result, dict) and not result.get("already_done"):
+                tickets[str(result.get("refund_id"))] = key.removeprefix(KEY_PREFIX)
+    found = OrderRefunds(order)
+    for row, refund_id in zip(ledger, ids, strict=True):
+        ticket = tickets.get(refund_id)
+        # a key of the order itself ("refund:ORD-1050", before keys named requests): no ticket
+        found.refunds.append(
+            OrderRefund(
+                refund_id,
+                row.amount_cents,
+                row.created_at,
+                None if ticket is None or ticket.startswith("ORD-") else ticket,
+                row.reason,
+            )
+        )
+    return found
+
+
+@dataclass
+class RequestRefund:
+    """The refund a request (ticket) already had: its key is used, so asking again pays nothing."""
+
+    amount_cents: int | None
+    refund_id: str
+    at: datetime | None
+    run_id: str
+
+
+def request_refund(ticket_id: str) -> RequestRefund | None:
+    """The refund of this request when its key is used (None: it may still be paid, its first
+    time or one more a lead allowed)."""
+    state = key_state(refund_key(ticket_id))
+    done = state.last_done
+    if state.status != "used" or done is None:
+        return None
+    result = done.result if isinstance(done.result, dict) else {}
+    amount = result.get("amount_cents")
+    return RequestRefund(
+        amount if isinstance(amount, int) else None,
+        str(result.get("refund_id") or ""),
+        done.settled_at or done.created_at,
+        str(done.run_id),
     )
 
 
 def refund_context(args: dict) -> dict:
-    """The order, its refunds so far and their total, for the approver (amounts in cents, in
-    the order's `currency`)."""
+    """The order, its refunds so far (each with its request) and their total, for the approver
+    (amounts in cents, in the order's `currency`)."""
     order = Order.objects.filter(order_id=args.get("order_id")).first()
     if order is None:
         return {"order": None, "note": f"no order {args.get('order_id')}"}
-    refunds = list(GatewayRefund.objects.filter(order_id=order.order_id).order_by("id"))
-    refunded = sum(r.amount_cents for r in refunds)
+    refunds = order_refunds(order)
     return {
         "order": {
             "order_id": order.order_id,
@@ -68,11 +244,9 @@ def refund_context(args: dict) -> dict:
             "item": order.item,
             "paid_cents": order.amount_cents,
         },
+        "ticket_id": args.get("ticket_id"),
         "currency": order.currency,
-        "refunds": [
-            {"id": f"rf_{r.pk}", "amount_cents": r.amount_cents, "at": iso(r.created_at)}
-            for r in refunds
-        ],
-        "refunded_cents": refunded,
-        "remaining_cents": max(0, order.amount_cents - refunded),
+        "refunds": refunds.as_json(),
+        "refunded_cents": refunds.refunded_cents,
+        "remaining_cents": refunds.remaining_cents,
     }

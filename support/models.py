@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 
 from agentruns.runtime.values.money import format_cents
@@ -40,6 +41,12 @@ class Ticket(models.Model):
     body = models.TextField()
     status = models.CharField(max_length=20, default="open")
     created_at = models.DateTimeField(auto_now_add=True)
+    # who logged it through `POST /api/tickets` (None: the demo's seed, or an admin), and the
+    # sender's Idempotency-Key (scoped to that sender): a retried POST finds its ticket
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    intake_key = models.CharField(max_length=220, null=True, blank=True, unique=True)
     # what the desk's search matches (support/desk.py): the ticket and order keys, the customer's
     # name and email, the subject and the message; one trigram index serves it (migration 0004)
     search_text = models.TextField(blank=True, default="", editable=False)
@@ -76,6 +83,8 @@ def ticket_search_text(ticket_id: str, order: Order, subject: str, body: str) ->
 class TicketNote(models.Model):
     ticket = models.ForeignKey(Ticket, on_delete=models.CASCADE, related_name="notes")
     body = models.TextField()
+    # the person who wrote it on the ticket page ("": the agent, through `add_ticket_note`)
+    author = models.CharField(max_length=150, blank=True, default="")
     # the writing step's key: a re-executed step finds its note instead of adding another
     idempotency_key = models.CharField(max_length=100, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -88,10 +97,18 @@ class OutboxMessage(models.Model):
     """A customer reply waiting to be mailed. `send_customer_reply` has no idempotency key."""
 
     order = models.ForeignKey(Order, on_delete=models.CASCADE, related_name="replies")
+    # the customer's request it answers (None: a reply from before replies named their ticket)
+    ticket = models.ForeignKey(
+        Ticket, null=True, blank=True, on_delete=models.SET_NULL, related_name="replies"
+    )
     to = models.EmailField()
     body = models.TextField()
     run_id = models.UUIDField(null=True, blank=True)
     step_id = models.UUIDField(null=True, blank=True)
+    # a person's reply from the ticket page: who wrote it, and its form's one-time token (a
+    # double click sends one reply); "" and None for the agent's
+    sent_by = models.CharField(max_length=150, blank=True, default="")
+    idempotency_key = models.CharField(max_length=100, null=True, blank=True, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:

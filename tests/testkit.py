@@ -35,7 +35,7 @@ from agentruns.runtime.engine.executor import RunExecutor
 from agentruns.runtime.execution import failpoints
 from agentruns.services import start_run
 from approvals import services as decisions
-from support.ledger import refund_context, refund_limit, refund_operation_key
+from support.ledger import refund_context, refund_key, refund_limit
 from support.models import GatewayRefund
 from tests.helpers import advance, script_run
 
@@ -245,11 +245,17 @@ def _refund(name: str, ctx: ToolContext, order_id: str, amount_cents: int) -> di
     return {"refund_id": f"rf_{row.pk}", "amount_cents": amount_cents, "order_id": order_id}
 
 
-# declared like the demo's issue_refund: one refund per order, refunds adding up to what was
-# paid, the order's refunds as the approver's context (support/ledger.py)
+def order_operation_key(args: dict) -> str:
+    """One refund per order (the demo's refund is keyed per request, its ticket: these tools keep
+    the simpler key the runtime's tests need, `refund:<order_id>`)."""
+    return refund_key(args["order_id"])
+
+
+# declared like the demo's issue_refund, keyed per order: one refund per order, refunds adding
+# up to what was paid, the order's refunds as the approver's context (support/ledger.py)
 ACROSS_RUNS = {
     "side_effect": True,
-    "operation_key": refund_operation_key,
+    "operation_key": order_operation_key,
     "limit": refund_limit,
     "context": refund_context,
     "amount_arg": "amount_cents",

@@ -25,6 +25,10 @@ class ToolContext:
     # waits this execution of the call made so far (`wait_for_event`, timers): the n-th is found
     # again by its order when the call runs again after the run resumed
     waits_seen: int = 0
+    # the decision that let this call run, when people approved it (None: no approval): `by`,
+    # `at`, `reason` (the approver's words, which the agent may pass on to the customer),
+    # `requested` and `approved` (the arguments asked for, and the ones approved and running)
+    approval: dict[str, Any] | None = None
 
 
 _current: ContextVar[Any] = ContextVar("agentruns_current_step", default=None)

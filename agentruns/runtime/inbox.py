@@ -64,6 +64,10 @@ class Inbox(Protocol):
     def approved_call_refusal(self, step: Step) -> str:
         """Why an approved call must not run as it is now ("" when it may)."""
 
+    def approval_of(self, step: Step) -> dict[str, Any] | None:
+        """The decision that let an approved call run, for the call's `ToolContext.approval`:
+        `by`, `at`, `reason`, `requested` and `approved` arguments (None: none on record)."""
+
     def withdraw(self, run: Run, *, reason: str) -> list[int]:
         """Take the run's pending items out of the inbox; returns their ids."""
 

@@ -12,6 +12,7 @@ from agentruns.runtime.values.timestamps import iso
 from approvals import services
 from approvals.domain import decisions
 from approvals.domain.context import context_for
+from approvals.domain.made import not_made
 from approvals.domain.selectors import AGES, approvals_query
 from approvals.errors import (
     AlreadyDecided,
@@ -23,7 +24,7 @@ from approvals.errors import (
     status_of,
 )
 from approvals.models import Approval, ApprovalKind, ApprovalStatus
-from approvals.web.cards import Card, build_cards, cannot_run_now
+from approvals.web.cards import Card, build_cards, cannot_run_now, ticket_id_of
 
 ARGS_OR_NULL = {"type": ["object", "null"]}
 APPROVAL = obj(
@@ -74,6 +75,12 @@ APPROVAL = obj(
         # refunds with totals) with `operation` (the call's key: its executions, what the call
         # meets) and `pending` (other pending items of the key); null when decided
         "context": {"type": ["object", "null"]},
+        # the customer's request the item is about, when its run names one (a hand-over is
+        # finished on its ticket)
+        "ticket_id": TEXT_OR_NULL,
+        # an approved call that was not made (already done, refused by its limit when it was
+        # about to run, failed): why, in words; null when it was made or has not run yet
+        "not_made": TEXT_OR_NULL,
         "starter": TEXT_OR_NULL,
         "decisions": {
             "type": "array",
@@ -157,6 +164,8 @@ def approval_payload(approval: Approval, card: Card | None = None) -> dict:
         **decisions.payload(approval),
         "cannot_run": card.cannot_run if card is not None else cannot_run_now(approval),
         "context": card.context if card is not None else context_for(approval),
+        "ticket_id": card.ticket_id if card is not None else ticket_id_of(approval),
+        "not_made": (card.not_made if card is not None else not_made(approval)) or None,
     }
     if card is not None:
         # what the inbox card shows, for scripts that triage without opening the run

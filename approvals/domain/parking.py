@@ -54,6 +54,29 @@ def approved_call_refusal(step: Step) -> str:
     return ""
 
 
+def approval_of(step: Step) -> dict[str, Any] | None:
+    """The approval that let `step` run, as its tool reads it (`ToolContext.approval`): who
+    approved last and when, their reason (the words for the customer: never the internal note),
+    what the agent asked for and what was approved (redacted fields as they stand: the tool
+    already has its own arguments)."""
+    approval = (
+        Approval.objects.filter(
+            step=step, kind=ApprovalKind.APPROVAL, status=ApprovalStatus.APPROVED
+        )
+        .select_related("decided_by")
+        .first()
+    )
+    if approval is None:
+        return None
+    return {
+        "by": approval.decided_by_name,
+        "at": iso(approval.decided_at),
+        "reason": approval.reason,
+        "requested": approval.requested_args,
+        "approved": approval.effective_args,
+    }
+
+
 def operation_key_of(run: Run, tool: Tool | None, args: dict) -> str:
     """The call's operation key for the inbox ("" when it takes none or cannot have one)."""
     try:

@@ -23,12 +23,13 @@ from agentruns import services as run_services
 from agentruns.runtime.values.ids import BadId, parse_versioned_id
 from agentruns.services import ActionRefused
 from agentruns.services.operations import ALLOW_PERMISSION
+from agentruns.web.layout.navigation import record_url
 from approvals import services
 from approvals.domain import claims, policy
 from approvals.domain.selectors import approvals_query
 from approvals.errors import AlreadyDecided, ClaimedByOther, DecisionError, NoteRequired
-from approvals.models import Approval
-from approvals.web.cards import card_for
+from approvals.models import Approval, ApprovalKind
+from approvals.web.cards import card_for, ticket_id_of
 from approvals.web.views import DECIDE_PERMISSION, VIEW_PERMISSION
 
 
@@ -59,9 +60,30 @@ def _since(moment) -> str:
 @require_POST
 @login_required
 def claim(request: HttpRequest, approval_id: int) -> HttpResponse:
-    return _claim_action(
+    response = _claim_action(
         request, approval_id, claims.claim, "You are on it.", "{holder} is already on this item"
     )
+    return _to_the_ticket(request, approval_id) or response
+
+
+def _to_the_ticket(request: HttpRequest, approval_id: int) -> HttpResponse | None:
+    """Taking a hand-over opens its ticket, where the person finishes it (refunds through the
+    agent's own tool, replies, closes it): the page the item's ticket is shown on. None when
+    the item is no hand-over, has no ticket page, or is not the person's (the claim failed)."""
+    approval = approvals_query(status="").filter(id=approval_id).first()
+    if approval is None or approval.kind != ApprovalKind.HANDOVER:
+        return None
+    holder = approval.claimant()
+    if approval.status != "pending" or holder is None or holder.pk != request.user.pk:
+        return None
+    url = record_url("ticket_id", ticket_id_of(approval))
+    if not url:
+        return None
+    if request.htmx:
+        response = HttpResponse(status=204)
+        response["HX-Redirect"] = url
+        return response
+    return redirect(url)
 
 
 @require_POST

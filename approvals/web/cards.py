@@ -26,8 +26,10 @@ from agentruns.registry import Tool, UnknownTool, get_tool
 from agentruns.registry.deployed import cannot_run
 from agentruns.runtime.values.money import major_text
 from agentruns.web.forms.inputs import string_attrs
+from agentruns.web.layout.navigation import record_url
 from approvals.domain.context import contexts
 from approvals.domain.decisions import args_diff
+from approvals.domain.made import not_made, not_made_label
 from approvals.domain.policy import waiting_for
 from approvals.models import Approval, ApprovalDecision, ApprovalKind, ApprovalStatus
 from approvals.web.amounts import Money, currency_of, first_text, money_of
@@ -42,6 +44,7 @@ RECENT_MODEL_TEXTS = 3
 
 CUSTOMER_KEYS = ("customer_name", "customer", "name")
 ORDER_KEYS = ("order_id",)
+TICKET_KEYS = ("ticket_id",)
 
 
 @dataclass
@@ -114,6 +117,13 @@ class Card:
     rows: list[ArgRow] = field(default_factory=list)
     # the tool's amount argument and its currency (None: no amount, or no currency known)
     money: Money | None = None
+    # the customer's request the item is about (its ticket), when the run names one, and the
+    # page a domain app shows it on (a hand-over is finished there)
+    ticket_id: str | None = None
+    ticket_url: str = ""
+    # an approved call that was not made (approvals/domain/made.py): why, and the whole line
+    not_made: str = ""
+    not_made_label: str = ""
 
     @property
     def given_user_ids(self) -> list[int]:
@@ -122,6 +132,11 @@ class Card:
     @property
     def is_handover(self) -> bool:
         return self.approval.kind == ApprovalKind.HANDOVER
+
+    @property
+    def not_made_short(self) -> str:
+        """The chip of an approved call that was not made: "approved, not paid"."""
+        return self.not_made_label.split(":", 1)[0]
 
 
 def schema_fields(
@@ -298,6 +313,12 @@ def _shown_amount(cents: int | None, currency: str) -> str | None:
     return Money("", currency).show(cents) if cents is not None else None
 
 
+def ticket_id_of(approval: Approval) -> str | None:
+    """The ticket the item's call or run names (its arguments first, then the run's input)."""
+    run_input = approval.run.input if isinstance(approval.run.input, dict) else {}
+    return first_text([approval.requested_args, run_input], TICKET_KEYS)
+
+
 def card_for(approval: Approval) -> Card:
     return build_cards([approval])[0]
 
@@ -333,6 +354,7 @@ def _card(
     amount_cents = _amount(approval, money)
     texts = [s.text.strip() for s in earlier if s.kind == StepKind.MODEL and s.text.strip()]
     request_text = run_input.get("message") if isinstance(run_input.get("message"), str) else ""
+    ticket_id = first_text([approval.requested_args, run_input, *results], TICKET_KEYS)
     if not request_text and run_input:
         request_text = json.dumps(run_input, ensure_ascii=False)[:500]
     diff: dict = {}
@@ -361,4 +383,8 @@ def _card(
         cannot_run=cannot_run_now(approval),
         asked_because=str(run.tool_permission(approval.tool).get("approval_because") or ""),
         money=money,
+        ticket_id=ticket_id,
+        ticket_url=record_url("ticket_id", ticket_id),
+        not_made=not_made(approval),
+        not_made_label=not_made_label(approval),
     )

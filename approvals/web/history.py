@@ -39,6 +39,8 @@ def _outcome(card: Card) -> tuple[str, str]:
         return "withdrawn", "skipped"
     if a.resolution:
         return f"reconciled: {a.resolution}", "failed" if a.resolution == "abort" else "succeeded"
+    if card.not_made_label:  # approved, and nothing happened: never a green "approved"
+        return card.not_made_label, "failed"
     if a.status == "approved":
         return ("approved with edits" if a.edited_args is not None else "approved"), "succeeded"
     return a.status, "failed"

@@ -160,9 +160,10 @@ def test_an_approvers_total_per_day_is_capped(settings, approver, lead, django_u
 # ------------------------------------------------------------------ the cross-run context
 def test_the_api_item_and_the_card_show_the_orders_refunds_and_pending_items(client, viewer):
     order(name="Ada <b>Lovelace</b>")
-    done = refunded("ORD-9001", 10_000)
+    # parked before another run refunded the order: a call whose key is used never parks
     blocked = parked("ORD-9001", 20_000)
     other = parked("ORD-9001", 5_000)
+    done = refunded("ORD-9001", 10_000)
 
     items = {a["id"]: a for a in ApiClient(viewer).get("/api/approvals").json()["approvals"]}
     context = items[blocked.id]["context"]
@@ -212,8 +213,8 @@ def test_a_decided_item_carries_no_context(lead):
 # ------------------------------------------------------------------ one more, from the inbox
 def test_a_lead_allows_one_more_from_the_blocked_calls_card(client, lead, approver):
     order()
-    refunded("ORD-9001", 10_000)
     blocked = parked("ORD-9001", 20_000)
+    refunded("ORD-9001", 10_000)
     url = reverse("approval-allow", args=[blocked.id])
 
     page = login(Client(), lead).get("/approvals/").content.decode()

@@ -68,7 +68,8 @@ def test_the_refund_agent_is_a_pydantic_ai_agent_with_the_declared_semantics():
             "amount_cents": {"rule": "at_most_requested", "minimum": 1},
             "reason": {"rule": "free"},
         },
-        # one refund per order across runs, adding up to what was paid (support/ledger.py)
+        # one refund per request (ticket) across runs, an order's refunds adding up to at most
+        # what was paid (support/ledger.py)
         operation_key=True,
         limit=True,
     )
@@ -81,10 +82,12 @@ def test_the_refund_agent_is_a_pydantic_ai_agent_with_the_declared_semantics():
         "type": "object",
         "properties": {
             "order_id": {"type": "string", "pattern": "^ORD-[0-9]+$"},
+            # the customer's request it pays: its operation key is `refund:<ticket_id>`
+            "ticket_id": {"type": "string", "pattern": "^T-[A-Za-z0-9-]{1,18}$"},
             "amount_cents": {"type": "integer", "minimum": 1, "maximum": 10_000_000},
             "reason": {"type": "string", "maxLength": 500},
         },
-        "required": ["order_id", "amount_cents", "reason"],
+        "required": ["order_id", "ticket_id", "amount_cents", "reason"],
         "additionalProperties": False,
     }
 
@@ -123,7 +126,7 @@ def playing_refund(policy=None) -> Iterator[None]:
 FIRST_TURN_TOKENS = ["Let ", "me ", "look ", "up ", "order ", "ORD-1001 ", "first."]
 FIRST_TURN_TEXT = "".join(FIRST_TURN_TOKENS)
 FIRST_TURN_CALL = ("call_2_0", "lookup_order", '{"order_id": "ORD-1001"}')
-FIRST_TURN_USAGE = (138, 19)
+FIRST_TURN_USAGE = (253, 19)
 
 
 def turn_of(response) -> tuple[str, list[tuple[str, str, str]], tuple[int, int]]:

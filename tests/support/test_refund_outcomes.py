@@ -78,11 +78,13 @@ def test_an_amount_an_approver_lowered_is_a_partial_refund_that_says_why(desk, g
     assert [r["amount_cents"] for r in gateway_refunds(gateway, "ORD-1003")] == [1000]
     paid = Order.objects.get(order_id="ORD-1003").amount_cents
     asked = f"{paid // 100:,}.{paid % 100:02d} USD"
-    assert (
-        f"we refunded 10.00 of {asked} for order ORD-1003 because our team reviewed your "
-        f"request for {asked} and approved 10.00 USD." in reply(run)
+    # the approver's words for the customer reach them (issue 44, item 2); the customer named
+    # no amount, so the reply never says they asked for one
+    assert reply(run).startswith(
+        f"Hi Chloe, we refunded 10.00 of {asked} for order ORD-1003. Our team reviewed your "
+        "request and approved this amount: one seam."
     )
-    assert "one seam" not in reply(run)  # the approver's words are theirs, not the customer's
+    assert "request for" not in reply(run) and "asked" not in reply(run)
 
 
 def test_outcomes_filter_the_runs_list_and_a_rejection_is_no_green_success(desk, gateway):

@@ -9,8 +9,9 @@ toolset kind wrapped, tool calls in order) and hands every durable operation to 
 - a call the engine refused when it planned it (unknown, outside the snapshot, bad JSON or
   arguments) goes back to the model with the planned error (`wrap_tool_validate`);
 - an approval rule that holds parks the call in our inbox (`wrap_tool_execute` defers it,
-  `handle_deferred_tool_calls` waits on the inbox: waits.py); an approved call runs only with
-  the exact arguments its final approval approved;
+  `handle_deferred_tool_calls` waits on the inbox: waits.py), unless the call's operation key
+  is used (it is answered "already done" without asking anybody); an approved call runs only
+  with the exact arguments its final approval approved;
 - a model request streams its text to the run's events when the model can stream, and is one
   whole response when it cannot (`_model_request_operation`).
 Outside a run's slice it is transparent.
@@ -44,6 +45,7 @@ from agentruns.runtime.engine.plan import refuse_planned
 from agentruns.runtime.engine.slice import island
 from agentruns.runtime.engine.tools.toolsets import StepsToolset, registered_tools
 from agentruns.runtime.engine.waits import ask_for, decide_deferred, rule_decided, rule_wait
+from agentruns.runtime.operations.gate import answered_already
 from agentruns.runtime.providers.models import model_for, name_of
 
 ENGINE = DurabilityEngineSpec(
@@ -224,7 +226,10 @@ class AgentRunsDurability(BaseDurabilityCapability[Any]):
         except UnknownTool:  # the unit refuses it (not deployed any more)
             return await handler(args)
         with island():
-            held = needs_approval(state.run, tool, step.arguments)
+            # a call whose operation key is used is answered "already done" without a person
+            held = needs_approval(state.run, tool, step.arguments) and not answered_already(
+                state.run, tool, step.arguments
+            )
         if held:
             raise ask_for(state, step)
         return await handler(args)

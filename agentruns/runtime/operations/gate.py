@@ -84,6 +84,20 @@ def holds_key(run: Run, tool_name: str) -> bool:
     return has_tool(tool_name) and get_tool(tool_name).operation_key is not None
 
 
+def answered_already(run: Run, tool: Tool, arguments: dict) -> bool:
+    """Is every slot of the call's operation key executed, so the call would be answered with
+    the key's earlier execution instead of being made? Then nobody is asked to approve it
+    (DESIGN.md 4.13: a call whose key is done never reaches the inbox again): it goes straight
+    to the gate, which answers it "already done". No query for a tool without a key."""
+    if not holds_key(run, tool.name):
+        return False
+    try:
+        key = key_for(run, tool, arguments)
+    except OperationKeyError:
+        return False  # the gate refuses it; the approval rule stands meanwhile
+    return key is not None and executions.key_state(key).status == "used"
+
+
 def gate(run: Run, step: Step, tool: Tool, *, first_attempt: bool) -> Gate:
     """Take the call's key and check its limit (module docstring), inside the caller's
     transaction. `first_attempt`: the first attempt of the step since it was planned or retried

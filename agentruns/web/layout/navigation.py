@@ -72,6 +72,27 @@ def nav_links_for(user: Any, current: str | None) -> list[dict[str, Any]]:
     return shown
 
 
+# a field of runs' inputs and tools' arguments whose value has its own page in a domain app (the
+# demo: `ticket_id` -> the ticket), so the inbox and the run page link to it without knowing it
+_record_pages: dict[str, str] = {}
+
+
+def register_record_page(field: str, url_name: str) -> None:
+    """`field`'s values are shown at `url_name` (reversed with the value as its one argument)."""
+    _record_pages[field] = url_name
+
+
+def record_url(field: str, value: object) -> str:
+    """The page of `value` of `field` ("" when no app shows such records, or no value)."""
+    url_name = _record_pages.get(field)
+    if not url_name or not isinstance(value, str) or not value:
+        return ""
+    try:
+        return reverse(url_name, args=[value])
+    except NoReverseMatch:  # its urls are not installed, or the value is no record's id
+        return ""
+
+
 _cached: tuple[float, dict] | None = None
 _cache_lock = Lock()
 

@@ -183,6 +183,8 @@ async def _attempt(state: SliceState, step: Step, tool: Tool, body: Any) -> Any:
     if opened is not _GO:
         return opened  # answered without a call: refused, or the key's earlier execution
     with island():
+        # the decision that let an approved call run: the tool may pass on the approver's words
+        approval = inbox().approval_of(step) if step.approved else None
         if not tool.transactional:
             connections.release()  # the call waits on the world, not on this database
         # a transactional call right after its model turn runs in the transaction that records
@@ -191,7 +193,13 @@ async def _attempt(state: SliceState, step: Step, tool: Tool, body: Any) -> Any:
         atomic = transaction.atomic() if tool.transactional else None
         if atomic is not None:
             atomic.__enter__()
-    tctx = ToolContext(run=run, step=step, attempt=attempt, idempotency_key=step.idempotency_key)
+    tctx = ToolContext(
+        run=run,
+        step=step,
+        attempt=attempt,
+        idempotency_key=step.idempotency_key,
+        approval=approval,
+    )
     secrets = secret_values(step.arguments, run.redacted_fields(step.tool))
     failure: BaseException | None = None
     failure_tb = ""
