@@ -16,7 +16,8 @@ from typing import Any
 from django.db.models import Q, QuerySet
 
 from agentruns.models import Run
-from agentruns.runtime.values.money import format_cents
+from agentruns.runtime.values.money import format_cents, major_text
+from agentruns.runtime.values.timestamps import moment_text
 from agentruns.selectors import RunFilters, run_page
 from agentruns.selectors.pagination import KeysetPage, keyset_page
 from approvals.models import Approval, ApprovalKind, ApprovalStatus
@@ -142,6 +143,25 @@ class TicketView:
     @property
     def amount(self) -> str:
         return format_cents(self.order.amount_cents, self.order.currency)
+
+    @property
+    def refundable_major(self) -> str:
+        """What is left, as typed in the refund form ("227.32")."""
+        return major_text(self.refundable_cents)
+
+    @property
+    def request_refunded(self) -> str:
+        """This request's refund in words ("100.00 USD on Dec 6, 09:14"), "" when none."""
+        paid = self.request_refund
+        if paid is None:
+            return ""
+        amount = (
+            format_cents(paid.amount_cents, self.order.currency)
+            if paid.amount_cents is not None
+            else "a refund"
+        )
+        when = moment_text(paid.at)
+        return f"{amount} on {when}" if when else amount
 
     @property
     def state(self) -> str:

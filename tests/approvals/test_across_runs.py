@@ -126,6 +126,36 @@ def test_a_blocked_call_is_approved_without_the_limit_and_answered_already_done(
     assert step.result["already_done"] is True and step.result["done_by_run"] == str(made.id)
 
 
+def test_an_approval_whose_call_paid_nothing_says_so_everywhere(client, lead):
+    """Issue 44: approved, and nothing was paid (its key was done meanwhile): the API's
+    `not_made`, the item page (its chip and its line) and the decided view say so; the call
+    that was made reads as plainly approved."""
+    order()
+    first, second = parked("ORD-9001", PAID), parked("ORD-9001", PAID)
+    assert decide(lead, first).status_code == 200
+    advance(first.run)
+    assert decide(lead, second).status_code == 200
+    advance(second.run)
+    assert GatewayRefund.objects.count() == 1
+
+    listed = ApiClient(lead).get("/api/approvals?status=approved").json()["approvals"]
+    by_id = {a["id"]: a for a in listed}
+    assert by_id[first.id]["not_made"] is None
+    assert re.fullmatch(
+        r"it was already done on [A-Z][a-z]{2} \d{1,2}, \d{2}:\d{2}, so it was not done again",
+        by_id[second.id]["not_made"],
+    )
+    login(client, lead)
+    item = client.get(reverse("approval-item", args=[second.id])).content.decode()
+    assert ">approved, not paid<" in item  # the chip: never a plain "approved"
+    assert "Approved, not paid: it was already done on " in item
+    decided = client.get(reverse("approval-decided")).content.decode()
+    card = decided[decided.index(f'id="decided-{second.id}"') :].split("</article>")[0]
+    assert "approved, not paid: it was already done on " in card and "s-failed" in card
+    made = decided[decided.index(f'id="decided-{first.id}"') :].split("</article>")[0]
+    assert "not paid" not in made and ">approved<" in made
+
+
 # ------------------------------------------------------------------ an approver's day
 def test_an_approvers_total_per_day_is_capped(settings, approver, lead, django_user_model):
     settings.AGENTRUNS_APPROVER_DAILY_LIMIT_CENTS = 50_000

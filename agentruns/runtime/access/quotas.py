@@ -102,6 +102,12 @@ def _check_bucket(kind: str, what: str, user: Any, burst: float, per_second: flo
         )
 
 
+def check_bucket(kind: str, what: str, user: Any, *, burst: float, per_second: float) -> None:
+    """A token of `user`'s bucket `kind` (an app's own door: the desk's tickets), or
+    QuotaExceeded naming `what` was refused and when to try again."""
+    _check_bucket(kind, what, user, burst, per_second)
+
+
 def runs_in_flight(user_id: Any, cap: int) -> int:
     """How many of the user's runs are queued or running, counting to `cap` at most (SQL of its
     own: the ORM's count built its query in 1.0 ms of CPU per start, the statement takes 0.2)."""

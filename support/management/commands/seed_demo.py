@@ -40,10 +40,13 @@ COMPLAINTS = [
 # everyone looks at runs, the inbox and the support desk's tickets
 LOOK = ["agentruns.view_run", "approvals.view_approval", "support.view_ticket"]
 # group -> permissions
+# who may start runs may also log a customer's request from another channel (`POST
+# /api/tickets`, support.add_ticket): a phone call, a mail forwarded by hand
 ROLES = {
     "viewer": LOOK,  # may only look
-    "approver": [*LOOK, "agentruns.start_run", "approvals.decide_approval"],
-    "trainees": [*LOOK, "agentruns.start_run"],  # may look and start runs, never refund
+    "approver": [*LOOK, "agentruns.start_run", "approvals.decide_approval", "support.add_ticket"],
+    # may look, start runs and log requests, never refund
+    "trainees": [*LOOK, "agentruns.start_run", "support.add_ticket"],
 }
 # user -> group (lead: a superuser, in no group)
 USERS = {
