@@ -23,10 +23,12 @@ from agentruns import services
 from agentruns.runtime.access.permissions import snapshot
 from agentruns.runtime.access.quotas import check_bucket
 from agentruns.runtime.values.ids import actor_name
+from agentruns.runtime.values.money import format_cents
 from approvals import services as decisions
 from approvals.domain import claims
 from approvals.errors import AlreadyDecided, ClaimedByOther, DecisionError
 from approvals.models import Approval
+from support.ledger import order_refunds
 from support.models import Order, OutboxMessage, Ticket
 
 AGENT = "refund"
@@ -124,10 +126,16 @@ def do_refund_by_hand(
 ) -> services.StartResult:
     """Refund `amount_cents` on the hand-over's ticket through the refund agent's own tool
     (module docstring). `key`: the form's one-time token (a double click starts one run)."""
-    held_handover(ticket, item, user)
     if not may_refund(user):
         raise PermissionDenied(
             "your tool policy does not allow refunds: a colleague who may refund must do it"
+        )
+    held_handover(ticket, item, user)
+    left = order_refunds(ticket.order).remaining_cents
+    if amount_cents > left:  # (the tool's limit refuses it too: said here, before a run)
+        raise DeskRefused(
+            f"at most {format_cents(left, ticket.order.currency)} is left to refund on "
+            f"{ticket.order.order_id}"
         )
     run_input = {
         "order_id": ticket.order.order_id,
