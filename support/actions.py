@@ -82,8 +82,9 @@ def do_log_ticket(
     if order is None:
         raise LookupError(f"no order {order_id}")
     digits = order.order_id.removeprefix("ORD-")
-    for _ in range(20):  # a concurrent log of the same order took the number: the next one
-        number = order.tickets.count() + 1
+    count = order.tickets.count()
+    for taken in range(20):  # the number is someone else's (a concurrent log): the next one
+        number = count + 1 + taken
         ticket_id = f"T-{digits}" if number == 1 else f"T-{digits}-{number}"
         try:
             with transaction.atomic():

@@ -172,31 +172,31 @@ class OrderRefunds:
 
 
 def order_refunds(order: Order, limit: int | None = None) -> OrderRefunds:
-    """The order's refunds, oldest first (at most `limit`, the newest kept), in two queries: the
-    gateway's ledger, and the refund keys whose results name those refunds."""
+    """The order's refunds, oldest first (at most `limit`, the newest kept), in three queries:
+    the gateway's ledger, the order's tickets, and their refund keys' executions (whose results
+    name the refunds they made)."""
     rows = GatewayRefund.objects.filter(order_id=order.order_id).order_by("created_at", "id")
     ledger = list(rows)[-limit:] if limit else list(rows)
     ids = [f"rf_{r.pk}" for r in ledger]
     tickets: dict[str, str] = {}
     if ids:
+        # the keys of the order's requests (an index lookup each), not every refund key's rows
+        keys = [refund_key(t) for t in order.tickets.values_list("ticket_id", flat=True)]
         done = OperationExecution.objects.filter(
-            key__startswith=KEY_PREFIX,
-            state=OperationState.DONE,
-            result__refund_id__in=ids,
+            key__in=keys, state=OperationState.DONE
         ).values_list("key", "result")
         for key, result in done:
-            if isinstance(result, dict) and not result.get("already_done"):
-                tickets[str(result.get("refund_id"))] = key.removeprefix(KEY_PREFIX)
+            if isinstance(result, dict) and result.get("refund_id") in ids:
+                tickets[str(result["refund_id"])] = key.removeprefix(KEY_PREFIX)
     found = OrderRefunds(order)
     for row, refund_id in zip(ledger, ids, strict=True):
         ticket = tickets.get(refund_id)
-        # a key of the order itself ("refund:ORD-1050", before keys named requests): no ticket
         found.refunds.append(
             OrderRefund(
                 refund_id,
                 row.amount_cents,
                 row.created_at,
-                None if ticket is None or ticket.startswith("ORD-") else ticket,
+                ticket,
                 row.reason,
             )
         )

@@ -1,14 +1,20 @@
 """What the offline `scripted` model does for the refund agent.
 
 It reads only the conversation and the tools it is offered (as a real model would), so a
-resumed run and an uninterrupted one get the same turns. Flow: look up the order -> refund ->
-note + reply -> summary. Without `issue_refund` (a trainee's run: the tool policy of the
-starter's groups leaves it out) it hands over instead: it calls `hand_over` (an item in the
-inbox that a person picks up), tells the customer a colleague will take over, notes that on the
-ticket, and finishes.
+resumed run and an uninterrupted one get the same turns. Flow: look up the order and the
+customer's request (its ticket: the order's refunds so far, what is left, and whether this
+request was refunded before) -> refund at most what is left -> note + reply -> summary. A
+request refunded before is told so (how much, when), never refunded again; an order with
+nothing left is told so; a question or an empty message is answered and asked back, nothing
+refunded. Without `issue_refund` (a trainee's run: the tool policy of the starter's groups
+leaves it out) it hands over instead: it calls `hand_over` (an item in the inbox that a person
+picks up), tells the customer a colleague will take over, notes that on the ticket, and
+finishes. With `staff_refund` in its input (a person refunding by hand on a hand-over) it makes
+exactly that call, notes it and tells the customer.
 
 What the customer reads is safe to send: a partial refund says it is partial and why (the amount
-they asked for, or what our team approved on review), and a rejection says only the reason the
+they asked for, what was left, or what our team approved on review, in the approver's words for
+the customer), never an amount they did not ask for, and a rejection says only the reason the
 approver gave for the customer (never their internal note, which the agent is never told).
 """
 
@@ -66,18 +72,6 @@ def requested_amount_cents(message: str) -> int | None:
         if cents is not None:
             return cents
     return None
-
-
-def _calls(messages: list[dict]) -> dict[str, dict]:
-    """Latest arguments per tool name, from the assistant's own tool calls."""
-    calls: dict[str, dict] = {}
-    for message in messages:
-        for call in message.get("tool_calls") or []:
-            try:
-                calls[call["function"]["name"]] = json.loads(call["function"]["arguments"])
-            except (TypeError, KeyError, json.JSONDecodeError):
-                continue
-    return calls
 
 
 def _results(messages: list[dict]) -> dict[str, dict]:

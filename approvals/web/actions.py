@@ -63,13 +63,15 @@ def claim(request: HttpRequest, approval_id: int) -> HttpResponse:
     response = _claim_action(
         request, approval_id, claims.claim, "You are on it.", "{holder} is already on this item"
     )
+    if request.POST.get("then") != "ticket":
+        return response  # the card's own claim button: the card, swapped in place
     return _to_the_ticket(request, approval_id) or response
 
 
 def _to_the_ticket(request: HttpRequest, approval_id: int) -> HttpResponse | None:
-    """Taking a hand-over opens its ticket, where the person finishes it (refunds through the
-    agent's own tool, replies, closes it): the page the item's ticket is shown on. None when
-    the item is no hand-over, has no ticket page, or is not the person's (the claim failed)."""
+    """Taking a hand-over ("Take it and open the ticket") opens its ticket, where the person
+    finishes it (refunds through the agent's own tool, replies, closes it). None when the item
+    is no hand-over, has no ticket page, or is not the person's (the claim failed)."""
     approval = approvals_query(status="").filter(id=approval_id).first()
     if approval is None or approval.kind != ApprovalKind.HANDOVER:
         return None

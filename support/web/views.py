@@ -114,6 +114,9 @@ def handover_take(request: HttpRequest, ticket_id: str) -> HttpResponse:
 @login_required
 @permission_required(VIEW, raise_exception=True)
 def handover_refund(request: HttpRequest, ticket_id: str) -> HttpResponse:
+    if not actions.may_refund(request.user):  # (the action checks it again)
+        raise PermissionDenied("your tool policy does not allow refunds: ask a colleague who may")
+
     def refund(ticket: Ticket, item) -> str:
         cents = parse_major(request.POST.get("amount", ""))
         if cents < 1:

@@ -145,7 +145,7 @@ def test_the_runs_list_finds_runs_by_customer(people):
         html = client.get("/runs/", {"q": q}).content.decode()
         assert str(lovelace.id) in html and str(other.id) not in html, q
     assert 'placeholder="order, ticket, customer or run id"' in html
-    # asked when searching (support/agents.py `customers_orders`), so a renamed customer is
+    # asked when searching (support/agents.py `desk_search_keys`), so a renamed customer is
     # found by the new name at once
     order = Order.objects.get(order_id="ORD-1001")
     order.customer_name = "Grace Hopper"

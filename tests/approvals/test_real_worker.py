@@ -96,7 +96,8 @@ def test_approve_with_a_lowered_amount_refunds_exactly_that_once(seeded, web, wo
     assert refunds[0]["idempotency_key"] == step.idempotency_key
     assert GatewayRefund.objects.filter(order_id=order.order_id).count() == 1
     reply = OutboxMessage.objects.get(run_id=run.id)
-    assert f"{lowered / 100:,.2f} USD" in reply.body
+    assert f"we refunded {lowered / 100:,.2f} of {order.amount}" in reply.body
+    assert "approved this amount: partial refund." in reply.body  # the approver's words
     decided = RunEvent.objects.get(run=run, type="approval.decided")
     assert decided.data["diff"] == {"amount_cents": {"from": order.amount_cents, "to": lowered}}
     assert decided.data["by"] == "approver"

@@ -1,8 +1,10 @@
-"""One refund per order across runs (issue 30's first target), with real processes: a real
-`qcluster` and a real daphne serving the refund gateway. Two runs on one order are started
-10 ms apart, both park for approval (REFUND_APPROVAL_THRESHOLD_CENTS=0), both are approved: the
-gateway's own ledger shows ONE refund, and the other run's model is told it was already done
-(its tool step's result, its ticket note, its output). The same with the worker SIGKILLed right
+"""One refund per request across runs (issue 30's first target; the request is the order's open
+ticket since issue 44), with real processes: a real `qcluster` and a real daphne serving the
+refund gateway. Two runs on one request are started 10 ms apart, both park for approval
+(REFUND_APPROVAL_THRESHOLD_CENTS=0), both are approved: the gateway's own ledger shows ONE
+refund, and the other run's model is told it was already done (its tool step's result, its
+ticket note, its output). In the order's line the second run starts after the first refunded:
+its lookup says the request was paid, and it never reaches the inbox. The same with the worker SIGKILLed right
 after the gateway answered the first refund (failpoint `tool_returned:issue_refund=crash_once`):
 the key survives the crash, the other run waits for it, the first run's recovery makes its call
 again with the same idempotency key, and the gateway replays it.
@@ -37,6 +39,7 @@ from tests.procs import gateway_refunds, module_web, start_worker, wait_until
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.crash]
 
 ORDER = "ORD-1001"
+KEY = "refund:T-1001"  # the order's open ticket: the request both runs answer
 
 
 @pytest.fixture(scope="module")
@@ -62,16 +65,14 @@ def parked(runs: list[Run], count: int) -> list[Approval]:
 
 def approve_all(runs: list[Run], lead, *, in_line: bool) -> None:
     """Both items approved at once, before either has run; in line (the demo's one run per
-    order), the second run parks only once the first has ended: approved then."""
+    order), the second run starts once the first has ended and never parks: its request was
+    paid, so it is told, not asked."""
     if not in_line:
         for approval in parked(runs, 2):
             decisions.approve(approval.id, user=lead, version=1)
         return
     first = parked(runs, 1)[0]
     decisions.approve(first.id, user=lead, version=1)
-    for approval in parked(runs, 2):
-        if approval.id != first.id:
-            decisions.approve(approval.id, user=lead, version=1)
 
 
 @pytest.mark.parametrize(
@@ -111,27 +112,33 @@ def test_two_runs_on_one_order_refund_once(
     assert len(ledger) == 1 and len(listed) == 1, listed
     steps = {s.run_id: s for s in Step.objects.filter(run__in=runs, tool="issue_refund")}
     made = next(s for s in steps.values() if "refund_id" in (s.result or {}))
-    told = next(s for s in steps.values() if s.id != made.id)
     assert listed[0]["idempotency_key"] == made.idempotency_key
     assert made.result["refund_id"] == f"rf_{ledger[0].pk}"
-    # the other run's model was told it was already done, by which run and when
-    assert told.status == StepStatus.SUCCEEDED
-    assert told.result["already_done"] is True
-    assert told.result["done_by_run"] == str(made.run_id)
-    assert told.result["result"] == made.result
-    other = Run.objects.get(id=told.run_id)
-    assert other.output.startswith(f"Already done: order {ORDER} was already refunded")
+    other = next(r for r in Run.objects.filter(id__in=[r.id for r in runs]) if r.id != made.run_id)
+    if in_line:
+        # its lookup said the request was paid: no call, no inbox item
+        assert other.id not in steps
+        assert not Approval.objects.filter(run=other).exists()
+        told = Step.objects.get(run=other, tool="lookup_order")
+        assert told.result["request_refunded"]["run_id"] == str(made.run_id)
+    else:
+        # the other run's model was told it was already done, by which run and when
+        told = steps[other.id]
+        assert told.status == StepStatus.SUCCEEDED
+        assert told.result["already_done"] is True
+        assert told.result["done_by_run"] == str(made.run_id)
+        assert told.result["result"] == made.result
+    assert other.output.startswith(f"Already refunded: this request on order {ORDER}")
+    assert other.outcome == "already_refunded"
     assert TicketNote.objects.filter(body__startswith="Not refunded again").count() == 1
-    row = OperationExecution.objects.get(key=f"refund:{ORDER}")
+    row = OperationExecution.objects.get(key=KEY)
     assert (row.state, row.step_id) == (OperationState.DONE, made.id)
 
     if crash:
         marker = tmp_path / "failpoints" / f"tool_returned-issue_refund-{made.id}"
         assert marker.exists(), "the failpoint never fired"
         assert made.attempts == 2  # made again after the kill, with the same key
-    waited = RunEvent.objects.filter(
-        run=other, type="run.status", data__operation_key=f"refund:{ORDER}"
-    ).exists()
+    waited = RunEvent.objects.filter(run=other, type="run.status", data__operation_key=KEY).exists()
     answered = (told.finished_at - made.finished_at).total_seconds()
     print(
         f"\n[operation-keys] {'SIGKILL after the gateway' if crash else 'plain'}: two runs on "

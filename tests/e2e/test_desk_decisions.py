@@ -2,9 +2,9 @@
 on PostgreSQL (one of each for the module), asserting on the DOM and on the outside world
 (issue 34, items 2 to 4):
 
-1. the card of a second refund on an order refunded before shows that refund and the total in
-   the order's currency; the lead allows one more execution and lowers the amount typed in
-   dollars, and the gateway's ledger has exactly those cents;
+1. the card of a second request's refund on an order refunded before shows that refund and the
+   total in the order's currency, and proposes what is left; the lead lowers the amount typed
+   in dollars, and the gateway's ledger has exactly those cents;
 2. a rejection's internal note stays with staff: the run page shows it (in the conversation,
    beside the reason the agent was told), and neither the model's stored conversation nor the
    customer's reply holds it (the reply gives the reason);
@@ -29,6 +29,7 @@ from agentruns.runtime.values.money import format_cents
 from agentruns.services import start_run
 from approvals import services as decisions
 from approvals.models import Approval
+from support.actions import do_log_ticket
 from support.models import Order, OutboxMessage
 from tests.e2e.kit import WAIT_MS, Journey, axe_problems, browser_marks, set_browser_password
 from tests.procs import gateway_refunds, start_web, start_worker, wait_finished, wait_until
@@ -82,42 +83,45 @@ def test_a_second_refund_shows_the_first_and_an_edit_in_dollars_refunds_those_ce
     assert wait_finished(first, worker).outcome == "partially_refunded"
     assert [r["amount_cents"] for r in gateway_refunds(url, "ORD-1020")] == [4000]
 
-    second = start_run("refund", {"order_id": "ORD-1020", "message": "Refund the rest"}).run
+    # a second request on the order (one refund per request: issue 44) asks for what is left
+    request = do_log_ticket(
+        order_id="ORD-1020", subject="The rest", body="Refund the rest", user=people["lead"]
+    ).ticket
+    second = start_run(
+        "refund",
+        {"order_id": "ORD-1020", "ticket_id": request.ticket_id, "message": "Refund the rest"},
+    ).run
     item = parked(second)
     journey = Journey.open(browser, url, "desk-second-refund")
     journey.sign_in("lead", then="/approvals/")
     card = journey.page.locator(f"#approval-{item.id}")
     card.wait_for(timeout=WAIT_MS)
     context = card.locator(".context-facts").inner_text()
-    paid = format_cents(order.amount_cents, "USD")
+    left = format_cents(order.amount_cents - 4000, "USD")
     assert "40.00 USD" in context  # the earlier refund, in the order's currency
     assert "refunded\n40.00 USD" in context  # and the total so far
-    assert f"remaining\n{format_cents(order.amount_cents - 4000, 'USD')}" in context
-    assert card.locator(".amount").inner_text() == paid
-    assert "already done" in card.locator(".operation-key").inner_text()
+    assert f"remaining\n{left}" in context
+    assert card.locator(".amount").inner_text() == left  # the agent proposed what is left
     journey.shot("second-refund-card")
 
-    # a second partial refund is the lead's call: one more execution of the order's key
-    card.locator(".allow-form input[name=reason]").fill("the customer sent the rest back")
-    card.locator(".allow-button").click()
-    card.locator(".note.msg-success").wait_for(timeout=WAIT_MS)
     card.locator("summary").click()
     amount = card.locator("input[name=arg_amount_cents]")
     hint = card.locator("label[for$=-amount_cents]").inner_text()
-    assert f"may only be lowered: from 0.01 up to {paid} (the requested value)" in hint
+    assert f"may only be lowered: from 0.01 up to {left} (the requested value)" in hint
     amount.fill("100.25")  # dollars, not cents
     assert "Will approve with: amount_cents" in card.locator(".diff-preview").inner_text()
     journey.shot("second-refund-edited")
     card.locator("button[value=approve]").click()
     journey.page.locator("#decision-log li").first.wait_for(timeout=WAIT_MS)
     log = journey.page.locator("#decision-log").inner_text()
-    assert f"amount_cents {paid} → 100.25 USD" in log
+    assert f"amount_cents {left} → 100.25 USD" in log
 
     done = wait_finished(second, worker)
     assert (done.status, done.outcome) == (RunStatus.SUCCEEDED, "partially_refunded")
     assert [r["amount_cents"] for r in gateway_refunds(url, "ORD-1020")] == [4000, 10025]
     reply = OutboxMessage.objects.get(run_id=second.id).body
-    assert f"we refunded 100.25 of {paid}" in reply and "our team reviewed" in reply
+    paid = format_cents(order.amount_cents, "USD")
+    assert f"we refunded 100.25 of {paid}" in reply and "Our team reviewed" in reply
     journey.check_csp()
 
 

@@ -142,14 +142,15 @@ def test_crash_mid_stream_resumes_with_a_new_attempt_and_the_same_conversation(
             clean_bodies = [r.body for r in fake.chat_requests()]
             fake.clear()
             # the second run meets the order as the first did: its refund and its operation key
-            # (one refund per order across runs) are set aside, so both runs ask the same
+            # (one refund per request, the order's open ticket, across runs) are set aside, so
+            # both runs ask the same
             clean_refund_keys = list(
                 GatewayRefund.objects.filter(order_id="ORD-1002").values_list(
                     "idempotency_key", flat=True
                 )
             )
             GatewayRefund.objects.filter(order_id="ORD-1002").delete()
-            OperationExecution.objects.filter(key="refund:ORD-1002").delete()
+            OperationExecution.objects.filter(key="refund:T-1002").delete()  # its request
 
             crashing_worker = start_worker(
                 tmp_path,

@@ -138,7 +138,7 @@ def test_the_button_runs_the_agent_on_the_ticket_once_per_form(people):
     ticket = Ticket.objects.select_related("order").get(ticket_id="T-1003")
     assert run.agent == "refund" and run.created_by == people["approver"]
     assert run.input == {"order_id": "ORD-1003", "ticket_id": "T-1003", "message": ticket.body}
-    # the runs list finds it by its customer (support/agents.py `customers_orders`)
+    # the runs list finds it by its customer (support/agents.py `desk_search_keys`)
     listed = client.get("/runs/", {"q": ticket.order.customer_name}).content.decode()
     assert str(run.id) in listed
     # a double click (the same form again): the same run, nothing new

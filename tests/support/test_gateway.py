@@ -123,9 +123,11 @@ def test_issue_refund_sends_the_key(tmp_path, settings, seeded):
 
         settings.REFUND_GATEWAY_KEY = ""  # a tool without the key is refused ...
         with pytest.raises(Exception, match="401"):
-            refund(context, order_id="ORD-1002", amount_cents=500, reason="r")
+            refund(context, order_id="ORD-1002", ticket_id="T-1002", amount_cents=500, reason="r")
         settings.REFUND_GATEWAY_KEY = KEY  # ... and with it, refunds
-        done = refund(context, order_id="ORD-1002", amount_cents=500, reason="r")
+        done = refund(
+            context, order_id="ORD-1002", ticket_id="T-1002", amount_cents=500, reason="r"
+        )
         assert done["amount_cents"] == 500
         assert GatewayRefund.objects.get().idempotency_key == "step-key-1"
     finally:

@@ -76,11 +76,14 @@ def test_a_handover_ends_on_its_ticket(desk, gateway):
     assert f'href="/tickets/{TICKET}/"' in card and f'href="/runs/{item.run_id}/"' in card
     assert "Take it and open ticket T-1001" in card
 
-    # taking it opens the ticket (a plain form: a redirect; htmx: HX-Redirect)
-    taken = page.post(f"/approvals/{item.id}/claim/")
+    # "Take it and open the ticket" opens the ticket (htmx: HX-Redirect); the card's own claim
+    # button keeps the card in place
+    taken = page.post(f"/approvals/{item.id}/claim/", {"then": "ticket"})
     assert (taken.status_code, taken["Location"]) == (302, f"/tickets/{TICKET}/")
-    again = page.post(f"/approvals/{item.id}/claim/", HTTP_HX_REQUEST="true")
+    again = page.post(f"/approvals/{item.id}/claim/", {"then": "ticket"}, HTTP_HX_REQUEST="true")
     assert again["HX-Redirect"] == f"/tickets/{TICKET}/"
+    in_place = page.post(f"/approvals/{item.id}/claim/", HTTP_HX_REQUEST="true")
+    assert in_place["X-Claim-Status"] == "200" and "HX-Redirect" not in in_place
     html = ticket_page(page)
     assert 'id="ticket-state"' in html and "handed over: taken by approver" in html
     assert 'id="handover-refund"' in html and 'id="handover-reply"' in html

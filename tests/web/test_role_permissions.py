@@ -33,6 +33,7 @@ START = {"lead", "approver", "approver2", "trainee"}
 OPERATE = {"lead", "operator"}
 DECIDE = {"lead", "approver", "approver2"}
 TICKETS = LOOK - {"operator"}  # support.view_ticket (seed_demo gives it to everyone who looks)
+ADD_TICKET = START  # support.add_ticket: seed_demo gives it to who may start runs
 SIGNED_IN = set(ROLES) - {"anonymous"}
 
 
@@ -83,6 +84,13 @@ API = [
     # hooks: agentruns.resolve_hook, which of the demo roles only the lead (every permission)
     # has; machines sign instead
     ("POST", "/api/hooks/no-such-token", {}, by_role({"lead"}, 404)),
+    # a customer's request from an outside channel: support.add_ticket (no such order: 404)
+    (
+        "POST",
+        "/api/tickets",
+        {"order_id": "ORD-0", "subject": "s", "body": "b"},
+        by_role(ADD_TICKET, 404),
+    ),
 ]
 PAGES = [
     ("GET", "/runs/", None, by_role(LOOK, 200, anonymous="login")),
@@ -139,6 +147,28 @@ PAGES = [
         "/tickets/{ticket}/run/",
         {"form_token": "not-a-token"},
         by_role(TICKETS & START, 302, anonymous="login"),
+    ),
+    # finishing a hand-over on its ticket: whoever looks may post, the action itself needs the
+    # hand-over taken (a decision's rights) and, to refund, a tool policy that allows it (this
+    # ticket has no hand-over: back to it with the reason, nothing done)
+    ("POST", "/tickets/{ticket}/handover/take/", {}, by_role(TICKETS, 302, anonymous="login")),
+    (
+        "POST",
+        "/tickets/{ticket}/handover/refund/",
+        {"amount": "1.00", "refund_token": "not-a-token"},
+        by_role(TICKETS - {"viewer", "trainee"}, 302, anonymous="login"),
+    ),
+    (
+        "POST",
+        "/tickets/{ticket}/handover/reply/",
+        {"text": ""},
+        by_role(TICKETS, 302, anonymous="login"),
+    ),
+    (
+        "POST",
+        "/tickets/{ticket}/handover/close/",
+        {"note": ""},
+        by_role(TICKETS, 302, anonymous="login"),
     ),
 ]
 
