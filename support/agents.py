@@ -4,7 +4,7 @@ Its four tools are Pydantic AI tools; what the engine must know about each (side
 idempotency, edit policy, approvals, redaction, retries) is its `metadata["agentruns"]`, built by
 `durable(...)`. A tool reads its step (the idempotency key, the trace context) with
 `current_step()`. The agent has no model of its own: `AGENTRUNS_MODEL` applies, offline the
-`scripted` model, which plays `refund_policy` (support/policy.py).
+`scripted` model, which plays `refund_policy` (support/policy/).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ It needs `support.add_ticket`: logging a request is the desk's own write, not st
 an intake integration's token may log tickets without being able to start agents or see runs
 (the demo's approvers and trainees have it, as they take requests by phone; viewers do not).
 Bounded like the other doors: the API's body limits and strict schema, and a token bucket per
-sender (`support.actions`); a repeated `Idempotency-Key` from the same sender answers 200 with
+sender (`support.desk.actions`); a repeated `Idempotency-Key` from the same sender answers 200 with
 the ticket it made.
 """
 
@@ -18,7 +18,7 @@ from agentruns.api.endpoint import endpoint
 from agentruns.api.parsing import BadRequest, check_text
 from agentruns.api.schemas import TIME, obj
 from agentruns.runtime.values.timestamps import iso
-from support import actions
+from support.desk import actions
 from support.models import Ticket
 
 TICKET = obj(

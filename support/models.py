@@ -47,13 +47,13 @@ class Ticket(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     intake_key = models.CharField(max_length=220, null=True, blank=True, unique=True)
-    # what the desk's search matches (support/desk.py): the ticket and order keys, the customer's
+    # what the desk's search matches (support/desk/__init__.py): the ticket and order keys, the customer's
     # name and email, the subject and the message; one trigram index serves it (migration 0004)
     search_text = models.TextField(blank=True, default="", editable=False)
 
     class Meta:
         indexes = [
-            # the desk's queue: open tickets, newest first (support/desk.py, keyset pages)
+            # the desk's queue: open tickets, newest first (support/desk/__init__.py, keyset pages)
             models.Index(
                 fields=["-created_at", "-id"],
                 condition=models.Q(status="open"),

@@ -12,7 +12,7 @@ from agentruns.runtime.values.timestamps import iso
 from approvals import services
 from approvals.domain import decisions
 from approvals.domain.context import context_for
-from approvals.domain.made import not_made
+from approvals.domain.history import not_made
 from approvals.domain.selectors import AGES, approvals_query
 from approvals.errors import (
     AlreadyDecided,

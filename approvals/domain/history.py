@@ -5,6 +5,14 @@ Keyset-paginated on (decided_at, id) with the app's one pagination helper; the p
 the runs' own search keys (the runtime's run search, so the same words find the same runs in
 the runs list), the decider by name among the final decider and every approver's decision row,
 the date range on the decision time, the kind, and the outcome.
+
+What became of an approved call (`not_made`): an approval says a person agreed, not that the call
+happened. A call can be approved and still not be made: its operation key was done meanwhile (it
+is answered "already done" with the earlier execution), the tool's limit refused it right before
+it ran (another request filled the order), or the deployed code refused it. Everywhere an
+approved item is listed (the card and the item page, the decided view, the API's `not_made`)
+says so, so nobody reads "approved 327.32 USD" where nothing was paid. Read from the item's
+step, which every listing loads with it.
 """
 
 from __future__ import annotations
@@ -15,7 +23,9 @@ from datetime import date, datetime, time, timedelta
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from agentruns.models import Run
+from agentruns.models import Run, StepStatus
+from agentruns.registry import get_tool, has_tool
+from agentruns.runtime.values.timestamps import moment_text
 from agentruns.selectors.pagination import KeysetPage, keyset_page
 from agentruns.selectors.run_list import search_condition
 from approvals.domain.decisions import args_diff
@@ -186,3 +196,42 @@ def history_of(approval: Approval) -> list[HistoryEntry]:
             )
         )
     return entries
+
+
+# ------------------------------------------------------------------ an approved call not made
+_REFUSED = "refused: "
+_NOT_MADE = "; the call was not made"
+
+
+def not_made(approval: Approval) -> str:
+    """Why an approved call was not made, in words ("" when it was made, has not run yet, or
+    the item is no approval)."""
+    if approval.kind != ApprovalKind.APPROVAL or approval.status != ApprovalStatus.APPROVED:
+        return ""
+    step = approval.step
+    result = step.result if isinstance(step.result, dict) else {}
+    if step.status == StepStatus.SUCCEEDED and result.get("already_done"):
+        when = moment_text(result.get("done_at"))
+        earlier = result.get("result") if isinstance(result.get("result"), dict) else {}
+        if earlier.get("outcome_unknown"):
+            return "it may have been done already (never confirmed), so it was not done again"
+        return f"it was already done{' on ' + when if when else ''}, so it was not done again"
+    if step.status == StepStatus.REJECTED:
+        why = (step.error or "").removeprefix(_REFUSED).removesuffix(_NOT_MADE).strip()
+        return f"refused when it was about to run: {why}" if why else "refused when about to run"
+    if step.status == StepStatus.FAILED:
+        return f"it failed: {step.error}" if step.error else "it failed"
+    if step.status == StepStatus.SKIPPED:
+        return "it was skipped"
+    return ""
+
+
+def not_made_verb(tool: str) -> str:
+    """ "paid" for a tool that moves an amount (its `amount_arg`), "made" for any other."""
+    return "paid" if has_tool(tool) and get_tool(tool).amount_arg else "made"
+
+
+def not_made_label(approval: Approval) -> str:
+    """ "approved, not paid: it was already done on Dec 6, 09:14, ..." ("" when it was made)."""
+    why = not_made(approval)
+    return f"approved, not {not_made_verb(approval.tool)}: {why}" if why else ""

@@ -29,7 +29,7 @@ from agentruns.web.forms.inputs import string_attrs
 from agentruns.web.layout.navigation import record_url
 from approvals.domain.context import contexts
 from approvals.domain.decisions import args_diff
-from approvals.domain.made import not_made, not_made_label
+from approvals.domain.history import not_made, not_made_label
 from approvals.domain.policy import waiting_for
 from approvals.models import Approval, ApprovalDecision, ApprovalKind, ApprovalStatus
 from approvals.web.amounts import Money, currency_of, first_text, money_of
@@ -121,7 +121,7 @@ class Card:
     # page a domain app shows it on (a hand-over is finished there)
     ticket_id: str | None = None
     ticket_url: str = ""
-    # an approved call that was not made (approvals/domain/made.py): why, and the whole line
+    # an approved call that was not made (approvals/domain/history.py): why, and the whole line
     not_made: str = ""
     not_made_label: str = ""
 

@@ -1,6 +1,6 @@
 """The support desk: the ticket queue, a ticket with its order, "run the agent on it", and
 finishing a hand-over on its ticket (take it, refund through the agent's own tool, reply to the
-customer, close it: support/actions.py).
+customer, close it: support/desk/actions.py).
 
 Looking needs `support.view_ticket`; running the agent goes through the same
 `services.start_run` as every other door (which checks `agentruns.start_run`), with the input
@@ -24,7 +24,8 @@ from agentruns.runtime.values.money import BadAmount, format_cents, parse_major
 from agentruns.web.forms.tokens import FIELD as TOKEN_FIELD
 from agentruns.web.forms.tokens import BadFormToken, dedupe_key_of, new_form_token
 from approvals.errors import DecisionError
-from support import actions, desk
+from support import desk
+from support.desk import actions
 from support.models import Ticket
 
 VIEW = "support.view_ticket"

@@ -29,7 +29,7 @@ from agentruns.runtime.values.money import format_cents
 from agentruns.services import start_run
 from approvals import services as decisions
 from approvals.models import Approval
-from support.actions import do_log_ticket
+from support.desk.actions import do_log_ticket
 from support.models import Order, OutboxMessage
 from tests.e2e.kit import WAIT_MS, Journey, axe_problems, browser_marks, set_browser_password
 from tests.procs import gateway_refunds, start_web, start_worker, wait_finished, wait_until

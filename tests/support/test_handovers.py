@@ -19,7 +19,7 @@ from agentruns.models import OperationExecution, Run, RunStatus, Step
 from agentruns.services import start_run
 from approvals import services as decisions
 from approvals.models import Approval
-from support import actions
+from support.desk import actions
 from support.models import Order, OutboxMessage, Ticket
 from tests.helpers import ApiClient, advance
 from tests.procs import gateway_refunds, module_web

@@ -235,7 +235,7 @@ def test_the_ticket_api_logs_a_request_with_clear_errors(desk):
 
 
 def test_the_ticket_api_is_bounded_per_sender(desk, settings):
-    from support import actions
+    from support.desk import actions
 
     api = ApiClient(desk["approver"])
     body = {"order_id": "ORD-1008", "subject": "s", "body": "b"}
