@@ -299,7 +299,9 @@ def desk_search_keys(q: str) -> list[str]:
         return []
     named = Order.objects.filter(customer_name__icontains=text).order_by("-id")
     keys = list(named.values_list("order_id", flat=True)[:SEARCH_MAX_KEYS])
-    if len(text) >= 3:  # (the trigram index needs three characters)
+    # their words too (the trigram index needs three characters), unless the customers' names
+    # alone fill the search (a common name: its newest orders)
+    if len(text) >= 3 and len(keys) < SEARCH_MAX_KEYS:
         said = (
             Ticket.objects.filter(search_text__icontains=text)
             .order_by("-created_at", "-id")
