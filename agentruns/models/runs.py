@@ -59,6 +59,9 @@ class Run(models.Model):
     input = models.JSONField(default=dict)
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED)
     dedupe_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001 - NULL: no key
+    # whose key `dedupe_key` is (its starter's pk as text, "" for the system): a key names a
+    # run only for the one who chose it, so another user's same key is their own run
+    dedupe_owner = models.CharField(max_length=64, blank=True, default="", db_default="")
     model = models.CharField(max_length=200, blank=True, default="")
     # the tools (name -> policy) the run may call, frozen at start
     tool_snapshot = models.JSONField(default=dict)
@@ -133,9 +136,9 @@ class Run(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["agent", "dedupe_key"],
+                fields=["agent", "dedupe_owner", "dedupe_key"],
                 condition=Q(dedupe_key__isnull=False),
-                name="run_unique_agent_dedupe_key",
+                name="run_unique_owner_dedupe_key",
             ),
         ]
         indexes = [

@@ -11,7 +11,6 @@ from agentruns.services.forks import ForkPlan
 from agentruns.services.forks import plan as fork_plan
 from agentruns.services.operations import allow_operation
 from agentruns.services.start import (
-    KeyInUse,
     StartResult,
     check_priority,
     execute_inline,
@@ -22,7 +21,6 @@ from agentruns.services.start import (
 __all__ = [
     "ActionRefused",
     "ForkPlan",
-    "KeyInUse",
     "QuotaExceeded",
     "StartResult",
     "allow_operation",

@@ -31,7 +31,6 @@ from agentruns.runtime.dispatch.queue import enqueue
 from agentruns.runtime.engine.executor import RunExecutor
 from agentruns.runtime.events import EventType
 from agentruns.runtime.execution import transitions
-from agentruns.runtime.execution.transitions import ActionRefused
 from agentruns.runtime.store import get_store
 from agentruns.runtime.store.base import InFlightCap, InFlightCapReached
 from agentruns.runtime.tracing.tracecontext import new_run_trace
@@ -39,11 +38,6 @@ from agentruns.runtime.values.ids import actor_name, step_key, worker_id
 from agentruns.services import forks
 
 START_PERMISSION = "agentruns.start_run"
-VIEW_PERMISSION = "agentruns.view_run"
-
-
-class KeyInUse(ActionRefused):
-    """A repeated dedupe key (Idempotency-Key) names a run this user may not see."""
 
 
 @dataclass
@@ -85,17 +79,14 @@ def check_priority(priority: Any) -> int:
 
 def may_repeat(sender_id: Any, user: Any) -> bool:
     """A repeated key (an Idempotency-Key, a thread message's id) names what its sender made
-    only for that sender, someone who may view runs, or the system (no user)."""
-    if user is None or user.has_perm(VIEW_PERMISSION):
-        return True
-    return sender_id == getattr(user, "pk", None)
+    only for that sender or the system (no user): another user's key never stands in for yours,
+    whatever you may view."""
+    return user is None or (sender_id is not None and sender_id == getattr(user, "pk", None))
 
 
-def _deduplicated(run: Run, user: Any) -> StartResult:
-    """The run a repeated key names, only for someone who may see it: its starter or a viewer."""
-    if may_repeat(run.created_by_id, user):
-        return StartResult(run, False)
-    raise KeyInUse("this Idempotency-Key already names another user's run, which you may not view")
+def key_owner(user: Any) -> str:
+    """Whose a dedupe key is (`Run.dedupe_owner`): the starter's pk, "" for the system."""
+    return str(user.pk) if getattr(user, "is_authenticated", False) else ""
 
 
 def start_run(
@@ -111,7 +102,8 @@ def start_run(
     priority: int = 0,
     thread_id: str | None = None,
 ) -> StartResult:
-    """Create and enqueue a run; a repeated (agent, dedupe_key) returns the existing run.
+    """Create and enqueue a run; a repeated (agent, dedupe_key) of the same starter returns the
+    existing run (a key is its starter's: another user's same key starts their own run).
 
     The unique constraint decides between concurrent starts, not a pre-check.
     `traceparent`: the caller's W3C trace context; the run's trace continues it (an invalid one
@@ -130,10 +122,13 @@ def start_run(
     check_input_size(run_input)
     check_priority(priority)
     concurrency_key = concurrency.key_for(agent_name, run_input)
+    owner = key_owner(user)
     if dedupe_key is not None:
-        existing = Run.objects.filter(agent=agent_name, dedupe_key=dedupe_key).first()
+        existing = Run.objects.filter(
+            agent=agent_name, dedupe_owner=owner, dedupe_key=dedupe_key
+        ).first()
         if existing is not None:
-            return _deduplicated(existing, user)
+            return StartResult(existing, False)
     # a repeat (above) starts nothing, so it costs no quota; the insert checks the in-flight cap
     in_flight = quotas.take_start(user)
     now = timezone.now()
@@ -141,6 +136,7 @@ def start_run(
         agent=agent_name,
         input=run_input,
         dedupe_key=dedupe_key,
+        dedupe_owner=owner if dedupe_key is not None else "",
         model=model or agent.model or conf.MODEL,
         tool_snapshot={t.name: t.policy() for t in agent.tool_objects()},
         permissions=permissions.snapshot(user, agent.tools),
@@ -200,7 +196,8 @@ def start_run(
     except IntegrityError:
         if dedupe_key is None:
             raise
-        return _deduplicated(Run.objects.get(agent=agent_name, dedupe_key=dedupe_key), user)
+        repeat = Run.objects.get(agent=agent_name, dedupe_owner=owner, dedupe_key=dedupe_key)
+        return StartResult(repeat, False)
     return StartResult(run, True)
 
 

@@ -44,6 +44,7 @@ from agentruns.models import (
     Run,
     RunStatus,
     Thread,
+    ThreadKey,
     ThreadTurn,
     Wait,
 )
@@ -59,7 +60,6 @@ from agentruns.runtime.waits import replies
 from agentruns.services.actions import OPERATE, may_stop
 from agentruns.services.start import may_repeat, start_run
 
-THREAD_KEY_NAMESPACE = uuid.UUID("6f1d5c52-3f0e-4f55-9d3c-2a7c4b8e9a10")
 MULTITASK = ("enqueue", "interrupt", "reject")
 MAX_TEXT_CHARS = 5000
 
@@ -82,12 +82,19 @@ class Posted:
 
 
 def new_thread_id() -> str:
-    return str(uuid7())
+    """A thread id of ours: random (122 bits), so nobody can predict it and make it first."""
+    return str(uuid.uuid4())
 
 
-def _thread_for_post(thread_id: str, agent: str | None, user: Any, chat: bool) -> Thread:
-    """The thread's row, locked; created with `agent` (a chat's if `chat`) when it is new."""
+def _thread_for_post(
+    thread_id: str, agent: str | None, user: Any, chat: bool, *, mine: bool = False
+) -> Thread:
+    """The thread's row, locked; created with `agent` (a chat's if `chat`) when it is new.
+    `mine`: an id of ours for the caller (`thread_for_key`), which never names a thread another
+    user made."""
     thread = Thread.objects.select_for_update().filter(id=thread_id).first()
+    if thread is not None and mine and thread.created_by_id != getattr(user, "pk", None):
+        raise ThreadRefused(f"thread {thread_id} is another user's: it is not yours to join", 409)
     if thread is None:
         if agent is None:
             raise ThreadRefused(f"no thread {thread_id}: its first message names its agent", 404)
@@ -120,17 +127,29 @@ def _thread_for_post(thread_id: str, agent: str | None, user: Any, chat: bool) -
     return thread
 
 
-def thread_id_for_key(client_id: str | None, agent: str, user: Any) -> str:
-    """An id of ours for a new thread: a fresh one, or, with the sender's key (`POST /api/runs`
-    with `"thread": true` and an Idempotency-Key), the same one for the same user, agent and key,
-    so a repeat (concurrent too: the thread's row serialises them) is the same thread and run."""
-    if client_id is None or not getattr(user, "is_authenticated", False):
-        return new_thread_id()
-    return str(uuid.uuid5(THREAD_KEY_NAMESPACE, f"{user.pk}:{agent}:{client_id}"))
+def thread_for_key(key: str | None, agent: str, user: Any) -> str:
+    """The id of the thread `POST /api/runs` with `"thread": true` starts: a new random one, or,
+    with the caller's Idempotency-Key, the one that user's key made before with this agent
+    (`ThreadKey`), so a repeat is the same thread and run. Call it inside the transaction that
+    posts the thread's first message: a concurrent repeat of the key waits on the key's row and
+    then finds the thread it names; a post that fails leaves no key behind."""
+    thread_id = new_thread_id()
+    if key is None or not getattr(user, "is_authenticated", False):
+        return thread_id
+    mapped = ThreadKey.objects.filter(user=user, agent=agent, key=key)
+    found = mapped.values_list("thread_id", flat=True).first()
+    if found is not None:
+        return found
+    try:
+        with transaction.atomic():
+            ThreadKey.objects.create(user=user, agent=agent, key=key, thread_id=thread_id)
+    except IntegrityError:  # a concurrent repeat of the key made it first
+        return mapped.values_list("thread_id", flat=True).get()
+    return thread_id
 
 
 def _check_same_sender(sender_id: Any, user: Any, client_id: str) -> None:
-    """Another user's message id is no way to a run one may not view (`may_repeat`)."""
+    """Another user's message id never stands in for yours (`may_repeat`)."""
     if not may_repeat(sender_id, user):
         raise ThreadRefused(
             f"message id {client_id!r} is another sender's on this thread: use an id of your own",
@@ -170,9 +189,10 @@ def post_message(
     priority: int = 0,
     traceparent: str | None = None,
     chat: bool = False,
+    mine: bool = False,
 ) -> Posted:
     """Add a message to the thread (created with `agent` if new, a chat's if `chat`) and start
-    its run."""
+    its run. `mine`: the thread id is one of ours for this user (`thread_for_key`)."""
     text = (text or "").strip()
     if not text:
         raise ThreadRefused("the message needs text")
@@ -188,7 +208,7 @@ def post_message(
     if author not in (Author.CUSTOMER, Author.STAFF):
         raise ThreadRefused("a message is the customer's or staff's")
     with transaction.atomic():
-        thread = _thread_for_post(thread_id, agent, user, chat)
+        thread = _thread_for_post(thread_id, agent, user, chat, mine=mine)
         if client_id is not None:
             repeat = ThreadTurn.objects.filter(thread=thread, client_id=client_id).first()
             if repeat is not None:

@@ -10,6 +10,7 @@ A thread is created by its first message (naming its `agent`) or by `POST /api/r
 
 from __future__ import annotations
 
+from django.db import transaction
 from django.http import HttpRequest
 
 from agentruns.api.endpoint import endpoint
@@ -31,7 +32,7 @@ from agentruns.services.threads import (
     Posted,
     ThreadRefused,
     post_message,
-    thread_id_for_key,
+    thread_for_key,
 )
 
 VIEW = "agentruns.view_run"
@@ -125,18 +126,20 @@ def start_thread(request: HttpRequest, body: dict) -> tuple[dict, int]:
     key = request.headers.get("Idempotency-Key") or None
     if key is not None and (len(key) > 200 or not key.isprintable()):
         raise BadRequest("Idempotency-Key must be at most 200 printable characters")
-    thread_id = body["thread"]
-    if thread_id is True:  # an id of ours: a repeat of the key finds the thread it made
-        thread_id = thread_id_for_key(key, body["agent"], request.user)
-    posted = post_as_caller(
-        request,
-        thread_id,
-        text,
-        agent=body["agent"],
-        run_input=run_input,
-        client_id=key,
-        priority=body.get("priority", 0),
-    )
+    thread_id, mine = body["thread"], body["thread"] is True
+    with transaction.atomic():  # the key's thread and its first message, or neither
+        if mine:  # an id of ours: a repeat of the key finds the thread it made
+            thread_id = thread_for_key(key, body["agent"], request.user)
+        posted = post_as_caller(
+            request,
+            thread_id,
+            text,
+            agent=body["agent"],
+            run_input=run_input,
+            client_id=key,
+            priority=body.get("priority", 0),
+            mine=mine,
+        )
     payload = {**run_payload(posted.run, []), "thread": posted.thread.id}
     return payload, 201 if posted.created else 200
 
