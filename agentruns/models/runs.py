@@ -86,6 +86,10 @@ class Run(models.Model):
     # the agent's concurrency key for this run's input (NULL: none), fixed at start; runs of one
     # agent sharing it take at most the agent's limit of places (runtime/dispatch/concurrency.py)
     concurrency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    # what the run is about (its agent's `scope` of its input, registry/run_input/scopes.py),
+    # frozen at start: a tool's `scope_arg` must equal it (runtime/access/scope.py); NULL: not
+    # bound
+    scope = models.JSONField(null=True, blank=True)
     # it counts against its key's limit (admitted, and not a waiting run that let its place go)
     holds_key = models.BooleanField(default=False, db_default=False)
     # queued but not admitted: the run it waits behind in its key's line, or in its thread's

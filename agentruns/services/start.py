@@ -24,7 +24,7 @@ from agentruns.conf import conf
 from agentruns.models import PRIORITY_MAX, PRIORITY_MIN, Run, Step
 from agentruns.registry import get_agent
 from agentruns.runtime import writer
-from agentruns.runtime.access import permissions, quotas
+from agentruns.runtime.access import permissions, quotas, scope
 from agentruns.runtime.conversations import history as conversations
 from agentruns.runtime.dispatch import claims, concurrency, thread_line
 from agentruns.runtime.dispatch.queue import enqueue
@@ -122,6 +122,7 @@ def start_run(
     check_input_size(run_input)
     check_priority(priority)
     concurrency_key = concurrency.key_for(agent_name, run_input)
+    run_scope = scope.scope_at_start(agent_name, run_input)
     owner = key_owner(user)
     if dedupe_key is not None:
         existing = Run.objects.filter(
@@ -151,6 +152,7 @@ def start_run(
         enqueued_at=now,
         priority=priority,
         concurrency_key=concurrency_key,
+        scope=run_scope,
     )
     run.trace_id, run.trace_parent = new_run_trace(traceparent)
     events = [
@@ -306,6 +308,7 @@ def _fork(
             trace_id=new_run_trace(None)[0],  # a trace of its own (the fork event names the source)
             priority=source.priority,
             concurrency_key=source.concurrency_key,  # the same input: the same key
+            scope=source.scope,  # and what it is about
         )
         # a thread's run: the fork continues a fork of the thread (its first run), sharing its
         # history
