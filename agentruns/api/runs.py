@@ -66,9 +66,9 @@ def idempotency_key(request: HttpRequest) -> str | None:
     required=("agent",),
     responses={
         201: "created",
-        200: "the run of this Idempotency-Key",
-        403: "no right to start runs",
-        409: "the Idempotency-Key names a run you may not view",
+        200: "your run of this Idempotency-Key (a key is its starter's)",
+        403: "no right to start runs, or to a priority above 0",
+        409: '"thread": an id of another user\'s thread, or a message id of another sender',
     },
     tags=("runs",),
     returns=RUN_WITH_STEPS,

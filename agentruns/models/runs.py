@@ -191,6 +191,7 @@ class Run(models.Model):
             ("operate_run", "Can retry, cancel and resolve runs"),
             ("start_run", "Can start runs (the form, the API, fork, chat)"),
             ("resolve_hook", "Can resume runs waiting on a hook (POST /api/hooks/<token>)"),
+            ("set_priority", "Can start runs with a priority above the default"),
         ]
 
     def __str__(self) -> str:

@@ -15,6 +15,7 @@ from agentruns.services.start import (
     check_priority,
     execute_inline,
     fork_run,
+    may_prioritise,
     start_run,
 )
 
@@ -29,6 +30,7 @@ __all__ = [
     "execute_inline",
     "fork_plan",
     "fork_run",
+    "may_prioritise",
     "may_stop",
     "resolve_step",
     "retry_run",

@@ -38,6 +38,9 @@ from agentruns.runtime.values.ids import actor_name, step_key, worker_id
 from agentruns.services import forks
 
 START_PERMISSION = "agentruns.start_run"
+# a priority above the default: its own permission, or an operator's
+PRIORITY_PERMISSION = "agentruns.set_priority"
+OPERATE_PERMISSION = "agentruns.operate_run"
 
 
 @dataclass
@@ -75,6 +78,25 @@ def check_priority(priority: Any) -> int:
     if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
         raise ValueError(f"priority must be from {PRIORITY_MIN} to {PRIORITY_MAX}, not {priority}")
     return priority
+
+
+def may_prioritise(user: Any) -> bool:
+    """Whether `user` may start runs above the default priority (0): with
+    `agentruns.set_priority`, as an operator, or as the system (no user). Below it anyone may:
+    it only lets others go first."""
+    if user is None:
+        return True
+    return user.has_perm(PRIORITY_PERMISSION) or user.has_perm(OPERATE_PERMISSION)
+
+
+def check_may_prioritise(user: Any, priority: int) -> None:
+    """A priority above the default needs `may_prioritise` (PermissionDenied naming it): a
+    queued run of a higher priority is claimed before everyone else's."""
+    if priority > 0 and not may_prioritise(user):
+        raise PermissionDenied(
+            f"permission denied: {PRIORITY_PERMISSION} (or {OPERATE_PERMISSION}) is required "
+            f"for a priority above 0, not {priority}"
+        )
 
 
 def may_repeat(sender_id: Any, user: Any) -> bool:
@@ -121,6 +143,7 @@ def start_run(
     agent.validate_input(run_input)
     check_input_size(run_input)
     check_priority(priority)
+    check_may_prioritise(user, priority)
     concurrency_key = concurrency.key_for(agent_name, run_input)
     run_scope = scope.scope_at_start(agent_name, run_input)
     owner = key_owner(user)
