@@ -6,7 +6,14 @@ call them from here."""
 
 from agentruns.runtime.access.quotas import QuotaExceeded
 from agentruns.runtime.execution.transitions import ActionRefused
-from agentruns.services.actions import cancel_run, may_stop, resolve_step, retry_run, stop_run
+from agentruns.services.actions import (
+    cancel_run,
+    may_stop,
+    resolve_step,
+    retry_run,
+    stop_for,
+    stop_run,
+)
 from agentruns.services.forks import ForkPlan
 from agentruns.services.forks import plan as fork_plan
 from agentruns.services.operations import allow_operation
@@ -35,5 +42,6 @@ __all__ = [
     "resolve_step",
     "retry_run",
     "start_run",
+    "stop_for",
     "stop_run",
 ]

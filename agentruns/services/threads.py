@@ -49,6 +49,7 @@ from agentruns.models import (
     Wait,
 )
 from agentruns.registry import get_agent
+from agentruns.runtime.access import quotas
 from agentruns.runtime.conversations import history
 from agentruns.runtime.dispatch import thread_line
 from agentruns.runtime.engine import agents
@@ -192,7 +193,9 @@ def post_message(
     mine: bool = False,
 ) -> Posted:
     """Add a message to the thread (created with `agent` if new, a chat's if `chat`) and start
-    its run. `mine`: the thread id is one of ours for this user (`thread_for_key`)."""
+    its run. `mine`: the thread id is one of ours for this user (`thread_for_key`). Each post
+    counts against the sender's thread posts before anything is decided (a refused one too)."""
+    quotas.check_post(user)
     text = (text or "").strip()
     if not text:
         raise ThreadRefused("the message needs text")

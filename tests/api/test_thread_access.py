@@ -195,6 +195,25 @@ def test_an_idempotency_key_names_only_its_starters_run(alice, trainee):
     assert Run.objects.filter(dedupe_key="ticket-T-1039").count() == 2
 
 
+def test_thread_posts_are_bounded_per_user_refused_ones_counted(alice, trainee, settings):
+    """A `reject` post refused with 409 took no quota before (only the starts a post makes
+    did): each post now takes one of its sender's posts, by the API and the run page alike;
+    past them, 429 with Retry-After and nothing stored. Other users keep their own."""
+    settings.AGENTRUNS_ACTION_BURST, settings.AGENTRUNS_ACTION_PER_SECOND = 4, 0.001
+    first = run_of(post(alice, "t-busy", "hello", agent=AGENT))
+    refused = [post(trainee, "t-busy", "me too", multitask="reject") for _ in range(3)]
+    assert [r.status_code for r in refused] == [409] * 3
+    trainee.client.force_login(trainee.user)
+    form = {"text": "from the page", "multitask": "enqueue"}
+    assert trainee.client.post(f"/runs/{first.id}/thread/", form).status_code == 302
+    over = post(trainee, "t-busy", "again", multitask="reject")
+    assert over.status_code == 429 and int(over["Retry-After"]) >= 1
+    assert "too many thread posts" in over.json()["error"]
+    assert trainee.client.post(f"/runs/{first.id}/thread/", form).status_code == 429
+    assert ThreadTurn.objects.filter(thread_id="t-busy").count() == 2  # hello, the page's
+    assert post(alice, "t-busy", "still mine").status_code == 202
+
+
 def test_ids_end_where_they_end(alice):
     answer = alice.post("/api/threads/t-nl%0A/messages", {"text": "hi", "agent": AGENT})
     assert answer.status_code == 404, answer.content
