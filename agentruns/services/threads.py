@@ -59,7 +59,7 @@ from agentruns.runtime.values.ids import actor_name
 from agentruns.runtime.values.text import UnsafeValue, check_text
 from agentruns.runtime.waits import replies
 from agentruns.services.actions import OPERATE, may_stop
-from agentruns.services.start import may_repeat, start_run
+from agentruns.services.start import START_PERMISSION, may_repeat, start_run
 
 MULTITASK = ("enqueue", "interrupt", "reject")
 MAX_TEXT_CHARS = 5000
@@ -156,6 +156,14 @@ def _check_same_sender(sender_id: Any, user: Any, client_id: str) -> None:
             f"message id {client_id!r} is another sender's on this thread: use an id of your own",
             409,
         )
+
+
+def may_post(thread: Thread, user: Any) -> bool:
+    """Whether a post by `user` to `thread` would be taken (the run page offers its form only
+    then): they may start runs, and a chat's thread takes posts from its user or an operator."""
+    if user is not None and not user.has_perm(START_PERMISSION):
+        return False
+    return not thread.chat or _may_post_to_chat(thread, user)
 
 
 def _may_post_to_chat(thread: Thread, user: Any) -> bool:
