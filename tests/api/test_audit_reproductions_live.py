@@ -129,10 +129,10 @@ def test_the_out_of_scope_refund(tmp_path, procs, seeded, django_user_model):
         },
     )
     assert started.status_code == 201, started.text
-    assert started.json()["scope"] == "ORD-1039"
     run = settled(started.json()["id"])
     assert not refunds_asked(status="pending", step__arguments__order_id="ORD-1050")
     assert all(a["order_id"] == "ORD-1039" for a in refunds_asked(step__run=run))
+    assert started.json()["scope"] == "ORD-1039"  # frozen from its own input
     steps = lead.get(f"/api/runs/{run.id}").json()["steps"]
     refused = [s for s in steps if s["tool"] == "issue_refund"]
     assert refused and all(s["status"] == "failed" and s["attempts"] == 0 for s in refused)

@@ -149,7 +149,6 @@ def test_a_run_for_one_order_never_puts_another_before_an_approver(seeded, djang
     )
     assert started.status_code == 201, started.content
     run = Run.objects.get(id=started.json()["id"])
-    assert run.scope == "ORD-1039" and started.json()["scope"] == "ORD-1039"
     advance(run)
     assert run.status in (RunStatus.SUCCEEDED, RunStatus.WAITING), run.error
 
@@ -157,6 +156,8 @@ def test_a_run_for_one_order_never_puts_another_before_an_approver(seeded, djang
     asked = [a.step.arguments for a in Approval.objects.filter(step__run=run)]
     assert all(args.get("order_id") == "ORD-1039" for args in asked), asked
     assert not Approval.objects.filter(status="pending", step__arguments__order_id="ORD-1050")
+    # what it acts on was frozen from its own input
+    assert run.scope == "ORD-1039" and started.json()["scope"] == "ORD-1039"
     refunds = [s for s in tool_steps(run) if s.tool == "issue_refund"]
     assert [s.arguments["order_id"] for s in refunds] == ["ORD-1050"]  # what the history said
     (refund,) = refunds
