@@ -131,9 +131,10 @@ def _thread_for_post(
 def thread_for_key(key: str | None, agent: str, user: Any) -> str:
     """The id of the thread `POST /api/runs` with `"thread": true` starts: a new random one, or,
     with the caller's Idempotency-Key, the one that user's key made before with this agent
-    (`ThreadKey`), so a repeat is the same thread and run. Call it inside the transaction that
-    posts the thread's first message: a concurrent repeat of the key waits on the key's row and
-    then finds the thread it names; a post that fails leaves no key behind."""
+    (`ThreadKey`), so a repeat is the same thread and run. Inside the transaction that posts the
+    thread's first message (`post_message` with no thread id): a concurrent repeat of the key
+    waits on the key's row and then finds the thread it names; a post that fails leaves no key
+    behind."""
     thread_id = new_thread_id()
     if key is None or not getattr(user, "is_authenticated", False):
         return thread_id
@@ -186,7 +187,7 @@ def active_runs(thread: Thread) -> list[Run]:
 
 
 def post_message(
-    thread_id: str,
+    thread_id: str | None,
     text: str,
     *,
     user: Any = None,
@@ -198,11 +199,11 @@ def post_message(
     priority: int = 0,
     traceparent: str | None = None,
     chat: bool = False,
-    mine: bool = False,
 ) -> Posted:
     """Add a message to the thread (created with `agent` if new, a chat's if `chat`) and start
-    its run. `mine`: the thread id is one of ours for this user (`thread_for_key`). Each post
-    counts against the sender's thread posts before anything is decided (a refused one too)."""
+    its run. `thread_id` None: a thread of ours for the caller (`thread_for_key`, with
+    `client_id` as their key), in the transaction of the post. Each post counts against the
+    sender's thread posts before anything is decided (a refused one too)."""
     quotas.check_post(user)
     text = (text or "").strip()
     if not text:
@@ -211,7 +212,8 @@ def post_message(
         raise ThreadRefused(f"the message is longer than {MAX_TEXT_CHARS} characters")
     try:
         check_text(text, "the message")
-        check_text(thread_id, "the thread id")
+        if thread_id is not None:
+            check_text(thread_id, "the thread id")
     except UnsafeValue as exc:
         raise ThreadRefused(str(exc)) from None
     if multitask not in MULTITASK:
@@ -219,6 +221,11 @@ def post_message(
     if author not in (Author.CUSTOMER, Author.STAFF):
         raise ThreadRefused("a message is the customer's or staff's")
     with transaction.atomic():
+        mine = thread_id is None
+        if thread_id is None:  # an id of ours: a repeat of the key finds the thread it made
+            if agent is None:
+                raise ThreadRefused("a new thread's first message names its agent")
+            thread_id = thread_for_key(client_id, agent, user)
         thread = _thread_for_post(thread_id, agent, user, chat, mine=mine)
         if client_id is not None:
             repeat = ThreadTurn.objects.filter(thread=thread, client_id=client_id).first()

@@ -10,7 +10,6 @@ A thread is created by its first message (naming its `agent`) or by `POST /api/r
 
 from __future__ import annotations
 
-from django.db import transaction
 from django.http import HttpRequest
 
 from agentruns.api.endpoint import endpoint
@@ -32,7 +31,6 @@ from agentruns.services.threads import (
     Posted,
     ThreadRefused,
     post_message,
-    thread_for_key,
 )
 
 VIEW = "agentruns.view_run"
@@ -97,7 +95,7 @@ def thread_payload(thread: Thread) -> dict:
     }
 
 
-def post_as_caller(request: HttpRequest, thread_id: str, text: str, **options: object):
+def post_as_caller(request: HttpRequest, thread_id: str | None, text: str, **options: object):
     """`post_message` as the request's user, its refusals as the API's JSON 4xx (the threads
     API and the chat)."""
     try:
@@ -126,20 +124,15 @@ def start_thread(request: HttpRequest, body: dict) -> tuple[dict, int]:
     key = request.headers.get("Idempotency-Key") or None
     if key is not None and (len(key) > 200 or not key.isprintable()):
         raise BadRequest("Idempotency-Key must be at most 200 printable characters")
-    thread_id, mine = body["thread"], body["thread"] is True
-    with transaction.atomic():  # the key's thread and its first message, or neither
-        if mine:  # an id of ours: a repeat of the key finds the thread it made
-            thread_id = thread_for_key(key, body["agent"], request.user)
-        posted = post_as_caller(
-            request,
-            thread_id,
-            text,
-            agent=body["agent"],
-            run_input=run_input,
-            client_id=key,
-            priority=body.get("priority", 0),
-            mine=mine,
-        )
+    posted = post_as_caller(
+        request,
+        None if body["thread"] is True else body["thread"],  # None: an id of ours
+        text,
+        agent=body["agent"],
+        run_input=run_input,
+        client_id=key,
+        priority=body.get("priority", 0),
+    )
     payload = {**run_payload(posted.run, []), "thread": posted.thread.id}
     return payload, 201 if posted.created else 200
 
