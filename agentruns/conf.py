@@ -275,6 +275,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("AGENTRUNS_RUNS_IN_FLIGHT_PER_USER", int, 200, "queued + running runs per user", 0),
     Setting("AGENTRUNS_DECISION_BURST", int, 200, "decisions at once (a bulk: each item)", 0),
     Setting("AGENTRUNS_DECISION_PER_SECOND", float, 2, "... refilled at this rate", 0),
+    # every door that acts counts its refusals too (a guessed hook token, a refused post)
+    Setting("AGENTRUNS_HOOK_BURST", int, 30, "hook resolutions per sender at once", 0),
+    Setting("AGENTRUNS_HOOK_PER_SECOND", float, 3, "... refilled at this rate", 0),
+    Setting("AGENTRUNS_HOOK_PROCESS_BURST", int, 300, "hook resolutions per web process", 0),
+    Setting("AGENTRUNS_HOOK_PROCESS_PER_SECOND", float, 30, "... refilled at this rate", 0),
+    Setting("AGENTRUNS_ACTION_BURST", int, 100, "thread posts, and stops, per user at once", 0),
+    Setting("AGENTRUNS_ACTION_PER_SECOND", float, 10, "... refilled at this rate", 0),
     Setting("AGENTRUNS_INPUT_MAX_KEY_BYTES", int, 20_000, "a run input's value, as JSON", 0),
     Setting("AGENTRUNS_SOCKETS_PER_USER", int, 50, "streams per user and web process", 0),
     Setting("AGENTRUNS_SOCKETS_PER_PROCESS", int, 5000, "streams (sockets, SSE) per process", 0),

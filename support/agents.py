@@ -1,10 +1,11 @@
 """The demo's refund agent: a Pydantic AI agent, plugged in through the public registry only.
 
-Its four tools are Pydantic AI tools; what the engine must know about each (side effect,
-idempotency, edit policy, approvals, redaction, retries) is its `metadata["agentruns"]`, built by
-`durable(...)`. A tool reads its step (the idempotency key, the trace context) with
-`current_step()`. The agent has no model of its own: `AGENTRUNS_MODEL` applies, offline the
-`scripted` model, which plays `refund_policy` (support/policy/).
+Its tools are Pydantic AI tools; what the engine must know about each (side effect,
+idempotency, edit policy, approvals, redaction, retries, the argument bound to the run's order)
+is its `metadata["agentruns"]`, built by `durable(...)`. A tool reads its step (the idempotency
+key, the trace context) with `current_step()`. The agent has no model of its own:
+`AGENTRUNS_MODEL` applies, offline the `scripted` model, which plays `refund_policy`
+(support/policy/).
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def request_ticket(order: Order, ticket_id: str | None = None) -> Ticket | None:
     return found
 
 
-@refund_agent.tool_plain(metadata=durable(redact=("customer_email",)))
+@refund_agent.tool_plain(metadata=durable(redact=("customer_email",), scope_arg="order_id"))
 def lookup_order(order_id: str, ticket_id: str | None = None) -> dict:
     """Look up an order and the customer's request (its ticket; default: the order's open
     ticket): customer, amount, currency, item, status; the order's refunds so far, what is left
@@ -171,6 +172,8 @@ def lookup_order(order_id: str, ticket_id: str | None = None) -> dict:
         operation_key=refund_operation_key,
         limit=refund_limit,
         context=refund_context,
+        # only the run's own order, whatever the thread's history or the customer's text names
+        scope_arg="order_id",
     )
 )
 def issue_refund(
@@ -232,7 +235,9 @@ def _ticket_for(order_id: str, ticket_id: str | None) -> Ticket:
     return ticket
 
 
-@refund_agent.tool_plain(metadata=durable(side_effect=True, idempotency="key"))
+@refund_agent.tool_plain(
+    metadata=durable(side_effect=True, idempotency="key", scope_arg="order_id")
+)
 def add_ticket_note(order_id: str, note: str, ticket_id: str | None = None) -> dict:
     """Add an internal note to the customer's request (its ticket; default: the order's open
     ticket)."""
@@ -248,7 +253,9 @@ def add_ticket_note(order_id: str, note: str, ticket_id: str | None = None) -> d
     return {"ticket_id": ticket.ticket_id, "note_id": row.pk}
 
 
-@refund_agent.tool_plain(metadata=durable(handover=True, context=refund_context))
+@refund_agent.tool_plain(
+    metadata=durable(handover=True, context=refund_context, scope_arg="order_id")
+)
 def hand_over(order_id: str, reason: str, ticket_id: str | None = None) -> dict:
     """Hand the customer's request over to a colleague when you may not do what it needs (you
     have no refund tool): a person picks it up in the inbox, with the order and the request's
@@ -256,7 +263,9 @@ def hand_over(order_id: str, reason: str, ticket_id: str | None = None) -> dict:
     return {"handed_over": True, "order_id": order_id, "ticket_id": ticket_id, "reason": reason}
 
 
-@refund_agent.tool_plain(metadata=durable(side_effect=True, idempotency="none"))
+@refund_agent.tool_plain(
+    metadata=durable(side_effect=True, idempotency="none", scope_arg="order_id")
+)
 def send_customer_reply(order_id: str, message: str, ticket_id: str | None = None) -> dict:
     """Send a reply to the customer by email, on their request (its ticket; default: the
     order's open ticket). Not idempotent: an interrupted send is unknown."""
@@ -343,6 +352,9 @@ register_agent(
         "required": ["order_id"],
         "additionalProperties": False,  # an unknown key is a mistake, or a payload
     },
+    # a run is about its order: every tool's order_id must be it (a thread's earlier messages
+    # or the customer's text naming another order never widen that)
+    scope=lambda run_input: run_input["order_id"],
     # REFUND_RUNS_PER_ORDER runs per order at a time (default one): a second ticket on the order
     # waits behind the first (which keeps its place while it waits for an approver), then sees
     # what the first one did; 0: no line (operation keys alone keep the refund single)

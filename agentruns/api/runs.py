@@ -66,9 +66,9 @@ def idempotency_key(request: HttpRequest) -> str | None:
     required=("agent",),
     responses={
         201: "created",
-        200: "the run of this Idempotency-Key",
-        403: "no right to start runs",
-        409: "the Idempotency-Key names a run you may not view",
+        200: "your run of this Idempotency-Key (a key is its starter's)",
+        403: "no right to start runs, or to a priority above 0",
+        409: '"thread": an id of another user\'s thread, or a message id of another sender',
     },
     tags=("runs",),
     returns=RUN_WITH_STEPS,
@@ -157,14 +157,14 @@ STOP_RESPONSES = {
     403: "neither its starter nor an operator",
     404: "no such run",
     409: "the run already ended",
+    429: "too many stops by this user (Retry-After)",
 }
 
 
 def stopped(request: HttpRequest, run: Run, reason: str) -> dict[str, Any]:
-    """Stop `run` for the caller: its starter or an operator (`services.may_stop`), else 403."""
-    if not services.may_stop(request.user, run):
-        raise BadRequest("permission denied: only its starter or an operator may stop a run", 403)
-    return _operated(services.stop_run(run.id, user=request.user, reason=reason))
+    """Stop `run` for the caller: its starter or an operator (`services.may_stop`), else 403;
+    every ask counts against the caller's stops (429 with Retry-After over them)."""
+    return _operated(services.stop_for(run.id, user=request.user, reason=reason))
 
 
 @endpoint(

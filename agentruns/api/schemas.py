@@ -81,6 +81,7 @@ RUN = obj(
         "status": {"type": "string", "enum": RunStatus.values},
         "input": {"type": "object"},
         "dedupe_key": TEXT_OR_NULL,
+        "scope": {"type": ["string", "integer", "null"]},
         "model": {"type": "string"},
         # the final text, or a structured output_type's validated object (any JSON value)
         "output": {"type": ["string", "object", "array", "number", "integer", "boolean"]},

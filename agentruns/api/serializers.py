@@ -82,6 +82,8 @@ def run_payload(run: Run, steps: list[Step] | None = None) -> dict:
         "status": run.status,
         "input": run.input,
         "dedupe_key": run.dedupe_key,
+        # what the run is about (its agent's `scope` of its input): its tools act on it alone
+        "scope": run.scope,
         "model": run.model,
         # a structured output_type's validated object, else the final text
         "output": run.output_data if run.output_data is not None else run.output,

@@ -37,7 +37,7 @@ from agentruns.models.shared import (
     QuotaBucket,
     WorkerHeartbeat,
 )
-from agentruns.models.threads import Author, Thread, ThreadMessage, ThreadTurn
+from agentruns.models.threads import Author, Thread, ThreadKey, ThreadMessage, ThreadTurn
 
 __all__ = [
     "PRIORITY_MAX",
@@ -65,6 +65,7 @@ __all__ = [
     "StepKind",
     "StepStatus",
     "Thread",
+    "ThreadKey",
     "ThreadMessage",
     "ThreadTurn",
     "ToolPolicy",

@@ -59,6 +59,9 @@ class Run(models.Model):
     input = models.JSONField(default=dict)
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED)
     dedupe_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001 - NULL: no key
+    # whose key `dedupe_key` is (its starter's pk as text, "" for the system): a key names a
+    # run only for the one who chose it, so another user's same key is their own run
+    dedupe_owner = models.CharField(max_length=64, blank=True, default="", db_default="")
     model = models.CharField(max_length=200, blank=True, default="")
     # the tools (name -> policy) the run may call, frozen at start
     tool_snapshot = models.JSONField(default=dict)
@@ -83,6 +86,10 @@ class Run(models.Model):
     # the agent's concurrency key for this run's input (NULL: none), fixed at start; runs of one
     # agent sharing it take at most the agent's limit of places (runtime/dispatch/concurrency.py)
     concurrency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    # what the run is about (its agent's `scope` of its input, registry/run_input/scopes.py),
+    # frozen at start: a tool's `scope_arg` must equal it (runtime/access/scope.py); NULL: not
+    # bound
+    scope = models.JSONField(null=True, blank=True)
     # it counts against its key's limit (admitted, and not a waiting run that let its place go)
     holds_key = models.BooleanField(default=False, db_default=False)
     # queued but not admitted: the run it waits behind in its key's line, or in its thread's
@@ -133,9 +140,9 @@ class Run(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["agent", "dedupe_key"],
+                fields=["agent", "dedupe_owner", "dedupe_key"],
                 condition=Q(dedupe_key__isnull=False),
-                name="run_unique_agent_dedupe_key",
+                name="run_unique_owner_dedupe_key",
             ),
         ]
         indexes = [
@@ -184,6 +191,7 @@ class Run(models.Model):
             ("operate_run", "Can retry, cancel and resolve runs"),
             ("start_run", "Can start runs (the form, the API, fork, chat)"),
             ("resolve_hook", "Can resume runs waiting on a hook (POST /api/hooks/<token>)"),
+            ("set_priority", "Can start runs with a priority above the default"),
         ]
 
     def __str__(self) -> str:

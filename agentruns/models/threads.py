@@ -113,3 +113,23 @@ class ThreadTurn(models.Model):
 
     def __str__(self) -> str:
         return f"turn of {self.thread_id}: run {self.run_id}"
+
+
+class ThreadKey(models.Model):
+    """The thread `POST /api/runs {"thread": true}` made for a user's Idempotency-Key: its id is
+    random (nobody can predict it, so nobody can make it first), and this row finds it again
+    for the same user, agent and key, so a repeat of the request is the same thread and run."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    agent = models.CharField(max_length=100)
+    key = models.CharField(max_length=200)
+    thread = models.ForeignKey(Thread, on_delete=models.CASCADE, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "agent", "key"], name="threadkey_unique_key")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key} of user {self.user_id}: thread {self.thread_id}"

@@ -21,7 +21,6 @@ from typing import Any, Literal
 
 import jsonschema
 
-from agentruns.registry import concurrency
 from agentruns.registry.context import ToolContext, current_step
 from agentruns.registry.durable import durable
 from agentruns.registry.edits import Edit, EditRefused
@@ -39,6 +38,7 @@ from agentruns.registry.errors import (
 from agentruns.registry.model_names import check_model_name
 from agentruns.registry.operations import OperationKeyError, OverLimit
 from agentruns.registry.outcomes import check_declaration as check_outcomes
+from agentruns.registry.run_input import concurrency, scopes
 from agentruns.registry.schemas import _simple_plan, schema_from_signature, strict_validator
 from agentruns.registry.tools import RetryPolicy, Tool, _tools, get_tool, has_tool, tool
 from agentruns.registry.waits import (
@@ -171,8 +171,10 @@ def register_agent(
 ) -> Agent:
     """Register an `Agent`, or a `pydantic_ai.Agent` (then `tools`: per-tool declarations by
     name, over each tool's metadata["agentruns"]; `deps`: its deps from the run, `deps(run)`;
-    `options`: Agent fields, e.g. `max_steps`; for either kind `concurrency.OPTIONS`)."""
+    `options`: Agent fields, e.g. `max_steps`; for either kind `concurrency.OPTIONS` and
+    `scopes.OPTIONS`: `scope=lambda input: ...`, what a run is about)."""
     across_runs = concurrency.take(options)
+    bound = scopes.take(options)
     if not isinstance(agent, Agent):
         agent = _from_pydantic_ai(agent, tools=tools, deps=deps, **options)
     elif tools or deps or options:
@@ -185,6 +187,7 @@ def register_agent(
     if agent.model_instance is None:  # a provider SDK not installed: here, not mid-run
         check_model_name(agent.model)
     concurrency.declare(agent.name, across_runs)
+    scopes.declare(agent.name, bound)
     if agent.pydantic_agent is None:  # declared with @tool and Agent: the agent they build
         from agentruns.registry.pydantic_agents.native import build
 

@@ -1,5 +1,7 @@
 """The engine's tools: `@tool`, the `Tool` each registered function becomes (its policy: side
-effect, idempotency, approvals, edits, redaction, retries, operation keys and limits, currency, hand-over) and its `RetryPolicy`. Re-exported by `agentruns.registry`."""
+effect, idempotency, approvals, edits, redaction, retries, operation keys and limits, currency,
+hand-over, the argument bound to the run's scope) and its `RetryPolicy`. Re-exported by
+`agentruns.registry`."""
 
 from __future__ import annotations
 
@@ -81,6 +83,9 @@ class Tool:
     # the argument holding the currency of `amount_arg` (else the context's `currency`)
     currency_arg: str | None = None
     handover: bool = False  # a call hands the run over to a person (registry/outcomes/)
+    # the argument that must equal the run's scope (registry/run_input/scopes.py): a call with
+    # another value is refused
+    scope_arg: str | None = None
     _compiled: Any = field(default=None, repr=False, compare=False)
     _simple: Any = field(default=None, repr=False, compare=False)
 
@@ -159,10 +164,24 @@ class Tool:
             # arguments when the call runs) and whether a limit applies
             "operation_key": self.operation_key is not None,
             "limit": self.limit is not None,
+            # the argument bound to the run's scope, frozen with the run like the rest
+            "scope_arg": self.scope_arg,
         }
 
 
 _tools: dict[str, Tool] = {}
+
+
+def check_scope_arg(t: Tool) -> None:
+    """A `scope_arg` names one of the tool's arguments, and one no approver may edit (an edit
+    could move the call out of the run's scope after it was checked)."""
+    arg = t.scope_arg
+    if arg is None:
+        return
+    if not isinstance(arg, str) or arg not in (t.parameters.get("properties") or {}):
+        raise ValueError(f"{t.name}: scope_arg {arg!r} is not one of its arguments")
+    if arg in t.editable:
+        raise ValueError(f"{t.name}: its scope_arg {arg!r} may not be editable")
 
 
 def tool(
@@ -186,6 +205,7 @@ def tool(
     context: Callable[[dict], dict] | None = None,
     currency_arg: str | None = None,
     handover: bool = False,
+    scope_arg: str | None = None,
 ):
     """Register a function as a tool. Usable bare (`@tool`) or with options."""
     if idempotency not in ("key", "none"):
@@ -214,11 +234,13 @@ def tool(
             context=context,
             currency_arg=currency_arg,
             handover=bool(handover),
+            scope_arg=scope_arg,
         )
         check_declaration(t.name, t.parameters, t.editable, t.redact, amount_arg, currency_arg)
         for what in ("operation_key", "limit", "context"):
             if getattr(t, what) is not None and not callable(getattr(t, what)):
                 raise ValueError(f"{t.name}: {what} must be a function of the arguments")
+        check_scope_arg(t)
         if operation_key is not None and not t.side_effect:
             raise ValueError(f"{t.name}: an operation_key is for a tool with a side effect")
         if not callable(approvals_required) and int(approvals_required) < 1:

@@ -6,23 +6,29 @@ call them from here."""
 
 from agentruns.runtime.access.quotas import QuotaExceeded
 from agentruns.runtime.execution.transitions import ActionRefused
-from agentruns.services.actions import cancel_run, may_stop, resolve_step, retry_run, stop_run
+from agentruns.services.actions import (
+    cancel_run,
+    may_stop,
+    resolve_step,
+    retry_run,
+    stop_for,
+    stop_run,
+)
 from agentruns.services.forks import ForkPlan
 from agentruns.services.forks import plan as fork_plan
 from agentruns.services.operations import allow_operation
 from agentruns.services.start import (
-    KeyInUse,
     StartResult,
     check_priority,
     execute_inline,
     fork_run,
+    may_prioritise,
     start_run,
 )
 
 __all__ = [
     "ActionRefused",
     "ForkPlan",
-    "KeyInUse",
     "QuotaExceeded",
     "StartResult",
     "allow_operation",
@@ -31,9 +37,11 @@ __all__ = [
     "execute_inline",
     "fork_plan",
     "fork_run",
+    "may_prioritise",
     "may_stop",
     "resolve_step",
     "retry_run",
     "start_run",
+    "stop_for",
     "stop_run",
 ]

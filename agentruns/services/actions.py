@@ -10,6 +10,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
+from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -17,6 +18,7 @@ from django.utils import timezone
 from agentruns.conf import conf
 from agentruns.models import Run, RunStatus, Step, StepKind, StepStatus
 from agentruns.runtime import writer
+from agentruns.runtime.access import quotas
 from agentruns.runtime.dispatch.queue import enqueue
 from agentruns.runtime.events import EventSpec, EventType, step_event_data
 from agentruns.runtime.execution import transitions, unknown_outcomes
@@ -48,6 +50,17 @@ def may_stop(user: Any, run: Run) -> bool:
     return user.has_perm(OPERATE) or (
         run.created_by_id is not None and run.created_by_id == user.pk
     )
+
+
+def stop_for(run_id: uuid.UUID | str, *, user: Any, reason: str = "") -> Run:
+    """Stop a run as a person asked (the API, the chat's stop button, the run page): counted
+    against their stops first (a refused one too, `quotas.check_stop`), then only its starter
+    or an operator may (`may_stop`, else PermissionDenied)."""
+    quotas.check_stop(user)
+    run = Run.objects.only("id", "created_by_id").get(id=run_id)
+    if not may_stop(user, run):
+        raise PermissionDenied("permission denied: only its starter or an operator may stop a run")
+    return stop_run(run.id, user=user, reason=reason)
 
 
 def stop_run(run_id: uuid.UUID | str, *, user: Any = None, reason: str = "") -> Run:

@@ -24,14 +24,13 @@ from agentruns.conf import conf
 from agentruns.models import PRIORITY_MAX, PRIORITY_MIN, Run, Step
 from agentruns.registry import get_agent
 from agentruns.runtime import writer
-from agentruns.runtime.access import permissions, quotas
+from agentruns.runtime.access import permissions, quotas, scope
 from agentruns.runtime.conversations import history as conversations
 from agentruns.runtime.dispatch import claims, concurrency, thread_line
 from agentruns.runtime.dispatch.queue import enqueue
 from agentruns.runtime.engine.executor import RunExecutor
 from agentruns.runtime.events import EventType
 from agentruns.runtime.execution import transitions
-from agentruns.runtime.execution.transitions import ActionRefused
 from agentruns.runtime.store import get_store
 from agentruns.runtime.store.base import InFlightCap, InFlightCapReached
 from agentruns.runtime.tracing.tracecontext import new_run_trace
@@ -39,11 +38,9 @@ from agentruns.runtime.values.ids import actor_name, step_key, worker_id
 from agentruns.services import forks
 
 START_PERMISSION = "agentruns.start_run"
-VIEW_PERMISSION = "agentruns.view_run"
-
-
-class KeyInUse(ActionRefused):
-    """A repeated dedupe key (Idempotency-Key) names a run this user may not see."""
+# a priority above the default: its own permission, or an operator's
+PRIORITY_PERMISSION = "agentruns.set_priority"
+OPERATE_PERMISSION = "agentruns.operate_run"
 
 
 @dataclass
@@ -83,19 +80,35 @@ def check_priority(priority: Any) -> int:
     return priority
 
 
+def may_prioritise(user: Any) -> bool:
+    """Whether `user` may start runs above the default priority (0): with
+    `agentruns.set_priority`, as an operator, or as the system (no user). Below it anyone may:
+    it only lets others go first."""
+    if user is None:
+        return True
+    return user.has_perm(PRIORITY_PERMISSION) or user.has_perm(OPERATE_PERMISSION)
+
+
+def check_may_prioritise(user: Any, priority: int) -> None:
+    """A priority above the default needs `may_prioritise` (PermissionDenied naming it): a
+    queued run of a higher priority is claimed before everyone else's."""
+    if priority > 0 and not may_prioritise(user):
+        raise PermissionDenied(
+            f"permission denied: {PRIORITY_PERMISSION} (or {OPERATE_PERMISSION}) is required "
+            f"for a priority above 0, not {priority}"
+        )
+
+
 def may_repeat(sender_id: Any, user: Any) -> bool:
     """A repeated key (an Idempotency-Key, a thread message's id) names what its sender made
-    only for that sender, someone who may view runs, or the system (no user)."""
-    if user is None or user.has_perm(VIEW_PERMISSION):
-        return True
-    return sender_id == getattr(user, "pk", None)
+    only for that sender or the system (no user): another user's key never stands in for yours,
+    whatever you may view."""
+    return user is None or (sender_id is not None and sender_id == getattr(user, "pk", None))
 
 
-def _deduplicated(run: Run, user: Any) -> StartResult:
-    """The run a repeated key names, only for someone who may see it: its starter or a viewer."""
-    if may_repeat(run.created_by_id, user):
-        return StartResult(run, False)
-    raise KeyInUse("this Idempotency-Key already names another user's run, which you may not view")
+def key_owner(user: Any) -> str:
+    """Whose a dedupe key is (`Run.dedupe_owner`): the starter's pk, "" for the system."""
+    return str(user.pk) if getattr(user, "is_authenticated", False) else ""
 
 
 def start_run(
@@ -111,7 +124,8 @@ def start_run(
     priority: int = 0,
     thread_id: str | None = None,
 ) -> StartResult:
-    """Create and enqueue a run; a repeated (agent, dedupe_key) returns the existing run.
+    """Create and enqueue a run; a repeated (agent, dedupe_key) of the same starter returns the
+    existing run (a key is its starter's: another user's same key starts their own run).
 
     The unique constraint decides between concurrent starts, not a pre-check.
     `traceparent`: the caller's W3C trace context; the run's trace continues it (an invalid one
@@ -129,11 +143,16 @@ def start_run(
     agent.validate_input(run_input)
     check_input_size(run_input)
     check_priority(priority)
+    check_may_prioritise(user, priority)
     concurrency_key = concurrency.key_for(agent_name, run_input)
+    run_scope = scope.scope_at_start(agent_name, run_input)
+    owner = key_owner(user)
     if dedupe_key is not None:
-        existing = Run.objects.filter(agent=agent_name, dedupe_key=dedupe_key).first()
+        existing = Run.objects.filter(
+            agent=agent_name, dedupe_owner=owner, dedupe_key=dedupe_key
+        ).first()
         if existing is not None:
-            return _deduplicated(existing, user)
+            return StartResult(existing, False)
     # a repeat (above) starts nothing, so it costs no quota; the insert checks the in-flight cap
     in_flight = quotas.take_start(user)
     now = timezone.now()
@@ -141,6 +160,7 @@ def start_run(
         agent=agent_name,
         input=run_input,
         dedupe_key=dedupe_key,
+        dedupe_owner=owner if dedupe_key is not None else "",
         model=model or agent.model or conf.MODEL,
         tool_snapshot={t.name: t.policy() for t in agent.tool_objects()},
         permissions=permissions.snapshot(user, agent.tools),
@@ -155,6 +175,7 @@ def start_run(
         enqueued_at=now,
         priority=priority,
         concurrency_key=concurrency_key,
+        scope=run_scope,
     )
     run.trace_id, run.trace_parent = new_run_trace(traceparent)
     events = [
@@ -200,7 +221,8 @@ def start_run(
     except IntegrityError:
         if dedupe_key is None:
             raise
-        return _deduplicated(Run.objects.get(agent=agent_name, dedupe_key=dedupe_key), user)
+        repeat = Run.objects.get(agent=agent_name, dedupe_owner=owner, dedupe_key=dedupe_key)
+        return StartResult(repeat, False)
     return StartResult(run, True)
 
 
@@ -309,6 +331,7 @@ def _fork(
             trace_id=new_run_trace(None)[0],  # a trace of its own (the fork event names the source)
             priority=source.priority,
             concurrency_key=source.concurrency_key,  # the same input: the same key
+            scope=source.scope,  # and what it is about
         )
         # a thread's run: the fork continues a fork of the thread (its first run), sharing its
         # history

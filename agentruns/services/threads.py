@@ -44,10 +44,12 @@ from agentruns.models import (
     Run,
     RunStatus,
     Thread,
+    ThreadKey,
     ThreadTurn,
     Wait,
 )
 from agentruns.registry import get_agent
+from agentruns.runtime.access import quotas
 from agentruns.runtime.conversations import history
 from agentruns.runtime.dispatch import thread_line
 from agentruns.runtime.engine import agents
@@ -57,9 +59,8 @@ from agentruns.runtime.values.ids import actor_name
 from agentruns.runtime.values.text import UnsafeValue, check_text
 from agentruns.runtime.waits import replies
 from agentruns.services.actions import OPERATE, may_stop
-from agentruns.services.start import may_repeat, start_run
+from agentruns.services.start import START_PERMISSION, may_repeat, start_run
 
-THREAD_KEY_NAMESPACE = uuid.UUID("6f1d5c52-3f0e-4f55-9d3c-2a7c4b8e9a10")
 MULTITASK = ("enqueue", "interrupt", "reject")
 MAX_TEXT_CHARS = 5000
 
@@ -82,12 +83,19 @@ class Posted:
 
 
 def new_thread_id() -> str:
-    return str(uuid7())
+    """A thread id of ours: random (122 bits), so nobody can predict it and make it first."""
+    return str(uuid.uuid4())
 
 
-def _thread_for_post(thread_id: str, agent: str | None, user: Any, chat: bool) -> Thread:
-    """The thread's row, locked; created with `agent` (a chat's if `chat`) when it is new."""
+def _thread_for_post(
+    thread_id: str, agent: str | None, user: Any, chat: bool, *, mine: bool = False
+) -> Thread:
+    """The thread's row, locked; created with `agent` (a chat's if `chat`) when it is new.
+    `mine`: an id of ours for the caller (`thread_for_key`), which never names a thread another
+    user made."""
     thread = Thread.objects.select_for_update().filter(id=thread_id).first()
+    if thread is not None and mine and thread.created_by_id != getattr(user, "pk", None):
+        raise ThreadRefused(f"thread {thread_id} is another user's: it is not yours to join", 409)
     if thread is None:
         if agent is None:
             raise ThreadRefused(f"no thread {thread_id}: its first message names its agent", 404)
@@ -120,22 +128,43 @@ def _thread_for_post(thread_id: str, agent: str | None, user: Any, chat: bool) -
     return thread
 
 
-def thread_id_for_key(client_id: str | None, agent: str, user: Any) -> str:
-    """An id of ours for a new thread: a fresh one, or, with the sender's key (`POST /api/runs`
-    with `"thread": true` and an Idempotency-Key), the same one for the same user, agent and key,
-    so a repeat (concurrent too: the thread's row serialises them) is the same thread and run."""
-    if client_id is None or not getattr(user, "is_authenticated", False):
-        return new_thread_id()
-    return str(uuid.uuid5(THREAD_KEY_NAMESPACE, f"{user.pk}:{agent}:{client_id}"))
+def thread_for_key(key: str | None, agent: str, user: Any) -> str:
+    """The id of the thread `POST /api/runs` with `"thread": true` starts: a new random one, or,
+    with the caller's Idempotency-Key, the one that user's key made before with this agent
+    (`ThreadKey`), so a repeat is the same thread and run. Inside the transaction that posts the
+    thread's first message (`post_message` with no thread id): a concurrent repeat of the key
+    waits on the key's row and then finds the thread it names; a post that fails leaves no key
+    behind."""
+    thread_id = new_thread_id()
+    if key is None or not getattr(user, "is_authenticated", False):
+        return thread_id
+    mapped = ThreadKey.objects.filter(user=user, agent=agent, key=key)
+    found = mapped.values_list("thread_id", flat=True).first()
+    if found is not None:
+        return found
+    try:
+        with transaction.atomic():
+            ThreadKey.objects.create(user=user, agent=agent, key=key, thread_id=thread_id)
+    except IntegrityError:  # a concurrent repeat of the key made it first
+        return mapped.values_list("thread_id", flat=True).get()
+    return thread_id
 
 
 def _check_same_sender(sender_id: Any, user: Any, client_id: str) -> None:
-    """Another user's message id is no way to a run one may not view (`may_repeat`)."""
+    """Another user's message id never stands in for yours (`may_repeat`)."""
     if not may_repeat(sender_id, user):
         raise ThreadRefused(
             f"message id {client_id!r} is another sender's on this thread: use an id of your own",
             409,
         )
+
+
+def may_post(thread: Thread, user: Any) -> bool:
+    """Whether a post by `user` to `thread` would be taken (the run page offers its form only
+    then): they may start runs, and a chat's thread takes posts from its user or an operator."""
+    if user is not None and not user.has_perm(START_PERMISSION):
+        return False
+    return not thread.chat or _may_post_to_chat(thread, user)
 
 
 def _may_post_to_chat(thread: Thread, user: Any) -> bool:
@@ -158,7 +187,7 @@ def active_runs(thread: Thread) -> list[Run]:
 
 
 def post_message(
-    thread_id: str,
+    thread_id: str | None,
     text: str,
     *,
     user: Any = None,
@@ -172,7 +201,10 @@ def post_message(
     chat: bool = False,
 ) -> Posted:
     """Add a message to the thread (created with `agent` if new, a chat's if `chat`) and start
-    its run."""
+    its run. `thread_id` None: a thread of ours for the caller (`thread_for_key`, with
+    `client_id` as their key), in the transaction of the post. Each post counts against the
+    sender's thread posts before anything is decided (a refused one too)."""
+    quotas.check_post(user)
     text = (text or "").strip()
     if not text:
         raise ThreadRefused("the message needs text")
@@ -180,7 +212,8 @@ def post_message(
         raise ThreadRefused(f"the message is longer than {MAX_TEXT_CHARS} characters")
     try:
         check_text(text, "the message")
-        check_text(thread_id, "the thread id")
+        if thread_id is not None:
+            check_text(thread_id, "the thread id")
     except UnsafeValue as exc:
         raise ThreadRefused(str(exc)) from None
     if multitask not in MULTITASK:
@@ -188,7 +221,12 @@ def post_message(
     if author not in (Author.CUSTOMER, Author.STAFF):
         raise ThreadRefused("a message is the customer's or staff's")
     with transaction.atomic():
-        thread = _thread_for_post(thread_id, agent, user, chat)
+        mine = thread_id is None
+        if thread_id is None:  # an id of ours: a repeat of the key finds the thread it made
+            if agent is None:
+                raise ThreadRefused("a new thread's first message names its agent")
+            thread_id = thread_for_key(client_id, agent, user)
+        thread = _thread_for_post(thread_id, agent, user, chat, mine=mine)
         if client_id is not None:
             repeat = ThreadTurn.objects.filter(thread=thread, client_id=client_id).first()
             if repeat is not None:

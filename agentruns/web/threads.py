@@ -14,7 +14,13 @@ from django.views.decorators.http import require_POST
 from agentruns.models import Author, Run
 from agentruns.selectors.threads import thread_messages, thread_of_run
 from agentruns.services.actions import may_stop
-from agentruns.services.threads import MAX_TEXT_CHARS, ThreadRefused, active_runs, post_message
+from agentruns.services.threads import (
+    MAX_TEXT_CHARS,
+    ThreadRefused,
+    active_runs,
+    may_post,
+    post_message,
+)
 
 START = "agentruns.start_run"
 CHOICES = (("enqueue", "after the current turn"), ("interrupt", "interrupt the current turn"))
@@ -32,7 +38,8 @@ def thread_context(run: Run, user: Any, **extra: Any) -> dict:
         "run": run,
         "thread": thread,
         "thread_messages": thread_messages(thread),
-        "can_post": user.has_perm(START),
+        # the form only where a post would be taken (a chat is its user's, or an operator's)
+        "can_post": may_post(thread, user),
         "multitask_choices": choices,
         "max_chars": MAX_TEXT_CHARS,
         **extra,

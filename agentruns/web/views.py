@@ -9,6 +9,7 @@ permission: 403.
 from __future__ import annotations
 
 import json
+from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib import messages
@@ -133,15 +134,16 @@ def run_new(request: HttpRequest) -> HttpResponse:
             result = services.start_run(
                 name, run_input, dedupe_key=key, user=request.user, priority=priority
             )
-        except (ValueError, LookupError, services.ActionRefused) as exc:
+        except (ValueError, LookupError, services.ActionRefused, PermissionDenied) as exc:
             messages.error(request, f"Could not start the run: {exc}")
-            context = _start_context(agent, request.POST, raw_json=raw)
-            return render(request, "agentruns/run_new.html", context, status=400)
+            context = _start_context(agent, request.POST, request.user, raw_json=raw)
+            status = 403 if isinstance(exc, PermissionDenied) else 400
+            return render(request, "agentruns/run_new.html", context, status=status)
         if not result.created:
             messages.info(request, "This form was already sent: here is the run it started.")
         return redirect("run-detail", run_id=result.run.id)
     agent = agents.get(request.GET.get("agent", "")) or _default_agent(agents)
-    context = _start_context(agent, request.GET)
+    context = _start_context(agent, request.GET, request.user)
     if request.htmx:  # the agent changed: its fields
         return render(request, "agentruns/_input_fields.html", context)
     return render(request, "agentruns/run_new.html", context)
@@ -160,7 +162,7 @@ def _posted_input(agent: Agent, raw_json: str, posted) -> dict:
     return input_from_form(agent.input_schema, posted)  # ({} for an agent without fields)
 
 
-def _start_context(agent: Agent | None, values, raw_json: str = "") -> dict:
+def _start_context(agent: Agent | None, values, user: Any, raw_json: str = "") -> dict:
     return {
         "agents": sorted(all_agents()),
         "agent": agent,
@@ -169,11 +171,9 @@ def _start_context(agent: Agent | None, values, raw_json: str = "") -> dict:
         "form_token": new_form_token(),
         "token_field": TOKEN_FIELD,
         "priority": values.get("priority", 0),
-        **PRIORITY_FORM,
+        # above the default only for those who may (`services.may_prioritise`)
+        "priority_range": (PRIORITY_MIN, PRIORITY_MAX if services.may_prioritise(user) else 0),
     }
-
-
-PRIORITY_FORM = {"priority_range": (PRIORITY_MIN, PRIORITY_MAX)}
 
 
 def _priority(raw: str) -> int:
@@ -227,13 +227,10 @@ def run_cancel(request: HttpRequest, run_id) -> HttpResponse:
 @login_required
 def run_stop(request: HttpRequest, run_id) -> HttpResponse:
     """Its starter or an operator: the model turn in flight ends within a second."""
-    run = get_object_or_404(Run.objects.only("id", "created_by_id"), id=run_id)
-    if not services.may_stop(request.user, run):
-        raise PermissionDenied("only its starter or an operator may stop a run")
     return _action(
         request,
         run_id,
-        services.stop_run,
+        services.stop_for,
         "Stopped: the model's answer in progress ends now, keeping what it said so far; a tool "
         "call in progress finishes first.",
         reason=request.POST.get("reason", "").strip()[:500],

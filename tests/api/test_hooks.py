@@ -2,7 +2,7 @@
 `agentruns.resolve_hook` or a Standard Webhooks signature resumes the run waiting on the token,
 exactly once (200, then 409 with the first resolution's time); nobody waiting: 404; a bad or
 stale signature 401, signed hooks without a secret 403, no permission 403; bad bodies are JSON
-4xx and resolve nothing."""
+4xx and resolve nothing; a burst of guesses meets 429, per sender and per process (issue 46)."""
 
 from __future__ import annotations
 
@@ -147,3 +147,46 @@ def test_bad_bodies_are_json_4xx_and_resolve_nothing(carrier, settings):
     )
     assert_json_error(response, 415)
     assert Wait.objects.get(run=run).status == WaitStatus.PENDING
+
+
+def test_a_burst_of_guessed_tokens_meets_429_per_sender_refused_ones_counted(
+    carrier, django_user_model, settings
+):
+    """The audit's 150 guesses got 150 x 404: every request, found or not, takes a token of its
+    sender's bucket; past it, 429 with Retry-After, and a right token waits like the rest. Other
+    senders keep their own bucket."""
+    settings.AGENTRUNS_HOOK_BURST, settings.AGENTRUNS_HOOK_PER_SECOND = 5, 0.001
+    run = _waiting("H-9")
+    answers = [carrier.post(f"/api/hooks/guess-{n}", {}) for n in range(8)]
+    assert [a.status_code for a in answers] == [404] * 5 + [429] * 3
+    for refused in answers[5:]:
+        assert int(refused["Retry-After"]) >= 1
+        assert "too many hook resolutions" in refused.json()["error"]
+    assert carrier.post("/api/hooks/carrier:H-9", {}).status_code == 429
+    assert Wait.objects.get(run=run).status == WaitStatus.PENDING
+    other = ApiClient(make_user(django_user_model, "other-bot", ["agentruns.resolve_hook"]))
+    assert other.post("/api/hooks/carrier:H-9", {}).status_code == 200
+
+
+def test_every_sender_shares_the_processs_bound_signed_ones_too(
+    carrier, django_user_model, client, settings
+):
+    """The signed sender has no user: its requests count before their signature is checked,
+    against its own bucket and this process's, which bounds every sender together."""
+    settings.AGENTRUNS_HOOK_SECRET = SECRET
+    settings.AGENTRUNS_HOOK_PROCESS_BURST, settings.AGENTRUNS_HOOK_PROCESS_PER_SECOND = 4, 0.001
+    other = ApiClient(make_user(django_user_model, "other-bot", ["agentruns.resolve_hook"]))
+    assert carrier.post("/api/hooks/g-1", {}).status_code == 404
+    assert other.post("/api/hooks/g-2", {}).status_code == 404
+    body = json.dumps({})
+    assert _signed_post(client, "g-3", body, secret=new_secret()).status_code == 401  # counted
+    assert _signed_post(client, "g-4", body, msg="msg_g").status_code == 404
+    refused = [
+        carrier.post("/api/hooks/g-5", {}),
+        other.post("/api/hooks/g-6", {}),
+        _signed_post(client, "g-7", body, msg="msg_h"),
+    ]
+    for answer in refused:
+        assert answer.status_code == 429, answer.content
+        assert "this server takes no more hook resolutions" in answer.json()["error"]
+        assert int(answer["Retry-After"]) >= 1

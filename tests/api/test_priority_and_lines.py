@@ -1,5 +1,6 @@
 """Priority and concurrency keys at the doors (issue 30): `POST /api/runs`, the chat and the
-start form take a bounded `priority` (a bad one is a JSON 400 naming the field, nothing started);
+start form take a bounded `priority` (a bad one is a JSON 400 naming the field, nothing started;
+above the default it needs `agentruns.set_priority` or an operator's right, issue 46);
 a run waiting in its concurrency key's line says which run it waits behind in its JSON, in the
 runs list (API and page) and on its page, escaped; the OpenAPI document describes both.
 
@@ -82,7 +83,11 @@ def test_the_pages_say_it_too_escaped(client, lead, api):
 
 
 def test_the_chat_and_the_form_take_a_priority(client, django_user_model):
-    chatter = make_user(django_user_model, "chatter", ["agentruns.view_run", "agentruns.start_run"])
+    chatter = make_user(
+        django_user_model,
+        "chatter",
+        ["agentruns.view_run", "agentruns.start_run", "agentruns.set_priority"],
+    )
     api = ApiClient(chatter)
     message = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "refund please"}]}
     body = {"id": "c1", "messages": [message], "input": {"order_id": "ORD-1001"}}
@@ -99,6 +104,56 @@ def test_the_chat_and_the_form_take_a_priority(client, django_user_model):
     refused = client.post("/runs/new/", {**form, "priority": "4.5"})
     assert refused.status_code == 400 and b"priority must be" in refused.content
     assert Run.objects.filter(input__order_id="ORD-1002").count() == 1
+
+
+def test_a_priority_above_the_default_is_a_permission(client, django_user_model):
+    """The audit's trainee set `"priority": 100` (its runs claimed first): above 0 needs
+    `agentruns.set_priority` (or an operator's right), by every door; others get 403 naming it,
+    and nothing starts. Below the default anyone may."""
+    trainee = make_user(django_user_model, "trainee", ["agentruns.view_run", "agentruns.start_run"])
+    api = ApiClient(trainee)
+    order = {"order_id": "ORD-1001", "message": "refund please"}
+    for door, body in [
+        ("/api/runs", {"agent": "refund", "input": order, "priority": 100}),
+        ("/api/runs", {"agent": "refund", "input": order, "priority": 1, "thread": True}),
+        (
+            "/api/threads/t-prio/messages",
+            {"text": "refund please", "agent": "refund", "input": order, "priority": 100},
+        ),
+        (
+            "/api/chat/refund",
+            {
+                "id": "c-prio",
+                "messages": [
+                    {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "x"}]}
+                ],
+                "input": order,
+                "priority": 100,
+            },
+        ),
+    ]:
+        refused = assert_json_error(api.post(door, body), 403)
+        assert "agentruns.set_priority" in refused["error"], (door, refused)
+    assert not Run.objects.exists()
+    client.force_login(trainee)
+    form = client.get("/runs/new/").content.decode()
+    assert 'max="0"' in form and "agentruns.set_priority" in form  # the form offers what works
+    page = client.post(
+        "/runs/new/",
+        {"agent": "refund", "input": '{"order_id": "ORD-1002"}', "priority": "100"},
+    )
+    assert page.status_code == 403 and b"agentruns.set_priority" in page.content
+    assert not Run.objects.exists()
+    assert refund(api, priority=-5)["priority"] == -5  # letting others go first is anyone's
+    assert refund(api, "ORD-1002")["priority"] == 0
+
+    for perms in (["agentruns.set_priority"], ["agentruns.operate_run"]):
+        allowed = make_user(
+            django_user_model,
+            f"may-{perms[0]}",
+            ["agentruns.view_run", "agentruns.start_run", *perms],
+        )
+        assert refund(ApiClient(allowed), "ORD-1003", priority=100)["priority"] == 100
 
 
 def test_the_openapi_document_describes_priority_and_the_line():

@@ -1,5 +1,6 @@
-"""Quotas (runtime/access/quotas.py): the start bucket shared by real web processes, the cap on runs in
-flight, the decision bucket, and agent inputs (extra keys, a size cap per key).
+"""Quotas (runtime/access/quotas.py): the start and hook buckets shared by real web processes,
+the cap on runs in flight, the decision bucket, and agent inputs (extra keys, a size cap per
+key).
 
 The burst test drives two real daphne processes on the test database with bearer tokens: a
 bucket per process would let each grant its own 100."""
@@ -244,3 +245,35 @@ def test_the_bucket_is_one_statement_on_sqlite_too(tmp_path):
     )
     out = manage(env, "shell", "-c", code).strip().splitlines()[-1]
     assert out == "[False, False, False, True] True"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_150_guessed_hook_tokens_meet_a_bound_across_two_web_processes(tmp_path, django_user_model):
+    """The audit's 150 concurrent `POST /api/hooks/<random token>` as a user with
+    `resolve_hook` got 150 x 404. Spread over two real daphne processes they now meet the
+    sender's bucket (shared by both through the database): the default burst of 30 answers 404,
+    the rest 429 with Retry-After, whichever process took them."""
+    bot = make_user(django_user_model, "carrier-bot", ["agentruns.resolve_hook"])
+    token = create_token(bot)
+    web1, url1 = start_web(tmp_path)
+    web2, url2 = start_web(tmp_path)
+    try:
+        clients = [httpx.Client(base_url=u, timeout=60) for u in (url1, url2)]
+        auth = {"Authorization": f"Bearer {token}"}
+
+        def guess(n: int) -> httpx.Response:
+            return clients[n % 2].post(f"/api/hooks/guess-{n:04d}", json={}, headers=auth)
+
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(guess, range(150)))
+    finally:
+        web1.kill()
+        web2.kill()
+    statuses = [a.status_code for a in answers]
+    assert set(statuses) <= {404, 429}, [a.text for a in answers if a.status_code not in (404, 429)]
+    looked_up = statuses.count(404)
+    # the burst, plus what 3 a second refilled while the 150 lasted (seconds on a busy machine)
+    assert 30 <= looked_up <= 75, looked_up
+    for refused in (a for a in answers if a.status_code == 429):
+        assert int(refused.headers["Retry-After"]) >= 1
+        assert "too many hook resolutions" in refused.json()["error"]

@@ -132,3 +132,22 @@ def test_the_run_pages_stop_is_the_starters_and_the_operators(starter, colleague
     assert desk.post(f"/runs/{theirs.id}/stop/").status_code == 302
     theirs.refresh_from_db()
     assert theirs.stop_reason == "stopped"
+
+
+def test_stops_are_bounded_per_user_refused_ones_counted(starter, colleague, client, settings):
+    """Refused stops (403: not theirs) took no quota before: each ask now takes one of the
+    caller's stops, by every door; past them, 429 with Retry-After, and the starter's own stops
+    are their own bucket."""
+    settings.AGENTRUNS_ACTION_BURST, settings.AGENTRUNS_ACTION_PER_SECOND = 3, 0.001
+    mine = started_by(starter)
+    api = ApiClient(colleague)
+    answers = [api.post(f"/api/runs/{mine.id}/stop") for _ in range(2)]
+    client.force_login(colleague)
+    assert client.post(f"/runs/{mine.id}/stop/").status_code == 403  # the page's door counts
+    answers += [api.post(f"/api/runs/{mine.id}/stop") for _ in range(2)]
+    assert [a.status_code for a in answers] == [403, 403, 429, 429]
+    assert "too many stops" in answers[-1].json()["error"]
+    assert int(answers[-1]["Retry-After"]) >= 1
+    assert client.post(f"/runs/{mine.id}/stop/").status_code == 429
+    assert Run.objects.get(id=mine.id).status == RunStatus.QUEUED
+    assert ApiClient(starter).post(f"/api/runs/{mine.id}/stop").status_code == 200

@@ -28,7 +28,7 @@ from agentruns.models import (
     Step,
     StepStatus,
 )
-from agentruns.registry import concurrency
+from agentruns.registry.run_input import concurrency
 from agentruns.services import start_run
 from approvals import services as decisions
 from approvals.models import Approval, ApprovalKind

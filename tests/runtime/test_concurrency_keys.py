@@ -20,7 +20,7 @@ from django_q.models import OrmQ
 
 from agentruns.models import ConcurrencyKey, Run, RunStatus
 from agentruns.registry import Agent, register_agent
-from agentruns.registry.concurrency import concurrency_of
+from agentruns.registry.run_input.concurrency import concurrency_of
 from agentruns.runtime.dispatch import claims, concurrency
 from agentruns.runtime.engine.executor import RunExecutor
 from agentruns.runtime.execution import transitions

@@ -44,6 +44,7 @@ def _policy(**changes: object) -> dict:
         "editable": {},
         "operation_key": False,
         "limit": False,
+        "scope_arg": "order_id",  # every tool of the demo acts on the run's order alone
     }
     return {**base, **changes}
 

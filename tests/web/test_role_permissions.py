@@ -332,23 +332,21 @@ def test_a_service_refuses_a_start_without_the_permission(world):
     assert Permission.objects.filter(codename="start_run").exists()
 
 
-def test_a_repeated_idempotency_key_never_hands_over_a_run_you_may_not_view(world):
+def test_a_repeated_idempotency_key_names_only_its_starters_run(world):
+    """A key is its starter's (issue 46): another user's same key, whether or not they may view
+    runs, starts their own run and never hands over (or names) the first one."""
     users = world["users"]
     bot = make_user(type(users["lead"]), "bot", ["agentruns.start_run"])  # may start, not look
     body = {"agent": "script", "input": {"script": []}}
     key = {"HTTP_IDEMPOTENCY_KEY": "ticket-T-1001"}
     mine = ApiClient(users["trainee"]).post("/api/runs", body, **key)
     assert mine.status_code == 201
-    refused = ApiClient(bot).post("/api/runs", body, **key)
-    assert refused.status_code == 409 and "may not view" in refused.json()["error"]
-    assert mine.json()["id"] not in refused.content.decode()  # not even its id
-    for who in ("trainee", "approver"):  # its starter, and anyone who may view runs
-        again = ApiClient(users[who]).post("/api/runs", body, **key)
-        assert again.status_code == 200 and again.json()["id"] == mine.json()["id"]
-    own = ApiClient(bot).post("/api/runs", body, HTTP_IDEMPOTENCY_KEY="bot-1")
-    assert own.status_code == 201
-    assert (
-        ApiClient(bot).post("/api/runs", body, HTTP_IDEMPOTENCY_KEY="bot-1").json()["id"]
-        == (own.json()["id"])
-    )
-    assert Run.objects.filter(dedupe_key="ticket-T-1001").count() == 1
+    again = ApiClient(users["trainee"]).post("/api/runs", body, **key)
+    assert again.status_code == 200 and again.json()["id"] == mine.json()["id"]
+    for who in (bot, users["approver"]):  # may not view runs; may view them
+        own = ApiClient(who).post("/api/runs", body, **key)
+        assert own.status_code == 201, own.content
+        assert mine.json()["id"] not in own.content.decode()  # not even its id
+        repeat = ApiClient(who).post("/api/runs", body, **key)
+        assert repeat.status_code == 200 and repeat.json()["id"] == own.json()["id"]
+    assert Run.objects.filter(dedupe_key="ticket-T-1001").count() == 3

@@ -102,3 +102,40 @@ def test_a_nul_byte_is_refused_not_a_500(thread_run, lead):
     )
     assert response.status_code == 400 and "NUL" in response.content.decode()
     assert ThreadTurn.objects.filter(thread_id="t-page").count() == 1
+
+
+def test_the_form_is_offered_only_where_a_post_would_be_taken(django_user_model):
+    """The audit: the run page offered the thread form to a user whose post was then refused
+    (403 "another user's chat"). A chat's thread takes posts from its user or an operator: the
+    form is theirs alone; a plain thread's is anyone's who may start runs."""
+    looks = ["agentruns.view_run"]
+    owner = make_user(django_user_model, "chat-owner", [*looks, "agentruns.start_run"])
+    colleague = make_user(django_user_model, "colleague", [*looks, "agentruns.start_run"])
+    operator = make_user(
+        django_user_model, "chat-op", [*looks, "agentruns.start_run", "agentruns.operate_run"]
+    )
+    viewer = make_user(django_user_model, "only-looks", looks)
+    chat_run = post_message("c-page", "hello", user=owner, agent="pa-talk", chat=True).run
+    plain_run = post_message("t-plain", "hello", user=owner, agent="pa-talk").run
+
+    def offered(user, run: Run) -> bool:
+        page = logged_in(user).get(f"/runs/{run.id}/").content.decode()
+        assert 'id="run-thread"' in page
+        return 'class="thread-form"' in page
+
+    assert [offered(u, chat_run) for u in (owner, colleague, operator, viewer)] == [
+        True,
+        False,
+        True,
+        False,
+    ]
+    assert [offered(u, plain_run) for u in (owner, colleague, operator, viewer)] == [
+        True,
+        True,
+        True,
+        False,
+    ]
+    # and what the form would have done: the colleague's post to the chat is refused
+    refused = logged_in(colleague).post(f"/runs/{chat_run.id}/thread/", {"text": "mine now"})
+    assert refused.status_code == 403
+    assert ThreadTurn.objects.filter(thread_id="c-page").count() == 1

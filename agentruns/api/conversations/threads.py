@@ -31,7 +31,6 @@ from agentruns.services.threads import (
     Posted,
     ThreadRefused,
     post_message,
-    thread_id_for_key,
 )
 
 VIEW = "agentruns.view_run"
@@ -96,7 +95,7 @@ def thread_payload(thread: Thread) -> dict:
     }
 
 
-def post_as_caller(request: HttpRequest, thread_id: str, text: str, **options: object):
+def post_as_caller(request: HttpRequest, thread_id: str | None, text: str, **options: object):
     """`post_message` as the request's user, its refusals as the API's JSON 4xx (the threads
     API and the chat)."""
     try:
@@ -125,12 +124,9 @@ def start_thread(request: HttpRequest, body: dict) -> tuple[dict, int]:
     key = request.headers.get("Idempotency-Key") or None
     if key is not None and (len(key) > 200 or not key.isprintable()):
         raise BadRequest("Idempotency-Key must be at most 200 printable characters")
-    thread_id = body["thread"]
-    if thread_id is True:  # an id of ours: a repeat of the key finds the thread it made
-        thread_id = thread_id_for_key(key, body["agent"], request.user)
     posted = post_as_caller(
         request,
-        thread_id,
+        None if body["thread"] is True else body["thread"],  # None: an id of ours
         text,
         agent=body["agent"],
         run_input=run_input,

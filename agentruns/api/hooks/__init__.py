@@ -8,6 +8,10 @@ outgoing webhooks use). A signature that does not verify or is older than five m
 signed requests while no secret is set: 403. The signature does not cover the URL's token, so a
 `webhook-id` is taken once (`resolve_hook`'s receipt): a captured request sent again, to this
 token or another, within its five minutes is 409.
+
+Every request, found or not, takes a token of its sender's bucket (a user's; the signed sender's,
+before its signature is checked) and of this web process's (`quotas.check_hook`): a burst of
+guessed tokens meets 429 with `Retry-After` instead of 404 after 404.
 """
 
 from __future__ import annotations
@@ -16,11 +20,12 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponseBase
 
-from agentruns.api.endpoint import endpoint
+from agentruns.api.endpoint import endpoint, quota_refusal
 from agentruns.api.parsing import BadRequest, json_error, parse_json_body
 from agentruns.api.schemas import TIME, obj
 from agentruns.conf import conf
 from agentruns.registry.waits.events import MAX_TOKEN_CHARS
+from agentruns.runtime.access.quotas import QuotaExceeded, check_hook
 from agentruns.runtime.values.timestamps import iso
 from agentruns.runtime.values.webhook_signatures import verified
 from agentruns.runtime.waits.hooks import (
@@ -43,6 +48,10 @@ def signed(request: HttpRequest) -> HttpResponseBase | bool:
         return False
     if not conf.HOOK_SECRET:
         return json_error("signed hooks are off here: no AGENTRUNS_HOOK_SECRET is set", 403)
+    try:  # every signed request counts, before its signature is checked (one with a bad one too)
+        check_hook(None)
+    except QuotaExceeded as exc:
+        return quota_refusal(exc)
     try:
         parse_json_body(request)  # its size and form first: the signature is over the bytes
     except BadRequest as exc:
@@ -75,6 +84,7 @@ def signed(request: HttpRequest) -> HttpResponseBase | bool:
         404: "no run waits on this token",
         409: "the token was resolved already (when, and by whom), or a signed request's "
         "webhook-id was taken before (a replay)",
+        429: "too many hook resolutions by this sender, or at this server (Retry-After)",
     },
     example={"status": "delivered", "at": "2026-12-24T09:00:00Z"},
     tags=("hooks",),
@@ -86,7 +96,8 @@ def post_hook(request: HttpRequest, token: str, body: dict[str, Any]) -> Any:
     receipt = None
     if user is not None and user.is_authenticated:
         by = user.get_username()
-    else:  # a signed request (`signed` verified it)
+        check_hook(user)  # before the token is looked up: a guess costs as much as a resolution
+    else:  # a signed request (`signed` verified it, and counted it)
         receipt = request.headers.get("webhook-id", "")
         by = f"webhook {receipt}".strip()
     try:

@@ -1,4 +1,5 @@
-"""Per-user quotas: token buckets for starting runs and for decisions, a cap on runs in flight.
+"""Per-user quotas: token buckets for starting runs, for decisions, for hook resolutions (per
+sender and per web process), thread posts and stops, and a cap on runs in flight.
 
 A bucket holds up to `burst` tokens and refills at `per_second`; each start (or decision) takes
 one. The bucket is a row (`QuotaBucket`) that every web process shares, and one check is one
@@ -12,7 +13,11 @@ The cap on runs in flight (`AGENTRUNS_RUNS_IN_FLIGHT_PER_USER`) is checked by th
 inserts the run, under a lock per user (`take_start`, `RunStore.create_run`).
 
 `user=None` (trusted in-process callers: scripts, benchmarks, crashlab) and anonymous users are
-not metered; a burst or rate of 0 turns that bucket off.
+not metered, except at the hooks' door, where no user is the signed sender; a burst or rate of
+0 turns that bucket off. Every door that acts counts a request before it decides anything, so
+refused requests (a guessed hook token, a post refused with 409, a stop refused with 403) cost
+as much as granted ones. A web process's own bucket (the hooks' door) is a row keyed by the
+process (host and pid).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from agentruns.models import QuotaBucket
 from agentruns.runtime.store.base import InFlightCap, InFlightCapReached
 from agentruns.runtime.store.pg_function import IN_FLIGHT_LOCK
 from agentruns.runtime.store.sql import in_flight_count_sql
+from agentruns.runtime.values.ids import worker_name
 
 IN_FLIGHT_RETRY_SECONDS = 5  # a run in flight takes seconds to finish: try again after that
 
@@ -91,12 +97,19 @@ def _metered(user: Any) -> bool:
 
 
 def _check_bucket(kind: str, what: str, user: Any, burst: float, per_second: float) -> None:
-    if not _metered(user) or burst <= 0 or per_second <= 0:
+    if not _metered(user):
         return
-    wait = take(f"{kind}:{user.pk}", burst=burst, per_second=per_second)
+    _check_key(f"{kind}:{user.pk}", f"too many {what}", burst, per_second)
+
+
+def _check_key(key: str, refusal: str, burst: float, per_second: float) -> None:
+    """A token of bucket `key`, or QuotaExceeded saying `refusal` and when to try again."""
+    if burst <= 0 or per_second <= 0:
+        return
+    wait = take(key, burst=burst, per_second=per_second)
     if wait > 0:
         raise QuotaExceeded(
-            f"too many {what}: at most {burst:g} at once, then {per_second:g} a second; "
+            f"{refusal}: at most {burst:g} at once, then {per_second:g} a second; "
             f"try again in {math.ceil(wait)} s",
             math.ceil(wait),
         )
@@ -175,3 +188,32 @@ def hold_in_flight(cap: InFlightCap | None) -> None:
 def check_decision(user: Any) -> None:
     """One decision (approve, reject, reconcile; each item of a bulk decision) by `user`."""
     _check_bucket("decide", "decisions", user, conf.DECISION_BURST, conf.DECISION_PER_SECOND)
+
+
+# a Standard Webhooks sender has no user: the holder of AGENTRUNS_HOOK_SECRET is one sender
+SIGNED_HOOK_SENDER = "signed"
+
+
+def check_hook(user: Any) -> None:
+    """One `POST /api/hooks/<token>`, before its token is looked at (a guess that finds no run
+    costs as much as a resolution): a token of its sender's bucket (a user's, or the signed
+    sender's when `user` is None), then one of this web process's, which every sender shares."""
+    sender = user.pk if _metered(user) else SIGNED_HOOK_SENDER
+    _check_key(f"hook:{sender}", "too many hook resolutions", conf.HOOK_BURST, conf.HOOK_PER_SECOND)
+    _check_key(
+        f"hook-process:{worker_name()}"[:100],  # (QuotaBucket.key's length)
+        "this server takes no more hook resolutions now",
+        conf.HOOK_PROCESS_BURST,
+        conf.HOOK_PROCESS_PER_SECOND,
+    )
+
+
+def check_post(user: Any) -> None:
+    """One message posted to a thread by `user` (a post that is refused counts too)."""
+    _check_bucket("post", "thread posts", user, conf.ACTION_BURST, conf.ACTION_PER_SECOND)
+
+
+def check_stop(user: Any) -> None:
+    """One stop of a run asked by `user`, before whether they may is checked (a refused one
+    counts too)."""
+    _check_bucket("stop", "stops", user, conf.ACTION_BURST, conf.ACTION_PER_SECOND)

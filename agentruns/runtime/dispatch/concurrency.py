@@ -35,7 +35,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from agentruns.models import TERMINAL_RUN_STATUSES, ConcurrencyKey, Run, RunStatus
-from agentruns.registry.concurrency import concurrency_of
+from agentruns.registry.run_input.concurrency import concurrency_of
 from agentruns.runtime import writer
 from agentruns.runtime.dispatch import claims
 from agentruns.runtime.dispatch.queue import enqueue

@@ -9,8 +9,9 @@ inserts carries every change made to it before that commit (the store serialises
 Planning: every tool call of a model response is a tool step, in the order the model gave them,
 created pending with its idempotency key in the commit that records the response, except the
 calls of output tools (a structured output: the run's output, not a step). A bad call (unknown,
-outside the run's permission snapshot, arguments that are not JSON or fail the tool's schema) is
-planned as a failed step whose error goes back to the model.
+outside the run's permission snapshot, arguments that are not JSON or fail the tool's schema,
+or name something outside the run's scope: `access/scope.py`) is planned as a failed step whose
+error goes back to the model.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, JournalEntry, Step, StepAttempt, StepKind, StepStatus
 from agentruns.registry import ToolArgumentsError, UnknownTool, get_tool
 from agentruns.runtime import tracing
+from agentruns.runtime.access import scope
 from agentruns.runtime.access.permissions import refused_message
 from agentruns.runtime.engine.slice import SliceState, island
 from agentruns.runtime.events import (
@@ -298,6 +300,7 @@ def _plan(state: SliceState, call: dict, now: Any) -> Step:
     step = new_step(state, StepKind.TOOL, tool=name[:100], call_id=call_id[:100])
     try:
         step.arguments = _validated_arguments(state, name, call.get("args"))
+        scope.check_call(state.run, name, step.arguments)  # outside what the run is about
     except (ToolArgumentsError, UnknownTool) as exc:
         step.status = StepStatus.FAILED
         step.error = storable_text(str(exc))
