@@ -128,7 +128,6 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                "agentruns.web.context_processors.navigation",
             ],
         },
     },
@@ -175,7 +174,6 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "/static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = BASE_DIR / "var" / "staticfiles"
 
 # --- security: logins, Content Security Policy, production (SECURE_HTTPS) ------------------
@@ -202,7 +200,7 @@ AXES_IPWARE_META_PRECEDENCE_ORDER = (
 )
 
 # Only our own static files may run or style anything: no inline script, no style attribute, no
-# eval (templates keep JS in static/js and CSS in static/css). 'self' covers the same-origin
+# eval (templates keep JS and CSS in the apps' static files). 'self' covers the same-origin
 # WebSocket in current browsers.
 CONTENT_SECURITY_POLICY = {
     "DIRECTIVES": {

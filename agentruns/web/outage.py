@@ -57,7 +57,7 @@ def outage_response(request: HttpRequest, dependency: str) -> HttpResponse:
         # no request in the context: no context processor (user, navigation) may touch the
         # database while rendering it
         page = render_to_string(
-            "outage.html", {"dependency": dependency, "retry_after": RETRY_AFTER_SECONDS}
+            "agentruns/outage.html", {"dependency": dependency, "retry_after": RETRY_AFTER_SECONDS}
         )
         response = HttpResponse(page, status=503, content_type="text/html; charset=utf-8")
     response["Retry-After"] = str(RETRY_AFTER_SECONDS)
