@@ -71,6 +71,27 @@ from django.urls import include
 urlpatterns += [path("", include("agentruns.urls")), path("", include("approvals.urls"))]
 """
 
+LEDGER_MIGRATION = """
+from django.db import migrations, models
+
+
+class Migration(migrations.Migration):
+    initial = True
+    dependencies = []
+    operations = [
+        migrations.CreateModel(
+            name="Refund",
+            fields=[
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False)),
+                ("order_id", models.CharField(max_length=40)),
+                ("amount_cents", models.PositiveIntegerField()),
+                ("idempotency_key", models.CharField(max_length=200, unique=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+            ],
+        ),
+    ]
+"""
+
 LEDGER_MODELS = '''
 from django.db import models
 
@@ -352,6 +373,7 @@ def test_a_shop_project_installs_the_wheel_and_runs_its_agent_through_an_approva
     (ledger / "__init__.py").write_text("")
     (ledger / "migrations" / "__init__.py").write_text("")
     (ledger / "models.py").write_text(LEDGER_MODELS)
+    (ledger / "migrations" / "0001_initial.py").write_text(LEDGER_MIGRATION)
     (ledger / "refund_agent.py").write_text(REFUND_AGENT)
 
     env = {
@@ -374,7 +396,6 @@ def test_a_shop_project_installs_the_wheel_and_runs_its_agent_through_an_approva
         admin.execute(f'CREATE DATABASE "{database}"')
     procs: list[Proc] = []
     try:
-        shop.manage("makemigrations", "ledger")
         # migrate runs `manage.py check` first: the apps' errors would stop it, their warnings
         # (no connection pool, no login page: the documented lines add neither) are printed
         migrated = shop.manage("migrate", "--noinput")
