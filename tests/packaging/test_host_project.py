@@ -39,7 +39,8 @@ from websockets.sync.client import connect as websocket_connect
 
 from tests.procs import ROOT, Proc, free_port, wait_http
 
-pytestmark = pytest.mark.slow
+# minutes on a loaded machine: a wheel, a venv, five processes importing the apps afresh
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 WHEEL_LIMIT_BYTES = 2 * 1024 * 1024
 PASSWORD = "a-shop-superuser-password-0123"
