@@ -24,10 +24,11 @@ $(BIN)/.installed: requirements.lock pyproject.toml
 
 venv: $(BIN)/.installed
 
-# re-pin requirements.lock from pyproject.toml's ranges (the runtime and the dev extras) with
-# uv (`pip install uv` anywhere); UPGRADE=1 moves every pin to the newest allowed release
+# re-pin requirements.lock from pyproject.toml's ranges (the apps', the demo's and the dev
+# extras) with uv (`pip install uv` anywhere); UPGRADE=1 moves every pin to the newest allowed
+# release
 lock:
-	uv pip compile pyproject.toml --extra dev --generate-hashes --python-version 3.11 \
+	uv pip compile pyproject.toml --extra demo --extra dev --generate-hashes --python-version 3.11 \
 	  --python-platform x86_64-manylinux_2_28 $(if $(UPGRADE),--upgrade) -o requirements.lock
 
 run: venv

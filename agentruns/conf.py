@@ -245,6 +245,15 @@ SETTINGS: tuple[Setting, ...] = (
         "hourly (0: never)",
         0,
     ),
+    # the web
+    Setting(
+        "WEB_DB_POOL_TIMEOUT",
+        float,
+        3,
+        "the web's wait for a pooled database connection (agentruns.asgi applies it to its own "
+        "process): during an outage a request answers 503 within seconds",
+        0.1,
+    ),
     # streaming
     Setting("REDIS_URL", str, "", "channels_redis for the stream (unset: in-memory layer + poll)"),
     Setting(

@@ -13,7 +13,6 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 
-from django.conf import settings
 from django.core.cache import cache
 from django.db import DatabaseError, connection
 from django.db.models import (
@@ -60,8 +59,8 @@ def healthz(request: HttpRequest) -> JsonResponse:
     runs would queue forever, so that is reported as unhealthy (503) too.
     """
     checks: dict[str, dict] = {}
-    if settings.REDIS_URL:
-        checks["redis"] = redis_check(settings.REDIS_URL)
+    if conf.REDIS_URL:
+        checks["redis"] = redis_check(conf.REDIS_URL)
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")

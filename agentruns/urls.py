@@ -1,17 +1,16 @@
-from django.urls import path
+"""The agentruns app's URLs, included at the root of a project's URLconf
+(`path("", include("agentruns.urls"))`, DESIGN.md 7): the run pages under /runs/, the JSON API
+under /api/ (the approvals app's endpoints with it: every installed app's `api` module declares
+its own), and the probes /healthz and /metrics. The API's JSON answers are keyed on the /api/
+prefix, so the include is at the root."""
 
-from agentruns.web import threads, views
-from agentruns.web.layout import navigation
+from django.urls import include, path
+
+from agentruns import health
 
 urlpatterns = [
-    path("", views.run_list, name="run-list"),
-    path("new/", views.run_new, name="run-new"),
-    path("nav/", navigation.nav_counts_fragment, name="nav-counts"),
-    path("<uuid:run_id>/", views.run_detail, name="run-detail"),
-    path("<uuid:run_id>/retry/", views.run_retry, name="run-retry"),
-    path("<uuid:run_id>/cancel/", views.run_cancel, name="run-cancel"),
-    path("<uuid:run_id>/stop/", views.run_stop, name="run-stop"),
-    path("<uuid:run_id>/fork/", views.run_fork, name="run-fork"),
-    path("<uuid:run_id>/thread/", threads.thread_message, name="run-thread-message"),
-    path("steps/<uuid:step_id>/resolve/", views.step_resolve, name="step-resolve"),
+    path("runs/", include("agentruns.web.urls")),
+    path("api/", include("agentruns.api.urls")),
+    path("healthz", health.healthz, name="healthz"),
+    path("metrics", health.metrics, name="metrics"),
 ]

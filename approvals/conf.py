@@ -73,6 +73,13 @@ SETTINGS = (
     ),
     Setting("AGENTRUNS_WEBHOOK_CONCURRENCY", int, 4, "deliveries one worker sends at once", 1),
     Setting(
+        "APP_BASE_URL",
+        str,
+        "",
+        "the site's own address (`https://support.example.com`): links in mails and webhooks "
+        "(empty: paths only)",
+    ),
+    Setting(
         "AGENTRUNS_APPROVAL_EMAILS", bool, True, "mail new and escalated items to who may decide"
     ),
     Setting(

@@ -7,6 +7,7 @@ SQLite in WAL mode + django-q2's ORM broker + Channels' in-memory layer with a d
 
 from __future__ import annotations
 
+import warnings
 from datetime import timedelta
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
@@ -60,10 +61,6 @@ def database_from_url(url: str) -> dict:
     }
 
 
-# the web's wait for a pooled connection (config/asgi.py applies it to its own process): during
-# an outage a request answers 503 within seconds, never after the worker's DB_POOL_TIMEOUT
-WEB_DB_POOL_TIMEOUT = env_float("WEB_DB_POOL_TIMEOUT", 3)
-
 # the built-in key is for development only: SECURE_HTTPS=1 refuses it (see "production" below)
 BUILTIN_SECRET_KEY = "dev-insecure-change-me-0123456789abcdefghijklmnopqrstuvwxyz"
 SECRET_KEY = env_str("SECRET_KEY", BUILTIN_SECRET_KEY)
@@ -75,11 +72,8 @@ CSRF_TRUSTED_ORIGINS = [o for o in env_str("CSRF_TRUSTED_ORIGINS", "").split(","
 # a JSON 403 under /api/, Django's page elsewhere
 CSRF_FAILURE_VIEW = "agentruns.api.errors.csrf_failure"
 
+# the apps as any project adds them (DESIGN.md 7), then the demo's own and its security apps
 INSTALLED_APPS = [
-    # agentruns first: its `qcluster` command wraps django-q2's to start the fast sweeper.
-    "agentruns",
-    "approvals",
-    "support",
     "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
@@ -88,9 +82,12 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django.contrib.humanize",
-    "django_htmx",
-    "django_q",
     "channels",
+    "django_q",
+    "django_htmx",
+    "agentruns",
+    "approvals",
+    "support",
     "axes",
     "csp",
 ]
@@ -128,7 +125,6 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                "agentruns.web.context_processors.navigation",
             ],
         },
     },
@@ -175,7 +171,6 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "/static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = BASE_DIR / "var" / "staticfiles"
 
 # --- security: logins, Content Security Policy, production (SECURE_HTTPS) ------------------
@@ -202,7 +197,7 @@ AXES_IPWARE_META_PRECEDENCE_ORDER = (
 )
 
 # Only our own static files may run or style anything: no inline script, no style attribute, no
-# eval (templates keep JS in static/js and CSS in static/css). 'self' covers the same-origin
+# eval (templates keep JS and CSS in the apps' static files). 'self' covers the same-origin
 # WebSocket in current browsers.
 CONTENT_SECURITY_POLICY = {
     "DIRECTIVES": {
@@ -238,43 +233,13 @@ if SECURE_HTTPS:
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
 
-# --- channels ------------------------------------------------------------------------------
-REDIS_URL = env_str("REDIS_URL")
-if REDIS_URL:
-    CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL]},
-        }
-    }
-else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-
-# --- django-q2: a doorbell; the database lease decides who runs ------------------------------
-Q_WORKERS = env_int("Q_WORKERS", 2)
-Q_TIMEOUT = env_int("Q_TIMEOUT", 120)
-Q_CLUSTER = {
-    "name": env_str("Q_CLUSTER_NAME", "agentruns"),
-    "orm": "default",
-    # the ORM broker, first in first out, with delayed doorbells (a retry backoff)
-    "broker_class": "agentruns.runtime.dispatch.broker.DoorbellBroker",
-    "workers": Q_WORKERS,
-    "timeout": Q_TIMEOUT,
-    "retry": env_int("Q_RETRY", Q_TIMEOUT * 3 + 60),
-    "queue_limit": Q_WORKERS,
-    "bulk": 1,
-    "poll": env_float("Q_POLL", 0.1),
-    "ack_failures": True,
-    "max_attempts": 1,
-    "save_limit": -1,
-    "catch_up": False,
-    "label": "Task queue",
-    # a q2 task only hands its run (and the doorbells queued behind it) to the process's
-    # executor pool and returns, so `recycle` counts q2 tasks, not runs; a recycled process lets
-    # its runs finish (AGENTRUNS_DRAIN_SECONDS) before it exits
-    "recycle": env_int("Q_RECYCLE", 5000),
-    "max_rss": env_int("Q_MAX_RSS", 0) or None,  # KiB
-}
+# --- the channel layer and django-q2 ------------------------------------------------------
+# The apps default CHANNEL_LAYERS (channels_redis with REDIS_URL, else in memory) and Q_CLUSTER
+# (a doorbell design, tuned by Q_WORKERS, Q_TIMEOUT, ...) as in any project that leaves them
+# out: agentruns/installation/defaults.py. django-q2 reads Q_CLUSTER as it is imported, before
+# the apps have defaulted it, and warns about the retry and timeout it did not find there; the
+# apps' check (agentruns.W110) says it when the cluster in use has them wrong.
+warnings.filterwarnings("ignore", "Retry and timeout are misconfigured", UserWarning, "django_q")
 
 # --- the runtime and the demo ---------------------------------------------------------------
 # Every AGENTRUNS_* knob (and the model's) is typed and documented in agentruns/conf.py, the

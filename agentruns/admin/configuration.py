@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import admin
+from django.http import HttpRequest
 
 from agentruns.admin.records import ReadOnlyMixin
 from agentruns.models import ApiToken, ToolPolicy, ToolRule, WorkerHeartbeat
 from agentruns.registry import all_agents
+from agentruns.selectors.people import username_lookup
 from agentruns.tokens import revoke
 
 
@@ -25,7 +27,10 @@ def revoke_tokens(modeladmin, request, queryset) -> None:
 class ApiTokenAdmin(admin.ModelAdmin):
     list_display = ("prefix", "user", "state", "created_at", "expires_at", "last_used_at")
     list_filter = ("revoked",)
-    search_fields = ("prefix", "user__username")
+
+    def get_search_fields(self, request: HttpRequest) -> tuple[str, ...]:
+        return ("prefix", username_lookup("user"))
+
     fields = ("user", "prefix", "state", "created_at", "expires_at", "last_used_at", "revoked_at")
     readonly_fields = fields
     actions = [revoke_tokens]

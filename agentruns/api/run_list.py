@@ -21,6 +21,7 @@ from agentruns.api.serializers import run_summary_payload
 from agentruns.models import Run, RunStatus, WaitKind
 from agentruns.selectors import RunFilters, run_page
 from agentruns.selectors.pagination import decode_cursor, parse_uuid
+from agentruns.selectors.people import username_lookup
 
 VIEW = "agentruns.view_run"
 CURSOR = {"type": "string", "pattern": "^[0-9]{1,18}-[0-9a-fA-F-]{32,36}$"}
@@ -104,7 +105,7 @@ def list_runs(
         older=_cursor(older, "older"),
         newer=_cursor(newer, "newer"),
         size=limit,
-        fields=("created_by__username", "trace_id"),
+        fields=(username_lookup("created_by"), "trace_id"),
     )
     return {
         "runs": [run_summary_payload(run) for run in page.items],

@@ -1,7 +1,11 @@
-"""The API's routes, built from the endpoint declarations; anything else under /api/ is a JSON 404."""
+"""The API's routes, built from the endpoint declarations; any other path under the API's own
+sections (`/api/runs/...`, `/api/approvals/...`, ...) is a JSON 404. Other /api/ paths are left to
+the project's URLconf: a host project may serve an API of its own there (the demo's
+config/urls.py answers them with `not_found` too)."""
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -37,11 +41,15 @@ def _patterns() -> list:
     # routes with fewer parameters first, so `approvals/bulk` is not taken for an approval id
     # whichever module declared its endpoint first (the sort keeps declaration order otherwise)
     routes = sorted(by_route.items(), key=lambda item: item[0].count("<"))
-    return [path(route, method_router(views)) for route, views in routes]
+    patterns = [path(route, method_router(views)) for route, views in routes]
+    # the sections the endpoints declare (`runs`, `approvals`, ...): anything else under them is ours
+    sections = sorted({route.split("/")[0] for route in by_route})
+    alternatives = "|".join(re.escape(section) for section in sections)
+    patterns.append(re_path(rf"^(?P<rest>(?:{alternatives})(?:/.*)?)$", not_found))
+    return patterns
 
 
 urlpatterns = [
     path("openapi.json", method_router({"GET": openapi_json}), name="api-openapi"),
     *_patterns(),
-    re_path(r"^(?P<rest>.*)$", not_found),
 ]

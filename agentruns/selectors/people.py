@@ -3,10 +3,22 @@ someone in ops, or an administrator")."""
 
 from __future__ import annotations
 
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 
 # a page names at most this many groups
 GROUPS_SHOWN = 5
+
+
+def username_lookup(relation: str) -> str:
+    """`<relation>__<the user model's USERNAME_FIELD>`: a query on who did something by the name
+    people sign in with, whatever the project's AUTH_USER_MODEL calls it."""
+    return f"{relation}__{get_user_model().USERNAME_FIELD}"
+
+
+def email_lookup() -> str:
+    """The user model's email field (`EMAIL_FIELD`, "email" by default)."""
+    return get_user_model().get_email_field_name()
 
 
 def groups_with_permission(permission: str) -> list[str]:

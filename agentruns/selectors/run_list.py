@@ -17,6 +17,7 @@ from django.utils import timezone
 from agentruns.models import Run, RunStatus
 from agentruns.registry.search import expanded_keys
 from agentruns.selectors.pagination import KeysetPage, keyset_page, parse_uuid
+from agentruns.selectors.people import username_lookup
 from agentruns.selectors.waiting import KINDS as WAIT_KINDS
 from agentruns.selectors.waiting import waiting_on, with_waiting_for
 
@@ -144,7 +145,7 @@ def filtered_runs(filters: RunFilters, now: datetime | None = None) -> QuerySet[
     if filters.key:
         runs = runs.filter(search_key_condition(filters.key))
     if filters.created_by:
-        runs = runs.filter(created_by__username=filters.created_by)
+        runs = runs.filter(**{username_lookup("created_by"): filters.created_by})
     if filters.created_after:
         runs = runs.filter(created_at__gt=filters.created_after)
     if filters.created_before:

@@ -50,7 +50,7 @@ def origin_allowed(scope: dict) -> bool:
     if not origin or not host:
         return False
     domain, _ = split_domain_port(host.lower())
-    if not domain or not validate_host(domain, settings.ALLOWED_HOSTS):
+    if not domain or not validate_host(domain, allowed_hosts()):
         return False
     parts = urlsplit(origin)
     if parts.path or parts.query or not parts.scheme or not parts.netloc:
@@ -59,6 +59,14 @@ def origin_allowed(scope: dict) -> bool:
     own = normalized(_own_scheme(scope, headers), host)
     trusted = {normalized(*_scheme_netloc(o)) for o in settings.CSRF_TRUSTED_ORIGINS}
     return bool(given) and (given == own or given in trusted)
+
+
+def allowed_hosts() -> list[str]:
+    """ALLOWED_HOSTS as Django's own requests read it: with DEBUG and none set, the local names
+    (`django-admin startproject`'s settings)."""
+    if settings.DEBUG and not settings.ALLOWED_HOSTS:
+        return [".localhost", "127.0.0.1", "[::1]"]
+    return list(settings.ALLOWED_HOSTS)
 
 
 def _scheme_netloc(origin: str) -> tuple[str, str]:

@@ -3,7 +3,7 @@
 RFC 6455's own code for it, 1013, cannot leave daphne: its WebSocket library (autobahn) lets a
 server close only with 1000 or a code from 3000-4999. So the stream uses 4503 (the private
 range, as 4401/4403/4404 are, with the HTTP status it means); the run page's client
-(static/js/runstream.js) treats only 4400-4499 as refusals, so on 4503 (as on any drop) it
+(agentruns/static/agentruns/runstream.js) treats only 4400-4499 as refusals, so on 4503 (as on any drop) it
 reconnects with backoff and resumes from its cursor. A handshake must be accepted before a close
 code reaches a browser, so a connection that fails before its consumer accepted (the session
 lookup of the auth middleware) is accepted and closed at once.

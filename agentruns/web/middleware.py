@@ -72,6 +72,6 @@ class AnswerQuotaRefusals:
             response = HttpResponse(str(exc), status=429, content_type="text/plain; charset=utf-8")
         else:
             context = {"message": str(exc), "retry_after": exc.retry_after}
-            response = render(request, "quota_exceeded.html", context, status=429)
+            response = render(request, "agentruns/quota_exceeded.html", context, status=429)
         response["Retry-After"] = str(exc.retry_after)
         return response

@@ -13,7 +13,7 @@ Django's per-middleware exception handling before it reaches us: `got_request_ex
 the request and this outermost middleware swaps that 500 (or debug page) for the 503.
 
 A request never waits long for the database: the web's pool wait is `WEB_DB_POOL_TIMEOUT`
-seconds (`use_web_pool_wait`, from config/asgi.py), not the worker's half-minute.
+seconds (`use_web_pool_wait`, from agentruns/asgi.py), not the worker's half-minute.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.loader import render_to_string
 
 from agentruns.api.parsing import json_error
+from agentruns.conf import conf
 from agentruns.runtime.outages.faults import database_unavailable, redis_unavailable
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ def outage_response(request: HttpRequest, dependency: str) -> HttpResponse:
         # no request in the context: no context processor (user, navigation) may touch the
         # database while rendering it
         page = render_to_string(
-            "outage.html", {"dependency": dependency, "retry_after": RETRY_AFTER_SECONDS}
+            "agentruns/outage.html", {"dependency": dependency, "retry_after": RETRY_AFTER_SECONDS}
         )
         response = HttpResponse(page, status=503, content_type="text/html; charset=utf-8")
     response["Retry-After"] = str(RETRY_AFTER_SECONDS)
@@ -130,4 +131,4 @@ def use_web_pool_wait() -> None:
     instead of holding the client for the worker's DB_POOL_TIMEOUT."""
     pool = settings.DATABASES["default"].get("OPTIONS", {}).get("pool")
     if isinstance(pool, dict):
-        pool["timeout"] = settings.WEB_DB_POOL_TIMEOUT
+        pool["timeout"] = conf.WEB_DB_POOL_TIMEOUT

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 
 from django.contrib import admin
+from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from agentruns.runtime.values.money import format_cents
+from agentruns.selectors.people import username_lookup
 from approvals.domain.decisions import args_diff
 from approvals.models import Approval
 
@@ -34,7 +36,10 @@ class ApprovalAdmin(admin.ModelAdmin):
     )
     list_filter = ("kind", "status", "agent", "tool", "resolution")
     list_select_related = ("decided_by",)
-    search_fields = ("=run__id", "=id", "decided_by__username", "reason")
+
+    def get_search_fields(self, request: HttpRequest) -> tuple[str, ...]:
+        return ("=run__id", "=id", username_lookup("decided_by"), "reason")
+
     date_hierarchy = "created_at"
     fieldsets = (
         (None, {"fields": ("kind", "status", "agent", "tool", "run_link", "step_link")}),

@@ -23,6 +23,7 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 
 from agentruns.runtime.values.money import format_cents
+from agentruns.selectors.people import email_lookup
 from approvals.conf import conf
 from approvals.models import Approval, ApprovalStatus, MailNotice
 from approvals.notifications.outbox import approval_url, inbox_url
@@ -42,12 +43,12 @@ def deciders() -> list:
     may = Q(is_superuser=True)
     if perm is not None:
         may |= Q(user_permissions=perm) | Q(groups__permissions=perm)
-    users = get_user_model().objects.filter(may, is_active=True).exclude(email="")
+    users = get_user_model().objects.filter(may, is_active=True).exclude(**{email_lookup(): ""})
     return list(users.distinct().order_by("id"))
 
 
 def escalation_recipients() -> list:
-    users = get_user_model().objects.filter(is_active=True).exclude(email="")
+    users = get_user_model().objects.filter(is_active=True).exclude(**{email_lookup(): ""})
     if conf.ESCALATION_GROUP:
         users = users.filter(groups__name=conf.ESCALATION_GROUP)
     else:
@@ -123,7 +124,7 @@ def send_due_digests(owner: str, now: datetime | None = None) -> int:
             EmailMessage(
                 subject=_subject(len(new), len(escalated)),
                 body=render_to_string("approvals/email/digest.txt", context),
-                to=[person.email],
+                to=[getattr(person, email_lookup())],
             )
         )
     if messages:

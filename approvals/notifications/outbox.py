@@ -15,7 +15,6 @@ import json
 import uuid
 from typing import Any
 
-from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
@@ -77,7 +76,7 @@ def settings_endpoint_events() -> list[str]:
 
 # ------------------------------------------------------------------ payloads
 def _base_url() -> str:
-    return str(getattr(settings, "APP_BASE_URL", "")).rstrip("/")
+    return conf.APP_BASE_URL.rstrip("/")
 
 
 def inbox_url() -> str:

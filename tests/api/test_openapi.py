@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import jsonschema
-from django.urls import get_resolver
+from django.urls import URLResolver, get_resolver
 
 from agentruns.api.endpoint import ENDPOINTS
 from agentruns.api.openapi import openapi_document
@@ -50,10 +50,21 @@ def test_the_served_description_is_the_declarations(api):
                 jsonschema.Draft202012Validator.check_schema(schema)
 
 
+def api_resolver(resolver: URLResolver) -> URLResolver | None:
+    """The `api/` include, wherever the project's URLconf nests it (`agentruns.urls` at the root)."""
+    for pattern in resolver.url_patterns:
+        if isinstance(pattern, URLResolver):
+            if str(pattern.pattern) == "api/":
+                return pattern
+            if found := api_resolver(pattern):
+                return found
+    return None
+
+
 def test_every_api_route_is_described(api):
     """Every route the URLconf really serves, with every method it answers (the `Allow` of its
     405 to OPTIONS), has its operation in the served description, and nothing more is described."""
-    api_routes = next(p for p in get_resolver().url_patterns if str(p.pattern) == "api/")
+    api_routes = api_resolver(get_resolver())
     served = set()
     for pattern in api_routes.url_patterns:
         route = str(pattern.pattern)

@@ -12,7 +12,7 @@ import re
 import httpx
 
 from agentruns.models import Run
-from agentruns.web.examples import BUNDLE
+from config.examples import BUNDLE
 from support.models import Order
 from tests import binaries
 from tests.conftest import make_user

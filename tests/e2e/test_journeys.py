@@ -301,7 +301,7 @@ def test_every_page_sends_the_policy_and_nothing_is_blocked(tmp_path, people, br
         assert not journey.violations(), (path, journey.violations())
     journey.check_csp()
 
-    # the inbox, through one of its polls (static/js/inbox.js adds the poll's parameter)
+    # the inbox, through one of its polls (approvals/static/approvals/inbox.js adds the poll's parameter)
     journey.go("/approvals/")
     journey.page.locator(f"#approval-{approval.id}").wait_for(timeout=WAIT_MS)
     journey.page.wait_for_timeout(2500)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from agentruns.models import Run, RunStatus
 from agentruns.services import start_run
-from agentruns.web.examples import BUNDLE
 from approvals.models import Approval, ApprovalStatus
+from config.examples import BUNDLE
 from tests import binaries
 from tests.approvals import question_agent  # noqa: F401  (registers pa-asker in this process)
 from tests.e2e.kit import browser_marks, logged_in_page, set_browser_password

@@ -1,6 +1,6 @@
 """The run page in a real Chromium, when the server has no socket slot for its user: it waits
 longer and longer between tries (4013 "try again later"), instead of reconnecting several times
-a second, and connects by itself once a slot is free (stream/access/slots.py, static/js/runstream.js).
+a second, and connects by itself once a slot is free (stream/access/slots.py, agentruns/static/agentruns/runstream.js).
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ def expected_text(run_id: uuid.UUID) -> str:
 
 
 def text_from_frames(frames: list[dict]) -> str:
-    """Apply frames the way static/js/runstream.js does and return the visible model text."""
+    """Apply frames the way agentruns/static/agentruns/runstream.js does and return the visible model text."""
     turns: dict[tuple[int, int], str] = {}
     dropped: set[tuple[int, int]] = set()
     newest: dict[int, int] = {}

@@ -14,11 +14,11 @@ def test_hostile_static_paths_are_404(tmp_path):
     web, url = start_web(tmp_path)
     try:
         with httpx.Client(base_url=url, timeout=10) as http:
-            assert http.get("/static/js/runstream.js").status_code == 200
+            assert http.get("/static/agentruns/runstream.js").status_code == 200
             for raw in (
                 "/static/%2e%2e/config/settings.py",
                 "/static/..%2f..%2fconfig%2fsettings.py",
-                "/static/js/%00runstream.js",
+                "/static/agentruns/%00runstream.js",
                 "/static/%2e%2e/%2e%2e/%2e%2e/etc/passwd",
             ):
                 response = http.get(httpx.URL(url + raw))

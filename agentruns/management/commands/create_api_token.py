@@ -22,7 +22,7 @@ class Command(BaseCommand):
     def handle(self, *args, **options) -> None:
         User = get_user_model()
         try:
-            user = User.objects.get(username=options["username"])
+            user = User._default_manager.get_by_natural_key(options["username"])
         except User.DoesNotExist:
             raise CommandError(f"no user {options['username']!r}") from None
         days = options["days"]
@@ -34,7 +34,7 @@ class Command(BaseCommand):
         raw, row = issue_token(user, days)
         until = row.expires_at.strftime("%Y-%m-%d %H:%M UTC") if row.expires_at else "never"
         self.stderr.write(
-            f"API token {row.prefix}… for {user.username}, expires {until} "
+            f"API token {row.prefix}… for {user.get_username()}, expires {until} "
             "(shown once, stored hashed; revoke with `manage.py revoke_api_token`):"
         )
         self.stdout.write(raw)

@@ -1,6 +1,7 @@
 from django.core.management.base import BaseCommand
 
 from agentruns.models import ApiToken
+from agentruns.selectors.people import username_lookup
 
 
 def _when(moment) -> str:
@@ -17,7 +18,7 @@ class Command(BaseCommand):
     def handle(self, *args, **options) -> None:
         rows = ApiToken.objects.select_related("user").order_by("-created_at")
         if options["username"]:
-            rows = rows.filter(user__username=options["username"])
+            rows = rows.filter(**{username_lookup("user"): options["username"]})
         self.stdout.write(
             f"{'id':>5}  {'prefix':<12} {'user':<16} {'state':<8} {'created':<16} "
             f"{'expires':<16} last used"

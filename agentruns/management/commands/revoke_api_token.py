@@ -1,6 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from agentruns.models import ApiToken
+from agentruns.selectors.people import username_lookup
 from agentruns.tokens import hash_token, revoke
 
 
@@ -19,7 +20,7 @@ class Command(BaseCommand):
         if bool(given) == bool(username):
             raise CommandError("name one token (id, prefix or token) or --user <username>")
         if username:
-            rows = ApiToken.objects.filter(user__username=username)
+            rows = ApiToken.objects.filter(**{username_lookup("user"): username})
         elif given.isdigit():
             rows = ApiToken.objects.filter(pk=int(given))
         else:

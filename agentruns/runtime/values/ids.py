@@ -24,7 +24,7 @@ def worker_id() -> str:
 
 def actor_name(user: object) -> str | None:
     """Who did something, for the timeline and the audit (None: the system)."""
-    return getattr(user, "username", None) if user is not None else None
+    return user.get_username() if user is not None else None  # type: ignore[attr-defined]
 
 
 MAX_ID_DIGITS = 18  # fits a 64-bit BigAutoField

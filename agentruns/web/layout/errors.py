@@ -24,10 +24,10 @@ def permission_denied(request: HttpRequest, exception: Exception | None = None) 
     if api_errors.under_api(request):
         return api_errors.permission_denied(request, exception)
     context = {"message": _message(exception)}
-    return render(request, "errors/403.html", context, status=403)
+    return render(request, "agentruns/errors/403.html", context, status=403)
 
 
 def page_not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     if api_errors.under_api(request):
         return api_errors.page_not_found(request, exception)
-    return render(request, "errors/404.html", {"path": request.path}, status=404)
+    return render(request, "agentruns/errors/404.html", {"path": request.path}, status=404)
