@@ -54,8 +54,8 @@ T = TypeVar("T")
 
 def thread_loop() -> asyncio.AbstractEventLoop:
     """This thread's event loop, made current and reused, so every tool call of the thread sees
-    the same loop (and an async client bound to a loop is kept per loop: on the process's model
-    stream loop, runtime/providers/stream_pump.py, this is that loop)."""
+    the same loop (and an async client bound to a loop is kept per loop: on the process's run
+    loop, runtime/engine/lanes.py, this is that loop)."""
     try:
         loop = asyncio.get_event_loop_policy().get_event_loop()
     except RuntimeError:

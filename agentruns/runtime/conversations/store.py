@@ -2,8 +2,8 @@
 
 The store's five primitives are plain ORM work; its methods are coroutines only because the base
 class is: none of them ever suspends, so `run_now` drives one to its end on the calling thread
-(with its connection and inside its transaction). Called from a slice (the agent's loop runs on
-the slice's event loop) it goes through `slice.island()` as every unit's database work does.
+(with its connection and inside its transaction). Called from a slice it runs on the slice's
+lane (`engine/lanes.py`), as every unit's database work does.
 
 Who said a message is read from the message itself: a user prompt carries its author and sender
 in `ModelRequest.metadata` (`author_metadata`); every other message is the agent's, of the run

@@ -40,9 +40,8 @@ from agentruns.registry import UnknownTool, get_tool
 from agentruns.runtime.access.permissions import needs_approval
 from agentruns.runtime.engine import slice as slices
 from agentruns.runtime.engine.backend import StepBackend
-from agentruns.runtime.engine.model.request import request_model
+from agentruns.runtime.engine.model.unit import request_model
 from agentruns.runtime.engine.plan import refuse_planned
-from agentruns.runtime.engine.slice import island
 from agentruns.runtime.engine.tools.toolsets import StepsToolset, registered_tools
 from agentruns.runtime.engine.waits import ask_for, decide_deferred, rule_decided, rule_wait
 from agentruns.runtime.operations.gate import answered_already
@@ -199,8 +198,7 @@ class AgentRunsDurability(BaseDurabilityCapability[Any]):
         fails as a bad call does (its error back to the model)."""
         state, step = _slice_and_step(call)
         if step is not None and step.status == StepStatus.PENDING and not step.attempts:
-            with island():
-                refuse_planned(state, step, str(error))
+            await state.lane.run(refuse_planned, state, step, str(error))
         raise error
 
     async def wrap_tool_execute(
@@ -212,8 +210,7 @@ class AgentRunsDurability(BaseDurabilityCapability[Any]):
         if ctx.tool_call_approved:
             return await handler(args)
         if rule_wait(state, step.call_id) is not None:
-            with island():
-                rule_decided(state, step)  # (parks while nobody decided)
+            rule_decided(state, step)  # (parks while nobody decided)
             return await handler(args)  # as approved (the arguments validated), or the denial
         if state.awaited_approval(step.call_id):
             raise ApprovalRequired()  # the tool asked itself: Pydantic AI's deferral replays it
@@ -225,11 +222,13 @@ class AgentRunsDurability(BaseDurabilityCapability[Any]):
             tool = get_tool(step.tool)
         except UnknownTool:  # the unit refuses it (not deployed any more)
             return await handler(args)
-        with island():
-            # a call whose operation key is used is answered "already done" without a person
-            held = needs_approval(state.run, tool, step.arguments) and not answered_already(
-                state.run, tool, step.arguments
-            )
+        # a predicate of the tool's own may read the database: on the lane; and a call whose
+        # operation key is used is answered "already done" without a person
+        held = (
+            await state.lane.run(needs_approval, state.run, tool, step.arguments)
+            if callable(tool.requires_approval)
+            else needs_approval(state.run, tool, step.arguments)
+        ) and not await state.lane.run(answered_already, state.run, tool, step.arguments)
         if held:
             raise ask_for(state, step)
         return await handler(args)

@@ -38,6 +38,7 @@ from agentruns.runtime import tracing, writer
 from agentruns.runtime.dispatch import lease, thread_line
 from agentruns.runtime.dispatch.lease import Heartbeat
 from agentruns.runtime.engine import status
+from agentruns.runtime.engine.lanes import CallerLane, Lane, run_on_process_loop
 from agentruns.runtime.engine.loop import run_agent
 from agentruns.runtime.engine.slice import SliceEnds, SliceState
 from agentruns.runtime.events import EventSpec, LeaseLost
@@ -60,6 +61,18 @@ def _merged(first: dict[str, Any], second: dict[str, Any] | None) -> dict[str, A
     return out
 
 
+def _reads_nothing(claimed: Run | None) -> bool:
+    """A run the claim returned brand new (no history, no error, its agent deployed): loading
+    it needs no query."""
+    if claimed is None or claimed.error or claimed.step_count or claimed.last_seq > 2:
+        return False
+    try:
+        get_agent(claimed.agent)
+    except UnknownAgent:
+        return False
+    return True
+
+
 class RunExecutor:
     def __init__(
         self,
@@ -80,6 +93,7 @@ class RunExecutor:
         self.state: SliceState | None = None
         self.run_key: tuple[str, str | None] | None = None  # (agent, concurrency key) once read
         self.thread_id: str | None = None  # the run's thread (models/threads.py), once read
+        self.lane: Lane | None = None  # where the slice's blocking work runs (lanes.py)
 
     # ---------------------------------------------------------------- lease
     def claim(self) -> bool:
@@ -148,41 +162,54 @@ class RunExecutor:
             raise LeaseLost(str(self.run_id))
 
     # ---------------------------------------------------------------- the slice
-    @tracing.sliced
     def advance(self, claimed: Run | None = None) -> str:
-        """Execute the run until it finishes, parks, yields or loses its lease. `claimed`: the
-        run as created already leased by `self.owner` (`services.execute_inline`, a claimer);
-        otherwise claim it."""
+        """Execute the run in the calling thread (`execute_inline`, scripts, tests): its agent
+        loop as a task of the process's loop, its blocking work on this thread (its
+        connection, its transaction), until it finishes, parks, yields or loses its lease.
+        `claimed`: the run as created already leased by `self.owner`; otherwise claim it."""
+        lane = CallerLane()
+        done = run_on_process_loop(self.advance_in(lane, claimed))
+        lane.serve(done)
+        return done.result()
+
+    @tracing.sliced
+    async def advance_in(self, lane: Lane, claimed: Run | None = None) -> str:
+        """The slice as a task of an event loop, its blocking work on `lane` (a worker's pool,
+        `advance`)."""
+        self.lane = lane
         try:
-            if claimed is None and not self.claim():
+            if claimed is None and not await lane.run(self.claim):
                 return "busy"
         except Exception as exc:
             if is_infrastructure_error(exc):
-                return self.weathered(exc)  # nothing claimed: the keeper only rings it
+                return await lane.run(self.weathered, exc)  # nothing claimed: only rung
             raise
         self.heartbeat = Heartbeat(self.run_id, self.owner, self.ttl)
         self.heartbeat.start()
         try:
-            return self._drive(claimed)
+            return await self._drive(claimed)
         except LeaseLost:
             log.warning("run %s: lease lost, another worker continues", self.run_id)
             return "lease_lost"
         except Exception as exc:
             if is_infrastructure_error(exc):
-                return self.weathered(exc)
+                return await lane.run(self.weathered, exc)
             # an engine bug must not leave a run stuck
             log.exception("run %s: engine error", self.run_id)
-            close_old_connections()
-            try:
-                return status.finish(self, RunStatus.FAILED, error=f"internal error: {exc!r}")
-            except LeaseLost:
-                return "lease_lost"
-            except Exception as second:
-                if is_infrastructure_error(second):
-                    return self.weathered(second)
-                raise
+            return await lane.run(self._failed_internally, exc)
         finally:
             self.heartbeat.stop()
+
+    def _failed_internally(self, exc: BaseException) -> str:
+        close_old_connections()
+        try:
+            return status.finish(self, RunStatus.FAILED, error=f"internal error: {exc!r}")
+        except LeaseLost:
+            return "lease_lost"
+        except Exception as second:
+            if is_infrastructure_error(second):
+                return self.weathered(second)
+            raise
 
     def weathered(self, exc: BaseException) -> str:
         """The database (or Redis) failed under this slice: write nothing, count nothing; the
@@ -197,12 +224,12 @@ class RunExecutor:
         lease.hand_back(self.run_id, self.owner)
         return "weather"
 
-    def _drive(self, claimed: Run | None) -> str:
+    def _load(self, claimed: Run | None) -> tuple[Run, Any, list[Step], list, list] | str:
+        """The run, its agent and its journal (a brand-new run has none), or the slice's end
+        when its agent is not deployed here."""
         run = claimed if claimed is not None else self.store.load_run(self.run_id)
         self.run_key = (run.agent, run.concurrency_key)
         self.thread_id = run.thread_id
-        self.trace_slice = tracing.begin_slice(self, run)
-        self.cancel_requested = run.cancel_requested
         try:
             agent = get_agent(run.agent)
         except UnknownAgent as exc:  # a deploy without its module: wait for it, no verdict
@@ -214,30 +241,52 @@ class RunExecutor:
         if run.error:  # what it waited for (its agent) is back
             Run.objects.filter(id=self.run_id, status=RunStatus.RUNNING).update(error="")
         # a brand-new run (no steps counted, only its created + running events) has no history
-        fresh = run.step_count == 0 and run.last_seq <= 2
+        if run.step_count == 0 and run.last_seq <= 2:
+            return run, agent, [], [], []
+        return (
+            run,
+            agent,
+            list(Step.objects.filter(run_id=self.run_id).order_by("index")),
+            list(JournalEntry.objects.filter(run_id=self.run_id)),
+            list(Wait.objects.filter(run_id=self.run_id)),
+        )
+
+    async def _drive(self, claimed: Run | None) -> str:
+        lane = self.lane
+        loaded = (
+            self._load(claimed) if _reads_nothing(claimed) else await lane.run(self._load, claimed)
+        )
+        if isinstance(loaded, str):
+            return loaded
+        run, agent, steps, entries, waits = loaded
+        self.trace_slice = tracing.begin_slice(self, run)
+        self.cancel_requested = run.cancel_requested
         self.state = state = SliceState(
             run=run,
             agent=agent,
-            steps=[] if fresh else list(Step.objects.filter(run_id=self.run_id).order_by("index")),
+            steps=steps,
             ends_at=time.monotonic() + conf.SLICE_SECONDS,
             drain=self.drain,
             executor=self,
+            lane=lane,
         )
-        if not fresh:
+        if steps or entries or waits:
             state.index_steps()
-            state.entries = list(JournalEntry.objects.filter(run_id=self.run_id))
-            state.waits = list(Wait.objects.filter(run_id=self.run_id))
+            state.entries, state.waits = entries, waits
         if self.cancel_requested:  # cancelled before this slice began: at its first boundary
-            return status.cancel_at_boundary(self)
+            return await lane.run(status.cancel_at_boundary, self)
         try:
-            result = run_agent(state)
+            result = await run_agent(state)
         except SliceEnds as ends:
-            return ends.commit() if ends.commit is not None else ends.outcome
+            return await lane.run(ends.commit) if ends.commit is not None else ends.outcome
         except ModelError as exc:  # the run's model cannot be built (an SDK, a key missing)
-            return status.finish(self, RunStatus.FAILED, error=f"model error: {exc}")
+            return await lane.run(
+                status.finish, self, RunStatus.FAILED, error=f"model error: {exc}"
+            )
         except (AgentRunError, UserError) as exc:  # the agent's own loop gave up: its reason
-            return status.finish(self, RunStatus.FAILED, error=f"{type(exc).__name__}: {exc}")
-        return status.finished_with(self, result)
+            error = f"{type(exc).__name__}: {exc}"
+            return await lane.run(status.finish, self, RunStatus.FAILED, error=error)
+        return await lane.run(status.finished_with, self, result)
 
     # ---------------------------------------------------------------- stop conditions
     def stop_condition(self) -> tuple[str, str] | None:

@@ -35,7 +35,7 @@ from agentruns.registry import ToolArgumentsError, UnknownTool, get_tool
 from agentruns.runtime import tracing
 from agentruns.runtime.access import scope
 from agentruns.runtime.access.permissions import refused_message
-from agentruns.runtime.engine.slice import SliceState, island
+from agentruns.runtime.engine.slice import SliceState
 from agentruns.runtime.events import (
     EventType,
     planned_event_data,
@@ -344,8 +344,7 @@ async def journal_unit(state: SliceState, name: str, body: Callable[[], Awaitabl
     if position < len(state.entries):
         record_durable_unit(executed=False)
         return replayed(state.entries[position].payload)
-    with island():
-        state.executor.check_lease()
+    state.executor.check_lease()
     payload = await body()
     entry = JournalEntry(run_id=state.run.id, ordinal=position, name=name[:300])
     entry.payload = journal_text(payload)

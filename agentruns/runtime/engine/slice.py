@@ -7,13 +7,12 @@ context variable: the units are called from deep inside `agent.run`).
 
 A slice ends by raising `SliceEnds` (a BaseException, so no `except Exception` inside the
 agent's loop can swallow it): it unwinds `agent.run`, and the executor makes the slice's last
-commit (`executor.py`). `island()` lets a unit do blocking database work on the slice's own
-event loop (see docs/engine-design.md, "Threads and loops").
+commit (`executor.py`). A unit's blocking (database) work runs on the slice's `lane`
+(`lanes.py`), never on the event loop.
 """
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import threading
 import time
@@ -28,6 +27,7 @@ from django.utils import timezone
 
 from agentruns.models import Run, Step, StepKind, Wait
 from agentruns.registry import Agent
+from agentruns.runtime.engine.lanes import Lane
 from agentruns.runtime.events import EventSpec
 from agentruns.runtime.store.rows import WriteBatch
 
@@ -94,8 +94,10 @@ class SliceState:
     entries_seen: int = 0
     waits: list[Any] = field(default_factory=list)
     waits_seen: int = 0
-    # the executor (commit, check_lease, the cancel flag) and the model's streaming hand-over
+    # the executor (commit, check_lease, the cancel flag)
     executor: Any = None
+    # where the slice's blocking work runs (lanes.py): set before the agent's loop starts
+    lane: Lane = None  # type: ignore[assignment]
     # what each terminal tool step says to the scripted model, by (step id, status, attempts):
     # every model request reads the whole history, so each is dumped once a slice
     step_contents: dict[tuple[Any, str, int], str] = field(default_factory=dict)
@@ -173,18 +175,7 @@ def running(state: SliceState) -> Iterator[SliceState]:
         _current.reset(token)
 
 
-@contextmanager
-def island() -> Iterator[None]:
-    """Blocking (database) work on the slice's own event loop: the loop serves this one run, so
-    blocking it holds up nobody; Django refuses ORM calls while a loop runs in the thread, so
-    the running loop is taken off the thread meanwhile (and put back)."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        yield
-        return
-    asyncio._set_running_loop(None)
-    try:
-        yield
-    finally:
-        asyncio._set_running_loop(loop)
+def current_lane() -> Lane | None:
+    """The lane of the slice in progress (None outside a run)."""
+    state = _current.get()
+    return state.lane if state is not None else None

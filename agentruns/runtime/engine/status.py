@@ -14,8 +14,8 @@ slice and a draining pool (the run yields its thread).
 
 from __future__ import annotations
 
+import asyncio
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +25,6 @@ from pydantic_core import to_jsonable_python
 
 from agentruns.models import AttemptOutcome, Run, RunStatus, Step, StepStatus
 from agentruns.runtime.conversations import transcript
-from agentruns.runtime.dispatch import connections
 from agentruns.runtime.dispatch.queue import enqueue
 from agentruns.runtime.engine.plan import end_attempt, stage
 from agentruns.runtime.engine.slice import SliceEnds
@@ -225,12 +224,16 @@ def check_boundary(state: Any, *, model: bool, begun: bool = False) -> None:
         )
 
 
-def wait_for_retry(executor: Any, due: Any) -> bool:
+async def wait_for_retry(state: Any, due: Any) -> bool:
     """Sleep until a short retry is due, noticing a cancel meanwhile (False: cancelled)."""
+    executor = state.executor
     while (delay := (due - timezone.now()).total_seconds()) > 0:
-        connections.release()
-        time.sleep(min(delay, 0.5))
+        await asyncio.sleep(min(delay, 0.5))
         executor.check_lease()
-        if Run.objects.filter(id=executor.run_id, cancel_requested=True).exists():
+        if await state.lane.run(_cancel_requested, executor.run_id):
             return False
     return True
+
+
+def _cancel_requested(run_id: Any) -> bool:
+    return Run.objects.filter(id=run_id, cancel_requested=True).exists()

@@ -39,7 +39,7 @@ from agentruns.models.journal import TOOL_WAIT
 from agentruns.runtime import writer
 from agentruns.runtime.engine import status
 from agentruns.runtime.engine.plan import stage
-from agentruns.runtime.engine.slice import SliceState, island
+from agentruns.runtime.engine.slice import SliceState
 from agentruns.runtime.engine.tools import questions
 from agentruns.runtime.events import EventType, step_event_data, succeeded_event_data
 from agentruns.runtime.execution.transitions import approval_results
@@ -68,20 +68,28 @@ class StepWaiter(ExternalEventWaiter):
         wait = state.new_wait(name, WaitKind.EVENT, due_at=due)
         token = wait.token
         state.waits_seen += 1
-        with island():
-            status.check_boundary(state, model=False)
-            with transaction.atomic():  # the token is journaled before anybody can resolve it
-                writer.save_wait(wait)
-                state.executor.commit([])
+        status.check_boundary(state, model=False)
+        await state.lane.run(_journal_token, state, wait)
         asked = await ask(token)
         if asked is not None:  # answered in place: recorded as resolved by `ask`
             wait.status, wait.payload, wait.asked = WaitStatus.RESOLVED, asked, asked
             wait.resolved_by, wait.resolved_at = "ask", timezone.now()
-            with island(), transaction.atomic():
-                writer.save_wait(wait, ["status", "payload", "asked", "resolved_by", "resolved_at"])
+            await state.lane.run(_save_answered, wait)
             record_durable_unit(executed=True)
             return asked
         raise _park(state, wait)
+
+
+def _journal_token(state: SliceState, wait: Wait) -> None:
+    """The token is journaled before anybody can resolve it."""
+    with transaction.atomic():
+        writer.save_wait(wait)
+        state.executor.commit([])
+
+
+def _save_answered(wait: Wait) -> None:
+    with transaction.atomic():
+        writer.save_wait(wait, ["status", "payload", "asked", "resolved_by", "resolved_at"])
 
 
 def _next_wait(state: SliceState) -> Wait | None:
@@ -114,8 +122,7 @@ def ask_for(state: SliceState, step: Step) -> BaseException:
     """An approval rule holds for this call: it waits in the inbox and the slice ends here, so
     nothing after it in the turn runs before a person decided (as a side effect's order
     requires); the next slice makes the call as decided (`rule_decided`), then goes on."""
-    with island():
-        status.check_boundary(state, model=False)
+    status.check_boundary(state, model=False)
     return _open_in_inbox(state, [step], name=RULE_WAIT)
 
 
@@ -197,17 +204,16 @@ def _merged(first: DeferredToolResults, second: DeferredToolResults) -> Deferred
 async def _approvals(state: SliceState, requests: DeferredToolRequests) -> DeferredToolResults:
     calls = [call.tool_call_id for call in requests.approvals]
     found = _next_wait(state)
-    with island():
-        if found is not None:
-            steps = [state.step_for_call(call_id) for call_id in calls]
-            if any(s is None or s.status == StepStatus.WAITING_APPROVAL for s in steps):
-                executor = state.executor
-                raise status.ends(RunStatus.WAITING, lambda: status.park(executor))
-            record_durable_unit(executed=False)
-            payload = found.payload if found.status == WaitStatus.RESOLVED else None
-            return RESULTS.validate_python(payload or approval_results(steps))
-        status.check_boundary(state, model=False)
-        return _ask_the_inbox(state, requests, calls)
+    if found is not None:
+        steps = [state.step_for_call(call_id) for call_id in calls]
+        if any(s is None or s.status == StepStatus.WAITING_APPROVAL for s in steps):
+            executor = state.executor
+            raise status.ends(RunStatus.WAITING, lambda: status.park(executor))
+        record_durable_unit(executed=False)
+        payload = found.payload if found.status == WaitStatus.RESOLVED else None
+        return RESULTS.validate_python(payload or approval_results(steps))
+    status.check_boundary(state, model=False)
+    return _ask_the_inbox(state, requests, calls)
 
 
 def _ask_the_inbox(

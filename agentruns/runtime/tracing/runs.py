@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from django.db import transaction
@@ -48,32 +49,39 @@ class RunSlice:
         self.token = _attach(self.span)
         self.slice_token = _SLICE.set(self)
 
-    def end(self, outcome: str) -> None:
+    def end(self, outcome: str) -> Callable[[], None] | None:
+        """Ends the slice's span (in the task that began it); returns the root span's emission
+        when the run ended (blocking work: it may read the run), else None."""
         self.span.set_attribute("agentruns.slice.outcome", outcome)
         if outcome == "lease_lost":
             _fail(self.span, "the lease was lost; another worker continues")
         _SLICE.reset(self.slice_token)
         _detach(self.token)
         self.span.end()
+        run = self.run
         if outcome == "succeeded":  # all it needs is in memory: no query on the common path
-            run = self.run
-            _emit_safely(run.id, run, "succeeded", steps=len(self.executor.state.steps))
-        elif outcome in TERMINAL:  # the error and stop reason were written by the final commit
-            _emit_safely(self.run.id)
+            steps = len(self.executor.state.steps)
+            return lambda: _emit_safely(run.id, run, "succeeded", steps=steps)
+        if outcome in TERMINAL:  # the error and stop reason were written by the final commit
+            return lambda: _emit_safely(run.id)
+        return None
 
 
 def sliced(advance: Any) -> Any:
-    """Decorates `RunExecutor.advance`: the slice `_drive` began ends with its outcome."""
+    """Decorates the executor's `advance_in` (a coroutine): the slice `_drive` began ends with
+    its outcome, the root span's emission on the slice's lane."""
 
     @functools.wraps(advance)
-    def traced(executor: Any, *args: Any, **kwargs: Any) -> str:
+    async def traced(executor: Any, lane: Any, *args: Any, **kwargs: Any) -> str:
         executor.trace_slice = None
         outcome = "error"
         try:
-            outcome = advance(executor, *args, **kwargs)
+            outcome = await advance(executor, lane, *args, **kwargs)
             return outcome
         finally:
-            end_slice(executor.trace_slice, outcome)
+            emit = end_slice(executor.trace_slice, outcome)
+            if emit is not None:
+                await lane.run(emit)
 
     return traced
 
@@ -89,13 +97,14 @@ def begin_slice(executor: Any, run: Run) -> RunSlice | None:
         return None
 
 
-def end_slice(trace_slice: RunSlice | None, outcome: str) -> None:
+def end_slice(trace_slice: RunSlice | None, outcome: str) -> Callable[[], None] | None:
     if trace_slice is None:
-        return
+        return None
     try:
-        trace_slice.end(outcome)
+        return trace_slice.end(outcome)
     except Exception:
         log.warning("could not end the slice span of run %s", trace_slice.run.id, exc_info=True)
+        return None
 
 
 def run_ended_on_commit(run_id: uuid.UUID) -> None:

@@ -38,8 +38,9 @@ from agentruns.registry.waits.messages import NotAConversation, message_token
 from agentruns.runtime import writer
 from agentruns.runtime.engine import slice as slices
 from agentruns.runtime.engine import status
+from agentruns.runtime.engine.lanes import blocking
 from agentruns.runtime.engine.plan import stage
-from agentruns.runtime.engine.slice import SliceState, island
+from agentruns.runtime.engine.slice import SliceState
 from agentruns.runtime.events import LeaseLost
 from agentruns.runtime.inbox import inbox
 from agentruns.runtime.operations import executions
@@ -76,8 +77,7 @@ class RuntimeToolWaits:
                 "this run is no conversation's turn: no customer message can reach it "
                 "(ask_human asks a colleague)"
             )
-        with island():
-            chat = Thread.objects.filter(id=thread_id, chat=True).exists()
+        chat = blocking(state.lane, lambda: Thread.objects.filter(id=thread_id, chat=True).exists())
         if chat:
             raise NotAConversation(
                 "in a chat the customer's reply is the chat's next message: ask your question "
@@ -109,10 +109,9 @@ def _wait(kind: str, token: str, due: datetime | None, *, asked: Any = None) -> 
     name = f"{TOOL_WAIT}{step.id}"
     nth, tctx.waits_seen = tctx.waits_seen, tctx.waits_seen + 1
     mine = [wait for wait in state.waits if wait.name == name]
-    with island():
-        if nth < len(mine):
-            return _again(state, step, tctx, mine[nth], kind, token)
-        return _new(state, step, tctx, name, kind, token, due, asked)
+    if nth < len(mine):
+        return blocking(state.lane, _again, state, step, tctx, mine[nth], kind, token)
+    return blocking(state.lane, _new, state, step, tctx, name, kind, token, due, asked)
 
 
 def _again(

@@ -23,7 +23,7 @@ from pydantic_ai.tools import DeferredToolRequests
 from agentruns.models import RunStatus, Step, Wait, WaitKind, WaitStatus
 from agentruns.runtime import writer
 from agentruns.runtime.engine import status
-from agentruns.runtime.engine.slice import SliceState, island
+from agentruns.runtime.engine.slice import SliceState
 from agentruns.runtime.events import EventType
 from agentruns.runtime.inbox import inbox
 
@@ -69,8 +69,7 @@ def answers(
         else:
             waiting = True
     if unasked:
-        with island():
-            status.check_boundary(state, model=False)
+        status.check_boundary(state, model=False)
         raise _ask(state, requests, unasked)
     if waiting:
         executor = state.executor

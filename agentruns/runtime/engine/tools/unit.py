@@ -41,7 +41,6 @@ from agentruns.registry import (
 )
 from agentruns.registry.context import stepping
 from agentruns.runtime import tracing, writer
-from agentruns.runtime.dispatch import connections
 from agentruns.runtime.engine import status
 from agentruns.runtime.engine.plan import (
     attempt_row,
@@ -51,7 +50,7 @@ from agentruns.runtime.engine.plan import (
     journal_unit,
     stage,
 )
-from agentruns.runtime.engine.slice import SliceState, island
+from agentruns.runtime.engine.slice import SliceState
 from agentruns.runtime.engine.tools.opening import (
     _AGAIN,
     _GO,
@@ -89,28 +88,38 @@ async def execute(state: SliceState, kind: str, name: str, ctx: Any, body: Any) 
         record_durable_unit(executed=False)
         return {"kind": "tool_return", "result": {"error": step.error or step.status}}
     executor = state.executor
-    with island():
-        if step.status == StepStatus.UNKNOWN:  # a reconciliation is still open: wait for it
-            raise status.ends(RunStatus.WAITING, lambda: status.park(executor))
-        if step.status == StepStatus.RUNNING:
-            _recover(state, step)
-        try:
-            tool = get_tool(step.tool)
-        except UnknownTool:  # a deploy removed it after the call was planned (or approved)
-            return _refuse(state, step, f"refused: the tool {step.tool} is not deployed any more")
-        if step.approved and (refusal := inbox().approved_call_refusal(step)):
-            return _refuse(state, step, refusal)  # fail closed: only the approved arguments run
-        if step.next_attempt_at:
-            _wait_for_retry(state, step)
-        status.check_boundary(state, model=False)
+    if step.status == StepStatus.UNKNOWN:  # a reconciliation is still open: wait for it
+        raise status.ends(RunStatus.WAITING, lambda: status.park(executor))
+    if step.status == StepStatus.RUNNING:  # (rare: a worker died mid-call; tracing may read)
+        await state.lane.run(_recover, state, step)
+    try:
+        tool = get_tool(step.tool)
+    except UnknownTool:  # a deploy removed it after the call was planned (or approved)
+        reason = f"refused: the tool {step.tool} is not deployed any more"
+        return await state.lane.run(_refuse, state, step, reason)
+    if step.approved:  # fail closed: only the approved arguments run
+        refused = await state.lane.run(_approved_refusal, state, step)
+        if refused is not None:
+            return refused
+    if step.next_attempt_at:
+        await _wait_for_retry(state, step)
+    status.check_boundary(state, model=False)
     outage: ToolOutage | None = None
     while True:
         try:
             return await _attempt(state, step, tool, body)
-        except ServerUnavailable as down:
-            with island():
-                outage = outage or ToolOutage.resume(state.run.id, step.index)
-                _wait_out_outage(state, step, tool, down, outage)
+        except _Unreachable as down:
+            outage = outage or await state.lane.run(ToolOutage.resume, state.run.id, step.index)
+            noted = await state.lane.run(_outage_noted, state, step, tool, down, outage)
+            if noted is not None:
+                await _backed_off(state, noted, outage)
+            elif step.next_attempt_at:  # failed for good as an outage, retried by its policy
+                await _wait_for_retry(state, step)
+
+
+def _approved_refusal(state: SliceState, step: Step) -> Any:
+    refusal = inbox().approved_call_refusal(step)
+    return _refuse(state, step, refusal) if refusal else None
 
 
 def _recover(state: SliceState, step: Step) -> None:
@@ -122,26 +131,25 @@ def _recover(state: SliceState, step: Step) -> None:
     state.pending.events.append((EventType.STEP_RECOVERED, step_event_data(step)))
 
 
-def _wait_for_retry(state: SliceState, step: Step) -> None:
+async def _wait_for_retry(state: SliceState, step: Step) -> None:
     executor = state.executor
-    delay = (step.next_attempt_at - timezone.now()).total_seconds()
+    due = step.next_attempt_at
+    delay = (due - timezone.now()).total_seconds()
     if state.drain is not None and delay > conf.RETRY_SLEEP_MAX_SECONDS:
-        due = step.next_attempt_at
         raise status.ends(RunStatus.QUEUED, lambda: status.back_off(executor, due))
-    if not status.wait_for_retry(executor, step.next_attempt_at):
+    if not await status.wait_for_retry(state, due):
         raise status.cancelled(executor)
 
 
-def _wait_out_outage(
-    state: SliceState, step: Step, tool: Tool, down: Any, outage: ToolOutage
-) -> None:
+def _outage_noted(state: SliceState, step: Step, tool: Tool, down: Any, outage: ToolOutage) -> Any:
     """The call reached nothing: its attempt is undone (the policy's attempts are for the tool's
-    own failures), the step says what it waits on, and the run backs off."""
+    own failures) and the step says what it waits on (the time to try again), or, down for
+    AGENTRUNS_TOOL_OUTAGE_SECONDS, the step fails (raises the slice's end)."""
     executor = state.executor
     wait = outage.failed(down.error)
-    if wait is None:  # down for AGENTRUNS_TOOL_OUTAGE_SECONDS: the step fails
+    if wait is None:
         _failed(state, step, tool, down.attempt, down.started, outage.verdict(down.error))
-        return
+        return None
     until = timezone.now() + timedelta(seconds=wait)
     secrets = secret_values([step.arguments], state.run.redacted_fields(step.tool))
     reason = redact_text(outage.reason(down.error), secrets)[:2000]
@@ -157,11 +165,17 @@ def _wait_out_outage(
             step, next_attempt_at=iso(until), waiting_on=down.error.server, reason=reason
         )
         executor.commit([(EventType.STEP_RETRY_SCHEDULED, data)])
+    return until, reason
+
+
+async def _backed_off(state: SliceState, noted: Any, outage: ToolOutage) -> None:
+    until, reason = noted
+    executor = state.executor
+    wait = (until - timezone.now()).total_seconds()
     if state.drain is not None and wait > conf.RETRY_SLEEP_MAX_SECONDS:
         why = {"reason": reason, "tool_outage": outage.state()}
         raise status.ends(RunStatus.QUEUED, lambda: status.back_off(executor, until, **why))
-    connections.release()
-    if not status.wait_for_retry(executor, until):
+    if not await status.wait_for_retry(state, until):
         raise status.cancelled(executor)
 
 
@@ -171,28 +185,39 @@ class _Unreachable(ServerUnavailable):
         self.error, self.attempt, self.started = error, attempt, started
 
 
+_RETRY = object()  # the attempt failed and its policy tries again
+
+
 async def _attempt(state: SliceState, step: Step, tool: Tool, body: Any) -> Any:
-    executor = state.executor
-    run = state.run
-    attempt, started = step.attempts + 1, timezone.now()
+    """The call's attempts under its retry policy (its outcome, or the slice's end). A
+    transactional tool's attempt holds one lane thread: its writes, and the commit of its
+    result, are one transaction on that thread's connection."""
     while True:
-        with island():
-            opened = _open(state, step, tool, attempt, started)
-        if opened is not _AGAIN:
-            break
+        if tool.transactional:
+            async with state.lane.held():
+                outcome = await _try(state, step, tool, body)
+        else:
+            outcome = await _try(state, step, tool, body)
+        if outcome is not _RETRY:
+            return outcome
+        if step.next_attempt_at:
+            await _wait_for_retry(state, step)
+
+
+async def _try(state: SliceState, step: Step, tool: Tool, body: Any) -> Any:
+    lane = state.lane
+    attempt, started = step.attempts + 1, timezone.now()
+    while (opened := await lane.run(_open, state, step, tool, attempt, started)) is _AGAIN:
+        pass
     if opened is not _GO:
         return opened  # answered without a call: refused, or the key's earlier execution
-    with island():
-        # the decision that let an approved call run: the tool may pass on the approver's words
-        approval = inbox().approval_of(step) if step.approved else None
-        if not tool.transactional:
-            connections.release()  # the call waits on the world, not on this database
-        # a transactional call right after its model turn runs in the transaction that records
-        # that turn; if it fails there, all of it rolls back and the turn is recorded without it
-        eager = tool.transactional and bool(state.pending)
-        atomic = transaction.atomic() if tool.transactional else None
-        if atomic is not None:
-            atomic.__enter__()
+    # a transactional call right after its model turn runs in the transaction that records
+    # that turn; if it fails there, all of it rolls back and the turn is recorded without it
+    eager = tool.transactional and bool(state.pending)
+    atomic = await lane.run(_enter_atomic) if tool.transactional else None
+    # the decision that let an approved call run: the tool may pass on the approver's words
+    approval = await lane.run(inbox().approval_of, step) if step.approved else None
+    run = state.run
     tctx = ToolContext(
         run=run,
         step=step,
@@ -215,41 +240,78 @@ async def _attempt(state: SliceState, step: Step, tool: Tool, body: Any) -> Any:
                 traced.result(payload.get("result") if isinstance(payload, dict) else payload)
     except BaseException as exc:
         if not isinstance(exc, Exception) or is_infrastructure_error(exc):
-            with island():
-                if atomic is not None:
-                    atomic.__exit__(type(exc), exc, exc.__traceback__)
+            if atomic is not None:
+                await lane.run(atomic.__exit__, type(exc), exc, exc.__traceback__)
             raise  # weather, a lost lease or the slice ending: not the tool's verdict
         failure, failure_tb = exc, traceback.format_exc()
-    with island():
-        if failure is None:
-            failpoints.hit("tool_returned", tool=step.tool, step_id=step.id)
-            try:
-                outcome = _returned(
-                    state, step, tool, attempt, started, payload, end_transaction=atomic is not None
-                )
-            except BaseException as exc:
-                if atomic is not None:
-                    atomic.__exit__(type(exc), exc, exc.__traceback__)
-                raise
-            if atomic is not None:
-                atomic.__exit__(None, None, None)
-            if outcome is None:
-                failpoints.hit("step_persisted", tool=step.tool, step_id=step.id)
-            return payload
-        if atomic is not None:  # its writes roll back; the failure is recorded on its own
-            atomic.__exit__(type(failure), failure, failure.__traceback__)
-        if eager and not isinstance(failure, ServerUnavailable | OutcomeUnknown):
-            # (as the engine always did: that try is no attempt; the call runs again on its
-            # own, with its retry policy, once the turn is recorded)
-            executor.commit([])
-        elif isinstance(failure, ServerUnavailable):
-            raise _Unreachable(failure, attempt, started)
-        elif isinstance(failure, OutcomeUnknown) and tool.commits_before_call:
-            # the call's connection broke after it was sent: reconciled, as after a dead worker
-            raise status.outcome_unknown(executor, step, redact_text(str(failure), secrets)[:2000])
-        else:
-            _failed(state, step, tool, attempt, started, failure, failure_tb)
-    return await _attempt(state, step, tool, body)  # retried under the tool's policy
+    if failure is None:
+        return await lane.run(_returned_now, state, step, tool, attempt, started, payload, atomic)
+    return await lane.run(
+        _failed_now, state, step, tool, attempt, started, failure, failure_tb, atomic, eager
+    )
+
+
+def _enter_atomic() -> Any:
+    atomic = transaction.atomic()
+    atomic.__enter__()
+    return atomic
+
+
+def _returned_now(
+    state: SliceState,
+    step: Step,
+    tool: Tool,
+    attempt: int,
+    started: Any,
+    payload: Any,
+    atomic: Any,
+) -> Any:
+    """On the lane: the call returned; its record (in its transaction when it has one)."""
+    failpoints.hit("tool_returned", tool=step.tool, step_id=step.id)
+    try:
+        outcome = _returned(
+            state, step, tool, attempt, started, payload, end_transaction=atomic is not None
+        )
+    except BaseException as exc:
+        if atomic is not None:
+            atomic.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    if atomic is not None:
+        atomic.__exit__(None, None, None)
+    if outcome is None:
+        failpoints.hit("step_persisted", tool=step.tool, step_id=step.id)
+    return payload
+
+
+def _failed_now(
+    state: SliceState,
+    step: Step,
+    tool: Tool,
+    attempt: int,
+    started: Any,
+    failure: BaseException,
+    failure_tb: str,
+    atomic: Any,
+    eager: bool,
+) -> Any:
+    """On the lane: the call raised. `_RETRY` when it is tried again (now, or when its policy's
+    delay is due); an unreachable server or an unknown outcome raise."""
+    executor = state.executor
+    if atomic is not None:  # its writes roll back; the failure is recorded on its own
+        atomic.__exit__(type(failure), failure, failure.__traceback__)
+    if eager and not isinstance(failure, ServerUnavailable | OutcomeUnknown):
+        # (as the engine always did: that try is no attempt; the call runs again on its
+        # own, with its retry policy, once the turn is recorded)
+        executor.commit([])
+    elif isinstance(failure, ServerUnavailable):
+        raise _Unreachable(failure, attempt, started)
+    elif isinstance(failure, OutcomeUnknown) and tool.commits_before_call:
+        # the call's connection broke after it was sent: reconciled, as after a dead worker
+        secrets = secret_values(step.arguments, state.run.redacted_fields(step.tool))
+        raise status.outcome_unknown(executor, step, redact_text(str(failure), secrets)[:2000])
+    else:
+        _failed(state, step, tool, attempt, started, failure, failure_tb)
+    return _RETRY
 
 
 def _result_of(payload: Any) -> Any:
@@ -354,8 +416,8 @@ def _failed(
     exc: BaseException,
     tb: str = "",
 ) -> None:
-    """The tool failed: retried under its policy (returns, the caller calls again), or the step
-    and the run fail (raises the slice's end)."""
+    """The tool failed: retried under its policy (returns: the caller waits for the retry's
+    delay, then calls again), or the step and the run fail (raises the slice's end)."""
     executor = state.executor
     now = timezone.now()
     retry = tool.retry.is_retryable(exc) and attempt - step.retry_base < tool.retry.max_attempts
@@ -384,7 +446,6 @@ def _failed(
         stage(batch, step, changed)
         data = step_event_data(step, next_attempt_at=iso(step.next_attempt_at))
         executor.commit([(EventType.STEP_RETRY_SCHEDULED, data)], batch=batch)
-        _wait_for_retry(state, step)
         return
     step.status, step.finished_at, step.next_attempt_at = StepStatus.FAILED, now, None
     stage(batch, step, changed)
