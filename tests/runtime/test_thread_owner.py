@@ -84,8 +84,8 @@ def test_a_worker_process_threads_are_the_owners():
     """The run loop, the delta writer and the lease keeper of this process are started (and
     listed) by the owner."""
     from agentruns.runtime.dispatch.lease import Heartbeat
-    from agentruns.runtime.execution.delta_writer import delta_writer
     from agentruns.runtime.engine.lanes import process_loop
+    from agentruns.runtime.execution.delta_writer import delta_writer
 
     process_loop()
     delta_writer()

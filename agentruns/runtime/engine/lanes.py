@@ -79,6 +79,8 @@ class _Job:
         except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task as it is
             value, ok = exc, False
         if self.concurrent is not None:
+            if self.concurrent.cancelled():  # (its awaiter gave up; the work is done all the same)
+                return
             if ok:
                 self.concurrent.set_result(value)
             else:

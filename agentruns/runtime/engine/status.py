@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -231,6 +232,16 @@ async def wait_for_retry(state: Any, due: Any) -> bool:
         await asyncio.sleep(min(delay, 0.5))
         executor.check_lease()
         if await state.lane.run(_cancel_requested, executor.run_id):
+            return False
+    return True
+
+
+def sleep_until(executor: Any, due: Any) -> bool:
+    """`wait_for_retry` for blocking code on a lane (a sync tool's short timer)."""
+    while (delay := (due - timezone.now()).total_seconds()) > 0:
+        time.sleep(min(delay, 0.5))
+        executor.check_lease()
+        if _cancel_requested(executor.run_id):
             return False
     return True
 

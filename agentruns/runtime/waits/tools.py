@@ -158,7 +158,7 @@ def _new(
         raise failure(wait)
     if kind == WaitKind.TIMER and (due - now).total_seconds() <= LOOK_SECONDS:
         _record(state, wait)  # short: slept here (a crash mid-sleep finds it again)
-        if not status.wait_for_retry(state.executor, due):
+        if not status.sleep_until(state.executor, due):
             raise status.cancelled(state.executor)
         return _wake_here(wait, timezone.now())
     raise _park(state, step, tctx, wait, new=True)
