@@ -350,11 +350,14 @@ class StreamedText:
             )
 
     async def close(self, *, failed: bool = False) -> str:
-        """The feed's unwritten text (closing waits for a flush in flight: on the lane)."""
+        """The feed's unwritten text (closing waits for a flush in flight: then on the lane)."""
         if self.feed is None:
             return ""
         feed, self.feed = self.feed, None
-        return await self.state.lane.run(feed.close, raise_failure=not failed)
+        closed = feed.close_now(raise_failure=not failed)
+        if closed is None:
+            closed = await self.state.lane.run(feed.close, raise_failure=not failed)
+        return closed
 
 
 _delivering: ContextVar[StreamedText | None] = ContextVar("agentruns_delivering", default=None)

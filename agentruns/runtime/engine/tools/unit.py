@@ -207,8 +207,14 @@ async def _attempt(state: SliceState, step: Step, tool: Tool, body: Any) -> Any:
 async def _try(state: SliceState, step: Step, tool: Tool, body: Any) -> Any:
     lane = state.lane
     attempt, started = step.attempts + 1, timezone.now()
-    while (opened := await lane.run(_open, state, step, tool, attempt, started)) is _AGAIN:
-        pass
+    # a call without a gate or a "before" commit opens without the database, and one without a
+    # side effect records its result into the pending batch: neither needs the lane
+    quiet = not (tool.commits_before_call or operations.gated(state.run, tool))
+    if quiet:
+        opened = _open(state, step, tool, attempt, started)
+    else:
+        while (opened := await lane.run(_open, state, step, tool, attempt, started)) is _AGAIN:
+            pass
     if opened is not _GO:
         return opened  # answered without a call: refused, or the key's earlier execution
     # a transactional call right after its model turn runs in the transaction that records
@@ -245,6 +251,8 @@ async def _try(state: SliceState, step: Step, tool: Tool, body: Any) -> Any:
             raise  # weather, a lost lease or the slice ending: not the tool's verdict
         failure, failure_tb = exc, traceback.format_exc()
     if failure is None:
+        if quiet and not tool.side_effect and atomic is None:
+            return _returned_now(state, step, tool, attempt, started, payload, None)
         return await lane.run(_returned_now, state, step, tool, attempt, started, payload, atomic)
     return await lane.run(
         _failed_now, state, step, tool, attempt, started, failure, failure_tb, atomic, eager
