@@ -384,15 +384,15 @@ def test_stop_per_agent_cost_budget(settings):
 def test_cancel_read_with_the_commit_that_began_a_side_effect_call(monkeypatch):
     """The "before" commit of a side-effect call (its "running + attempt" rows) reads a cancel
     that just landed: the call is never made, and nothing is left running."""
-    from agentruns.runtime.engine.tools import opening
+    from agentruns.runtime.engine.tools import unit as tool_unit
 
-    original = opening._begin
+    original = tool_unit._begin
 
     def cancel_lands_first(state, *args, **kwargs):
         Run.objects.filter(id=state.run.id).update(cancel_requested=True)
         return original(state, *args, **kwargs)
 
-    monkeypatch.setattr(opening, "_begin", cancel_lands_first)
+    monkeypatch.setattr(tool_unit, "_begin", cancel_lands_first)
     turns = [{"calls": [["t_pay", {"amount": 50}], ["t_echo", {"text": "x"}]]}, {"text": "paid"}]
     run = advance(script_run(turns))
     assert run.status == "cancelled"
