@@ -12,17 +12,17 @@ from django.db import transaction
 
 from agentruns.models import Run, RunEvent, StepAttempt
 from agentruns.runtime.tracing.sdk import (
-    _SLICE,
+    SLICE_SPAN,
     TERMINAL,
-    _attach,
-    _detach,
-    _fail,
-    _remote,
-    _root_context,
-    _run_attributes,
-    _start,
+    attach,
+    detach,
     enabled,
+    fail_span,
     model_names,
+    remote_parent,
+    root_context,
+    run_attributes,
+    start_span,
 )
 from agentruns.runtime.tracing.tracecontext import (
     parse_traceparent,
@@ -40,23 +40,23 @@ class RunSlice:
     def __init__(self, executor: Any, run: Run) -> None:
         self.run, self.executor = run, executor
         self.lost_owners: set[str] = set()
-        self.span = _start(
+        self.span = start_span(
             f"advance_run {run.agent}",
-            _root_context(run),
+            root_context(run),
             span_id=slice_span_id(run.id, executor.owner),
-            attributes={**_run_attributes(run), "agentruns.worker": executor.owner},
+            attributes={**run_attributes(run), "agentruns.worker": executor.owner},
         )
-        self.token = _attach(self.span)
-        self.slice_token = _SLICE.set(self)
+        self.token = attach(self.span)
+        self.slice_token = SLICE_SPAN.set(self)
 
     def end(self, outcome: str) -> Callable[[], None] | None:
         """Ends the slice's span (in the task that began it); returns the root span's emission
         when the run ended (blocking work: it may read the run), else None."""
         self.span.set_attribute("agentruns.slice.outcome", outcome)
         if outcome == "lease_lost":
-            _fail(self.span, "the lease was lost; another worker continues")
-        _SLICE.reset(self.slice_token)
-        _detach(self.token)
+            fail_span(self.span, "the lease was lost; another worker continues")
+        SLICE_SPAN.reset(self.slice_token)
+        detach(self.token)
         self.span.end()
         run = self.run
         if outcome == "succeeded":  # all it needs is in memory: no query on the common path
@@ -138,16 +138,16 @@ def _emit_root(
     if not run.trace_id:
         return
     parsed = parse_traceparent(run.trace_parent)
-    parent = _remote(parsed[0], int(parsed[1], 16), parsed[2]) if parsed else None
+    parent = remote_parent(parsed[0], int(parsed[1], 16), parsed[2]) if parsed else None
     provider, model = model_names(run.model or "")
-    span = _start(
+    span = start_span(
         f"invoke_agent {run.agent}",
         parent,
         start=run.created_at,
         span_id=root_span_id(run.id),
         trace_id=int(run.trace_id, 16),
         attributes={
-            **_run_attributes(run),
+            **run_attributes(run),
             "gen_ai.operation.name": "invoke_agent",
             "gen_ai.provider.name": provider,
             "gen_ai.request.model": model,
@@ -159,7 +159,7 @@ def _emit_root(
         },
     )
     if status == "failed":
-        _fail(span, error or stop_reason)
+        fail_span(span, error or stop_reason)
     span.end()  # now: after the last slice, which ends once the run's final commit is made
 
 
@@ -182,19 +182,19 @@ def worker_lost(executor: Any, step: Any) -> None:
             .first()
         )
         run = executor.state.run
-        span = _start(
+        span = start_span(
             f"advance_run {run.agent}",
-            _root_context(run),
+            root_context(run),
             start=first or row.started_at,
             span_id=slice_span_id(run.id, dead),
             attributes={
-                **_run_attributes(run),
+                **run_attributes(run),
                 "agentruns.worker": dead,
                 "agentruns.slice.outcome": "worker_lost",
                 "agentruns.slice.recovered_by": executor.owner,
             },
         )
-        _fail(span, "the worker died mid-step; its lease lapsed and another worker resumed")
+        fail_span(span, "the worker died mid-step; its lease lapsed and another worker resumed")
         span.end()
     except Exception:
         log.warning("could not emit the lost slice of run %s", executor.run_id, exc_info=True)
@@ -224,12 +224,12 @@ def _emit_await_approval(run_id: uuid.UUID, decided: list[dict]) -> None:
                 .values_list("created_at", flat=True)
                 .first()
             )
-            span = _start(
+            span = start_span(
                 f"await_approval {data.get('tool') or ''}".strip(),
-                _root_context(run),
+                root_context(run),
                 start=parked_at,
                 attributes={
-                    **_run_attributes(run),
+                    **run_attributes(run),
                     "agentruns.approval.id": data.get("approval") or 0,
                     "agentruns.approval.kind": data.get("kind") or "",
                     "agentruns.approval.decision": data.get("decision") or "",

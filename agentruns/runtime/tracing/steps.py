@@ -8,14 +8,14 @@ from typing import Any
 
 from agentruns.models import Run
 from agentruns.runtime.tracing.sdk import (
-    _NULL,
-    _SLICE,
-    _attach,
-    _detach,
-    _fail,
-    _start,
-    _state,
+    NULL_SPAN,
+    SLICE_SPAN,
+    attach,
+    detach,
+    fail_span,
     model_names,
+    start_span,
+    tracer_state,
 )
 from agentruns.runtime.tracing.tracecontext import (
     format_traceparent,
@@ -33,24 +33,24 @@ class _StepSpan:
         self.span: Any = None
 
     def __enter__(self) -> _StepSpan:
-        trace_slice = _SLICE.get()
+        trace_slice = SLICE_SPAN.get()
         parent = None
         if trace_slice is not None:  # siblings under the slice, also for calls made mid-model-step
             from opentelemetry import trace
 
             parent = trace.set_span_in_context(trace_slice.span)
-        self.span = _start(self.name, parent, attributes=self.attributes, client=self.client)
-        self.token = _attach(self.span)
+        self.span = start_span(self.name, parent, attributes=self.attributes, client=self.client)
+        self.token = attach(self.span)
         return self
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
         try:
             if exc is not None:
                 self.span.set_attribute("error.type", type(exc).__name__)
-                _fail(self.span, f"{type(exc).__name__}: {exc}")
+                fail_span(self.span, f"{type(exc).__name__}: {exc}")
             self.finished(exc)
         finally:
-            _detach(self.token)
+            detach(self.token)
             self.span.end()
 
     def finished(self, exc: BaseException | None) -> None:
@@ -86,7 +86,7 @@ class _ModelSpan(_StepSpan):
             self.span.set_attribute("gen_ai.response.finish_reasons", ["tool_calls"])
         elif step.status == "succeeded":
             self.span.set_attribute("gen_ai.response.finish_reasons", ["stop"])
-        if _state.capture_content and step.status == "succeeded":
+        if tracer_state.capture_content and step.status == "succeeded":
             run = self.executor.state.run
             secrets = _run_secrets(self.executor)
             parts: list[dict] = [{"type": "text", "content": redact_text(step.text, secrets)}]
@@ -139,7 +139,7 @@ class _ToolSpan(_StepSpan):
         return self
 
     def result(self, value: Any) -> None:
-        if _state.capture_content:
+        if tracer_state.capture_content:
             fields = self.run.redacted_fields(self.step.tool)
             secrets = secret_values([self.step.arguments, value], fields)
             for name, data in (
@@ -160,21 +160,21 @@ class _ToolSpan(_StepSpan):
 def model_span(executor: Any, step: Any) -> Any:
     """Around one model step (`step` None: the step the turn creates)."""
     if executor.trace_slice is None:
-        return _NULL
+        return NULL_SPAN
     return _ModelSpan(executor, step)
 
 
 def tool_span(run: Run, step: Any, ctx: Any) -> Any:
     """Around one tool call; gives the call its `traceparent` (ctx.traceparent) either way."""
-    if _SLICE.get() is None:
+    if SLICE_SPAN.get() is None:
         ctx.traceparent = run_traceparent(run.id, run.trace_id, run.trace_parent)
-        return _NULL
+        return NULL_SPAN
     return _ToolSpan(run, step, ctx)
 
 
 def model_attempt_failed(attempt: int, exc: BaseException, *, final: bool) -> None:
     """A failed model attempt, as an event of the current `chat` span."""
-    if _SLICE.get() is None:
+    if SLICE_SPAN.get() is None:
         return
     from opentelemetry import trace
 
