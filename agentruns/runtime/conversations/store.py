@@ -19,7 +19,6 @@ from typing import Any, TypeVar
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from pydantic import TypeAdapter
-from pydantic_ai._deferred import DeferredToolRequests
 from pydantic_ai.conversation_store import (
     ConversationConflict,
     ConversationEntry,
@@ -36,6 +35,7 @@ from pydantic_ai.messages import (
     ToolReturnPart,
     UserPromptPart,
 )
+from pydantic_ai.tools import DeferredToolRequests
 from pydantic_ai.usage import RunUsage
 
 from agentruns.models import Author, Thread, ThreadMessage

@@ -29,7 +29,6 @@ from pydantic_ai.durable_exec import (
     RoleBasedOperationConfig,
     conversation_id_from_run_id,
 )
-from pydantic_ai.durable_exec._operation_backend import in_durable_unit
 from pydantic_ai.exceptions import ApprovalRequired, ModelRetry
 from pydantic_ai.messages import ModelResponse
 from pydantic_ai.models import Model
@@ -42,6 +41,7 @@ from agentruns.runtime.engine import slice as slices
 from agentruns.runtime.engine.backend import StepBackend
 from agentruns.runtime.engine.model.unit import request_model
 from agentruns.runtime.engine.plan import refuse_planned
+from agentruns.runtime.engine.pydantic_ai_private import in_durable_unit
 from agentruns.runtime.engine.tools.toolsets import StepsToolset, registered_tools
 from agentruns.runtime.engine.waits import ask_for, decide_deferred, rule_decided, rule_wait
 from agentruns.runtime.operations.gate import answered_already

@@ -25,7 +25,6 @@ from typing import Any
 
 from django.utils import timezone
 from pydantic_ai.durable_exec import record_durable_unit
-from pydantic_ai.durable_exec._utils import consume_event_stream
 from pydantic_ai.messages import (
     ModelResponse,
     PartDeltaEvent,
@@ -34,7 +33,6 @@ from pydantic_ai.messages import (
     TextPartDelta,
 )
 from pydantic_ai.models import Model
-from pydantic_ai.models._request_timeout import open_durable_unit_stream
 
 from agentruns.conf import conf
 from agentruns.models import AttemptOutcome, RunStatus, Step, StepKind, StepStatus
@@ -55,6 +53,10 @@ from agentruns.runtime.engine.plan import (
     record_cut_turn,
     record_model_step,
     stage,
+)
+from agentruns.runtime.engine.pydantic_ai_private import (
+    consume_event_stream,
+    open_durable_unit_stream,
 )
 from agentruns.runtime.engine.slice import SliceState, current_or_none
 from agentruns.runtime.engine.status import check_boundary, wait_for_retry

@@ -13,8 +13,6 @@ from pydantic_ai.durable_exec import (
     CallToolResult,
     durable_unit_scope,
 )
-from pydantic_ai.durable_exec._operation_backend import in_durable_unit
-from pydantic_ai.durable_exec._toolset import unwrap_tool_call_result, wrap_tool_call_result
 from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets import WrapperToolset
 from pydantic_ai.toolsets.function import FunctionToolsetTool
@@ -25,6 +23,11 @@ from agentruns.registry import (
     get_tool,
 )
 from agentruns.registry.pydantic_agents.calls import classified, registered_listing
+from agentruns.runtime.engine.pydantic_ai_private import (
+    in_durable_unit,
+    unwrap_tool_call_result,
+    wrap_tool_call_result,
+)
 from agentruns.runtime.engine.slice import current_or_none
 from agentruns.runtime.engine.tools.unit import execute
 from agentruns.runtime.outages.faults import is_infrastructure_error
