@@ -352,6 +352,9 @@ def test_manual_retry_gets_a_fresh_automatic_retry_budget():
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_that_lost_its_lease_writes_nothing():
     """The fenced one-round-trip commit: a lease taken over mid-step aborts the whole commit."""
+    from agentruns.runtime.engine import journal
+    from agentruns.runtime.engine.lanes import CallerLane
+    from agentruns.runtime.engine.slice import SliceState
     from agentruns.runtime.events import LeaseLost
     from agentruns.runtime.store.rows import WriteBatch
 
@@ -364,7 +367,8 @@ def test_a_worker_that_lost_its_lease_writes_nothing():
     )
     before = RunEvent.objects.filter(run=run).count()
     with pytest.raises(LeaseLost):
-        executor.commit([("step.started", {"step": 0})], batch=WriteBatch().insert([stray]))
+        fence = SliceState(run_id=run.id, owner=executor.owner, ttl=30, lane=CallerLane())
+        journal.commit(fence, [("step.started", {"step": 0})], batch=WriteBatch().insert([stray]))
     assert not Step.objects.filter(run=run).exists()
     assert RunEvent.objects.filter(run=run).count() == before
 

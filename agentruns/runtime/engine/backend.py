@@ -27,8 +27,8 @@ from pydantic_ai.durable_exec import (
     ToolsetCallToolId,
 )
 
+from agentruns.runtime.engine.journal import journal_unit
 from agentruns.runtime.engine.model import unit as model_unit
-from agentruns.runtime.engine.plan import journal_unit
 from agentruns.runtime.engine.slice import current
 from agentruns.runtime.engine.tools import unit as tool_unit
 

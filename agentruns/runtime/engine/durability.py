@@ -210,7 +210,7 @@ class AgentRunsDurability(BaseDurabilityCapability[Any]):
         if ctx.tool_call_approved:
             return await handler(args)
         if rule_wait(state, step.call_id) is not None:
-            rule_decided(state, step)  # (parks while nobody decided)
+            await rule_decided(state, step)  # (parks while nobody decided)
             return await handler(args)  # as approved (the arguments validated), or the denial
         if state.awaited_approval(step.call_id):
             raise ApprovalRequired()  # the tool asked itself: Pydantic AI's deferral replays it
@@ -230,7 +230,7 @@ class AgentRunsDurability(BaseDurabilityCapability[Any]):
             else needs_approval(state.run, tool, step.arguments)
         ) and not await state.lane.run(answered_already, state.run, tool, step.arguments)
         if held:
-            raise ask_for(state, step)
+            raise await ask_for(state, step)
         return await handler(args)
 
     async def handle_deferred_tool_calls(

@@ -37,14 +37,14 @@ log = logging.getLogger(__name__)
 class RunSlice:
     """The live `advance_run` span of one executor, current while it drives the run."""
 
-    def __init__(self, executor: Any, run: Run) -> None:
-        self.run, self.executor = run, executor
+    def __init__(self, state: Any, run: Run) -> None:
+        self.run, self.state = run, state
         self.lost_owners: set[str] = set()
         self.span = start_span(
             f"advance_run {run.agent}",
             root_context(run),
-            span_id=slice_span_id(run.id, executor.owner),
-            attributes={**run_attributes(run), "agentruns.worker": executor.owner},
+            span_id=slice_span_id(run.id, state.owner),
+            attributes={**run_attributes(run), "agentruns.worker": state.owner},
         )
         self.token = attach(self.span)
         self.slice_token = SLICE_SPAN.set(self)
@@ -60,7 +60,7 @@ class RunSlice:
         self.span.end()
         run = self.run
         if outcome == "succeeded":  # all it needs is in memory: no query on the common path
-            steps = len(self.executor.state.steps)
+            steps = len(self.state.steps)
             return lambda: _emit_safely(run.id, run, "succeeded", steps=steps)
         if outcome in TERMINAL:  # the error and stop reason were written by the final commit
             return lambda: _emit_safely(run.id)
@@ -73,27 +73,27 @@ def sliced(advance: Any) -> Any:
 
     @functools.wraps(advance)
     async def traced(executor: Any, lane: Any, *args: Any, **kwargs: Any) -> str:
-        executor.trace_slice = None
         outcome = "error"
         try:
             outcome = await advance(executor, lane, *args, **kwargs)
             return outcome
         finally:
-            emit = end_slice(executor.trace_slice, outcome)
+            state = executor.state
+            emit = end_slice(state.trace_slice if state is not None else None, outcome)
             if emit is not None:
                 await lane.run(emit)
 
     return traced
 
 
-def begin_slice(executor: Any, run: Run) -> RunSlice | None:
+def begin_slice(state: Any, run: Run) -> RunSlice | None:
     """Called once the executor has loaded its run; None (and nothing else) when tracing is off."""
     if not enabled() or not run.trace_id:
         return None
     try:
-        return RunSlice(executor, run)
+        return RunSlice(state, run)
     except Exception:  # tracing must never stop a run
-        log.warning("could not start the slice span of run %s", executor.run_id, exc_info=True)
+        log.warning("could not start the slice span of run %s", state.run_id, exc_info=True)
         return None
 
 
@@ -163,25 +163,25 @@ def _emit_root(
     span.end()  # now: after the last slice, which ends once the run's final commit is made
 
 
-def worker_lost(executor: Any, step: Any) -> None:
+def worker_lost(state: Any, step: Any) -> None:
     """`step` was left running by a dead executor: emit that executor's slice, ended now, so its
     already-exported children hang under it and the crash shows as two slices of one trace."""
-    trace_slice = executor.trace_slice
+    trace_slice = state.trace_slice
     if trace_slice is None:
         return
     try:
         row = StepAttempt.objects.filter(step_id=step.id, number=step.attempts).first()
         dead = row.worker if row is not None else ""
-        if not dead or dead == executor.owner or dead in trace_slice.lost_owners:
+        if not dead or dead == state.owner or dead in trace_slice.lost_owners:
             return
         trace_slice.lost_owners.add(dead)
         first = (
-            StepAttempt.objects.filter(step__run_id=executor.run_id, worker=dead)
+            StepAttempt.objects.filter(step__run_id=state.run_id, worker=dead)
             .order_by("started_at")
             .values_list("started_at", flat=True)
             .first()
         )
-        run = executor.state.run
+        run = state.run
         span = start_span(
             f"advance_run {run.agent}",
             root_context(run),
@@ -191,13 +191,13 @@ def worker_lost(executor: Any, step: Any) -> None:
                 **run_attributes(run),
                 "agentruns.worker": dead,
                 "agentruns.slice.outcome": "worker_lost",
-                "agentruns.slice.recovered_by": executor.owner,
+                "agentruns.slice.recovered_by": state.owner,
             },
         )
         fail_span(span, "the worker died mid-step; its lease lapsed and another worker resumed")
         span.end()
     except Exception:
-        log.warning("could not emit the lost slice of run %s", executor.run_id, exc_info=True)
+        log.warning("could not emit the lost slice of run %s", state.run_id, exc_info=True)
 
 
 # ------------------------------------------------------------------ the park

@@ -58,24 +58,24 @@ class _StepSpan:
 
 
 class _ModelSpan(_StepSpan):
-    def __init__(self, executor: Any, step: Any) -> None:
-        self.executor = executor
-        self.index = step.index if step is not None else len(executor.state.steps)
-        provider, model = model_names(executor.state.run.model or "")
+    def __init__(self, state: Any, step: Any) -> None:
+        self.state = state
+        self.index = step.index if step is not None else len(state.steps)
+        provider, model = model_names(state.run.model or "")
         super().__init__(
             f"chat {model}",
             {
                 "gen_ai.operation.name": "chat",
                 "gen_ai.provider.name": provider,
                 "gen_ai.request.model": model,
-                "gen_ai.conversation.id": str(executor.run_id),
+                "gen_ai.conversation.id": str(state.run_id),
                 "agentruns.step.index": self.index,
             },
             client=True,
         )
 
     def finished(self, exc: BaseException | None) -> None:
-        steps = self.executor.state.steps
+        steps = self.state.steps
         step = steps[self.index] if self.index < len(steps) else None
         if step is None:
             return
@@ -87,8 +87,8 @@ class _ModelSpan(_StepSpan):
         elif step.status == "succeeded":
             self.span.set_attribute("gen_ai.response.finish_reasons", ["stop"])
         if tracer_state.capture_content and step.status == "succeeded":
-            run = self.executor.state.run
-            secrets = _run_secrets(self.executor)
+            run = self.state.run
+            secrets = _run_secrets(self.state)
             parts: list[dict] = [{"type": "text", "content": redact_text(step.text, secrets)}]
             for call in step.tool_calls or []:
                 args = redact_fields(call.get("arguments"), run.redacted_fields(call.get("name")))
@@ -104,11 +104,11 @@ class _ModelSpan(_StepSpan):
             self.span.set_attribute("gen_ai.output.messages", redact_text(output, secrets))
 
 
-def _run_secrets(executor: Any) -> list[str]:
+def _run_secrets(state: Any) -> list[str]:
     """Every value a tool of this run declared secret, so model text echoing one is masked."""
-    run = executor.state.run
+    run = state.run
     values: list[str] = []
-    for step in executor.state.steps:
+    for step in state.steps:
         if step.tool:
             values += secret_values([step.arguments, step.result], run.redacted_fields(step.tool))
     return values
@@ -157,11 +157,11 @@ class _ToolSpan(_StepSpan):
         self.span.add_event("attempt", attributes)
 
 
-def model_span(executor: Any, step: Any) -> Any:
+def model_span(state: Any, step: Any) -> Any:
     """Around one model step (`step` None: the step the turn creates)."""
-    if executor.trace_slice is None:
+    if state.trace_slice is None:
         return NULL_SPAN
-    return _ModelSpan(executor, step)
+    return _ModelSpan(state, step)
 
 
 def tool_span(run: Run, step: Any, ctx: Any) -> Any:

@@ -13,10 +13,10 @@ from pydantic_ai.messages import ModelMessagesTypeAdapter
 from pydantic_ai.models import Model
 
 from agentruns.conf import conf
-from agentruns.models import RunStatus
 from agentruns.registry.model_names import pydantic_ai_name
 from agentruns.runtime.access import model_limits
-from agentruns.runtime.engine import status
+from agentruns.runtime.engine import journal
+from agentruns.runtime.engine.journal import BackingOff, Cancelled
 from agentruns.runtime.providers import openai_compatible
 from agentruns.runtime.providers.base import NOT_BEFORE
 from agentruns.runtime.providers.models import name_of
@@ -36,13 +36,11 @@ async def wait_for_slot(state: Any, model: Model, params: Any) -> None:
     )
     if slot is None:
         return
-    executor = state.executor
     if slot.back_off_until is not None:
-        until, event = slot.back_off_until, slot.event
-        raise status.ends(RunStatus.QUEUED, lambda: status.back_off(executor, until, **event))
+        raise await journal.ended(state, BackingOff(slot.back_off_until, slot.event))
     if slot.due - time.time() > 1.0:
-        if not await status.wait_for_retry(state, datetime.fromtimestamp(slot.due - 1.0, UTC)):
-            raise status.cancelled(executor)
+        if not await journal.wait_for_retry(state, datetime.fromtimestamp(slot.due - 1.0, UTC)):
+            raise await journal.ended(state, Cancelled())
     start = model_limits.slot_start(slot.due, precise_start=_waits_at_the_wire(model))
     await asyncio.sleep(max(0.0, start - time.time()))
     NOT_BEFORE.set(slot.due)

@@ -3,7 +3,7 @@ step (DESIGN.md 4.4, 4.10, 4.11).
 
 Replayed: a step that succeeded returns what it recorded (its `payload`, the ModelResponse; a
 step of the engine before this one: rebuilt from its text and calls). Executed: the slice's
-boundary is checked (`status.check_boundary`), then attempts as the engine always made them: a
+boundary is checked (`journal.check`), then attempts as the engine always made them: a
 failure before any text is an outage the run waits out (no attempt counted), an attempt that
 streamed text is an attempt and its text is superseded. The request itself (`request_model`, the
 unit's body) runs in the run's own task: a model that streams hands each text delta to the
@@ -35,12 +35,13 @@ from pydantic_ai.messages import (
 from pydantic_ai.models import Model
 
 from agentruns.conf import conf
-from agentruns.models import AttemptOutcome, RunStatus, Step, StepKind, StepStatus
+from agentruns.models import AttemptOutcome, Step, StepKind, StepStatus
 from agentruns.registry.model_names import pydantic_ai_name
 from agentruns.runtime import tracing
 from agentruns.runtime.conversations.transcript import recorded
 from agentruns.runtime.dispatch import stops
-from agentruns.runtime.engine import status
+from agentruns.runtime.engine import journal
+from agentruns.runtime.engine.journal import BackingOff, Cancelled, Failed
 from agentruns.runtime.engine.model import slot as model_slot
 from agentruns.runtime.engine.plan import (
     Answer,
@@ -58,8 +59,7 @@ from agentruns.runtime.engine.pydantic_ai_private import (
     consume_event_stream,
     open_durable_unit_stream,
 )
-from agentruns.runtime.engine.slice import SliceState, current_or_none
-from agentruns.runtime.engine.status import check_boundary, wait_for_retry
+from agentruns.runtime.engine.slice import SliceEnds, SliceState, current_or_none
 from agentruns.runtime.engine.waits import record_answered_elsewhere
 from agentruns.runtime.events import EventType, step_event_data
 from agentruns.runtime.execution import failpoints
@@ -85,7 +85,7 @@ async def execute(state: SliceState, model_id: str | None, body: Any, params: An
     if step is not None and step.status == StepStatus.SUCCEEDED:
         record_durable_unit(executed=False)
         return recorded(step)
-    check_boundary(state, model=step is None or step.status != StepStatus.RUNNING)
+    await journal.check(state, model=step is None or step.status != StepStatus.RUNNING)
     if step is None:
         step = new_step(state, StepKind.MODEL, status=StepStatus.RUNNING)
         state.add_step(step)
@@ -95,8 +95,8 @@ async def execute(state: SliceState, model_id: str | None, body: Any, params: An
     if state.pending and not streams(model):
         # what the slice did since its last commit is kept before a request that keeps us
         # waiting (a streamed one's first text commits it)
-        await state.lane.run(state.executor.commit, [])
-    with tracing.model_span(state.executor, step):
+        await state.lane.run(journal.commit, state, [])
+    with tracing.model_span(state, step):
         try:
             answer = await _attempts(state, step, model, body, params)
         except FallingBack as falling:
@@ -105,7 +105,7 @@ async def execute(state: SliceState, model_id: str | None, body: Any, params: An
             raise falling.error from None
         except TurnCut as stopped:
             record_cut_turn(state, step, stopped.answer, params)
-            raise status.cancelled(state.executor, output=stopped.answer.text) from None
+            raise await journal.ended(state, Cancelled(stopped.answer.text)) from None
         record_model_step(state, step, answer, params)
     record_durable_unit(executed=True)
     return answer.payload
@@ -166,13 +166,12 @@ async def _whole(attempt: int, model: Model, body: Any) -> Answer:
 
 async def _backed_off(state: SliceState, outage: ModelOutage, exc: ModelError, until: Any) -> None:
     """Wait an outage out: here when the wait is short, else queued with a delayed doorbell."""
-    executor = state.executor
     wait = (until - timezone.now()).total_seconds()
     if state.drain is not None and wait > conf.RETRY_SLEEP_MAX_SECONDS:
         why = {"reason": outage.reason(exc), "model_outage": outage.state()}
-        raise status.ends(RunStatus.QUEUED, lambda: status.back_off(executor, until, **why))
-    if not await wait_for_retry(state, until):
-        raise status.cancelled(executor)
+        raise await journal.ended(state, BackingOff(until, why))
+    if not await journal.wait_for_retry(state, until):
+        raise await journal.ended(state, Cancelled())
 
 
 def _failed(
@@ -180,18 +179,17 @@ def _failed(
 ) -> Any:
     """What a failed attempt does: the run fails (a verdict: raises the slice's end), or it
     waits the outage out (returns when to try again)."""
-    executor = state.executor
     streamed = not _attempt_is_new(step, attempt)
     if not exc.retryable or (streamed and attempt >= conf.MODEL_MAX_ATTEMPTS):
         _record_failure(state, step, attempt, exc, final=True)
-        raise status.fail(executor, f"model error: {exc}")
+        raise SliceEnds(journal.end(state, Failed(f"model error: {exc}")))
     if streamed:
         _record_failure(state, step, attempt, exc, final=False)
     wait = outage.failed(exc)
     if wait is None:  # down for AGENTRUNS_MODEL_OUTAGE_SECONDS: the step fails
         verdict = outage.verdict(exc)
         _record_failure(state, step, step.attempts + 1, verdict, final=True)
-        raise status.fail(executor, f"model error: {verdict}")
+        raise SliceEnds(journal.end(state, Failed(f"model error: {verdict}")))
     return timezone.now() + timedelta(seconds=wait)
 
 
@@ -221,7 +219,7 @@ def _record_failure(
             batch,
             step,
             attempt,
-            state.executor.owner,
+            state.owner,
             now,
             update_fields=["error", "finished_at"],
             **ended,
@@ -230,7 +228,7 @@ def _record_failure(
     events = [(kind, step_event_data(step))]
     if streamed and not final:  # the next attempt streams the turn again from scratch
         events.append((EventType.MODEL_SUPERSEDED, {"step": step.index, "attempt": attempt}))
-    state.executor.commit(events, batch=batch)
+    journal.commit(state, events, batch=batch)
 
 
 # ------------------------------------------------------------------ inside the unit's body
@@ -323,10 +321,10 @@ class StreamedText:
     async def _take(self, delta: str) -> None:
         piece = storable_text(delta)
         self.text.append(piece)
-        state, executor = self.state, self.state.executor
+        state = self.state
         if self.feed is not None:
             self.feed.add(piece)
-            executor.check_lease()
+            journal.check_lease(state)
             return
         self.pending += piece
         since = time.monotonic() - self.last_flush
@@ -339,16 +337,16 @@ class StreamedText:
         text, self.pending = self.pending, ""
         await state.lane.run(_flush_delta, state, self.step, self.attempt, text, self.started)
         self.last_flush, self.flushed = time.monotonic(), True
-        if executor.cancel_requested:  # read by that commit: the stop's second way in
+        if state.cancel_requested:  # read by that commit: the stop's second way in
             stops.deliver(state.run.id)
         failpoints.hit("model_streaming", tool=state.run.agent, step_id=self.step.id)
         if state.drain is not None:  # a worker: the process's deltas go out together
             self.feed = delta_writer().open(
                 state.run.id,
-                executor.owner,
+                state.owner,
                 self.step.index,
                 self.attempt,
-                lambda cancel: _feed_committed(executor, cancel),
+                lambda cancel: _feed_committed(state, cancel),
             )
 
     async def close(self, *, failed: bool = False) -> str:
@@ -421,12 +419,12 @@ async def _streamed(state: SliceState, step: Step, attempt: int, model: Model, b
     return Answer(payload, attempt, sink.started, "".join(sink.text), tail)
 
 
-def _feed_committed(executor: Any, cancel_requested: bool) -> None:
-    executor.cancel_requested = executor.cancel_requested or cancel_requested
+def _feed_committed(state: SliceState, cancel_requested: bool) -> None:
+    state.cancel_requested = state.cancel_requested or cancel_requested
     if cancel_requested:  # the flush read a cancel: the turn in flight stops now
-        stops.deliver(executor.run_id)
-    if executor.heartbeat is not None:
-        executor.heartbeat.renewed()
+        stops.deliver(state.run_id)
+    if state.heartbeat is not None:
+        state.heartbeat.renewed()
 
 
 def _flush_delta(state: SliceState, step: Step, attempt: int, text: str, started: Any) -> None:
@@ -437,8 +435,8 @@ def _flush_delta(state: SliceState, step: Step, attempt: int, text: str, started
     if _attempt_is_new(step, attempt):
         batch = WriteBatch()
         step.status = StepStatus.RUNNING
-        begin_attempt(batch, step, attempt, state.executor.owner, started)
+        begin_attempt(batch, step, attempt, state.owner, started)
         events.append((EventType.STEP_STARTED, step_event_data(step, error="")))
     events.append((EventType.MODEL_DELTA, {"step": step.index, "attempt": attempt, "text": text}))
-    state.executor.commit(events, batch=batch)
-    state.executor.check_lease()
+    journal.commit(state, events, batch=batch)
+    journal.check_lease(state)

@@ -30,7 +30,7 @@ from pydantic_ai.durable_exec import (
 )
 
 from agentruns.conf import conf
-from agentruns.models import AttemptOutcome, RunStatus, Step, StepStatus
+from agentruns.models import AttemptOutcome, Step, StepStatus
 from agentruns.registry import (
     OutcomeUnknown,
     ServerUnavailable,
@@ -41,14 +41,21 @@ from agentruns.registry import (
 )
 from agentruns.registry.context import stepping
 from agentruns.runtime import tracing, writer
-from agentruns.runtime.engine import status
+from agentruns.runtime.engine import journal
+from agentruns.runtime.engine.journal import (
+    BackingOff,
+    Cancelled,
+    Failed,
+    Parked,
+    Reconciled,
+    journal_unit,
+)
 from agentruns.runtime.engine.plan import (
     attempt_row,
     begin_attempt,
     crashed,
     end_attempt,
     journal_text,
-    journal_unit,
     replayed,
     stage,
 )
@@ -89,7 +96,7 @@ def _refuse(state: SliceState, step: Step, reason: str) -> Any:
     """The call is not made: the step ends rejected with `reason`, the model's answer."""
     step.reject(reason)
     stage(state.pending.batch, step, list(Step.REJECTED_FIELDS))
-    state.executor.commit([(EventType.STEP_FAILED, step_event_data(step))])
+    journal.commit(state, [(EventType.STEP_FAILED, step_event_data(step))])
     record_durable_unit(executed=True)
     return recorded(step)
 
@@ -101,7 +108,6 @@ def _open(state: SliceState, step: Step, tool: Tool, attempt: int, started: Any)
     """Before the call: its operation key and limit (a gated tool), its "before" commit (a side
     effect outside this database). `_GO`: make the call; `_AGAIN`: the key it waited for was
     settled meanwhile; anything else: the call's answer without it being made."""
-    executor = state.executor
     if operations.gated(state.run, tool):
         # the key is taken (and the limit checked) in the "before" commit, with everything the
         # slice has not committed yet: a crash leaves the key held by the step, resumed with it
@@ -111,15 +117,15 @@ def _open(state: SliceState, step: Step, tool: Tool, attempt: int, started: Any)
             if gate.go and tool.commits_before_call:
                 _begin(state, step, attempt, started, end_transaction=True)
             elif state.pending:
-                executor.commit([], end_transaction=True)
+                journal.commit(state, [], end_transaction=True)
         if not gate.go:
             answer = _not_made_by_gate(state, step, gate)
             return _AGAIN if answer is None else answer
     elif tool.commits_before_call:
         _begin(state, step, attempt, started)
-    if tool.commits_before_call and executor.cancel_requested:
+    if tool.commits_before_call and state.cancel_requested:
         _not_made(state, step, attempt)  # read by the "before" commit: the call is not made
-        raise status.cancelled(executor)
+        raise SliceEnds(journal.end(state, Cancelled()))
     failpoints.hit("step_started", tool=step.tool, step_id=step.id)
     return _GO
 
@@ -130,8 +136,9 @@ def _begin(
     """The "before" commit: running + attempt, so a crash is seen and resumed by class."""
     step.status = StepStatus.RUNNING
     batch = WriteBatch()
-    begin_attempt(batch, step, attempt, state.executor.owner, started)
-    state.executor.commit(
+    begin_attempt(batch, step, attempt, state.owner, started)
+    journal.commit(
+        state,
         [(EventType.STEP_STARTED, step_event_data(step, error=""))],  # not a retry's old one
         batch=batch,
         end_transaction=end_transaction,
@@ -143,7 +150,6 @@ def _not_made_by_gate(state: SliceState, step: Step, gate: operations.Gate) -> A
     the key's earlier execution (the step succeeds with it, marked already done), or the run
     waits for the call that holds the key, holding no thread (None: it was settled meanwhile,
     take it again)."""
-    executor = state.executor
     if gate.outcome == operations.REFUSED:
         return _refuse(state, step, gate.reason)
     if gate.outcome == operations.DONE:
@@ -153,17 +159,17 @@ def _not_made_by_gate(state: SliceState, step: Step, gate: operations.Gate) -> A
         step.payload = None  # replayed from its result
         step.started_at, step.finished_at = step.started_at or now, now
         stage(state.pending.batch, step, TOOL_RESULT_FIELDS)
-        executor.commit([(EventType.STEP_SUCCEEDED, succeeded_event_data(state.run, step))])
+        journal.commit(state, [(EventType.STEP_SUCCEEDED, succeeded_event_data(state.run, step))])
         record_durable_unit(executed=True)
         return recorded(step)
     until = timezone.now() + timedelta(seconds=operations.WAIT_POLL_SECONDS)
     with transaction.atomic():
-        if not executions.wait_for(gate.row.id, executor.run_id):
+        if not executions.wait_for(gate.row.id, state.run_id):
             return None
         # on the key's waiters: the run is rung when it settles (its settle waits for this
         # transaction), so the back-off is committed in it
-        status.back_off(executor, until, waiting=gate.reason, operation_key=gate.key)
-    raise SliceEnds(RunStatus.QUEUED)  # committed here
+        outcome = journal.back_off(state, until, waiting=gate.reason, operation_key=gate.key)
+    raise SliceEnds(outcome)
 
 
 def _not_made(state: SliceState, step: Step, attempt: int) -> None:
@@ -197,9 +203,8 @@ async def execute(state: SliceState, kind: str, name: str, ctx: Any, body: Any) 
     if step.status == StepStatus.SKIPPED:  # a retry skipped its unknown outcome: never made
         record_durable_unit(executed=False)
         return {"kind": "tool_return", "result": {"error": step.error or step.status}}
-    executor = state.executor
     if step.status == StepStatus.UNKNOWN:  # a reconciliation is still open: wait for it
-        raise status.ends(RunStatus.WAITING, lambda: status.park(executor))
+        raise await journal.ended(state, Parked())
     if step.status == StepStatus.RUNNING:  # (rare: a worker died mid-call; tracing may read)
         await state.lane.run(_recover, state, step)
     try:
@@ -213,7 +218,7 @@ async def execute(state: SliceState, kind: str, name: str, ctx: Any, body: Any) 
             return refused
     if step.next_attempt_at:
         await _wait_for_retry(state, step)
-    status.check_boundary(state, model=False)
+    await journal.check(state, model=False)
     outage: ToolOutage | None = None
     while True:
         try:
@@ -236,26 +241,24 @@ def _recover(state: SliceState, step: Step) -> None:
     """A step left `running` by a dead worker (DESIGN.md 4.5)."""
     policy = state.run.tool_policy(step.tool)
     if policy.get("side_effect") and policy.get("idempotency") == "none":
-        raise status.outcome_unknown(state.executor, step, "worker died mid-call")
+        raise SliceEnds(journal.end(state, Reconciled(step, "worker died mid-call")))
     crashed(state, step, "worker died mid-call")
     state.pending.events.append((EventType.STEP_RECOVERED, step_event_data(step)))
 
 
 async def _wait_for_retry(state: SliceState, step: Step) -> None:
-    executor = state.executor
     due = step.next_attempt_at
     delay = (due - timezone.now()).total_seconds()
     if state.drain is not None and delay > conf.RETRY_SLEEP_MAX_SECONDS:
-        raise status.ends(RunStatus.QUEUED, lambda: status.back_off(executor, due))
-    if not await status.wait_for_retry(state, due):
-        raise status.cancelled(executor)
+        raise await journal.ended(state, BackingOff(due))
+    if not await journal.wait_for_retry(state, due):
+        raise await journal.ended(state, Cancelled())
 
 
 def _outage_noted(state: SliceState, step: Step, tool: Tool, down: Any, outage: ToolOutage) -> Any:
     """The call reached nothing: its attempt is undone (the policy's attempts are for the tool's
     own failures) and the step says what it waits on (the time to try again), or, down for
     AGENTRUNS_TOOL_OUTAGE_SECONDS, the step fails (raises the slice's end)."""
-    executor = state.executor
     wait = outage.failed(down.error)
     if wait is None:
         _failed(state, step, tool, down.attempt, down.started, outage.verdict(down.error))
@@ -274,19 +277,18 @@ def _outage_noted(state: SliceState, step: Step, tool: Tool, down: Any, outage: 
         data = step_event_data(
             step, next_attempt_at=iso(until), waiting_on=down.error.server, reason=reason
         )
-        executor.commit([(EventType.STEP_RETRY_SCHEDULED, data)])
+        journal.commit(state, [(EventType.STEP_RETRY_SCHEDULED, data)])
     return until, reason
 
 
 async def _backed_off(state: SliceState, noted: Any, outage: ToolOutage) -> None:
     until, reason = noted
-    executor = state.executor
     wait = (until - timezone.now()).total_seconds()
     if state.drain is not None and wait > conf.RETRY_SLEEP_MAX_SECONDS:
         why = {"reason": reason, "tool_outage": outage.state()}
-        raise status.ends(RunStatus.QUEUED, lambda: status.back_off(executor, until, **why))
-    if not await status.wait_for_retry(state, until):
-        raise status.cancelled(executor)
+        raise await journal.ended(state, BackingOff(until, why))
+    if not await journal.wait_for_retry(state, until):
+        raise await journal.ended(state, Cancelled())
 
 
 class _Unreachable(ServerUnavailable):
@@ -358,6 +360,8 @@ async def _try(state: SliceState, step: Step, tool: Tool, body: Any) -> Any:
         if not isinstance(exc, Exception) or is_infrastructure_error(exc):
             if atomic is not None:
                 await lane.run(atomic.__exit__, type(exc), exc, exc.__traceback__)
+            if isinstance(exc, SliceEnds) and exc.after is not None:  # ended inside the call
+                raise SliceEnds(await lane.run(journal.end, state, exc.after)) from None
             raise  # weather, a lost lease or the slice ending: not the tool's verdict
         failure, failure_tb = exc, traceback.format_exc()
     if failure is None:
@@ -414,19 +418,19 @@ def _failed_now(
 ) -> Any:
     """On the lane: the call raised. `_RETRY` when it is tried again (now, or when its policy's
     delay is due); an unreachable server or an unknown outcome raise."""
-    executor = state.executor
     if atomic is not None:  # its writes roll back; the failure is recorded on its own
         atomic.__exit__(type(failure), failure, failure.__traceback__)
     if eager and not isinstance(failure, ServerUnavailable | OutcomeUnknown):
         # (as the engine always did: that try is no attempt; the call runs again on its
         # own, with its retry policy, once the turn is recorded)
-        executor.commit([])
+        journal.commit(state, [])
     elif isinstance(failure, ServerUnavailable):
         raise _Unreachable(failure, attempt, started)
     elif isinstance(failure, OutcomeUnknown) and tool.commits_before_call:
         # the call's connection broke after it was sent: reconciled, as after a dead worker
         secrets = secret_values(step.arguments, state.run.redacted_fields(step.tool))
-        raise status.outcome_unknown(executor, step, redact_text(str(failure), secrets)[:2000])
+        why = redact_text(str(failure), secrets)[:2000]
+        raise SliceEnds(journal.end(state, Reconciled(step, why)))
     else:
         _failed(state, step, tool, attempt, started, failure, failure_tb)
     return _RETRY
@@ -461,7 +465,6 @@ def _returned(
     """The call returned (a value, or control flow Pydantic AI carries as a value)."""
     kind = payload.get("kind") if isinstance(payload, dict) else None
     now = timezone.now()
-    executor = state.executor
     batch = state.pending.batch if not tool.commits_before_call else WriteBatch()
     if kind in ("approval_required", "call_deferred"):
         # the tool deferred itself (asks for approval, or its result comes from outside): its
@@ -484,7 +487,7 @@ def _returned(
             if keyed:  # nothing was made, and a parked call holds no key
                 executions.settle(step.id, executions.RELEASED)
             if batch is not state.pending.batch:
-                executor.commit([], batch=batch, end_transaction=end_transaction)
+                journal.commit(state, [], batch=batch, end_transaction=end_transaction)
         return "deferred"
     if not tool.commits_before_call:
         step.started_at = started
@@ -493,7 +496,7 @@ def _returned(
                 attempt_row(
                     step,
                     attempt,
-                    executor.owner,
+                    state.owner,
                     started,
                     finished_at=now,
                     outcome=AttemptOutcome.SUCCEEDED,
@@ -514,7 +517,8 @@ def _returned(
         with transaction.atomic() if keyed and not end_transaction else nullcontext():
             if keyed:
                 executions.settle(step.id, executions.DONE, step.result)
-            executor.commit(
+            journal.commit(
+                state,
                 [event],
                 batch=None if batch is state.pending.batch else batch,
                 end_transaction=end_transaction or keyed,
@@ -536,7 +540,6 @@ def _failed(
 ) -> None:
     """The tool failed: retried under its policy (returns: the caller waits for the retry's
     delay, then calls again), or the step and the run fail (raises the slice's end)."""
-    executor = state.executor
     now = timezone.now()
     retry = tool.retry.is_retryable(exc) and attempt - step.retry_base < tool.retry.max_attempts
     outcome = AttemptOutcome.RETRYING if retry else AttemptOutcome.FAILED
@@ -553,7 +556,7 @@ def _failed(
     if tool.commits_before_call:
         end_attempt(batch, step, attempt, **fields)
     else:
-        batch.insert([attempt_row(step, attempt, executor.owner, started, **fields)])
+        batch.insert([attempt_row(step, attempt, state.owner, started, **fields)])
     step.attempts = attempt
     step.error = redact_text(f"{type(exc).__name__}: {exc}", secrets)
     step.started_at = step.started_at or started
@@ -563,7 +566,7 @@ def _failed(
         step.status, step.next_attempt_at = StepStatus.PENDING, now + timedelta(seconds=delay)
         stage(batch, step, changed)
         data = step_event_data(step, next_attempt_at=iso(step.next_attempt_at))
-        executor.commit([(EventType.STEP_RETRY_SCHEDULED, data)], batch=batch)
+        journal.commit(state, [(EventType.STEP_RETRY_SCHEDULED, data)], batch=batch)
         return
     step.status, step.finished_at, step.next_attempt_at = StepStatus.FAILED, now, None
     stage(batch, step, changed)
@@ -571,5 +574,7 @@ def _failed(
     with transaction.atomic() if keyed else nullcontext():
         if keyed:
             executions.settle(step.id, executions.RELEASED)  # failed for good: free again
-        executor.commit([(EventType.STEP_FAILED, step_event_data(step))], batch=batch)
-    raise status.fail(executor, f"step #{step.index} {step.tool} failed: {step.error}")
+        journal.commit(state, [(EventType.STEP_FAILED, step_event_data(step))], batch=batch)
+    raise SliceEnds(
+        journal.end(state, Failed(f"step #{step.index} {step.tool} failed: {step.error}"))
+    )
