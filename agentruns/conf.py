@@ -175,6 +175,22 @@ SETTINGS: tuple[Setting, ...] = (
         1,
     ),
     Setting(
+        "AGENTRUNS_DB_THREADS",
+        int,
+        4,
+        "threads per worker process doing its runs' database work (the engine's commits and "
+        "reads, transactional tools); each keeps a pooled connection while work waits for it",
+        1,
+    ),
+    Setting(
+        "AGENTRUNS_TOOL_THREADS",
+        int,
+        32,
+        "threads per worker process running its runs' sync functions (a `def` tool, a sync "
+        "instructions function): calls at once that wait on the world, no connection held",
+        1,
+    ),
+    Setting(
         "AGENTRUNS_RUN_CLAIM_BATCH",
         int,
         50,
@@ -324,9 +340,9 @@ SETTINGS: tuple[Setting, ...] = (
 
 
 def _runs_per_process_default() -> int:
-    # threads wait on the model without holding the process (an idle pool thread costs ~16 KB of
-    # RSS, a waiting run holds no connection: 500 per process carry 1000 runs on the default two
-    # worker processes; docs/BENCHMARKS.md, "Claims and 1000 in flight"); SQLite serialises every writer, so fewer runs at once keep its lock
+    # a run in flight is a task of the process's loop waiting on the model (a few KB, no thread,
+    # no connection): 500 per process carry 1000 runs on the default two worker processes
+    # (docs/BENCHMARKS.md); SQLite serialises every writer, so fewer runs at once keep its lock
     # queue short (measurements: docs/BENCHMARKS.md, "Choosing the defaults")
     engine = settings.DATABASES["default"]["ENGINE"]
     return 500 if "postgresql" in engine else 16

@@ -44,6 +44,11 @@ def group_cpu(pgid: int) -> float:
     return sum(_cpu(f, children=True) for _, f in _processes() if int(f[2]) == pgid)
 
 
+def group_processes(pgid: int) -> dict[int, int]:
+    """The processes of process group `pgid`: {pid: its parent's pid}."""
+    return {pid: int(f[1]) for pid, f in _processes() if int(f[2]) == pgid}
+
+
 def server_cpu(backend_pid: int) -> float:
     """The PostgreSQL server that `backend_pid` (a backend's pid) belongs to."""
     fields = _stat(backend_pid)

@@ -57,9 +57,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
 
 
-def seeded_database(checkout: Path, prefix: str, extra: dict[str, str]) -> dict[str, str]:
-    """A fresh database of the server, migrated and seeded by `checkout`: the environment of
-    that checkout's processes on it (`extra` on top)."""
+def seeded_database(
+    checkout: Path, prefix: str, extra: dict[str, str], seed: tuple[str, ...] = ()
+) -> dict[str, str]:
+    """A fresh database of the server, migrated and seeded by `checkout` (`seed`: arguments of
+    its `seed_demo`): the environment of that checkout's processes on it (`extra` on top)."""
     name = f"{prefix.replace('-', '_')}_{uuid.uuid4().hex[:6]}"
     admin(f"CREATE DATABASE {name}")
     env = {
@@ -72,7 +74,7 @@ def seeded_database(checkout: Path, prefix: str, extra: dict[str, str]) -> dict[
     }
     env.pop("AGENTRUNS_AGENT_MODULES", None)
     manage(checkout, env, "migrate", "--noinput", "-v0")
-    manage(checkout, env, "seed_demo")
+    manage(checkout, env, "seed_demo", *seed)
     return env
 
 

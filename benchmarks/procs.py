@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,12 +20,22 @@ QUOTAS_OFF_THE_WAY = {  # metered as usual, never refusing within a burst
 }
 
 
-def start_qcluster(database_url: str, **env: object) -> subprocess.Popen:
-    """`manage.py qcluster` on `database_url` (postgres://...), in its own process group."""
-    full = {**os.environ, "DATABASE_URL": database_url, **{k: str(v) for k, v in env.items()}}
+def start_qcluster(
+    database_url: str,
+    checkout: Path = ROOT,
+    base_env: Mapping[str, str] | None = None,
+    **env: object,
+) -> subprocess.Popen:
+    """`checkout`'s `manage.py qcluster` on `database_url` (postgres://...), in its own process
+    group; its environment: `base_env` (default: this process's) with `env` on top."""
+    full = {
+        **(os.environ if base_env is None else base_env),
+        "DATABASE_URL": database_url,
+        **{k: str(v) for k, v in env.items()},
+    }
     return subprocess.Popen(
         [sys.executable, "manage.py", "qcluster"],
-        cwd=ROOT,
+        cwd=checkout,
         env=full,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

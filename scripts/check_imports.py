@@ -4,9 +4,14 @@
    inside functions too (grimp sees those);
 2. the runtime imports none of Django's HTTP, template, URL or view modules, nor Channels'
    consumers (import-linter only sees external packages as a whole);
-3. sizes: no module of agentruns/, approvals/ or support/ over MAX_LINES lines, and no package
-   there (the apps' roots and every subpackage) holding more than MAX_MODULES .py modules of its
-   own (`__init__.py` counted, subpackages and migrations not).
+3. one concept in one module: no module of agentruns/, approvals/ or support/ imports another's
+   private (`_name`) names: two modules that need each other's insides are one module, however
+   long (split by concept, never by size);
+4. pydantic-ai's private modules and names are imported in one module only (PRIVATE_API),
+   which says why for each;
+5. sizes: no module there over MAX_LINES lines (a generous bound: a concept past it is worth a
+   second look), and no package (the apps' roots and every subpackage) holding more than
+   MAX_MODULES .py modules of its own (`__init__.py` counted, subpackages and migrations not).
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ RUNTIME = (
     "approvals/notifications/outbox.py",
 )
 SIZED = ("agentruns", "approvals", "support")
-MAX_LINES = 400
+MAX_LINES = 650
+PRIVATE_API = "agentruns/runtime/engine/pydantic_ai_private.py"
 MAX_MODULES = 12
 FORBIDDEN_IN_RUNTIME = (
     "django.http",
@@ -112,6 +118,54 @@ def runtime_imports() -> list[str]:
     return problems
 
 
+def private_imports() -> list[str]:
+    """`from <project module> import _name` in the apps (tests and migrations aside)."""
+    problems = []
+    for app in SIZED:
+        for path in sorted((ROOT / app).rglob("*.py")):
+            if "migrations" in path.relative_to(ROOT).parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.ImportFrom) or not node.module:
+                    continue
+                if node.module.split(".")[0] not in PACKAGES:
+                    continue
+                for alias in node.names:
+                    if alias.name.startswith("_") and not alias.name.startswith("__"):
+                        problems.append(
+                            f"{path.relative_to(ROOT)}:{node.lineno} imports {node.module}."
+                            f"{alias.name}: one concept is one module (merge them, or make the "
+                            "name public)"
+                        )
+    return problems
+
+
+def pydantic_ai_private() -> list[str]:
+    """Imports of pydantic-ai's private modules or names outside PRIVATE_API."""
+    problems = []
+    for app in SIZED:
+        for path in sorted((ROOT / app).rglob("*.py")):
+            if path == ROOT / PRIVATE_API:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                names: list[str] = []
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                elif isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                for name in names:
+                    parts = name.split(".")
+                    if parts[0] == "pydantic_ai" and any(
+                        p.startswith("_") and not p.startswith("__") for p in parts[1:]
+                    ):
+                        problems.append(
+                            f"{path.relative_to(ROOT)}:{node.lineno} imports {name}: pydantic-ai's "
+                            f"private names go through {PRIVATE_API} (with why)"
+                        )
+                        break
+    return problems
+
+
 def sizes() -> list[str]:
     """Modules over MAX_LINES lines and packages over MAX_MODULES .py modules (migrations aside)."""
     problems = []
@@ -144,12 +198,19 @@ def main() -> int:
     for problem in runtime_imports():
         print("runtime import:", problem)
         failed = True
+    for problem in private_imports():
+        print("private import:", problem)
+        failed = True
+    for problem in pydantic_ai_private():
+        print("pydantic-ai private:", problem)
+        failed = True
     for problem in sizes():
         print("size:", problem)
         failed = True
     if not failed:
         print(
             "imports: no cycles among the project's modules; the runtime imports no web modules; "
+            "no module imports another's private names; "
             f"sizes: no module over {MAX_LINES} lines, no package over {MAX_MODULES} .py modules"
         )
     return 1 if failed else 0

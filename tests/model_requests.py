@@ -1,11 +1,12 @@
-"""One model request the way the engine's model unit makes it (runtime/engine/model/request.py),
+"""One model request the way the engine's model unit makes it (runtime/engine/model/unit.py),
 without a run: `request_model` (the unit's body: streamed when the model can, else asked whole)
-as a task of the process's stream loop (`stream_pump.run_streaming`), its text deltas handed to
-the caller or to its `TextSink`, and what it raises classified as the unit classifies it
-(`model_unit._classified`: a `ModelError`, an outage or a verdict)."""
+as a task of the process's run loop (`engine/lanes.py`), its text deltas relayed to the caller
+as they come, and what it raises classified as the unit classifies it (`_classified`: a
+`ModelError`, an outage or a verdict)."""
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,9 +24,8 @@ from pydantic_ai.messages import (
 from pydantic_ai.models import Model, ModelRequestParameters
 from pydantic_ai.tools import ToolDefinition
 
-from agentruns.runtime.engine.model.request import _classified, request_model
-from agentruns.runtime.providers import TextSink
-from agentruns.runtime.providers.stream_pump import SinkFailed, run_streaming
+from agentruns.runtime.engine.lanes import run_on_process_loop
+from agentruns.runtime.engine.model.unit import _classified, delivering, request_model
 
 
 @dataclass
@@ -81,19 +81,47 @@ def conversation(openai_messages: list[dict]) -> list[ModelMessage]:
     return out
 
 
-def stream(
-    model: Model, request: Params, sink: TextSink | None = None
-) -> Generator[str, None, ModelResponse]:
-    """Yield the text deltas `sink` does not take, then return the model's response."""
-    deltas = run_streaming(lambda: request_model(model, request, None), sink or TextSink())
+class _Relay:
+    """The request's deltas, handed from its task to the caller's thread."""
+
+    def __init__(self, take: Any = None) -> None:
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.take = take
+
+    async def deliver(self, text: str) -> None:
+        if self.take is not None:
+            self.take(text)
+        self.queue.put(text)
+
+
+_END = object()
+
+
+def stream(model: Model, request: Params, take: Any = None) -> Generator[str, None, ModelResponse]:
+    """Yield the text deltas as they come, then return the model's response. `take(text)` is
+    called with each delta inside the request's task (what it raises ends the request)."""
+    relay = _Relay(take)
+
+    async def request_it() -> ModelResponse:
+        with delivering(relay):
+            return await request_model(model, request, None)
+
+    done = run_on_process_loop(request_it())
+    done.add_done_callback(lambda _: relay.queue.put(_END))
     try:
-        return (yield from deltas)
-    except SinkFailed as failed:
-        raise failed.error from None
-    except Exception as exc:
-        raise _classified(model, exc) from exc
+        while (text := relay.queue.get()) is not _END:
+            yield text
+        try:
+            return done.result()
+        except Exception as exc:
+            raise _classified(model, exc) from exc
     finally:
-        deltas.close()
+        if not done.done():  # the caller stopped early: the request's task is cancelled
+            done.cancel()
+            try:
+                done.result(timeout=5)
+            except BaseException:  # noqa: BLE001 - its end is the cancellation
+                pass
 
 
 def ask(model: Model, request: Params) -> tuple[list[str], ModelResponse]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from agentruns.admin.records import ReadOnlyMixin, _pretty, _run_link
+from agentruns.admin.records import ReadOnlyMixin, pretty_json, run_link
 from agentruns.models import OperationAllowance, OperationExecution
 from agentruns.selectors.operations import shown_result
 
@@ -21,11 +21,11 @@ class OperationExecutionAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.display(description="run")
     def run(self, obj: OperationExecution) -> str:
-        return _run_link(obj.run_id)
+        return run_link(obj.run_id)
 
     @admin.display(description="result")
     def result_shown(self, obj: OperationExecution) -> str:
-        return _pretty(shown_result(obj))
+        return pretty_json(shown_result(obj))
 
 
 @admin.register(OperationAllowance)

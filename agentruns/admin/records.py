@@ -47,11 +47,11 @@ def _short(value: object) -> str:
     return str(value)[:8]
 
 
-def _run_link(run_id: object) -> str:
+def run_link(run_id: object) -> str:
     return format_html('<a href="{}">{}</a>', reverse("run-detail", args=[run_id]), _short(run_id))
 
 
-def _pretty(value: object) -> str:
+def pretty_json(value: object) -> str:
     return format_html(
         "<pre>{}</pre>",
         json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str),
@@ -231,7 +231,7 @@ class StepAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.display(description="run", ordering="run_id")
     def run_link(self, obj: Step) -> str:
-        return _run_link(obj.run_id)
+        return run_link(obj.run_id)
 
     def _hidden(self, obj: Step) -> list[str]:
         return obj.run.redacted_fields(obj.tool)
@@ -246,7 +246,7 @@ class StepAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.display(description="tool calls (redacted)")
     def redacted_tool_calls(self, obj: Step) -> object:
-        return _pretty(redact_tool_calls(obj.tool_calls, obj.run.redacted_fields))
+        return pretty_json(redact_tool_calls(obj.tool_calls, obj.run.redacted_fields))
 
     @admin.display(description="error (redacted)")
     def redacted_error(self, obj: Step) -> str:
@@ -323,4 +323,4 @@ class RunEventAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.display(description="run", ordering="run_id")
     def run_link(self, obj: RunEvent) -> str:
-        return _run_link(obj.run_id)
+        return run_link(obj.run_id)

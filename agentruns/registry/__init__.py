@@ -39,8 +39,8 @@ from agentruns.registry.model_names import check_model_name
 from agentruns.registry.operations import OperationKeyError, OverLimit
 from agentruns.registry.outcomes import check_declaration as check_outcomes
 from agentruns.registry.run_input import concurrency, scopes
-from agentruns.registry.schemas import _simple_plan, schema_from_signature, strict_validator
-from agentruns.registry.tools import RetryPolicy, Tool, _tools, get_tool, has_tool, tool
+from agentruns.registry.schemas import schema_from_signature, simple_plan, strict_validator
+from agentruns.registry.tools import RetryPolicy, Tool, get_tool, has_tool, tool
 from agentruns.registry.waits import (
     EventTimedOut,
     EventWaitFailed,
@@ -77,7 +77,7 @@ __all__ = [
     "ServerUnavailable",
     "ToolArgumentsError",
     "ToolError",
-    "_simple_plan",
+    "simple_plan",
     "current_step",
     "durable",
     "schema_from_signature",
@@ -219,7 +219,7 @@ def _from_pydantic_ai(agent: Any, *, tools: Any, deps: Any, **options: Any) -> A
     adopted = adopt(agent, name=options.pop("name", None), tools=tools, deps=deps)
     for spec in adopted.tools:
         owner = _tool_owners.get(spec.name)
-        if spec.name in _tools and owner != adopted.name and spec.name not in shared_tool_names():
+        if has_tool(spec.name) and owner != adopted.name and spec.name not in shared_tool_names():
             raise ValueError(
                 f"Pydantic AI agent {adopted.name!r}: a tool named {spec.name!r} is already "
                 f"registered (by {owner or 'an @tool'}); tool names are global (tool policies "

@@ -99,7 +99,7 @@ _TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
 }
 
 
-def _simple_plan(schema: dict) -> tuple[dict, frozenset, bool] | None:
+def simple_plan(schema: dict) -> tuple[dict, frozenset, bool] | None:
     """For the common schema (an object of typed scalar properties, nothing else): what a
     hand-written check needs. jsonschema costs ~70 us per call; this a few. None: not simple."""
     if schema.get("type") != "object" or not set(schema) <= _SIMPLE_SCHEMA_KEYS:
@@ -118,7 +118,7 @@ def _simple_plan(schema: dict) -> tuple[dict, frozenset, bool] | None:
     return checks, frozenset(schema.get("required") or ()), extra
 
 
-def _simple_valid(plan: tuple[dict, frozenset, bool], arguments: dict) -> bool:
+def simple_valid(plan: tuple[dict, frozenset, bool], arguments: dict) -> bool:
     checks, required, extra_allowed = plan
     if not required <= arguments.keys():
         return False

@@ -17,9 +17,9 @@ from agentruns.registry.edits import Edit, EditRefused, check_declaration, check
 from agentruns.registry.errors import RetryableToolError, ToolArgumentsError, UnknownTool
 from agentruns.registry.operations import OverLimit
 from agentruns.registry.schemas import (
-    _simple_plan,
-    _simple_valid,
     schema_from_signature,
+    simple_plan,
+    simple_valid,
     strict_validator,
 )
 
@@ -117,7 +117,7 @@ class Tool:
         if not isinstance(arguments, dict):
             raise ToolArgumentsError(f"arguments for {self.name} must be a JSON object")
         validator = self._validator()
-        if self._simple is not None and _simple_valid(self._simple, arguments):
+        if self._simple is not None and simple_valid(self._simple, arguments):
             return arguments  # certainly valid; jsonschema is consulted for anything else
         error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
         if error is not None:
@@ -129,7 +129,7 @@ class Tool:
         # built once per tool: jsonschema.validate() re-checks the schema itself on every call
         if self._compiled is None:
             self._compiled = strict_validator(self.parameters)
-            self._simple = _simple_plan(self.parameters)
+            self._simple = simple_plan(self.parameters)
         return self._compiled
 
     def schema(self) -> dict:

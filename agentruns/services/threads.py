@@ -36,7 +36,6 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
-from pydantic_ai._uuid import uuid7
 
 from agentruns.models import (
     TERMINAL_RUN_STATUSES,
@@ -55,7 +54,7 @@ from agentruns.runtime.dispatch import thread_line
 from agentruns.runtime.engine import agents
 from agentruns.runtime.execution.cancel import cancel_run
 from agentruns.runtime.execution.transitions import ActionRefused
-from agentruns.runtime.values.ids import actor_name
+from agentruns.runtime.values.ids import actor_name, uuid7
 from agentruns.runtime.values.text import UnsafeValue, check_text
 from agentruns.runtime.waits import replies
 from agentruns.services.actions import OPERATE, may_stop

@@ -84,7 +84,7 @@ class StepView:
         return max(0, self.step.attempts - self.step.retry_base)
 
 
-def _pretty(value: Any) -> str:
+def pretty_json(value: Any) -> str:
     if value is None or value == {} or value == []:
         return ""
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
@@ -118,8 +118,8 @@ def view_steps(run: Run, steps: list[Step], now: datetime | None = None) -> list
         rows.append(
             StepView(
                 step=step,
-                arguments=_pretty(redact_fields(step.arguments, hidden)),
-                result=_pretty(redact_fields(step.result, hidden)),
+                arguments=pretty_json(redact_fields(step.arguments, hidden)),
+                result=pretty_json(redact_fields(step.result, hidden)),
                 error=redact_text(step.error),
                 attempts=[
                     AttemptView(a, redact_text(a.error), redact_text(a.traceback))

@@ -16,7 +16,7 @@ from approvals.domain.decisions import args_diff
 from approvals.models import Approval
 
 
-def _pretty(value: object) -> str:
+def pretty_json(value: object) -> str:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
 
 
@@ -138,7 +138,7 @@ class ApprovalAdmin(admin.ModelAdmin):
                     d.username or "the system",
                     d.decision,
                     d.decided_at.isoformat(timespec="seconds"),
-                    f" with {_pretty(obj.redacted(d.args))}" if d.edited else "",
+                    f" with {pretty_json(obj.redacted(d.args))}" if d.edited else "",
                     f" ({d.reason})" if d.reason else "",
                     f" [internal note: {d.internal_note}]" if d.internal_note else "",
                 )
@@ -167,13 +167,13 @@ class ApprovalAdmin(admin.ModelAdmin):
 
     @admin.display(description="requested")
     def requested(self, obj: Approval):
-        return format_html("<pre>{}</pre>", _pretty(obj.visible_args()))
+        return format_html("<pre>{}</pre>", pretty_json(obj.visible_args()))
 
     @admin.display(description="approved")
     def approved(self, obj: Approval):
         if obj.status != "approved":
             return "—"
-        return format_html("<pre>{}</pre>", _pretty(obj.redacted(obj.effective_args)))
+        return format_html("<pre>{}</pre>", pretty_json(obj.redacted(obj.effective_args)))
 
     @admin.display(description="changes")
     def changes(self, obj: Approval):
@@ -193,4 +193,4 @@ class ApprovalAdmin(admin.ModelAdmin):
     def resolution_payload(self, obj: Approval):
         if obj.resolution_result is None:
             return "—"
-        return format_html("<pre>{}</pre>", _pretty(obj.resolution_result))
+        return format_html("<pre>{}</pre>", pretty_json(obj.resolution_result))

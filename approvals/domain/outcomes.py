@@ -180,7 +180,7 @@ class Progress:
     restarted: bool  # this approval changed the arguments and started a new round
 
 
-def _row(approval: Approval, user: Any, decision: str, **fields: Any) -> ApprovalDecision:
+def decision_row(approval: Approval, user: Any, decision: str, **fields: Any) -> ApprovalDecision:
     return ApprovalDecision.objects.create(
         approval=approval,
         user=user if getattr(user, "is_authenticated", False) else None,
@@ -213,7 +213,7 @@ def record_approval(
         approval.operation_key = operation_key_of(approval.run, tool, args)
     # an edit can raise the number required, never lower it
     approval.approvals_required = max(approval.approvals_required, required)
-    row = _row(
+    row = decision_row(
         approval,
         user,
         DecisionKind.APPROVE,
@@ -241,7 +241,9 @@ def record_approval(
 def record_rejection(
     approval: Approval, user: Any, reason: str, internal_note: str = ""
 ) -> ApprovalDecision:
-    return _row(approval, user, DecisionKind.REJECT, reason=reason, internal_note=internal_note)
+    return decision_row(
+        approval, user, DecisionKind.REJECT, reason=reason, internal_note=internal_note
+    )
 
 
 # ------------------------------------------------------------------ each decision
@@ -367,7 +369,7 @@ def closed(approval: Approval, user: Any, reason: str, internal_note: str) -> Ou
         reason=reason,
         internal_note=internal_note,
     )
-    _row(approval, user, DecisionKind.CLOSE, reason=reason, internal_note=internal_note)
+    decision_row(approval, user, DecisionKind.CLOSE, reason=reason, internal_note=internal_note)
     return Outcome(approval, user, CLOSED, then=WAIT)
 
 

@@ -18,7 +18,7 @@ from agentruns.runtime.events import EventType
 from agentruns.runtime.execution.transitions import UnknownToken, WaitAlreadyResolved, resolve_wait
 from agentruns.runtime.values.ids import actor_name
 from agentruns.runtime.values.timestamps import iso
-from approvals.domain.outcomes import _row, settle
+from approvals.domain.outcomes import decision_row, settle
 from approvals.errors import AnswerRefused
 from approvals.models import Approval, ApprovalKind, ApprovalStatus, DecisionKind
 
@@ -75,5 +75,5 @@ def answered(approval: Approval, user: Any, answer: str) -> Answered:
         resolution=ANSWERED,
         answer=answer,
     )
-    _row(approval, user, DecisionKind.ANSWER, reason=answer)
+    decision_row(approval, user, DecisionKind.ANSWER, reason=answer)
     return Answered(approval, user, answer)

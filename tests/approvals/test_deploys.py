@@ -16,6 +16,7 @@ from django.test import Client
 
 from agentruns import registry
 from agentruns.models import Run, RunStatus, StepStatus
+from agentruns.registry import tools as registry_tools
 from approvals.models import Approval, ApprovalStatus
 from tests.helpers import ApiClient, advance
 
@@ -28,16 +29,16 @@ HX = {"HTTP_HX_REQUEST": "true"}
 @pytest.fixture
 def deploy() -> Iterator[dict]:
     """What the test removes or replaces in the registry is put back afterwards."""
-    tools, agents = dict(registry._tools), dict(registry._agents)
-    yield {"tools": registry._tools, "agents": registry._agents}
-    registry._tools.clear()
-    registry._tools.update(tools)
+    tools, agents = dict(registry_tools._tools), dict(registry._agents)
+    yield {"tools": registry_tools._tools, "agents": registry._agents}
+    registry_tools._tools.clear()
+    registry_tools._tools.update(tools)
     registry._agents.clear()
     registry._agents.update(agents)
 
 
 def changed_schema() -> registry.Tool:
-    tool = registry._tools["ap_refund"]
+    tool = registry_tools._tools["ap_refund"]
     parameters = {
         **tool.parameters,
         "properties": {**tool.parameters["properties"], "currency": {"type": "string"}},
@@ -52,7 +53,7 @@ def approve(user, approval: Approval):
 
 def unreadable_schema() -> registry.Tool:
     """A release whose schema the validator cannot read (and the card's form cannot use)."""
-    tool = registry._tools["ap_refund"]
+    tool = registry_tools._tools["ap_refund"]
     amount = {**tool.parameters["properties"]["amount_cents"], "minimum": "one"}
     parameters = {
         **tool.parameters,
@@ -85,7 +86,9 @@ CASES = {
 def test_the_inbox_and_the_run_page_say_it_and_approving_is_a_409(approver, deploy, case):
     change, reason = CASES[case]
     broken, fine = parked_approval(), parked_approval()
-    registry._tools["ap_fine"] = dataclasses.replace(registry._tools["ap_refund"], name="ap_fine")
+    registry_tools._tools["ap_fine"] = dataclasses.replace(
+        registry_tools._tools["ap_refund"], name="ap_fine"
+    )
     Approval.objects.filter(id=fine.id).update(tool="ap_fine", agent="ap-hold")
     change(deploy)
 

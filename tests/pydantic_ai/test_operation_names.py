@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from agentruns.models import JournalEntry, RunStatus
-from agentruns.runtime.engine.backend import StepBackend
+from agentruns.runtime.engine.durability import StepBackend
 from tests.helpers import advance
 from tests.pydantic_ai import agents  # noqa: F401  (registers the test agents)
 from tests.pydantic_ai.kit import start

@@ -352,6 +352,9 @@ def test_manual_retry_gets_a_fresh_automatic_retry_budget():
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_that_lost_its_lease_writes_nothing():
     """The fenced one-round-trip commit: a lease taken over mid-step aborts the whole commit."""
+    from agentruns.runtime.engine import journal
+    from agentruns.runtime.engine.lanes import CallerLane
+    from agentruns.runtime.engine.slice import SliceState
     from agentruns.runtime.events import LeaseLost
     from agentruns.runtime.store.rows import WriteBatch
 
@@ -364,7 +367,8 @@ def test_a_worker_that_lost_its_lease_writes_nothing():
     )
     before = RunEvent.objects.filter(run=run).count()
     with pytest.raises(LeaseLost):
-        executor.commit([("step.started", {"step": 0})], batch=WriteBatch().insert([stray]))
+        fence = SliceState(run_id=run.id, owner=executor.owner, ttl=30, lane=CallerLane())
+        journal.commit(fence, [("step.started", {"step": 0})], batch=WriteBatch().insert([stray]))
     assert not Step.objects.filter(run=run).exists()
     assert RunEvent.objects.filter(run=run).count() == before
 
@@ -384,15 +388,15 @@ def test_stop_per_agent_cost_budget(settings):
 def test_cancel_read_with_the_commit_that_began_a_side_effect_call(monkeypatch):
     """The "before" commit of a side-effect call (its "running + attempt" rows) reads a cancel
     that just landed: the call is never made, and nothing is left running."""
-    from agentruns.runtime.engine.tools import opening
+    from agentruns.runtime.engine.tools import unit as tool_unit
 
-    original = opening._begin
+    original = tool_unit._begin
 
     def cancel_lands_first(state, *args, **kwargs):
         Run.objects.filter(id=state.run.id).update(cancel_requested=True)
         return original(state, *args, **kwargs)
 
-    monkeypatch.setattr(opening, "_begin", cancel_lands_first)
+    monkeypatch.setattr(tool_unit, "_begin", cancel_lands_first)
     turns = [{"calls": [["t_pay", {"amount": 50}], ["t_echo", {"text": "x"}]]}, {"text": "paid"}]
     run = advance(script_run(turns))
     assert run.status == "cancelled"

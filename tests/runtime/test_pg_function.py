@@ -11,7 +11,10 @@ from django.utils import timezone
 from django_q.models import OrmQ
 
 from agentruns.models import Run, RunEvent, Step, StepAttempt, StepKind
+from agentruns.runtime.engine import journal
 from agentruns.runtime.engine.executor import RunExecutor
+from agentruns.runtime.engine.lanes import CallerLane
+from agentruns.runtime.engine.slice import SliceState
 from agentruns.runtime.events import LeaseLost
 from agentruns.runtime.store import pg_function as pgcommit
 from agentruns.runtime.store.rows import WriteBatch
@@ -22,6 +25,11 @@ from tests import testkit
 from tests.helpers import assert_gapless, event_types, leased_run, steps
 
 pytestmark = pytest.mark.django_db
+
+
+def _fence(run_id, owner: str) -> SliceState:
+    """The slice state a commit is fenced on (the run, its lease owner)."""
+    return SliceState(run_id=run_id, owner=owner, ttl=30, lane=CallerLane())
 
 
 def test_installed_function_matches_the_models():
@@ -52,8 +60,10 @@ def test_rows_round_trip_exactly():
         finished_at=now + timedelta(microseconds=1),
     )
     attempt = StepAttempt(step=step, number=1, worker="me:1:abc", started_at=now, finished_at=now)
-    RunExecutor(run.id, owner="me:1:abc").commit(
-        [("step.succeeded", {"step": 0, "at": now})], batch=WriteBatch().insert([step, attempt])
+    journal.commit(
+        _fence(run.id, "me:1:abc"),
+        [("step.succeeded", {"step": 0, "at": now})],
+        batch=WriteBatch().insert([step, attempt]),
     )
     stored = Step.objects.get(id=step.id)
     for field in ("arguments", "text", "idempotency_key", "started_at", "finished_at", "call_id"):
@@ -71,7 +81,7 @@ def test_a_lost_lease_writes_nothing():
     )
     events_before = RunEvent.objects.filter(run=run).count()
     with pytest.raises(LeaseLost), transaction.atomic():  # (the test's own transaction survives)
-        RunExecutor(run.id, owner="me:1:abc").commit([("x", {})], batch=WriteBatch().insert([step]))
+        journal.commit(_fence(run.id, "me:1:abc"), [("x", {})], batch=WriteBatch().insert([step]))
     assert not Step.objects.filter(id=step.id).exists()
     assert RunEvent.objects.filter(run=run).count() == events_before
     assert Run.objects.get(id=run.id).lease_owner == "other:2:def"
@@ -83,7 +93,7 @@ def test_a_lost_lease_rolls_back_the_callers_transaction_too():
         GatewayRefund.objects.create(
             order_id="ORD-X", amount_cents=1, idempotency_key="k-rolled-back"
         )
-        RunExecutor(run.id, owner="me:1:abc").commit([("x", {})], end_transaction=True)
+        journal.commit(_fence(run.id, "me:1:abc"), [("x", {})], end_transaction=True)
     assert not GatewayRefund.objects.filter(idempotency_key="k-rolled-back").exists()
 
 
@@ -94,7 +104,7 @@ def test_the_commit_can_end_the_callers_transaction():
     with transaction.atomic():
         GatewayRefund.objects.create(order_id="ORD-X", amount_cents=1, idempotency_key="k-folded")
         transaction.on_commit(lambda: hooks.append("ran"))
-        RunExecutor(run.id, owner="me:1:abc").commit([("x", {})], end_transaction=True)
+        journal.commit(_fence(run.id, "me:1:abc"), [("x", {})], end_transaction=True)
         assert connection.connection.info.transaction_status.name == "IDLE"  # COMMIT rode along
     assert hooks == ["ran"]
     assert GatewayRefund.objects.filter(idempotency_key="k-folded").exists()

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from agentruns.registry import Tool, ToolArgumentsError, _simple_plan, strict_validator, tool
+from agentruns.registry import Tool, ToolArgumentsError, simple_plan, strict_validator, tool
 
 SCHEMA = {
     "type": "object",
@@ -31,7 +31,7 @@ def _tool(schema: dict) -> Tool:
 def test_fast_path_agrees_with_jsonschema(extra_allowed):
     schema = {**SCHEMA, "additionalProperties": extra_allowed}
     checker = _tool(schema)
-    assert _simple_plan(schema) is not None
+    assert simple_plan(schema) is not None
     reference = strict_validator(schema)  # jsonschema, with integers that are integers
     keys = ["order_id", "amount_cents", "ratio", "notify", "other"]
     for chosen in itertools.chain.from_iterable(itertools.combinations(keys, n) for n in range(4)):
@@ -65,9 +65,9 @@ def test_integers_are_strict_on_both_paths():
 
 
 def test_schemas_with_more_keywords_go_to_jsonschema():
-    assert _simple_plan({**SCHEMA, "properties": {"n": {"type": "integer", "minimum": 1}}}) is None
-    assert _simple_plan({**SCHEMA, "$schema": "http://json-schema.org/draft-03/schema#"}) is None
-    assert _simple_plan({"type": "object", "properties": {"tags": {"type": "array"}}}) is None
+    assert simple_plan({**SCHEMA, "properties": {"n": {"type": "integer", "minimum": 1}}}) is None
+    assert simple_plan({**SCHEMA, "$schema": "http://json-schema.org/draft-03/schema#"}) is None
+    assert simple_plan({"type": "object", "properties": {"tags": {"type": "array"}}}) is None
     limited = _tool({"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}})
     with pytest.raises(ToolArgumentsError, match="less than the minimum"):
         limited.validate({"n": 0})

@@ -81,16 +81,16 @@ def test_the_owner_lists_its_threads_and_stops_them_all_together():
 
 
 def test_a_worker_process_threads_are_the_owners():
-    """The stream loop, the delta writer and the lease keeper of this process are started (and
+    """The run loop, the delta writer and the lease keeper of this process are started (and
     listed) by the owner."""
     from agentruns.runtime.dispatch.lease import Heartbeat
+    from agentruns.runtime.engine.lanes import process_loop
     from agentruns.runtime.execution.delta_writer import delta_writer
-    from agentruns.runtime.providers.stream_pump import stream_loop
 
-    stream_loop()
+    process_loop()
     delta_writer()
     beat = Heartbeat(__import__("uuid").uuid4(), "me", 30)
     beat.start()
     beat.stop()
     names = set(process_threads().names())
-    assert {"agentruns-streams", "delta-writer", "lease-keeper"} <= names
+    assert {"agentruns-runs", "delta-writer", "lease-keeper"} <= names

@@ -54,8 +54,8 @@ T = TypeVar("T")
 
 def thread_loop() -> asyncio.AbstractEventLoop:
     """This thread's event loop, made current and reused, so every tool call of the thread sees
-    the same loop (and an async client bound to a loop is kept per loop: on the process's model
-    stream loop, runtime/providers/stream_pump.py, this is that loop)."""
+    the same loop (and an async client bound to a loop is kept per loop: on the process's run
+    loop, runtime/engine/lanes.py, this is that loop)."""
     try:
         loop = asyncio.get_event_loop_policy().get_event_loop()
     except RuntimeError:
@@ -67,13 +67,15 @@ def thread_loop() -> asyncio.AbstractEventLoop:
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
-    """Run `coro` on this thread's event loop (`thread_loop`). A thread whose loop is already
-    running (a run advanced inline from a notebook, or under Playwright's sync API) cannot run
-    another on it: the call runs on a loop of its own in a short-lived thread instead."""
+    """Run `coro` (a registration's listing) to its end on an event loop of its own, closed
+    after: an MCP session it opens ends with it, and the server's client connects again on the
+    loop of the run that calls a tool (the process's run loop). A thread whose loop is already
+    running (a registration from a notebook, or under Playwright's sync API) cannot run another
+    on it: the call runs in a short-lived thread instead."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return thread_loop().run_until_complete(coro)
+        return asyncio.run(coro)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentruns-call") as pool:
         return pool.submit(asyncio.run, coro).result()
 

@@ -52,10 +52,8 @@ from django.db import connection
 from agentruns.conf import ModelLimit, conf
 from agentruns.models import ModelRateBucket, StepKind, StepStatus
 from agentruns.runtime.access.quotas import db_clock_sql, least_greatest_sql
-from agentruns.runtime.dispatch import connections
 from agentruns.runtime.outages.model_outage import ModelOutage, latest_queued_event
 from agentruns.runtime.providers import ModelError
-from agentruns.runtime.providers.base import NOT_BEFORE
 from agentruns.runtime.values.timestamps import iso
 
 log = logging.getLogger(__name__)
@@ -209,14 +207,11 @@ def slot_for(state: Any, prompt_chars: Any, *, in_worker: bool) -> SlotWait | No
     return SlotWait(due, None, {})
 
 
-def sleep_until_slot(due: float, *, precise_start: bool) -> None:
-    """The last moment before the slot, on the request's thread (no connection held); a
-    provider that waits at the wire gets the request `HANDOFF_SECONDS` early: building and
-    handing it over then cannot make it late. Sets `NOT_BEFORE` for the wire."""
-    connections.release()
-    start = due - HANDOFF_SECONDS if precise_start else due
-    time.sleep(max(0.0, start - time.time()))
-    NOT_BEFORE.set(due)
+def slot_start(due: float, *, precise_start: bool) -> float:
+    """When a request goes for its slot at `due`: a provider that waits at the wire gets the
+    request `HANDOFF_SECONDS` early (building and handing it over then cannot make it late),
+    the wire holding it until `due` (`NOT_BEFORE`)."""
+    return due - HANDOFF_SECONDS if precise_start else due
 
 
 def _held_slot(run_id: Any, model: str) -> tuple[float | None, dict]:

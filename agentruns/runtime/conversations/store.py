@@ -2,8 +2,8 @@
 
 The store's five primitives are plain ORM work; its methods are coroutines only because the base
 class is: none of them ever suspends, so `run_now` drives one to its end on the calling thread
-(with its connection and inside its transaction). Called from a slice (the agent's loop runs on
-the slice's event loop) it goes through `slice.island()` as every unit's database work does.
+(with its connection and inside its transaction). Called from a slice it runs on the slice's
+lane (`engine/lanes.py`), as every unit's database work does.
 
 Who said a message is read from the message itself: a user prompt carries its author and sender
 in `ModelRequest.metadata` (`author_metadata`); every other message is the agent's, of the run
@@ -19,7 +19,6 @@ from typing import Any, TypeVar
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from pydantic import TypeAdapter
-from pydantic_ai._deferred import DeferredToolRequests
 from pydantic_ai.conversation_store import (
     ConversationConflict,
     ConversationEntry,
@@ -36,6 +35,7 @@ from pydantic_ai.messages import (
     ToolReturnPart,
     UserPromptPart,
 )
+from pydantic_ai.tools import DeferredToolRequests
 from pydantic_ai.usage import RunUsage
 
 from agentruns.models import Author, Thread, ThreadMessage

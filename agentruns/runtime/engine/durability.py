@@ -14,11 +14,23 @@ toolset kind wrapped, tool calls in order) and hands every durable operation to 
   with the exact arguments its final approval approved;
 - a model request streams its text to the run's events when the model can stream, and is one
   whole response when it cannot (`_model_request_operation`).
+
+Its backend (`StepBackend.execute(operation_id, name, body, cache_key, config)`) gets each
+durable operation with its typed id and persisted name (`JournalOperationNamer`:
+`refund__model.request`, `refund__function_toolset__refund.call_tool:issue_refund`, ...): a
+model request (`ModelRequestId`) is the run's next model step (`model/unit.py`); a tool call
+(`ToolsetCallToolId`, function, MCP or dynamic) the tool step the current model step planned for
+the call's id (`tools/unit.py`); anything else (discovery, argument validation, an event
+handler, a capability's durable operation, message compaction, a suspended response's
+cancellation, and whatever the union gains) a journal entry, found again by its order in the
+run (`journal.journal_unit`).
 Outside a run's slice it is transparent.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from types import SimpleNamespace
 from typing import Any
 
 from pydantic_ai.capabilities.abstract import AbstractCapability
@@ -26,10 +38,12 @@ from pydantic_ai.durable_exec import (
     JSON_CODEC,
     BaseDurabilityCapability,
     DurabilityEngineSpec,
+    JournalCallableOperationBackend,
+    ModelRequestId,
     RoleBasedOperationConfig,
+    ToolsetCallToolId,
     conversation_id_from_run_id,
 )
-from pydantic_ai.durable_exec._operation_backend import in_durable_unit
 from pydantic_ai.exceptions import ApprovalRequired, ModelRetry
 from pydantic_ai.messages import ModelResponse
 from pydantic_ai.models import Model
@@ -39,14 +53,44 @@ from agentruns.models import Step, StepStatus
 from agentruns.registry import UnknownTool, get_tool
 from agentruns.runtime.access.permissions import needs_approval
 from agentruns.runtime.engine import slice as slices
-from agentruns.runtime.engine.backend import StepBackend
-from agentruns.runtime.engine.model.request import request_model
+from agentruns.runtime.engine.journal import journal_unit
+from agentruns.runtime.engine.model import unit as model_unit
 from agentruns.runtime.engine.plan import refuse_planned
-from agentruns.runtime.engine.slice import island
+from agentruns.runtime.engine.pydantic_ai_private import in_durable_unit
+from agentruns.runtime.engine.tools import unit as tool_unit
 from agentruns.runtime.engine.tools.toolsets import StepsToolset, registered_tools
 from agentruns.runtime.engine.waits import ask_for, decide_deferred, rule_decided, rule_wait
 from agentruns.runtime.operations.gate import answered_already
 from agentruns.runtime.providers.models import model_for, name_of
+
+
+class StepBackend(JournalCallableOperationBackend[Any]):
+    async def execute(
+        self,
+        *,
+        operation_id: Any,
+        name: str,
+        body: Callable[[], Awaitable[object]],
+        cache_key: tuple[object, ...],
+        config: Any,
+    ) -> object:
+        state = slices.current()
+        match operation_id:
+            case ModelRequestId(model_id=model_id):
+                # cache_key: (model id, messages, settings, request parameters, run context)
+                params = SimpleNamespace(
+                    messages=cache_key[1],
+                    model_request_parameters=cache_key[3],
+                    run_context=cache_key[4] if len(cache_key) > 4 else None,
+                )
+                return await model_unit.execute(state, model_id, body, params)
+            case ToolsetCallToolId(toolset_kind=kind):
+                # cache_key: (tool name, arguments, run context, tool or tool definition)
+                ctx = cache_key[2]
+                return await tool_unit.execute(state, kind, str(cache_key[0]), ctx, body)
+            case _:
+                return await journal_unit(state, name, body)
+
 
 ENGINE = DurabilityEngineSpec(
     engine_name="agentruns",
@@ -152,7 +196,7 @@ class AgentRunsDurability(BaseDurabilityCapability[Any]):
             model,
             durable_ctx,
         ):
-            response = await request_model(model, params, durable_ctx)
+            response = await model_unit.request_model(model, params, durable_ctx)
         self._stamp_response(response, params.messages)
         return response
 
@@ -164,7 +208,7 @@ class AgentRunsDurability(BaseDurabilityCapability[Any]):
             model,
             durable_ctx,
         ):
-            response = await request_model(
+            response = await model_unit.request_model(
                 model, params, durable_ctx, handler=self._model_stream_event_handler()
             )
         self._stamp_response(response, params.messages)
@@ -199,8 +243,7 @@ class AgentRunsDurability(BaseDurabilityCapability[Any]):
         fails as a bad call does (its error back to the model)."""
         state, step = _slice_and_step(call)
         if step is not None and step.status == StepStatus.PENDING and not step.attempts:
-            with island():
-                refuse_planned(state, step, str(error))
+            await state.lane.run(refuse_planned, state, step, str(error))
         raise error
 
     async def wrap_tool_execute(
@@ -212,8 +255,7 @@ class AgentRunsDurability(BaseDurabilityCapability[Any]):
         if ctx.tool_call_approved:
             return await handler(args)
         if rule_wait(state, step.call_id) is not None:
-            with island():
-                rule_decided(state, step)  # (parks while nobody decided)
+            await rule_decided(state, step)  # (parks while nobody decided)
             return await handler(args)  # as approved (the arguments validated), or the denial
         if state.awaited_approval(step.call_id):
             raise ApprovalRequired()  # the tool asked itself: Pydantic AI's deferral replays it
@@ -225,13 +267,15 @@ class AgentRunsDurability(BaseDurabilityCapability[Any]):
             tool = get_tool(step.tool)
         except UnknownTool:  # the unit refuses it (not deployed any more)
             return await handler(args)
-        with island():
-            # a call whose operation key is used is answered "already done" without a person
-            held = needs_approval(state.run, tool, step.arguments) and not answered_already(
-                state.run, tool, step.arguments
-            )
+        # a predicate of the tool's own may read the database: on the lane; and a call whose
+        # operation key is used is answered "already done" without a person
+        held = (
+            await state.lane.run(needs_approval, state.run, tool, step.arguments)
+            if callable(tool.requires_approval)
+            else needs_approval(state.run, tool, step.arguments)
+        ) and not await state.lane.run(answered_already, state.run, tool, step.arguments)
         if held:
-            raise ask_for(state, step)
+            raise await ask_for(state, step)
         return await handler(args)
 
     async def handle_deferred_tool_calls(

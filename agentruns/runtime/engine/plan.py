@@ -18,24 +18,23 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 import orjson
 from django.utils import timezone
-from pydantic_ai.durable_exec import JSON_CODEC, record_durable_unit
+from pydantic_ai.durable_exec import JSON_CODEC
 from pydantic_ai.messages import ModelResponse, TextPart
 from pydantic_ai.usage import RequestUsage
 
 from agentruns.conf import conf
-from agentruns.models import AttemptOutcome, JournalEntry, Step, StepAttempt, StepKind, StepStatus
+from agentruns.models import AttemptOutcome, Step, StepAttempt, StepKind, StepStatus
 from agentruns.registry import ToolArgumentsError, UnknownTool, get_tool
 from agentruns.runtime import tracing
 from agentruns.runtime.access import scope
 from agentruns.runtime.access.permissions import refused_message
-from agentruns.runtime.engine.slice import SliceState, island
+from agentruns.runtime.engine.slice import SliceState
 from agentruns.runtime.events import (
     EventType,
     planned_event_data,
@@ -129,7 +128,7 @@ def end_attempt(batch: WriteBatch, step: Step, number: int, **values: Any) -> No
 def crashed(state: Any, step: Step, error: str) -> None:
     """Into the slice's pending batch: the open attempt of a step left `running` by a dead
     worker ended as crashed, the step pending again (its next attempt runs it anew)."""
-    tracing.worker_lost(state.executor, step)
+    tracing.worker_lost(state, step)
     batch = state.pending.batch
     end_attempt(
         batch,
@@ -201,7 +200,7 @@ def record_model_step(state: SliceState, step: Step, answer: Answer, params: Any
             batch,
             step,
             answer.attempt,
-            state.executor.owner,
+            state.owner,
             answer.started,
             update_fields=MODEL_STEP_FIELDS,
             finished_at=now,
@@ -333,23 +332,3 @@ def _validated_arguments(state: SliceState, name: str, args: Any) -> dict:
             problem = str(exc).removeprefix("malformed JSON: ")
             raise ToolArgumentsError(f"{name}: arguments are not valid JSON ({problem})") from None
     return get_tool(name).validate(arguments)
-
-
-# ------------------------------------------------------------------ other units
-async def journal_unit(state: SliceState, name: str, body: Callable[[], Awaitable[object]]) -> Any:
-    """A unit that is not a step (discovery, an event handler, a capability's operation): the
-    n-th of the run is its n-th journal entry."""
-    position = state.entries_seen
-    state.entries_seen += 1
-    if position < len(state.entries):
-        record_durable_unit(executed=False)
-        return replayed(state.entries[position].payload)
-    with island():
-        state.executor.check_lease()
-    payload = await body()
-    entry = JournalEntry(run_id=state.run.id, ordinal=position, name=name[:300])
-    entry.payload = journal_text(payload)
-    state.entries.append(entry)
-    state.pending.journal.append(entry)
-    record_durable_unit(executed=True)
-    return payload

@@ -7,18 +7,17 @@ context variable: the units are called from deep inside `agent.run`).
 
 A slice ends by raising `SliceEnds` (a BaseException, so no `except Exception` inside the
 agent's loop can swallow it): it unwinds `agent.run`, and the executor makes the slice's last
-commit (`executor.py`). `island()` lets a unit do blocking database work on the slice's own
-event loop (see docs/engine-design.md, "Threads and loops").
+commit (`executor.py`). A unit's blocking (database) work runs on the slice's `lane`
+(`lanes.py`), never on the event loop.
 """
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -28,18 +27,20 @@ from django.utils import timezone
 
 from agentruns.models import Run, Step, StepKind, Wait
 from agentruns.registry import Agent
+from agentruns.runtime.engine.lanes import Lane
 from agentruns.runtime.events import EventSpec
 from agentruns.runtime.store.rows import WriteBatch
 
 
 class SliceEnds(BaseException):  # noqa: N818 - a control-flow signal, not an error
-    """The slice stops here: `outcome` is what `advance()` returns once `commit` (the slice's
-    last commit, run by the executor after `agent.run` unwound) is made; `commit` None: the
-    unit made it already."""
+    """The slice stopped here, its last commit made (`journal.end`): it unwinds the agent's loop
+    (no `except Exception` inside it can swallow it) and `outcome` is what the executor
+    returns. `after`: an end raised from inside a tool's call, made by the tool's unit once the
+    call unwound (a transactional tool's transaction closed first)."""
 
-    def __init__(self, outcome: str, commit: Callable[[], str] | None = None) -> None:
+    def __init__(self, outcome: str = "", *, after: Any = None) -> None:
         super().__init__(outcome)
-        self.outcome, self.commit = outcome, commit
+        self.outcome, self.after = outcome, after
 
 
 @dataclass(slots=True, eq=False)
@@ -72,13 +73,30 @@ class Pending:
 
 @dataclass(slots=True, eq=False)
 class SliceState:
-    run: Run
-    agent: Agent
-    steps: list[Step]
-    # when the slice should give its thread back (time.monotonic)
-    ends_at: float
-    # set by the pool this executor runs in (None: executed in-process, nobody drains it)
-    drain: threading.Event | None
+    # the fence: the run whose lease this slice holds, and who holds it (every commit is fenced
+    # on it: journal.py)
+    run_id: uuid.UUID
+    owner: str
+    ttl: float
+    # where the slice's blocking work runs (lanes.py)
+    lane: Lane
+    # set by the pool the slice runs in (None: executed in-process, nobody drains it)
+    drain: threading.Event | None = None
+    # the process's lease keeper's entry for this run (dispatch/lease.py), once claimed
+    heartbeat: Any = None
+    # read by the last commit: a cancel waits at the next boundary
+    cancel_requested: bool = False
+    # (agent, concurrency key) and the run's thread, once read: an end lets them go
+    run_key: tuple[str, str | None] | None = None
+    thread_id: str | None = None
+    # tracing.begin_slice: the slice's span, None when tracing is off
+    trace_slice: Any = None
+    # the run and its journal, once loaded
+    run: Run = None  # type: ignore[assignment]
+    agent: Agent = None  # type: ignore[assignment]
+    steps: list[Step] = field(default_factory=list)
+    # when the slice should give its slot back (time.monotonic)
+    ends_at: float = 0.0
     pending: Pending = field(default_factory=Pending)
     # the n-th model request of the agent's loop is model_steps[n] (index order)
     model_steps: list[Step] = field(default_factory=list)
@@ -94,8 +112,6 @@ class SliceState:
     entries_seen: int = 0
     waits: list[Any] = field(default_factory=list)
     waits_seen: int = 0
-    # the executor (commit, check_lease, the cancel flag) and the model's streaming hand-over
-    executor: Any = None
     # what each terminal tool step says to the scripted model, by (step id, status, attempts):
     # every model request reads the whole history, so each is dumped once a slice
     step_contents: dict[tuple[Any, str, int], str] = field(default_factory=dict)
@@ -173,18 +189,7 @@ def running(state: SliceState) -> Iterator[SliceState]:
         _current.reset(token)
 
 
-@contextmanager
-def island() -> Iterator[None]:
-    """Blocking (database) work on the slice's own event loop: the loop serves this one run, so
-    blocking it holds up nobody; Django refuses ORM calls while a loop runs in the thread, so
-    the running loop is taken off the thread meanwhile (and put back)."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        yield
-        return
-    asyncio._set_running_loop(None)
-    try:
-        yield
-    finally:
-        asyncio._set_running_loop(loop)
+def current_lane() -> Lane | None:
+    """The lane of the slice in progress (None outside a run)."""
+    state = _current.get()
+    return state.lane if state is not None else None

@@ -34,12 +34,13 @@ from pydantic_ai.external_events import wait_for_external_event
 from pydantic_ai.messages import ModelRequest, RetryPromptPart, ToolReturnPart
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolDenied
 
-from agentruns.models import RunStatus, Step, StepStatus, Wait, WaitKind, WaitStatus
+from agentruns.models import Step, StepStatus, Wait, WaitKind, WaitStatus
 from agentruns.models.journal import TOOL_WAIT
 from agentruns.runtime import writer
-from agentruns.runtime.engine import status
+from agentruns.runtime.engine import journal
+from agentruns.runtime.engine.journal import Parked, Yielded
 from agentruns.runtime.engine.plan import stage
-from agentruns.runtime.engine.slice import SliceState, island
+from agentruns.runtime.engine.slice import SliceEnds, SliceState
 from agentruns.runtime.engine.tools import questions
 from agentruns.runtime.events import EventType, step_event_data, succeeded_event_data
 from agentruns.runtime.execution.transitions import approval_results
@@ -63,25 +64,33 @@ class StepWaiter(ExternalEventWaiter):
         state = self.state
         found = _next_wait(state)
         if found is not None:
-            return _replayed(state, found)
+            return await _replayed(state, found)
         due = timezone.now() + timeout if timeout is not None else None
         wait = state.new_wait(name, WaitKind.EVENT, due_at=due)
         token = wait.token
         state.waits_seen += 1
-        with island():
-            status.check_boundary(state, model=False)
-            with transaction.atomic():  # the token is journaled before anybody can resolve it
-                writer.save_wait(wait)
-                state.executor.commit([])
+        await journal.check(state, model=False)
+        await state.lane.run(_journal_token, state, wait)
         asked = await ask(token)
         if asked is not None:  # answered in place: recorded as resolved by `ask`
             wait.status, wait.payload, wait.asked = WaitStatus.RESOLVED, asked, asked
             wait.resolved_by, wait.resolved_at = "ask", timezone.now()
-            with island(), transaction.atomic():
-                writer.save_wait(wait, ["status", "payload", "asked", "resolved_by", "resolved_at"])
+            await state.lane.run(_save_answered, wait)
             record_durable_unit(executed=True)
             return asked
-        raise _park(state, wait)
+        raise SliceEnds(await state.lane.run(_parked_on, state, wait))
+
+
+def _journal_token(state: SliceState, wait: Wait) -> None:
+    """The token is journaled before anybody can resolve it."""
+    with transaction.atomic():
+        writer.save_wait(wait)
+        journal.commit(state, [])
+
+
+def _save_answered(wait: Wait) -> None:
+    with transaction.atomic():
+        writer.save_wait(wait, ["status", "payload", "asked", "resolved_by", "resolved_at"])
 
 
 def _next_wait(state: SliceState) -> Wait | None:
@@ -110,25 +119,23 @@ def rule_wait(state: SliceState, call_id: str) -> Wait | None:
     )
 
 
-def ask_for(state: SliceState, step: Step) -> BaseException:
+async def ask_for(state: SliceState, step: Step) -> SliceEnds:
     """An approval rule holds for this call: it waits in the inbox and the slice ends here, so
     nothing after it in the turn runs before a person decided (as a side effect's order
     requires); the next slice makes the call as decided (`rule_decided`), then goes on."""
-    with island():
-        status.check_boundary(state, model=False)
-    return _open_in_inbox(state, [step], name=RULE_WAIT)
+    await journal.check(state, model=False)
+    return await _open_in_inbox(state, [step], name=RULE_WAIT)
 
 
-def rule_decided(state: SliceState, step: Step) -> bool:
+async def rule_decided(state: SliceState, step: Step) -> bool:
     """The call's rule wait is decided (approved: its arguments as approved; rejected or
     expired: its unit answers with the reason); False: it still waits (the run parks)."""
     if step.status != StepStatus.WAITING_APPROVAL:
         return True
-    executor = state.executor
-    raise status.ends(RunStatus.WAITING, lambda: status.park(executor))
+    raise await journal.ended(state, Parked())
 
 
-def _replayed(state: SliceState, wait: Wait) -> JsonValue:
+async def _replayed(state: SliceState, wait: Wait) -> JsonValue:
     if wait.status == WaitStatus.RESOLVED:
         record_durable_unit(executed=False)
         return wait.payload
@@ -138,23 +145,17 @@ def _replayed(state: SliceState, wait: Wait) -> JsonValue:
     if wait.asked is not None:
         record_durable_unit(executed=False)
         return wait.asked
-    executor = state.executor
-    raise status.ends(RunStatus.WAITING, lambda: status.park(executor))  # still nobody
+    raise await journal.ended(state, Parked())  # still nobody
 
 
-def _park(state: SliceState, wait: Wait) -> BaseException:
-    """The run waits for `wait`, unless it was resolved while `ask` ran (then it goes on at
-    once: queued, its next slice finds the resolution)."""
-    executor = state.executor
-
-    def commit() -> str:
-        with transaction.atomic():
-            current = Wait.objects.select_for_update().get(id=wait.id)
-            if current.status != WaitStatus.PENDING:
-                return status.yield_slice(executor, "resolved while asking")
-            return status.park(executor)
-
-    return status.ends(RunStatus.WAITING, commit)
+def _parked_on(state: SliceState, wait: Wait) -> str:
+    """On the lane: the run waits for `wait`, unless it was resolved while `ask` ran (then it
+    goes on at once: queued, its next slice finds the resolution)."""
+    with transaction.atomic():
+        current = Wait.objects.select_for_update().get(id=wait.id)
+        if current.status != WaitStatus.PENDING:
+            return journal.end(state, Yielded("resolved while asking"))
+        return journal.park(state)
 
 
 # ------------------------------------------------------------------ deferred tool calls
@@ -172,7 +173,7 @@ async def decide_deferred(
         decided = await _approvals(state, requests)
     asked = questions.question_calls(requests)
     if asked:  # a person answers in the inbox (parks until every question is answered)
-        answered = DeferredToolResults(calls=questions.answers(state, requests, asked))
+        answered = DeferredToolResults(calls=await questions.answers(state, requests, asked))
         _record_external(state, DeferredToolRequests(calls=asked), answered)
         decided = answered if decided is None else _merged(decided, answered)
     others = [call for call in requests.calls if call not in asked]
@@ -197,20 +198,18 @@ def _merged(first: DeferredToolResults, second: DeferredToolResults) -> Deferred
 async def _approvals(state: SliceState, requests: DeferredToolRequests) -> DeferredToolResults:
     calls = [call.tool_call_id for call in requests.approvals]
     found = _next_wait(state)
-    with island():
-        if found is not None:
-            steps = [state.step_for_call(call_id) for call_id in calls]
-            if any(s is None or s.status == StepStatus.WAITING_APPROVAL for s in steps):
-                executor = state.executor
-                raise status.ends(RunStatus.WAITING, lambda: status.park(executor))
-            record_durable_unit(executed=False)
-            payload = found.payload if found.status == WaitStatus.RESOLVED else None
-            return RESULTS.validate_python(payload or approval_results(steps))
-        status.check_boundary(state, model=False)
-        return _ask_the_inbox(state, requests, calls)
+    if found is not None:
+        steps = [state.step_for_call(call_id) for call_id in calls]
+        if any(s is None or s.status == StepStatus.WAITING_APPROVAL for s in steps):
+            raise await journal.ended(state, Parked())
+        record_durable_unit(executed=False)
+        payload = found.payload if found.status == WaitStatus.RESOLVED else None
+        return RESULTS.validate_python(payload or approval_results(steps))
+    await journal.check(state, model=False)
+    return await _ask_the_inbox(state, requests, calls)
 
 
-def _ask_the_inbox(
+async def _ask_the_inbox(
     state: SliceState, requests: DeferredToolRequests, calls: list[str]
 ) -> DeferredToolResults:
     """Each call's step waits in the inbox; the run parks until every item is decided."""
@@ -224,42 +223,41 @@ def _ask_the_inbox(
         waiting.append(step)
     if not waiting:
         return requests.build_results(approvals=denied)
-    raise _open_in_inbox(state, waiting, name="approvals")
+    raise await _open_in_inbox(state, waiting, name="approvals")
 
 
-def _open_in_inbox(state: SliceState, waiting: list[Step], *, name: str) -> BaseException:
+async def _open_in_inbox(state: SliceState, waiting: list[Step], *, name: str) -> SliceEnds:
     """`waiting` calls' steps wait in the inbox, each with its item, under one approval wait;
-    the run parks (the slice's end, committed once the loop unwound)."""
-    agent = state.run.agent
-    events: list = []
+    the run parks (its last commit, with the items and the wait)."""
     for step in waiting:
         step.status = StepStatus.WAITING_APPROVAL
         stage(state.pending.batch, step, ["status"])
     wait = state.new_wait(name, WaitKind.APPROVAL, calls=[s.call_id for s in waiting])
     if name != RULE_WAIT:
         state.waits_seen += 1
-    executor = state.executor
+    return SliceEnds(await state.lane.run(_opened_in_inbox, state, waiting, wait))
 
-    def commit() -> str:
-        with transaction.atomic():
-            for step in waiting:
-                approval_id = inbox().open_approval(step, agent)
-                events.append((EventType.STEP_WAITING_APPROVAL, step_event_data(step, error="")))
-                events.append(
-                    (
-                        EventType.APPROVAL_REQUESTED,
-                        {
-                            "step": step.index,
-                            "approval": approval_id,
-                            "kind": "approval",
-                            "tool": step.tool,
-                        },
-                    )
+
+def _opened_in_inbox(state: SliceState, waiting: list[Step], wait: Wait) -> str:
+    agent = state.run.agent
+    events: list = []
+    with transaction.atomic():
+        for step in waiting:
+            approval_id = inbox().open_approval(step, agent)
+            events.append((EventType.STEP_WAITING_APPROVAL, step_event_data(step, error="")))
+            events.append(
+                (
+                    EventType.APPROVAL_REQUESTED,
+                    {
+                        "step": step.index,
+                        "approval": approval_id,
+                        "kind": "approval",
+                        "tool": step.tool,
+                    },
                 )
-            writer.save_wait(wait)
-            return status.park(executor, events_before=events)
-
-    return status.ends(RunStatus.WAITING, commit)
+            )
+        writer.save_wait(wait)
+        return journal.park(state, events_before=events)
 
 
 def _record_external(

@@ -76,6 +76,11 @@ class DeltaFeed:
         attempt already failed: `raise_failure=False` keeps its own error)."""
         return self.writer.close(self, raise_failure=raise_failure)
 
+    def close_now(self, *, raise_failure: bool = True) -> str | None:
+        """`close` when no flush of this feed is in flight (None: one is, so closing would wait
+        for its commit)."""
+        return self.writer.close(self, raise_failure=raise_failure, wait=False)
+
     def raise_failure(self) -> None:
         if self.failure is not None:
             raise self.failure
@@ -123,9 +128,13 @@ class DeltaWriter:
             if wake:
                 self.lock.notify_all()
 
-    def close(self, feed: DeltaFeed, *, raise_failure: bool = True) -> str:
+    def close(
+        self, feed: DeltaFeed, *, raise_failure: bool = True, wait: bool = True
+    ) -> str | None:
         with self.lock:
             while feed.in_flight:
+                if not wait:
+                    return None
                 self.lock.wait()
             feed.closed = True
             self.ready.pop(id(feed), None)

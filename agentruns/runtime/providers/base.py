@@ -1,9 +1,8 @@
-"""What the engine and a model request hand each other: the request's rate-limit slot, where its
-text deltas go, its usage and its failure."""
+"""What the engine and a model request hand each other: the request's rate-limit slot, its usage
+and its failure."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 
@@ -17,22 +16,6 @@ NOT_BEFORE: ContextVar[float | None] = ContextVar("agentruns_not_before", defaul
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
-
-
-class TextSink:
-    """Where a streamed model request hands its text deltas without returning to its caller
-    (stream_pump.run_streaming).
-
-    While `take` is None every delta is yielded to the caller; once the caller sets it (the model
-    unit: after a turn's first delta, to its delta feed), `take(text)` is called for each later
-    delta instead, from inside the stream's task: `take` must not touch the database (Django
-    refuses inside a running loop) and must be thread-safe. What `take` raises ends the stream
-    and is raised to the caller as it is (`SinkFailed`)."""
-
-    __slots__ = ("take",)
-
-    def __init__(self) -> None:
-        self.take: Callable[[str], None] | None = None
 
 
 class ModelError(Exception):

@@ -4,7 +4,7 @@
 `scripted_model.py`), `openai/<name>` for any OpenAI-compatible endpoint, or any Pydantic AI
 model name (`openai:gpt-4o`, `anthropic:...`, `google-gla:...`, `ollama:...`;
 registry/model_names.py). A model is built once per process and name: its HTTP client lives on
-the process's model-stream loop (stream_pump.py), where every streamed request runs.
+the process's run loop (engine/lanes.py), where every run's requests run.
 
 `streams(model)`: whether a request is streamed (deltas as they come) or asked whole
 (`Model.request`): a model that never keeps the run waiting (the scripted one without delay) or

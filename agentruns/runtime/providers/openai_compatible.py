@@ -10,11 +10,10 @@ wait between bytes. `OPENAI_REQUEST_OPTIONS` (a JSON object) is merged into ever
 (`extra_body`), unvalidated, so server-specific knobs (vLLM's `top_k`, Ollama's `options`) work.
 
 One client (one keep-alive pool) per process, thread and configuration: the async client's pool
-belongs to the event loop it streams on (the process's stream loop, stream_pump.py, so in effect
+belongs to the event loop it streams on (the process's run loop, engine/lanes.py, so in effect
 one client per process), and q2 forks workers, so a client is never shared across a fork or a
 loop. A request under a rate limit waits for its slot (`NOT_BEFORE`) in the client's transport,
-the last step before the wire: what Pydantic AI and the SDK do before then (and the hand-over to
-the stream loop) cannot make it late, so it reaches the provider when the limit allows it; one
+the last step before the wire: what Pydantic AI and the SDK do before then cannot make it late, so it reaches the provider when the limit allows it; one
 that would still leave too late is not sent, and the SDK does not retry it (`_SlottedWire`).
 """
 
@@ -90,7 +89,7 @@ def _new_client() -> AsyncOpenAI:
 class _SlottedWire(httpx2.AsyncBaseTransport):
     """The SDK's transport (its connection limits), keeping a request under a rate limit
     (`NOT_BEFORE`: its slot, set by runtime/access/model_limits.py; the task carries the
-    caller's context, stream_pump.py) to its slot:
+    run's context) to its slot:
 
     - it leaves at its slot, not before;
     - it does not leave when it would leave later than half the jitter allowance after it (its

@@ -5,23 +5,24 @@ from __future__ import annotations
 import functools
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from django.db import transaction
 
 from agentruns.models import Run, RunEvent, StepAttempt
 from agentruns.runtime.tracing.sdk import (
-    _SLICE,
+    SLICE_SPAN,
     TERMINAL,
-    _attach,
-    _detach,
-    _fail,
-    _remote,
-    _root_context,
-    _run_attributes,
-    _start,
+    attach,
+    detach,
     enabled,
+    fail_span,
     model_names,
+    remote_parent,
+    root_context,
+    run_attributes,
+    start_span,
 )
 from agentruns.runtime.tracing.tracecontext import (
     parse_traceparent,
@@ -36,66 +37,74 @@ log = logging.getLogger(__name__)
 class RunSlice:
     """The live `advance_run` span of one executor, current while it drives the run."""
 
-    def __init__(self, executor: Any, run: Run) -> None:
-        self.run, self.executor = run, executor
+    def __init__(self, state: Any, run: Run) -> None:
+        self.run, self.state = run, state
         self.lost_owners: set[str] = set()
-        self.span = _start(
+        self.span = start_span(
             f"advance_run {run.agent}",
-            _root_context(run),
-            span_id=slice_span_id(run.id, executor.owner),
-            attributes={**_run_attributes(run), "agentruns.worker": executor.owner},
+            root_context(run),
+            span_id=slice_span_id(run.id, state.owner),
+            attributes={**run_attributes(run), "agentruns.worker": state.owner},
         )
-        self.token = _attach(self.span)
-        self.slice_token = _SLICE.set(self)
+        self.token = attach(self.span)
+        self.slice_token = SLICE_SPAN.set(self)
 
-    def end(self, outcome: str) -> None:
+    def end(self, outcome: str) -> Callable[[], None] | None:
+        """Ends the slice's span (in the task that began it); returns the root span's emission
+        when the run ended (blocking work: it may read the run), else None."""
         self.span.set_attribute("agentruns.slice.outcome", outcome)
         if outcome == "lease_lost":
-            _fail(self.span, "the lease was lost; another worker continues")
-        _SLICE.reset(self.slice_token)
-        _detach(self.token)
+            fail_span(self.span, "the lease was lost; another worker continues")
+        SLICE_SPAN.reset(self.slice_token)
+        detach(self.token)
         self.span.end()
+        run = self.run
         if outcome == "succeeded":  # all it needs is in memory: no query on the common path
-            run = self.run
-            _emit_safely(run.id, run, "succeeded", steps=len(self.executor.state.steps))
-        elif outcome in TERMINAL:  # the error and stop reason were written by the final commit
-            _emit_safely(self.run.id)
+            steps = len(self.state.steps)
+            return lambda: _emit_safely(run.id, run, "succeeded", steps=steps)
+        if outcome in TERMINAL:  # the error and stop reason were written by the final commit
+            return lambda: _emit_safely(run.id)
+        return None
 
 
 def sliced(advance: Any) -> Any:
-    """Decorates `RunExecutor.advance`: the slice `_drive` began ends with its outcome."""
+    """Decorates the executor's `advance_in` (a coroutine): the slice `_drive` began ends with
+    its outcome, the root span's emission on the slice's lane."""
 
     @functools.wraps(advance)
-    def traced(executor: Any, *args: Any, **kwargs: Any) -> str:
-        executor.trace_slice = None
+    async def traced(executor: Any, lane: Any, *args: Any, **kwargs: Any) -> str:
         outcome = "error"
         try:
-            outcome = advance(executor, *args, **kwargs)
+            outcome = await advance(executor, lane, *args, **kwargs)
             return outcome
         finally:
-            end_slice(executor.trace_slice, outcome)
+            state = executor.state
+            emit = end_slice(state.trace_slice if state is not None else None, outcome)
+            if emit is not None:
+                await lane.run(emit)
 
     return traced
 
 
-def begin_slice(executor: Any, run: Run) -> RunSlice | None:
+def begin_slice(state: Any, run: Run) -> RunSlice | None:
     """Called once the executor has loaded its run; None (and nothing else) when tracing is off."""
     if not enabled() or not run.trace_id:
         return None
     try:
-        return RunSlice(executor, run)
+        return RunSlice(state, run)
     except Exception:  # tracing must never stop a run
-        log.warning("could not start the slice span of run %s", executor.run_id, exc_info=True)
+        log.warning("could not start the slice span of run %s", state.run_id, exc_info=True)
         return None
 
 
-def end_slice(trace_slice: RunSlice | None, outcome: str) -> None:
+def end_slice(trace_slice: RunSlice | None, outcome: str) -> Callable[[], None] | None:
     if trace_slice is None:
-        return
+        return None
     try:
-        trace_slice.end(outcome)
+        return trace_slice.end(outcome)
     except Exception:
         log.warning("could not end the slice span of run %s", trace_slice.run.id, exc_info=True)
+        return None
 
 
 def run_ended_on_commit(run_id: uuid.UUID) -> None:
@@ -129,16 +138,16 @@ def _emit_root(
     if not run.trace_id:
         return
     parsed = parse_traceparent(run.trace_parent)
-    parent = _remote(parsed[0], int(parsed[1], 16), parsed[2]) if parsed else None
+    parent = remote_parent(parsed[0], int(parsed[1], 16), parsed[2]) if parsed else None
     provider, model = model_names(run.model or "")
-    span = _start(
+    span = start_span(
         f"invoke_agent {run.agent}",
         parent,
         start=run.created_at,
         span_id=root_span_id(run.id),
         trace_id=int(run.trace_id, 16),
         attributes={
-            **_run_attributes(run),
+            **run_attributes(run),
             "gen_ai.operation.name": "invoke_agent",
             "gen_ai.provider.name": provider,
             "gen_ai.request.model": model,
@@ -150,45 +159,45 @@ def _emit_root(
         },
     )
     if status == "failed":
-        _fail(span, error or stop_reason)
+        fail_span(span, error or stop_reason)
     span.end()  # now: after the last slice, which ends once the run's final commit is made
 
 
-def worker_lost(executor: Any, step: Any) -> None:
+def worker_lost(state: Any, step: Any) -> None:
     """`step` was left running by a dead executor: emit that executor's slice, ended now, so its
     already-exported children hang under it and the crash shows as two slices of one trace."""
-    trace_slice = executor.trace_slice
+    trace_slice = state.trace_slice
     if trace_slice is None:
         return
     try:
         row = StepAttempt.objects.filter(step_id=step.id, number=step.attempts).first()
         dead = row.worker if row is not None else ""
-        if not dead or dead == executor.owner or dead in trace_slice.lost_owners:
+        if not dead or dead == state.owner or dead in trace_slice.lost_owners:
             return
         trace_slice.lost_owners.add(dead)
         first = (
-            StepAttempt.objects.filter(step__run_id=executor.run_id, worker=dead)
+            StepAttempt.objects.filter(step__run_id=state.run_id, worker=dead)
             .order_by("started_at")
             .values_list("started_at", flat=True)
             .first()
         )
-        run = executor.state.run
-        span = _start(
+        run = state.run
+        span = start_span(
             f"advance_run {run.agent}",
-            _root_context(run),
+            root_context(run),
             start=first or row.started_at,
             span_id=slice_span_id(run.id, dead),
             attributes={
-                **_run_attributes(run),
+                **run_attributes(run),
                 "agentruns.worker": dead,
                 "agentruns.slice.outcome": "worker_lost",
-                "agentruns.slice.recovered_by": executor.owner,
+                "agentruns.slice.recovered_by": state.owner,
             },
         )
-        _fail(span, "the worker died mid-step; its lease lapsed and another worker resumed")
+        fail_span(span, "the worker died mid-step; its lease lapsed and another worker resumed")
         span.end()
     except Exception:
-        log.warning("could not emit the lost slice of run %s", executor.run_id, exc_info=True)
+        log.warning("could not emit the lost slice of run %s", state.run_id, exc_info=True)
 
 
 # ------------------------------------------------------------------ the park
@@ -215,12 +224,12 @@ def _emit_await_approval(run_id: uuid.UUID, decided: list[dict]) -> None:
                 .values_list("created_at", flat=True)
                 .first()
             )
-            span = _start(
+            span = start_span(
                 f"await_approval {data.get('tool') or ''}".strip(),
-                _root_context(run),
+                root_context(run),
                 start=parked_at,
                 attributes={
-                    **_run_attributes(run),
+                    **run_attributes(run),
                     "agentruns.approval.id": data.get("approval") or 0,
                     "agentruns.approval.kind": data.get("kind") or "",
                     "agentruns.approval.decision": data.get("decision") or "",

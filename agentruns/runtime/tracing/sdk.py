@@ -19,7 +19,7 @@ from agentruns.runtime.values.redaction import redact_text
 
 log = logging.getLogger(__name__)
 
-_NULL = nullcontext()
+NULL_SPAN = nullcontext()
 _TRUE = {"1", "true", "yes", "on"}
 TERMINAL = {"succeeded", "failed", "cancelled"}
 # (trace id, span id) the next span must get: how a span is given an id derived from the run
@@ -27,7 +27,7 @@ _FORCED_IDS: ContextVar[tuple[int | None, int | None] | None] = ContextVar(
     "agentruns_forced_span_ids", default=None
 )
 # the RunSlice (runs.py) of the executor driving a run in this context
-_SLICE: ContextVar[Any] = ContextVar("agentruns_trace_slice", default=None)
+SLICE_SPAN: ContextVar[Any] = ContextVar("agentruns_trace_slice", default=None)
 
 
 class _State:
@@ -39,7 +39,7 @@ class _State:
     lock = threading.Lock()
 
 
-_state = _State()
+tracer_state = _State()
 
 
 def _wanted() -> bool:
@@ -54,24 +54,24 @@ def _wanted() -> bool:
 
 
 def enabled() -> bool:
-    if not _state.configured:
+    if not tracer_state.configured:
         configure()
-    return _state.enabled
+    return tracer_state.enabled
 
 
 def configure(*, instrument_libraries: bool = False) -> None:
     """Set the process's tracer provider up from the OTEL_* variables (once per process: a
     forked q2 worker keeps its parent's, whose batch processor restarts its thread on fork)."""
-    with _state.lock:
-        if _state.configured:
+    with tracer_state.lock:
+        if tracer_state.configured:
             return
-        _state.configured = True
-        _state.enabled = _wanted()
-        if not _state.enabled:
+        tracer_state.configured = True
+        tracer_state.enabled = _wanted()
+        if not tracer_state.enabled:
             return
         capture = os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "")
-        _state.capture_content = capture.strip().lower() in _TRUE
-        if _state.provider is not None:  # the global provider is set once per process
+        tracer_state.capture_content = capture.strip().lower() in _TRUE
+        if tracer_state.provider is not None:  # the global provider is set once per process
             return
         from opentelemetry import trace
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -88,8 +88,8 @@ def configure(*, instrument_libraries: bool = False) -> None:
         # global, so a model layer's own GenAI spans (Pydantic AI's instrumentation) nest under
         # our step spans through the current context instead of forming a second tree
         trace.set_tracer_provider(provider)
-        _state.provider = provider
-        _state.tracer = provider.get_tracer("agentruns")
+        tracer_state.provider = provider
+        tracer_state.tracer = provider.get_tracer("agentruns")
         if instrument_libraries:  # before Django builds its middleware stack (apps.ready)
             from opentelemetry.instrumentation.django import DjangoInstrumentor
             from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
@@ -101,15 +101,15 @@ def configure(*, instrument_libraries: bool = False) -> None:
 def reset_for_tests() -> None:
     """Read the OTEL_* variables again at the next span (tests switch tracing on and off). The
     provider, once built, stays: OpenTelemetry's global provider can be set once per process."""
-    with _state.lock:
-        if _state.provider is not None:
-            _state.provider.force_flush()
-        _state.configured = _state.enabled = _state.capture_content = False
+    with tracer_state.lock:
+        if tracer_state.provider is not None:
+            tracer_state.provider.force_flush()
+        tracer_state.configured = tracer_state.enabled = tracer_state.capture_content = False
 
 
 def flush(timeout_ms: int = 5000) -> None:
-    if _state.provider is not None:
-        _state.provider.force_flush(timeout_ms)
+    if tracer_state.provider is not None:
+        tracer_state.provider.force_flush(timeout_ms)
 
 
 def _run_id_generator() -> Any:
@@ -134,7 +134,7 @@ def _ns(moment: datetime | None) -> int | None:
     return None if moment is None else int(moment.timestamp() * 1_000_000_000)
 
 
-def _remote(trace_id: str, span_id: int, flags: int) -> Any:
+def remote_parent(trace_id: str, span_id: int, flags: int) -> Any:
     from opentelemetry import trace
 
     context = trace.SpanContext(
@@ -143,7 +143,7 @@ def _remote(trace_id: str, span_id: int, flags: int) -> Any:
     return trace.set_span_in_context(trace.NonRecordingSpan(context))
 
 
-def _root_context(run: Run) -> Any:
+def root_context(run: Run) -> Any:
     """The run's root span as a remote parent. Its sampled flag is the caller's, or, for a trace
     the run began, the configured sampler's verdict on the trace id (the ratio samplers decide by
     the trace id alone), so every process keeps or drops the same runs."""
@@ -152,14 +152,14 @@ def _root_context(run: Run) -> Any:
     else:
         from opentelemetry.context import Context
 
-        verdict = _state.provider.sampler.should_sample(
+        verdict = tracer_state.provider.sampler.should_sample(
             Context(), int(run.trace_id, 16), f"invoke_agent {run.agent}"
         )
         flags = 0x01 if verdict.decision.is_sampled() else 0x00
-    return _remote(run.trace_id, root_span_id(run.id), flags)
+    return remote_parent(run.trace_id, root_span_id(run.id), flags)
 
 
-def _start(
+def start_span(
     name: str,
     parent: Any,
     *,
@@ -174,7 +174,7 @@ def _start(
 
     token = _FORCED_IDS.set((trace_id, span_id))
     try:
-        return _state.tracer.start_span(
+        return tracer_state.tracer.start_span(
             name,
             context=parent if parent is not None else Context(),
             kind=SpanKind.CLIENT if client else SpanKind.INTERNAL,
@@ -185,19 +185,19 @@ def _start(
         _FORCED_IDS.reset(token)
 
 
-def _fail(span: Any, message: str) -> None:
+def fail_span(span: Any, message: str) -> None:
     from opentelemetry.trace import Status, StatusCode
 
     span.set_status(Status(StatusCode.ERROR, redact_text(message)[:500]))
 
 
-def _attach(span: Any) -> Any:
+def attach(span: Any) -> Any:
     from opentelemetry import context, trace
 
     return context.attach(trace.set_span_in_context(span))
 
 
-def _detach(token: Any) -> None:
+def detach(token: Any) -> None:
     from opentelemetry import context
 
     context.detach(token)
@@ -212,5 +212,5 @@ def model_names(model: str) -> tuple[str, str]:
     return model, model
 
 
-def _run_attributes(run: Run) -> dict[str, Any]:
+def run_attributes(run: Run) -> dict[str, Any]:
     return {"gen_ai.conversation.id": str(run.id), "gen_ai.agent.name": run.agent}

@@ -8,14 +8,14 @@ from typing import Any
 
 from agentruns.models import Run
 from agentruns.runtime.tracing.sdk import (
-    _NULL,
-    _SLICE,
-    _attach,
-    _detach,
-    _fail,
-    _start,
-    _state,
+    NULL_SPAN,
+    SLICE_SPAN,
+    attach,
+    detach,
+    fail_span,
     model_names,
+    start_span,
+    tracer_state,
 )
 from agentruns.runtime.tracing.tracecontext import (
     format_traceparent,
@@ -33,24 +33,24 @@ class _StepSpan:
         self.span: Any = None
 
     def __enter__(self) -> _StepSpan:
-        trace_slice = _SLICE.get()
+        trace_slice = SLICE_SPAN.get()
         parent = None
         if trace_slice is not None:  # siblings under the slice, also for calls made mid-model-step
             from opentelemetry import trace
 
             parent = trace.set_span_in_context(trace_slice.span)
-        self.span = _start(self.name, parent, attributes=self.attributes, client=self.client)
-        self.token = _attach(self.span)
+        self.span = start_span(self.name, parent, attributes=self.attributes, client=self.client)
+        self.token = attach(self.span)
         return self
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
         try:
             if exc is not None:
                 self.span.set_attribute("error.type", type(exc).__name__)
-                _fail(self.span, f"{type(exc).__name__}: {exc}")
+                fail_span(self.span, f"{type(exc).__name__}: {exc}")
             self.finished(exc)
         finally:
-            _detach(self.token)
+            detach(self.token)
             self.span.end()
 
     def finished(self, exc: BaseException | None) -> None:
@@ -58,24 +58,24 @@ class _StepSpan:
 
 
 class _ModelSpan(_StepSpan):
-    def __init__(self, executor: Any, step: Any) -> None:
-        self.executor = executor
-        self.index = step.index if step is not None else len(executor.state.steps)
-        provider, model = model_names(executor.state.run.model or "")
+    def __init__(self, state: Any, step: Any) -> None:
+        self.state = state
+        self.index = step.index if step is not None else len(state.steps)
+        provider, model = model_names(state.run.model or "")
         super().__init__(
             f"chat {model}",
             {
                 "gen_ai.operation.name": "chat",
                 "gen_ai.provider.name": provider,
                 "gen_ai.request.model": model,
-                "gen_ai.conversation.id": str(executor.run_id),
+                "gen_ai.conversation.id": str(state.run_id),
                 "agentruns.step.index": self.index,
             },
             client=True,
         )
 
     def finished(self, exc: BaseException | None) -> None:
-        steps = self.executor.state.steps
+        steps = self.state.steps
         step = steps[self.index] if self.index < len(steps) else None
         if step is None:
             return
@@ -86,9 +86,9 @@ class _ModelSpan(_StepSpan):
             self.span.set_attribute("gen_ai.response.finish_reasons", ["tool_calls"])
         elif step.status == "succeeded":
             self.span.set_attribute("gen_ai.response.finish_reasons", ["stop"])
-        if _state.capture_content and step.status == "succeeded":
-            run = self.executor.state.run
-            secrets = _run_secrets(self.executor)
+        if tracer_state.capture_content and step.status == "succeeded":
+            run = self.state.run
+            secrets = _run_secrets(self.state)
             parts: list[dict] = [{"type": "text", "content": redact_text(step.text, secrets)}]
             for call in step.tool_calls or []:
                 args = redact_fields(call.get("arguments"), run.redacted_fields(call.get("name")))
@@ -104,11 +104,11 @@ class _ModelSpan(_StepSpan):
             self.span.set_attribute("gen_ai.output.messages", redact_text(output, secrets))
 
 
-def _run_secrets(executor: Any) -> list[str]:
+def _run_secrets(state: Any) -> list[str]:
     """Every value a tool of this run declared secret, so model text echoing one is masked."""
-    run = executor.state.run
+    run = state.run
     values: list[str] = []
-    for step in executor.state.steps:
+    for step in state.steps:
         if step.tool:
             values += secret_values([step.arguments, step.result], run.redacted_fields(step.tool))
     return values
@@ -139,7 +139,7 @@ class _ToolSpan(_StepSpan):
         return self
 
     def result(self, value: Any) -> None:
-        if _state.capture_content:
+        if tracer_state.capture_content:
             fields = self.run.redacted_fields(self.step.tool)
             secrets = secret_values([self.step.arguments, value], fields)
             for name, data in (
@@ -157,24 +157,24 @@ class _ToolSpan(_StepSpan):
         self.span.add_event("attempt", attributes)
 
 
-def model_span(executor: Any, step: Any) -> Any:
+def model_span(state: Any, step: Any) -> Any:
     """Around one model step (`step` None: the step the turn creates)."""
-    if executor.trace_slice is None:
-        return _NULL
-    return _ModelSpan(executor, step)
+    if state.trace_slice is None:
+        return NULL_SPAN
+    return _ModelSpan(state, step)
 
 
 def tool_span(run: Run, step: Any, ctx: Any) -> Any:
     """Around one tool call; gives the call its `traceparent` (ctx.traceparent) either way."""
-    if _SLICE.get() is None:
+    if SLICE_SPAN.get() is None:
         ctx.traceparent = run_traceparent(run.id, run.trace_id, run.trace_parent)
-        return _NULL
+        return NULL_SPAN
     return _ToolSpan(run, step, ctx)
 
 
 def model_attempt_failed(attempt: int, exc: BaseException, *, final: bool) -> None:
     """A failed model attempt, as an event of the current `chat` span."""
-    if _SLICE.get() is None:
+    if SLICE_SPAN.get() is None:
         return
     from opentelemetry import trace
 

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import uuid
+
+
+def uuid7() -> uuid.UUID:
+    """A time-ordered UUID (RFC 9562 version 7): 48 bits of Unix milliseconds, then random bits
+    (Python 3.14 has `uuid.uuid7`; this is the same layout)."""
+    millis = time.time_ns() // 1_000_000 & (1 << 48) - 1
+    rand = int.from_bytes(os.urandom(10), "big")  # 80 bits: 12 + 62 used
+    value = millis << 80 | 0x7 << 76 | (rand >> 62 & 0xFFF) << 64 | 0b10 << 62
+    return uuid.UUID(int=value | rand & (1 << 62) - 1)
 
 
 def step_key(run_id: uuid.UUID, step_id: uuid.UUID) -> str:

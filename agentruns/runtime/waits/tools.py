@@ -20,6 +20,7 @@ wait returns what the n-th wait was resolved with (a failed one raises again). A
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -27,7 +28,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from pydantic import JsonValue
 
-from agentruns.models import RunStatus, Step, StepStatus, Thread, Wait, WaitKind, WaitStatus
+from agentruns.models import Step, StepStatus, Thread, Wait, WaitKind, WaitStatus
 from agentruns.models.journal import TOOL_WAIT
 from agentruns.models.runs import TERMINAL_RUN_STATUSES
 from agentruns.registry import get_tool
@@ -36,10 +37,12 @@ from agentruns.registry.waits import events
 from agentruns.registry.waits.events import EventTimedOut, EventWaitFailed, TokenHeld
 from agentruns.registry.waits.messages import NotAConversation, message_token
 from agentruns.runtime import writer
+from agentruns.runtime.engine import journal
 from agentruns.runtime.engine import slice as slices
-from agentruns.runtime.engine import status
+from agentruns.runtime.engine.journal import Cancelled, Yielded
+from agentruns.runtime.engine.lanes import blocking
 from agentruns.runtime.engine.plan import stage
-from agentruns.runtime.engine.slice import SliceState, island
+from agentruns.runtime.engine.slice import SliceEnds, SliceState
 from agentruns.runtime.events import LeaseLost
 from agentruns.runtime.inbox import inbox
 from agentruns.runtime.operations import executions
@@ -76,8 +79,7 @@ class RuntimeToolWaits:
                 "this run is no conversation's turn: no customer message can reach it "
                 "(ask_human asks a colleague)"
             )
-        with island():
-            chat = Thread.objects.filter(id=thread_id, chat=True).exists()
+        chat = blocking(state.lane, lambda: Thread.objects.filter(id=thread_id, chat=True).exists())
         if chat:
             raise NotAConversation(
                 "in a chat the customer's reply is the chat's next message: ask your question "
@@ -109,10 +111,9 @@ def _wait(kind: str, token: str, due: datetime | None, *, asked: Any = None) -> 
     name = f"{TOOL_WAIT}{step.id}"
     nth, tctx.waits_seen = tctx.waits_seen, tctx.waits_seen + 1
     mine = [wait for wait in state.waits if wait.name == name]
-    with island():
-        if nth < len(mine):
-            return _again(state, step, tctx, mine[nth], kind, token)
-        return _new(state, step, tctx, name, kind, token, due, asked)
+    if nth < len(mine):
+        return blocking(state.lane, _again, state, step, tctx, mine[nth], kind, token)
+    return blocking(state.lane, _new, state, step, tctx, name, kind, token, due, asked)
 
 
 def _again(
@@ -143,7 +144,8 @@ def _new(
     due: Any,
     asked: Any,
 ) -> JsonValue:
-    status.check_boundary(state, model=False, begun=True)
+    if (ending := journal.due(state, model=False, begun=True)) is not None:
+        raise SliceEnds(after=ending)  # made once the call unwound (its transaction closed)
     now = timezone.now()
     wait = state.new_wait(name, kind, token=token, due_at=due, asked=asked)
     if kind == WaitKind.TIMER and due <= now:
@@ -159,8 +161,8 @@ def _new(
         raise failure(wait)
     if kind == WaitKind.TIMER and (due - now).total_seconds() <= LOOK_SECONDS:
         _record(state, wait)  # short: slept here (a crash mid-sleep finds it again)
-        if not status.wait_for_retry(state.executor, due):
-            raise status.cancelled(state.executor)
+        if not journal.sleep_until(state, due):
+            raise SliceEnds(after=Cancelled())
         return _wake_here(wait, timezone.now())
     raise _park(state, step, tctx, wait, new=True)
 
@@ -168,7 +170,7 @@ def _new(
 def _record(state: SliceState, wait: Wait) -> None:
     with transaction.atomic():
         writer.save_wait(wait)
-        state.executor.commit([])
+        journal.commit(state, [])
 
 
 def _wake_here(wait: Wait, now: datetime) -> JsonValue:
@@ -217,16 +219,28 @@ def failure(wait: Wait) -> EventWaitFailed:
     return EventWaitFailed(wait.error or "the wait failed")
 
 
-def _park(state: SliceState, step: Step, tctx: Any, wait: Wait, *, new: bool) -> BaseException:
-    """The run waits: the call gives back what it holds (its attempt, its key), and the wait row
-    and the run's `waiting` are one commit. A token another run took meanwhile: the wait is
-    recorded failed (`TokenHeld`) and the run goes on at once."""
-    executor = state.executor
+def _park(state: SliceState, step: Step, tctx: Any, wait: Wait, *, new: bool) -> SliceEnds:
+    """The run waits: made once the call unwound (a transactional tool's transaction closed),
+    by the tool's unit (`ToolWaitParks.end`)."""
+    return SliceEnds(after=ToolWaitParks(step, tctx.attempt, wait, new))
 
-    def commit() -> str:
+
+@dataclass(frozen=True)
+class ToolWaitParks:
+    """A wait inside a tool's call parks the run: the call gives back what it holds (its
+    attempt, its key), and the wait row and the run's `waiting` are one commit. A token another
+    run took meanwhile: the wait is recorded failed (`TokenHeld`) and the run goes on at once."""
+
+    step: Step
+    attempt: int
+    wait: Wait
+    new: bool
+
+    def end(self, state: SliceState) -> str:
+        step, wait = self.step, self.wait
         with transaction.atomic():
-            _give_back(state, step, tctx.attempt)
-            if new:
+            _give_back(state, step, self.attempt)
+            if self.new:
                 try:
                     with transaction.atomic():
                         writer.save_wait(wait)
@@ -237,13 +251,11 @@ def _park(state: SliceState, step: Step, tctx: Any, wait: Wait, *, new: bool) ->
                         raise LeaseLost(str(state.run.id)) from None
                     _held(wait, holder_of(wait.token, state.run.id) or "unknown")
                     writer.save_wait(wait)
-                    return status.yield_slice(executor, "the token is held by another run")
-            parked = status.park(executor)
-            if new and wait.kind == WaitKind.MESSAGE:
+                    return journal.end(state, Yielded("the token is held by another run"))
+            parked = journal.park(state)
+            if self.new and wait.kind == WaitKind.MESSAGE:
                 _announce_question(state, wait)
             return parked
-
-    return status.ends(RunStatus.WAITING, commit)
 
 
 def _announce_question(state: SliceState, wait: Wait) -> None:

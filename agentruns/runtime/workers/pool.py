@@ -1,8 +1,9 @@
 """Many runs in flight per worker process (DESIGN.md 4.2).
 
 A django-q2 task (`tasks.advance_run`) only hands its run to this process's `RunPool` and
-returns; the run executes on one of the pool's threads (a model stream or a tool's HTTP call
-waits without holding the process, and without a database connection: `connections.py`).
+returns; the run executes as a task of the process's one event loop (`engine/lanes.py`: a model
+stream or a tool's HTTP call waits without holding a thread or a database connection), its
+blocking work on the process's few database and tool threads.
 django-q2 stays the doorbell, the lease stays the truth: an executor still claims its run with
 the conditional UPDATE, so a duplicated doorbell costs a slot for one failed claim. On
 PostgreSQL most runs come from the process's claimer instead (`claimer.py`): already leased by a
@@ -35,7 +36,6 @@ import ctypes
 import logging
 import multiprocessing
 import os
-import queue
 import signal
 import threading
 import time
@@ -52,6 +52,7 @@ from agentruns.runtime.dispatch import connections
 from agentruns.runtime.dispatch.lease import hand_back, release_leases
 from agentruns.runtime.dispatch.queue import ADVANCE_TASK, enqueue
 from agentruns.runtime.engine.executor import RunExecutor
+from agentruns.runtime.engine.lanes import process_loop, worker_lane
 from agentruns.runtime.outages import process_health, weather
 from agentruns.runtime.outages.faults import is_infrastructure_error
 from agentruns.runtime.threads import process_threads
@@ -83,17 +84,8 @@ class RunPool:
         self._cond = threading.Condition()
         self._busy = 0  # slots taken (handed over, not yet finished)
         self._executors: set[RunExecutor] = set()
-        # (run id, lease owner): a doorbell's run (no owner: its executor claims it) or a run
-        # the process's claimer already leased (`claimer.py`)
-        self._jobs: queue.SimpleQueue[tuple[str | None, str | None, Run | None]] = (
-            queue.SimpleQueue()
-        )
-        # every thread up front: starting one waits for it to get the interpreter lock, which
-        # under load (100 runs in this process) made each hand-over slow; idle threads wait on
-        # the job queue and cost a stack's touched pages
+        self.loop, _ = process_loop()
         threads = process_threads()
-        for number in range(capacity):
-            threads.start(f"run-{number}", self._work, stop=self._end_one_thread)
         if supervise:
             # non-daemon: the process exits only after its drain (threading joins it at exit)
             threads.start("run-pool", self._supervise, daemon=False)
@@ -127,7 +119,7 @@ class RunPool:
                 # the database is away: this doorbell is lost, the sweeper rings the run again
                 weather.database.noticed(exc, "a hand-over")
             return "requeued"
-        self._jobs.put((run_id, None, None))
+        self._start(run_id, None, None)
         return "started"
 
     def reserve(self, most: int) -> int:
@@ -148,7 +140,7 @@ class RunPool:
     def start_claimed(self, run: Run) -> None:
         """Execute a run already leased (`run.lease_owner`) on a reserved slot; `run` is its row
         as the claim returned it."""
-        self._jobs.put((str(run.id), run.lease_owner, run))
+        self._start(str(run.id), run.lease_owner, run)
 
     def wait_for_free_slot(self, timeout: float) -> bool:
         with self._cond:
@@ -186,40 +178,45 @@ class RunPool:
             connection.close()  # the q2 worker waits for its next task without a connection
         return len(taken)
 
-    def _end_one_thread(self) -> None:
-        """The process stops (its runs were handed over): one run thread ends its loop."""
-        self._jobs.put((None, None, None))
+    def _start(self, run_id: str, owner: str | None, claimed: Run | None) -> None:
+        """A run for a slot already taken: a doorbell's (no owner: its executor claims it) or
+        one the process's claimer already leased (`claimer.py`), as a task of the loop."""
+        coroutine = self._work(run_id, owner, claimed)
+        try:
+            self.loop.call_soon_threadsafe(self.loop.create_task, coroutine)
+        except RuntimeError:  # the loop is gone (the process stops): the lease or sweep rings it
+            coroutine.close()
+            self._slot_freed(None)
 
-    def _work(self) -> None:
-        while True:
-            run_id, owner, claimed = self._jobs.get()
-            if run_id is None:
-                return
-            executor = RunExecutor(run_id, owner, drain=self.drain)
-            with self._cond:
-                self._executors.add(executor)
-            try:
-                if owner is None and self.closing.is_set():
-                    enqueue(run_id)  # taken just before the stop: never claimed, give it back
-                elif owner is None:
-                    executor.advance()
-                elif self.closing.is_set():  # claimed just before the stop: release and ring
-                    release_leases([(executor.run_id, owner)])
-                else:
-                    executor.advance(claimed=claimed)
-            except Exception as exc:  # advance() contains engine errors; this is the doorbell's
-                if is_infrastructure_error(exc):  # the give-back failed: the sweeper rings it
-                    weather.database.noticed(exc, f"run {run_id}")
-                    if owner is not None:  # our lease: the keeper releases it once it answers
-                        hand_back(executor.run_id, owner)
-                else:
-                    log.exception("run %s: could not be executed", run_id)
-            finally:
-                connection.close()  # idle threads hold no connection (pooled: back to the pool)
-                with self._cond:
-                    self._executors.discard(executor)
-                    self._busy -= 1
-                    self._cond.notify_all()
+    async def _work(self, run_id: str, owner: str | None, claimed: Run | None) -> None:
+        executor = RunExecutor(run_id, owner, drain=self.drain)
+        lane = worker_lane()
+        with self._cond:
+            self._executors.add(executor)
+        try:
+            if owner is None and self.closing.is_set():
+                await lane.run(enqueue, run_id)  # taken just before the stop: give it back
+            elif owner is None:
+                await executor.advance_in(lane)
+            elif self.closing.is_set():  # claimed just before the stop: release and ring
+                await lane.run(release_leases, [(executor.run_id, owner)])
+            else:
+                await executor.advance_in(lane, claimed=claimed)
+        except Exception as exc:  # advance_in contains engine errors; this is the doorbell's
+            if is_infrastructure_error(exc):  # the give-back failed: the sweeper rings it
+                weather.database.noticed(exc, f"run {run_id}")
+                if owner is not None:  # our lease: the keeper releases it once it answers
+                    hand_back(executor.run_id, owner)
+            else:
+                log.exception("run %s: could not be executed", run_id)
+        finally:
+            self._slot_freed(executor)
+
+    def _slot_freed(self, executor: RunExecutor | None) -> None:
+        with self._cond:
+            self._executors.discard(executor)
+            self._busy -= 1
+            self._cond.notify_all()
 
     # ---------------------------------------------------------------- stopping
     def stop(self, grace: float | None = None, *, finish_first: bool = False) -> int:
@@ -283,7 +280,7 @@ class RunPool:
             except Exception:
                 log.warning("could not remove the heartbeat of %s", self.name, exc_info=True)
             connection.close()
-            # the runs are handed over: the process's other threads stop with the pool
+            # the runs are handed over: the process's other threads (its loop too) stop with it
             left = process_threads().stop_all(timeout=STOP_POLL_SECONDS)
             if left:
                 log.info("threads still running as the process stops: %s", ", ".join(left))

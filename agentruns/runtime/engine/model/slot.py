@@ -4,6 +4,7 @@ without a thread when the slot is far off, and a cancel read while it waits ends
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -11,34 +12,38 @@ from typing import Any
 from pydantic_ai.messages import ModelMessagesTypeAdapter
 from pydantic_ai.models import Model
 
-from agentruns.models import RunStatus
+from agentruns.conf import conf
 from agentruns.registry.model_names import pydantic_ai_name
 from agentruns.runtime.access import model_limits
-from agentruns.runtime.dispatch import connections
-from agentruns.runtime.engine import status
+from agentruns.runtime.engine import journal
+from agentruns.runtime.engine.journal import BackingOff, Cancelled
 from agentruns.runtime.providers import openai_compatible
 from agentruns.runtime.providers.base import NOT_BEFORE
 from agentruns.runtime.providers.models import name_of
 
 
-def wait_for_slot(state: Any, model: Model, params: Any) -> None:
+async def wait_for_slot(state: Any, model: Model, params: Any) -> None:
     """Returns once the request may go (its slot has come: `NOT_BEFORE` is set for the wire);
     raises the slice's end when the run backs off for its slot or is cancelled meanwhile."""
     NOT_BEFORE.set(None)
-    slot = model_limits.slot_for(
-        state, lambda: _prompt_chars(params), in_worker=state.drain is not None
+    if (state.run.model or conf.MODEL) not in conf.MODEL_LIMITS:
+        return
+    slot = await state.lane.run(
+        model_limits.slot_for,
+        state,
+        lambda: _prompt_chars(params),
+        in_worker=state.drain is not None,
     )
     if slot is None:
         return
-    executor = state.executor
     if slot.back_off_until is not None:
-        until, event = slot.back_off_until, slot.event
-        raise status.ends(RunStatus.QUEUED, lambda: status.back_off(executor, until, **event))
-    connections.release()  # no connection held while it waits
+        raise await journal.ended(state, BackingOff(slot.back_off_until, slot.event))
     if slot.due - time.time() > 1.0:
-        if not status.wait_for_retry(executor, datetime.fromtimestamp(slot.due - 1.0, UTC)):
-            raise status.cancelled(executor)
-    model_limits.sleep_until_slot(slot.due, precise_start=_waits_at_the_wire(model))
+        if not await journal.wait_for_retry(state, datetime.fromtimestamp(slot.due - 1.0, UTC)):
+            raise await journal.ended(state, Cancelled())
+    start = model_limits.slot_start(slot.due, precise_start=_waits_at_the_wire(model))
+    await asyncio.sleep(max(0.0, start - time.time()))
+    NOT_BEFORE.set(slot.due)
 
 
 def _prompt_chars(params: Any) -> int:

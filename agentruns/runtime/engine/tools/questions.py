@@ -20,10 +20,11 @@ from pydantic_ai.exceptions import ToolFailed
 from pydantic_ai.messages import ToolCallPart
 from pydantic_ai.tools import DeferredToolRequests
 
-from agentruns.models import RunStatus, Step, Wait, WaitKind, WaitStatus
+from agentruns.models import Step, Wait, WaitKind, WaitStatus
 from agentruns.runtime import writer
-from agentruns.runtime.engine import status
-from agentruns.runtime.engine.slice import SliceState, island
+from agentruns.runtime.engine import journal
+from agentruns.runtime.engine.journal import Parked
+from agentruns.runtime.engine.slice import SliceEnds, SliceState
 from agentruns.runtime.events import EventType
 from agentruns.runtime.inbox import inbox
 
@@ -45,7 +46,7 @@ def _wait_of(state: SliceState, step: Step) -> Wait | None:
     return next((w for w in state.waits if is_question_wait(w) and key in (w.calls or ())), None)
 
 
-def answers(
+async def answers(
     state: SliceState, requests: DeferredToolRequests, calls: list[ToolCallPart]
 ) -> dict[str, Any]:
     """Each question's answer by call id, once every one of them is answered; until then the
@@ -69,12 +70,10 @@ def answers(
         else:
             waiting = True
     if unasked:
-        with island():
-            status.check_boundary(state, model=False)
-        raise _ask(state, requests, unasked)
+        await journal.check(state, model=False)
+        raise await _ask(state, requests, unasked)
     if waiting:
-        executor = state.executor
-        raise status.ends(RunStatus.WAITING, lambda: status.park(executor))
+        raise await journal.ended(state, Parked())
     return found
 
 
@@ -93,9 +92,9 @@ def question_of(call: ToolCallPart, metadata: dict | None) -> tuple[str, list[st
     return question.strip()[:MAX_QUESTION], kept
 
 
-def _ask(
+async def _ask(
     state: SliceState, requests: DeferredToolRequests, unasked: list[tuple[ToolCallPart, Step]]
-) -> BaseException:
+) -> SliceEnds:
     """The questions not asked yet: each a wait and an inbox item, in the commit that parks the
     run (so an item is never without its wait, nor a parked run without its items)."""
     asked: list[tuple[Wait, Step, str, list[str] | None]] = []
@@ -104,25 +103,25 @@ def _ask(
         # found by its step, never by its order: not "seen"
         wait = state.new_wait(QUESTION_WAIT, WaitKind.QUESTION, calls=[str(step.id)])
         asked.append((wait, step, question, choices))
-    agent, executor = state.run.agent, state.executor
+    return SliceEnds(await state.lane.run(_asked, state, asked))
 
-    def commit() -> str:
-        events: list = []
-        with transaction.atomic():
-            for wait, step, question, choices in asked:
-                writer.save_wait(wait)
-                item = inbox().open_question(
-                    step, agent, token=wait.token, question=question, choices=choices
-                )
-                data = {
-                    "step": step.index,
-                    "approval": item,
-                    "kind": "question",
-                    "tool": step.tool,
-                    "question": question,
-                    "choices": choices,
-                }
-                events.append((EventType.APPROVAL_REQUESTED, data))
-            return status.park(executor, events_before=events)
 
-    return status.ends(RunStatus.WAITING, commit)
+def _asked(state: SliceState, asked: list[tuple[Wait, Step, str, list[str] | None]]) -> str:
+    events: list = []
+    agent = state.run.agent
+    with transaction.atomic():
+        for wait, step, question, choices in asked:
+            writer.save_wait(wait)
+            item = inbox().open_question(
+                step, agent, token=wait.token, question=question, choices=choices
+            )
+            data = {
+                "step": step.index,
+                "approval": item,
+                "kind": "question",
+                "tool": step.tool,
+                "question": question,
+                "choices": choices,
+            }
+            events.append((EventType.APPROVAL_REQUESTED, data))
+        return journal.park(state, events_before=events)

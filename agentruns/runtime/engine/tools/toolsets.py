@@ -4,7 +4,8 @@ registered (`RegisteredTools`), so nothing is asked of a server before a call.""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic_ai.durable_exec import (
@@ -12,10 +13,9 @@ from pydantic_ai.durable_exec import (
     CallToolResult,
     durable_unit_scope,
 )
-from pydantic_ai.durable_exec._operation_backend import in_durable_unit
-from pydantic_ai.durable_exec._toolset import unwrap_tool_call_result, wrap_tool_call_result
 from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets import WrapperToolset
+from pydantic_ai.toolsets.function import FunctionToolsetTool
 
 from agentruns.registry import (
     ServerUnavailable,
@@ -23,6 +23,11 @@ from agentruns.registry import (
     get_tool,
 )
 from agentruns.registry.pydantic_agents.calls import classified, registered_listing
+from agentruns.runtime.engine.pydantic_ai_private import (
+    in_durable_unit,
+    unwrap_tool_call_result,
+    wrap_tool_call_result,
+)
 from agentruns.runtime.engine.slice import current_or_none
 from agentruns.runtime.engine.tools.unit import execute
 from agentruns.runtime.outages.faults import is_infrastructure_error
@@ -39,6 +44,8 @@ class StepsToolset(WrapperToolset[Any]):
         if state is None or in_durable_unit():
             return await self.wrapped.call_tool(name, tool_args, ctx, tool)
 
+        tool = _uncut(tool)
+
         async def body() -> Any:
             with durable_unit_scope():
                 call = self.wrapped.call_tool(name, tool_args, ctx, tool)
@@ -49,6 +56,20 @@ class StepsToolset(WrapperToolset[Any]):
 
         payload = await execute(state, "call", name, ctx, body)
         return unwrap_tool_call_result(JSON_CODEC.load(CallToolResult, payload))
+
+
+def _uncut(tool: Any) -> Any:
+    """A sync function tool runs to its end whatever its timeout: its thread cannot be stopped,
+    so a timeout would tell the model "timed out" about an effect that happened. (A combined
+    toolset's tool carries the function toolset's as `source_tool`, and hands its own
+    `tool_def` down.)"""
+    leaf = tool
+    while (inner := getattr(leaf, "source_tool", None)) is not None:
+        leaf = inner
+    if isinstance(leaf, FunctionToolsetTool) and not leaf.is_async:
+        if tool.tool_def.timeout != math.inf:
+            return replace(tool, tool_def=replace(tool.tool_def, timeout=math.inf))
+    return tool
 
 
 @dataclass

@@ -30,7 +30,7 @@ from pydantic_ai.durable_exec import (
 )
 
 from agentruns.conf import conf
-from agentruns.models import AttemptOutcome, RunStatus, Step, StepStatus
+from agentruns.models import AttemptOutcome, Step, StepStatus
 from agentruns.registry import (
     OutcomeUnknown,
     ServerUnavailable,
@@ -41,25 +41,25 @@ from agentruns.registry import (
 )
 from agentruns.registry.context import stepping
 from agentruns.runtime import tracing, writer
-from agentruns.runtime.dispatch import connections
-from agentruns.runtime.engine import status
+from agentruns.runtime.engine import journal
+from agentruns.runtime.engine.journal import (
+    BackingOff,
+    Cancelled,
+    Failed,
+    Parked,
+    Reconciled,
+    journal_unit,
+)
 from agentruns.runtime.engine.plan import (
     attempt_row,
+    begin_attempt,
     crashed,
     end_attempt,
     journal_text,
-    journal_unit,
+    replayed,
     stage,
 )
-from agentruns.runtime.engine.slice import SliceState, island
-from agentruns.runtime.engine.tools.opening import (
-    _AGAIN,
-    _GO,
-    TOOL_RESULT_FIELDS,
-    _open,
-    _refuse,
-    recorded,
-)
+from agentruns.runtime.engine.slice import SliceEnds, SliceState
 from agentruns.runtime.events import EventType, step_event_data, succeeded_event_data
 from agentruns.runtime.execution import failpoints
 from agentruns.runtime.inbox import inbox
@@ -71,6 +71,121 @@ from agentruns.runtime.store.rows import WriteBatch
 from agentruns.runtime.values.redaction import redact_text, secret_values, secrets_in_scope
 from agentruns.runtime.values.text import storable
 from agentruns.runtime.values.timestamps import iso
+
+TOOL_RESULT_FIELDS = [
+    "status",
+    "result",
+    "payload",
+    "error",
+    "attempts",
+    "started_at",
+    "finished_at",
+    "next_attempt_at",
+]
+
+
+# the control flow a tool raised, as Pydantic AI records it: what the step keeps as its result
+def recorded(step: Step) -> Any:
+    """What a succeeded (or refused) tool step returns on replay (the JSON codec's form)."""
+    if step.payload is not None:
+        return replayed(step.payload)
+    return {"kind": "tool_return", "result": step.result}
+
+
+def _refuse(state: SliceState, step: Step, reason: str) -> Any:
+    """The call is not made: the step ends rejected with `reason`, the model's answer."""
+    step.reject(reason)
+    stage(state.pending.batch, step, list(Step.REJECTED_FIELDS))
+    journal.commit(state, [(EventType.STEP_FAILED, step_event_data(step))])
+    record_durable_unit(executed=True)
+    return recorded(step)
+
+
+_GO, _AGAIN = object(), object()
+
+
+def _open(state: SliceState, step: Step, tool: Tool, attempt: int, started: Any) -> Any:
+    """Before the call: its operation key and limit (a gated tool), its "before" commit (a side
+    effect outside this database). `_GO`: make the call; `_AGAIN`: the key it waited for was
+    settled meanwhile; anything else: the call's answer without it being made."""
+    if operations.gated(state.run, tool):
+        # the key is taken (and the limit checked) in the "before" commit, with everything the
+        # slice has not committed yet: a crash leaves the key held by the step, resumed with it
+        with transaction.atomic():
+            first = attempt == step.retry_base + 1
+            gate = operations.gate(state.run, step, tool, first_attempt=first)
+            if gate.go and tool.commits_before_call:
+                _begin(state, step, attempt, started, end_transaction=True)
+            elif state.pending:
+                journal.commit(state, [], end_transaction=True)
+        if not gate.go:
+            answer = _not_made_by_gate(state, step, gate)
+            return _AGAIN if answer is None else answer
+    elif tool.commits_before_call:
+        _begin(state, step, attempt, started)
+    if tool.commits_before_call and state.cancel_requested:
+        _not_made(state, step, attempt)  # read by the "before" commit: the call is not made
+        raise SliceEnds(journal.end(state, Cancelled()))
+    failpoints.hit("step_started", tool=step.tool, step_id=step.id)
+    return _GO
+
+
+def _begin(
+    state: SliceState, step: Step, attempt: int, started: Any, *, end_transaction: bool = False
+) -> None:
+    """The "before" commit: running + attempt, so a crash is seen and resumed by class."""
+    step.status = StepStatus.RUNNING
+    batch = WriteBatch()
+    begin_attempt(batch, step, attempt, state.owner, started)
+    journal.commit(
+        state,
+        [(EventType.STEP_STARTED, step_event_data(step, error=""))],  # not a retry's old one
+        batch=batch,
+        end_transaction=end_transaction,
+    )
+
+
+def _not_made_by_gate(state: SliceState, step: Step, gate: operations.Gate) -> Any:
+    """The gate kept the call from being made: refused (the model reads why), answered with
+    the key's earlier execution (the step succeeds with it, marked already done), or the run
+    waits for the call that holds the key, holding no thread (None: it was settled meanwhile,
+    take it again)."""
+    if gate.outcome == operations.REFUSED:
+        return _refuse(state, step, gate.reason)
+    if gate.outcome == operations.DONE:
+        now = timezone.now()
+        step.status, step.error, step.next_attempt_at = StepStatus.SUCCEEDED, "", None
+        step.result = operations.already_done(gate.key, gate.row)
+        step.payload = None  # replayed from its result
+        step.started_at, step.finished_at = step.started_at or now, now
+        stage(state.pending.batch, step, TOOL_RESULT_FIELDS)
+        journal.commit(state, [(EventType.STEP_SUCCEEDED, succeeded_event_data(state.run, step))])
+        record_durable_unit(executed=True)
+        return recorded(step)
+    until = timezone.now() + timedelta(seconds=operations.WAIT_POLL_SECONDS)
+    with transaction.atomic():
+        if not executions.wait_for(gate.row.id, state.run_id):
+            return None
+        # on the key's waiters: the run is rung when it settles (its settle waits for this
+        # transaction), so the back-off is committed in it
+        outcome = journal.back_off(state, until, waiting=gate.reason, operation_key=gate.key)
+    raise SliceEnds(outcome)
+
+
+def _not_made(state: SliceState, step: Step, attempt: int) -> None:
+    not_made = "the run was cancelled before the call was made"
+    if operations.holds_key(state.run, step.tool):
+        with transaction.atomic():  # never made: the key is free again
+            executions.settle(step.id, executions.RELEASED)
+    now = timezone.now()
+    batch = state.pending.batch
+    end_attempt(
+        batch, step, attempt, finished_at=now, outcome=AttemptOutcome.FAILED, error=not_made
+    )
+    step.status, step.error, step.finished_at = StepStatus.FAILED, not_made, now
+    stage(batch, step, ["status", "error", "finished_at"])
+    state.pending.events.append((EventType.STEP_FAILED, step_event_data(step)))
+
 
 _FED_BACK = {"model_retry": True, "tool_failed": False, "validation_error": True}
 
@@ -88,60 +203,66 @@ async def execute(state: SliceState, kind: str, name: str, ctx: Any, body: Any) 
     if step.status == StepStatus.SKIPPED:  # a retry skipped its unknown outcome: never made
         record_durable_unit(executed=False)
         return {"kind": "tool_return", "result": {"error": step.error or step.status}}
-    executor = state.executor
-    with island():
-        if step.status == StepStatus.UNKNOWN:  # a reconciliation is still open: wait for it
-            raise status.ends(RunStatus.WAITING, lambda: status.park(executor))
-        if step.status == StepStatus.RUNNING:
-            _recover(state, step)
-        try:
-            tool = get_tool(step.tool)
-        except UnknownTool:  # a deploy removed it after the call was planned (or approved)
-            return _refuse(state, step, f"refused: the tool {step.tool} is not deployed any more")
-        if step.approved and (refusal := inbox().approved_call_refusal(step)):
-            return _refuse(state, step, refusal)  # fail closed: only the approved arguments run
-        if step.next_attempt_at:
-            _wait_for_retry(state, step)
-        status.check_boundary(state, model=False)
+    if step.status == StepStatus.UNKNOWN:  # a reconciliation is still open: wait for it
+        raise await journal.ended(state, Parked())
+    if step.status == StepStatus.RUNNING:  # (rare: a worker died mid-call; tracing may read)
+        await state.lane.run(_recover, state, step)
+    try:
+        tool = get_tool(step.tool)
+    except UnknownTool:  # a deploy removed it after the call was planned (or approved)
+        reason = f"refused: the tool {step.tool} is not deployed any more"
+        return await state.lane.run(_refuse, state, step, reason)
+    if step.approved:  # fail closed: only the approved arguments run
+        refused = await state.lane.run(_approved_refusal, state, step)
+        if refused is not None:
+            return refused
+    if step.next_attempt_at:
+        await _wait_for_retry(state, step)
+    await journal.check(state, model=False)
     outage: ToolOutage | None = None
     while True:
         try:
             return await _attempt(state, step, tool, body)
-        except ServerUnavailable as down:
-            with island():
-                outage = outage or ToolOutage.resume(state.run.id, step.index)
-                _wait_out_outage(state, step, tool, down, outage)
+        except _Unreachable as down:
+            outage = outage or await state.lane.run(ToolOutage.resume, state.run.id, step.index)
+            noted = await state.lane.run(_outage_noted, state, step, tool, down, outage)
+            if noted is not None:
+                await _backed_off(state, noted, outage)
+            elif step.next_attempt_at:  # failed for good as an outage, retried by its policy
+                await _wait_for_retry(state, step)
+
+
+def _approved_refusal(state: SliceState, step: Step) -> Any:
+    refusal = inbox().approved_call_refusal(step)
+    return _refuse(state, step, refusal) if refusal else None
 
 
 def _recover(state: SliceState, step: Step) -> None:
     """A step left `running` by a dead worker (DESIGN.md 4.5)."""
     policy = state.run.tool_policy(step.tool)
     if policy.get("side_effect") and policy.get("idempotency") == "none":
-        raise status.outcome_unknown(state.executor, step, "worker died mid-call")
+        raise SliceEnds(journal.end(state, Reconciled(step, "worker died mid-call")))
     crashed(state, step, "worker died mid-call")
     state.pending.events.append((EventType.STEP_RECOVERED, step_event_data(step)))
 
 
-def _wait_for_retry(state: SliceState, step: Step) -> None:
-    executor = state.executor
-    delay = (step.next_attempt_at - timezone.now()).total_seconds()
+async def _wait_for_retry(state: SliceState, step: Step) -> None:
+    due = step.next_attempt_at
+    delay = (due - timezone.now()).total_seconds()
     if state.drain is not None and delay > conf.RETRY_SLEEP_MAX_SECONDS:
-        due = step.next_attempt_at
-        raise status.ends(RunStatus.QUEUED, lambda: status.back_off(executor, due))
-    if not status.wait_for_retry(executor, step.next_attempt_at):
-        raise status.cancelled(executor)
+        raise await journal.ended(state, BackingOff(due))
+    if not await journal.wait_for_retry(state, due):
+        raise await journal.ended(state, Cancelled())
 
 
-def _wait_out_outage(
-    state: SliceState, step: Step, tool: Tool, down: Any, outage: ToolOutage
-) -> None:
+def _outage_noted(state: SliceState, step: Step, tool: Tool, down: Any, outage: ToolOutage) -> Any:
     """The call reached nothing: its attempt is undone (the policy's attempts are for the tool's
-    own failures), the step says what it waits on, and the run backs off."""
-    executor = state.executor
+    own failures) and the step says what it waits on (the time to try again), or, down for
+    AGENTRUNS_TOOL_OUTAGE_SECONDS, the step fails (raises the slice's end)."""
     wait = outage.failed(down.error)
-    if wait is None:  # down for AGENTRUNS_TOOL_OUTAGE_SECONDS: the step fails
+    if wait is None:
         _failed(state, step, tool, down.attempt, down.started, outage.verdict(down.error))
-        return
+        return None
     until = timezone.now() + timedelta(seconds=wait)
     secrets = secret_values([step.arguments], state.run.redacted_fields(step.tool))
     reason = redact_text(outage.reason(down.error), secrets)[:2000]
@@ -156,13 +277,18 @@ def _wait_out_outage(
         data = step_event_data(
             step, next_attempt_at=iso(until), waiting_on=down.error.server, reason=reason
         )
-        executor.commit([(EventType.STEP_RETRY_SCHEDULED, data)])
+        journal.commit(state, [(EventType.STEP_RETRY_SCHEDULED, data)])
+    return until, reason
+
+
+async def _backed_off(state: SliceState, noted: Any, outage: ToolOutage) -> None:
+    until, reason = noted
+    wait = (until - timezone.now()).total_seconds()
     if state.drain is not None and wait > conf.RETRY_SLEEP_MAX_SECONDS:
         why = {"reason": reason, "tool_outage": outage.state()}
-        raise status.ends(RunStatus.QUEUED, lambda: status.back_off(executor, until, **why))
-    connections.release()
-    if not status.wait_for_retry(executor, until):
-        raise status.cancelled(executor)
+        raise await journal.ended(state, BackingOff(until, why))
+    if not await journal.wait_for_retry(state, until):
+        raise await journal.ended(state, Cancelled())
 
 
 class _Unreachable(ServerUnavailable):
@@ -171,28 +297,45 @@ class _Unreachable(ServerUnavailable):
         self.error, self.attempt, self.started = error, attempt, started
 
 
+_RETRY = object()  # the attempt failed and its policy tries again
+
+
 async def _attempt(state: SliceState, step: Step, tool: Tool, body: Any) -> Any:
-    executor = state.executor
-    run = state.run
-    attempt, started = step.attempts + 1, timezone.now()
+    """The call's attempts under its retry policy (its outcome, or the slice's end). A
+    transactional tool's attempt holds one lane thread: its writes, and the commit of its
+    result, are one transaction on that thread's connection."""
     while True:
-        with island():
-            opened = _open(state, step, tool, attempt, started)
-        if opened is not _AGAIN:
-            break
+        if tool.transactional:
+            async with state.lane.held():
+                outcome = await _try(state, step, tool, body)
+        else:
+            outcome = await _try(state, step, tool, body)
+        if outcome is not _RETRY:
+            return outcome
+        if step.next_attempt_at:
+            await _wait_for_retry(state, step)
+
+
+async def _try(state: SliceState, step: Step, tool: Tool, body: Any) -> Any:
+    lane = state.lane
+    attempt, started = step.attempts + 1, timezone.now()
+    # a call without a gate or a "before" commit opens without the database, and one without a
+    # side effect records its result into the pending batch: neither needs the lane
+    quiet = not (tool.commits_before_call or operations.gated(state.run, tool))
+    if quiet:
+        opened = _open(state, step, tool, attempt, started)
+    else:
+        while (opened := await lane.run(_open, state, step, tool, attempt, started)) is _AGAIN:
+            pass
     if opened is not _GO:
         return opened  # answered without a call: refused, or the key's earlier execution
-    with island():
-        # the decision that let an approved call run: the tool may pass on the approver's words
-        approval = inbox().approval_of(step) if step.approved else None
-        if not tool.transactional:
-            connections.release()  # the call waits on the world, not on this database
-        # a transactional call right after its model turn runs in the transaction that records
-        # that turn; if it fails there, all of it rolls back and the turn is recorded without it
-        eager = tool.transactional and bool(state.pending)
-        atomic = transaction.atomic() if tool.transactional else None
-        if atomic is not None:
-            atomic.__enter__()
+    # a transactional call right after its model turn runs in the transaction that records
+    # that turn; if it fails there, all of it rolls back and the turn is recorded without it
+    eager = tool.transactional and bool(state.pending)
+    atomic = await lane.run(_enter_atomic) if tool.transactional else None
+    # the decision that let an approved call run: the tool may pass on the approver's words
+    approval = await lane.run(inbox().approval_of, step) if step.approved else None
+    run = state.run
     tctx = ToolContext(
         run=run,
         step=step,
@@ -215,41 +358,82 @@ async def _attempt(state: SliceState, step: Step, tool: Tool, body: Any) -> Any:
                 traced.result(payload.get("result") if isinstance(payload, dict) else payload)
     except BaseException as exc:
         if not isinstance(exc, Exception) or is_infrastructure_error(exc):
-            with island():
-                if atomic is not None:
-                    atomic.__exit__(type(exc), exc, exc.__traceback__)
+            if atomic is not None:
+                await lane.run(atomic.__exit__, type(exc), exc, exc.__traceback__)
+            if isinstance(exc, SliceEnds) and exc.after is not None:  # ended inside the call
+                raise SliceEnds(await lane.run(journal.end, state, exc.after)) from None
             raise  # weather, a lost lease or the slice ending: not the tool's verdict
         failure, failure_tb = exc, traceback.format_exc()
-    with island():
-        if failure is None:
-            failpoints.hit("tool_returned", tool=step.tool, step_id=step.id)
-            try:
-                outcome = _returned(
-                    state, step, tool, attempt, started, payload, end_transaction=atomic is not None
-                )
-            except BaseException as exc:
-                if atomic is not None:
-                    atomic.__exit__(type(exc), exc, exc.__traceback__)
-                raise
-            if atomic is not None:
-                atomic.__exit__(None, None, None)
-            if outcome is None:
-                failpoints.hit("step_persisted", tool=step.tool, step_id=step.id)
-            return payload
-        if atomic is not None:  # its writes roll back; the failure is recorded on its own
-            atomic.__exit__(type(failure), failure, failure.__traceback__)
-        if eager and not isinstance(failure, ServerUnavailable | OutcomeUnknown):
-            # (as the engine always did: that try is no attempt; the call runs again on its
-            # own, with its retry policy, once the turn is recorded)
-            executor.commit([])
-        elif isinstance(failure, ServerUnavailable):
-            raise _Unreachable(failure, attempt, started)
-        elif isinstance(failure, OutcomeUnknown) and tool.commits_before_call:
-            # the call's connection broke after it was sent: reconciled, as after a dead worker
-            raise status.outcome_unknown(executor, step, redact_text(str(failure), secrets)[:2000])
-        else:
-            _failed(state, step, tool, attempt, started, failure, failure_tb)
-    return await _attempt(state, step, tool, body)  # retried under the tool's policy
+    if failure is None:
+        if quiet and not tool.side_effect and atomic is None:
+            return _returned_now(state, step, tool, attempt, started, payload, None)
+        return await lane.run(_returned_now, state, step, tool, attempt, started, payload, atomic)
+    return await lane.run(
+        _failed_now, state, step, tool, attempt, started, failure, failure_tb, atomic, eager
+    )
+
+
+def _enter_atomic() -> Any:
+    atomic = transaction.atomic()
+    atomic.__enter__()
+    return atomic
+
+
+def _returned_now(
+    state: SliceState,
+    step: Step,
+    tool: Tool,
+    attempt: int,
+    started: Any,
+    payload: Any,
+    atomic: Any,
+) -> Any:
+    """On the lane: the call returned; its record (in its transaction when it has one)."""
+    failpoints.hit("tool_returned", tool=step.tool, step_id=step.id)
+    try:
+        outcome = _returned(
+            state, step, tool, attempt, started, payload, end_transaction=atomic is not None
+        )
+    except BaseException as exc:
+        if atomic is not None:
+            atomic.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    if atomic is not None:
+        atomic.__exit__(None, None, None)
+    if outcome is None:
+        failpoints.hit("step_persisted", tool=step.tool, step_id=step.id)
+    return payload
+
+
+def _failed_now(
+    state: SliceState,
+    step: Step,
+    tool: Tool,
+    attempt: int,
+    started: Any,
+    failure: BaseException,
+    failure_tb: str,
+    atomic: Any,
+    eager: bool,
+) -> Any:
+    """On the lane: the call raised. `_RETRY` when it is tried again (now, or when its policy's
+    delay is due); an unreachable server or an unknown outcome raise."""
+    if atomic is not None:  # its writes roll back; the failure is recorded on its own
+        atomic.__exit__(type(failure), failure, failure.__traceback__)
+    if eager and not isinstance(failure, ServerUnavailable | OutcomeUnknown):
+        # (as the engine always did: that try is no attempt; the call runs again on its
+        # own, with its retry policy, once the turn is recorded)
+        journal.commit(state, [])
+    elif isinstance(failure, ServerUnavailable):
+        raise _Unreachable(failure, attempt, started)
+    elif isinstance(failure, OutcomeUnknown) and tool.commits_before_call:
+        # the call's connection broke after it was sent: reconciled, as after a dead worker
+        secrets = secret_values(step.arguments, state.run.redacted_fields(step.tool))
+        why = redact_text(str(failure), secrets)[:2000]
+        raise SliceEnds(journal.end(state, Reconciled(step, why)))
+    else:
+        _failed(state, step, tool, attempt, started, failure, failure_tb)
+    return _RETRY
 
 
 def _result_of(payload: Any) -> Any:
@@ -281,7 +465,6 @@ def _returned(
     """The call returned (a value, or control flow Pydantic AI carries as a value)."""
     kind = payload.get("kind") if isinstance(payload, dict) else None
     now = timezone.now()
-    executor = state.executor
     batch = state.pending.batch if not tool.commits_before_call else WriteBatch()
     if kind in ("approval_required", "call_deferred"):
         # the tool deferred itself (asks for approval, or its result comes from outside): its
@@ -304,7 +487,7 @@ def _returned(
             if keyed:  # nothing was made, and a parked call holds no key
                 executions.settle(step.id, executions.RELEASED)
             if batch is not state.pending.batch:
-                executor.commit([], batch=batch, end_transaction=end_transaction)
+                journal.commit(state, [], batch=batch, end_transaction=end_transaction)
         return "deferred"
     if not tool.commits_before_call:
         step.started_at = started
@@ -313,7 +496,7 @@ def _returned(
                 attempt_row(
                     step,
                     attempt,
-                    executor.owner,
+                    state.owner,
                     started,
                     finished_at=now,
                     outcome=AttemptOutcome.SUCCEEDED,
@@ -334,7 +517,8 @@ def _returned(
         with transaction.atomic() if keyed and not end_transaction else nullcontext():
             if keyed:
                 executions.settle(step.id, executions.DONE, step.result)
-            executor.commit(
+            journal.commit(
+                state,
                 [event],
                 batch=None if batch is state.pending.batch else batch,
                 end_transaction=end_transaction or keyed,
@@ -354,9 +538,8 @@ def _failed(
     exc: BaseException,
     tb: str = "",
 ) -> None:
-    """The tool failed: retried under its policy (returns, the caller calls again), or the step
-    and the run fail (raises the slice's end)."""
-    executor = state.executor
+    """The tool failed: retried under its policy (returns: the caller waits for the retry's
+    delay, then calls again), or the step and the run fail (raises the slice's end)."""
     now = timezone.now()
     retry = tool.retry.is_retryable(exc) and attempt - step.retry_base < tool.retry.max_attempts
     outcome = AttemptOutcome.RETRYING if retry else AttemptOutcome.FAILED
@@ -373,7 +556,7 @@ def _failed(
     if tool.commits_before_call:
         end_attempt(batch, step, attempt, **fields)
     else:
-        batch.insert([attempt_row(step, attempt, executor.owner, started, **fields)])
+        batch.insert([attempt_row(step, attempt, state.owner, started, **fields)])
     step.attempts = attempt
     step.error = redact_text(f"{type(exc).__name__}: {exc}", secrets)
     step.started_at = step.started_at or started
@@ -383,8 +566,7 @@ def _failed(
         step.status, step.next_attempt_at = StepStatus.PENDING, now + timedelta(seconds=delay)
         stage(batch, step, changed)
         data = step_event_data(step, next_attempt_at=iso(step.next_attempt_at))
-        executor.commit([(EventType.STEP_RETRY_SCHEDULED, data)], batch=batch)
-        _wait_for_retry(state, step)
+        journal.commit(state, [(EventType.STEP_RETRY_SCHEDULED, data)], batch=batch)
         return
     step.status, step.finished_at, step.next_attempt_at = StepStatus.FAILED, now, None
     stage(batch, step, changed)
@@ -392,5 +574,7 @@ def _failed(
     with transaction.atomic() if keyed else nullcontext():
         if keyed:
             executions.settle(step.id, executions.RELEASED)  # failed for good: free again
-        executor.commit([(EventType.STEP_FAILED, step_event_data(step))], batch=batch)
-    raise status.fail(executor, f"step #{step.index} {step.tool} failed: {step.error}")
+        journal.commit(state, [(EventType.STEP_FAILED, step_event_data(step))], batch=batch)
+    raise SliceEnds(
+        journal.end(state, Failed(f"step #{step.index} {step.tool} failed: {step.error}"))
+    )
