@@ -111,6 +111,7 @@ def lookup_order(order_id: str) -> dict:
         # approvers may lower the amount, never raise it or change the order
         editable={"amount_cents": Edit.at_most_requested(minimum=1), "reason": Edit.free()},
         amount_arg="amount_cents",
+        label="refund",  # "Waiting for an approver: refund 327.32 USD to Jun Sato"
         retry=RetryPolicy(max_attempts=3, backoff_seconds=0.5, backoff_max_seconds=5),
         # across runs (support/ledger.py): one refund per order whichever run asks (a second
         # run is told it was already done), refunds adding up to at most what was paid, and

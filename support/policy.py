@@ -20,6 +20,7 @@ from decimal import Decimal, InvalidOperation
 
 from agentruns.registry import ScriptedTurn
 from agentruns.runtime.values.money import format_cents
+from agentruns.runtime.values.timestamps import moment_text
 
 _NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d{1,2})?|\d+(?:[.,]\d{1,2})?"
 _CURRENCY_WORD = r"usd|eur|gbp|dollars?|euros?|pounds?|bucks"
@@ -134,7 +135,8 @@ def _already_refunded(
     cents = earlier.get("amount_cents")
     paid = format_cents(cents, currency) if isinstance(cents, int) else ""
     what = f"{paid} ({earlier.get('refund_id')})" if paid else "a refund"
-    by = f"run {str(refund.get('done_by_run', ''))[:8]} at {refund.get('done_at')}"
+    when = moment_text(refund.get("done_at"))
+    by = f"another run on {when}" if when else "another run"
     if "send_customer_reply" not in done:
         note = f"Not refunded again: {what} was already issued for this order by {by}."
         reply = (
@@ -193,12 +195,13 @@ def _not_refunded(order_id: str, name: str, refund: dict) -> tuple[str, str]:
     """The note and the reply of a refund not made. A person's rejection says only the reason
     they gave for the customer (the result carries nothing else); a failure says what failed."""
     if refund.get("error") == "rejected":
-        why = str(refund.get("reason") or "").strip()
+        why = str(refund.get("reason") or "").strip().rstrip(".")  # one full stop, not ".."
         note = f"Refund rejected{': ' + why if why else ''}."
     else:
         why = str(refund.get("reason") or refund.get("error") or "it could not be processed")
+        why = why.strip().rstrip(".")
         note = f"Refund not issued: {why}."
-    said = f": {why.rstrip('.')}." if why else "."
+    said = f": {why}." if why else "."
     reply = (
         f"Hi {name}, we are sorry, but we could not approve a refund for order {order_id}{said} "
         "Reply to this message if you have questions."

@@ -32,6 +32,7 @@ KEYS = frozenset(
         "context",
         "currency_arg",
         "handover",
+        "label",
     }
 )
 
@@ -53,6 +54,7 @@ def durable(
     context: Callable[[dict], dict] | None = None,
     currency_arg: str | None = None,
     handover: bool | None = None,
+    label: str | None = None,
 ) -> dict[str, dict[str, Any]]:
     """`{"agentruns": {...}}` for a Pydantic AI tool's `metadata=` (only the keys given)."""
     given = {k: v for k, v in locals().items() if v is not None}

@@ -81,6 +81,9 @@ class Tool:
     # the argument holding the currency of `amount_arg` (else the context's `currency`)
     currency_arg: str | None = None
     handover: bool = False  # a call hands the run over to a person (registry/outcomes/)
+    # what a call does, as a verb phrase for people ("refund"): pages say "Waiting for an
+    # approver: refund 327.32 USD to Jun Sato" (selectors/calls.py); default: the name in words
+    label: str = ""
     _compiled: Any = field(default=None, repr=False, compare=False)
     _simple: Any = field(default=None, repr=False, compare=False)
 
@@ -186,6 +189,7 @@ def tool(
     context: Callable[[dict], dict] | None = None,
     currency_arg: str | None = None,
     handover: bool = False,
+    label: str = "",
 ):
     """Register a function as a tool. Usable bare (`@tool`) or with options."""
     if idempotency not in ("key", "none"):
@@ -214,6 +218,7 @@ def tool(
             context=context,
             currency_arg=currency_arg,
             handover=bool(handover),
+            label=str(label or ""),
         )
         check_declaration(t.name, t.parameters, t.editable, t.redact, amount_arg, currency_arg)
         for what in ("operation_key", "limit", "context"):

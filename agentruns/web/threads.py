@@ -17,7 +17,10 @@ from agentruns.services.actions import may_stop
 from agentruns.services.threads import MAX_TEXT_CHARS, ThreadRefused, active_runs, post_message
 
 START = "agentruns.start_run"
-CHOICES = (("enqueue", "after the current turn"), ("interrupt", "interrupt the current turn"))
+CHOICES = (
+    ("enqueue", "when it has finished what it is doing"),
+    ("interrupt", "now: stop what it is doing"),
+)
 
 
 def thread_context(run: Run, user: Any, **extra: Any) -> dict:

@@ -25,12 +25,20 @@ from agentruns.models import Step, StepAttempt, StepKind
 from agentruns.registry import Tool, UnknownTool, get_tool
 from agentruns.registry.deployed import cannot_run
 from agentruns.runtime.values.money import major_text
+from agentruns.selectors.calls import (
+    CUSTOMER_KEYS,
+    ORDER_KEYS,
+    argument_label,
+    call_in_words,
+    first_text,
+    tool_label,
+)
 from agentruns.web.forms.inputs import string_attrs
 from approvals.domain.context import contexts
 from approvals.domain.decisions import args_diff
 from approvals.domain.policy import waiting_for
 from approvals.models import Approval, ApprovalDecision, ApprovalKind, ApprovalStatus
-from approvals.web.amounts import Money, currency_of, first_text, money_of
+from approvals.web.amounts import Money, currency_of, money_of
 from approvals.web.context_view import ContextView, context_view
 
 log = logging.getLogger(__name__)
@@ -39,9 +47,6 @@ log = logging.getLogger(__name__)
 CONTEXT_STEPS = 12
 # how many of the model's recent messages a card shows
 RECENT_MODEL_TEXTS = 3
-
-CUSTOMER_KEYS = ("customer_name", "customer", "name")
-ORDER_KEYS = ("order_id",)
 
 
 @dataclass
@@ -58,6 +63,10 @@ class FormField:
     hint: str = ""  # the edit policy in words ("may only be lowered: from 1 up to 4599 ...")
     # the tool's amount, shown and typed in this currency's major unit ("12.50")
     currency: str = ""
+
+    @property
+    def label(self) -> str:
+        return argument_label(self.name)
 
     @property
     def input_value(self) -> str:
@@ -79,6 +88,10 @@ class ArgRow:
     value: Any
     shown: str = ""  # an amount in its currency ("120.00 USD")
     asked: str = ""  # edited: the agent's value as shown
+
+    @property
+    def label(self) -> str:
+        return argument_label(self.name)
 
 
 @dataclass
@@ -114,10 +127,19 @@ class Card:
     rows: list[ArgRow] = field(default_factory=list)
     # the tool's amount argument and its currency (None: no amount, or no currency known)
     money: Money | None = None
+    # what the call does, in words: "refund" (the tool's label), "refund 327.32 USD to Jun Sato"
+    label: str = ""
+    what: str = ""
 
     @property
     def given_user_ids(self) -> list[int]:
         return [d.user_id for d in self.given if d.user_id]
+
+    @property
+    def changeable(self) -> str:
+        """What an approver may change, in words: "the amount or the reason"."""
+        labels = [f"the {f.label.lower()}" for f in self.fields if f.editable]
+        return " or ".join([", ".join(labels[:-1]), labels[-1]] if len(labels) > 1 else labels)
 
     @property
     def is_handover(self) -> bool:
@@ -361,4 +383,6 @@ def _card(
         cannot_run=cannot_run_now(approval),
         asked_because=str(run.tool_permission(approval.tool).get("approval_because") or ""),
         money=money,
+        label=tool_label(approval.tool),
+        what=call_in_words(approval.tool, proposal, [proposal, *results, run_input], currency),
     )

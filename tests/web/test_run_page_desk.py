@@ -58,8 +58,8 @@ def test_the_conversation_comes_first_and_the_engineering_detail_one_click_away(
     # the input as fields, not a Python dict; the message is not repeated there
     fields = page[page.index('id="run-input"') :]
     fields = fields[: fields.index("</dl>")]
-    assert "<dt>order_id</dt><dd><code>ORD-1008</code></dd>" in fields
-    assert "<dt>ticket_id</dt><dd><code>T-1008</code></dd>" in fields
+    assert '<dt data-name="order_id">Order</dt><dd><code>ORD-1008</code></dd>' in fields
+    assert '<dt data-name="ticket_id">Ticket</dt><dd><code>T-1008</code></dd>' in fields
     assert "kettle" not in fields and "{&#x27;order_id" not in page
     assert "<b>kettle</b>" not in page  # the customer's words are text
 
@@ -78,9 +78,14 @@ def test_actions_for_who_may_take_them_and_who_can_for_the_others(seeded, operat
     assert "ask someone in on-call, or an administrator." in page_of(approver, run)
     page = page_of(operator, run)
     assert 'class="act-retry"' in page and "Only operators" not in page
-    # a running run: who may cancel it
+    # a running run: who may stop it (its starter, an operator), and a Stop for those only
     queued = script_run([{"text": "hi"}])
-    assert "Only operators can cancel this run" in page_of(approver, queued)
+    page = page_of(approver, queued)
+    assert "Only the person who started it or an operator can stop this run" in page
+    assert 'class="act-stop"' not in page and "Cancel run" not in page
+    page = page_of(operator, queued)
+    assert 'class="act-stop"' in page and "Stop ends the run now" in page
+    assert "Only the person" not in page and "Cancel run" not in page  # one Stop, explained
     # a finished run needs nobody
     done = advance(queued)
     assert "Only operators" not in page_of(approver, done)
