@@ -1,14 +1,15 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
-from django.views.generic import RedirectView
 
 from agentruns import health
 from agentruns.web import examples
+from agentruns.web.layout import navigation
 from support import gateway
 
 urlpatterns = [
-    path("", RedirectView.as_view(url="/runs/", permanent=False)),
+    # where each user lands (support staff: the ticket queue), also after signing in
+    path("", navigation.home, name="home"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

@@ -15,4 +15,7 @@ class SupportConfig(AppConfig):
             "ticket-queue",
             permission="support.view_ticket",
             active_names=("ticket-queue", "ticket-detail"),
+            # support staff (whoever may see the desk: approvers, trainees, viewers, leads)
+            # land on the queue when they sign in
+            home=True,
         )
