@@ -84,7 +84,14 @@ def _text(name: str, value: Any, currency: str) -> str:
     if name.endswith("_cents") and isinstance(value, int | float):
         return format_cents(value, currency)
     if isinstance(value, dict):
-        parts = [f"{_label(k)} {_text(k, v, currency)}" for k, v in value.items()]
+        # a record in a line: its ids and names speak for themselves, amounts and yes/no
+        # answers say what they are ("ORD-1041, Ada Lovelace, blender, paid 374.63 USD")
+        parts = [
+            f"{_label(k)} {_text(k, v, currency)}"
+            if k.endswith("_cents") or isinstance(v, bool)
+            else _text(k, v, currency)
+            for k, v in value.items()
+        ]
         return ", ".join(parts) or "—"
     if isinstance(value, list):
         return "; ".join(_text(name, item, currency) for item in value) or "none"
