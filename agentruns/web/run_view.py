@@ -242,7 +242,10 @@ def banner(run: Run, rows: list[Any], waiting_for: dict | None, waiting_line: st
         if waiting_line:
             return Banner(f"Waiting to start: {waiting_line}", "waiting")
         if run.error:  # the reason a queued run waits (a quota, the model's rate limit)
-            return Banner(f"Waiting to start: {run.error}", "waiting")
+            why = run.error
+            if why.lower().startswith("waiting"):  # "waiting on the model's rate limit (...)"
+                return Banner(why[:1].upper() + why[1:], "waiting")
+            return Banner(f"Waiting to start: {why}", "waiting")
         return Banner(f"The {run.agent} agent is starting{on}…", "working")
     if run.status == RunStatus.RUNNING:
         return Banner(f"The {run.agent} agent is working{on}…", "working")
