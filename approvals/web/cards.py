@@ -22,9 +22,17 @@ from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from agentruns.models import Step, StepAttempt, StepKind
-from agentruns.registry import Tool, UnknownTool, get_tool
 from agentruns.registry.deployed import cannot_run
 from agentruns.runtime.values.money import major_text
+from agentruns.selectors.calls import (
+    CUSTOMER_KEYS,
+    ORDER_KEYS,
+    argument_label,
+    call_in_words,
+    deployed_tool,
+    first_text,
+    tool_label,
+)
 from agentruns.web.forms.inputs import string_attrs
 from agentruns.web.layout.navigation import record_url
 from approvals.domain.context import contexts
@@ -32,7 +40,7 @@ from approvals.domain.decisions import args_diff
 from approvals.domain.history import not_made, not_made_label
 from approvals.domain.policy import waiting_for
 from approvals.models import Approval, ApprovalDecision, ApprovalKind, ApprovalStatus
-from approvals.web.amounts import Money, currency_of, first_text, money_of
+from approvals.web.amounts import Money, currency_of, money_of
 from approvals.web.context_view import ContextView, context_view
 
 log = logging.getLogger(__name__)
@@ -42,8 +50,6 @@ CONTEXT_STEPS = 12
 # how many of the model's recent messages a card shows
 RECENT_MODEL_TEXTS = 3
 
-CUSTOMER_KEYS = ("customer_name", "customer", "name")
-ORDER_KEYS = ("order_id",)
 TICKET_KEYS = ("ticket_id",)
 
 
@@ -61,6 +67,10 @@ class FormField:
     hint: str = ""  # the edit policy in words ("may only be lowered: from 1 up to 4599 ...")
     # the tool's amount, shown and typed in this currency's major unit ("12.50")
     currency: str = ""
+
+    @property
+    def label(self) -> str:
+        return argument_label(self.name)
 
     @property
     def input_value(self) -> str:
@@ -82,6 +92,10 @@ class ArgRow:
     value: Any
     shown: str = ""  # an amount in its currency ("120.00 USD")
     asked: str = ""  # edited: the agent's value as shown
+
+    @property
+    def label(self) -> str:
+        return argument_label(self.name)
 
 
 @dataclass
@@ -124,10 +138,19 @@ class Card:
     # an approved call that was not made (approvals/domain/history.py): why, and the whole line
     not_made: str = ""
     not_made_label: str = ""
+    # what the call does, in words: "refund" (the tool's label), "refund 327.32 USD to Jun Sato"
+    label: str = ""
+    what: str = ""
 
     @property
     def given_user_ids(self) -> list[int]:
         return [d.user_id for d in self.given if d.user_id]
+
+    @property
+    def changeable(self) -> str:
+        """What an approver may change, in words: "the amount or the reason"."""
+        labels = [f"the {f.label.lower()}" for f in self.fields if f.editable]
+        return " or ".join([", ".join(labels[:-1]), labels[-1]] if len(labels) > 1 else labels)
 
     @property
     def is_handover(self) -> bool:
@@ -145,9 +168,8 @@ def schema_fields(
     """The form's inputs for `args` (the current proposal, redacted): editable are the fields
     the tool's edit policy declares (and the approver can see), bounded by their rule. The
     tool's amount (`money`) is shown, bounded and typed in its currency."""
-    try:
-        tool = get_tool(approval.tool)
-    except UnknownTool:
+    tool = deployed_tool(approval.tool)
+    if tool is None:
         return []
     schema = tool.parameters
     hidden = set(hidden)
@@ -323,13 +345,6 @@ def card_for(approval: Approval) -> Card:
     return build_cards([approval])[0]
 
 
-def _deployed(name: str) -> Tool | None:
-    try:
-        return get_tool(name)
-    except UnknownTool:
-        return None
-
-
 def _amount(approval: Approval, money: Money | None) -> int | None:
     """The proposal's amount (the tool's `amount_arg`, else `amount_cents`) when an integer."""
     if money is None:
@@ -348,7 +363,7 @@ def _card(
     # newest facts first: a later lookup wins over an earlier one, the args over both
     results = [s.result for s in earlier if s.kind == StepKind.TOOL and isinstance(s.result, dict)]
     sources = [approval.requested_args, *results, run_input]
-    tool = _deployed(approval.tool)
+    tool = deployed_tool(approval.tool)
     currency = currency_of(tool, approval.effective_args, across, sources)
     money = money_of(tool, currency)
     amount_cents = _amount(approval, money)
@@ -387,4 +402,6 @@ def _card(
         ticket_url=record_url("ticket_id", ticket_id),
         not_made=not_made(approval),
         not_made_label=not_made_label(approval),
+        label=tool_label(approval.tool),
+        what=call_in_words(approval.tool, proposal, [proposal, *results, run_input], currency),
     )

@@ -157,7 +157,7 @@ def cancel_at_boundary(executor: Any, *, output: str = "") -> str:
                     StepStatus.WAITING_APPROVAL,
                 ):
                     step.status, step.finished_at = StepStatus.SKIPPED, now
-        events = withdraw_unrun_work(executor.state.run, now, who=None)
+        events = withdraw_unrun_work(executor.state.run, now, who=None, verb=reason)
         if state is not None:  # a thread's run: what it did, for the next turn's model
             transcript.record_unanswered(state.run.id, state.run.thread_id, state.steps)
         executions.run_ended(executor.state.run, "the run was cancelled during the call")
