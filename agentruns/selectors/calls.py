@@ -5,7 +5,8 @@ gathered: the call's arguments, the results of its earlier tool steps (a lookup'
 `customer_name` and `currency`) and its input, newest first (`facts`). The tool says what a call
 does (`label`, a verb phrase: "refund"; default its name in words) and which argument is its
 amount (`amount_arg`, in minor units) in which currency (`currency_arg`, else the facts). The
-inbox's cards and the run page read the same facts with these helpers.
+inbox's cards and the run page read the same facts with these helpers, and show a value that
+is no plain text (a record, a list, an amount, a moment) in a line of words (`value_in_words`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from agentruns.registry import Tool, UnknownTool, get_tool
 from agentruns.runtime.values.money import format_cents
+from agentruns.runtime.values.timestamps import moment_text
 
 CUSTOMER_KEYS = ("customer_name", "customer", "name")
 CURRENCY_KEYS = ("currency",)
@@ -92,3 +94,33 @@ def argument_label(name: str) -> str:
             break
     words = words.replace("_", " ").replace("-", " ").strip()
     return words[:1].upper() + words[1:] if words else name
+
+
+def moment_or_text(value: Any) -> str:
+    """An ISO 8601 moment as people read it ("Dec 3, 14:02"); anything else as it is."""
+    if not isinstance(value, str) or "T" not in value:
+        return str(value)
+    return moment_text(value) or value
+
+
+def value_in_words(name: str, value: Any, currency: str = "") -> str:
+    """A value in a line people read: an amount (`*_cents`) in its currency, yes or no, a moment
+    in words, a record's ids and names as they are with its amounts and yes/no answers saying
+    what they are ("ORD-1041, Ada Lovelace, blender, paid 374.63 USD"), a list with "; "."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if name.endswith("_cents") and isinstance(value, int | float):
+        return format_cents(value, currency)
+    if isinstance(value, Mapping):
+        parts = [
+            f"{argument_label(str(k)).lower()} {value_in_words(str(k), v, currency)}"
+            if str(k).endswith("_cents") or isinstance(v, bool)
+            else value_in_words(str(k), v, currency)
+            for k, v in value.items()
+        ]
+        return ", ".join(parts) or "—"
+    if isinstance(value, list):
+        return "; ".join(value_in_words(name, item, currency) for item in value) or "none"
+    if value is None:
+        return "—"
+    return moment_or_text(value)

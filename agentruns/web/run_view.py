@@ -10,7 +10,6 @@ argument people see.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -21,7 +20,13 @@ from agentruns.registry.outcomes import label as outcome_label
 from agentruns.runtime.events import EventType
 from agentruns.runtime.values.redaction import redact_fields
 from agentruns.runtime.values.timestamps import ago_text, moment_text
-from agentruns.selectors.calls import argument_label
+from agentruns.selectors.calls import (
+    CURRENCY_KEYS,
+    argument_label,
+    facts,
+    first_text,
+    value_in_words,
+)
 from agentruns.selectors.people import groups_with_permission
 
 MESSAGE_KEY = "message"
@@ -108,19 +113,20 @@ def customer_message(run: Run) -> str:
     return message if isinstance(message, str) else ""
 
 
-def input_items(run: Run) -> list[InputItem]:
-    """The input's fields, the customer's message left out (the conversation shows it)."""
+def input_items(run: Run, steps: list[Step]) -> list[InputItem]:
+    """The input's fields, the customer's message left out (the conversation shows it); a field
+    that is no text in words (a record in a line, an amount in the currency the run's tool
+    results name: `value_in_words`). The input as JSON is the engineering detail's."""
     if not isinstance(run.input, dict):
-        return [InputItem("input", json.dumps(run.input, ensure_ascii=False), True)]
+        return [InputItem("input", value_in_words("input", run.input), True)]
+    results = [s.result for s in reversed(steps) if s.kind == StepKind.TOOL]
+    currency = first_text(facts({}, results, run.input), CURRENCY_KEYS) or ""
     items = []
     for name, value in run.input.items():
         if name == MESSAGE_KEY and isinstance(value, str):
             continue
-        if isinstance(value, str):
-            items.append(InputItem(str(name), value, "\n" in value or len(value) > 80))
-        else:
-            text = json.dumps(value, ensure_ascii=False, indent=2, default=str)
-            items.append(InputItem(str(name), text, isinstance(value, dict | list)))
+        text = value if isinstance(value, str) else value_in_words(str(name), value, currency)
+        items.append(InputItem(str(name), text, "\n" in text or len(text) > 80))
     return items
 
 

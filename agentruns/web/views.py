@@ -111,7 +111,7 @@ def run_detail(request: HttpRequest, run_id) -> HttpResponse:
             "waiting_for": waiting,
             # the support view: the conversation first, the input as fields, who may act
             "customer_message": run_view.customer_message(run),
-            "input_items": run_view.input_items(run),
+            "input_items": run_view.input_items(run, steps),
             "replies": run_view.replies(run, steps),
             "handovers": run_view.handovers(run, steps),
             "who_may_act": run_view.who_may_act(run, request.user),

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentruns.runtime.values.money import format_cents
-from agentruns.runtime.values.timestamps import ago_text, moment_text
-from agentruns.selectors.calls import argument_label
+from agentruns.runtime.values.timestamps import ago_text
+from agentruns.selectors.calls import argument_label, moment_or_text, value_in_words
 
 ENGINE_KEYS = ("operation", "pending", "pending_total", "currency", "error")
 MAX_TEXT = 400  # one fact's line; a tool's huge context never floods the card
@@ -39,7 +39,7 @@ def context_view(context: dict | None) -> ContextView | None:
     view = ContextView(error=str(context.get("error") or ""))
     for name, value in context.items():
         if name not in ENGINE_KEYS:
-            view.facts.append((_label(name), _text(name, value, currency)[:MAX_TEXT]))
+            view.facts.append((_label(name), value_in_words(name, value, currency)[:MAX_TEXT]))
     operation = context.get("operation")
     if isinstance(operation, dict):
         view.key, view.key_status = operation.get("key", ""), operation.get("status", "")
@@ -53,7 +53,7 @@ def context_view(context: dict | None) -> ContextView | None:
                 for part in (
                     f"#{item.get('approval')}",
                     shown,
-                    f"waiting since {ago_text(item.get('since')) or _when(item.get('since'))}",
+                    f"waiting since {_since(item.get('since'))}",
                 )
                 if part
             )
@@ -61,6 +61,10 @@ def context_view(context: dict | None) -> ContextView | None:
     if context.get("pending_total") and view.pending:
         view.pending_total = _amount(context["pending_total"], currency)
     return view
+
+
+def _since(value: Any) -> str:
+    return ago_text(value) or moment_or_text(value)
 
 
 def _label(name: str) -> str:
@@ -71,35 +75,6 @@ def _amount(value: Any, currency: str) -> str:
     return format_cents(value, currency) if isinstance(value, int | float) else str(value)
 
 
-def _when(value: Any) -> str:
-    """An ISO 8601 moment as people read it ("Dec 3, 14:02"); anything else as it is."""
-    if not isinstance(value, str) or "T" not in value:
-        return str(value)
-    return moment_text(value) or value
-
-
-def _text(name: str, value: Any, currency: str) -> str:
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if name.endswith("_cents") and isinstance(value, int | float):
-        return format_cents(value, currency)
-    if isinstance(value, dict):
-        # a record in a line: its ids and names speak for themselves, amounts and yes/no
-        # answers say what they are ("ORD-1041, Ada Lovelace, blender, paid 374.63 USD")
-        parts = [
-            f"{_label(k)} {_text(k, v, currency)}"
-            if k.endswith("_cents") or isinstance(v, bool)
-            else _text(k, v, currency)
-            for k, v in value.items()
-        ]
-        return ", ".join(parts) or "—"
-    if isinstance(value, list):
-        return "; ".join(_text(name, item, currency) for item in value) or "none"
-    if value is None:
-        return "—"
-    return _when(value)
-
-
 def _key_line(operation: dict, currency: str) -> str:
     """What the call meets under its operation key, in words (the key itself is the card's
     `data-key`, for engineers)."""
@@ -108,17 +83,23 @@ def _key_line(operation: dict, currency: str) -> str:
     allowed = operation.get("allowed", 1)
     if status == "held":
         holder = next((e for e in live if e.get("state") == "held"), {})
+        since = moment_or_text(holder.get("at"))
         return (
-            f"Another run is making this call now (since {_when(holder.get('at'))}): approved, "
-            "this call waits for it, then runs or is answered with its result."
+            f"Another run is making this call now (since {since}): approved, this call waits for "
+            "it, then runs or is answered with its result."
         )
     if status == "used":
         done = live[-1] if live else {}
         result = done.get("result")
-        what = f" ({_text('result', result, currency)[:200]})" if isinstance(result, dict) else ""
+        what = (
+            f" ({value_in_words('result', result, currency)[:200]})"
+            if isinstance(result, dict)
+            else ""
+        )
+        when = moment_or_text(done.get("settled_at") or done.get("at"))
         return (
-            f"Already done by another run on {_when(done.get('settled_at') or done.get('at'))}"
-            f"{what}: approving will not do it again; the agent is told it was already done."
+            f"Already done by another run on {when}{what}: approving will not do it again; the "
+            "agent is told it was already done."
         )
     if live:
         return f"Done {len(live)} of the {allowed} times allowed: approving makes this call."
