@@ -1,7 +1,9 @@
 """Every support page in plain words (issue 44, item 3): the queue, the tickets, the inbox (its
 cards, item pages and decided view), hand-overs, the run pages and the chat example, rendered for
-a realistic demo state (a refund waiting for an approver, one decided, a hand-over, a run stopped
-while it waited, a ticket with the agent's notes, a rejection) and read as a person reads them:
+a realistic demo state (a refund waiting for an approver, one decided, a request sent twice whose
+second approval paid nothing ("approved, not paid"), a hand-over taken on its ticket and one
+finished there (a refund by hand, a reply, the close), a run stopped while it waited, a ticket
+with the agent's notes, a rejection) and read as a person reads them:
 the text outside the engineering detail (a closed `<details>` is one click away) holds no ISO
 timestamps, minor units, JSON, step numbers, operation or concurrency keys, tool or field names;
 durations are right (an item that waited 40 s says so, however long ago it was decided); no
@@ -23,6 +25,7 @@ from django.test import Client
 from django.utils import timezone
 
 from agentruns.models import Run, RunStatus
+from agentruns.registry.run_input import concurrency
 from agentruns.runtime.values.timestamps import ago_text, duration_text, moment_text
 from agentruns.services import start_run
 from agentruns.services.actions import stop_run
@@ -30,7 +33,7 @@ from approvals import services as decisions
 from approvals.models import Approval
 from support.models import TicketNote
 from tests.helpers import advance
-from tests.procs import module_web
+from tests.procs import gateway_refunds, module_web
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -129,8 +132,18 @@ def _decided_by(run: Run, user, **decision) -> Run:
     return advance(run)
 
 
+def _signed_in(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def _token(page: str, name: str) -> str:
+    return re.search(rf'name="{name}" value="([^"]+)"', page).group(1)
+
+
 @pytest.fixture
-def desk(seeded, gateway, settings) -> dict:
+def desk(seeded, gateway, settings, monkeypatch) -> dict:
     """The demo as a support team leaves it after a morning's work."""
     settings.REFUND_GATEWAY_URL = gateway + "/gateway"
     settings.REFUND_APPROVAL_THRESHOLD_CENTS = 0  # every refund waits for an approver
@@ -163,35 +176,93 @@ def desk(seeded, gateway, settings) -> dict:
     rejected = _decided_by(
         rejected, approver2, decision="reject", reason="It is outside the return window."
     )
+    # a hand-over taken on its ticket by a colleague (still open)
     handover = run_on(1008, "The kettle is broken", users["trainee"])
     assert Approval.objects.filter(run=handover, kind="handover").exists()
+    taken = _signed_in(approver2).post("/tickets/T-1008/handover/take/")
+    assert taken.status_code == 302
+    # and one finished on its ticket: taken, refunded by hand (approved in the inbox), a reply
+    # in the person's words, closed with what they did
+    finished = run_on(1015, "The rug came in the wrong colour, please refund it", users["trainee"])
+    assert Approval.objects.filter(run=finished, kind="handover").exists()
+    page = _signed_in(approver)
+    page.post("/tickets/T-1015/handover/take/")
+    html = page.get("/tickets/T-1015/").content.decode()
+    refund = {"amount": "20.00", "reason": "for the wrong colour", "refund_token": ""}
+    refund["refund_token"] = _token(html, "refund_token")
+    assert page.post("/tickets/T-1015/handover/refund/", refund).status_code == 302
+    by_hand = advance(Run.objects.get(input__ticket_id="T-1015", input__staff_refund__isnull=False))
+    by_hand = _decided_by(by_hand, approver2, decision="approve")
+    assert by_hand.status == RunStatus.SUCCEEDED, by_hand.error
+    html = page.get("/tickets/T-1015/").content.decode()
+    reply = {"text": "Hi, 20.00 is refunded; keep the rug.", "reply_token": ""}
+    reply["reply_token"] = _token(html, "reply_token")
+    assert page.post("/tickets/T-1015/handover/reply/", reply).status_code == 302
+    closed = page.post("/tickets/T-1015/handover/close/", {"note": "refunded 20.00, replied"})
+    assert closed.status_code == 302
+
+    # the same request sent twice before anyone decided (the demo without the order's line,
+    # REFUND_RUNS_PER_ORDER=0): both wait, both are approved, the second pays nothing
+    monkeypatch.delitem(concurrency._declared, "refund")
+    twice = [run_on(1030, "The lamp flickers, please refund it", approver) for _ in range(2)]
+    assert [run.status for run in twice] == [RunStatus.WAITING] * 2, [r.error for r in twice]
+    twice = [_decided_by(run, approver2, decision="approve") for run in twice]
+    assert [run.status for run in twice] == [RunStatus.SUCCEEDED] * 2, [r.error for r in twice]
+    assert len(gateway_refunds(gateway, "ORD-1030")) == 1
+    not_paid = Approval.objects.get(run=twice[1], kind="approval")
+
     stopped = run_on(1020, "It never came", approver)
     stop_run(stopped.id, user=approver)
     return {
         "users": users,
-        "runs": [waiting, decided, again, rejected, handover, stopped],
+        "runs": [waiting, decided, again, rejected, handover, finished, by_hand, *twice, stopped],
         "decided_item": item,
-        "tickets": ["T-1050", "T-1001", "T-1012", "T-1008", "T-1020"],
+        "not_paid_item": not_paid,
+        "tickets": ["T-1050", "T-1001", "T-1012", "T-1008", "T-1015", "T-1030", "T-1020"],
     }
 
 
 def test_the_support_pages_speak_plain_words(desk):
-    client = Client()
-    client.force_login(desk["users"]["approver"])
+    users = desk["users"]
     pages = ["/tickets/", "/approvals/", "/approvals/decided/", "/examples/chat/"]
     pages += [f"/tickets/{t}/" for t in desk["tickets"]]
     pages += [f"/approvals/{a.id}/" for a in Approval.objects.all()]
     pages += [f"/runs/{run.id}/" for run in desk["runs"]]
+    seen = [(users["approver"], path) for path in pages]
+    # the hand-over's ticket as the colleague who took it reads it (its refund and reply forms)
+    seen.append((users["approver2"], "/tickets/T-1008/"))
     problems = {}
-    for path in pages:
-        response = client.get(path)
+    for user, path in seen:
+        response = _signed_in(user).get(path)
         assert response.status_code == 200, path
         found = engineering_words(PlainText.of(response.content.decode()))
         if found:
-            problems[path] = found
+            problems[f"{path} ({user.username})"] = found
     assert not problems, "\n".join(
         f"{path}:\n  " + "\n  ".join(found) for path, found in problems.items()
     )
+
+
+def test_an_approval_that_paid_nothing_says_so_in_words(desk):
+    client = _signed_in(desk["users"]["approver"])
+    item = desk["not_paid_item"]
+    for path in (f"/approvals/{item.id}/", "/approvals/decided/"):
+        text = PlainText.of(client.get(path, {"q": "ORD-1030"}).content.decode())
+        assert re.search(
+            r"[Aa]pproved, not paid: it was already done on [A-Z][a-z]{2} \d{1,2}, \d{2}:\d{2}",
+            text,
+        ), (path, text)
+
+
+def test_a_handover_reads_on_its_ticket_in_words(desk):
+    users = desk["users"]
+    taken = PlainText.of(_signed_in(users["approver"]).get("/tickets/T-1008/").content.decode())
+    # (a <time>'s title, the exact moment, is read before its text)
+    assert re.search(r"approver2 took this hand-over (\[[^]]+\] )?(just now|\d+ min ago)", taken)
+    closed = PlainText.of(_signed_in(users["viewer"]).get("/tickets/T-1015/").content.decode())
+    when = r"(\[[^]]+\] )?(just now|\d+ min ago)"
+    assert re.search(rf"Closed by approver {when} ?: refunded 20\.00, replied", closed), closed
+    assert "20.00 USD" in closed  # the refund by hand, in the order's currency
 
 
 def test_a_decided_item_says_how_long_it_waited(desk):
