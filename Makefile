@@ -51,7 +51,7 @@ run: venv
 	  WEB_PORT=$(WEB_PORT) APP_BASE_URL=http://127.0.0.1:$(WEB_PORT) $(BIN)/honcho start -f Procfile
 
 # the AI SDK chat example's bundle: Node.js and npm, pinned lock file
-$(EXAMPLE): examples/chat/package-lock.json examples/chat/src/chat.js
+$(EXAMPLE): examples/chat/package-lock.json $(wildcard examples/chat/src/*.js)
 	cd examples/chat && npm ci --no-audit --no-fund && npm run build
 
 example: $(EXAMPLE)

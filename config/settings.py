@@ -161,7 +161,7 @@ AUTH_PASSWORD_VALIDATORS = [
     )
 ]
 LOGIN_URL = "/accounts/login/"
-LOGIN_REDIRECT_URL = "/approvals/"
+LOGIN_REDIRECT_URL = "/"  # each user's landing page (agentruns.web.layout.navigation.home)
 LOGOUT_REDIRECT_URL = "/accounts/login/"
 SESSION_COOKIE_AGE = env_int("SESSION_COOKIE_AGE", 12 * 3600)
 

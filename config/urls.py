@@ -4,14 +4,15 @@ the demo's own pages (login, the support desk, the refund gateway, the chat exam
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path, re_path
-from django.views.generic import RedirectView
 
 from agentruns.api.urls import not_found
+from agentruns.web.layout import navigation
 from config import examples
 from support import gateway
 
 urlpatterns = [
-    path("", RedirectView.as_view(url="/runs/", permanent=False)),
+    # where each user lands (support staff: the ticket queue), also after signing in
+    path("", navigation.home, name="home"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

@@ -165,6 +165,7 @@ def lookup_order(order_id: str, ticket_id: str | None = None) -> dict:
         # approvers may lower the amount, never raise it or change the order or the request
         editable={"amount_cents": Edit.at_most_requested(minimum=1), "reason": Edit.free()},
         amount_arg="amount_cents",
+        label="refund",  # "Waiting for an approver: refund 327.32 USD to Jun Sato"
         retry=RetryPolicy(max_attempts=3, backoff_seconds=0.5, backoff_max_seconds=5),
         # across runs (support/ledger.py): one refund per customer request, its ticket,
         # whichever run asks (a later call is told it was already done), an order's refunds

@@ -15,6 +15,9 @@ class SupportConfig(AppConfig):
             "ticket-queue",
             permission="support.view_ticket",
             active_names=("ticket-queue", "ticket-detail"),
+            # support staff (whoever may see the desk: approvers, trainees, viewers, leads)
+            # land on the queue when they sign in
+            home=True,
         )
         # a run's or an inbox item's ticket links to the ticket's page
         register_record_page("ticket_id", "ticket-detail")

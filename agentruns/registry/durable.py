@@ -33,6 +33,7 @@ KEYS = frozenset(
         "currency_arg",
         "handover",
         "scope_arg",
+        "label",
     }
 )
 
@@ -55,6 +56,7 @@ def durable(
     currency_arg: str | None = None,
     handover: bool | None = None,
     scope_arg: str | None = None,
+    label: str | None = None,
 ) -> dict[str, dict[str, Any]]:
     """`{"agentruns": {...}}` for a Pydantic AI tool's `metadata=` (only the keys given)."""
     given = {k: v for k, v in locals().items() if v is not None}

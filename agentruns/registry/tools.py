@@ -86,6 +86,9 @@ class Tool:
     # the argument that must equal the run's scope (registry/run_input/scopes.py): a call with
     # another value is refused
     scope_arg: str | None = None
+    # what a call does, as a verb phrase for people ("refund"): pages say "Waiting for an
+    # approver: refund 327.32 USD to Jun Sato" (selectors/calls.py); default: the name in words
+    label: str = ""
     _compiled: Any = field(default=None, repr=False, compare=False)
     _simple: Any = field(default=None, repr=False, compare=False)
 
@@ -206,6 +209,7 @@ def tool(
     currency_arg: str | None = None,
     handover: bool = False,
     scope_arg: str | None = None,
+    label: str = "",
 ):
     """Register a function as a tool. Usable bare (`@tool`) or with options."""
     if idempotency not in ("key", "none"):
@@ -235,6 +239,7 @@ def tool(
             currency_arg=currency_arg,
             handover=bool(handover),
             scope_arg=scope_arg,
+            label=str(label or ""),
         )
         check_declaration(t.name, t.parameters, t.editable, t.redact, amount_arg, currency_arg)
         for what in ("operation_key", "limit", "context"):

@@ -75,8 +75,8 @@ def waiting_line(run: Run) -> str:
             "(one run of a thread at a time)"
         )
     return (
-        f"waiting behind run {str(run.waiting_behind)[:8]}: runs of {run.agent} with "
-        f"concurrency key {run.concurrency_key} take turns, in start order"
+        f"waiting behind run {str(run.waiting_behind)[:8]}: {run.agent} runs on "
+        f"{run.concurrency_key} take turns, in start order"
     )
 
 

@@ -10,14 +10,23 @@ argument people see.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from agentruns.models import Run, RunStatus, Step, StepKind, StepStatus
+from agentruns.models import Run, RunEvent, RunStatus, Step, StepKind, StepStatus
 from agentruns.registry import UnknownAgent, get_agent
+from agentruns.registry.outcomes import label as outcome_label
+from agentruns.runtime.events import EventType
 from agentruns.runtime.values.redaction import redact_fields
+from agentruns.runtime.values.timestamps import ago_text, moment_text
+from agentruns.selectors.calls import (
+    CURRENCY_KEYS,
+    argument_label,
+    facts,
+    first_text,
+    value_in_words,
+)
 from agentruns.selectors.people import groups_with_permission
 
 MESSAGE_KEY = "message"
@@ -43,6 +52,10 @@ class InputItem:
     name: str
     value: str
     long: bool  # several lines or a structure: shown as a block
+
+    @property
+    def label(self) -> str:
+        return argument_label(self.name)
 
 
 @dataclass
@@ -100,19 +113,20 @@ def customer_message(run: Run) -> str:
     return message if isinstance(message, str) else ""
 
 
-def input_items(run: Run) -> list[InputItem]:
-    """The input's fields, the customer's message left out (the conversation shows it)."""
+def input_items(run: Run, steps: list[Step]) -> list[InputItem]:
+    """The input's fields, the customer's message left out (the conversation shows it); a field
+    that is no text in words (a record in a line, an amount in the currency the run's tool
+    results name: `value_in_words`). The input as JSON is the engineering detail's."""
     if not isinstance(run.input, dict):
-        return [InputItem("input", json.dumps(run.input, ensure_ascii=False), True)]
+        return [InputItem("input", value_in_words("input", run.input), True)]
+    results = [s.result for s in reversed(steps) if s.kind == StepKind.TOOL]
+    currency = first_text(facts({}, results, run.input), CURRENCY_KEYS) or ""
     items = []
     for name, value in run.input.items():
         if name == MESSAGE_KEY and isinstance(value, str):
             continue
-        if isinstance(value, str):
-            items.append(InputItem(str(name), value, "\n" in value or len(value) > 80))
-        else:
-            text = json.dumps(value, ensure_ascii=False, indent=2, default=str)
-            items.append(InputItem(str(name), text, isinstance(value, dict | list)))
+        text = value if isinstance(value, str) else value_in_words(str(name), value, currency)
+        items.append(InputItem(str(name), text, "\n" in text or len(text) > 80))
     return items
 
 
@@ -147,12 +161,144 @@ def who_may_act(run: Run, user: Any) -> str:
     needs nothing, or the user may act)."""
     if user.has_perm(OPERATE):
         return ""
-    if run.status == RunStatus.FAILED:
-        action = "retry this run or mark its failed step resolved"
-    elif run.status in (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING):
-        action = "cancel this run"
-    else:
-        return ""
     groups = groups_with_permission(OPERATE)
     whom = f"someone in {', '.join(groups)}, or an administrator" if groups else "an administrator"
-    return f"Only operators can {action}: ask {whom}."
+    if run.status == RunStatus.FAILED:
+        return f"Only operators can retry this run or mark its failed step resolved: ask {whom}."
+    if run.status in ACTIVE:
+        if run.created_by_id == getattr(user, "pk", None):
+            return ""  # its starter may stop it: the Stop button says what it does
+        starter = run.created_by.get_username() if run.created_by_id else ""
+        by = f"{starter} (who started it)" if starter else "the person who started it"
+        return f"Only {by} or an operator can stop this run: ask {whom}."
+    return ""
+
+
+# ------------------------------------------------------------------ where the run stands, in words
+ACTIVE = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING)
+STOPPED, CANCELLED = "stopped", "cancelled"  # a run's stop reason after a stop, a cancel
+
+
+@dataclass
+class Banner:
+    """One sentence at the top of the run page on where the run stands, kept current by the
+    page's stream (runstream.js swaps it when the status changes). `tone`: working, waiting,
+    done, failed, stopped."""
+
+    text: str
+    tone: str
+    since: datetime | None = None
+
+    @property
+    def since_text(self) -> str:
+        return ago_text(self.since) if self.since else ""
+
+
+def subject(run: Run) -> str:
+    """What the run is about, as its input names it: the most specific of its agent's search
+    fields that the input has (the demo: the ticket, else the order)."""
+    if not isinstance(run.input, dict):
+        return ""
+    try:
+        fields = list(get_agent(run.agent).search_fields)
+    except UnknownAgent:
+        fields = []
+    for name in reversed(fields):
+        value = run.input.get(name)
+        if isinstance(value, str) and value:
+            return value
+    return ""
+
+
+def _held(steps: list[Any]) -> Any:
+    """The step row (timeline.StepView) the run waits on a person for, if any."""
+    for row in steps:
+        if row.step.status in (StepStatus.WAITING_APPROVAL, StepStatus.UNKNOWN):
+            return row
+    return None
+
+
+def _waiting_text(run: Run, rows: list[Any], waiting_for: dict | None) -> str:
+    kind = (waiting_for or {}).get("kind")
+    held = _held(rows)
+    item = held.approval if held is not None else None
+    if kind == "question" or (item is not None and item.kind == "question"):
+        asked = getattr(item, "question", "") if item is not None else ""
+        return f"Waiting for an answer: {asked}" if asked else "Waiting for an answer"
+    if held is not None and held.step.status == StepStatus.UNKNOWN:
+        return f"Waiting for a person to check whether this happened: {held.words}"
+    if held is not None:
+        return f"Waiting for an approver: {held.words}"
+    if kind == "message":
+        return "Waiting for the customer's reply"
+    if kind == "timer":
+        due = (waiting_for or {}).get("due")
+        return f"Sleeping until {moment_text(due)}" if due else "Sleeping"
+    if kind == "event":
+        return "Waiting for a message from another system"
+    return "Waiting"
+
+
+def banner(run: Run, rows: list[Any], waiting_for: dict | None, waiting_line: str = "") -> Banner:
+    """Where the run stands, in words: "The refund agent is working on T-1050", "Waiting for an
+    approver: refund 327.32 USD to Jun Sato", "Finished: partially refunded"."""
+    about = subject(run)
+    on = f" on {about}" if about else ""
+    if run.status == RunStatus.QUEUED:
+        if waiting_line:
+            return Banner(f"Waiting to start: {waiting_line}", "waiting")
+        if run.error:  # the reason a queued run waits (a quota, the model's rate limit)
+            why = run.error
+            if why.lower().startswith("waiting"):  # "waiting on the model's rate limit (...)"
+                return Banner(why[:1].upper() + why[1:], "waiting")
+            return Banner(f"Waiting to start: {why}", "waiting")
+        return Banner(f"The {run.agent} agent is starting{on}…", "working")
+    if run.status == RunStatus.RUNNING:
+        return Banner(f"The {run.agent} agent is working{on}…", "working")
+    if run.status == RunStatus.WAITING:
+        since = None
+        if waiting_for and waiting_for.get("since"):
+            since = datetime.fromisoformat(waiting_for["since"])
+        return Banner(_waiting_text(run, rows, waiting_for), "waiting", since)
+    if run.status == RunStatus.SUCCEEDED:
+        done = outcome_label(run.outcome) if run.outcome else ""
+        return Banner(f"Finished: {done}" if done else "Finished", "done", run.finished_at)
+    if run.status == RunStatus.CANCELLED:
+        return Banner(end_line(run), "stopped", run.finished_at)
+    return Banner("The run failed", "failed", run.finished_at)  # why: #stop-reason below
+
+
+def _stop_request(run: Run) -> dict:
+    """Who asked the run to stop (or cancel) and why: the latest request's event data."""
+    data = (
+        RunEvent.objects.filter(run_id=run.id, type=EventType.RUN_CANCEL_REQUESTED)
+        .order_by("-seq")
+        .values_list("data", flat=True)
+        .first()
+    )
+    return data if isinstance(data, dict) else {}
+
+
+def end_line(run: Run) -> str:
+    """Why the run ended early, in one sentence: "Stopped by approver", "Cancelled by lead: the
+    customer called", "Stopped: the run's deadline passed"; "" for a run that did not."""
+    if run.stop_reason in (STOPPED, CANCELLED):
+        request = _stop_request(run)
+        who = request.get("by")
+        line = f"{run.stop_reason.capitalize()}{f' by {who}' if who else ''}"
+        reason = str(request.get("reason") or "").strip()
+        return f"{line}: {reason}" if reason else line
+    if run.stop_reason:
+        return f"Stopped: {run.error}" if run.error else f"Stopped ({run.stop_reason})"
+    return ""
+
+
+def withdrawn_by_stop(rows: list[Any]) -> list[str]:
+    """What stopping the run now would take out of the inbox, in words (its pending calls)."""
+    return [
+        row.words
+        for row in rows
+        if row.approval is not None
+        and row.approval.status == "pending"
+        and row.approval.kind in ("approval", "reconciliation")
+    ]

@@ -23,7 +23,10 @@ from agentruns.services.threads import (
 )
 
 START = "agentruns.start_run"
-CHOICES = (("enqueue", "after the current turn"), ("interrupt", "interrupt the current turn"))
+CHOICES = (
+    ("enqueue", "when it has finished what it is doing"),
+    ("interrupt", "now: stop what it is doing"),
+)
 
 
 def thread_context(run: Run, user: Any, **extra: Any) -> dict:

@@ -19,6 +19,7 @@ from django.utils.safestring import SafeString, mark_safe
 from agentruns.models import Run, Step, StepAttempt, StepKind, StepStatus
 from agentruns.registry.deployed import cannot_run
 from agentruns.runtime.values.redaction import redact_fields, redact_text, redact_tool_calls
+from agentruns.selectors.calls import call_in_words, facts
 
 # outcome -> colour, shared by the SVG bars and its legend
 COLOURS = {
@@ -73,6 +74,8 @@ class StepView:
     retry_in_seconds: float | None = None
     # a parked call the deployed code cannot run (its tool or agent gone, its schema changed)
     cannot_run: str = ""
+    # a tool call in words ("refund 327.32 USD to Jun Sato": selectors/calls.py)
+    words: str = ""
 
     @property
     def side_effect(self) -> bool:
@@ -109,6 +112,7 @@ def _retry_view(policy: dict, step: Step) -> RetryView | None:
 def view_steps(run: Run, steps: list[Step], now: datetime | None = None) -> list[StepView]:
     now = now or timezone.now()
     rows = []
+    results: list[Any] = []  # the earlier tool steps' results, newest first (the call's facts)
     for step in steps:
         hidden = run.redacted_fields(step.tool)
         policy = run.tool_policy(step.tool) if step.kind == StepKind.TOOL else {}
@@ -133,9 +137,21 @@ def view_steps(run: Run, steps: list[Step], now: datetime | None = None) -> list
                 else [],
                 retry_in_seconds=retry_in,
                 cannot_run=_cannot_run(run, step),
+                words=_words(run, step, hidden, results),
             )
         )
+        if step.kind == StepKind.TOOL and isinstance(step.result, dict):
+            results.insert(0, redact_fields(step.result, hidden))
     return rows
+
+
+def _words(run: Run, step: Step, hidden: Any, results: list[Any]) -> str:
+    if step.kind != StepKind.TOOL or not step.tool:
+        return ""
+    approval = _approval(step)
+    args = approval.effective_args if approval is not None else step.arguments
+    shown = redact_fields(args, hidden) if isinstance(args, dict) else {}
+    return call_in_words(step.tool, shown, facts(shown, results, run.input))
 
 
 def _cannot_run(run: Run, step: Step) -> str:

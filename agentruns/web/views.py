@@ -80,12 +80,21 @@ def run_detail(request: HttpRequest, run_id) -> HttpResponse:
         .exclude(type="model.delta")
         .order_by("seq")
     )
+    rows = view_steps(run, steps)
+    waiting = waiting_for(run)
+    line = waiting_line(run)
     return render(
         request,
         "agentruns/run_detail.html",
         {
             "run": run,
-            "steps": view_steps(run, steps),
+            "steps": rows,
+            # where the run stands in one sentence, and why it ended early (if it did)
+            "banner": run_view.banner(run, rows, waiting, line),
+            "end_line": run_view.end_line(run),
+            "subject": run_view.subject(run),
+            # what a stop would take out of the inbox: the page asks before it does
+            "withdraws": run_view.withdrawn_by_stop(rows),
             "events": events,
             "svg": timeline_svg(run, steps),
             "legend": legend(steps),
@@ -98,11 +107,11 @@ def run_detail(request: HttpRequest, run_id) -> HttpResponse:
             "can_fork": request.user.has_perm(OPERATE) and request.user.has_perm(START),
             "permissions": permission_view(run),
             "backoff": backoff_of(run, events),
-            "waiting_line": waiting_line(run),
-            "waiting_for": waiting_for(run),
+            "waiting_line": line,
+            "waiting_for": waiting,
             # the support view: the conversation first, the input as fields, who may act
             "customer_message": run_view.customer_message(run),
-            "input_items": run_view.input_items(run),
+            "input_items": run_view.input_items(run, steps),
             "replies": run_view.replies(run, steps),
             "handovers": run_view.handovers(run, steps),
             "who_may_act": run_view.who_may_act(run, request.user),
@@ -227,12 +236,24 @@ def run_cancel(request: HttpRequest, run_id) -> HttpResponse:
 @login_required
 def run_stop(request: HttpRequest, run_id) -> HttpResponse:
     """Its starter or an operator: the model turn in flight ends within a second."""
+    run = get_object_or_404(Run.objects.only("id", "created_by_id"), id=run_id)
+    if request.POST.get("withdraw") != "1" and services.may_stop(request.user, run):
+        # a stop withdraws what waits for a person: asked first (a page from before it parked);
+        # the stop itself is counted and checked by `stop_for`, as at every other door
+        rows = view_steps(run, list(Step.objects.filter(run=run).select_related("approval")))
+        withdraws = run_view.withdrawn_by_stop(rows)
+        if withdraws:
+            return render(
+                request,
+                "agentruns/stop_confirm.html",
+                {"run": run, "withdraws": withdraws, "reason": request.POST.get("reason", "")},
+            )
     return _action(
         request,
         run_id,
         services.stop_for,
-        "Stopped: the model's answer in progress ends now, keeping what it said so far; a tool "
-        "call in progress finishes first.",
+        "Stopped: the agent's answer in progress ends now, keeping what it said so far; a call "
+        "already under way finishes first.",
         reason=request.POST.get("reason", "").strip()[:500],
     )
 

@@ -26,6 +26,7 @@ from django.utils import timezone
 from agentruns.models import Run, StepStatus
 from agentruns.registry import get_tool, has_tool
 from agentruns.runtime.values.timestamps import moment_text
+from agentruns.selectors.calls import tool_label
 from agentruns.selectors.pagination import KeysetPage, keyset_page
 from agentruns.selectors.run_list import search_condition
 from approvals.domain.decisions import args_diff
@@ -168,7 +169,9 @@ def history_of(approval: Approval) -> list[HistoryEntry]:
     requested = approval.visible_args()
     handover = approval.kind == ApprovalKind.HANDOVER
     asked = (
-        f"handed over to a person ({approval.tool})" if handover else f"asked for {approval.tool}"
+        "handed the request over to a person"
+        if handover
+        else f"asked to {tool_label(approval.tool)}"  # "asked to refund"
     )
     entries = [HistoryEntry(approval.created_at, "the agent", asked)]
     rows = list(approval.decisions.all())
@@ -186,7 +189,7 @@ def history_of(approval: Approval) -> list[HistoryEntry]:
         handover and approval.status == ApprovalStatus.RESOLVED
     )
     if not (ended_by_a_person and rows):
-        what = {"withdrawn": "withdrawn"}.get(approval.resolution) or (
+        what = {"withdrawn": "withdrew it"}.get(approval.resolution) or (
             f"reconciled: {approval.resolution}" if approval.resolution else approval.status
         )
         who = approval.decided_by_name or "the system"

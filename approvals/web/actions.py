@@ -148,7 +148,7 @@ def allow_operation(request: HttpRequest, approval_id: int) -> HttpResponse:
         return HttpResponse(str(exc), status=403, content_type="text/plain; charset=utf-8")
     except ActionRefused as exc:
         return _card_response(request, approval_id, f"Nothing changed: {exc}.", "warning", 409)
-    note = f"One more execution of {approval.operation_key} is allowed: approving runs this call."
+    note = "It may be done once more now: approving makes this call."
     return _card_response(request, approval_id, note, "success", 200)
 
 

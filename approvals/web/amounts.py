@@ -18,9 +18,9 @@ from typing import Any
 from agentruns.registry import Tool
 from agentruns.registry.edits import Edit
 from agentruns.runtime.values.money import BadAmount, format_cents, major_text, parse_major
+from agentruns.selectors.calls import CURRENCY_KEYS, first_text
 from approvals.errors import EditNotAllowed
 
-CURRENCY_KEYS = ("currency",)
 _CURRENCY = re.compile(r"^[A-Z]{3}$")
 
 
@@ -46,16 +46,6 @@ class Money:
     def hint(self, edit: Edit, requested: Any) -> str:
         """ "may only be lowered: from 0.01 up to 295.44 USD (the requested value)"."""
         return edit.human(requested, show=lambda v: format_cents(v), unit=self.currency)
-
-
-def first_text(sources: list[dict], keys: tuple[str, ...]) -> str | None:
-    """The first non-empty string or integer under `keys` in `sources`, as text."""
-    for source in sources:
-        for key in keys:
-            value = source.get(key)
-            if isinstance(value, str | int) and not isinstance(value, bool) and value != "":
-                return str(value)
-    return None
 
 
 def currency_of(tool: Tool | None, args: dict, context: dict | None, sources: list[dict]) -> str:

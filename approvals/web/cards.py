@@ -22,17 +22,23 @@ from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from agentruns.models import Step, StepAttempt, StepKind
-from agentruns.registry import Tool, UnknownTool, get_tool
 from agentruns.registry.deployed import cannot_run
-from agentruns.runtime.values.money import major_text
-from agentruns.web.forms.inputs import string_attrs
+from agentruns.selectors.calls import (
+    CUSTOMER_KEYS,
+    ORDER_KEYS,
+    call_in_words,
+    deployed_tool,
+    first_text,
+    tool_label,
+)
 from agentruns.web.layout.navigation import record_url
 from approvals.domain.context import contexts
 from approvals.domain.decisions import args_diff
 from approvals.domain.history import not_made, not_made_label
 from approvals.domain.policy import waiting_for
 from approvals.models import Approval, ApprovalDecision, ApprovalKind, ApprovalStatus
-from approvals.web.amounts import Money, currency_of, first_text, money_of
+from approvals.web.amounts import Money, currency_of, money_of
+from approvals.web.arguments import ArgRow, FormField, arg_rows, schema_fields, shown_diff
 from approvals.web.context_view import ContextView, context_view
 
 log = logging.getLogger(__name__)
@@ -42,46 +48,7 @@ CONTEXT_STEPS = 12
 # how many of the model's recent messages a card shows
 RECENT_MODEL_TEXTS = 3
 
-CUSTOMER_KEYS = ("customer_name", "customer", "name")
-ORDER_KEYS = ("order_id",)
 TICKET_KEYS = ("ticket_id",)
-
-
-@dataclass
-class FormField:
-    """One input of the edit form, generated from the tool's JSON schema."""
-
-    name: str
-    type: str
-    value: Any
-    editable: bool
-    required: bool
-    attrs: dict = field(default_factory=dict)
-    choices: list = field(default_factory=list)
-    hint: str = ""  # the edit policy in words ("may only be lowered: from 1 up to 4599 ...")
-    # the tool's amount, shown and typed in this currency's major unit ("12.50")
-    currency: str = ""
-
-    @property
-    def input_value(self) -> str:
-        if self.type in ("object", "array"):
-            return json.dumps(self.value, ensure_ascii=False)
-        if self.value is None:
-            return ""
-        if self.currency and isinstance(self.value, int):
-            return major_text(self.value)  # typed in the currency: "12.50"
-        return str(self.value)
-
-
-@dataclass
-class ArgRow:
-    """One argument in the card's table: the current proposal's value (an amount also in its
-    currency) and, when an approver changed it, what the agent asked for."""
-
-    name: str
-    value: Any
-    shown: str = ""  # an amount in its currency ("120.00 USD")
-    asked: str = ""  # edited: the agent's value as shown
 
 
 @dataclass
@@ -124,10 +91,19 @@ class Card:
     # an approved call that was not made (approvals/domain/history.py): why, and the whole line
     not_made: str = ""
     not_made_label: str = ""
+    # what the call does, in words: "refund" (the tool's label), "refund 327.32 USD to Jun Sato"
+    label: str = ""
+    what: str = ""
 
     @property
     def given_user_ids(self) -> list[int]:
         return [d.user_id for d in self.given if d.user_id]
+
+    @property
+    def changeable(self) -> str:
+        """What an approver may change, in words: "the amount or the reason"."""
+        labels = [f"the {f.label.lower()}" for f in self.fields if f.editable]
+        return " or ".join([", ".join(labels[:-1]), labels[-1]] if len(labels) > 1 else labels)
 
     @property
     def is_handover(self) -> bool:
@@ -137,91 +113,6 @@ class Card:
     def not_made_short(self) -> str:
         """The chip of an approved call that was not made: "approved, not paid"."""
         return self.not_made_label.split(":", 1)[0]
-
-
-def schema_fields(
-    approval: Approval, args: dict, hidden: Iterable[str], money: Money | None = None
-) -> list[FormField]:
-    """The form's inputs for `args` (the current proposal, redacted): editable are the fields
-    the tool's edit policy declares (and the approver can see), bounded by their rule. The
-    tool's amount (`money`) is shown, bounded and typed in its currency."""
-    try:
-        tool = get_tool(approval.tool)
-    except UnknownTool:
-        return []
-    schema = tool.parameters
-    hidden = set(hidden)
-    required = set(schema.get("required", []))
-    fields = []
-    for name, prop in schema.get("properties", {}).items():
-        kind = prop.get("type", "string")
-        if isinstance(kind, list):  # ["integer", "null"]: edit as the non-null type
-            kind = next((k for k in kind if k != "null"), "string")
-        attrs: dict[str, Any] = {}
-        edit = tool.editable.get(name)
-        requested = approval.requested_args.get(name)
-        in_currency = money is not None and money.arg == name and kind == "integer"
-        if in_currency:
-            low, high = edit.limits(requested) if edit is not None else (None, None)
-            low = max((v for v in (prop.get("minimum"), low) if v is not None), default=None)
-            high = min((v for v in (prop.get("maximum"), high) if v is not None), default=None)
-            attrs = money.field_attrs(low, high)
-        elif kind in ("integer", "number"):
-            attrs["step"] = "1" if kind == "integer" else "any"
-            low, high = prop.get("minimum"), prop.get("maximum")
-            if edit is not None:  # the edit policy's bound, where it is tighter than the schema
-                bound_low, bound_high = edit.limits(approval.requested_args.get(name))
-                low = max((v for v in (low, bound_low) if v is not None), default=None)
-                high = min((v for v in (high, bound_high) if v is not None), default=None)
-            attrs.update({k: v for k, v in (("min", low), ("max", high)) if v is not None})
-        if kind == "string":
-            attrs.update(string_attrs(prop))
-        fields.append(
-            FormField(
-                name=name,
-                type=kind,
-                value=args.get(name, prop.get("default", "")),
-                editable=name not in hidden and edit is not None,
-                required=name in required,
-                attrs=attrs,
-                choices=list(prop.get("enum", [])),
-                hint=_hint(edit, requested, money if in_currency else None),
-                currency=money.currency if in_currency and money is not None else "",
-            )
-        )
-    return fields
-
-
-def _hint(edit: Any, requested: Any, money: Money | None) -> str:
-    if edit is None:
-        return ""
-    return money.hint(edit, requested) if money is not None else edit.human(requested)
-
-
-def arg_rows(requested: dict, proposal: dict, money: Money | None) -> list[ArgRow]:
-    """The table's rows: the proposal, an amount also in its currency, changes marked."""
-    rows = []
-    for name in dict.fromkeys([*requested, *proposal]):
-        value = proposal.get(name)
-        is_money = money is not None and money.arg == name
-        row = ArgRow(name, value, shown=money.show(value) if is_money else "")
-        if name in requested and not _same(requested.get(name), value):
-            asked = requested.get(name)
-            row.asked = money.show(asked) if is_money else json.dumps(asked, ensure_ascii=False)
-        rows.append(row)
-    return rows
-
-
-def shown_diff(diff: dict, money: Money | None) -> dict:
-    """An edit's changes as people read them: the amount in its currency."""
-    if money is None or money.arg not in diff:
-        return diff
-    change = diff[money.arg]
-    return {**diff, money.arg: {"from": money.show(change["from"]), "to": money.show(change["to"])}}
-
-
-def _same(a: Any, b: Any) -> bool:
-    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
 def _context_steps(approvals: list[Approval]) -> dict[Any, list[Step]]:
@@ -323,13 +214,6 @@ def card_for(approval: Approval) -> Card:
     return build_cards([approval])[0]
 
 
-def _deployed(name: str) -> Tool | None:
-    try:
-        return get_tool(name)
-    except UnknownTool:
-        return None
-
-
 def _amount(approval: Approval, money: Money | None) -> int | None:
     """The proposal's amount (the tool's `amount_arg`, else `amount_cents`) when an integer."""
     if money is None:
@@ -348,7 +232,7 @@ def _card(
     # newest facts first: a later lookup wins over an earlier one, the args over both
     results = [s.result for s in earlier if s.kind == StepKind.TOOL and isinstance(s.result, dict)]
     sources = [approval.requested_args, *results, run_input]
-    tool = _deployed(approval.tool)
+    tool = deployed_tool(approval.tool)
     currency = currency_of(tool, approval.effective_args, across, sources)
     money = money_of(tool, currency)
     amount_cents = _amount(approval, money)
@@ -387,4 +271,6 @@ def _card(
         ticket_url=record_url("ticket_id", ticket_id),
         not_made=not_made(approval),
         not_made_label=not_made_label(approval),
+        label=tool_label(approval.tool),
+        what=call_in_words(approval.tool, proposal, [proposal, *results, run_input], currency),
     )

@@ -6,12 +6,11 @@ template escapes them like any other text."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
-from django.utils import timezone
-
 from agentruns.runtime.values.money import format_cents
+from agentruns.runtime.values.timestamps import ago_text
+from agentruns.selectors.calls import argument_label, moment_or_text, value_in_words
 
 ENGINE_KEYS = ("operation", "pending", "pending_total", "currency", "error")
 MAX_TEXT = 400  # one fact's line; a tool's huge context never floods the card
@@ -40,7 +39,7 @@ def context_view(context: dict | None) -> ContextView | None:
     view = ContextView(error=str(context.get("error") or ""))
     for name, value in context.items():
         if name not in ENGINE_KEYS:
-            view.facts.append((_label(name), _text(name, value, currency)[:MAX_TEXT]))
+            view.facts.append((_label(name), value_in_words(name, value, currency)[:MAX_TEXT]))
     operation = context.get("operation")
     if isinstance(operation, dict):
         view.key, view.key_status = operation.get("key", ""), operation.get("status", "")
@@ -53,9 +52,8 @@ def context_view(context: dict | None) -> ContextView | None:
                 part
                 for part in (
                     f"#{item.get('approval')}",
-                    f"run {str(item.get('run_id', ''))[:8]}",
                     shown,
-                    f"waiting since {_when(item.get('since'))}",
+                    f"waiting since {_since(item.get('since'))}",
                 )
                 if part
             )
@@ -65,62 +63,44 @@ def context_view(context: dict | None) -> ContextView | None:
     return view
 
 
+def _since(value: Any) -> str:
+    return ago_text(value) or moment_or_text(value)
+
+
 def _label(name: str) -> str:
-    return name.removesuffix("_cents").replace("_", " ")
+    return argument_label(name).lower()
 
 
 def _amount(value: Any, currency: str) -> str:
     return format_cents(value, currency) if isinstance(value, int | float) else str(value)
 
 
-def _when(value: Any) -> str:
-    """An ISO 8601 moment as people read it ("2026-12-03 14:02 UTC"); anything else as it is."""
-    if not isinstance(value, str) or "T" not in value:
-        return str(value)
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        return value
-    if moment.tzinfo is not None:
-        moment = timezone.localtime(moment)
-    return moment.strftime("%Y-%m-%d %H:%M %Z").strip()
-
-
-def _text(name: str, value: Any, currency: str) -> str:
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if name.endswith("_cents") and isinstance(value, int | float):
-        return format_cents(value, currency)
-    if isinstance(value, dict):
-        parts = [f"{_label(k)} {_text(k, v, currency)}" for k, v in value.items()]
-        return ", ".join(parts) or "—"
-    if isinstance(value, list):
-        return "; ".join(_text(name, item, currency) for item in value) or "none"
-    if value is None:
-        return "—"
-    return _when(value)
-
-
 def _key_line(operation: dict, currency: str) -> str:
-    key, status = operation.get("key", ""), operation.get("status", "")
+    """What the call meets under its operation key, in words (the key itself is the card's
+    `data-key`, for engineers)."""
+    status = operation.get("status", "")
     live = [e for e in operation.get("executions") or [] if e.get("state") != "released"]
     allowed = operation.get("allowed", 1)
     if status == "held":
         holder = next((e for e in live if e.get("state") == "held"), {})
+        since = moment_or_text(holder.get("at"))
         return (
-            f"{key} is held by run {str(holder.get('run_id', ''))[:8]} (since "
-            f"{_when(holder.get('at'))}): approved, this call waits for it, then runs or is "
-            "answered with its result."
+            f"Another run is making this call now (since {since}): approved, this call waits for "
+            "it, then runs or is answered with its result."
         )
     if status == "used":
         done = live[-1] if live else {}
         result = done.get("result")
-        what = f" ({_text('result', result, currency)[:200]})" if isinstance(result, dict) else ""
+        what = (
+            f" ({value_in_words('result', result, currency)[:200]})"
+            if isinstance(result, dict)
+            else ""
+        )
+        when = moment_or_text(done.get("settled_at") or done.get("at"))
         return (
-            f"{key} was already done by run {str(done.get('run_id', ''))[:8]} at "
-            f"{_when(done.get('settled_at') or done.get('at'))}{what}: approving will not do it "
-            "again; the agent is told it was already done."
+            f"Already done by another run on {when}{what}: approving will not do it again; the "
+            "agent is told it was already done."
         )
     if live:
-        return f"{key}: {len(live)} of {allowed} allowed executions done: approving runs this call."
-    return f"{key} has not been done: approving runs this call."
+        return f"Done {len(live)} of the {allowed} times allowed: approving makes this call."
+    return "Not done yet: approving makes this call."

@@ -19,7 +19,8 @@ from approvals.domain.history import (
     history_of,
 )
 from approvals.models import ApprovalKind
-from approvals.web.cards import Card, build_cards, shown_diff
+from approvals.web.arguments import shown_diff
+from approvals.web.cards import Card, build_cards
 from approvals.web.views import PAGE_SIZE, VIEW_PERMISSION
 
 

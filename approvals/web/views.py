@@ -25,6 +25,7 @@ from django.views.decorators.http import require_GET, require_POST
 from agentruns.registry import all_agents
 from agentruns.runtime.values.ids import actor_name
 from agentruns.runtime.values.text import UnsafeValue, loads_strict
+from agentruns.selectors.calls import argument_label
 from agentruns.selectors.pagination import encode_cursor
 from approvals import services
 from approvals.domain.claims import held_by_other
@@ -186,7 +187,8 @@ def _decide(request: HttpRequest, approval: Approval) -> tuple[str, str]:
         )
     if decided.edited_args is not None:
         changes = ", ".join(
-            f"{k} {v['from']} → {v['to']}" for k, v in card_for(decided).diff.items()
+            f"{argument_label(k).lower()} {v['from']} → {v['to']}"
+            for k, v in card_for(decided).diff.items()
         )
         return "success", f"Approved with changes ({changes}); the run continues."
     return "success", "Approved; the run continues."

@@ -202,7 +202,7 @@ def not_refunded(order_id: str, name: str, refund: dict) -> tuple[str, str]:
     """The note and the reply of a refund not made. A person's rejection says only the reason
     they gave for the customer (the result carries nothing else); a refusal by the order's limit
     says the order's refunds already reach what was paid; a failure says it could not be made."""
-    why = str(refund.get("reason") or "").strip()
+    why = str(refund.get("reason") or "").strip().rstrip(".")  # one full stop, not ".."
     if refund.get("error") == "rejected" and why.startswith("refused:"):
         note = f"Refund not issued: {why.removeprefix('refused:').strip()}."
         said = (
@@ -212,9 +212,9 @@ def not_refunded(order_id: str, name: str, refund: dict) -> tuple[str, str]:
         )
     elif refund.get("error") == "rejected":
         note = f"Refund rejected{': ' + why if why else ''}."
-        said = f": {why.rstrip('.')}." if why else "."
+        said = f": {why}." if why else "."
     else:
-        why = str(refund.get("error") or "it could not be processed")
+        why = str(refund.get("error") or "it could not be processed").strip().rstrip(".")
         note = f"Refund not issued: {why}."
         said = "."
     reply = (

@@ -194,8 +194,6 @@ def ticket_run(request: HttpRequest, ticket_id: str) -> HttpResponse:
     except (ValueError, LookupError, services.ActionRefused) as exc:
         messages.error(request, f"The agent did not start: {exc}")
         return redirect("ticket-detail", ticket_id=ticket.ticket_id)
-    if result.created:
-        messages.success(request, f"The {AGENT} agent is working on {ticket.ticket_id}.")
-    else:
+    if not result.created:  # (a new run: the run page's banner says the agent is working)
         messages.info(request, "This form was already sent: here is the run it started.")
     return redirect("run-detail", run_id=result.run.id)

@@ -228,10 +228,11 @@ def test_the_api_item_and_the_card_show_the_orders_refunds_and_pending_items(cli
     assert "Ada &lt;b&gt;Lovelace&lt;/b&gt;" in card and "<b>Lovelace" not in card
     assert "paid 358.18 USD" in card
     assert "refunded</dt><dd>100.00 USD" in card and "remaining</dt><dd>258.18 USD" in card
-    assert f"refund:ORD-9001 was already done by run {str(done.id)[:8]}" in card
+    # in words: the key is the card's data-key (and in its call's detail), not its sentence
+    assert 'data-key="refund:ORD-9001"' in card and "Already done by another run on " in card
     assert "approving will not do it again" in card
-    assert f"#{other.id} · run {str(other.run_id)[:8]} · 50.00 USD" in card
-    assert "Allow one more execution" not in card  # a viewer may not
+    assert f"#{other.id} · 50.00 USD · waiting since " in card
+    assert "Allow it to be done once more" not in card  # a viewer may not
 
 
 def test_a_decided_item_carries_no_context(lead):
@@ -248,15 +249,15 @@ def test_a_lead_allows_one_more_from_the_blocked_calls_card(client, lead, approv
     url = reverse("approval-allow", args=[blocked.id])
 
     page = login(Client(), lead).get("/approvals/").content.decode()
-    assert f'action="{url}"' in page and "Allow one more execution of refund:ORD-9001" in page
+    assert f'action="{url}"' in page and "Allow it to be done once more" in page
 
     refused = login(Client(), approver).post(url, {"reason": "me too"}, **HX)
     assert refused.status_code == 403
     response = login(client, lead).post(url, {"reason": "a second item was returned"}, **HX)
     assert response.status_code == 200 and response["X-Claim-Status"] == "200"
     html = response.content.decode()
-    assert "One more execution of refund:ORD-9001 is allowed" in html
-    assert "1 of 2 allowed executions done: approving runs this call" in html
+    assert "It may be done once more now" in html
+    assert "Done 1 of the 2 times allowed: approving makes this call" in html
     audit = RunEvent.objects.get(run_id=blocked.run_id, type=EventType.OPERATION_ALLOWED)
     assert audit.data == {
         "key": "refund:ORD-9001",
@@ -306,11 +307,11 @@ def test_the_inbox_poll_shows_another_runs_call_of_an_items_key(client, viewer):
     signature = re.search(r'id="inbox-state" data-signature="([0-9a-f]+)"', fragment).group(1)
     poll = f"/approvals/?fragment=items&sig={signature}"
     assert client.get(poll, **HX).status_code == 204
-    assert "has not been done: approving runs this call" in fragment
+    assert "Not done yet: approving makes this call" in fragment
 
-    done = refunded("ORD-9001", 10_000)
+    refunded("ORD-9001", 10_000)
     response = client.get(poll, **HX)
     assert response.status_code == 200
     html = response.content.decode()
     assert f'id="approval-{blocked.id}"' in html
-    assert f"refund:ORD-9001 was already done by run {str(done.id)[:8]}" in html
+    assert "Already done by another run on " in html

@@ -80,10 +80,11 @@ def test_decided_items_newest_decision_first_each_with_its_history(people, decid
     assert 'data-outcome="approved with edits"' in card
     # its history: the request, then the lead's approval with the edit it made
     history = re.findall(r"<li>(.*?)</li>", card[card.index('class="history"') :], re.S)
-    assert "the agent</strong> asked for issue_refund" in history[0]
+    assert "the agent</strong> asked to refund" in history[0]  # the tool's label, not its name
     assert "<strong>lead</strong> approved with edits" in history[1]
     # the edited amount in the order's currency, as on the card (issue 34, item 2)
-    assert "amount_cents</code>" in history[1] and "<strong>10.00 USD</strong>" in history[1]
+    assert " · amount " in history[1] and "<strong>10.00 USD</strong>" in history[1]
+    assert "amount_cents" not in history[1]
     rejected = html[html.index(f'id="decided-{decided["rejected"].id}"') :]
     assert "<strong>approver2</strong> rejected: “not covered”" in rejected
 

@@ -149,7 +149,7 @@ def test_a_run_whose_agent_is_missing_waits_and_continues_when_it_is_back(approv
     assert waiting.status == RunStatus.QUEUED and waiting.lease_owner == ""
     assert "unknown agent 'ap-script'" in waiting.error
     page = login(Client(), approver).get(f"/runs/{waiting.id}/").content.decode()
-    assert "Waiting: unknown agent" in page
+    assert "Waiting to start: unknown agent" in page  # the banner says why
     again = advance(waiting)  # the next doorbell: still no agent, still waiting, no verdict
     assert again.status == RunStatus.QUEUED
 

@@ -229,6 +229,6 @@ def test_a_closed_handover_in_the_decided_view(seeded):
     assert 'data-outcome="hand-over closed"' in card
     history = re.findall(r"<li>(.*?)</li>", card, re.S)
     assert len(history) == 2, history
-    assert "the agent</strong> handed over to a person (hand_over)" in history[0]
+    assert "the agent</strong> handed the request over to a person" in history[0]
     assert "<strong>lead</strong> closed the hand-over: “done”" in history[1]
     assert "internal note (staff only):</span> refunded 20.00 by hand" in history[1]

@@ -147,7 +147,7 @@ def test_the_inbox_shows_who_approved_and_who_may_still_decide(staff, client):
     decide(staff["approver"], approval)
     client.force_login(staff["lead"])
     html = client.get("/approvals/").content.decode()
-    assert '1 of 2</strong>: approved by <strong class="approver">approver</strong> at' in html
+    assert '1 of 2</strong>: approved by <strong class="approver">approver</strong> <time' in html
     assert (
         "Still needed: 1 more approval from anyone who may decide, except approver2 (started "
         "the run), approver (approved)." in html

@@ -140,7 +140,7 @@ def test_edit_form_approves_with_changed_args_and_shows_the_diff(approver):
         **HX,
     )
     html = response.content.decode()
-    assert "amount_cents 45.99 EUR → 25.00 EUR" in html  # in the currency (issue 34)
+    assert "amount 45.99 EUR → 25.00 EUR" in html  # in the currency (issue 34)
     approval.refresh_from_db()
     assert (
         approval.status == ApprovalStatus.APPROVED and approval.edited_args["amount_cents"] == 2500

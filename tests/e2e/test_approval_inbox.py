@@ -67,10 +67,10 @@ def test_approve_with_a_lowered_amount_and_reject_in_the_inbox(
         # type a lowered amount; a third item arrives meanwhile, the list re-renders, and the
         # typing survives (the decision forms are hx-preserve'd)
         lowered = order.amount_cents - 500
-        card1.locator("summary").click()
+        card1.locator("details.edit > summary").click()
         amount = card1.locator("input[name=arg_amount_cents]")
         amount.fill(major_text(lowered))  # typed in the order's currency (issue 34)
-        assert "Will approve with: amount_cents" in card1.locator(".diff-preview").inner_text()
+        assert "Will approve with: Amount" in card1.locator(".diff-preview").inner_text()
         swaps = page.evaluate("window.__swaps")
         third = start_run("refund", {"order_id": "ORD-1012", "message": "Wrong colour"}).run
         a3 = wait_until(
@@ -82,7 +82,7 @@ def test_approve_with_a_lowered_amount_and_reject_in_the_inbox(
             f"#approval-{a1.id} input[name=arg_amount_cents]"
         ).input_value() == major_text(lowered)
         assert (
-            "Will approve with: amount_cents"
+            "Will approve with: Amount"
             in page.locator(f"#approval-{a1.id} .diff-preview").inner_text()
         )
 
@@ -90,7 +90,7 @@ def test_approve_with_a_lowered_amount_and_reject_in_the_inbox(
         log = page.locator("#decision-log")
         log.locator("li").first.wait_for(timeout=WAIT_MS)
         shown = f"{format_cents(order.amount_cents, 'USD')} → {format_cents(lowered, 'USD')}"
-        assert f"amount_cents {shown}" in log.inner_text()
+        assert f"amount {shown}" in log.inner_text()
         page.locator(f"#approval-{a1.id}").wait_for(state="detached", timeout=WAIT_MS)
         page.wait_for_function(
             "() => document.getElementById('nav-pending').textContent.trim() === '2'",

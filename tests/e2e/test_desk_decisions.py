@@ -104,17 +104,17 @@ def test_a_second_refund_shows_the_first_and_an_edit_in_dollars_refunds_those_ce
     assert card.locator(".amount").inner_text() == left  # the agent proposed what is left
     journey.shot("second-refund-card")
 
-    card.locator("summary").click()
+    card.locator("details.edit > summary").click()
     amount = card.locator("input[name=arg_amount_cents]")
     hint = card.locator("label[for$=-amount_cents]").inner_text()
     assert f"may only be lowered: from 0.01 up to {left} (the requested value)" in hint
     amount.fill("100.25")  # dollars, not cents
-    assert "Will approve with: amount_cents" in card.locator(".diff-preview").inner_text()
+    assert "Will approve with: Amount" in card.locator(".diff-preview").inner_text()
     journey.shot("second-refund-edited")
     card.locator("button[value=approve]").click()
     journey.page.locator("#decision-log li").first.wait_for(timeout=WAIT_MS)
     log = journey.page.locator("#decision-log").inner_text()
-    assert f"amount_cents {left} → 100.25 USD" in log
+    assert f"amount {left} → 100.25 USD" in log
 
     done = wait_finished(second, worker)
     assert (done.status, done.outcome) == (RunStatus.SUCCEEDED, "partially_refunded")

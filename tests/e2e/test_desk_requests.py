@@ -89,7 +89,7 @@ def test_a_lowered_refund_with_a_reason_reaches_the_customer(servers, people, br
     card = page.locator(f"#approval-{item.id}")
     card.wait_for(timeout=WAIT_MS)
     accessible(journey)
-    card.locator("summary").click()
+    card.locator("details.edit > summary").click()
     card.locator("input[name=arg_amount_cents]").fill("12.50")
     card.locator("input[name=reason]").fill(WORDS)
     journey.shot("lowered-with-reason")

@@ -160,7 +160,7 @@ def test_approval_card_and_superseded_text_on_the_live_page(
         page.goto(f"{base_url}/runs/{run_id}/")
         # no reload: the card arrives through the stream when the run parks
         page.wait_for_selector("#approval-card .approval-card", timeout=120_000)
-        assert "issue_refund" in page.inner_text("#approval-card")
+        assert "Refund " in page.inner_text("#approval-card")  # the call in words
         page.wait_for_selector("#run-status.s-waiting", timeout=60_000)
         assert page.get_attribute("#conn", "data-state") == "live"  # waiting is not finished
 

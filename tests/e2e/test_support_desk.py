@@ -180,7 +180,7 @@ def test_the_start_form_has_fields_and_a_viewer_gets_a_page_of_the_layout(web, p
     page.wait_for_url(re.compile(r"/runs/[0-9a-f-]{36}/$"), timeout=WAIT_MS)
     run = Run.objects.get(input__order_id="ORD-1021")
     assert run.input == {"order_id": "ORD-1021", "message": "The backpack strap tore off."}
-    assert page.inner_text("#run-input").split() == ["order_id", "ORD-1021"]
+    assert page.inner_text("#run-input").split() == ["Order", "ORD-1021"]  # in words
 
     viewer = Journey.open(browser, web, "forbidden")
     viewer.sign_in("viewer")

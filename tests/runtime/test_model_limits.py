@@ -314,7 +314,7 @@ def test_a_run_whose_slot_is_far_off_backs_off_without_a_thread_and_says_so(
     browser = Client()
     browser.force_login(lead)
     page = browser.get(reverse("run-detail", args=[run.id])).content.decode()
-    assert "Waiting: waiting on the model&#x27;s rate limit (scripted: 12 requests" in page
+    assert "Waiting on the model&#x27;s rate limit (scripted: 12 requests" in page  # its banner
 
     # woken as its doorbell would: it waits on its thread and sends on the slot
     time.sleep(max(0.0, slot - 1.2 - time.time()))

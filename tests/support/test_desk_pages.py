@@ -201,3 +201,25 @@ def test_the_migration_writes_the_search_words_that_save_writes(people):
     with connection.schema_editor() as editor:
         fill(None, editor)
     assert dict(Ticket.objects.values_list("ticket_id", "search_text")) == saved
+
+
+def test_support_staff_land_on_the_queue(people, django_user_model):
+    """Whoever may see the desk (approvers, trainees, viewers, leads) lands on the ticket queue
+    when they sign in (issue 44): an approver no longer meets an empty runs page. Others land
+    where they may look: an engineer's account on the runs, an inbox-only account on the inbox."""
+    approver = people["approver"]
+    approver.set_password("pw-approver-44")
+    approver.save()
+    signed = Client().post(
+        "/accounts/login/", {"username": "approver", "password": "pw-approver-44"}, follow=True
+    )
+    assert signed.redirect_chain[-1][0] == QUEUE and 'data-ticket="T-1050"' in str(signed.content)
+    for name in ("lead", "approver2", "viewer", "trainee"):
+        assert signed_in(people[name]).get("/")["Location"] == QUEUE, name
+    engineer = make_user(django_user_model, "engineer", ["agentruns.view_run"])
+    assert signed_in(engineer).get("/")["Location"] == "/runs/"
+    inbox_only = make_user(
+        django_user_model, "inbox-only", ["approvals.view_approval", "approvals.decide_approval"]
+    )
+    assert signed_in(inbox_only).get("/")["Location"] == "/approvals/"
+    assert Client().get("/")["Location"].startswith("/accounts/login/")

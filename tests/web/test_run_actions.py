@@ -349,12 +349,14 @@ def test_fork_from_a_model_step_copies_history_and_continues(operator, lead, cli
 @pytest.mark.django_db
 def test_cancel_flag_left_on_a_parked_run_can_be_completed(operator, client):
     """A cancel that raced the engine parking the run: the flag is set on a waiting run. The
-    button stays available and cancelling then withdraws the approval as usual."""
+    page's Stop stays available (asking first: it withdraws the approval) and cancelling then
+    withdraws the approval as usual."""
     run = advance(script_run([{"calls": [["t_pay", {"amount": 500}]]}], agent=OPS_AGENT))
     assert run.status == RunStatus.WAITING
     Run.objects.filter(id=run.id).update(cancel_requested=True)
     client.force_login(operator)
-    assert b'class="act-cancel"' in client.get(f"/runs/{run.id}/").content
+    page = client.get(f"/runs/{run.id}/").content.decode()
+    assert 'class="act-stop"' in page and 'id="stop-confirm"' in page
     cancel_run(run.id, user=operator)
     run.refresh_from_db()
     assert run.status == RunStatus.CANCELLED and not run.cancel_requested

@@ -58,8 +58,8 @@ def test_the_conversation_comes_first_and_the_engineering_detail_one_click_away(
     # the input as fields, not a Python dict; the message is not repeated there
     fields = page[page.index('id="run-input"') :]
     fields = fields[: fields.index("</dl>")]
-    assert "<dt>order_id</dt><dd><code>ORD-1008</code></dd>" in fields
-    assert "<dt>ticket_id</dt><dd><code>T-1008</code></dd>" in fields
+    assert '<dt data-name="order_id">Order</dt><dd><code>ORD-1008</code></dd>' in fields
+    assert '<dt data-name="ticket_id">Ticket</dt><dd><code>T-1008</code></dd>' in fields
     assert "kettle" not in fields and "{&#x27;order_id" not in page
     assert "<b>kettle</b>" not in page  # the customer's words are text
 
@@ -78,9 +78,14 @@ def test_actions_for_who_may_take_them_and_who_can_for_the_others(seeded, operat
     assert "ask someone in on-call, or an administrator." in page_of(approver, run)
     page = page_of(operator, run)
     assert 'class="act-retry"' in page and "Only operators" not in page
-    # a running run: who may cancel it
+    # a running run: who may stop it (its starter, an operator), and a Stop for those only
     queued = script_run([{"text": "hi"}])
-    assert "Only operators can cancel this run" in page_of(approver, queued)
+    page = page_of(approver, queued)
+    assert "Only the person who started it or an operator can stop this run" in page
+    assert 'class="act-stop"' not in page and "Cancel run" not in page
+    page = page_of(operator, queued)
+    assert 'class="act-stop"' in page and "Stop ends the run now" in page
+    assert "Only the person" not in page and "Cancel run" not in page  # one Stop, explained
     # a finished run needs nobody
     done = advance(queued)
     assert "Only operators" not in page_of(approver, done)
@@ -117,3 +122,34 @@ def test_attempts_count_from_the_retry_and_events_carry_their_own_error(seeded, 
     assert [e["error"] for e in started] == ["", "", "", ""]  # each attempt's own: none yet
     failed = RunEvent.objects.filter(run=run, type__in=["step.retry_scheduled", "step.failed"])
     assert all("carrier timeout" in e.data["error"] for e in failed if e.data.get("tool"))
+
+
+def test_a_stop_that_would_withdraw_a_call_asks_first(seeded, operator):
+    """Stopping a run that waits for an approver withdraws the call: the page's form says so
+    and sends `withdraw`; a stop without it (a page from before the run parked, no script) is
+    answered with the confirmation, listing the call in words, and stops nothing. Confirmed,
+    the run ends stopped and its call reads "withdrawn"."""
+    run = advance(script_run([{"calls": [["t_pay", {"amount": 500}]]}], agent=OPS_AGENT))
+    assert run.status == RunStatus.WAITING
+    client = Client()
+    client.force_login(operator)
+    page = client.get(f"/runs/{run.id}/").content.decode()
+    assert 'id="stop-confirm"' in page and 'name="withdraw" value="1"' in page
+    asked = client.post(f"/runs/{run.id}/stop/", {"reason": "not needed"})
+    assert asked.status_code == 200
+    confirm = asked.content.decode()
+    assert "Stop this run?" in confirm and "<li>T pay</li>" in confirm
+    assert 'value="not needed"' in confirm
+    run.refresh_from_db()
+    assert run.status == RunStatus.WAITING
+    done = client.post(f"/runs/{run.id}/stop/", {"withdraw": "1", "reason": "not needed"})
+    assert done.status_code == 302
+    run.refresh_from_db()
+    assert (run.status, run.stop_reason) == (RunStatus.CANCELLED, "stopped")
+    page = client.get(f"/runs/{run.id}/").content.decode()
+    assert "Stopped by operator: not needed" in page
+    assert '<span class="chip s-withdrawn">withdrawn</span>' in page
+    assert "The run was stopped by operator" in page
+    # a run with nothing waiting for a person stops at once
+    queued = script_run([{"text": "hi"}])
+    assert client.post(f"/runs/{queued.id}/stop/").status_code == 302

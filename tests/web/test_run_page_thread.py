@@ -68,7 +68,7 @@ def test_staff_answer_the_question_a_run_asks_the_customer(lead, django_user_mod
         HTTP_HX_REQUEST="true",
     )
     html = response.content.decode()
-    assert response.status_code == 200 and "asked for it and goes on with it" in html
+    assert response.status_code == 200 and "that asked for it goes on with it" in html
     assert "ORD-5 &lt;b&gt;" in html and 'data-author="staff"' in html
     assert not ThreadTurn.objects.filter(thread_id="t-page-ask", author="staff").exists()
     assert advance(run).output == "got: ORD-5 <b> from staff"

@@ -72,10 +72,13 @@ def requested_stop_reason(run_id: uuid.UUID | str) -> str:
     return STOPPED if isinstance(last, dict) and last.get("stop") else CANCELLED
 
 
-def withdraw_unrun_work(run: Run, now: datetime, *, who: str | None) -> list[EventSpec]:
-    """What both ways of cancelling do: the run's pending inbox items are withdrawn and its
-    steps nobody will run (planned, or waiting for a decision) skipped. Returns the events."""
-    withdrawn = inbox().withdraw(run, reason=f"run cancelled by {who or 'system'}")
+def withdraw_unrun_work(
+    run: Run, now: datetime, *, who: str | None, verb: str = CANCELLED
+) -> list[EventSpec]:
+    """What both ways of cancelling do: the run's pending inbox items are withdrawn (the reason
+    in words: "the run was stopped by approver") and its steps nobody will run (planned, or
+    waiting for a decision) skipped. Returns the events."""
+    withdrawn = inbox().withdraw(run, reason=f"the run was {verb}{f' by {who}' if who else ''}")
     writer.skip_unrun_steps(run, now)
     return [
         (EventType.APPROVAL_WITHDRAWN, {"approval": a, "by": who, "reason": "run cancelled"})
@@ -89,7 +92,9 @@ def _end_idle_run(run: Run, *, who: str | None, reason: str, requested: EventSpe
     run are skipped, and a step a dead worker left running keeps its history (its open attempt
     is closed as crashed; a side effect's outcome stays "unknown")."""
     now = timezone.now()
-    withdrawn = withdraw_unrun_work(run, now, who=who)
+    stopped = bool(requested[1].get("stop"))
+    verb = STOPPED if stopped else CANCELLED
+    withdrawn = withdraw_unrun_work(run, now, who=who, verb=verb)
     for step in Step.objects.filter(run=run, status=StepStatus.RUNNING):
         writer.close_open_attempts(
             step,
@@ -105,8 +110,6 @@ def _end_idle_run(run: Run, *, who: str | None, reason: str, requested: EventSpe
         step.finished_at = now
         writer.save_step(step, ["status", "finished_at"])
     executions.run_ended(run, "the run was cancelled after its worker died during the call")
-    stopped = bool(requested[1].get("stop"))
-    verb = STOPPED if stopped else CANCELLED
     change = cancelled(reason or f"{verb} by {who or 'system'}", stop_reason=verb)
     change = change.after(requested, *withdrawn)
     apply(run.id, change)

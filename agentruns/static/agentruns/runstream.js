@@ -19,6 +19,9 @@
   const liveText = document.getElementById("live-text");
   const output = document.getElementById("run-output");
   const statusChip = document.getElementById("run-status");
+  const banner = document.getElementById("run-banner");
+  // the banner at once when the run ends (the page's refresh then brings its exact words)
+  const ENDED = { succeeded: ["done", "Finished"], failed: ["failed", "The run failed"], cancelled: ["stopped", "Stopped"] };
   const eventsList = document.getElementById("events");
   const TERMINAL = ["succeeded", "failed", "cancelled"];
   const BACKOFF_BASE_MS = 250;
@@ -86,6 +89,12 @@
     el.textContent += text;
   }
 
+  function setBanner(tone, text) {
+    banner.className = "run-banner tone-" + tone;
+    banner.dataset.tone = tone;
+    banner.textContent = text;
+  }
+
   function apply(frame) {
     const d = frame.data || {};
     if (frame.type === "model.delta") {
@@ -99,6 +108,10 @@
       statusChip.className = "chip s-" + d.status;
       root.dataset.status = d.status;
       finished = TERMINAL.includes(d.status);
+      if (banner && ENDED[d.status]) setBanner(ENDED[d.status][0], ENDED[d.status][1]);
+      else if (banner && d.status === "running" && banner.dataset.tone !== "working") {
+        setBanner("working", "The agent is working…");
+      }
       showSteady();
     }
     if (frame.html && eventsList) eventsList.insertAdjacentHTML("beforeend", frame.html);
@@ -124,14 +137,20 @@
           const here = document.querySelector(sel);
           if (fresh && here) here.innerHTML = fresh.innerHTML;
         }
-        // the status and outcome chips: their colour says what the run's work came to
-        for (const id of ["run-status", "run-outcome"]) {
+        // the status and outcome chips (their colour says what the run's work came to) and the
+        // banner (where the run stands, in words)
+        for (const id of ["run-status", "run-outcome", "run-banner"]) {
           const fresh = doc.getElementById(id);
           const here = document.getElementById(id);
           if (!fresh || !here) continue;
           here.className = fresh.className;
           here.hidden = fresh.hidden;
-          here.textContent = fresh.textContent;
+          if (id === "run-banner") {
+            here.dataset.tone = fresh.dataset.tone || "";
+            here.innerHTML = fresh.innerHTML; // its <time>: parsed by the browser from our page
+          } else {
+            here.textContent = fresh.textContent;
+          }
         }
       } catch (e) { /* the next event tries again */ }
     }, 300);

@@ -5,6 +5,10 @@ navigation by registering a link when it starts (`AppConfig.ready`), the way it 
 agents: the runtime links to nothing it does not own and imports none of those apps. A link is
 shown to whoever holds its permission.
 
+A link may be its users' landing page (`home=True`): who holds its permission lands there after
+signing in (and on `/`), the demo's support staff on the ticket queue; everyone else on the runs
+list, or the inbox for who may see only that (`home`).
+
 The counts (Inbox, Failed, Waiting, Running, Queued) are read on every page and polled by every
 open page (`nav_counts_fragment`): one query (`selectors.nav_counts`), shared by a process's
 requests for NAV_COUNTS_TTL_SECONDS, so a hundred open tabs cost one query per process per TTL.
@@ -18,7 +22,7 @@ from threading import Lock
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.loader import render_to_string
 from django.urls import NoReverseMatch, reverse
 from django.views.decorators.http import require_GET
@@ -39,6 +43,7 @@ class NavLink:
     permission: str  # shown only to users who have it
     # the navigation's section names it too: `request.resolver_match.url_name` in `active_names`
     active_names: tuple[str, ...] = ()
+    home: bool = False  # where its users land after signing in
 
     def url(self) -> str:
         try:
@@ -51,11 +56,17 @@ _links: dict[str, NavLink] = {}
 
 
 def register_nav_link(
-    label: str, url_name: str, *, permission: str, active_names: tuple[str, ...] = ()
+    label: str,
+    url_name: str,
+    *,
+    permission: str,
+    active_names: tuple[str, ...] = (),
+    home: bool = False,
 ) -> NavLink:
     """Add a link to the layout's navigation (before the inbox); registering a url name again
-    replaces its link (an app's ready() may run twice in tests)."""
-    link = NavLink(label, url_name, permission, active_names or (url_name,))
+    replaces its link (an app's ready() may run twice in tests). `home`: who may follow it lands
+    there after signing in."""
+    link = NavLink(label, url_name, permission, active_names or (url_name,), home)
     _links[url_name] = link
     return link
 
@@ -91,6 +102,26 @@ def record_url(field: str, value: object) -> str:
         return reverse(url_name, args=[value])
     except NoReverseMatch:  # its urls are not installed, or the value is no record's id
         return ""
+
+
+def landing_url(user: Any) -> str:
+    """Where `user` lands: the first landing link they may follow, else the runs list (or the
+    inbox, for who may see only that)."""
+    for link in _links.values():
+        if link.home and user.has_perm(link.permission) and (url := link.url()):
+            return url
+    if not user.has_perm("agentruns.view_run") and user.has_perm(INBOX_PERMISSION):
+        try:
+            return reverse("approval-inbox")
+        except NoReverseMatch:  # the inbox app's pages are not routed here
+            pass
+    return reverse("run-list")
+
+
+@login_required
+def home(request: HttpRequest) -> HttpResponse:
+    """`/` and the page after signing in (LOGIN_REDIRECT_URL): the user's landing page."""
+    return HttpResponseRedirect(landing_url(request.user))
 
 
 _cached: tuple[float, dict] | None = None

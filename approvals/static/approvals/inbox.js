@@ -62,13 +62,144 @@
       const now = field.type === "checkbox" ? String(field.checked) : field.value;
       if (now !== field.dataset.original) {
         const unit = field.dataset.unit ? " " + field.dataset.unit : ""; // an amount's currency
-        changes.push(field.name.replace(/^arg_/, "") + ": " + field.dataset.original + unit + " → " + now + unit);
+        const name = field.dataset.label || field.name.replace(/^arg_/, ""); // "Amount", not amount_cents
+        changes.push(name + ": " + field.dataset.original + unit + " → " + now + unit);
       }
     });
     const preview = form.querySelector(".diff-preview");
     if (preview) preview.textContent = changes.length ? "Will approve with: " + changes.join(", ") : "";
     const approve = form.querySelector("button[value=approve]");
     if (approve) approve.textContent = changes.length ? "Approve with changes" : "Approve";
+  });
+
+  // ---------------------------------------------------------------- decided elsewhere
+  // The list is re-rendered by its poll. A card whose form you were filling in (an amount
+  // typed, a reason, a note, or the focus in it) is not dropped without a word when another
+  // approver decides the item meanwhile: it stays where it was, says who decided what (read
+  // from the item's own page), and keeps what you typed, read-only, for you to copy or
+  // dismiss. While the item is still open (one of two approvals given), what you typed is
+  // carried into its re-rendered form.
+  function typedIn(form) {
+    if (form.contains(document.activeElement)) return true;
+    return Array.from(form.querySelectorAll("input, textarea, select")).some(function (field) {
+      if (field.type === "hidden" || field.type === "submit") return false;
+      if (field.dataset.original !== undefined) {
+        const now = field.type === "checkbox" ? String(field.checked) : field.value;
+        return now !== field.dataset.original;
+      }
+      return field.type !== "checkbox" && field.value.trim() !== "";
+    });
+  }
+
+  let keptCards = []; // {card, form, after, focused} of the list before its swap
+
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    if (!event.detail.target || event.detail.target.id !== "inbox-items") return;
+    keptCards = [];
+    document.querySelectorAll("#inbox-items article.card").forEach(function (card) {
+      const form = card.querySelector("form.decide");
+      const already = card.classList.contains("decided-elsewhere"); // kept until dismissed
+      if (!form || (!already && !typedIn(form))) return;
+      const before = card.previousElementSibling;
+      keptCards.push({
+        card: card,
+        form: form,
+        already: already,
+        after: before && before.id ? before.id : "",
+        focused: form.contains(document.activeElement) ? document.activeElement.name : "",
+      });
+    });
+  });
+
+  function carryValues(from, to) {
+    from.querySelectorAll("input, textarea, select").forEach(function (field) {
+      if (!field.name || field.type === "hidden" || field.type === "submit") return;
+      const twin = to.querySelector('[name="' + field.name + '"]');
+      if (!twin || twin.type === "hidden") return;
+      if (field.type === "checkbox") twin.checked = field.checked;
+      else twin.value = field.value;
+      twin.dispatchEvent(new Event("input", { bubbles: true })); // the preview of the change
+    });
+  }
+
+  async function decidedWords(approvalId) {
+    try {
+      const res = await fetch("/approvals/" + approvalId + "/", { credentials: "same-origin" });
+      if (!res.ok) return { words: "" };
+      const doc = new DOMParser().parseFromString(await res.text(), "text/html");
+      const line = doc.querySelector("#approval-" + approvalId + " .decided");
+      const chip = doc.querySelector("#approval-" + approvalId + " .card-head .chip");
+      if (!line) return { words: "", chip: chip };
+      line.querySelectorAll("br").forEach(function (br) { br.replaceWith("; "); });
+      return { words: line.textContent.replace(/\s+/g, " ").trim(), chip: chip };
+    } catch (e) {
+      return { words: "" };
+    }
+  }
+
+  function putBack(kept) {
+    const list = document.getElementById("inbox-items");
+    const anchor = kept.after && document.getElementById(kept.after);
+    if (anchor && anchor.parentNode) anchor.after(kept.card);
+    else {
+      const first = list.querySelector("article.card");
+      if (first) first.before(kept.card); else list.append(kept.card);
+    }
+  }
+
+  function keepDecided(kept) {
+    const card = kept.card;
+    putBack(kept);
+    if (kept.already) return;
+    card.classList.add("decided-elsewhere");
+    card.querySelectorAll("input.select-item").forEach(function (box) { box.checked = false; box.disabled = true; });
+    card.querySelectorAll("form button, .claim-slot").forEach(function (el) {
+      if (el.tagName === "BUTTON") el.disabled = true; else el.remove();
+    });
+    kept.form.querySelectorAll("input, textarea, select").forEach(function (field) {
+      if (field.type === "checkbox" || field.tagName === "SELECT") field.disabled = true;
+      else field.readOnly = true;
+    });
+    const note = document.createElement("div");
+    note.className = "note msg-warning decided-elsewhere-note";
+    note.setAttribute("role", "alert");
+    const text = document.createElement("p");
+    text.className = "decided-by-other";
+    text.textContent = "Someone else decided this item while you were filling it in. Nothing you typed was sent; it is kept below.";
+    const dismiss = document.createElement("button");
+    dismiss.type = "button";
+    dismiss.className = "link dismiss-kept";
+    dismiss.textContent = "Dismiss";
+    dismiss.addEventListener("click", function () { card.remove(); });
+    note.append(text, dismiss);
+    card.querySelector(".card-head").after(note);
+    decidedWords(card.dataset.approval).then(function (decided) {
+      const words = decided.words;
+      if (decided.chip) { // the card's state chip as the item's own page shows it now
+        const chip = card.querySelector(".card-head .chip");
+        if (chip) { chip.className = decided.chip.className; chip.textContent = decided.chip.textContent; }
+      }
+      if (words) {
+        text.textContent = "While you were filling this in: " + words.charAt(0).toUpperCase() + words.slice(1) +
+          ". Nothing you typed was sent; it is kept below.";
+      }
+    });
+  }
+
+  document.addEventListener("htmx:afterSwap", function (event) {
+    if (!event.detail.target || event.detail.target.id !== "inbox-items") return;
+    const kept = keptCards;
+    keptCards = [];
+    kept.forEach(function (item) {
+      const fresh = document.getElementById(item.card.id);
+      if (!fresh) { keepDecided(item); return; }
+      const form = fresh.querySelector("form.decide");
+      if (form && form !== item.form) carryValues(item.form, form); // re-rendered: an approval given
+      if (item.focused && form) {
+        const field = form.querySelector('[name="' + item.focused + '"]');
+        if (field && document.activeElement !== field) field.focus();
+      }
+    });
   });
 
   // ---------------------------------------------------------------- claims: decide anyway?
