@@ -389,7 +389,7 @@ def _cancelled(state: SliceState, output: str) -> str:
                 StepStatus.WAITING_APPROVAL,
             ):
                 step.status, step.finished_at = StepStatus.SKIPPED, now
-        events = withdraw_unrun_work(state.run, now, who=None)
+        events = withdraw_unrun_work(state.run, now, who=None, verb=reason)
         # a thread's run: what it did, for the next turn's model
         transcript.record_unanswered(state.run.id, state.run.thread_id, state.steps)
         executions.run_ended(state.run, "the run was cancelled during the call")

@@ -1,13 +1,13 @@
-"""One slice of one run, declared: what the executor loads when it takes the lease, what the
-units of the agent's loop read and change, and how a slice ends.
+"""One slice of one run, declared: the fence its commits are conditional on, what the executor
+loads when it takes the lease, what the units of the agent's loop read and change.
 
-`SliceState` is a plain dataclass the unit functions (`model/unit.py`, `tools/`,
-`waits.py`, `backend.py`) work on; `current()` is the slice of the agent run in progress (a
-context variable: the units are called from deep inside `agent.run`).
+`SliceState` is a plain dataclass the unit functions (`model/unit.py`, `tools/`, `waits.py`,
+`journal.py`) work on; `current()` is the slice of the agent run in progress (a context
+variable: the units are called from deep inside `agent.run`).
 
-A slice ends by raising `SliceEnds` (a BaseException, so no `except Exception` inside the
-agent's loop can swallow it): it unwinds `agent.run`, and the executor makes the slice's last
-commit (`executor.py`). A unit's blocking (database) work runs on the slice's `lane`
+A slice ends when the journal made its last commit (`journal.end`) and the unit raises
+`SliceEnds` (a BaseException, so no `except Exception` inside the agent's loop can swallow it),
+which only unwinds `agent.run`. A unit's blocking (database) work runs on the slice's `lane`
 (`lanes.py`), never on the event loop.
 """
 

@@ -23,7 +23,7 @@ Every other door works around it, here:
   forking person cannot opt out of for a tool whose outcome is unknown (`must_ask_again`);
 - approving (the inbox, bulk, the chat): a reconciliation is not an approval (approvals'
   `check_open`);
-- the executor never executes an `unknown` step: it parks the run (executor.py `_drive`).
+- the executor never executes an `unknown` step: its unit parks the run (engine/tools/unit.py).
 """
 
 from __future__ import annotations
