@@ -13,6 +13,7 @@ commit (`executor.py`). A unit's blocking (database) work runs on the slice's `l
 
 from __future__ import annotations
 
+import math
 import secrets
 import threading
 import time
@@ -95,8 +96,8 @@ class SliceState:
     run: Run = None  # type: ignore[assignment]
     agent: Agent = None  # type: ignore[assignment]
     steps: list[Step] = field(default_factory=list)
-    # when the slice should give its slot back (time.monotonic)
-    ends_at: float = 0.0
+    # when the slice gives its slot back (time.monotonic; AGENTRUNS_SLICE_SECONDS): never unless set
+    ends_at: float = math.inf
     pending: Pending = field(default_factory=Pending)
     # the n-th model request of the agent's loop is model_steps[n] (index order)
     model_steps: list[Step] = field(default_factory=list)
