@@ -86,10 +86,18 @@ format: venv
 	$(BIN)/ruff check --fix .
 
 # BENCH_QUICK=1 make bench: smaller rounds, no N=1000, for working on the harness (a few minutes)
+# BENCH_BASELINE=/path/to/checkout (e.g. `git worktree add /tmp/base main`): the real deployment's
+# batch also runs that checkout, side by side with this one (targets before and after)
 bench: venv
 	$(BIN)/pip install -q -e '.[dev,bench]'
-	rm -f var/bench-engine.json var/bench-pydantic-ai.json var/bench-inflight.json
+	rm -f var/bench-engine.json var/bench-pydantic-ai.json var/bench-inflight.json \
+		var/bench-step-cost.json var/bench-deployment.json
 	PG_EXTRA_OPTS=" " scripts/with-postgres.sh $(BIN)/python -m benchmarks.run
+	PG_EXTRA_OPTS=" " scripts/with-postgres.sh $(BIN)/python -m benchmarks.step_cost --write-docs
+	PG_EXTRA_OPTS=" " scripts/with-postgres.sh $(BIN)/python -m benchmarks.deployment \
+		$(if $(BENCH_BASELINE),--a $(BENCH_BASELINE)) \
+		$(if $(BENCH_QUICK),--runs 30 --floor-runs 50,--runs 100) \
+		--json var/bench-deployment.json --write-docs
 	PG_EXTRA_OPTS=" " scripts/with-postgres.sh $(BIN)/python -m benchmarks.pydantic_ai_flow \
 		$(if $(BENCH_QUICK),--runs 10 --rounds 1,--runs 40 --rounds 3) --json var/bench-pydantic-ai.json
 	PG_EXTRA_OPTS=" " scripts/with-postgres.sh $(BIN)/python -m benchmarks.inflight --write-docs

@@ -17,10 +17,6 @@ from django.core.exceptions import ImproperlyConfigured
 from agentruns.setting import Conf, Setting
 
 
-def _q_timeout() -> float:
-    return float(settings.Q_CLUSTER.get("timeout") or 120)
-
-
 @dataclass(frozen=True)
 class ModelLimit:
     """A model provider's rate limit for one model name (runtime/access/model_limits.py)."""
@@ -163,9 +159,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "AGENTRUNS_SLICE_SECONDS",
         float,
-        lambda: _q_timeout() / 2,
-        "a run holding a worker this long re-enqueues itself (default: Q_TIMEOUT / 2)",
-        0.1,
+        0,
+        "a run executing this long re-enqueues itself (0: never; a run in flight is a task of its "
+        "process's loop and holds no thread, and a resumed slice replays the run from its start, "
+        "so a time slice only costs; a draining process still hands its runs over)",
+        0,
     ),
     Setting(
         "AGENTRUNS_RUNS_PER_PROCESS",

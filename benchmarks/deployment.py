@@ -1,11 +1,13 @@
 """Where a run's CPU goes in the real deployment, two checkouts side by side (issue 43).
 
     PG_EXTRA_OPTS=" " scripts/with-postgres.sh .venv/bin/python -m benchmarks.deployment \
-        --a /tmp/base --b . [--rounds 3] [--runs 100] [--streaming-runs 200] [--token-ms 15] \
-        [--profile] [--json var/perf/deployment.json]
+        [--a /tmp/base] [--b .] [--rounds 3] [--runs 100] [--streaming-runs 200] [--token-ms 15] \
+        [--profile] [--json var/bench-deployment.json]
 
 (`git worktree add /tmp/base <commit>` makes a checkout of an older commit; both checkouts run
-on this venv's interpreter, each with its own code.)
+on this venv's interpreter, each with its own code.) Without `--a` only B, the working tree by
+default, is measured (`make bench` does so unless BENCH_BASELINE names a baseline checkout);
+`benchmarks/targets.py` reads the JSON.
 
 Per checkout and round, on the one throwaway PostgreSQL server: a fresh database migrated and
 `seed_demo`ed by that checkout's own code; its daphne (`procs.start_web`, as the Procfile runs
@@ -552,15 +554,21 @@ def _cell(values: list[float], fmt: str) -> str:
 
 
 def table(results: dict, floor: list[dict], args: argparse.Namespace) -> str:
+    """A and B side by side with B/A; B alone when no A ran."""
     a, b = results["a"], results["b"]
+    both = bool(a)
+    blank = "| | | |" if both else "| |"
     head = (
-        f"| | A {a[0]['commit']} ({a[0]['checkout']}) | B {b[0]['commit']} ({b[0]['checkout']}) "
-        "| B/A |\n|---|---:|---:|---:|"
+        (f"| | A {a[0]['commit']} ({a[0]['checkout']}) " if both else "| ")
+        + f"| B {b[0]['commit']} ({b[0]['checkout']}) "
+        + ("| B/A |\n|---|---:|---:|---:|" if both else "|\n|---|---:|")
     )
 
     def row(label: str, get, fmt: str) -> str:
-        va = [v for r in a if (v := get(r)) is not None]
         vb = [v for r in b if (v := get(r)) is not None]
+        if not both:
+            return f"| {label} | {_cell(vb, fmt)} |"
+        va = [v for r in a if (v := get(r)) is not None]
         ratio = (
             f"{statistics.median(vb) / statistics.median(va):.2f}"
             if va and vb and statistics.median(va)
@@ -572,10 +580,10 @@ def table(results: dict, floor: list[dict], args: argparse.Namespace) -> str:
     for phase, n in (("batch", args.runs), ("streaming", args.streaming_runs)):
         if not n:
             continue
-        lines.append(f"| ***{n} runs started together by {CLIENTS} clients*** | | | |")
+        lines.append(f"| ***{n} runs started together by {CLIENTS} clients*** {blank}")
         for label, key, fmt in ROWS:
             lines.append(row(label, lambda r, p=phase, k=key: r.get(p, {}).get(k), fmt))
-    lines.append("| ***per run (median)*** | | | |")
+    lines.append(f"| ***per run (median)*** {blank}")
     for label, key in (
         ("model steps", "model_steps"),
         ("tool steps", "tool_steps"),
@@ -587,7 +595,7 @@ def table(results: dict, floor: list[dict], args: argparse.Namespace) -> str:
     lines.append(
         "| bare loop CPU per run, ms (same agent shape, no durability; same for A and B) | "
         + _cell([f["cpu_ms_per_run"] for f in floor], "{:.1f}")
-        + " | | |"
+        + (" | | |" if both else " |")
     )
     return "\n".join(lines)
 
@@ -632,7 +640,7 @@ def profile_report(prof: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--a", type=Path, required=True, help="the baseline checkout")
+    parser.add_argument("--a", type=Path, help="the baseline checkout (none: B alone)")
     parser.add_argument("--b", type=Path, default=ROOT, help="the checkout under test")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--runs", type=int, default=100)
@@ -642,13 +650,15 @@ def main() -> None:
     parser.add_argument("--floor-runs", type=int, default=200)
     parser.add_argument("--profile", action="store_true", help="py-spy on B's qcluster")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--write-docs", action="store_true", help="its docs/BENCHMARKS.md section")
     args = parser.parse_args()
     if not os.environ.get("DATABASE_URL"):
         sys.exit("run under scripts/with-postgres.sh (or set DATABASE_URL)")
     results: dict[str, list[dict]] = {"a": [], "b": []}
     floor: list[dict] = []
+    sides = ("a", "b") if args.a else ("b",)
     for round_ in range(args.rounds):
-        for side in ("a", "b") if round_ % 2 == 0 else ("b", "a"):
+        for side in sides if round_ % 2 == 0 else sides[::-1]:
             profile = args.profile and side == "b" and round_ == args.rounds - 1
             checkout = getattr(args, side).resolve()
             print(f"round {round_ + 1}: {side.upper()} {checkout} ...", flush=True)
@@ -665,22 +675,34 @@ def main() -> None:
             )
         floor.append(bare_loop(results["b"][-1]["shape"]["turns"], args.floor_runs))
         print(f"round {round_ + 1}: bare loop {floor[-1]['cpu_ms_per_run']:.1f} ms/run", flush=True)
-        for side in ("a", "b"):
+        for side in sides:
             got = results[side][-1]
             for phase in ("batch", "streaming"):
                 if phase in got:
                     got[phase]["over_floor"] = (
                         got[phase]["worker_cpu_ms"] / floor[-1]["cpu_ms_per_run"]
                     )
-    print()
-    print(
+    method = (
         f"Demo `refund` agent through daphne + one qcluster (defaults), scripted model at "
         f"{args.token_ms:g} ms a token; {args.rounds} round(s), median (min-max); "
         f"machine: {os.cpu_count()} cores, load average now "
         + " ".join(f"{v:.2f}" for v in os.getloadavg())
     )
     print()
+    print(method)
+    print()
     print(table(results, floor, args))
+    if args.write_docs:
+        from benchmarks.docs import write_marked_section
+
+        write_marked_section(
+            "deployment",
+            "## Through the real deployment: what a run costs (issue 43)\n\n"
+            'Command: `PG_EXTRA_OPTS=" " scripts/with-postgres.sh .venv/bin/python -m '
+            "benchmarks.deployment [--a <baseline checkout>]` (part of `make bench`, with "
+            "`--a $BENCH_BASELINE` when given); method in `benchmarks/deployment.py`. "
+            f"{method}.\n\n{table(results, floor, args)}\n",
+        )
     shape = results["b"][-1]["shape"]
     print()
     print(
@@ -688,7 +710,7 @@ def main() -> None:
         f"{shape['shapes_seen']} shape(s) seen): "
         + "; ".join(f"{n} text deltas, tools {t or '-'}" for n, t in shape["turns"])
     )
-    for side in ("a", "b"):
+    for side in sides:
         print(
             f"threads ({side.upper()}, last round, {args.runs} runs): "
             + ", ".join(

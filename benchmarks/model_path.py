@@ -3,16 +3,17 @@
     .venv/bin/python -m benchmarks.model_path --a /path/to/other-checkout --b . --rounds 5
 
 The scripted model (a Pydantic AI `FunctionModel`, providers/scripted_model.py) answers turns of
-`--tokens` tokens without any delay, so only CPU is measured, each request as the engine's model
-unit makes it (`model_unit.request_model`; both checkouts need the engine, runtime/engine/):
-- `whole`: the path of a model that does not stream (`Model.request`, awaited on the thread's
-  own loop, as the unit's `_whole` does);
-- `stream`: the streamed path (the one a waiting model takes: a task of the process's stream
-  loop, `stream_pump.run_streaming`), every delta back to sync code;
-- `sink`: the streamed path with the deltas taken inside the stream's task (the delta feed
-  after a turn's first delta, `TextSink.take`).
-Each is run with `--tokens` and with one token a turn: the difference is the per-chunk cost, the
-rest the per-request cost. A and B alternate in fresh processes, so noise hits both alike.
+`--tokens` tokens without any delay, so only CPU is measured, each request as the checkout's
+engine makes it (`request_model`, the model unit's body):
+- `whole`: the path of a model that does not stream (`Model.request`);
+- `stream`: the streamed path, each text delta handed to the unit's sink inside the request's
+  task (the engine of issue 43: `model.unit.delivering(sink)`, the sink's `async deliver(text)`;
+  an engine before it: the stream loop's task, `stream_pump.run_streaming` with `TextSink.take`).
+The engine of issue 43 awaits its requests in a run's task on the process's loop
+(`engine.lanes.run_on_process_loop`), so the requests of a round are awaited one after another
+in one task there; an engine before it awaited each on its run thread's own loop. Each mode is
+run with `--tokens` and with one token a turn: the difference is the per-chunk cost, the rest
+the per-request cost. A and B alternate in fresh processes, so noise hits both alike.
 """
 
 from __future__ import annotations
@@ -31,11 +32,7 @@ django.setup()
 from pydantic_ai.messages import ModelRequest, UserPromptPart
 from pydantic_ai.models import ModelRequestParameters
 from agentruns.registry import ScriptedTurn
-from agentruns.registry.pydantic_agents.calls import thread_loop
-from agentruns.runtime.engine.model.request import request_model
-from agentruns.runtime.providers import TextSink
 from agentruns.runtime.providers.scripted_model import Playing, ScriptedModel, playing
-from agentruns.runtime.providers.stream_pump import run_streaming
 
 tokens, requests = int(sys.argv[1]), int(sys.argv[2])
 
@@ -47,32 +44,55 @@ class Params:
 class Streamed(ScriptedModel):
     waits = True  # as with a delay, without waiting
 
+got = []
+
+try:  # the engine of issue 43: requests are awaited in a run's task on the process's loop
+    from agentruns.runtime.engine.lanes import run_on_process_loop
+    from agentruns.runtime.engine.model.unit import delivering, request_model
+
+    class Sink:
+        async def deliver(self, text):
+            got.append(text)
+
+    def requests_of(model, policy, count):
+        async def batch():
+            with playing(Playing(policy=policy, instructions="Be brief.")), delivering(Sink()):
+                for _ in range(count):
+                    await request_model(model, Params, None)
+        run_on_process_loop(batch()).result()
+
+except ImportError:  # an engine before it: a run thread's own loop, the stream loop's pump
+    from agentruns.registry.pydantic_agents.calls import thread_loop
+    from agentruns.runtime.engine.model.request import request_model
+    from agentruns.runtime.providers import TextSink
+    from agentruns.runtime.providers.stream_pump import run_streaming
+
+    def requests_of(model, policy, count):
+        with playing(Playing(policy=policy, instructions="Be brief.")):
+            for _ in range(count):
+                if not model.waits:
+                    thread_loop().run_until_complete(request_model(model, Params, None))
+                    continue
+                sink = TextSink()
+                sink.take = got.append
+                deltas = run_streaming(lambda: request_model(model, Params, None), sink)
+                for _ in deltas:
+                    pass
+
 def measure(mode, count):
     text = " ".join(f"tok{i}" for i in range(count))
     policy = lambda messages: ScriptedTurn(text=text)
     model = ScriptedModel() if mode == "whole" else Streamed()
-    got = []
-    def once():
-        if mode == "whole":
-            return thread_loop().run_until_complete(request_model(model, Params, None))
-        sink = TextSink()
-        if mode == "sink":
-            sink.take = got.append
-        deltas = run_streaming(lambda: request_model(model, Params, None), sink)
-        try:
-            while True:
-                next(deltas)
-        except StopIteration as end:
-            return end.value
-    with playing(Playing(policy=policy, instructions="Be brief.")):
-        for _ in range(50):
-            once()
-        cpu = time.process_time()
-        for _ in range(requests):
-            once()
-    return (time.process_time() - cpu) * 1e6 / requests
+    requests_of(model, policy, 50)
+    del got[:]
+    cpu = time.process_time()
+    requests_of(model, policy, requests)
+    spent = time.process_time() - cpu
+    if mode == "stream":
+        assert len(got) >= requests * count, (len(got), requests, count)
+    return spent * 1e6 / requests
 
-for mode in ("whole", "stream", "sink"):
+for mode in ("whole", "stream"):
     print(mode, measure(mode, tokens), measure(mode, 1))
 """
 
@@ -121,9 +141,6 @@ def main() -> None:
         a = statistics.median(f[0] for f in seen["a"][mode])
         b = statistics.median(f[0] for f in seen["b"].get(mode, seen["a"][mode]))
         print(f"  B/A {mode}: {b / a:.3f} per request")
-    a = statistics.median(f[0] for f in seen["b"]["stream"])
-    b = statistics.median(f[0] for f in seen["b"]["sink"])
-    print(f"  B sink / B stream: {b / a:.3f} per request")
 
 
 if __name__ == "__main__":

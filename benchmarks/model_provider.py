@@ -9,8 +9,8 @@ system prompt, user message, an answered tool call, three tool schemas, a stream
 - `sdk`: the `openai` SDK's own streaming loop on one sync client, what the hand-written
   provider (`openai_provider.py`, removed) did per request: the floor;
 - `engine`: the request as the engine's model unit makes it (`model_for("openai/fake")`, the
-  process's `OpenAIChatModel`; `model_unit.request_model` as a task of the process's stream loop,
-  `stream_pump.run_streaming`, every delta handed back to this thread; tests/model_requests.py).
+  process's `OpenAIChatModel`; `model.unit.request_model` as a task of the process's run loop,
+  `lanes.run_on_process_loop`, every delta handed back to this thread; tests/model_requests.py).
 Prints per-request wall time (median, p95) and CPU (process time / requests) of each leg, the
 median of the rounds.
 """

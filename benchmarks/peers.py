@@ -41,8 +41,9 @@ def refund(cur: psycopg.Cursor, order_id: str, amount: int, key: str) -> None:
 
 def reply(cur: psycopg.Cursor, order_id: str, run_id: str) -> None:
     cur.execute(
-        'INSERT INTO support_outboxmessage (order_id, "to", body, run_id, created_at) '
-        "SELECT id, customer_email, 'Refunded.', %s, now() FROM support_order WHERE order_id = %s",
+        'INSERT INTO support_outboxmessage (order_id, "to", body, run_id, sent_by, created_at) '
+        "SELECT id, customer_email, 'Refunded.', %s, '', now() FROM support_order "
+        "WHERE order_id = %s",
         [run_id, order_id],
     )
 

@@ -1,4 +1,5 @@
-"""The same Pydantic AI agent as ours, made durable by DBOS instead: `DBOSDurability` (issue 32).
+"""The same Pydantic AI agent as ours, made durable by DBOS instead (`DBOSDurability`, issue
+32), and with no durability at all (issue 43).
 
 Ours runs `bench-refund` (benchmarks/workload.py): a Pydantic AI agent built from our `@tool`
 declarations, instructions "Refund the order.", its model the offline `scripted` model playing
@@ -16,7 +17,13 @@ declarations, instructions "Refund the order.", its model the offline `scripted`
 
 Seven DBOS steps per run, as ours has seven Steps. `DBOSAgentPeer` is the in-process,
 sequential, zero-latency peer of `benchmarks.run`; `dbos_agent_peer` the queued, latency-bound
-one of `benchmarks.peers_inflight`. Both need Django set up (the policy lives with the workload).
+one of `benchmarks.peers_inflight`.
+
+`BareAgentPeer` (`benchmarks.run`) is the same agent, the same model function and the same three
+tools running the same statements, with no capability: plain `agent.run()`, nothing persisted
+but what the tools write. It is the framework's own floor for this flow: what a durable engine
+around the same agent adds is measured against it. All need Django set up (the policy lives with
+the workload).
 """
 
 from __future__ import annotations
@@ -64,41 +71,65 @@ def script_model(turn_s: float, tokens: int = 0) -> Any:
     return FunctionModel(play, model_name="scripted")
 
 
-def refund_agent(
-    cursor: Callable[[], AbstractContextManager[psycopg.Cursor]], turn_s: float, tokens: int = 0
-):
-    """The agent, its tools DBOS steps doing the statements every system runs, on `cursor()`."""
-    from dbos import DBOS
+def _agent(
+    cursor: Callable[[], AbstractContextManager[psycopg.Cursor]],
+    model: Any,
+    capabilities: list[Any],
+    step: Callable[[str], Callable[[Callable], Callable]],
+    refund_key: Callable[[], str],
+) -> Any:
+    """The agent and its three tools doing the statements every system runs, on `cursor()`;
+    `step(name)` wraps each tool (DBOS: a step), `refund_key()` names the refund's key."""
     from pydantic_ai import Agent
-    from pydantic_ai.durable_exec.dbos import DBOSDurability
 
-    agent = Agent(
-        script_model(turn_s, tokens),
-        name=AGENT_NAME,
-        instructions=INSTRUCTIONS,
-        capabilities=[DBOSDurability()],
-    )
+    agent = Agent(model, name=AGENT_NAME, instructions=INSTRUCTIONS, capabilities=capabilities)
 
     @agent.tool_plain(name="bench_lookup")
-    @DBOS.step(name="bench_dbos_agent.bench_lookup")
+    @step("bench_lookup")
     def bench_lookup(order_id: str) -> dict:
         with cursor() as cur:
             return {"order_id": order_id, "amount_cents": lookup(cur, order_id)}
 
     @agent.tool_plain(name="bench_refund")
-    @DBOS.step(name="bench_dbos_agent.bench_refund")
+    @step("bench_refund")
     def bench_refund(order_id: str, amount_cents: int) -> dict:
-        key = f"dbos-agent-{DBOS.workflow_id}-{DBOS.step_id}"  # stable across recovery
+        key = refund_key()
         with cursor() as cur:
             refund(cur, order_id, amount_cents, key)
         return {"refunded": amount_cents}
 
     @agent.tool_plain(name="bench_reply")
-    @DBOS.step(name="bench_dbos_agent.bench_reply")
+    @step("bench_reply")
     def bench_reply(order_id: str, message: str) -> dict:
         with cursor() as cur:
             reply(cur, order_id, str(uuid.uuid4()))
         return {"sent": True}
+
+    return agent
+
+
+def bare_agent(cursor: Callable[[], AbstractContextManager[psycopg.Cursor]]) -> Any:
+    """The agent with no durability at all: no capability, its tools plain functions, the
+    refund's key new at every call (nothing would run it again)."""
+    return _agent(
+        cursor, script_model(0.0), [], lambda name: lambda fn: fn, lambda: f"bare-{uuid.uuid4()}"
+    )
+
+
+def refund_agent(
+    cursor: Callable[[], AbstractContextManager[psycopg.Cursor]], turn_s: float, tokens: int = 0
+):
+    """The agent on DBOSDurability, its tools DBOS steps, `agent.run()` in a DBOS workflow."""
+    from dbos import DBOS
+    from pydantic_ai.durable_exec.dbos import DBOSDurability
+
+    agent = _agent(
+        cursor,
+        script_model(turn_s, tokens),
+        [DBOSDurability()],
+        lambda name: DBOS.step(name=f"{AGENT_NAME}.{name}"),
+        lambda: f"dbos-agent-{DBOS.workflow_id}-{DBOS.step_id}",  # stable across recovery
+    )
 
     @DBOS.workflow(name="bench_dbos_agent.refund")
     async def refund_workflow(order_id: str) -> str:
@@ -144,6 +175,33 @@ class DBOSAgentPeer:
 
     def close(self) -> None:
         self.DBOS.destroy()
+        self.loop.close()
+        self.conn.close()
+
+
+class BareAgentPeer:
+    """The same agent with no durability (`bare_agent`): plain `agent.run()` on one event loop,
+    in process, one run after another, zero model latency (`benchmarks.run`): the framework's
+    floor for this flow, with the same SQL statements as every other system."""
+
+    name = "Pydantic AI agent, no durability"
+
+    def __init__(self, dsn: str) -> None:
+        self.conn = psycopg.connect(dsn, autocommit=True)
+
+        @contextmanager
+        def cursor() -> Iterator[psycopg.Cursor]:
+            with self.conn.cursor() as cur:
+                yield cur
+
+        self.agent = bare_agent(cursor)
+        self.loop = asyncio.new_event_loop()
+
+    def run(self, order_id: str) -> None:
+        prompt = json.dumps({"order_id": order_id}, sort_keys=True)
+        assert self.loop.run_until_complete(self.agent.run(prompt)).output == "Done."
+
+    def close(self) -> None:
         self.loop.close()
         self.conn.close()
 

@@ -49,6 +49,25 @@ def wrap(owner: Any, name: str, before: str = "", after: str = "", run_of=None) 
     setattr(owner, name, probed)
 
 
+def wrap_async(owner: Any, name: str, before: str = "", after: str = "", run_of=None) -> None:
+    """`wrap` for a coroutine function: the runs of a worker process are tasks of its one event
+    loop, so a thread's CPU time is no run's own and only times are recorded."""
+    original: Callable = getattr(owner, name)
+    run_of = run_of or (lambda args: getattr(args[0], "run_id", ""))
+
+    @functools.wraps(original)
+    async def probed(*args: Any, **kwargs: Any) -> Any:
+        run = run_of(args)
+        if before:
+            record(before, run)
+        result = await original(*args, **kwargs)
+        if after:
+            record(after, run, result=str(result)[:40])
+        return result
+
+    setattr(owner, name, probed)
+
+
 def install_web() -> None:
     from agentruns.runtime.store.postgres import PostgresStore
     from agentruns.services import start
@@ -137,9 +156,14 @@ def install_worker() -> None:
 
     claims.claim_queued = claim_queued
     wrap(RunPool, "start_claimed", "hand_over", "handed", run_of=lambda a: a[1].id)
-    wrap(RunExecutor, "advance", "advance", "advanced")
-    wrap(RunExecutor, "_stream_model", "model_call")
-    wrap(RunExecutor, "tool_step", "tool_call")
+    # a slice and its units are coroutines of the process's loop (engine/backend.py calls the
+    # units through their modules)
+    from agentruns.runtime.engine.model import unit as model_unit
+    from agentruns.runtime.engine.tools import unit as tool_unit
+
+    wrap_async(RunExecutor, "advance_in", "advance", "advanced")
+    wrap_async(model_unit, "execute", "model_call", run_of=lambda a: a[0].run.id)
+    wrap_async(tool_unit, "execute", "tool_call", run_of=lambda a: a[0].run.id)
 
 
 def main() -> None:

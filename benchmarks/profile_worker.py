@@ -52,7 +52,7 @@ WORKLOADS = {
     ),
 }
 ROLES = (  # where a worker's CPU goes, by the thread or process a sample is in
-    ("run threads (RunPool._work)", "RunPool._work"),
+    ("runs (RunPool._work: threads, or tasks of the process's loop)", "RunPool._work"),
     ("q2 pusher (doorbells off the broker)", "pusher (django_q"),
     ("q2 worker task loops (hand-overs)", "worker (django_q"),
     ("q2 monitor (task results)", "monitor (django_q"),
@@ -212,7 +212,7 @@ def breakdown(probe_file: Path, times: dict, model_wait_s: float) -> dict:
                 model_gaps.append((nxt - t - model_wait_s) * 1000)
             else:
                 tool_gaps.append((nxt - t) * 1000)
-        if p["advance"] and p["advanced"]:
+        if p["advance"] and p["advanced"] and "cpu" in p["advanced"][0]:  # (a run's own thread)
             cpu.append(sum(e["cpu"] for e in p["advanced"]) - sum(b["cpu"] for b in p["advance"]))
     result = {
         label: {"p50": statistics.median(v), "p90": sorted(v)[int(0.9 * (len(v) - 1))], "n": len(v)}

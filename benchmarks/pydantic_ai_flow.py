@@ -66,8 +66,8 @@ def _tools(agent: PydanticAgent, prefix: str) -> None:
         with connection.cursor() as cursor:
             cursor.execute(
                 'INSERT INTO support_outboxmessage (order_id, "to", body, run_id, step_id, '
-                "created_at) SELECT id, customer_email, %s, %s, %s, now() FROM support_order "
-                "WHERE order_id = %s",
+                "sent_by, created_at) SELECT id, customer_email, %s, %s, %s, '', now() "
+                "FROM support_order WHERE order_id = %s",
                 [message, step.run.id, step.step.id, order_id],
             )
         return {"sent": True}

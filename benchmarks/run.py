@@ -1,5 +1,5 @@
 """`make bench`: the engine side by side with the floor, DBOS Transact, the same Pydantic AI
-agent on DBOSDurability (benchmarks/peers_agent.py) and LangGraph.
+agent with no durability and on DBOSDurability (benchmarks/peers_agent.py) and LangGraph.
 
 Everything runs in one process on one throwaway PostgreSQL (fsync on), in interleaved rounds so
 machine noise hits every system alike; we report medians over rounds and the ratios.
@@ -79,10 +79,10 @@ def measure(system, runs: int, offset: int) -> list[float]:
 
 def side_by_side(runs: int, rounds: int) -> dict[str, dict]:
     from benchmarks.peers import DBOSPeer, Floor, LangGraphAsyncPeer, LangGraphPeer
-    from benchmarks.peers_agent import DBOSAgentPeer
+    from benchmarks.peers_agent import BareAgentPeer, DBOSAgentPeer
 
     systems = [Floor(dsn()), Ours()]
-    for peer in (DBOSPeer, DBOSAgentPeer, LangGraphPeer, LangGraphAsyncPeer):
+    for peer in (BareAgentPeer, DBOSPeer, DBOSAgentPeer, LangGraphPeer, LangGraphAsyncPeer):
         try:
             systems.append(peer(dsn()))
         except Exception as exc:  # an optional extra that is missing must not sink the rest
@@ -104,7 +104,7 @@ def side_by_side(runs: int, rounds: int) -> dict[str, dict]:
             print(
                 f"  round {r + 1}/{rounds}: "
                 + ", ".join(
-                    f"{n.split(' ')[0]} {statistics.median(v):.0f}/s" for n, v in per_round.items()
+                    f"{n.split(' (')[0]} {statistics.median(v):.0f}/s" for n, v in per_round.items()
                 ),
                 file=sys.stderr,
             )
@@ -267,6 +267,7 @@ def ratios_of(results: dict) -> dict[str, float]:
     ours = results["ours (engine in-process)"]["runs_per_s"]
     ratios = {"ours/floor": ours / results["floor (raw psycopg)"]["runs_per_s"]}
     for peer, key in (
+        ("Pydantic AI agent, no durability", "ours/no durability"),
         ("DBOS Transact", "ours/DBOS"),
         ("Pydantic AI agent + DBOSDurability", "ours/DBOSDurability agent"),
         ("LangGraph + PostgresSaver", "ours/LangGraph"),
@@ -327,12 +328,13 @@ def main() -> None:
 
     ratios = ratios_of(results)
     lines = [
-        "| system | runs/s | steps/s | p50 run (ms) | p99 run (ms) |",
-        "|---|---:|---:|---:|---:|",
+        "| system | runs/s | steps/s | p50 run (ms) | p99 run (ms) | CPU per run, this process (ms) |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for name, r in results.items():
+        cpu = f"{r['cpu_ms_per_run']:.2f}" if "cpu_ms_per_run" in r else "-"
         lines.append(
-            f"| {name} | {r['runs_per_s']:.1f} | {r['steps_per_s']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} |"
+            f"| {name} | {r['runs_per_s']:.1f} | {r['steps_per_s']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {cpu} |"
         )
     table = "\n".join(lines)
     ratio_text = ", ".join(f"**{k} = {v:.2f}**" for k, v in ratios.items())
@@ -365,7 +367,11 @@ def main() -> None:
         "scripted model with no delay, runs executed one after another, "
         f"{rounds} interleaved rounds of {runs} runs per system (medians). "
         "Ours in-process: `services.execute_inline` (the run is created already leased and executed in "
-        "this process). Every step of every system is persisted before the next one starts: LangGraph "
+        'this process). "Pydantic AI agent, no durability" is the same agent as ours (the same model '
+        "function, the same three tools running the same statements) run with plain `agent.run()` "
+        "and nothing persisted but what its tools write: the framework's floor for this flow "
+        '(benchmarks/peers_agent.py); "floor (raw psycopg)" is the database\'s, one committed row per '
+        "step and no agent loop. Every step of every durable system is persisted before the next one starts: LangGraph "
         'runs with `durability="sync"`; its default, `"async"`, persists a checkpoint while the next '
         "step already runs and is shown for reference only. The queue row is end to end: "
         "its latency includes waiting in the queue (all runs are enqueued at once for 2 workers).\n\n"

@@ -1,7 +1,10 @@
-"""The last step of `make bench`: every target of issues 22, 21 and 32, "met" or "not met" with its
-figures, from what this run's harnesses wrote (var/bench-engine.json by `benchmarks.run`,
+"""The last step of `make bench`: every target of issues 22, 21, 32 and 43, "met" or "not met"
+with its figures, from what this run's harnesses wrote (var/bench-engine.json by `benchmarks.run`,
 var/bench-inflight.json by `benchmarks.inflight`, var/bench-pydantic-ai.json by
-`benchmarks.pydantic_ai_flow --json`), so every figure comes from the same `make bench`.
+`benchmarks.pydantic_ai_flow --json`, var/bench-step-cost.json by `benchmarks.step_cost`,
+var/bench-deployment.json by `benchmarks.deployment --json`), so every figure comes from the same
+`make bench`. Where the deployment also ran a baseline checkout (BENCH_BASELINE), its figure
+stands beside ours ("before").
 
     .venv/bin/python -m benchmarks.targets [--write-docs]
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +33,7 @@ SYNC_PEERS = ("DBOS Transact", "LangGraph + PostgresSaver")  # the async LangGra
 AGENT_PEER = (
     "Pydantic AI agent + DBOSDurability"  # the same agent as ours (benchmarks/peers_agent.py)
 )
+BARE_AGENT = "Pydantic AI agent, no durability"  # ... with no durability at all
 
 
 @dataclass
@@ -245,6 +250,7 @@ def collect() -> list[Target]:
     found += _latency_targets(21, "sleeping", sleeping, 200, 2.2, peers_too=False)
     found.append(_start_latency(21, inflight, 100))
     found += _agent_peer_targets(results, sleeping["results"])
+    found += _issue_43(results, sleeping, streaming, inflight)
     return [*found, *_unmeasured(found)]
 
 
@@ -286,6 +292,194 @@ def _agent_peer_targets(engine: dict, sleeping: dict) -> list[Target]:
     return found
 
 
+def _issue_43(engine: dict, sleeping: dict, streaming: dict, inflight: dict) -> list[Target]:
+    """Issue 43: the engine's overhead cut to the loop's own, every latency-bound target met."""
+    found = _deployment_targets(_load("bench-deployment.json"))
+    found += _latency_targets(43, "streaming", streaming, 200, 1.5, peers_too=False)
+    found += _latency_targets(43, "sleeping", sleeping, 1000, 2.0, peers_too=False)
+    for label, side in (("sleeping", sleeping), ("streaming", streaming)):
+        found += _ahead_of_every_peer(label, side.get("results") or {}, 200)
+    mine = engine.get("ours (engine in-process)") or {}
+    ours = mine.get("runs_per_s")
+    for peer, at_least in ((BARE_AGENT, 0.8), (AGENT_PEER, 2.0)):
+        other = engine.get(peer) or {}
+        theirs = other.get("runs_per_s")
+        text = f"CPU-bound: ours/{'no durability' if peer == BARE_AGENT else peer} at least {at_least}x"
+        if ours and theirs:
+            cpu = (
+                f"; CPU per run {mine['cpu_ms_per_run']:.1f} against {other['cpu_ms_per_run']:.1f} ms"
+                if "cpu_ms_per_run" in mine and "cpu_ms_per_run" in other
+                else ""
+            )
+            found.append(
+                Target(
+                    43,
+                    text,
+                    ours / theirs >= at_least,
+                    f"{ours / theirs:.2f} ({ours:.1f} against {theirs:.1f} runs/s{cpu})",
+                )
+            )
+        else:
+            found.append(Target(43, text, None, "no figures"))
+    found += _first_delta_targets(inflight, streaming)
+    found.append(_step_cost_target(_load("bench-step-cost.json")))
+    found.append(
+        Target(
+            43,
+            "crash matrix, outage, pause and partition drills, Pydantic AI feature tests and "
+            "the suite's wall time no worse",
+            None,
+            "checked by the test suite, not by the bench",
+        )
+    )
+    return found
+
+
+def _deployment_targets(dep: dict) -> list[Target]:
+    """Worker CPU per run against the bare loop's, and 100 runs against one, through the real
+    deployment (`benchmarks.deployment`): B's median over rounds, A's beside it when it ran."""
+    results = dep.get("results") or {}
+    mine, before = results.get("b") or [], results.get("a") or []
+    runs = (dep.get("args") or {}).get("runs", 100)
+    cpu_text = "worker CPU per run through the deployment within 2x the bare loop's"
+    batch_text = f"deployment: {runs} runs within 2.5x one run"
+    if not mine:
+        return [
+            Target(43, cpu_text, None, "no figures"),
+            Target(43, batch_text, None, "no figures"),
+        ]
+
+    def median(side: list[dict], key: str) -> float | None:
+        values = [r["batch"][key] for r in side if key in r.get("batch", {})]
+        return statistics.median(values) if values else None
+
+    def was(key: str, fmt: str) -> str:
+        value = median(before, key)
+        return f"; before ({before[0]['commit']}): {fmt.format(value)}" if value else ""
+
+    over_floor, over_one = median(mine, "over_floor"), median(mine, "over_one")
+    cpu, floor = (
+        median(mine, "worker_cpu_ms"),
+        statistics.median(
+            f["cpu_ms_per_run"] for f in dep.get("floor") or [{"cpu_ms_per_run": float("nan")}]
+        ),
+    )
+    one = statistics.median(r["one_run_s"] for r in mine)
+    wall = median(mine, "wall_s")
+    return [
+        Target(
+            43,
+            cpu_text,
+            over_floor <= 2.0 if over_floor is not None else None,
+            f"{over_floor:.2f}x ({cpu:.1f} ms against {floor:.1f} ms, {mine[0]['commit']})"
+            + was("over_floor", "{:.2f}x")
+            if over_floor is not None
+            else "no figures",
+        ),
+        Target(
+            43,
+            batch_text,
+            over_one <= 2.5 if over_one is not None else None,
+            f"{over_one:.2f}x ({wall:.2f} s against {one:.2f} s, {mine[0]['commit']})"
+            + was("over_one", "{:.2f}x")
+            if over_one is not None
+            else "no figures",
+        ),
+    ]
+
+
+def _ahead_of_every_peer(label: str, results: dict, n: int) -> list[Target]:
+    text = f"{label}: N={n} runs/s ahead of every peer, LangGraph included"
+    ours = row_at(results.get(OURS) or [], n)
+    rates = {
+        name: row_at(rows, n)["n"] / row_at(rows, n)["wall_s"]
+        for name, rows in results.items()
+        if name != OURS and row_at(rows, n)
+    }
+    if not (ours and rates):
+        return [Target(43, text, None, "no figures" if not ours else "no peer ran")]
+    mine = n / ours["wall_s"]
+    best = max(rates, key=rates.get)
+    others = ", ".join(f"{k} {v:.1f}" for k, v in rates.items())
+    return [
+        Target(
+            43,
+            text,
+            mine > rates[best],
+            f"ours {mine:.1f} runs/s, {others} (ours/fastest {mine / rates[best]:.2f})",
+        )
+    ]
+
+
+def _first_delta_targets(inflight: dict, streaming: dict) -> list[Target]:
+    """POST -> the first `model.delta` on the run's socket: one run at a time on PostgreSQL +
+    Redis (inflight's start latency), and for the probe's runs inside the streaming N=200 batch."""
+    redis = next((r for r in inflight.get("starts") or [] if "Redis" in r["case"]), None)
+    alone = "first delta p50 one run at a time (PostgreSQL + Redis) at most 50 ms"
+    found = [
+        Target(
+            43,
+            alone,
+            redis["p50_ms"] <= 50 if redis else None,
+            f"p50 {redis['p50_ms']:.0f} ms, p99 {redis['p99_ms']:.0f} ms"
+            if redis
+            else "no figures",
+        )
+    ]
+    row = row_at((streaming.get("results") or {}).get(OURS) or [], 200)
+    inside = "first delta p50 inside the streaming N=200 batch at most 150 ms"
+    socket = row.get("first_delta_socket_p50_ms") if row else None
+    if socket is None:
+        found.append(Target(43, inside, None, "no figures"))
+    else:
+        db = row.get("first_delta_db_p50_ms")
+        found.append(
+            Target(
+                43,
+                inside,
+                socket <= 150,
+                f"socket p50 {socket:.0f} ms, max {row['first_delta_socket_max_ms']:.0f} ms "
+                "(POST -> first frame, the probe's runs)"
+                + (
+                    f"; the batch's own runs, created -> first event: p50 {db:.0f} ms" if db else ""
+                ),
+            )
+        )
+    return found
+
+
+def _step_cost_target(step: dict) -> Target:
+    rows, growth = step.get("rows") or [], step.get("growth")
+    if not rows:
+        return Target(43, "engine's own CPU per step at 400 calls within 1.3x", None, "no figures")
+    first, last, bound = rows[0], rows[-1], step.get("target", 1.3)
+    text = (
+        f"engine's own CPU per step at {last['calls']} calls within {bound}x of at "
+        f"{first['calls']} (the bare loop's subtracted)"
+    )
+    unfinished = [r for r in rows if not r.get("finished", True)]
+    if unfinished:
+        r = unfinished[0]
+        return Target(
+            43,
+            text,
+            False,
+            f"the {r['calls']}-call run did not finish within {step.get('budget_s', 0):g} s: "
+            f"{r['steps_done']} of {r['steps']} steps after {r['slices']} slices of "
+            f"{step.get('slice_seconds', 0):g} s",
+        )
+    figures = " / ".join(
+        f"{r['engine_cpu_ms_per_step']:.3f} ms at {r['calls']} calls ({r['slices_median']:g} slices)"
+        for r in rows
+    )
+    return Target(
+        43,
+        text,
+        growth <= bound if growth is not None else None,
+        f"{figures}: {growth:.2f}x" if growth is not None else f"{figures}: no ratio",
+    )
+
+
 # every target collect() knows, by the start of its text: one without a row was not measured
 EXPECTED = (
     (22, "CPU-bound: ours/floor"),
@@ -296,6 +490,17 @@ EXPECTED = (
     (21, "per-step cost"),
     (32, "CPU-bound: ours/Pydantic AI agent"),
     (32, "sleeping: N=200 runs/s at least Pydantic AI agent"),
+    (43, "worker CPU per run"),
+    (43, "deployment: "),
+    (43, "streaming: N=200 within"),
+    (43, "sleeping: N=1000 within"),
+    (43, "sleeping: N=200 runs/s"),
+    (43, "streaming: N=200 runs/s"),
+    (43, "CPU-bound: ours/no durability"),
+    (43, "CPU-bound: ours/Pydantic AI agent + DBOSDurability"),
+    (43, "first delta p50 one run at a time"),
+    (43, "first delta p50 inside the streaming N=200 batch"),
+    (43, "engine's own CPU per step"),
 )
 
 
@@ -309,7 +514,7 @@ def _unmeasured(found: list[Target]) -> list[Target]:
 
 def markdown(found: list[Target]) -> str:
     lines = [
-        "## Targets of issues 22, 21 and 32, side by side in one `make bench`",
+        "## Targets of issues 22, 21, 32 and 43, side by side in one `make bench`",
         "",
         f"Written by `benchmarks/targets.py` at the end of `make bench`"
         f"{' (BENCH_QUICK=1: smaller rounds)' if os.environ.get('BENCH_QUICK') else ''}; "

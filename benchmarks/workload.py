@@ -41,8 +41,9 @@ def bench_refund(ctx: ToolContext, order_id: str, amount_cents: int) -> dict:
 def bench_reply(ctx: ToolContext, order_id: str, message: str) -> dict:
     with connection.cursor() as cursor:
         cursor.execute(
-            'INSERT INTO support_outboxmessage (order_id, "to", body, run_id, step_id, created_at) '
-            "SELECT id, customer_email, %s, %s, %s, now() FROM support_order WHERE order_id = %s",
+            'INSERT INTO support_outboxmessage (order_id, "to", body, run_id, step_id, sent_by, '
+            "created_at) SELECT id, customer_email, %s, %s, %s, '', now() FROM support_order "
+            "WHERE order_id = %s",
             [message, ctx.run.id, ctx.step.id, order_id],
         )
     return {"sent": True}

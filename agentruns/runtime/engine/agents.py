@@ -71,15 +71,14 @@ def step_content(step: Step) -> str:
     return _dumps({"error": step.error or step.status})
 
 
-def tool_contents(state: Any) -> dict[str, str]:
-    """The engine-form content of each tool call of this run that has a terminal step (its
-    latest), by call id: one pass over the steps for a whole conversation."""
-    contents: dict[str, str] = {}
+def tool_content(state: Any, call_id: str) -> str | None:
+    """The engine-form content of a tool call of this run with a terminal step (its latest), or
+    None. Each step's content is dumped once a slice."""
+    step = state.by_call.get(call_id)
+    if step is None or not step.is_terminal:
+        return None
+    key = (step.id, step.status, step.attempts)
     cache = state.step_contents
-    for step in state.steps:
-        if step.call_id and step.is_terminal:
-            key = (step.id, step.status, step.attempts)
-            if (content := cache.get(key)) is None:
-                content = cache[key] = step_content(step)
-            contents[step.call_id] = content
-    return contents
+    if (content := cache.get(key)) is None:
+        content = cache[key] = step_content(step)
+    return content

@@ -191,7 +191,8 @@ class RunExecutor:
         run = state.run
         state.trace_slice = tracing.begin_slice(state, run)
         state.cancel_requested = run.cancel_requested
-        state.ends_at = time.monotonic() + conf.SLICE_SECONDS
+        if conf.SLICE_SECONDS:
+            state.ends_at = time.monotonic() + conf.SLICE_SECONDS
         if state.cancel_requested:  # cancelled before this slice began: at its first boundary
             return await lane.run(journal.end, state, Cancelled())
         try:

@@ -66,7 +66,7 @@ async def _run(state: SliceState) -> Any:
     what = Playing(
         policy=agent.scripted_policy,
         instructions=agent.instructions,
-        tool_contents=lambda: agents.tool_contents(state),
+        tool_content=lambda call_id: agents.tool_content(state, call_id),
     )
     with (
         running(state),

@@ -13,6 +13,7 @@ which only unwinds `agent.run`. A unit's blocking (database) work runs on the sl
 
 from __future__ import annotations
 
+import math
 import secrets
 import threading
 import time
@@ -95,8 +96,8 @@ class SliceState:
     run: Run = None  # type: ignore[assignment]
     agent: Agent = None  # type: ignore[assignment]
     steps: list[Step] = field(default_factory=list)
-    # when the slice should give its slot back (time.monotonic)
-    ends_at: float = 0.0
+    # when the slice gives its slot back (time.monotonic; AGENTRUNS_SLICE_SECONDS): never unless set
+    ends_at: float = math.inf
     pending: Pending = field(default_factory=Pending)
     # the n-th model request of the agent's loop is model_steps[n] (index order)
     model_steps: list[Step] = field(default_factory=list)
@@ -105,6 +106,8 @@ class SliceState:
     slot_checked: bool = False
     # (index of the model step, tool call id) -> the tool step it planned
     calls: dict[tuple[int, str], Step] = field(default_factory=dict)
+    # tool call id -> its latest tool step (what the scripted model reads of a call)
+    by_call: dict[str, Step] = field(default_factory=dict)
     # side-effect steps whose "running + attempt" went out with their model's commit
     begun_here: set[uuid.UUID] = field(default_factory=set)
     # the journal entries of other units, and the waits, in the order they were recorded
@@ -112,8 +115,7 @@ class SliceState:
     entries_seen: int = 0
     waits: list[Any] = field(default_factory=list)
     waits_seen: int = 0
-    # what each terminal tool step says to the scripted model, by (step id, status, attempts):
-    # every model request reads the whole history, so each is dumped once a slice
+    # what each terminal tool step says to the scripted model, by (step id, status, attempts)
     step_contents: dict[tuple[Any, str, int], str] = field(default_factory=dict)
 
     def index_steps(self) -> None:
@@ -125,6 +127,7 @@ class SliceState:
                 self.model_steps.append(step)
             elif model is not None and step.call_id:
                 self.calls[(model.index, step.call_id)] = step
+                self.by_call[step.call_id] = step
 
     @property
     def current_model(self) -> Step | None:
@@ -145,6 +148,7 @@ class SliceState:
             self.model_steps.append(step)
         elif (model := self.current_model) is not None and step.call_id:
             self.calls[(model.index, step.call_id)] = step
+            self.by_call[step.call_id] = step
 
     def new_wait(self, name: str, kind: str, *, token: str = "", **fields: Any) -> Wait:
         """The run's next wait (not saved), with its token (a random one unless the caller's)."""

@@ -22,7 +22,7 @@ import functools
 import inspect
 import json
 import re
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -51,11 +51,25 @@ _TOKEN = re.compile(r"\S+\s*|\s+")
 @dataclass
 class Playing:
     """What the scripted model needs of the run it plays: the agent's policy and instructions,
-    and what the engine recorded for the tool calls (`tool_contents`: call id -> the content)."""
+    and what the engine recorded for a tool call (`tool_content`: call id -> the content, None
+    for a call the engine has no step of)."""
 
     policy: Callable[..., ScriptedTurn] | None
     instructions: str = ""
-    tool_contents: Callable[[], Mapping[str, str]] = field(default=lambda: {})
+    tool_content: Callable[[str], str | None] = field(default=lambda call_id: None)
+    # the conversation converted so far: a run's requests carry its history again each time, so
+    # each message is converted once (`engine_messages`)
+    converted: _Converted | None = None
+
+
+@dataclass
+class _Converted:
+    """The engine form of a conversation's first messages (`sources`: their ids, in order)."""
+
+    sources: list[int] = field(default_factory=list)
+    out: list[dict] = field(default_factory=list)  # after the system message
+    tokens: list[int] = field(default_factory=list)  # estimate_tokens of each of `out`
+    system: list[str] = field(default_factory=list)
 
 
 _playing: ContextVar[Playing | None] = ContextVar("agentruns_scripted_playing", default=None)
@@ -95,9 +109,9 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
 
 
-def _tool_message(part: Any, recorded: Mapping[str, str]) -> dict:
+def _tool_message(part: Any, recorded: Callable[[str], str | None]) -> dict:
     call_id = part.tool_call_id or ""
-    content = recorded.get(call_id)
+    content = recorded(call_id)
     if content is None:  # not a step of this run's journal: as Pydantic AI says it
         if isinstance(part, RetryPromptPart):
             content = _dumps({"error": part.model_response()})
@@ -109,11 +123,15 @@ def _tool_message(part: Any, recorded: Mapping[str, str]) -> dict:
 
 
 def engine_messages(messages: list[ModelMessage], playing_: Playing) -> list[dict]:
-    """The conversation in the engine's form (see the module's docstring)."""
-    out: list[dict] = [{"role": "system", "content": playing_.instructions}]
-    system: list[str] = []
-    recorded = playing_.tool_contents()
-    for message in messages:
+    """The conversation in the engine's form (see the module's docstring). The messages already
+    converted for this run (the same objects, in the same order) are not converted again."""
+    done = playing_.converted
+    if done is None or not _continues(messages, done.sources):
+        done = playing_.converted = _Converted()
+    recorded = playing_.tool_content
+    out, system = done.out, done.system
+    for message in messages[len(done.sources) :]:
+        start = len(out)
         if isinstance(message, ModelRequest):
             for part in message.parts:
                 if isinstance(part, SystemPromptPart):
@@ -143,9 +161,24 @@ def engine_messages(messages: list[ModelMessage], playing_: Playing) -> list[dic
                     for call in calls
                 ]
             out.append(turn)
-    if system and not playing_.instructions:
-        out[0]["content"] = "\n\n".join(system)
-    return out
+        done.tokens.extend(estimate_tokens(str(m.get("content") or "")) for m in out[start:])
+        done.sources.append(id(message))
+    head = playing_.instructions or ("\n\n".join(system) if system else "")
+    return [{"role": "system", "content": head}, *out]
+
+
+def _continues(messages: list[ModelMessage], sources: list[int]) -> bool:
+    """`messages` begin with the messages `sources` names (a conversation that grew)."""
+    return len(sources) <= len(messages) and all(
+        id(message) == source for message, source in zip(messages, sources, strict=False)
+    )
+
+
+def _prompt_tokens(messages: list[ModelMessage], playing_: Playing) -> int:
+    """The estimate of the conversation's tokens (engine form), from its conversion."""
+    converted = engine_messages(messages, playing_)
+    done = playing_.converted
+    return estimate_tokens(converted[0]["content"] or "") + sum(done.tokens)
 
 
 class ScriptedModel(FunctionModel):
@@ -202,8 +235,7 @@ class ScriptedModel(FunctionModel):
     @staticmethod
     def usage_for(messages: list[ModelMessage], response: ModelResponse) -> RequestUsage:
         """The engine's estimate: each message of the conversation (engine form) and the turn."""
-        converted = engine_messages(messages, _playing.get() or Playing(policy=None))
-        prompt = sum(estimate_tokens(str(m.get("content") or "")) for m in converted)
+        prompt = _prompt_tokens(messages, _playing.get() or Playing(policy=None))
         text = "".join(p.content for p in response.parts if isinstance(p, TextPart))
         calls = sum(1 for p in response.parts if isinstance(p, ToolCallPart))
         return RequestUsage(input_tokens=prompt, output_tokens=estimate_tokens(text) + 10 * calls)
