@@ -20,7 +20,6 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -28,7 +27,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
-from benchmarks.procs import start_web, stop_web
+from benchmarks.procs import python_for, start_web, stop_web
 
 ROOT = Path(__file__).resolve().parent.parent
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -80,7 +79,7 @@ def seeded_database(
 
 def manage(checkout: Path, env: dict[str, str], *args: str) -> str:
     done = subprocess.run(
-        [sys.executable, "manage.py", *args],
+        [python_for(checkout), "manage.py", *args],
         cwd=checkout,
         env=env,
         capture_output=True,

@@ -34,13 +34,20 @@ def start_qcluster(
         **{k: str(v) for k, v in env.items()},
     }
     return subprocess.Popen(
-        [sys.executable, "manage.py", "qcluster"],
+        [python_for(checkout), "manage.py", "qcluster"],
         cwd=checkout,
         env=full,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+
+
+def python_for(checkout: Path) -> str:
+    """The interpreter of `checkout`: its own `.venv` when it has one (an older checkout pins
+    other versions), else this process's."""
+    own = Path(checkout) / ".venv" / "bin" / "python"
+    return str(own) if own.exists() else sys.executable
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -62,7 +69,7 @@ def start_web(checkout: Path, env: dict[str, str]) -> tuple[subprocess.Popen, st
     serve = "config.serve" if (checkout / "config" / "serve.py").exists() else "daphne"
     web = subprocess.Popen(
         [
-            sys.executable,
+            python_for(checkout),
             "-m",
             serve,
             "-b",
