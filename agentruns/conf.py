@@ -268,6 +268,21 @@ SETTINGS: tuple[Setting, ...] = (
         "process): during an outage a request answers 503 within seconds",
         0.1,
     ),
+    Setting(
+        "WEB_REQUESTS_AT_ONCE",
+        int,
+        8,
+        "requests a web process handles at once (until a streamed body starts); the rest wait "
+        "their turn in its event loop: keep it below the database pool's max size",
+        1,
+    ),
+    Setting(
+        "WEB_QUEUE_SECONDS",
+        float,
+        10,
+        "... the longest a request waits for its turn before a 503 with Retry-After",
+        0.1,
+    ),
     # streaming
     Setting("REDIS_URL", str, "", "channels_redis for the stream (unset: in-memory layer + poll)"),
     Setting(

@@ -10,27 +10,40 @@ returns its database connection and ends as soon as it is idle. Whatever the bod
 run synchronously later (Django's `response.close()` at the end) gets a short-lived thread of
 its own. The bodies themselves wait in the event loop and read the database through the shared
 executors (`ui_stream.py`), as the socket consumer does.
+
+A process handles at most WEB_REQUESTS_AT_ONCE requests at once (a `RequestGate`; a streamed
+body lets its turn go when it starts), the others wait their turn in the event loop, in order.
+Each request holds a pooled database connection while it is handled: 300 requests let in at once
+were 300 threads sharing the GIL and ten connections, a request holding its connection for
+seconds while others waited out WEB_DB_POOL_TIMEOUT and answered 503 "the database is
+unavailable" although it was up. A request whose turn does not come within WEB_QUEUE_SECONDS
+gets 503 with `Retry-After`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any
 
 from asgiref.sync import ThreadSensitiveContext
 from django.core.handlers.asgi import ASGIHandler
 from django.db import connections
 
+from agentruns.conf import conf
 from agentruns.runtime.threads import process_threads
 
 log = logging.getLogger(__name__)
 
-_CURRENT: ContextVar[RequestThread | None] = ContextVar("agentruns_request_thread", default=None)
+BUSY_RETRY_AFTER_SECONDS = 2
 
 
 class RequestThread(Executor):
@@ -102,27 +115,110 @@ class RequestThread(Executor):
             connections.close_all()
 
 
+class RequestGate:
+    """At most `size` requests of the process handled at once, the others waiting in order; one
+    semaphore per event loop (daphne has one; a test may run several in turn)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]
+        self._by_loop = weakref.WeakKeyDictionary()
+
+    def _semaphore(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        semaphore = self._by_loop.get(loop)
+        if semaphore is None:
+            semaphore = self._by_loop[loop] = asyncio.Semaphore(self.size)
+        return semaphore
+
+    async def enter(self, patience: float) -> Turn | None:
+        """A turn, or None when none came within `patience` seconds."""
+        semaphore = self._semaphore()
+        try:
+            await asyncio.wait_for(semaphore.acquire(), patience)
+        except TimeoutError:
+            return None
+        return Turn(semaphore)
+
+
+@dataclass(eq=False)
+class Turn:
+    """A request's turn at the gate, given back once (when its streamed body starts, or when it
+    ends)."""
+
+    semaphore: asyncio.Semaphore
+    given_back: bool = field(default=False)
+
+    def give_back(self) -> None:
+        if not self.given_back:
+            self.given_back = True
+            self.semaphore.release()
+
+
+@dataclass(eq=False)
+class _Handling:
+    thread: RequestThread
+    turn: Turn
+
+
+_CURRENT: ContextVar[_Handling | None] = ContextVar("agentruns_request_handling", default=None)
+_GATE: RequestGate | None = None
+
+
+def request_gate() -> RequestGate:
+    global _GATE
+    if _GATE is None:
+        _GATE = RequestGate(conf.WEB_REQUESTS_AT_ONCE)
+    return _GATE
+
+
+async def _answer_busy(send: Any) -> None:
+    body = json.dumps(
+        {
+            "error": f"the server is busy; try again in {BUSY_RETRY_AFTER_SECONDS} seconds",
+            "retry_after": BUSY_RETRY_AFTER_SECONDS,
+        }
+    ).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"retry-after", str(BUSY_RETRY_AFTER_SECONDS).encode()),
+    ]
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 class StreamingASGIHandler(ASGIHandler):
-    """`django.core.asgi.get_asgi_application()`'s handler, on a RequestThread per request."""
+    """`django.core.asgi.get_asgi_application()`'s handler, on a RequestThread per request,
+    behind the process's RequestGate."""
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)  # Django's own refusal
             return
+        turn = await request_gate().enter(conf.WEB_QUEUE_SECONDS)
+        if turn is None:
+            log.warning(
+                "%s %s waited its turn too long: answering 503", scope["method"], scope["path"]
+            )
+            await _answer_busy(send)
+            return
         thread = RequestThread()
-        token = _CURRENT.set(thread)
+        token = _CURRENT.set(_Handling(thread, turn))
         try:
             async with ThreadSensitiveContext(executor=thread):
                 await self.handle(scope, receive, send)
         finally:
             _CURRENT.reset(token)
+            turn.give_back()
             thread.shutdown(wait=False)  # its thread ends once its last call has returned
 
     async def send_response(self, response: Any, send: Any) -> None:
         if response.streaming and getattr(response, "is_async", False):
-            thread = _CURRENT.get()
-            if thread is not None:
-                thread.let_go()
+            handling = _CURRENT.get()
+            if handling is not None:
+                handling.thread.let_go()
+                handling.turn.give_back()
         started = False
 
         async def tracked(message: dict) -> None:

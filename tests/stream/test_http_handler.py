@@ -6,6 +6,9 @@ real ASGI handler and middleware, driven with ASGI messages.
   the whole stream).
 - A body that fails after its headers went out still ends the response: daphne would otherwise
   hold it half-sent forever and stop reaping applications.
+- A process handles WEB_REQUESTS_AT_ONCE requests at once, the others wait their turn (a
+  streamed body gives its turn back when it starts); a request whose turn does not come within
+  WEB_QUEUE_SECONDS gets a JSON 503 with Retry-After.
 - An SSE body whose stream fails ends with an AI SDK `error` chunk: "database unavailable" for
   weather, a plain message for anything else, never the exception's text.
 """
@@ -19,11 +22,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 from django.db import OperationalError
-from django.http import StreamingHttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 from django.urls import path
 
 from agentruns.stream.access.sse import watched_body
-from agentruns.stream.http_handler import RequestThread, StreamingASGIHandler
+from agentruns.stream import http_handler
+from agentruns.stream.http_handler import RequestGate, RequestThread, StreamingASGIHandler
 from agentruns.stream.unavailable import REASON
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -51,7 +55,22 @@ def failing_view(request):
     return StreamingHttpResponse(body(), content_type="text/event-stream")
 
 
-urlpatterns = [path("waits", waiting_view), path("fails", failing_view)]
+def quick_view(request):
+    return HttpResponse(b"done")
+
+
+def blocking_view(request):
+    seen["blocking"].set()
+    seen["unblock"].wait(30)
+    return HttpResponse(b"unblocked")
+
+
+urlpatterns = [
+    path("waits", waiting_view),
+    path("fails", failing_view),
+    path("quick", quick_view),
+    path("blocks", blocking_view),
+]
 
 
 async def call(path_: str, on_message=None) -> list[dict]:
@@ -115,6 +134,46 @@ def test_a_waiting_stream_holds_no_request_thread(urls):
     assert not alive
     bodies = [m.get("body", b"") for m in sent if m["type"] == "http.response.body"]
     assert b"".join(bodies) == b"firstlast" and sent[-1].get("more_body", False) is False
+
+
+def test_requests_wait_their_turn_and_a_streamed_body_gives_it_back(urls, settings, monkeypatch):
+    settings.WEB_QUEUE_SECONDS = 0.5
+    monkeypatch.setattr(http_handler, "_GATE", RequestGate(1))
+
+    def status_and_body(sent: list[dict]) -> tuple[int, bytes]:
+        bodies = [m.get("body", b"") for m in sent if m["type"] == "http.response.body"]
+        return sent[0]["status"], b"".join(bodies)
+
+    async def scenario() -> dict[str, list[dict]]:
+        seen["waiting"], seen["release"] = asyncio.Event(), asyncio.Event()
+        seen["blocking"], seen["unblock"] = threading.Event(), threading.Event()
+        streaming = asyncio.create_task(call("/waits"))
+        await asyncio.wait_for(seen["waiting"].wait(), timeout=30)
+        beside_a_stream = await asyncio.wait_for(call("/quick"), timeout=30)
+        blocking = asyncio.create_task(call("/blocks"))
+        while not seen["blocking"].is_set():
+            await asyncio.sleep(0.01)
+        turned_away = await asyncio.wait_for(call("/quick"), timeout=30)
+        waiting = asyncio.create_task(call("/quick"))
+        await asyncio.sleep(0.1)
+        seen["unblock"].set()  # the turn passes on to the request waiting for it
+        seen["release"].set()
+        return {
+            "beside_a_stream": beside_a_stream,
+            "turned_away": turned_away,
+            "waited": await asyncio.wait_for(waiting, timeout=30),
+            "blocking": await asyncio.wait_for(blocking, timeout=30),
+            "streaming": await asyncio.wait_for(streaming, timeout=30),
+        }
+
+    sent = asyncio.run(scenario())
+    assert status_and_body(sent["beside_a_stream"]) == (200, b"done")
+    assert status_and_body(sent["waited"]) == (200, b"done")
+    assert status_and_body(sent["blocking"]) == (200, b"unblocked")
+    status, body = status_and_body(sent["turned_away"])
+    headers = dict(sent["turned_away"][0]["headers"])
+    assert status == 503 and int(headers[b"retry-after"]) >= 1
+    assert json.loads(body)["error"].startswith("the server is busy")
 
 
 def test_a_body_failing_after_its_headers_still_ends_the_response(urls, caplog):
