@@ -24,17 +24,18 @@ import json
 import os
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx2  # the transport the SDK speaks (its fork of httpx)
-from openai import DEFAULT_CONNECTION_LIMITS, AsyncOpenAI, DefaultAsyncHttpxClient
-from pydantic_ai.models.openai import OpenAIChatModel
-from pydantic_ai.providers.openai import OpenAIProvider
 
 from agentruns.conf import conf
 from agentruns.registry.pydantic_agents.calls import thread_loop
 from agentruns.runtime.providers.base import NOT_BEFORE, ModelError
+
+if TYPE_CHECKING:  # the SDK is imported where a model is built: it costs a process ~1 s to load
+    from openai import AsyncOpenAI
+    from pydantic_ai.models.openai import OpenAIChatModel
 
 PLACEHOLDER_KEY = "not-set"
 PREFIXES = ("openai:", "openai-chat:")
@@ -64,6 +65,9 @@ def openai_model(name: str) -> OpenAIChatModel:
         _local.config, _local.client, _local.models = config, _new_client(), {}
     model = _local.models.get(name)
     if model is None:
+        from pydantic_ai.models.openai import OpenAIChatModel
+        from pydantic_ai.providers.openai import OpenAIProvider
+
         options = request_options()
         model = OpenAIChatModel(
             name.split(":", 1)[1],
@@ -76,6 +80,8 @@ def openai_model(name: str) -> OpenAIChatModel:
 
 
 def _new_client() -> AsyncOpenAI:
+    from openai import AsyncOpenAI, DefaultAsyncHttpxClient
+
     return AsyncOpenAI(
         base_url=conf.OPENAI_BASE_URL,
         api_key=conf.OPENAI_API_KEY or PLACEHOLDER_KEY,
@@ -104,6 +110,8 @@ class _SlottedWire(httpx2.AsyncBaseTransport):
     A request without a limit passes through untouched (the SDK retries as configured)."""
 
     def __init__(self) -> None:
+        from openai import DEFAULT_CONNECTION_LIMITS
+
         self._wire = httpx2.AsyncHTTPTransport(limits=DEFAULT_CONNECTION_LIMITS)
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
