@@ -25,8 +25,8 @@ from django.db import OperationalError
 from django.http import HttpResponse, StreamingHttpResponse
 from django.urls import path
 
-from agentruns.stream.access.sse import watched_body
 from agentruns.stream import http_handler
+from agentruns.stream.access.sse import watched_body
 from agentruns.stream.http_handler import RequestGate, RequestThread, StreamingASGIHandler
 from agentruns.stream.unavailable import REASON
 
