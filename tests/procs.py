@@ -75,9 +75,7 @@ def base_env(**overrides: object) -> dict[str, str]:
             "AGENTRUNS_SWEEP_INTERVAL_SECONDS": "0.5",
             "AGENTRUNS_STREAM_POLL_SECONDS": "0.1",
             "Q_TIMEOUT": "60",
-            # q2's pusher is woken by the doorbell's NOTIFY (runtime/dispatch/broker.py); its poll
-            # is the fallback, and each poll of an idle cluster costs CPU the suite shares
-            "Q_POLL": "0.5",
+            "Q_POLL": "0.05",
             "Q_WORKERS": "2",
             "REFUND_APPROVAL_THRESHOLD_CENTS": "1000000000",
             "PYTHONUNBUFFERED": "1",
@@ -291,7 +289,6 @@ def sqlite_env(db_path: Path, base_url: str, **extra: object) -> dict[str, objec
         "APP_BASE_URL": base_url,
         "REFUND_GATEWAY_URL": base_url + "/gateway",
         "SCRIPTED_MODEL_DELAY_MS": 1,
-        "Q_POLL": 0.05,  # no NOTIFY on SQLite: the pusher finds a doorbell by polling
         **extra,
     }
 

@@ -5,6 +5,7 @@ tests/api, tests/stream, tests/e2e)."""
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -157,7 +158,9 @@ def test_the_scripted_model_is_a_function_model_and_plays_the_refund_policy():
 
 def test_with_a_delay_the_scripted_model_streams_each_token_as_it_comes(settings):
     """Through the model unit's stream: every token is handed on when the function yields it
-    (at least the delay after the one before), not when the turn is complete."""
+    (typically the delay after the one before), not when the turn is complete. The median gap:
+    a token handed on late on a busy machine makes the next gap shorter; all at the end, every
+    gap would be near zero."""
     delay_ms = 40
     settings.SCRIPTED_MODEL_DELAY_MS = delay_ms
     model = model_for("scripted")
@@ -173,7 +176,7 @@ def test_with_a_delay_the_scripted_model_streams_each_token_as_it_comes(settings
     assert [delta for _, delta in seen] == FIRST_TURN_TOKENS
     assert turn_of(response) == FIRST_TURN
     gaps = [later - earlier for (earlier, _), (later, _) in zip(seen, seen[1:], strict=False)]
-    assert min(gaps) >= delay_ms / 1000 * 0.9, gaps
+    assert statistics.median(gaps) >= delay_ms / 1000 * 0.9, gaps
 
 
 def test_a_malformed_tool_call_stays_raw_for_the_engine_to_refuse(settings):
