@@ -138,9 +138,6 @@ class FakeOpenAI:
         self._queue: list[Reply | Fail] = []
         self._lock = threading.Lock()
         self.requests: list[RecordedRequest] = []
-        # the scripted answers as they were handed out: (when, the request's body, the answer);
-        # requests handled at once may take them in another order than they were recorded
-        self.scripted: list[tuple[float, Any, Reply | Fail]] = []
         self.chunks_sent: list[int] = []  # SSE data chunks per streamed response
         self._server = _QuietServer((host, port), _handler_for(self))
         self._thread: threading.Thread | None = None
@@ -222,9 +219,7 @@ class FakeOpenAI:
     def _next(self, body: dict) -> Reply | Fail:
         with self._lock:
             if self._queue:
-                answer = self._queue.pop(0)
-                self.scripted.append((time.monotonic(), body, answer))
-                return answer
+                return self._queue.pop(0)
         messages = body.get("messages") or []
         if self.mode == "refund":
             return _refund_turn(messages, self.delay)
