@@ -64,9 +64,10 @@ class Playing:
 
 @dataclass
 class _Converted:
-    """The engine form of a conversation's first messages (`sources`: their ids, in order)."""
+    """The engine form of a conversation's first messages (`sources`: those messages, in order;
+    held, not their ids: a message freed and another made at its address would match an id)."""
 
-    sources: list[int] = field(default_factory=list)
+    sources: list[ModelMessage] = field(default_factory=list)
     out: list[dict] = field(default_factory=list)  # after the system message
     tokens: list[int] = field(default_factory=list)  # estimate_tokens of each of `out`
     system: list[str] = field(default_factory=list)
@@ -162,15 +163,15 @@ def engine_messages(messages: list[ModelMessage], playing_: Playing) -> list[dic
                 ]
             out.append(turn)
         done.tokens.extend(estimate_tokens(str(m.get("content") or "")) for m in out[start:])
-        done.sources.append(id(message))
+        done.sources.append(message)
     head = playing_.instructions or ("\n\n".join(system) if system else "")
     return [{"role": "system", "content": head}, *out]
 
 
-def _continues(messages: list[ModelMessage], sources: list[int]) -> bool:
-    """`messages` begin with the messages `sources` names (a conversation that grew)."""
+def _continues(messages: list[ModelMessage], sources: list[ModelMessage]) -> bool:
+    """`messages` begin with the messages `sources` holds (a conversation that grew)."""
     return len(sources) <= len(messages) and all(
-        id(message) == source for message, source in zip(messages, sources, strict=False)
+        message is source for message, source in zip(messages, sources, strict=False)
     )
 
 
