@@ -19,7 +19,7 @@ from agentruns.registry import UnknownAgent, get_agent
 from agentruns.registry.outcomes import label as outcome_label
 from agentruns.runtime.events import EventType
 from agentruns.runtime.values.redaction import redact_fields
-from agentruns.runtime.values.timestamps import ago_text, moment_text
+from agentruns.runtime.values.timestamps import ago_text, moment_text, parse_moment
 from agentruns.selectors.calls import (
     CURRENCY_KEYS,
     argument_label,
@@ -239,9 +239,12 @@ def _waiting_text(run: Run, rows: list[Any], waiting_for: dict | None) -> str:
     return "Waiting"
 
 
-def banner(run: Run, rows: list[Any], waiting_for: dict | None, waiting_line: str = "") -> Banner:
+def banner(
+    run: Run, rows: list[Any], waiting_for: dict | None, waiting_line: str = "", ended: str = ""
+) -> Banner:
     """Where the run stands, in words: "The refund agent is working on T-1050", "Waiting for an
-    approver: refund 327.32 USD to Jun Sato", "Finished: partially refunded"."""
+    approver: refund 327.32 USD to Jun Sato", "Finished: partially refunded". `ended`: the run's
+    `end_line`, read once by the page that shows both."""
     about = subject(run)
     on = f" on {about}" if about else ""
     if run.status == RunStatus.QUEUED:
@@ -256,15 +259,13 @@ def banner(run: Run, rows: list[Any], waiting_for: dict | None, waiting_line: st
     if run.status == RunStatus.RUNNING:
         return Banner(f"The {run.agent} agent is working{on}…", "working")
     if run.status == RunStatus.WAITING:
-        since = None
-        if waiting_for and waiting_for.get("since"):
-            since = datetime.fromisoformat(waiting_for["since"])
+        since = parse_moment((waiting_for or {}).get("since"))
         return Banner(_waiting_text(run, rows, waiting_for), "waiting", since)
     if run.status == RunStatus.SUCCEEDED:
         done = outcome_label(run.outcome) if run.outcome else ""
         return Banner(f"Finished: {done}" if done else "Finished", "done", run.finished_at)
     if run.status == RunStatus.CANCELLED:
-        return Banner(end_line(run), "stopped", run.finished_at)
+        return Banner(ended or end_line(run), "stopped", run.finished_at)
     return Banner("The run failed", "failed", run.finished_at)  # why: #stop-reason below
 
 

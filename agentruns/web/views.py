@@ -83,6 +83,7 @@ def run_detail(request: HttpRequest, run_id) -> HttpResponse:
     rows = view_steps(run, steps)
     waiting = waiting_for(run)
     line = waiting_line(run)
+    ended = run_view.end_line(run)
     return render(
         request,
         "agentruns/run_detail.html",
@@ -90,8 +91,8 @@ def run_detail(request: HttpRequest, run_id) -> HttpResponse:
             "run": run,
             "steps": rows,
             # where the run stands in one sentence, and why it ended early (if it did)
-            "banner": run_view.banner(run, rows, waiting, line),
-            "end_line": run_view.end_line(run),
+            "banner": run_view.banner(run, rows, waiting, line, ended),
+            "end_line": ended,
             "subject": run_view.subject(run),
             # what a stop would take out of the inbox: the page asks before it does
             "withdraws": run_view.withdrawn_by_stop(rows),
@@ -236,7 +237,7 @@ def run_cancel(request: HttpRequest, run_id) -> HttpResponse:
 @login_required
 def run_stop(request: HttpRequest, run_id) -> HttpResponse:
     """Its starter or an operator: the model turn in flight ends within a second."""
-    run = get_object_or_404(Run.objects.only("id", "created_by_id"), id=run_id)
+    run = get_object_or_404(Run, id=run_id)  # (its steps' words read its input and policies)
     if request.POST.get("withdraw") != "1" and services.may_stop(request.user, run):
         # a stop withdraws what waits for a person: asked first (a page from before it parked);
         # the stop itself is counted and checked by `stop_for`, as at every other door

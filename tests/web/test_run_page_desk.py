@@ -9,7 +9,9 @@ import re
 
 import pytest
 from django.contrib.auth.models import Group, Permission
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from agentruns.models import RunEvent, RunStatus, Step
 from agentruns.services import retry_run, start_run
@@ -146,10 +148,14 @@ def test_a_stop_that_would_withdraw_a_call_asks_first(seeded, operator):
     assert done.status_code == 302
     run.refresh_from_db()
     assert (run.status, run.stop_reason) == (RunStatus.CANCELLED, "stopped")
-    page = client.get(f"/runs/{run.id}/").content.decode()
+    with CaptureQueriesContext(connection) as queries:
+        page = client.get(f"/runs/{run.id}/").content.decode()
     assert "Stopped by operator: not needed" in page
     assert '<span class="chip s-withdrawn">withdrawn</span>' in page
     assert "The run was stopped by operator" in page
+    # who stopped it is read once for the banner and the run's notes
+    asked_to_stop = [q for q in queries.captured_queries if "'run.cancel_requested'" in q["sql"]]
+    assert len(asked_to_stop) == 1, asked_to_stop
     # a run with nothing waiting for a person stops at once
     queued = script_run([{"text": "hi"}])
     assert client.post(f"/runs/{queued.id}/stop/").status_code == 302
