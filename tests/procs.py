@@ -179,6 +179,23 @@ def module_web(tmp_path_factory, django_db_blocker, **env: object) -> Iterator[s
         proc.kill()
 
 
+@contextmanager
+def module_web_and_worker(
+    tmp_path_factory, django_db_blocker, **env: object
+) -> Iterator[tuple[str, Proc]]:
+    """`module_web` and a worker beside it, both with `env` (the worker's refund gateway is the
+    web's): the URL and the worker."""
+    with module_web(tmp_path_factory, django_db_blocker, **env) as url:
+        with django_db_blocker.unblock():
+            worker = start_worker(
+                tmp_path_factory.mktemp("worker"), REFUND_GATEWAY_URL=url + "/gateway", **env
+            )
+        try:
+            yield url, worker
+        finally:
+            worker.kill()
+
+
 def wait_http(url: str, proc: Proc | None = None, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -10,6 +10,7 @@ from django.db import connections
 from playwright.sync_api import Browser, sync_playwright
 
 from tests import binaries
+from tests.e2e.kit import set_browser_password
 
 # Debian's chromium (or CHROMIUM_PATH), never a downloaded browser; these flags keep it off the
 # (closed) network
@@ -49,3 +50,13 @@ def chromium_browser() -> Iterator[Browser]:
 def browser() -> Iterator[Browser]:
     with chromium_browser() as chromium:
         yield chromium
+
+
+@pytest.fixture
+def people(seeded, settings, django_user_model) -> Iterator[dict]:
+    """seed_demo's users, by username, with the password the browser signs in with."""
+    users = {u.username: u for u in django_user_model.objects.all()}
+    for user in users.values():
+        set_browser_password(user, settings)
+    yield users
+    connections.close_all()  # the browser's loop ran on this thread (`chromium_browser`)

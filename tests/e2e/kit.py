@@ -19,7 +19,7 @@ import pytest
 from django.conf import global_settings
 from django.contrib.auth.hashers import make_password
 
-from tests.procs import ROOT
+from tests.procs import ROOT, wait_until
 
 ARTIFACTS = ROOT / "var" / "test-artifacts" / "e2e"
 PASSWORD = "browser-pw-Quokka-73"
@@ -162,3 +162,20 @@ def axe_problems(page: Any, impacts: tuple[str, ...] = ("serious", "critical")) 
         if v["impact"] in impacts
         for node in v["nodes"]
     ]
+
+
+def no_access_problems(journey: Journey, where: str) -> None:
+    """axe-core finds nothing serious or critical on the journey's page."""
+    problems = axe_problems(journey.page)
+    assert not problems, f"axe on {where}:\n" + "\n".join(problems)
+
+
+def parked(run: Any, kind: str = "approval") -> Any:
+    """The run's pending inbox item of `kind`, once the run parked (a worker executes it)."""
+    from approvals.models import Approval
+
+    return wait_until(
+        lambda: Approval.objects.filter(run=run, kind=kind, status="pending").first(),
+        timeout=120,
+        message="the run to park in the inbox",
+    )

@@ -22,7 +22,6 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from django.db import connections
 
 from agentruns.models import Run, RunEvent, RunStatus, Step
 from agentruns.runtime.values.money import format_cents
@@ -31,8 +30,8 @@ from approvals import services as decisions
 from approvals.models import Approval
 from support.desk.actions import do_log_ticket
 from support.models import Order, OutboxMessage
-from tests.e2e.kit import WAIT_MS, Journey, axe_problems, browser_marks, set_browser_password
-from tests.procs import gateway_refunds, start_web, start_worker, wait_finished, wait_until
+from tests.e2e.kit import WAIT_MS, Journey, axe_problems, browser_marks, parked
+from tests.procs import Proc, gateway_refunds, module_web_and_worker, wait_finished
 
 pytestmark = browser_marks()
 
@@ -41,36 +40,12 @@ REASON = "we need a photo of the damaged item first"
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory, django_db_setup, django_db_blocker) -> Iterator[tuple[str, object]]:
+def servers(tmp_path_factory, django_db_setup, django_db_blocker) -> Iterator[tuple[str, Proc]]:
     """daphne and a qcluster for the module; every refund parks for approval."""
-    tmp = tmp_path_factory.mktemp("desk")
-    with django_db_blocker.unblock():
-        web, url = start_web(tmp, REFUND_APPROVAL_THRESHOLD_CENTS=0)
-        worker = start_worker(
-            tmp, REFUND_GATEWAY_URL=url + "/gateway", REFUND_APPROVAL_THRESHOLD_CENTS=0
-        )
-    try:
-        yield url, worker
-    finally:
-        worker.kill()
-        web.kill()
-
-
-@pytest.fixture
-def people(seeded, settings, django_user_model):
-    users = {u.username: u for u in django_user_model.objects.all()}
-    for user in users.values():
-        set_browser_password(user, settings)
-    yield users
-    connections.close_all()  # Playwright's loop ran in this thread: give its connections back
-
-
-def parked(run: Run) -> Approval:
-    return wait_until(
-        lambda: Approval.objects.filter(run=run, status="pending").first(),
-        timeout=120,
-        message="the run to park in the inbox",
-    )
+    with module_web_and_worker(
+        tmp_path_factory, django_db_blocker, REFUND_APPROVAL_THRESHOLD_CENTS=0
+    ) as both:
+        yield both
 
 
 def test_a_second_refund_shows_the_first_and_an_edit_in_dollars_refunds_those_cents(

@@ -20,22 +20,14 @@ import re
 from collections.abc import Iterator
 
 import pytest
-from django.db import connections
 
 from agentruns.models import Run, RunStatus
 from agentruns.services import start_run
 from approvals import services as decisions
 from approvals.models import Approval
 from support.models import Order
-from tests.e2e.kit import (
-    PASSWORD,
-    WAIT_MS,
-    Journey,
-    axe_problems,
-    browser_marks,
-    set_browser_password,
-)
-from tests.procs import start_web, start_worker, wait_until
+from tests.e2e.kit import PASSWORD, WAIT_MS, Journey, browser_marks, no_access_problems, parked
+from tests.procs import module_web_and_worker, wait_until
 
 pytestmark = browser_marks()
 
@@ -50,29 +42,8 @@ ENGINEERING = re.compile(
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory, django_db_setup, django_db_blocker) -> Iterator[str]:
-    tmp = tmp_path_factory.mktemp("desk-words")
-    with django_db_blocker.unblock():
-        web, url = start_web(tmp, **ENV)
-        worker = start_worker(tmp, REFUND_GATEWAY_URL=url + "/gateway", **ENV)
-    try:
+    with module_web_and_worker(tmp_path_factory, django_db_blocker, **ENV) as (url, _):
         yield url
-    finally:
-        worker.kill()
-        web.kill()
-
-
-@pytest.fixture
-def people(seeded, settings, django_user_model):
-    users = {u.username: u for u in django_user_model.objects.all()}
-    for user in users.values():
-        set_browser_password(user, settings)
-    yield users
-    connections.close_all()  # Playwright's loop ran in this thread: give its connections back
-
-
-def no_access_problems(journey: Journey, where: str) -> None:
-    problems = axe_problems(journey.page)
-    assert not problems, f"axe on {where}:\n" + "\n".join(problems)
 
 
 def plain(journey: Journey, where: str) -> None:
@@ -81,14 +52,6 @@ def plain(journey: Journey, where: str) -> None:
     shown = journey.page.inner_text("main")
     found = [m.group(0) for m in ENGINEERING.finditer(shown)]
     assert not found, f"engineering words on {where}: {found}"
-
-
-def parked(run: Run) -> Approval:
-    return wait_until(
-        lambda: Approval.objects.filter(run=run, status="pending").first(),
-        timeout=120,
-        message="the run to park in the inbox",
-    )
 
 
 def banner(journey: Journey) -> str:

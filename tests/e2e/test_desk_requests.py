@@ -20,14 +20,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from django.db import connections
 
 from agentruns.models import Run, RunStatus
 from agentruns.services import start_run
 from approvals.models import Approval
 from support.models import Order, OutboxMessage
-from tests.e2e.kit import WAIT_MS, Journey, axe_problems, browser_marks, set_browser_password
-from tests.procs import gateway_refunds, start_web, start_worker, wait_finished, wait_until
+from tests.e2e.kit import WAIT_MS, Journey, browser_marks, no_access_problems, parked
+from tests.procs import Proc, gateway_refunds, module_web_and_worker, wait_finished
 
 pytestmark = browser_marks()
 
@@ -35,41 +34,12 @@ WORDS = "Only the lid is cracked, so we refund the lid"
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory, django_db_setup, django_db_blocker) -> Iterator[tuple[str, object]]:
+def servers(tmp_path_factory, django_db_setup, django_db_blocker) -> Iterator[tuple[str, Proc]]:
     """daphne and a qcluster for the module; every refund parks for approval."""
-    tmp = tmp_path_factory.mktemp("desk-requests")
-    with django_db_blocker.unblock():
-        web, url = start_web(tmp, REFUND_APPROVAL_THRESHOLD_CENTS=0)
-        worker = start_worker(
-            tmp, REFUND_GATEWAY_URL=url + "/gateway", REFUND_APPROVAL_THRESHOLD_CENTS=0
-        )
-    try:
-        yield url, worker
-    finally:
-        worker.kill()
-        web.kill()
-
-
-@pytest.fixture
-def people(seeded, settings, django_user_model):
-    users = {u.username: u for u in django_user_model.objects.all()}
-    for user in users.values():
-        set_browser_password(user, settings)
-    yield users
-    connections.close_all()  # Playwright's loop ran in this thread: give its connections back
-
-
-def parked(run: Run, kind: str = "approval") -> Approval:
-    return wait_until(
-        lambda: Approval.objects.filter(run=run, kind=kind, status="pending").first(),
-        timeout=120,
-        message="the run to park in the inbox",
-    )
-
-
-def accessible(journey: Journey) -> None:
-    problems = axe_problems(journey.page)
-    assert not problems, "\n".join(problems)
+    with module_web_and_worker(
+        tmp_path_factory, django_db_blocker, REFUND_APPROVAL_THRESHOLD_CENTS=0
+    ) as both:
+        yield both
 
 
 def test_a_lowered_refund_with_a_reason_reaches_the_customer(servers, people, browser):
@@ -78,7 +48,7 @@ def test_a_lowered_refund_with_a_reason_reaches_the_customer(servers, people, br
     journey = Journey.open(browser, url, "desk-lowered-with-reason")
     journey.sign_in("approver", then="/tickets/T-1030/")
     page = journey.page
-    accessible(journey)
+    no_access_problems(journey, journey.page.url)
     page.locator("#run-agent-button").click()
     page.wait_for_url(lambda u: "/runs/" in u, timeout=WAIT_MS)
     run = Run.objects.get(input__ticket_id="T-1030")
@@ -88,7 +58,7 @@ def test_a_lowered_refund_with_a_reason_reaches_the_customer(servers, people, br
     journey.go("/approvals/")
     card = page.locator(f"#approval-{item.id}")
     card.wait_for(timeout=WAIT_MS)
-    accessible(journey)
+    no_access_problems(journey, journey.page.url)
     card.locator("details.edit > summary").click()
     card.locator("input[name=arg_amount_cents]").fill("12.50")
     card.locator("input[name=reason]").fill(WORDS)
@@ -108,7 +78,7 @@ def test_a_lowered_refund_with_a_reason_reaches_the_customer(servers, people, br
     assert "12.50 USD" in page.locator("#refunds").inner_text()
     assert WORDS in page.locator("#conversation").inner_text()
     journey.shot("ticket-after-lowered-refund")
-    accessible(journey)
+    no_access_problems(journey, journey.page.url)
     journey.check_csp()
 
 
@@ -129,12 +99,12 @@ def test_a_hand_over_ends_on_its_ticket(servers, people, browser):
     card = page.locator(f"#approval-{item.id}")
     card.wait_for(timeout=WAIT_MS)
     assert card.locator("a.ticket-link").get_attribute("href") == "/tickets/T-1031/"
-    accessible(journey)
+    no_access_problems(journey, journey.page.url)
     card.locator("button[data-claim=take]").click()  # taking it opens the ticket
     page.wait_for_url(lambda u: u.endswith("/tickets/T-1031/"), timeout=WAIT_MS)
     assert "handed over: taken by approver" in page.locator("#ticket-state").inner_text()
     journey.shot("ticket-taken")
-    accessible(journey)
+    no_access_problems(journey, journey.page.url)
 
     # a refund by hand, through the refund tool: it parks for approval like any refund
     page.locator("#refund-amount").fill("25.00")
@@ -168,7 +138,7 @@ def test_a_hand_over_ends_on_its_ticket(servers, people, browser):
     assert "a new one is on its way" in conversation and "closed the hand-over" in conversation
     assert "waiting for a colleague" not in page.content()
     journey.shot("ticket-hand-over-closed")
-    accessible(journey)
+    no_access_problems(journey, journey.page.url)
     item.refresh_from_db()
     assert (item.status, item.decided_by) == ("resolved", people["approver"])
     assert OutboxMessage.objects.filter(ticket__ticket_id="T-1031", sent_by="approver").count() == 1

@@ -24,19 +24,10 @@ from agentruns.runtime.values.money import format_cents, major_text
 from agentruns.services import start_run
 from approvals.models import Approval
 from support.models import Order, OutboxMessage
-from tests.e2e.kit import WAIT_MS, Journey, browser_marks, set_browser_password
+from tests.e2e.kit import WAIT_MS, Journey, browser_marks
 from tests.procs import free_port, start_web, start_worker, wait_until
 
 pytestmark = browser_marks()
-
-
-@pytest.fixture
-def people(seeded, settings, django_user_model):
-    """seed_demo's users with a password this test knows."""
-    users = {u.username: u for u in django_user_model.objects.all()}
-    for user in users.values():
-        set_browser_password(user, settings)
-    return users
 
 
 @pytest.fixture

@@ -20,15 +20,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-from django.db import connections
 
 from agentruns.models import Run, RunStatus, Step
 from agentruns.services import execute_inline, start_run
 from approvals import services as approvals
 from approvals.models import Approval
 from support.models import Order, Ticket
-from tests.e2e.kit import WAIT_MS, Journey, axe_problems, browser_marks, set_browser_password
-from tests.procs import module_web, start_worker, wait_until
+from tests.e2e.kit import WAIT_MS, Journey, browser_marks, no_access_problems
+from tests.procs import module_web_and_worker, wait_until
 
 pytestmark = browser_marks()
 
@@ -38,28 +37,8 @@ ENV = {"REFUND_APPROVAL_THRESHOLD_CENTS": 0, "SCRIPTED_MODEL_DELAY_MS": 5}
 @pytest.fixture(scope="module")
 def web(tmp_path_factory, django_db_setup, django_db_blocker):
     """One daphne (the pages, the API, the refund gateway) and one worker for the module."""
-    with module_web(tmp_path_factory, django_db_blocker, **ENV) as url:
-        worker = start_worker(
-            tmp_path_factory.mktemp("worker"), REFUND_GATEWAY_URL=url + "/gateway", **ENV
-        )
-        try:
-            yield url
-        finally:
-            worker.kill()
-
-
-@pytest.fixture
-def people(seeded, settings, django_user_model):
-    users = {u.username: u for u in django_user_model.objects.all()}
-    for user in users.values():
-        set_browser_password(user, settings)
-    yield users
-    connections.close_all()  # the browser's loop ran on this thread (tests/e2e/conftest.py)
-
-
-def no_access_problems(journey: Journey, where: str) -> None:
-    problems = axe_problems(journey.page)
-    assert not problems, f"axe on {where}:\n" + "\n".join(problems)
+    with module_web_and_worker(tmp_path_factory, django_db_blocker, **ENV) as (url, _):
+        yield url
 
 
 def squash(text: str) -> str:
