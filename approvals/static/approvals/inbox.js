@@ -54,12 +54,17 @@
   });
 
   // ---------------------------------------------------------------- live diff of edits
+  // a field's value as its data-original holds it (a checkbox's as "true"/"false")
+  function valueOf(field) {
+    return field.type === "checkbox" ? String(field.checked) : field.value;
+  }
+
   document.addEventListener("input", function (event) {
     const form = event.target.closest("form.decide");
     if (!form) return;
     const changes = [];
     form.querySelectorAll("[data-original]").forEach(function (field) {
-      const now = field.type === "checkbox" ? String(field.checked) : field.value;
+      const now = valueOf(field);
       if (now !== field.dataset.original) {
         const unit = field.dataset.unit ? " " + field.dataset.unit : ""; // an amount's currency
         const name = field.dataset.label || field.name.replace(/^arg_/, ""); // "Amount", not amount_cents
@@ -83,10 +88,7 @@
     if (form.contains(document.activeElement)) return true;
     return Array.from(form.querySelectorAll("input, textarea, select")).some(function (field) {
       if (field.type === "hidden" || field.type === "submit") return false;
-      if (field.dataset.original !== undefined) {
-        const now = field.type === "checkbox" ? String(field.checked) : field.value;
-        return now !== field.dataset.original;
-      }
+      if (field.dataset.original !== undefined) return valueOf(field) !== field.dataset.original;
       return field.type !== "checkbox" && field.value.trim() !== "";
     });
   }
