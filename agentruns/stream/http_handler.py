@@ -31,7 +31,7 @@ import weakref
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import ThreadSensitiveContext
@@ -147,7 +147,7 @@ class Turn:
     ends)."""
 
     semaphore: asyncio.Semaphore
-    given_back: bool = field(default=False)
+    given_back: bool = False
 
     def give_back(self) -> None:
         if not self.given_back:
