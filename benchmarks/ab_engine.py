@@ -20,9 +20,10 @@ import argparse
 import os
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 from urllib.parse import urlparse, urlunparse
+
+from benchmarks.procs import python_for
 
 CHILD = r"""
 import os, sys, time
@@ -72,7 +73,7 @@ def one_round(checkout: Path, url: str, runs: int, extra: dict[str, str]) -> tup
         "LOG_LEVEL": "WARNING",
     }
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(runs)],
+        [python_for(checkout), "-c", CHILD, str(runs)],
         cwd=checkout,
         env=env,
         check=True,

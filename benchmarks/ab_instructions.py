@@ -18,11 +18,11 @@ import argparse
 import os
 import re
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 from benchmarks.ab_engine import create_database, database_url
+from benchmarks.procs import python_for
 
 CHILD = r"""
 import os, subprocess, sys
@@ -56,7 +56,7 @@ def instructions_per_run(checkout: Path, url: str, runs: int) -> float:
         "LOG_LEVEL": "WARNING",
         "PYTHONHASHSEED": "0",
     }
-    child = [sys.executable, "-c", CHILD]
+    child = [python_for(checkout), "-c", CHILD]
     subprocess.run([*child, "setup"], cwd=checkout, env=env, check=True)
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "callgrind.log"

@@ -21,8 +21,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import subprocess
-import sys
 from pathlib import Path
+
+from benchmarks.procs import python_for
 
 CHILD = r"""
 import os, sys, time
@@ -100,7 +101,7 @@ for mode in ("whole", "stream"):
 def one_round(checkout: Path, tokens: int, requests: int) -> dict[str, tuple[float, float]]:
     """{mode: (CPU µs per request, CPU µs per chunk)}."""
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(tokens), str(requests)],
+        [python_for(checkout), "-c", CHILD, str(tokens), str(requests)],
         cwd=checkout,
         env={"LOG_LEVEL": "WARNING", "SCRIPTED_MODEL_DELAY_MS": "0", "PATH": "/usr/bin:/bin"},
         check=True,
