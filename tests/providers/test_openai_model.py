@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 from pydantic_ai.messages import TextPart, ToolCallPart
@@ -15,6 +18,7 @@ from agentruns.runtime.providers import ModelError
 from agentruns.runtime.providers.models import model_for
 from scripts.fake_openai_server import Fail, Reply
 from tests.model_requests import ask, conversation, params, stream
+from tests.procs import ROOT
 from tests.providers.kit import API_KEY, MODEL
 
 TOOLS = [
@@ -209,3 +213,23 @@ def test_unreachable_endpoint_is_retryable(openai_settings):
     with pytest.raises(ModelError) as info:
         collect()
     assert info.value.retryable is True and "unreachable" in str(info.value)
+
+
+def test_a_process_that_builds_no_openai_model_never_loads_the_sdk():
+    """The OpenAI SDK is imported where an OpenAI model is built: a web process, a worker on
+    the scripted model or a `manage.py` command does not pay ~0.25 s of CPU to load it."""
+    code = (
+        "import sys, django; django.setup()\n"
+        "from agentruns.runtime.providers.models import model_for\n"
+        "model_for('scripted')\n"
+        "print('without', 'openai' in sys.modules)\n"
+        "model_for('openai:gpt-4o-mini')\n"
+        "print('with', 'openai' in sys.modules)\n"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings", "DATABASE_URL": ""}
+    env.update(SQLITE_PATH=os.devnull, AGENTRUNS_MODEL="scripted", OPENAI_BASE_URL="")
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[-3:-1] == ["without False", "with True"], done.stdout
