@@ -161,8 +161,8 @@ SETTINGS: tuple[Setting, ...] = (
         float,
         0,
         "a run executing this long re-enqueues itself (0: never; a run in flight is a task of its "
-        "process's loop and holds no thread, and a resumed slice replays the run from its start, "
-        "so a time slice only costs; a draining process still hands its runs over)",
+        "process's loop and holds no thread, so a time slice only costs; the next slice starts at "
+        "the run's resume point; a draining process still hands its runs over)",
         0,
     ),
     Setting(

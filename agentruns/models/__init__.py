@@ -11,7 +11,14 @@ from agentruns.models.access import (
     ToolPolicy,
     ToolRule,
 )
-from agentruns.models.journal import HookReceipt, JournalEntry, Wait, WaitKind, WaitStatus
+from agentruns.models.journal import (
+    HookReceipt,
+    JournalEntry,
+    ResumePoint,
+    Wait,
+    WaitKind,
+    WaitStatus,
+)
 from agentruns.models.operations import (
     OperationAllowance,
     OperationExecution,
@@ -56,6 +63,7 @@ __all__ = [
     "OperationExecution",
     "OperationState",
     "JournalEntry",
+    "ResumePoint",
     "QuotaBucket",
     "Run",
     "RunEvent",

@@ -98,6 +98,31 @@ class JournalEntry(models.Model):
         return f"journal {self.ordinal} {self.name} of {self.run_id}"
 
 
+class ResumePoint(models.Model):
+    """Where a resumed slice of the run starts instead of replaying its history: the agent's
+    messages just before one of its model requests (the model step they end after, the journal's
+    counters then), written in the commit that ends a slice before the run ends
+    (runtime/engine/resume.py). A slice that resumes from it replays only what came after; without
+    one the run replays from its start."""
+
+    run = models.OneToOneField(
+        Run, on_delete=models.CASCADE, primary_key=True, related_name="resume_point"
+    )
+    model_step = models.UUIDField()  # the model step whose answer `messages` goes on from
+    models_seen = models.PositiveIntegerField()  # the model requests the loop had made before
+    entries_seen = models.PositiveIntegerField()
+    waits_seen = models.PositiveIntegerField()
+    run_step = models.PositiveIntegerField(default=0)  # Pydantic AI's step number then
+    # a thread's turn: its answer is appended to the thread when the loop returns
+    thread_turn = models.BooleanField(default=False)
+    messages = models.TextField()  # pydantic-ai's ModelMessagesTypeAdapter JSON
+    usage = models.JSONField(default=dict)  # the run's RunUsage then
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"resume point of {self.run_id} after model request {self.models_seen}"
+
+
 class HookReceipt(models.Model):
     """A signed hook request's `webhook-id`, kept while its signature would still verify (a
     few minutes): a second request with the id, to any token, is a replay and refused (the

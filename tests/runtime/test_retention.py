@@ -18,7 +18,16 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from agentruns.models import JournalEntry, Run, RunEvent, RunStatus, Step, StepAttempt, Wait
+from agentruns.models import (
+    JournalEntry,
+    ResumePoint,
+    Run,
+    RunEvent,
+    RunStatus,
+    Step,
+    StepAttempt,
+    Wait,
+)
 from agentruns.runtime import retention
 from agentruns.services import cancel_run
 from approvals import services as approvals
@@ -37,6 +46,7 @@ MODELS = (
     RunEvent,
     Wait,
     JournalEntry,
+    ResumePoint,
     Approval,
     ApprovalDecision,
     MailNotice,

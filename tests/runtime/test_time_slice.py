@@ -1,5 +1,5 @@
 """AGENTRUNS_SLICE_SECONDS: 0 by default, a run in flight is never cut into slices (it holds no
-thread, and a resumed slice replays the run from its start, so a time slice only costs); set,
+thread, so a time slice only costs); set,
 a run executing that long goes back to the queue at its next boundary (engine/executor.py,
 `SliceState.ends_at`)."""
 

@@ -97,10 +97,10 @@ def history_for(run: Run, text: str) -> list[ModelMessage] | None:
     return [entry.message for entry in run_now(store.read_history(entry_id))]
 
 
-def record_answer(run: Run, result: Any) -> None:
-    """Append the run's answer to its thread, once, and tell the outside world
-    (`thread.answered`) in the same commit."""
-    record_messages(run.id, run.thread_id, result.new_messages(), result.usage, answer=True)
+def record_answer(run: Run, messages: list[ModelMessage], usage: Any) -> None:
+    """Append the run's answer (its own messages) to its thread, once, and tell the outside
+    world (`thread.answered`) in the same commit."""
+    record_messages(run.id, run.thread_id, messages, usage, answer=True)
 
 
 def record_messages(

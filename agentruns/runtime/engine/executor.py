@@ -28,12 +28,12 @@ from django.utils import timezone
 from pydantic_ai.exceptions import AgentRunError, UserError
 
 from agentruns.conf import conf
-from agentruns.models import JournalEntry, Run, RunStatus, Step, Wait
+from agentruns.models import JournalEntry, ResumePoint, Run, RunStatus, Step, Wait
 from agentruns.registry import UnknownAgent, get_agent
 from agentruns.runtime import tracing, writer
 from agentruns.runtime.dispatch import lease
 from agentruns.runtime.dispatch.lease import Heartbeat
-from agentruns.runtime.engine import journal
+from agentruns.runtime.engine import journal, resume
 from agentruns.runtime.engine.journal import BackingOff, Cancelled, Failed, Finished
 from agentruns.runtime.engine.lanes import CallerLane, Lane, run_on_process_loop
 from agentruns.runtime.engine.loop import run_agent
@@ -181,6 +181,7 @@ class RunExecutor:
         state.entries = list(JournalEntry.objects.filter(run_id=self.run_id))
         state.waits = list(Wait.objects.filter(run_id=self.run_id))
         state.index_steps()
+        resume.load(state, ResumePoint.objects.filter(run_id=self.run_id).first())
 
     async def _drive(self, state: SliceState, claimed: Run | None) -> str:
         lane = state.lane

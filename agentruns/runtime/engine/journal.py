@@ -44,6 +44,7 @@ from agentruns.runtime import writer
 from agentruns.runtime.conversations import transcript
 from agentruns.runtime.dispatch import thread_line
 from agentruns.runtime.dispatch.queue import enqueue
+from agentruns.runtime.engine import resume
 from agentruns.runtime.engine.plan import end_attempt, journal_text, replayed, stage
 from agentruns.runtime.engine.slice import SliceEnds, SliceState
 from agentruns.runtime.events import EventSpec, EventType, LeaseLost, step_event_data
@@ -319,6 +320,7 @@ def finish(
     """`answered`: the agent's loop returned, so the slice holds every step of the run as it
     ends."""
     with transaction.atomic(savepoint=False):
+        resume.forget(state)
         executions.run_ended(state.run or state.run_id, f"the run ended ({status})")
         apply(
             state,
@@ -346,6 +348,7 @@ def _finished_with(state: SliceState, result: Any) -> str:
 
 def park(state: SliceState, *, events_before: list[EventSpec] = ()) -> str:
     with transaction.atomic(savepoint=False):
+        resume.store(state)
         apply(state, transitions.parked(), events_before=events_before)
         if state.cancel_requested:
             # a cancel arrived while we were parking: now that nobody executes the run it can
@@ -364,6 +367,7 @@ def _cancel_parked(run_id: Any) -> None:
 
 def _yielded(state: SliceState, reason: str) -> str:
     with transaction.atomic(savepoint=False):
+        resume.store(state)
         apply(state, transitions.yielded(timezone.now(), reason=reason))
         enqueue(state.run_id)
     return RunStatus.QUEUED
@@ -372,6 +376,7 @@ def _yielded(state: SliceState, reason: str) -> str:
 def back_off(state: SliceState, until: Any, **why: Any) -> str:
     """Wait for a retry without a thread: queued again, its doorbell rings at `until`."""
     with transaction.atomic(savepoint=False):
+        resume.store(state)
         apply(state, transitions.backing_off(until, **why))
         enqueue(state.run_id, not_before=until)
     return RunStatus.QUEUED

@@ -26,21 +26,39 @@ backend per agent), `_toolset_in_durable_context` (calls from inside a unit pass
 `_model_request_stream_operation` (the request streams its text into the run's events). These
 are the hooks pydantic-ai's own engines (DBOS, Temporal, Prefect) override.
 
+And two fields of the graph's state and deps (`_agent_graph.GraphAgentState.run_step`,
+`GraphAgentDeps.prompt`), reached through the public `AgentRun.ctx` (`start_at`): a loop started
+from a resume point's history with no new prompt (resume.py) starts counting steps at 0 and reports
+no prompt; told both before its first node, its instructions and tools see what the loop that
+made the history saw.
+
 And one attribute: a combined toolset's tool carries its source tool as `source_tool`
 (tools/toolsets.py reads it to know whether a function tool is sync).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic_ai.durable_exec._operation_backend import in_durable_unit
 from pydantic_ai.durable_exec._toolset import unwrap_tool_call_result, wrap_tool_call_result
 from pydantic_ai.durable_exec._utils import consume_event_stream
 from pydantic_ai.models._request_timeout import open_durable_unit_stream
 
+
+def start_at(agent_run: Any, *, prompt: Any, run_step: int) -> None:
+    """The loop `agent_run` (not started yet) goes on from step `run_step` of a run whose prompt
+    was `prompt`."""
+    graph = agent_run.ctx
+    graph.deps.prompt = prompt
+    graph.state.run_step = run_step
+
+
 __all__ = [
     "consume_event_stream",
     "in_durable_unit",
     "open_durable_unit_stream",
+    "start_at",
     "unwrap_tool_call_result",
     "wrap_tool_call_result",
 ]

@@ -115,6 +115,13 @@ class SliceState:
     entries_seen: int = 0
     waits: list[Any] = field(default_factory=list)
     waits_seen: int = 0
+    # where a resumed slice starts (resume.py): the point this slice loaded, the loop just
+    # before its latest model request, whether the run is a thread's turn (its answer goes to the
+    # thread), and whether this slice stored a point
+    resume: Any = None
+    request_mark: Any = None
+    thread_turn: bool = False
+    resume_stored: bool = False
     # what each terminal tool step says to the scripted model, by (step id, status, attempts)
     step_contents: dict[tuple[Any, str, int], str] = field(default_factory=dict)
 

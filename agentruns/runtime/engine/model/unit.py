@@ -40,7 +40,7 @@ from agentruns.registry.model_names import pydantic_ai_name
 from agentruns.runtime import tracing
 from agentruns.runtime.conversations.transcript import recorded
 from agentruns.runtime.dispatch import stops
-from agentruns.runtime.engine import journal
+from agentruns.runtime.engine import journal, resume
 from agentruns.runtime.engine.journal import BackingOff, Cancelled, Failed
 from agentruns.runtime.engine.model import slot as model_slot
 from agentruns.runtime.engine.plan import (
@@ -80,6 +80,7 @@ async def execute(state: SliceState, model_id: str | None, body: Any, params: An
     position = state.models_seen
     if position >= len(state.model_steps):  # a new request: its calls' answers came back
         record_answered_elsewhere(state, params.messages)
+    resume.mark_request(state, position, params)
     state.models_seen += 1
     step = state.model_steps[position] if position < len(state.model_steps) else None
     if step is not None and step.status == StepStatus.SUCCEEDED:
