@@ -43,6 +43,7 @@ class RecordedRequest:
     headers: dict[str, str]  # lower-case names
     body: Any
     received_at: float  # time.monotonic()
+    status: int | None = None  # the HTTP status it was answered with (None: not answered yet)
 
     @property
     def messages(self) -> list[dict]:
@@ -123,11 +124,23 @@ def _headers(handler: BaseHTTPRequestHandler) -> dict[str, str]:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive and chunked streaming, like the real API
     server_state: Any  # the FakeOpenAI serving (fake_openai_server.py)
+    recorded: RecordedRequest | None = None  # the request being answered on this connection
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet: tests read the records
         pass
 
     # -------------------------------------------------------------- plumbing
+    def _record(self, request: RecordedRequest) -> None:
+        self.recorded = request
+        self.server_state._record(request)
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        # every answer passes here: the record says which one its request took (with several
+        # requests in flight, the order of arrival is not the order the script is taken in)
+        if self.recorded is not None and self.recorded.status is None:
+            self.recorded.status = code
+        super().send_response(code, message)
+
     def _json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(payload).encode()
         self.send_response(status)
@@ -168,7 +181,7 @@ class _Handler(BaseHTTPRequestHandler):
     # -------------------------------------------------------------- routes
     def do_GET(self) -> None:
         fake = self.server_state
-        fake._record(RecordedRequest("GET", self.path, _headers(self), None, time.monotonic()))
+        self._record(RecordedRequest("GET", self.path, _headers(self), None, time.monotonic()))
         if self.path.rstrip("/").endswith("/models"):
             self._json(
                 200,
@@ -198,7 +211,7 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.loads(raw or b"null")
         except json.JSONDecodeError:
             body = raw.decode(errors="replace")
-        fake._record(RecordedRequest("POST", self.path, _headers(self), body, time.monotonic()))
+        self._record(RecordedRequest("POST", self.path, _headers(self), body, time.monotonic()))
         if not chat:
             self._json(
                 404,

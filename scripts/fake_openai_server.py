@@ -23,7 +23,8 @@ What it speaks (POST /v1/chat/completions, GET /v1/models):
 Responses come from a scripted queue (`FakeOpenAI.script(Reply(...), Fail(429, ...), ...)`);
 when the queue is empty the server falls back to its mode: `refund` plays the demo's refund
 agent from the conversation alone (support/policy/, the same flow as the offline model),
-`echo` repeats the last user message, `error` answers 400. Every request is recorded.
+`echo` repeats the last user message, `error` answers 400. Every request is recorded, with the
+status it was answered with.
 """
 
 from __future__ import annotations

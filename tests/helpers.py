@@ -7,15 +7,16 @@ import json
 import threading
 import uuid
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.contrib.auth.models import Permission
 from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
-from agentruns.models import Run, RunEvent, Step
+from agentruns.models import Run, RunEvent, RunStatus, Step, Wait, WaitStatus
 from agentruns.runtime.engine.executor import RunExecutor
+from agentruns.runtime.waits.due import fire_due_waits
 from agentruns.services import start_run
 from agentruns.tokens import create_token
 
@@ -76,6 +77,21 @@ def advance(run: Run) -> Run:
     RunExecutor(run.id).advance()
     run.refresh_from_db()
     return run
+
+
+def fire_due_waits_at(when: datetime) -> int:
+    """`fire_due_waits(when)`: the waits due by `when` fired as the clock would fire them then
+    (a timer of an hour, fired now). The runs they resume are due at `when`, which this test's
+    clock has not reached, and a run is not claimed before it is due: they are made due now,
+    as if it had."""
+    resumed = Wait.objects.filter(status=WaitStatus.PENDING, due_at__lte=when).values("run_id")
+    resumed_ids = list(resumed.values_list("run_id", flat=True))
+    fired = fire_due_waits(when)
+    now = timezone.now()
+    Run.objects.filter(id__in=resumed_ids, status=RunStatus.QUEUED, enqueued_at__gt=now).update(
+        enqueued_at=now
+    )
+    return fired
 
 
 def _run_id(run: Run | uuid.UUID | str) -> uuid.UUID | str:

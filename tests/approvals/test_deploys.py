@@ -9,10 +9,12 @@ processes started without and then with the agent's module: test_deploys_worker.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterator
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from agentruns import registry
 from agentruns.models import Run, RunStatus, StepStatus
@@ -139,7 +141,16 @@ def test_cancelling_a_run_parked_on_a_call_that_cannot_run(lead, deploy):
     assert Approval.objects.get(id=approval.id).status != ApprovalStatus.PENDING
 
 
-def test_a_run_whose_agent_is_missing_waits_and_continues_when_it_is_back(approver, deploy):
+def advance_when_due(run: Run) -> Run:
+    """Its next doorbell: rung when its wait is over (a doorbell before then finds it not due)."""
+    time.sleep(max(0.0, (run.enqueued_at - timezone.now()).total_seconds()))
+    return advance(run)
+
+
+def test_a_run_whose_agent_is_missing_waits_and_continues_when_it_is_back(
+    approver, deploy, settings
+):
+    settings.AGENTRUNS_AGENT_MISSING_RETRY_SECONDS = 0.1  # its next look, soon
     approval = parked_approval()
     agent = deploy["agents"].pop("ap-script")
     ApiClient(approver).post(
@@ -150,11 +161,12 @@ def test_a_run_whose_agent_is_missing_waits_and_continues_when_it_is_back(approv
     assert "unknown agent 'ap-script'" in waiting.error
     page = login(Client(), approver).get(f"/runs/{waiting.id}/").content.decode()
     assert "Waiting to start: unknown agent" in page  # the banner says why
-    again = advance(waiting)  # the next doorbell: still no agent, still waiting, no verdict
-    assert again.status == RunStatus.QUEUED
+    first_look = waiting.enqueued_at
+    again = advance_when_due(waiting)  # the next look: still no agent, still waiting
+    assert again.status == RunStatus.QUEUED and again.enqueued_at > first_look
 
     deploy["agents"]["ap-script"] = agent  # the next deploy brings it back
-    done = advance(again)
+    done = advance_when_due(again)
     assert done.status == RunStatus.SUCCEEDED and done.error == ""
     assert done.steps.get(index=approval.step.index).status == StepStatus.REJECTED
 

@@ -5,11 +5,13 @@ With a real worker: the run backs off (queued, with the reason and the next try,
 too), no provider error counts as a step attempt, and the run finishes with one refund once the
 server is back. In process: an answer that will not change (404) fails at once with the reason;
 an outage longer than AGENTRUNS_MODEL_OUTAGE_SECONDS fails the step with a stated reason, and
-`POST /api/runs/<id>/retry` then finishes the run.
+`POST /api/runs/<id>/retry` then finishes the run. A doorbell of the run rung before a 429 does
+not bring it back to the provider before the 429's Retry-After.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -17,7 +19,8 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from agentruns.models import AttemptOutcome, Run, RunEvent, StepAttempt
+from agentruns.models import AttemptOutcome, Run, RunEvent, RunStatus, StepAttempt
+from agentruns.runtime.engine.executor import RunExecutor
 from agentruns.services import start_run
 from agentruns.tokens import create_token
 from scripts.fake_openai_server import Fail, FakeOpenAI, Reply
@@ -148,8 +151,14 @@ def test_runs_back_off_while_the_model_server_is_down_and_finish_when_it_returns
     assert [r.status for r in runs] == ["succeeded"] * RUNS, [r.error for r in runs]
     assert all(len(ledger) == 1 for ledger in ledgers.values()), ledgers  # one refund each
     requests = revived.chat_requests()
-    on_429 = requests[1]
-    after_429 = next(r for r in requests[2:] if order_of(r) == order_of(on_429))
+    # the request the 429 went to, as the server answered it: with runs asking at once, the
+    # order requests arrive in is not the order they take the script in
+    (on_429,) = [r for r in requests if r.status == 429]
+    after_429 = next(
+        r
+        for r in requests
+        if r.received_at > on_429.received_at and order_of(r) == order_of(on_429)
+    )
     assert after_429.received_at - on_429.received_at >= 2.0  # Retry-After honoured
     # provider errors are weather: every model step has one attempt, and it succeeded
     for run in runs:
@@ -235,3 +244,29 @@ def test_an_outage_past_the_budget_fails_with_its_reason_and_retry_finishes(
     (step,) = steps(run)
     assert step.status == "succeeded" and step.attempts == 2
     assert run.finished_at <= timezone.now()
+
+
+def test_a_doorbell_rung_before_a_429_does_not_cut_its_retry_after_short(model_settings):
+    """Doorbells are at-least-once: a run backing off can have one rung before its wait began
+    (left in the queue when a claimer took the run first, before it failed again). Delivered
+    while the run waits out a 429's Retry-After, it finds the run not due and leaves it alone:
+    the provider hears from the run again only once the wait is over."""
+    model_settings.AGENTRUNS_RETRY_SLEEP_MAX_SECONDS = 0.2  # a longer wait frees the thread
+    drain = threading.Event()  # executed as a worker's pool executes: a back-off is queued
+    with FakeOpenAI(mode="error") as fake:
+        model_settings.OPENAI_BASE_URL = fake.url
+        fake.script(Fail(429, retry_after=2), Reply(text="Here now."))
+        run = start_run("script", {"case": "openai"}).run
+        assert RunExecutor(run.id, drain=drain).advance() == RunStatus.QUEUED
+        run.refresh_from_db()
+        (on_429,) = fake.chat_requests()
+        assert on_429.status == 429 and run.lease_owner == ""
+        # the earlier doorbell, delivered during the wait
+        assert RunExecutor(run.id, drain=drain).advance() == "busy"
+        assert len(fake.chat_requests()) == 1 and latest_status(run.id)["status"] == "queued"
+        # its own doorbell, when due
+        time.sleep(max(0.0, (run.enqueued_at - timezone.now()).total_seconds()))
+        assert RunExecutor(run.id, drain=drain).advance() == RunStatus.SUCCEEDED
+        _, after_429 = fake.chat_requests()
+    assert after_429.status == 200
+    assert after_429.received_at - on_429.received_at >= 2.0  # Retry-After honoured

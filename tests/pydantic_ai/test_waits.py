@@ -26,7 +26,7 @@ from agentruns.registry import register_agent
 from agentruns.runtime.execution.transitions import UnknownToken, WaitAlreadyResolved, resolve_wait
 from agentruns.runtime.waits.due import fire_due_waits
 from agentruns.services import start_run
-from tests.helpers import advance, assert_gapless, steps
+from tests.helpers import advance, assert_gapless, fire_due_waits_at, steps
 
 pytestmark = pytest.mark.django_db
 
@@ -115,7 +115,7 @@ def test_a_timeout_resumes_the_wait_with_an_external_event_error():
     run, wait = _parked("pa-carrier-timeout")
     assert wait.due_at is not None
     assert fire_due_waits() == 0  # not due yet
-    assert fire_due_waits(now=wait.due_at + timedelta(seconds=1)) == 1
+    assert fire_due_waits_at(wait.due_at + timedelta(seconds=1)) == 1
     wait.refresh_from_db()
     assert wait.status == WaitStatus.FAILED and wait.resolved_by == "timeout"
     run = advance(run)

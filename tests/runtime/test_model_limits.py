@@ -284,8 +284,8 @@ def test_a_run_whose_slot_is_far_off_backs_off_without_a_thread_and_says_so(
 ):
     """In a worker: the second request's slot is 5.25 s away, more than the wake lead (the claim
     poll + 1 s): the run is queued, leaseless, with the reason and a doorbell due before its
-    slot. Woken early it backs off again on the same slot; woken in time it sleeps on its
-    thread until the slot and sends the request then."""
+    slot. A stray doorbell before then finds it not due and leaves it on the same slot; woken
+    in time it sleeps on its thread until the slot and sends the request then."""
     settings.AGENTRUNS_RUN_CLAIM_POLL_SECONDS = 0.2  # wake lead 1.2 s
     _limit(settings, rpm=12)  # a slot every 5 + 0.25 s
     run = _start()
@@ -301,9 +301,10 @@ def test_a_run_whose_slot_is_far_off_backs_off_without_a_thread_and_says_so(
     # the doorbell rings the wake lead before the slot (q2's ORM queue: `lock` = not before)
     (doorbell,) = OrmQ.objects.all()
     assert doorbell.lock.timestamp() == pytest.approx(slot - 1.2, abs=0.01)
-    # woken early (a stray doorbell): the same slot, no new reservation, no thread kept
+    # woken early (a stray doorbell): not due, so not claimed; the same slot, no new
+    # reservation, no thread kept
     reserved = ModelRateBucket.objects.get(model="scripted").next_request_at
-    assert RunExecutor(run.id, drain=drain).advance() == RunStatus.QUEUED
+    assert RunExecutor(run.id, drain=drain).advance() == "busy"
     assert _latest_queued(run)["model_rate_limit"] == held["model_rate_limit"]
     assert ModelRateBucket.objects.get(model="scripted").next_request_at == reserved
     assert len(SENT) == 1

@@ -237,8 +237,10 @@ def test_a_long_retry_backoff_frees_the_slot_and_rings_when_due(pool):
     assert p.hand_over(str(other.id), wait=0) == "started"
     wait_until(lambda: p.in_flight == 0, timeout=30, message="the other run")
     assert Run.objects.get(id=other.id).status == RunStatus.SUCCEEDED
-    # when due, the doorbell is pulled and the retry runs
+    # when due (the doorbell's, the run's and the step's due times brought to now), the
+    # doorbell is pulled and the retry runs
     OrmQ.objects.update(lock=timezone.now() - timedelta(seconds=1))
+    Run.objects.filter(id=run.id).update(enqueued_at=timezone.now())
     Step.objects.filter(id=flaky.id).update(next_attempt_at=timezone.now())
     assert [pk for pk, _ in DoorbellBroker(list_key=ring.key).dequeue()] == [ring.pk]
     assert p.hand_over(str(run.id), wait=0) == "started"

@@ -18,7 +18,7 @@ from agentruns.models import Run, RunStatus, StepAttempt, StepStatus, Wait, Wait
 from agentruns.registry.waits.events import wait_timeout
 from agentruns.runtime.waits.due import DueWaits, fire_due_waits
 from agentruns.runtime.waits.hooks import UnknownToken, WaitAlreadyResolved, resolve_hook
-from tests.helpers import advance, assert_gapless, steps
+from tests.helpers import advance, assert_gapless, fire_due_waits_at, steps
 from tests.pydantic_ai.kit import start
 from tests.runtime import wait_agents
 
@@ -98,8 +98,8 @@ def test_a_timeout_resumes_the_tool_with_an_error_it_handles():
     wait = Wait.objects.get(run=run)
     assert wait.due_at is not None
     assert fire_due_waits(timezone.now()) == 0  # not yet
-    assert fire_due_waits(timezone.now() + timedelta(seconds=31)) == 1
-    assert fire_due_waits(timezone.now() + timedelta(seconds=31)) == 0  # once
+    assert fire_due_waits_at(timezone.now() + timedelta(seconds=31)) == 1
+    assert fire_due_waits_at(timezone.now() + timedelta(seconds=31)) == 0  # once
     run = advance(run)
     assert run.status == RunStatus.SUCCEEDED, run.error
     assert _tool_step(run).result["failed"] == "EventTimedOut"
@@ -126,7 +126,7 @@ def test_the_model_sleeps_durably_and_wakes_when_due():
     assert timer.kind == WaitKind.TIMER
     assert abs((timer.due_at - timezone.now()).total_seconds() - 3600) < 60
     assert fire_due_waits() == 0
-    assert fire_due_waits(timer.due_at) == 1
+    assert fire_due_waits_at(timer.due_at) == 1
     run = advance(run)
     assert run.status == RunStatus.SUCCEEDED, run.error
     assert "Waited 3600 s; it is now" in run.output
@@ -159,7 +159,7 @@ def test_a_sleep_already_due_keeps_its_place_among_the_calls_waits():
     run = advance(start("pa-waits", ("nap_then_sleep", {"seconds": 3600})))
     assert run.status == RunStatus.WAITING, run.error
     hour = Wait.objects.get(run=run, status=WaitStatus.PENDING)
-    assert fire_due_waits(hour.due_at) == 1
+    assert fire_due_waits_at(hour.due_at) == 1
     run = advance(run)
     assert run.status == RunStatus.SUCCEEDED, run.error
     assert Wait.objects.filter(run=run).count() == 2

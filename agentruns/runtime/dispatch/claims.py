@@ -16,9 +16,10 @@ claimer listening, a listener reconnecting) is caught by the claimer's poll and,
 runs at all, by the sweeper's q2 doorbell for a run queued longer than its resweep time: q2
 stays the at-least-once backstop. Runs queued by anything else (an approval, a yield, a retry)
 keep their q2 doorbell, and a claimer may take them first (the doorbell then finds the lease
-held). A run backing off has `enqueued_at` in the future: not claimable before it is due. A run
-waiting in its concurrency key's line (`waiting_behind`, `dispatch/concurrency.py`) is not
-claimable at all until the end of a run ahead of it admits it.
+held). A run backing off has `enqueued_at` in the future: not claimable before it is due, here
+or by a doorbell (`RunExecutor.claim`). A run waiting in its concurrency key's line
+(`waiting_behind`, `dispatch/concurrency.py`) is not claimable at all until the end of a run
+ahead of it admits it.
 
 A running run whose lease expired (its process was killed, DESIGN.md 4.3) is re-let by the
 claimers too (`relet_abandoned`, on the claimer's poll tick), beside the sweeper's q2 doorbell:

@@ -18,7 +18,13 @@ from typing import Any
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from agentruns.models import OperationAllowance, OperationExecution, OperationState, Run
+from agentruns.models import (
+    OperationAllowance,
+    OperationExecution,
+    OperationState,
+    Run,
+    RunStatus,
+)
 from agentruns.runtime.dispatch.queue import enqueue
 from agentruns.runtime.values.ids import actor_name
 
@@ -107,10 +113,11 @@ def _inserted(row: OperationExecution) -> bool:
 def settle(step_id: Any, state: str, result: Any = None) -> bool:
     """The key `step_id` holds becomes `state`: DONE with the call's `result` (what later calls
     are answered with), or RELEASED (the call did not happen; the slot is free again), in one
-    statement. The runs waiting for the key are rung when the caller's transaction commits.
-    Whether it held one."""
+    statement. The runs waiting for the key are due now and rung when the caller's transaction
+    commits. Whether it held one."""
     field = OperationExecution._meta.get_field
-    params = [state, field("settled_at").get_db_prep_value(timezone.now(), connection)]
+    now = timezone.now()
+    params = [state, field("settled_at").get_db_prep_value(now, connection)]
     # the waiters stay listed (RETURNING gives the row as updated): nobody joins a settled key
     sets = "state = %s, settled_at = %s"
     if state == DONE:
@@ -124,6 +131,11 @@ def settle(step_id: Any, state: str, result: Any = None) -> bool:
     if found is None:
         return False
     waiting = field("waiters").from_db_value(found[0], None, connection) or []
+    if waiting:
+        # a waiter backs off until its next look at the key, and a run is not claimed before
+        # it is due (a doorbell finds it not due): the wait is over now
+        queued = Run.objects.filter(id__in=waiting, status=RunStatus.QUEUED, enqueued_at__gt=now)
+        queued.update(enqueued_at=now)
     for run_id in dict.fromkeys(waiting):
         transaction.on_commit(partial(enqueue, run_id))
     return True

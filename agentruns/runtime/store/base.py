@@ -142,11 +142,17 @@ class RunStore(ABC):
         lease: dict[str, Any],
         now: datetime,
     ) -> bool:
-        """Take the run's lease if it is free: a queued run becomes running (with `events`), a
-        running run whose lease expired (its worker died) is only re-leased."""
+        """Take the run's lease if it is free: a queued run that is due becomes running (with
+        `events`), a running run whose lease expired (its worker died) is only re-leased.
+
+        Due: its `enqueued_at` has come. A run backing off (a model's `Retry-After`, a retry's
+        backoff) is queued with `enqueued_at` at the end of its wait and its own doorbell rung
+        for then; a doorbell rung for it earlier (doorbells are at-least-once: one left in the
+        queue when a claimer took the run first, before it backed off again) finds nothing."""
         free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
+        due = Q(enqueued_at__isnull=True) | Q(enqueued_at__lte=now)
         with transaction.atomic():
-            queued = Run.objects.filter(free, id=run_id, status=RunStatus.QUEUED)
+            queued = Run.objects.filter(free, due, id=run_id, status=RunStatus.QUEUED)
             # a run in its concurrency key's line is not admitted: a doorbell for it finds nothing
             fresh = queued.filter(waiting_behind__isnull=True).update(
                 status=RunStatus.RUNNING, started_at=Coalesce("started_at", Value(now)), **lease

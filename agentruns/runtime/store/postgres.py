@@ -293,8 +293,10 @@ class PostgresStore(RunStore):
             default_fields={"started_at": now},
             where=(
                 "status = %s AND (lease_expires_at IS NULL OR lease_expires_at < %s) "
-                "AND waiting_behind IS NULL",  # not waiting in its concurrency key's line
-                [RunStatus.QUEUED, now],
+                "AND waiting_behind IS NULL "  # not waiting in its concurrency key's line
+                # due: a doorbell left over from before a back-off must not cut the wait short
+                "AND (enqueued_at IS NULL OR enqueued_at <= %s)",
+                [RunStatus.QUEUED, now, now],
             ),
         )
         with connection.cursor() as cursor:
