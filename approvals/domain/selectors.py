@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from django.db.models import Count, Q, QuerySet, prefetch_related_objects
+from django.db.models import Count, Prefetch, Q, QuerySet, prefetch_related_objects
 from django.utils import timezone
 
 from agentruns.selectors.pagination import KeysetPage, keyset_page
-from approvals.models import Approval, ApprovalKind, ApprovalStatus
+from approvals.models import Approval, ApprovalDecision, ApprovalKind, ApprovalStatus
 
 # age filter: key -> (label, (min age, max age)); None means unbounded
 AGES: dict[str, tuple[str, tuple[timedelta | None, timedelta | None]]] = {
@@ -60,7 +60,7 @@ def approvals_query(
         Approval.objects.select_related(
             "run", "run__created_by", "step", "decided_by", "claimed_by"
         )
-        .prefetch_related("decisions")
+        .prefetch_related(decisions())
         .order_by(*INBOX_ORDER)
     )
     if status:
@@ -77,6 +77,13 @@ def approvals_query(
         if max_age is not None:
             qs = qs.filter(created_at__gt=now - max_age)
     return qs
+
+
+def decisions() -> Prefetch:
+    """Each item's decision rows, oldest first: the model's own order (its item's, then the
+    decision's) joins every row to its item to sort by the item's order, for lists that are
+    per item anyway."""
+    return Prefetch("decisions", queryset=ApprovalDecision.objects.order_by("decided_at", "id"))
 
 
 COUNT_CAP = 10_000
@@ -146,4 +153,4 @@ def _with_decisions(items: list[Approval]) -> None:
     """The decision rows of the items that need more than one approver (their cards list this
     round's approvals, `Approval.current_approvals`), in one query; none for a page without
     such items (the usual page), which the card never reads them for."""
-    prefetch_related_objects([a for a in items if a.is_multi], "decisions")
+    prefetch_related_objects([a for a in items if a.is_multi], decisions())
