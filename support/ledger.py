@@ -175,31 +175,51 @@ def order_refunds(order: Order, limit: int | None = None) -> OrderRefunds:
     """The order's refunds, oldest first (at most `limit`, the newest kept), in three queries:
     the gateway's ledger, the order's tickets, and their refund keys' executions (whose results
     name the refunds they made)."""
-    rows = GatewayRefund.objects.filter(order_id=order.order_id).order_by("created_at", "id")
-    ledger = list(rows)[-limit:] if limit else list(rows)
-    ids = [f"rf_{r.pk}" for r in ledger]
-    tickets: dict[str, str] = {}
-    if ids:
-        # the keys of the order's requests (an index lookup each), not every refund key's rows
-        keys = [refund_key(t) for t in order.tickets.values_list("ticket_id", flat=True)]
+    return orders_refunds([order], limit)[order.order_id]
+
+
+def orders_refunds(orders: list[Order], limit: int | None = None) -> dict[str, OrderRefunds]:
+    """`order_refunds` of each of these orders by order id, in the same three queries for them
+    all (the inbox's page of refund cards reads its orders' refunds at once)."""
+    by_order: dict[str, list[GatewayRefund]] = {order.order_id: [] for order in orders}
+    ledger_rows = GatewayRefund.objects.filter(order_id__in=list(by_order))
+    for row in ledger_rows.order_by("created_at", "id"):
+        by_order[row.order_id].append(row)
+    ledgers = {order_id: rows[-limit:] if limit else rows for order_id, rows in by_order.items()}
+    ids = {order_id: {f"rf_{r.pk}" for r in ledger} for order_id, ledger in ledgers.items()}
+    # each refund's request: the refund keys' executions of the tickets of the orders with
+    # refunds (an index lookup each), not every refund key's rows
+    paid = [order for order in orders if ids[order.order_id]]
+    tickets: dict[str, str] = {}  # refund id -> the ticket whose request it paid
+    if paid:
+        order_ids = {order.pk: order.order_id for order in paid}
+        order_of_key = {
+            refund_key(ticket_id): order_ids[order_pk]
+            for ticket_id, order_pk in Ticket.objects.filter(order__in=paid).values_list(
+                "ticket_id", "order_id"
+            )
+        }
         done = OperationExecution.objects.filter(
-            key__in=keys, state=OperationState.DONE
+            key__in=list(order_of_key), state=OperationState.DONE
         ).values_list("key", "result")
         for key, result in done:
-            if isinstance(result, dict) and result.get("refund_id") in ids:
-                tickets[str(result["refund_id"])] = key.removeprefix(KEY_PREFIX)
-    found = OrderRefunds(order)
-    for row, refund_id in zip(ledger, ids, strict=True):
-        ticket = tickets.get(refund_id)
-        found.refunds.append(
-            OrderRefund(
-                refund_id,
-                row.amount_cents,
-                row.created_at,
-                ticket,
-                row.reason,
+            refund_id = result.get("refund_id") if isinstance(result, dict) else None
+            if isinstance(refund_id, str) and refund_id in ids[order_of_key[key]]:
+                tickets[str(refund_id)] = key.removeprefix(KEY_PREFIX)
+    found: dict[str, OrderRefunds] = {}
+    for order in orders:
+        refunds = found[order.order_id] = OrderRefunds(order)
+        for row in ledgers[order.order_id]:
+            refund_id = f"rf_{row.pk}"
+            refunds.refunds.append(
+                OrderRefund(
+                    refund_id,
+                    row.amount_cents,
+                    row.created_at,
+                    tickets.get(refund_id),
+                    row.reason,
+                )
             )
-        )
     return found
 
 
@@ -233,20 +253,47 @@ def request_refund(ticket_id: str) -> RequestRefund | None:
 def refund_context(args: dict) -> dict:
     """The order, its refunds so far (each with its request) and their total, for the approver
     (amounts in cents, in the order's `currency`)."""
-    order = Order.objects.filter(order_id=args.get("order_id")).first()
-    if order is None:
-        return {"order": None, "note": f"no order {args.get('order_id')}"}
-    refunds = order_refunds(order)
-    return {
-        "order": {
-            "order_id": order.order_id,
-            "customer_name": order.customer_name,
-            "item": order.item,
-            "paid_cents": order.amount_cents,
-        },
-        "ticket_id": args.get("ticket_id"),
-        "currency": order.currency,
-        "refunds": refunds.as_json(),
-        "refunded_cents": refunds.refunded_cents,
-        "remaining_cents": refunds.remaining_cents,
-    }
+    return refund_contexts([args])[0]
+
+
+def refund_contexts(calls: list[dict]) -> list[dict]:
+    """`refund_context` of each call, in order, in a fixed number of queries for them all (the
+    orders, then `orders_refunds`): the inbox reads its page of cards this way
+    (`refund_context.many`, agentruns.registry.operations.contexts_of), where a card each cost
+    two to four queries."""
+    wanted = {_order_key(args.get("order_id")) for args in calls} - {None}
+    orders = {order.order_id: order for order in Order.objects.filter(order_id__in=wanted)}
+    refunds = orders_refunds(list(orders.values()))
+    contexts = []
+    for args in calls:
+        key = _order_key(args.get("order_id"))
+        order = orders.get(key) if key is not None else None
+        if order is None:
+            contexts.append({"order": None, "note": f"no order {args.get('order_id')}"})
+            continue
+        paid = refunds[order.order_id]
+        contexts.append(
+            {
+                "order": {
+                    "order_id": order.order_id,
+                    "customer_name": order.customer_name,
+                    "item": order.item,
+                    "paid_cents": order.amount_cents,
+                },
+                "ticket_id": args.get("ticket_id"),
+                "currency": order.currency,
+                "refunds": paid.as_json(),
+                "refunded_cents": paid.refunded_cents,
+                "remaining_cents": paid.remaining_cents,
+            }
+        )
+    return contexts
+
+
+refund_context.many = refund_contexts  # type: ignore[attr-defined]
+
+
+def _order_key(value: object) -> str | None:
+    """An `order_id` argument as the order_id column compares it (a CharField: a number or any
+    other value by its text, None matching no order)."""
+    return None if value is None else str(value)

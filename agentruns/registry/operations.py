@@ -14,7 +14,8 @@ runtime and the inbox (both re-exported by `agentruns.registry`):
   Checked when a person approves a call (refused with the figures) and right before the call
   runs, while the call holds its operation key, so calls sharing a key are checked one at a time.
 - `context`: what an approver needs to see beside the call (the order's other refunds): the
-  inbox card and the API item's `context`, with the other pending calls of the same key.
+  inbox card and the API item's `context`, with the other pending calls of the same key. It may
+  carry `many`, the contexts of a list of calls at once (`contexts_of`): the inbox's page.
 
 Each is a plain function of the call's (final, possibly edited) arguments, so the runtime and
 the inbox never import the domain that knows what an order is.
@@ -23,9 +24,12 @@ the inbox never import the domain that knows what an order is.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 KEY_MAX = 200  # OperationExecution.key's length
 
@@ -89,9 +93,42 @@ def context_of(tool: str, declared: Callable[[dict], Any], arguments: dict) -> d
     """What `declared` (a tool's `context`) gives an approver for these arguments, as plain JSON
     (an object). Its failure is shown in place, never breaking the inbox."""
     try:
-        value = json.loads(json.dumps(declared(arguments), default=str))
+        value = declared(arguments)
     except Exception as exc:
-        return {"error": f"{tool}: its context could not be built ({type(exc).__name__}: {exc})"}
+        return _context_error(tool, exc)
+    return _plain_context(tool, value)
+
+
+def contexts_of(tool: str, declared: Callable[[dict], Any], calls: list[dict]) -> list[dict]:
+    """`context_of` of each of these calls of one tool, in order. A declaration may read many
+    calls at once: a `many` attribute, a function of a list of arguments answering their
+    contexts in the same order (the inbox reads a page of cards so, in the queries of one
+    instead of one card's each). When it fails, or answers another number of contexts, each
+    call is read alone: one bad call still shows its own error, never breaking the others."""
+    many = getattr(declared, "many", None)
+    if callable(many) and calls:
+        try:
+            values = list(many(calls))
+        except Exception:
+            log.warning(
+                "%s: its context.many failed; reading the calls one by one", tool, exc_info=True
+            )
+        else:
+            if len(values) == len(calls):
+                return [_plain_context(tool, value) for value in values]
+            log.warning("%s: its context.many answered %d for %d", tool, len(values), len(calls))
+    return [context_of(tool, declared, arguments) for arguments in calls]
+
+
+def _plain_context(tool: str, value: Any) -> dict:
+    try:
+        value = json.loads(json.dumps(value, default=str))
+    except Exception as exc:
+        return _context_error(tool, exc)
     if not isinstance(value, dict):
         return {"error": f"{tool}: its context must be a JSON object, not {type(value).__name__}"}
     return value
+
+
+def _context_error(tool: str, exc: Exception) -> dict:
+    return {"error": f"{tool}: its context could not be built ({type(exc).__name__}: {exc})"}

@@ -19,7 +19,7 @@ from typing import Any
 
 from agentruns.models import OperationAllowance, OperationExecution
 from agentruns.registry import get_tool, has_tool
-from agentruns.registry.operations import context_of
+from agentruns.registry.operations import contexts_of
 from agentruns.runtime.values.redaction import redact_fields
 from agentruns.runtime.values.timestamps import iso
 from agentruns.selectors.operations import key_payload, key_states
@@ -38,16 +38,36 @@ def contexts(approvals: list[Approval]) -> dict[int, dict | None]:
     keys = sorted({a.operation_key for a in pending if a.operation_key})
     states = key_states(keys)
     others = _pending_by_key(keys)
+    declared = _declared_contexts(pending)
     found: dict[int, dict | None] = {a.id: None for a in approvals}
     for approval in pending:
-        found[approval.id] = _context(approval, states, others)
+        found[approval.id] = _context(approval, states, others, declared.get(approval.id))
     return found
 
 
-def _context(approval: Approval, states: dict, others: dict[str, list[Approval]]) -> dict | None:
+def _declared_contexts(pending: list[Approval]) -> dict[int, dict]:
+    """What each item's tool declares for its current proposal, by item id: the calls of one
+    tool read together (`contexts_of`: one read for the page's refunds, not one per card)."""
+    by_tool: dict[str, list[Approval]] = defaultdict(list)
+    for approval in pending:
+        tool = get_tool(approval.tool) if has_tool(approval.tool) else None
+        if tool is not None and tool.context:
+            by_tool[approval.tool].append(approval)
+    found: dict[int, dict] = {}
+    for name, items in by_tool.items():
+        calls = [a.effective_args for a in items]
+        for approval, context in zip(
+            items, contexts_of(name, get_tool(name).context, calls), strict=True
+        ):
+            found[approval.id] = context
+    return found
+
+
+def _context(
+    approval: Approval, states: dict, others: dict[str, list[Approval]], declared: dict | None
+) -> dict | None:
     tool = get_tool(approval.tool) if has_tool(approval.tool) else None
-    declared = tool.context if tool is not None else None
-    context = context_of(approval.tool, declared, approval.effective_args) if declared else {}
+    context = dict(declared) if declared else {}
     key = approval.operation_key
     if key:
         context["operation"] = key_payload(states[key])

@@ -119,9 +119,16 @@ def _context_steps(approvals: list[Approval]) -> dict[Any, list[Step]]:
     """Up to CONTEXT_STEPS steps before each parked step, newest first, in ONE query."""
     if not approvals:
         return {}
-    before = Q()
+    # one condition per parked step index, naming its runs (a page's items park at a few
+    # indexes): a pair of conditions per item, OR-ed one by one, cost more to build and compile
+    # than the query takes to run
+    runs_before: dict[int, list[Any]] = defaultdict(list)
     for a in approvals:
-        before |= Q(run_id=a.run_id, index__lt=a.step.index)
+        runs_before[a.step.index].append(a.run_id)
+    before = Q(
+        *(Q(index__lt=index, run_id__in=runs) for index, runs in runs_before.items()),
+        _connector=Q.OR,
+    )
     rows = (
         Step.objects.filter(before)
         .annotate(

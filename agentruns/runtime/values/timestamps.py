@@ -37,10 +37,13 @@ def moment_text(value: datetime | str | None, now: datetime | None = None) -> st
     moment = parse_moment(value)
     if moment is None:
         return ""
-    local = timezone.localtime(moment)
-    this_year = timezone.localtime(now or timezone.now()).year
-    day = f"{local:%b} {local.day}" + ("" if local.year == this_year else f" {local.year}")
-    return f"{day}, {local:%H:%M}"
+    # the zone read once (each `timezone.localtime` reads it again): a page of 50 rows shows
+    # 100 moments, and this ran at 50 us each
+    zone = timezone.get_current_timezone()
+    local = moment.astimezone(zone)
+    this_year = (now or timezone.now()).astimezone(zone).year
+    year = "" if local.year == this_year else f" {local.year}"
+    return f"{local:%b} {local.day}{year}, {local.hour:02d}:{local.minute:02d}"
 
 
 def ago_text(value: datetime | str | None, now: datetime | None = None) -> str:
