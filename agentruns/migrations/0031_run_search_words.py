@@ -40,7 +40,7 @@ def _drop_words_index(apps, schema_editor) -> None:
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("agentruns", "0029_set_priority_permission"),
+        ("agentruns", "0030_resume_points"),
     ]
 
     operations = [
