@@ -5,7 +5,7 @@ A GIN index gathers new rows in a pending list that every search reads in full, 
 or a list over the limit (4 MB by default) moves them into the index: after 50,000 tickets and
 orders inserted, the customers' names index held 14,000 of them in that list, and each runs
 search by a customer's name read them all first. A short list costs the inserting transaction a
-merge now and then, and keeps every search reading a few pages (agentruns 0030 does the same
+merge now and then, and keeps every search reading a few pages (agentruns 0031 does the same
 for the runs' search indexes).
 """
 

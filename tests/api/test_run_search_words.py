@@ -1,6 +1,6 @@
 """The runs search's keys as whole words (agentruns/selectors/run_list.py `AnyWord`): the runs of
 a customer's orders, and of one order on its ticket page, on PostgreSQL through the words index
-(migration 0030) that keeps the search by a customer's name off a scan of every run."""
+(migration 0031) that keeps the search by a customer's name off a scan of every run."""
 
 from __future__ import annotations
 
