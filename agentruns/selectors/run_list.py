@@ -128,7 +128,7 @@ class AnyWord(Lookup):
     """`lhs` holds any of the words `rhs` (a list) as a whole word of it, any case.
 
     On PostgreSQL the words of `lhs` upper-cased, as an array, overlapping the upper-cased
-    `rhs`: the GIN index `run_search_words_idx` (migration 0030) answers it for search_text in
+    `rhs`: the GIN index `run_search_words_idx` (migration 0031) answers it for search_text in
     a fraction of a millisecond. The pattern `(^|\\s)(w1|w2|...)(\\s|$)` it stands for cannot
     use an index (pg_trgm gives up on 50 alternatives): a customer's 50 orders cost a regular
     expression on every run, 300-450 ms at 10,000 runs on a loaded machine. Elsewhere (SQLite)
