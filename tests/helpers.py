@@ -3,8 +3,10 @@ and events, check an API error, race calls against each other."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -16,6 +18,7 @@ from django.utils import timezone
 
 from agentruns.models import Run, RunEvent, RunStatus, Step, Wait, WaitStatus
 from agentruns.runtime.engine.executor import RunExecutor
+from agentruns.runtime.engine.lanes import process_loop
 from agentruns.runtime.waits.due import fire_due_waits
 from agentruns.services import start_run
 from agentruns.tokens import create_token
@@ -92,6 +95,22 @@ def fire_due_waits_at(when: datetime) -> int:
         enqueued_at=now
     )
     return fired
+
+
+def tasks_on_the_process_loop() -> int:
+    """The tasks left on the process's run loop (runtime/engine/lanes.py), none but this count's
+    own: what a run, a stream or a request started there and did not end. Counted until none are
+    left or 5 s passed (a cancelled task may take a moment to finish)."""
+
+    async def others() -> int:
+        return len(asyncio.all_tasks()) - 1
+
+    deadline = time.monotonic() + 5
+    while True:
+        left = asyncio.run_coroutine_threadsafe(others(), process_loop()[0]).result(timeout=5)
+        if left == 0 or time.monotonic() > deadline:
+            return left
+        time.sleep(0.01)
 
 
 def _run_id(run: Run | uuid.UUID | str) -> uuid.UUID | str:

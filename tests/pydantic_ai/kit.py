@@ -90,8 +90,9 @@ def ledger(path: Path) -> dict:
     return read_ledger(path)
 
 
-def stdio_transport(ledger_path: Path) -> object:
-    """The test MCP server over stdio: a real process started for each session (each call)."""
+def stdio_transport(ledger_path: Path, *, keep_alive: bool | None = False) -> object:
+    """The test MCP server over stdio: a real process started for each session (each call).
+    `keep_alive=None`: FastMCP's default, as a user's `MCPToolset("server.py")` has it."""
     from fastmcp.client.transports import StdioTransport
 
     return StdioTransport(
@@ -99,5 +100,5 @@ def stdio_transport(ledger_path: Path) -> object:
         ["-m", "tests.pydantic_ai.mcp_server", "--ledger", str(ledger_path)],
         env=base_env(),
         cwd=str(ROOT),
-        keep_alive=False,
+        keep_alive=keep_alive,
     )

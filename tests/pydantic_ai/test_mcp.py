@@ -11,9 +11,9 @@ from agentruns.models import RunStatus, Step
 from agentruns.registry import Edit
 from approvals import services
 from approvals.models import Approval, ApprovalStatus
-from tests.helpers import advance, make_user
+from tests.helpers import advance, make_user, tasks_on_the_process_loop
 from tests.pydantic_ai.agents import backoffice, stdio_backoffice
-from tests.pydantic_ai.kit import ledger, start
+from tests.pydantic_ai.kit import ledger, start, stdio_transport
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -100,3 +100,23 @@ def test_a_stdio_server(tmp_path):
     )
     assert run.status == RunStatus.SUCCEEDED, run.error
     assert ledger(path) == {"reads": 1, "mails": [{"to": "cy@example.com", "text": "Shipped"}]}
+
+
+def test_a_stdio_servers_session_ends_with_its_call_though_fastmcp_would_keep_it(tmp_path):
+    """FastMCP keeps a stdio session alive after its client exits by default (the README's
+    `MCPToolset("server.py")`): the session, its server process and its tasks stayed on the
+    process's run loop after the run, in the context of the call that opened them."""
+    path = tmp_path / "kept-ledger.json"
+    transport = stdio_transport(path, keep_alive=None)
+    assert transport.keep_alive is True  # (FastMCP's default)
+    backoffice(transport, name="pa-mcp-kept", prefix="kept", waive=("kept_set_status",))
+    run = advance(
+        start(
+            "pa-mcp-kept",
+            ("kept_get_stock", {"sku": "DESK"}),
+            ("kept_set_status", {"ticket": "T-2", "status": "open"}),
+        )
+    )
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert ledger(path) == {"reads": 1, "statuses": {"T-2": "open"}, "status_calls": 1}
+    assert tasks_on_the_process_loop() == 0

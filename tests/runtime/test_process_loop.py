@@ -18,7 +18,7 @@ from agentruns.runtime.engine.lanes import PROCESS_LOOP_THREAD, process_loop
 from agentruns.runtime.events import LeaseLost
 from agentruns.runtime.providers.models import model_for, streams, waits
 from agentruns.services import execute_inline
-from tests.helpers import assert_gapless
+from tests.helpers import assert_gapless, tasks_on_the_process_loop
 from tests.model_requests import ask, stream
 from tests.support.test_refund_agent import (
     FIRST_TURN,
@@ -55,18 +55,6 @@ def _in_a_running_loop(work):
 def _threads() -> set[threading.Thread]:
     """The process's threads but its run loop's (every stream runs on that one)."""
     return {t for t in threading.enumerate() if t.name != PROCESS_LOOP_THREAD}
-
-
-def _tasks_on_the_process_loop() -> int:
-    async def others() -> int:
-        return len(asyncio.all_tasks()) - 1
-
-    deadline = time.monotonic() + 5
-    while True:  # a cancelled task may take a moment to finish
-        left = asyncio.run_coroutine_threadsafe(others(), process_loop()[0]).result(timeout=5)
-        if left == 0 or time.monotonic() > deadline:
-            return left
-        time.sleep(0.01)
 
 
 def _asked() -> tuple[list[str], tuple]:
@@ -111,7 +99,7 @@ def test_what_handing_a_delta_on_raises_ends_the_stream_and_is_raised_as_it_is(s
     with pytest.raises(LeaseLost), playing_refund():
         for _ in stream(streaming, first_turn(), take):
             pass
-    assert _tasks_on_the_process_loop() == 0
+    assert tasks_on_the_process_loop() == 0
 
 
 @pytest.mark.parametrize("running_loop", [False, True], ids=["own loop", "running loop"])
@@ -126,7 +114,7 @@ def test_a_caller_that_stops_early_ends_the_streams_task(streaming, running_loop
     before = _threads()
     call = _in_a_running_loop if running_loop else (lambda work: work())
     assert call(first_delta_then_close) == FIRST_TURN_TOKENS[0]
-    assert _tasks_on_the_process_loop() == 0
+    assert tasks_on_the_process_loop() == 0
     assert _threads() <= before
 
 

@@ -93,6 +93,7 @@ class ToolsetBinding:
     def __post_init__(self) -> None:
         if self.mcp:
             self.server = observe_http(self.toolset)
+            end_stdio_sessions_with_their_call(self.toolset)
 
     def listing_context(self) -> RunContext:
         """The run context a listing gets: no run yet (registration)."""
@@ -129,6 +130,22 @@ def _mcp_leaves(toolset: AbstractToolset) -> list[AbstractToolset]:
     leaves: list[AbstractToolset] = []
     toolset.apply(leaves.append)
     return [leaf for leaf in leaves if type(leaf).__name__ == "MCPToolset"]
+
+
+def end_stdio_sessions_with_their_call(toolset: AbstractToolset) -> None:
+    """A stdio MCP server's session ends with the call that opened it, as an HTTP server's does
+    (each call connects on its own: runtime/engine/tools/toolsets.py, `RegisteredTools`).
+    FastMCP keeps a stdio transport's session alive after its client exits unless told not to
+    (`keep_alive`, on by default: `MCPToolset("server.py")`, the README's example): its server
+    process and the session's tasks would stay on the process's run loop after the run, in the
+    context of the call that opened them (that run's slice, its step's unit), for as long as
+    the process lives, and every later call of any run would share that one session."""
+    for leaf in _mcp_leaves(toolset):
+        transport = getattr(getattr(leaf, "client", None), "transport", None)
+        # (an MCP config of one server hands its calls to that server's transport)
+        for each in (transport, getattr(transport, "transport", None)):
+            if getattr(each, "keep_alive", None) is True:
+                each.keep_alive = False
 
 
 def registered_listing(leaf: AbstractToolset) -> dict[str, ToolDefinition] | None:
