@@ -5,8 +5,12 @@ same step numbers."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import pytest
 from pydantic_ai import Agent, RunContext
+from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.messages import ModelRequest, SystemPromptPart
 from pydantic_ai.models.function import FunctionModel
 
 from agentruns.models import ResumePoint, RunStatus, StepStatus
@@ -114,3 +118,62 @@ def test_a_run_with_no_point_replays_from_its_start(django_user_model):
     instructions = [step for what, _, step in SEEN if what == "instructions"]
     assert instructions == [1, 2, 3, 4, 5]  # every request again (their answers recorded)
     assert [what for what, _, _ in SEEN if what != "instructions"] == ["rp_credit"]
+
+
+# ---------------------------------------------------------------- a request's own copy of the history
+NOTE = "(a note on this request only)"
+NOTES: list[int] = []  # how many notes each request's history held before its own was added
+
+
+@dataclass
+class NoteTheRequest(AbstractCapability[None]):
+    """Adds a note to the messages one request sends, not to the loop's history (as a
+    capability that trims or annotates only what the model is sent does)."""
+
+    async def before_model_request(self, ctx, request_context):
+        messages = list(request_context.messages)
+        NOTES.append(
+            sum(
+                1
+                for message in messages
+                if isinstance(message, ModelRequest)
+                for part in message.parts
+                if isinstance(part, SystemPromptPart) and part.content == NOTE
+            )
+        )
+        first = messages[0]
+        noted = [replace(first, parts=[*first.parts, SystemPromptPart(NOTE)]), *messages[1:]]
+        request_context.messages = noted
+        return request_context
+
+
+noting = Agent(
+    FunctionModel(stream_function=play, model_name="resume-noting"),
+    name="pa-resume-noting",
+    capabilities=[NoteTheRequest()],
+)
+noting.tool(name="rn_look")(rp_look)
+noting.tool(
+    name="rn_credit", requires_approval=True, metadata={"agentruns": {"side_effect": True}}
+)(rp_credit)
+NOTED_CALLS = tuple(("rn_" + name[3:], args) for name, args in CALLS)
+
+
+def test_a_resumed_loop_starts_from_its_own_history_not_a_requests_copy(django_user_model):
+    """The point holds the loop's history (the run context's messages), not the copy a request
+    sent the model: a note a capability put on one request only is not in the history a
+    resumed loop starts from."""
+    register_agent(noting)
+    approver = make_user(
+        django_user_model, "approver", ["approvals.decide_approval", "approvals.view_approval"]
+    )
+    NOTES.clear()
+    run = advance(start("pa-resume-noting", *NOTED_CALLS))
+    assert run.status == RunStatus.WAITING, run.error
+    assert ResumePoint.objects.filter(run=run).exists()
+    assert NOTES == [0, 0, 0, 0]
+    NOTES.clear()
+    services.approve(Approval.objects.get(run=run, status=ApprovalStatus.PENDING).id, user=approver)
+    run = advance(run)
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert NOTES == [0, 0], NOTES
