@@ -9,8 +9,8 @@ from dataclasses import dataclass, replace
 
 import pytest
 from pydantic_ai import Agent, RunContext
-from pydantic_ai.capabilities import AbstractCapability
-from pydantic_ai.messages import ModelRequest, SystemPromptPart
+from pydantic_ai.capabilities import AbstractCapability, ProcessEventStream
+from pydantic_ai.messages import FunctionToolCallEvent, ModelRequest, SystemPromptPart
 from pydantic_ai.models.function import FunctionModel
 
 from agentruns.models import ResumePoint, RunStatus, StepStatus
@@ -177,3 +177,43 @@ def test_a_resumed_loop_starts_from_its_own_history_not_a_requests_copy(django_u
     run = advance(run)
     assert run.status == RunStatus.SUCCEEDED, run.error
     assert NOTES == [0, 0], NOTES
+
+
+# ---------------------------------------------------------------- an agent's event stream handler
+WATCHED: list[str] = []  # the tool calls the handler saw, by name
+
+
+async def watched_events(ctx: RunContext[None], events) -> None:
+    async for event in events:
+        if isinstance(event, FunctionToolCallEvent):
+            WATCHED.append(event.part.tool_name)
+
+
+watched = Agent(
+    FunctionModel(stream_function=play, model_name="resume-watched"),
+    name="pa-resume-watched",
+    capabilities=[ProcessEventStream(watched_events)],
+)
+watched.tool(name="rw_look")(rp_look)
+watched.tool(
+    name="rw_credit", requires_approval=True, metadata={"agentruns": {"side_effect": True}}
+)(rp_credit)
+WATCHED_CALLS = tuple(("rw_" + name[3:], args) for name, args in CALLS)
+
+
+def test_a_resumed_loop_hands_its_events_to_the_agents_event_stream_handler(django_user_model):
+    """Driven node by node from its point, the loop streams each node to the agent's
+    `ProcessEventStream` as `agent.run()` does: the handler sees the approved call."""
+    register_agent(watched)
+    approver = make_user(
+        django_user_model, "approver", ["approvals.decide_approval", "approvals.view_approval"]
+    )
+    WATCHED.clear()
+    run = advance(start("pa-resume-watched", *WATCHED_CALLS))
+    assert run.status == RunStatus.WAITING, run.error
+    assert ResumePoint.objects.filter(run=run).exists()
+    WATCHED.clear()
+    services.approve(Approval.objects.get(run=run, status=ApprovalStatus.PENDING).id, user=approver)
+    run = advance(run)
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert WATCHED == ["rw_credit"], WATCHED

@@ -13,9 +13,11 @@ where nothing the history cannot carry changes what the loop does next:
 - no retry counted yet (a `RetryPromptPart` in the history or a tool's retries in the request's
   run context): Pydantic AI counts retries per run, and a loop started afresh would count from
   zero;
-- the trailing request carries no user prompt (a run's first request: its start is as cheap);
-- the agent has no `event_stream_handler` of its own (the resumed loop is driven node by node,
-  which hands no events to a run-level handler).
+- the trailing request carries no user prompt (a run's first request: its start is as cheap).
+The resumed loop is driven node by node (`agent_run.next`), which streams each node to the
+agent's event stream capabilities (`ProcessEventStream`) as `agent.run()` does; an
+`Agent.event_stream_handler` of its own is always None in the pinned Pydantic AI, and the engine
+passes none to `run()`.
 Elsewhere no point is stored and the slice resumes from the latest one stored before, or the
 run's start: everything after a point is in the journal, so an older point is never wrong.
 
@@ -125,14 +127,12 @@ def _startable(messages: list[Any]) -> bool:
 
 def load(state: SliceState, point: ResumePoint | None) -> None:
     """`point`, the run's stored resume point, is where this slice starts if it still names the
-    run's journal as it is (the model step it follows, succeeded) and the agent can start there."""
+    run's journal as it is (the model step it follows, succeeded)."""
     state.resume_stored = point is not None
     if point is None or not 0 < point.models_seen <= len(state.model_steps):
         return
     answered = state.model_steps[point.models_seen - 1]
     if answered.id != point.model_step or answered.status != StepStatus.SUCCEEDED:
-        return
-    if state.agent.pydantic_agent.event_stream_handler is not None:
         return
     state.resume = point
     state.models_seen, state.entries_seen = point.models_seen, point.entries_seen
