@@ -115,7 +115,7 @@ def test_deps_come_from_the_run():
 def test_this_apps_database_errors_stay_the_engines_weather():
     """A database outage under a Pydantic AI tool reaches the engine as the database error it is
     (weather: no attempt, no verdict), never as the tool's "server unreachable": the call as the
-    engine makes it, the toolset's `call_tool` inside `classified` (engine/tools/toolsets.py)."""
+    engine makes it, the toolset's `call_tool` inside `classified` (engine/durability.py, `StepsToolset`)."""
     import asyncio
 
     from django.db import OperationalError

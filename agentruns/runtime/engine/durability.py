@@ -3,7 +3,7 @@
 `AgentRunsDurability` is a `BaseDurabilityCapability` (pydantic-ai's public `durable_exec`
 surface, as `DBOSDurability` is): it declares the engine (a JSON journal in PostgreSQL, every
 toolset kind wrapped, tool calls in order) and hands every durable operation to `StepBackend`
-(`backend.py`). Inside a run's slice it also applies the engine's own rules to the loop:
+(below). Inside a run's slice it also applies the engine's own rules to the loop:
 
 - the model is offered only the tools the run's permission snapshot allows (`prepare_tools`);
 - a call the engine refused when it planned it (unknown, outside the snapshot, bad JSON or
@@ -13,7 +13,9 @@ toolset kind wrapped, tool calls in order) and hands every durable operation to 
   is used (it is answered "already done" without asking anybody); an approved call runs only
   with the exact arguments its final approval approved;
 - a model request streams its text to the run's events when the model can stream, and is one
-  whole response when it cannot (`_model_request_operation`).
+  whole response when it cannot (`_model_request_operation`);
+- every tool call of the loop, whatever toolset its tool is in, is its step's unit
+  (`StepsToolset`, the run's toolset: `get_wrapper_toolset`).
 
 Its backend (`StepBackend.execute(operation_id, name, body, cache_key, config)`) gets each
 durable operation with its typed id and persisted name (`JournalOperationNamer`:
@@ -29,7 +31,9 @@ Outside a run's slice it is transparent.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -37,28 +41,37 @@ from pydantic_ai.capabilities.abstract import AbstractCapability
 from pydantic_ai.durable_exec import (
     JSON_CODEC,
     BaseDurabilityCapability,
+    CallToolResult,
     DurabilityEngineSpec,
     JournalCallableOperationBackend,
     ModelRequestId,
     RoleBasedOperationConfig,
     ToolsetCallToolId,
     conversation_id_from_run_id,
+    durable_unit_scope,
 )
 from pydantic_ai.exceptions import ApprovalRequired, ModelRetry
 from pydantic_ai.messages import ModelResponse
 from pydantic_ai.models import Model
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, RunContext, ToolDefinition
+from pydantic_ai.toolsets import WrapperToolset
+from pydantic_ai.toolsets.function import FunctionToolsetTool
 
 from agentruns.models import Step, StepStatus
 from agentruns.registry import UnknownTool, get_tool
+from agentruns.registry.pydantic_agents.calls import classified
 from agentruns.runtime.access.permissions import needs_approval
 from agentruns.runtime.engine import slice as slices
 from agentruns.runtime.engine.journal import journal_unit
 from agentruns.runtime.engine.model import unit as model_unit
 from agentruns.runtime.engine.plan import refuse_planned
-from agentruns.runtime.engine.pydantic_ai_private import in_durable_unit
+from agentruns.runtime.engine.pydantic_ai_private import (
+    in_durable_unit,
+    unwrap_tool_call_result,
+    wrap_tool_call_result,
+)
 from agentruns.runtime.engine.tools import unit as tool_unit
-from agentruns.runtime.engine.tools.toolsets import StepsToolset, registered_tools
+from agentruns.runtime.engine.tools.toolsets import registered_tools
 from agentruns.runtime.engine.waits import ask_for, decide_deferred, rule_decided, rule_wait
 from agentruns.runtime.operations.gate import answered_already
 from agentruns.runtime.providers.models import model_for, name_of
@@ -98,7 +111,7 @@ ENGINE = DurabilityEngineSpec(
     durable_unit_plural="steps",
     durable_container_noun="run",
     codec=JSON_CODEC,
-    # a tool call is a unit of our own, whatever its toolset (`tools/toolsets.StepsToolset`); an MCP
+    # a tool call is a unit of our own, whatever its toolset (`StepsToolset`, below); an MCP
     # server's tools are those listed when its agent registered (`RegisteredTools`); a dynamic
     # toolset is wrapped, so its listing is a journaled unit
     wrapped_toolset_kinds=frozenset({"dynamic"}),
@@ -291,3 +304,52 @@ def _slice_and_step(call: Any) -> tuple[Any, Step | None]:
     """The slice in progress (None: not in a run) and the step it planned for `call`."""
     state = slices.current_or_none()
     return state, state.step_for_call(call.tool_call_id) if state is not None else None
+
+
+# ---------------------------------------------------------------- the run's toolset
+class StepsToolset(WrapperToolset[Any]):
+    """Around the run's toolset (our durability's `get_wrapper_toolset`): a tool call of the
+    agent's loop is its step's unit, whatever toolset the tool is in. The call itself is the
+    unit's body, its outcome recorded as Pydantic AI's `CallToolResult` (control flow as data)
+    and given back to the loop as the toolset's answer."""
+
+    async def call_tool(self, name: str, tool_args: dict[str, Any], ctx: Any, tool: Any) -> Any:
+        state = slices.current_or_none()
+        if state is None or in_durable_unit():
+            return await self.wrapped.call_tool(name, tool_args, ctx, tool)
+
+        tool = _uncut(tool)
+
+        async def body() -> Any:
+            with durable_unit_scope():
+                call = self.wrapped.call_tool(name, tool_args, ctx, tool)
+                result = await wrap_tool_call_result(
+                    classified(name, call, rerun_safe=_rerun_safe(name))
+                )
+                return JSON_CODEC.dump(CallToolResult, result)
+
+        payload = await tool_unit.execute(state, "call", name, ctx, body)
+        return unwrap_tool_call_result(JSON_CODEC.load(CallToolResult, payload))
+
+
+def _uncut(tool: Any) -> Any:
+    """A sync function tool runs to its end whatever its timeout: its thread cannot be stopped,
+    so a timeout would tell the model "timed out" about an effect that happened. (A combined
+    toolset's tool carries the function toolset's as `source_tool`, and hands its own
+    `tool_def` down.)"""
+    leaf = tool
+    while (inner := getattr(leaf, "source_tool", None)) is not None:
+        leaf = inner
+    if isinstance(leaf, FunctionToolsetTool) and not leaf.is_async:
+        if tool.tool_def.timeout != math.inf:
+            return replace(tool, tool_def=replace(tool.tool_def, timeout=math.inf))
+    return tool
+
+
+def _rerun_safe(name: str) -> bool:
+    """A broken connection may be retried: the tool is read-only or idempotent."""
+    try:
+        tool = get_tool(name)
+    except UnknownTool:
+        return False
+    return not tool.side_effect or tool.idempotency == "key"

@@ -33,7 +33,7 @@ no prompt; told both before its first node, its instructions and tools see what 
 made the history saw.
 
 And one attribute: a combined toolset's tool carries its source tool as `source_tool`
-(tools/toolsets.py reads it to know whether a function tool is sync).
+(durability.py reads it to know whether a function tool is sync).
 """
 
 from __future__ import annotations
