@@ -7,6 +7,7 @@ import itertools
 import pytest
 
 from agentruns.registry import Tool, ToolArgumentsError, simple_plan, strict_validator, tool
+from agentruns.registry.schemas import simple_valid
 
 SCHEMA = {
     "type": "object",
@@ -64,8 +65,47 @@ def test_integers_are_strict_on_both_paths():
                 checker.validate({"order_id": "A", "amount_cents": bad})
 
 
+BOUNDED = {
+    "type": "object",
+    "properties": {
+        "order_id": {"type": "string", "pattern": "^ORD-[0-9]+$", "maxLength": 9},
+        "note": {"type": "string", "minLength": 2},
+        "amount_cents": {"type": "integer", "minimum": 1, "maximum": 1000},
+        "ratio": {"type": "number", "minimum": 0.5, "maximum": 2},
+    },
+    "required": ["order_id"],
+    "additionalProperties": False,
+}
+BOUNDED_VALUES = {
+    "order_id": ["ORD-1", "ORD-123456", "ORD-1\n", "ORD-", "xORD-1", "ORD-12345678", 5, None],
+    "note": ["", "a", "ab", "é\U0001f600", 3],
+    "amount_cents": [0, 1, 1000, 1001, -5, 5.0, True, "5"],
+    "ratio": [0.4, 0.5, 2, 2.0001, 1, True, "1"],
+}
+
+
+def test_fast_path_agrees_with_jsonschema_on_bounds():
+    """A pattern (ECMA-262's `$`), lengths and limits: the fast path takes exactly what
+    jsonschema takes (it consults jsonschema for anything it does not take)."""
+    assert simple_plan(BOUNDED) is not None
+    reference = strict_validator(BOUNDED)
+    plan = simple_plan(BOUNDED)
+    for name, values in BOUNDED_VALUES.items():
+        for value in values:
+            arguments = {"order_id": "ORD-7", name: value}
+            assert simple_valid(plan, arguments) == reference.is_valid(arguments), arguments
+
+
 def test_schemas_with_more_keywords_go_to_jsonschema():
-    assert simple_plan({**SCHEMA, "properties": {"n": {"type": "integer", "minimum": 1}}}) is None
+    assert (
+        simple_plan({**SCHEMA, "properties": {"n": {"type": "integer", "exclusiveMinimum": 1}}})
+        is None
+    )
+    assert (
+        simple_plan({**SCHEMA, "properties": {"s": {"type": "string", "format": "uuid"}}}) is None
+    )
+    assert simple_plan({**SCHEMA, "properties": {"n": {"type": "integer", "minimum": "1"}}}) is None
+    assert simple_plan({**SCHEMA, "properties": {"n": {"type": ["integer", "null"]}}}) is None
     assert simple_plan({**SCHEMA, "$schema": "http://json-schema.org/draft-03/schema#"}) is None
     assert simple_plan({"type": "object", "properties": {"tags": {"type": "array"}}}) is None
     limited = _tool({"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}})
