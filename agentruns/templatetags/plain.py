@@ -2,7 +2,7 @@
 runtime/values/): one filter per job.
 
     {% load plain %}
-    <time datetime="{{ t|date:'c' }}" title="{{ t|moment }}">{{ t|ago }}</time>   "2 min ago"
+    <time datetime="{{ t|iso }}" title="{{ t|moment }}">{{ t|ago }}</time>        "2 min ago"
     {{ t|moment }}                                                                 "Dec 6, 09:14"
     waited {{ item.created_at|lasted:item.decided_at }}                            "40 s"
     {{ cents|money:"USD" }}                                                        "327.32 USD"
@@ -10,7 +10,7 @@ runtime/values/): one filter per job.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any
 
 from django import template
@@ -21,6 +21,13 @@ from agentruns.runtime.values.timestamps import ago_text, between_text, moment_t
 from agentruns.selectors.calls import argument_label
 
 register = template.Library()
+
+
+@register.filter(expects_localtime=True)
+def iso(value: Any) -> str:
+    """The moment for a `<time datetime>`: what `date:'c'` gives (ISO 8601 in the server's
+    zone), at a fifth of its cost; a page of cards shows a hundred of them."""
+    return value.isoformat() if isinstance(value, date) else ""
 
 
 @register.filter

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import Any
 
 from django.db.models import F, Q, Window
 from django.db.models.functions import RowNumber
+from django.urls import reverse
 from django.utils import timezone
 
 from agentruns.models import Step, StepAttempt, StepKind
@@ -49,6 +51,43 @@ CONTEXT_STEPS = 12
 RECENT_MODEL_TEXTS = 3
 
 TICKET_KEYS = ("ticket_id",)
+
+# an item's pages and forms (their URL names) and its run's page: each reversed once per page
+# with a stand-in id, then filled in per card (a page of 25 cards asked `reverse` 150 times)
+ITEM_URL_NAMES = {
+    "item": "approval-item",
+    "decide": "approval-decide",
+    "claim": "approval-claim",
+    "release": "approval-release",
+    "allow": "approval-allow",
+}
+RUN_URL_NAME = "run-detail"
+_STAND_IN_ID = "987654321"
+_STAND_IN_RUN = uuid.UUID("98765432-1098-4765-8321-098765432109")
+
+
+@dataclass(frozen=True)
+class CardLinks:
+    """Where a card's links and forms go."""
+
+    item: str
+    decide: str
+    claim: str
+    release: str
+    allow: str
+    run: str
+
+
+def _links_of(approvals: list[Approval]) -> dict[int, CardLinks]:
+    shapes = {key: reverse(name, args=[_STAND_IN_ID]) for key, name in ITEM_URL_NAMES.items()}
+    run_shape = reverse(RUN_URL_NAME, args=[_STAND_IN_RUN])
+    return {
+        a.id: CardLinks(
+            **{key: shape.replace(_STAND_IN_ID, str(a.id)) for key, shape in shapes.items()},
+            run=run_shape.replace(str(_STAND_IN_RUN), str(a.run_id)),
+        )
+        for a in approvals
+    }
 
 
 @dataclass
@@ -94,6 +133,7 @@ class Card:
     # what the call does, in words: "refund" (the tool's label), "refund 327.32 USD to Jun Sato"
     label: str = ""
     what: str = ""
+    links: CardLinks | None = None
 
     @property
     def given_user_ids(self) -> list[int]:
@@ -161,6 +201,7 @@ def build_cards(approvals: Iterable[Approval]) -> list[Card]:
     context = _context_steps(approvals)
     attempts = _unknown_attempts(approvals)
     across = contexts(approvals)
+    links = _links_of(approvals)
     cards = [
         _safe_card(a, context.get(a.run_id, []), attempts.get(a.step_id), across.get(a.id))
         for a in approvals
@@ -168,6 +209,7 @@ def build_cards(approvals: Iterable[Approval]) -> list[Card]:
     for card in cards:
         card.context = across.get(card.approval.id)
         card.context_view = context_view(card.context)
+        card.links = links[card.approval.id]
     return cards
 
 
