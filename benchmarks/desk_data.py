@@ -82,7 +82,7 @@ def insert_desk(tickets: int, runs: int, seed: int = 34) -> dict[str, Any]:
                 order=order,
                 subject=f"Order {order.order_id}: {item} {complaint}",
                 body=f"Hello, my {item} {complaint}. Order {order.order_id}. Please refund.",
-                status="open" if rng.random() < 0.8 else "closed",
+                status="open" if rng.random() < 0.8 else "resolved",
                 created_at=created + timedelta(minutes=rng.uniform(1, 600)),
             )
             # (bulk_create skips save(), which writes the search words)

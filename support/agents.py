@@ -27,6 +27,7 @@ from agentruns.registry import (
     durable,
     register_agent,
 )
+from agentruns.registry.outcomes import HandoverClosed
 from agentruns.registry.search import MAX_KEYS as SEARCH_MAX_KEYS
 from agentruns.registry.search import register_search_expansion
 from agentruns.runtime.values.timestamps import iso
@@ -38,7 +39,7 @@ from support.ledger import (
     refund_operation_key,
     request_refund,
 )
-from support.models import Order, OutboxMessage, Ticket, TicketNote
+from support.models import Order, OutboxMessage, Ticket, TicketNote, TicketStatus
 from support.outcomes import REFUND_OUTCOMES, refund_outcome
 from support.policy import refund_policy
 
@@ -105,7 +106,7 @@ def request_ticket(order: Order, ticket_id: str | None = None) -> Ticket | None:
     tickets = order.tickets.order_by("id")
     if ticket_id:
         return tickets.filter(ticket_id=ticket_id).first()
-    found = tickets.filter(status="open").first() or tickets.last()
+    found = tickets.filter(status=TicketStatus.OPEN).first() or tickets.last()
     if found is None:
         found, _ = Ticket.objects.get_or_create(
             ticket_id=f"T-{order.order_id}"[:20],
@@ -254,8 +255,30 @@ def add_ticket_note(order_id: str, note: str, ticket_id: str | None = None) -> d
     return {"ticket_id": ticket.ticket_id, "note_id": row.pk}
 
 
+def resolve_handed_over_ticket(closed: HandoverClosed) -> None:
+    """A person closed a hand-over of this agent's: its request (the ticket the call or the
+    run's input names, else the order's open ticket, as when it handed over) is resolved by
+    them, in the transaction that closes it. No such ticket (gone, or none of the order's is
+    open any more): nothing to resolve."""
+    order_id = closed.arguments.get("order_id") or closed.run_input.get("order_id")
+    named = closed.arguments.get("ticket_id") or closed.run_input.get("ticket_id")
+    tickets = Ticket.objects.filter(order__order_id=order_id).order_by("id")
+    if named:
+        tickets = tickets.filter(ticket_id=named)
+    else:
+        tickets = tickets.filter(status=TicketStatus.OPEN)
+    ticket = tickets.first() if order_id else None
+    if ticket is not None:
+        ticket.resolve(by=closed.closed_by, at=closed.closed_at)
+
+
 @refund_agent.tool_plain(
-    metadata=durable(handover=True, context=refund_context, scope_arg="order_id")
+    metadata=durable(
+        handover=True,
+        handover_closed=resolve_handed_over_ticket,
+        context=refund_context,
+        scope_arg="order_id",
+    )
 )
 def hand_over(order_id: str, reason: str, ticket_id: str | None = None) -> dict:
     """Hand the customer's request over to a colleague when you may not do what it needs (you

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Any
+
 from django.conf import settings
 from django.db import models
 
@@ -34,12 +37,28 @@ class Order(models.Model):
         return format_cents(self.amount_cents, self.currency)
 
 
+class TicketStatus(models.TextChoices):
+    """Where a customer's request stands on the desk. Open: it needs someone (new, answered by
+    the agent, or handed over and not finished yet). Resolved: a person finished it (closed its
+    hand-over), `resolved_by` who and `resolved_at` when; the queue's default leaves it out."""
+
+    OPEN = "open", "open"
+    RESOLVED = "resolved", "resolved"
+
+
 class Ticket(models.Model):
     ticket_id = models.CharField(max_length=20, unique=True)
     order = models.ForeignKey(Order, on_delete=models.CASCADE, related_name="tickets")
     subject = models.CharField(max_length=200)
     body = models.TextField()
-    status = models.CharField(max_length=20, default="open")
+    status = models.CharField(
+        max_length=20, choices=TicketStatus.choices, default=TicketStatus.OPEN
+    )
+    # who finished the request and when (a person closing its hand-over): None while open
+    resolved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    resolved_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     # who logged it through `POST /api/tickets` (None: the demo's seed, or an admin), and the
     # sender's Idempotency-Key (scoped to that sender): a retried POST finds its ticket
@@ -56,7 +75,7 @@ class Ticket(models.Model):
             # the desk's queue: open tickets, newest first (support/desk/__init__.py, keyset pages)
             models.Index(
                 fields=["-created_at", "-id"],
-                condition=models.Q(status="open"),
+                condition=models.Q(status=TicketStatus.OPEN),
                 name="ticket_open_created_idx",
             ),
             models.Index(fields=["-created_at", "-id"], name="ticket_created_idx"),
@@ -70,6 +89,23 @@ class Ticket(models.Model):
         if "update_fields" in kwargs and kwargs["update_fields"] is not None:
             kwargs["update_fields"] = {*kwargs["update_fields"], "search_text"}
         super().save(*args, **kwargs)
+
+    def resolve(self, *, by: Any, at: datetime) -> None:
+        """A person finished this request (closed its hand-over): resolved by `by` at `at`.
+        One UPDATE (no search words to recompute), inside the caller's transaction; resolving
+        a resolved ticket again names the latest person."""
+        resolved_by = by if getattr(by, "is_authenticated", False) else None
+        Ticket.objects.filter(pk=self.pk).update(
+            status=TicketStatus.RESOLVED, resolved_by=resolved_by, resolved_at=at
+        )
+        self.status, self.resolved_by, self.resolved_at = TicketStatus.RESOLVED, resolved_by, at
+
+    @property
+    def status_text(self) -> str:
+        """The status as the desk shows it: "open", or "resolved by approver"."""
+        if self.status == TicketStatus.RESOLVED and self.resolved_by_id is not None:
+            return f"resolved by {self.resolved_by.get_username()}"
+        return self.get_status_display()
 
 
 SEARCHED_BODY_CHARS = 4000  # a very long message is searched by its beginning

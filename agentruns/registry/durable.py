@@ -32,6 +32,7 @@ KEYS = frozenset(
         "context",
         "currency_arg",
         "handover",
+        "handover_closed",
         "scope_arg",
         "label",
     }
@@ -55,6 +56,7 @@ def durable(
     context: Callable[[dict], dict] | None = None,
     currency_arg: str | None = None,
     handover: bool | None = None,
+    handover_closed: Callable[[Any], None] | None = None,
     scope_arg: str | None = None,
     label: str | None = None,
 ) -> dict[str, dict[str, Any]]:

@@ -83,6 +83,9 @@ class Tool:
     # the argument holding the currency of `amount_arg` (else the context's `currency`)
     currency_arg: str | None = None
     handover: bool = False  # a call hands the run over to a person (registry/outcomes/)
+    # called with a `HandoverClosed` when a person closes one of its hand-overs, inside the
+    # transaction that closes it (registry/outcomes/)
+    handover_closed: Callable[[Any], None] | None = None
     # the argument that must equal the run's scope (registry/run_input/scopes.py): a call with
     # another value is refused
     scope_arg: str | None = None
@@ -208,6 +211,7 @@ def tool(
     context: Callable[[dict], dict] | None = None,
     currency_arg: str | None = None,
     handover: bool = False,
+    handover_closed: Callable[[Any], None] | None = None,
     scope_arg: str | None = None,
     label: str = "",
 ):
@@ -238,6 +242,7 @@ def tool(
             context=context,
             currency_arg=currency_arg,
             handover=bool(handover),
+            handover_closed=handover_closed,
             scope_arg=scope_arg,
             label=str(label or ""),
         )
@@ -245,6 +250,10 @@ def tool(
         for what in ("operation_key", "limit", "context"):
             if getattr(t, what) is not None and not callable(getattr(t, what)):
                 raise ValueError(f"{t.name}: {what} must be a function of the arguments")
+        if handover_closed is not None and not (handover and callable(handover_closed)):
+            raise ValueError(
+                f"{t.name}: handover_closed is a function, for a tool declared handover=True"
+            )
         check_scope_arg(t)
         if operation_key is not None and not t.side_effect:
             raise ValueError(f"{t.name}: an operation_key is for a tool with a side effect")

@@ -36,8 +36,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from agentruns.models import Run, RunStatus, Step, StepStatus
-from agentruns.registry import Tool
+from agentruns.registry import Tool, get_tool, has_tool
 from agentruns.registry.edits import same_value
+from agentruns.registry.outcomes import HandoverClosed
 from agentruns.runtime import writer
 from agentruns.runtime.events import EventSpec, EventType
 from agentruns.runtime.execution import unknown_outcomes
@@ -370,7 +371,31 @@ def closed(approval: Approval, user: Any, reason: str, internal_note: str) -> Ou
         internal_note=internal_note,
     )
     decision_row(approval, user, DecisionKind.CLOSE, reason=reason, internal_note=internal_note)
+    tell_tool_closed(approval)
     return Outcome(approval, user, CLOSED, then=WAIT)
+
+
+def tell_tool_closed(approval: Approval) -> None:
+    """The hand-over's tool hears that a person closed it (its `handover_closed`), in this
+    transaction: the domain's record of the request (the demo's ticket) changes with the close
+    or not at all, whichever door closed it. A tool gone with a deploy, or declaring none: no
+    call."""
+    tool = get_tool(approval.tool) if has_tool(approval.tool) else None
+    if tool is None or tool.handover_closed is None:
+        return
+    run_input = approval.run.input
+    tool.handover_closed(
+        HandoverClosed(
+            run_id=approval.run_id,
+            tool=approval.tool,
+            arguments=dict(approval.requested_args or {}),
+            run_input=dict(run_input) if isinstance(run_input, dict) else {},
+            closed_by=approval.decided_by,
+            closed_at=approval.decided_at,
+            reason=approval.reason,
+            internal_note=approval.internal_note,
+        )
+    )
 
 
 def partial(approval: Approval, user: Any, progress: Progress) -> Outcome:

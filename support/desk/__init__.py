@@ -22,10 +22,16 @@ from agentruns.selectors import RunFilters, run_page
 from agentruns.selectors.pagination import KeysetPage, keyset_page
 from approvals.models import Approval, ApprovalKind, ApprovalStatus
 from support.ledger import RequestRefund, order_refunds, request_refund
-from support.models import OutboxMessage, Ticket, TicketNote
+from support.models import OutboxMessage, Ticket, TicketNote, TicketStatus
 
 PAGE_SIZE = 25
-STATUSES = {"open": "open tickets", "any": "every ticket"}
+# the queue's choices: open (the default: what needs someone), resolved (finished by a person,
+# who closed its hand-over), or every ticket
+STATUSES = {
+    TicketStatus.OPEN: "open tickets",
+    TicketStatus.RESOLVED: "resolved tickets",
+    "any": "every ticket",
+}
 SEARCH_MAX = 100
 # a ticket page lists at most this many of each (notes, replies, refunds, runs), newest kept
 TICKET_PAGE_ROWS = 100
@@ -65,7 +71,10 @@ def ticket_search(q: str) -> Q:
 
 
 def ticket_rows(filters: TicketFilters) -> QuerySet[Ticket]:
-    tickets = Ticket.objects.select_related("order").defer("search_text", "order__customer_email")
+    # (who resolved a ticket: its chip names them)
+    tickets = Ticket.objects.select_related("order", "resolved_by").defer(
+        "search_text", "order__customer_email"
+    )
     if filters.status != "any":
         tickets = tickets.filter(status=filters.status)
     if filters.q:

@@ -54,7 +54,9 @@ def ticket_queue(request: HttpRequest) -> HttpResponse:
 
 
 def _ticket(ticket_id: str) -> Ticket:
-    return get_object_or_404(Ticket.objects.select_related("order"), ticket_id=ticket_id[:20])
+    return get_object_or_404(
+        Ticket.objects.select_related("order", "resolved_by"), ticket_id=ticket_id[:20]
+    )
 
 
 @require_GET

@@ -136,6 +136,14 @@ def test_closing_in_the_inbox_takes_the_note(seeded):
         "close",
         "called the customer, refund sent by hand",
     )
+    # the run named no ticket: the order's open ticket, the one it handed over, is resolved
+    # by the person who closed it in the inbox, and leaves the desk's open queue
+    ticket = Ticket.objects.get(ticket_id="T-1001")
+    assert (ticket.status, ticket.resolved_by.username) == ("resolved", "approver2")
+    queue = page.get("/tickets/?q=T-1001").content.decode()
+    assert 'data-ticket="T-1001"' not in queue
+    resolved = page.get("/tickets/?status=resolved").content.decode()
+    assert 'data-ticket="T-1001"' in resolved and "resolved by approver2" in resolved
 
 
 def test_webhooks_hear_of_the_handover_opened_and_closed(seeded):

@@ -132,6 +132,7 @@ def test_a_hand_over_ends_on_its_ticket(servers, people, browser):
     page.locator("#handover-close button[type=submit]").click()
     page.locator(".handover-closed").wait_for(timeout=WAIT_MS)
     assert "hand-over closed by approver" in page.locator("#ticket-state").inner_text()
+    assert page.locator("#ticket-status").inner_text() == "resolved by approver"
     closed = page.locator(".handover-closed").inner_text()
     assert "Closed by approver" in closed and "new lid sent" in closed
     conversation = page.locator("#conversation").inner_text()
@@ -142,4 +143,10 @@ def test_a_hand_over_ends_on_its_ticket(servers, people, browser):
     item.refresh_from_db()
     assert (item.status, item.decided_by) == ("resolved", people["approver"])
     assert OutboxMessage.objects.filter(ticket__ticket_id="T-1031", sent_by="approver").count() == 1
+    # the queue's open tickets leave it out; the resolved ones list it, with who resolved it
+    page.goto(f"{url}/tickets/?q=T-1031")
+    assert page.locator('tr[data-ticket="T-1031"]').count() == 0
+    page.goto(f"{url}/tickets/?status=resolved&q=T-1031")
+    row = page.locator('tr[data-ticket="T-1031"]').inner_text()
+    assert "resolved by approver" in row
     journey.check_csp()

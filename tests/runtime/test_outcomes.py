@@ -10,19 +10,30 @@ from __future__ import annotations
 import logging
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from agentruns.models import RunStatus
 from agentruns.registry import Agent, ToolContext, register_agent, tool
+from agentruns.registry.outcomes import HandoverClosed
 from agentruns.services import cancel_run, retry_run, start_run
+from approvals import services as decisions
 from approvals.models import Approval
-from tests.helpers import advance, events, script_run
+from tests.helpers import advance, events, make_user, script_run
 from tests.testkit import FAILS, script_policy
 
 
 @tool(handover=True)
 def o_hand_over(ctx: ToolContext, reason: str) -> dict:
     """Give the request to a person."""
+    return {"handed_over": True}
+
+
+HEARD: list[HandoverClosed] = []  # what `o_hand_over_heard`'s hook was told
+
+
+@tool(handover=True, handover_closed=HEARD.append)
+def o_hand_over_heard(ctx: ToolContext, reason: str) -> dict:
+    """Give the request to a person, and hear when they close it."""
     return {"handed_over": True}
 
 
@@ -55,6 +66,14 @@ register_agent(
         name="outcome-plain",
         instructions="Follow the script.",
         tools=["t_echo", "o_hand_over"],
+        scripted_policy=script_policy,
+    )
+)
+register_agent(
+    Agent(
+        name="outcome-heard",
+        instructions="Follow the script.",
+        tools=["o_hand_over_heard"],
         scripted_policy=script_policy,
     )
 )
@@ -123,6 +142,35 @@ def test_a_hook_wins_over_the_hand_over_default():
     assert Approval.objects.get(run=run).kind == "handover"  # the item opens all the same
 
 
+@pytest.mark.django_db
+def test_a_hand_over_tool_hears_its_close_in_the_closing_transaction(django_user_model):
+    HEARD.clear()
+    call = {"calls": [["o_hand_over_heard", {"reason": "not mine"}]]}
+    run = advance(script_run([call, {"text": "over"}], agent="outcome-heard", ticket_id="T-9"))
+    item = Approval.objects.get(run=run, kind="handover")
+    person = make_user(
+        django_user_model, "closer", ["approvals.view_approval", "approvals.decide_approval"]
+    )
+    assert HEARD == []  # opening it tells the tool nothing
+    with transaction.atomic():
+        decisions.close(item.id, user=person, internal_note="done by phone", reason="sorted")
+        assert len(HEARD) == 1  # inside the close's transaction
+    item.refresh_from_db()
+    assert HEARD == [
+        HandoverClosed(
+            run_id=run.id,
+            tool="o_hand_over_heard",
+            arguments={"reason": "not mine"},
+            run_input=run.input,
+            closed_by=person,
+            closed_at=item.decided_at,
+            reason="sorted",
+            internal_note="done by phone",
+        )
+    ]
+    assert run.input["ticket_id"] == "T-9"
+
+
 def test_declarations_are_checked_when_the_agent_registers():
     base = {"name": "outcome-bad", "instructions": "x", "scripted_policy": script_policy}
     with pytest.raises(ValueError, match="tone"):
@@ -133,6 +181,8 @@ def test_declarations_are_checked_when_the_agent_registers():
         register_agent(Agent(**base, outcome="refunded"))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="currency_arg"):
         tool(name="o_bad_currency", amount_arg="cents", currency_arg="cents")(_money)
+    with pytest.raises(ValueError, match="handover_closed"):  # only a hand-over is closed
+        tool(name="o_bad_close", handover_closed=HEARD.append)(_money)
 
 
 def _money(ctx: ToolContext, cents: int) -> dict:

@@ -19,6 +19,7 @@ from agentruns.models import OperationExecution, Run, RunStatus, Step
 from agentruns.services import start_run
 from approvals import services as decisions
 from approvals.models import Approval
+from support.agents import request_ticket
 from support.desk import actions
 from support.models import Order, OutboxMessage, Ticket
 from tests.helpers import ApiClient, advance
@@ -163,6 +164,82 @@ def test_a_handover_closed_through_the_api_shows_on_its_ticket(desk):
     html = ticket_page(signed_in(desk["approver"]))
     assert "hand-over closed by approver2" in html and "called her back" in html
     assert "waiting for a colleague" not in html
+    # whichever door closes it, the ticket is resolved by that person
+    ticket = Ticket.objects.get(ticket_id=TICKET)
+    assert (ticket.status, ticket.resolved_by) == ("resolved", desk["approver2"])
+    assert 'id="ticket-status">resolved by approver2<' in html
+
+
+def queue_rows(client: Client, query: str = "") -> dict[str, str]:
+    """The queue page's rows by ticket id (each row's HTML)."""
+    html = client.get(f"/tickets/{query}").content.decode()
+    rows = re.findall(r'<tr data-ticket="([^"]+)"(.*?)</tr>', html, flags=re.S)
+    return dict(rows)
+
+
+def test_closing_a_handover_resolves_its_ticket_out_of_the_open_queue(desk):
+    item = handed_over(desk["trainee"])
+    approver = desk["approver"]
+    page = signed_in(approver)
+    # (the seed's 50 tickets are two pages: the oldest, T-1001, is found by its number)
+    assert TICKET in queue_rows(page, f"?q={TICKET}")  # handed over, not finished: still open
+    page.post(f"/tickets/{TICKET}/handover/take/")
+    html = ticket_page(page)
+    page.post(
+        f"/tickets/{TICKET}/handover/reply/",
+        {"text": "Hi, a colleague refunded you.", "reply_token": token(html, "reply_token")},
+    )
+    closed = page.post(f"/tickets/{TICKET}/handover/close/", {"note": "refunded by phone"})
+    assert closed.status_code == 302
+
+    # the close and the ticket's status, written together: who resolved it and when
+    item.refresh_from_db()
+    ticket = Ticket.objects.get(ticket_id=TICKET)
+    assert (item.status, item.resolution) == ("resolved", "closed")
+    assert (ticket.status, ticket.resolved_by, ticket.resolved_at) == (
+        "resolved",
+        approver,
+        item.decided_at,
+    )
+
+    # the queue's open tickets leave it out; the resolved ones and every ticket show who did it
+    viewer = signed_in(desk["viewer"])
+    assert queue_rows(viewer, f"?q={TICKET}") == {}
+    assert "T-1050" in queue_rows(viewer)  # (the seed's other open tickets stay)
+    resolved = queue_rows(viewer, "?status=resolved")
+    assert list(resolved) == [TICKET]
+    assert '<span class="chip ticket-status">resolved by approver</span>' in resolved[TICKET]
+    assert "resolved by approver" in queue_rows(viewer, f"?status=any&q={TICKET}")[TICKET]
+    assert (
+        "Resolved tickets, newest first" in viewer.get("/tickets/?status=resolved").content.decode()
+    )
+    html = ticket_page(viewer)
+    assert 'id="ticket-status">resolved by approver<' in html
+    assert "hand-over closed by approver" in html and "refunded by phone" in html
+    # nothing on the page shows the status's field name or value as stored
+    assert "resolved_by" not in html
+
+    # the agent's "open ticket" of the order is no longer this one: a new request is
+    another = ApiClient(approver).post(
+        "/api/tickets", {"order_id": ORDER, "subject": "Another item", "body": "The lid too"}
+    )
+    assert another.status_code == 201
+    order = Order.objects.get(order_id=ORDER)
+    assert request_ticket(order).ticket_id == another.json()["ticket_id"]
+
+
+def test_a_close_that_cannot_resolve_its_ticket_closes_nothing(desk, monkeypatch):
+    item = handed_over(desk["trainee"])
+
+    def broken(self, **kwargs):
+        raise RuntimeError("the ticket could not be written")
+
+    monkeypatch.setattr(Ticket, "resolve", broken)
+    with pytest.raises(RuntimeError):
+        decisions.close(item.id, user=desk["approver"], internal_note="refunded by phone")
+    item.refresh_from_db()
+    assert item.status == "pending" and item.decided_by is None
+    assert Ticket.objects.get(ticket_id=TICKET).status == "open"
 
 
 def test_a_trainee_still_cannot_refund(desk):

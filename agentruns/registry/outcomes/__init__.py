@@ -16,12 +16,18 @@ runs, which may not refund): when the run ends, each of its successful calls ope
 item of kind `handover` (the runtime's inbox port), and without a hook of its own the run's
 outcome is `handed_over`. An agent without a hook and without a hand-over has no outcome: the
 engine cannot know what a generic run's work came to, and its status already says it ended.
+A hand-over tool may declare `handover_closed=fn`: when a person closes one of its items, `fn`
+is called with a `HandoverClosed` inside the transaction that closes it (its writes commit with
+the close, and its error undoes it), so the domain's own record of the request (the demo's
+ticket) says who finished it, whichever door closed it (the inbox, the API, the domain's page).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 HANDED_OVER = "handed_over"
@@ -30,6 +36,20 @@ TONES = ("positive", "negative", "attention", "neutral")
 ENGINE_OUTCOMES = {HANDED_OVER: "attention"}
 MAX_LENGTH = 40  # Run.outcome's
 _NAME = re.compile(rf"^[a-z][a-z0-9_]{{0,{MAX_LENGTH - 1}}}$")
+
+
+@dataclass(frozen=True)
+class HandoverClosed:
+    """A person closed a hand-over: what a tool's `handover_closed` hook is told."""
+
+    run_id: Any
+    tool: str
+    arguments: dict  # the hand-over call's arguments
+    run_input: dict  # the input of the run that handed over
+    closed_by: Any  # the user who closed it (None: nobody signed in)
+    closed_at: datetime
+    reason: str  # the words they gave for the record
+    internal_note: str  # staff's only
 
 
 class OutcomeError(ValueError):
