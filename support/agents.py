@@ -228,6 +228,12 @@ def review_of(approval: dict | None) -> dict:
 
 
 def _ticket_for(order_id: str, ticket_id: str | None) -> Ticket:
+    if ticket_id:  # the request named: it and its order in one query
+        named = Ticket.objects.select_related("order").filter(
+            ticket_id=ticket_id, order__order_id=order_id
+        )
+        if (found := named.first()) is not None:
+            return found
     order = Order.objects.filter(order_id=order_id).first()
     if order is None:
         raise FatalToolError(f"no order {order_id}")

@@ -22,7 +22,8 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connection
-from django.db.models import Sum
+from django.db.models import IntegerField, OuterRef, Subquery, Sum
+from django.db.models.functions import Coalesce
 
 from agentruns.models import OperationExecution, OperationState, Step
 from agentruns.registry import OverLimit
@@ -43,11 +44,6 @@ def refund_operation_key(args: dict) -> str:
     more). A call without a ticket has no key: the runtime refuses it (it could not be kept
     single)."""
     return refund_key(args["ticket_id"])
-
-
-def _refunded_cents(order_id: str) -> int:
-    total = GatewayRefund.objects.filter(order_id=order_id).aggregate(total=Sum("amount_cents"))
-    return int(total["total"] or 0)
 
 
 def _in_flight_cents(order_id: str, own_keys: list[str]) -> int:
@@ -73,22 +69,40 @@ def _in_flight_cents(order_id: str, own_keys: list[str]) -> int:
     return sum(a for a in amounts if isinstance(a, int) and not isinstance(a, bool))
 
 
+def _refunded_total() -> Subquery:
+    """What the gateway's ledger refunded of the outer order (0 for none)."""
+    ledger = (
+        GatewayRefund.objects.filter(order_id=OuterRef("order_id"))
+        .order_by()
+        .values("order_id")
+        .annotate(total=Sum("amount_cents"))
+        .values("total")
+    )
+    return Coalesce(Subquery(ledger, output_field=IntegerField()), 0)
+
+
 def refund_limit(args: dict) -> OverLimit | None:
     """Over the limit when this refund, the order's earlier ones and the ones in flight for its
     other requests exceed what was paid; a ticket of another order is refused here too (its key
-    would be another customer's request). An unknown order is the gateway's to refuse."""
+    would be another customer's request). An unknown order is the gateway's to refuse. The
+    order, its ticket's order and its refunded total are one statement (this runs in every
+    refund's "before" commit)."""
     order_id, amount = args.get("order_id"), args.get("amount_cents")
-    orders = Order.objects.filter(order_id=order_id)
+    ticket_id = args.get("ticket_id")
+    orders = Order.objects.filter(order_id=order_id).annotate(refunded=_refunded_total())
+    if "ticket_id" in args and isinstance(ticket_id, str):
+        tickets = Ticket.objects.filter(ticket_id=ticket_id).values("order__order_id")[:1]
+        orders = orders.annotate(ticket_order=Subquery(tickets))
     if connection.in_atomic_block:  # the order's refunds are checked one call at a time
         orders = orders.select_for_update()
     order = orders.first()
     if order is None or not isinstance(amount, int):
         return None
     if "ticket_id" in args:
-        refused = _other_orders_ticket(order, args["ticket_id"])
+        refused = _other_orders_ticket(order, ticket_id, getattr(order, "ticket_order", None))
         if refused is not None:
             return refused
-    refunded = _refunded_cents(order.order_id)
+    refunded = int(order.refunded)
     own = [refund_key(order.order_id)]
     if isinstance(args.get("ticket_id"), str):
         own.append(refund_key(args["ticket_id"]))
@@ -116,12 +130,9 @@ def refund_limit(args: dict) -> OverLimit | None:
     )
 
 
-def _other_orders_ticket(order: Order, ticket_id: object) -> OverLimit | None:
-    ticket_order = (
-        Ticket.objects.filter(ticket_id=ticket_id).values_list("order__order_id", flat=True).first()
-        if isinstance(ticket_id, str)
-        else None
-    )
+def _other_orders_ticket(
+    order: Order, ticket_id: object, ticket_order: str | None
+) -> OverLimit | None:
     if ticket_order == order.order_id:
         return None
     where = f"is about order {ticket_order}" if ticket_order else "does not exist"
