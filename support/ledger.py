@@ -22,8 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connection
-from django.db.models import IntegerField, OuterRef, Subquery, Sum
-from django.db.models.functions import Coalesce
+from django.db.models import Subquery
 
 from agentruns.models import OperationExecution, OperationState, Step
 from agentruns.registry import OverLimit
@@ -46,50 +45,51 @@ def refund_operation_key(args: dict) -> str:
     return refund_key(args["ticket_id"])
 
 
-def _in_flight_cents(order_id: str, own_keys: list[str]) -> int:
-    """What the order's other requests are refunding right now: calls holding a refund key
-    (being made, retried, or of unknown outcome) whose refund the gateway has not recorded yet.
-    Few rows: one per refund in flight anywhere. `own_keys`: the call's own key (the limit is
-    checked while the call holds it), and the order's own (a tool keyed per order)."""
+def _in_flight_and_refunded(order_id: str, own_keys: list[str]) -> tuple[int, int]:
+    """What the order's other requests are refunding right now, and what the gateway's ledger
+    refunded of it. In flight: calls holding a refund key (being made, retried, or of unknown
+    outcome) whose refund the ledger has not recorded. Few rows: one per refund in flight
+    anywhere. `own_keys`: the call's own key (the limit is checked while the call holds it), and
+    the order's own (a tool keyed per order).
+
+    Read in this order, in two statements after the order's lock: the keys in flight first,
+    then the ledger. A refund the gateway records in between is in the ledger, so it is counted
+    there and not in flight; read the other way round, it would be counted in neither."""
     held = OperationExecution.objects.filter(
         state=OperationState.HELD, key__startswith=KEY_PREFIX
     ).exclude(key__in=own_keys)
-    steps = Step.objects.filter(
-        id__in=held.values("step_id"), arguments__order_id=order_id
-    ).values_list("idempotency_key", "arguments")
-    rows = list(steps)
-    if not rows:
-        return 0
-    recorded = set(
-        GatewayRefund.objects.filter(idempotency_key__in=[key for key, _ in rows]).values_list(
-            "idempotency_key", flat=True
+    in_flight = list(
+        Step.objects.filter(
+            id__in=held.values("step_id"), arguments__order_id=order_id
+        ).values_list("idempotency_key", "arguments")
+    )
+    ledger = list(
+        GatewayRefund.objects.filter(order_id=order_id).values_list(
+            "idempotency_key", "amount_cents"
         )
     )
-    amounts = (args.get("amount_cents") for key, args in rows if key not in recorded)
-    return sum(a for a in amounts if isinstance(a, int) and not isinstance(a, bool))
-
-
-def _refunded_total() -> Subquery:
-    """What the gateway's ledger refunded of the outer order (0 for none)."""
-    ledger = (
-        GatewayRefund.objects.filter(order_id=OuterRef("order_id"))
-        .order_by()
-        .values("order_id")
-        .annotate(total=Sum("amount_cents"))
-        .values("total")
-    )
-    return Coalesce(Subquery(ledger, output_field=IntegerField()), 0)
+    refunded = sum(amount for _, amount in ledger)
+    recorded = {key for key, _ in ledger}
+    unrecorded = [key for key, _ in in_flight if key not in recorded]
+    if unrecorded:  # recorded under another order id: recorded all the same
+        recorded |= set(
+            GatewayRefund.objects.filter(idempotency_key__in=unrecorded).values_list(
+                "idempotency_key", flat=True
+            )
+        )
+    amounts = (args.get("amount_cents") for key, args in in_flight if key not in recorded)
+    return sum(a for a in amounts if isinstance(a, int) and not isinstance(a, bool)), refunded
 
 
 def refund_limit(args: dict) -> OverLimit | None:
     """Over the limit when this refund, the order's earlier ones and the ones in flight for its
     other requests exceed what was paid; a ticket of another order is refused here too (its key
     would be another customer's request). An unknown order is the gateway's to refuse. The
-    order, its ticket's order and its refunded total are one statement (this runs in every
-    refund's "before" commit)."""
+    order is read with its ticket's order in one statement (this runs in every refund's
+    "before" commit)."""
     order_id, amount = args.get("order_id"), args.get("amount_cents")
     ticket_id = args.get("ticket_id")
-    orders = Order.objects.filter(order_id=order_id).annotate(refunded=_refunded_total())
+    orders = Order.objects.filter(order_id=order_id)
     if "ticket_id" in args and isinstance(ticket_id, str):
         tickets = Ticket.objects.filter(ticket_id=ticket_id).values("order__order_id")[:1]
         orders = orders.annotate(ticket_order=Subquery(tickets))
@@ -102,11 +102,10 @@ def refund_limit(args: dict) -> OverLimit | None:
         refused = _other_orders_ticket(order, ticket_id, getattr(order, "ticket_order", None))
         if refused is not None:
             return refused
-    refunded = int(order.refunded)
     own = [refund_key(order.order_id)]
     if isinstance(args.get("ticket_id"), str):
         own.append(refund_key(args["ticket_id"]))
-    in_flight = _in_flight_cents(order.order_id, own)
+    in_flight, refunded = _in_flight_and_refunded(order.order_id, own)
     total = refunded + in_flight + amount
     if total <= order.amount_cents:
         return None
