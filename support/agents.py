@@ -120,10 +120,11 @@ def lookup_order(order_id: str, ticket_id: str | None = None) -> dict:
     """Look up an order and the customer's request (its ticket; default: the order's open
     ticket): customer, amount, currency, item, status; the order's refunds so far, what is left
     to refund, and the refund this request already had, if any."""
-    order = Order.objects.filter(order_id=order_id).first()
+    ticket = _open_request(order_id, ticket_id)
+    order = ticket.order if ticket is not None else Order.objects.filter(order_id=order_id).first()
     if order is None:
         return {"found": False, "order_id": order_id}
-    ticket = request_ticket(order, ticket_id)
+    ticket = ticket or request_ticket(order, ticket_id)
     if ticket is None:
         return {
             "found": False,
@@ -227,13 +228,18 @@ def review_of(approval: dict | None) -> dict:
     return review
 
 
+def _open_request(order_id: str, ticket_id: str | None) -> Ticket | None:
+    """The request `request_ticket` finds in its common cases, with its order, in one query:
+    the ticket named, else the order's open one (None: look the long way)."""
+    tickets = Ticket.objects.select_related("order").filter(order__order_id=order_id)
+    if ticket_id:
+        return tickets.filter(ticket_id=ticket_id).first()
+    return tickets.filter(status=TicketStatus.OPEN).order_by("id").first()
+
+
 def _ticket_for(order_id: str, ticket_id: str | None) -> Ticket:
-    if ticket_id:  # the request named: it and its order in one query
-        named = Ticket.objects.select_related("order").filter(
-            ticket_id=ticket_id, order__order_id=order_id
-        )
-        if (found := named.first()) is not None:
-            return found
+    if (found := _open_request(order_id, ticket_id)) is not None:
+        return found
     order = Order.objects.filter(order_id=order_id).first()
     if order is None:
         raise FatalToolError(f"no order {order_id}")
