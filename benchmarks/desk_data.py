@@ -129,9 +129,26 @@ def insert_desk(tickets: int, runs: int, seed: int = 34) -> dict[str, Any]:
                     index=index,
                     kind=kind,
                     tool=tool,
-                    arguments={"order_id": order.order_id, "amount_cents": order.amount_cents}
+                    # what the demo agent's calls carry (support/agents.py): a refund names its
+                    # request and says why, and the lookup answers the order's facts
+                    arguments={
+                        "order_id": order.order_id,
+                        "ticket_id": ticket_id,
+                        "amount_cents": order.amount_cents,
+                        "reason": "The customer says the item arrived broken.",
+                    }
                     if tool == "issue_refund"
                     else {"order_id": order.order_id},
+                    result={
+                        "found": True,
+                        "order_id": order.order_id,
+                        "customer_name": order.customer_name,
+                        "amount_cents": order.amount_cents,
+                        "currency": order.currency,
+                        "ticket_id": ticket_id,
+                    }
+                    if tool == "lookup_order"
+                    else None,
                     idempotency_key=uuid.uuid4().hex,
                     created_at=created,
                     status="succeeded",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from agentruns.runtime.values.money import major_text
@@ -31,11 +32,12 @@ class FormField:
     # the tool's amount, shown and typed in this currency's major unit ("12.50")
     currency: str = ""
 
-    @property
+    # read several times a card (the label, the input, its data-original): computed once
+    @cached_property
     def label(self) -> str:
         return argument_label(self.name)
 
-    @property
+    @cached_property
     def input_value(self) -> str:
         if self.type in ("object", "array"):
             return json.dumps(self.value, ensure_ascii=False)

@@ -16,7 +16,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db.models import F, Q, Window
 from django.db.models.functions import RowNumber
@@ -155,7 +155,15 @@ class Card:
         return self.not_made_label.split(":", 1)[0]
 
 
-def _context_steps(approvals: list[Approval]) -> dict[Any, list[Step]]:
+class EarlierStep(NamedTuple):
+    """A step before the parked one, as a card reads it."""
+
+    kind: str
+    text: str
+    result: Any
+
+
+def _context_steps(approvals: list[Approval]) -> dict[Any, list[EarlierStep]]:
     """Up to CONTEXT_STEPS steps before each parked step, newest first, in ONE query."""
     if not approvals:
         return {}
@@ -175,12 +183,14 @@ def _context_steps(approvals: list[Approval]) -> dict[Any, list[Step]]:
             recent=Window(RowNumber(), partition_by=[F("run_id")], order_by=F("index").desc())
         )
         .filter(recent__lte=CONTEXT_STEPS)
-        .only("run_id", "index", "kind", "tool", "text", "result", "status")
         .order_by("run_id", "-index")
+        .values_list("run_id", "kind", "text", "result")
     )
-    by_run: dict[Any, list[Step]] = defaultdict(list)
-    for step in rows:
-        by_run[step.run_id].append(step)
+    # plain rows, not models: a page reads up to 300 of them, and a model each cost more to
+    # build than the query took
+    by_run: dict[Any, list[EarlierStep]] = defaultdict(list)
+    for run_id, kind, text, result in rows:
+        by_run[run_id].append(EarlierStep(kind, text, result))
     return by_run
 
 
@@ -214,7 +224,7 @@ def build_cards(approvals: Iterable[Approval]) -> list[Card]:
 
 
 def _safe_card(
-    approval: Approval, earlier: list[Step], attempt: StepAttempt | None, across: dict | None
+    approval: Approval, earlier: list[EarlierStep], attempt: StepAttempt | None, across: dict | None
 ) -> Card:
     """One item's card; an item the deployed code cannot read (a tool whose schema or edit policy
     changed under its parked arguments) gets a plain card saying so: one bad row never breaks
@@ -272,7 +282,7 @@ def _amount(approval: Approval, money: Money | None) -> int | None:
 
 
 def _card(
-    approval: Approval, earlier: list[Step], attempt: StepAttempt | None, across: dict | None
+    approval: Approval, earlier: list[EarlierStep], attempt: StepAttempt | None, across: dict | None
 ) -> Card:
     run = approval.run
     hidden = approval.hidden_fields
