@@ -46,6 +46,18 @@ from agentruns.models import ResumePoint, StepStatus
 from agentruns.runtime.engine.slice import SliceState
 
 RUN_USAGE = TypeAdapter(RunUsage)
+# what a newer point of a run replaces of its older one
+POINT_FIELDS = [
+    "model_step",
+    "models_seen",
+    "entries_seen",
+    "waits_seen",
+    "run_step",
+    "thread_turn",
+    "messages",
+    "usage",
+    "updated_at",
+]
 
 
 @dataclass(slots=True)
@@ -92,18 +104,21 @@ def store(state: SliceState) -> None:
         messages = ModelMessagesTypeAdapter.dump_json(mark.messages).decode()
     except ValueError:  # text JSON cannot hold (a lone surrogate): the older point stays
         return
-    ResumePoint.objects.update_or_create(
+    point = ResumePoint(
         run_id=state.run_id,
-        defaults={
-            "model_step": answered.id,
-            "models_seen": mark.position,
-            "entries_seen": mark.entries_seen,
-            "waits_seen": mark.waits_seen,
-            "run_step": mark.run_step,
-            "thread_turn": state.thread_turn,
-            "messages": messages,
-            "usage": mark.usage,
-        },
+        model_step=answered.id,
+        models_seen=mark.position,
+        entries_seen=mark.entries_seen,
+        waits_seen=mark.waits_seen,
+        run_step=mark.run_step,
+        thread_turn=state.thread_turn,
+        messages=messages,
+        usage=mark.usage,
+    )
+    # one INSERT ... ON CONFLICT DO UPDATE: `update_or_create` first read the run's older point
+    # back (SELECT ... FOR UPDATE), its whole history with it, at every slice's end
+    ResumePoint.objects.bulk_create(
+        [point], update_conflicts=True, unique_fields=["run"], update_fields=POINT_FIELDS
     )
     state.resume_stored = True
 
