@@ -10,6 +10,7 @@ more queries per page, plus the tools' own reads).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import uuid
@@ -145,6 +146,20 @@ class Card:
         labels = [f"the {f.label.lower()}" for f in self.fields if f.editable]
         return " or ".join([", ".join(labels[:-1]), labels[-1]] if len(labels) > 1 else labels)
 
+    # the card's two largest parts are cached by everything they show (`_item.html`): the
+    # same for every viewer, so each is rendered once per change, not once per page and person
+    @property
+    def fields_fingerprint(self) -> str:
+        """The edit form's inputs: the item's id and its fields."""
+        return _fingerprint((self.approval.id, self.fields))
+
+    @property
+    def call_fingerprint(self) -> str:
+        """The call as the agent made it: its rows, tool, step, run and operation key."""
+        a = self.approval
+        key = self.context_view.key if self.context_view is not None else None
+        return _fingerprint((self.rows, self.args, a.tool, a.step.index, a.run_id, key))
+
     @property
     def is_handover(self) -> bool:
         return self.approval.kind == ApprovalKind.HANDOVER
@@ -161,6 +176,10 @@ class EarlierStep(NamedTuple):
     kind: str
     text: str
     result: Any
+
+
+def _fingerprint(shown: Any) -> str:
+    return hashlib.blake2b(repr(shown).encode(errors="surrogatepass"), digest_size=16).hexdigest()
 
 
 def _context_steps(approvals: list[Approval]) -> dict[Any, list[EarlierStep]]:
