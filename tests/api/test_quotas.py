@@ -22,6 +22,7 @@ from approvals.models import Approval, ApprovalStatus
 from tests.approvals.kit import bulk_pending, login
 from tests.helpers import ApiClient, assert_json_error, make_user, race
 from tests.procs import base_env, manage, sqlite_env, start_web
+from tests.sqlite_templates import migrated_sqlite
 
 REFUND_INPUT = {"order_id": "ORD-1001", "message": "The blender arrived broken"}
 STARTER = ["agentruns.view_run", "agentruns.start_run"]
@@ -160,7 +161,7 @@ def test_the_in_flight_cap_is_exact_on_sqlite_too(tmp_path):
         **sqlite_env(tmp_path / "db.sqlite3", "http://127.0.0.1:1"),
         AGENTRUNS_RUNS_IN_FLIGHT_PER_USER=5,
     )
-    manage(env, "migrate", "--noinput", "-v0")
+    migrated_sqlite(tmp_path / "db.sqlite3")
     out = manage(env, "shell", "-c", IN_FLIGHT_RACE).strip().splitlines()[-1]
     assert out == "['refused', 'started'] 5 5", out
 
@@ -236,7 +237,7 @@ def test_agent_inputs_refuse_extra_keys_and_huge_values(api):
 def test_the_bucket_is_one_statement_on_sqlite_too(tmp_path):
     """The embedded default: the same UPSERT on SQLite (its own clock expression, MIN/MAX)."""
     env = base_env(**sqlite_env(tmp_path / "db.sqlite3", "http://127.0.0.1:1"))
-    manage(env, "migrate", "--noinput", "-v0")
+    migrated_sqlite(tmp_path / "db.sqlite3")
     code = (
         "from agentruns.runtime.access.quotas import take; import time\n"
         "first = [take('start:1', burst=3, per_second=2) for _ in range(4)]\n"
