@@ -75,13 +75,19 @@ def remove_template_dir() -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def run_template_dir() -> Path:
+    """This run's directory of templates (the suite's main process names it; outside a suite
+    run, this process makes one of its own and removes it at exit)."""
+    if not os.environ.get(TEMPLATE_DIR_VAR):
+        share_template_dir()
+        atexit.register(remove_template_dir)
+    return Path(os.environ[TEMPLATE_DIR_VAR])
+
+
 def template_cluster() -> tuple[Path, str]:
     """The template's data directory (a cleanly stopped server) and the lead's API token in its
     seeded database; built on the first call of the run (the other processes wait for it)."""
-    if not os.environ.get(TEMPLATE_DIR_VAR):  # outside the suite's main process: its own
-        share_template_dir()
-        atexit.register(remove_template_dir)
-    root = Path(os.environ[TEMPLATE_DIR_VAR])
+    root = run_template_dir()
     with open(root / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (root / "token").exists():

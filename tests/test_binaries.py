@@ -22,8 +22,12 @@ def pytest_without(programs: str, ci: str, tmp_path: Path) -> subprocess.Complet
     env.update({"TESTS_HIDE_BINARIES": programs, "CI": ci})
     # its own database (SQLite, in memory for tests): never this suite's PostgreSQL test database
     env.update({"DATABASE_URL": "", "SQLITE_PATH": str(tmp_path / "db.sqlite3")})
+    # without the property-testing plugins: these tests use neither, and importing them was more
+    # than half of this pytest's CPU
+    plugins_left_out = ["-p", "no:hypothesispytest", "-p", "no:schemathesis"]
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rsf", "-n", "0", "-p", "no:cacheprovider"]
+        + plugins_left_out
         + NEEDING,
         cwd=ROOT,
         env=env,

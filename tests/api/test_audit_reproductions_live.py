@@ -8,6 +8,7 @@ parks for approval, REFUND_APPROVAL_THRESHOLD_CENTS=0), on the demo's seeded dat
 - The out-of-scope refund: a thread whose first run was about ORD-1050 (stopped), then a run in
   it for ORD-1039: the refund of ORD-1050 the history suggests is refused, never parked.
 - The trainee's priority: 403 naming the permission, nothing started.
+The tests share the module's daphne and worker; each has its own seeded data and runs.
 (150 guessed hook tokens meeting a bound: tests/api/test_quotas.py, across two web processes.)
 """
 
@@ -21,13 +22,20 @@ import pytest
 from agentruns.models import Run, RunStatus, ThreadTurn
 from agentruns.tokens import create_token
 from approvals.models import Approval
-from tests.procs import start_web, start_worker, wait_until
+from tests.procs import module_web_and_worker, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ENV = {"REFUND_APPROVAL_THRESHOLD_CENTS": 0}  # every refund parks for an approver
 # the namespace `"thread": true` derived ids in, as the source said: what the audit predicted
 LEGACY_NAMESPACE = uuid.UUID("6f1d5c52-3f0e-4f55-9d3c-2a7c4b8e9a10")
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory, django_db_setup, django_db_blocker):
+    """The module's daphne (the API, the refund gateway) and a worker beside it."""
+    with module_web_and_worker(tmp_path_factory, django_db_blocker, **ENV) as (base_url, _):
+        yield base_url
 
 
 def client_of(url: str, username: str, django_user_model) -> httpx.Client:
@@ -53,9 +61,7 @@ def refunds_asked(**filters) -> list[dict]:
     return [a.step.arguments for a in items.select_related("step")]
 
 
-def test_the_predicted_thread_takeover(tmp_path, procs, seeded, django_user_model):
-    web, url = start_web(tmp_path, **ENV)
-    procs.extend([web, start_worker(tmp_path, name="takeover", **ENV)])
+def test_the_predicted_thread_takeover(url, seeded, django_user_model):
     trainee = client_of(url, "trainee", django_user_model)
     approver = client_of(url, "approver", django_user_model)
     approver_pk = django_user_model.objects.get(username="approver").pk
@@ -100,9 +106,7 @@ def test_the_predicted_thread_takeover(tmp_path, procs, seeded, django_user_mode
     )
 
 
-def test_the_out_of_scope_refund(tmp_path, procs, seeded, django_user_model):
-    web, url = start_web(tmp_path, **ENV)
-    procs.extend([web, start_worker(tmp_path, name="scope", **ENV)])
+def test_the_out_of_scope_refund(url, seeded, django_user_model):
     lead = client_of(url, "lead", django_user_model)
 
     first = lead.post(
@@ -139,9 +143,7 @@ def test_the_out_of_scope_refund(tmp_path, procs, seeded, django_user_model):
     assert all("outside this run's scope" in s["error"] for s in refused), refused
 
 
-def test_the_trainees_priority(tmp_path, procs, seeded, django_user_model):
-    web, url = start_web(tmp_path)
-    procs.append(web)
+def test_the_trainees_priority(url, seeded, django_user_model):
     trainee = client_of(url, "trainee", django_user_model)
     order = {"order_id": "ORD-1001", "message": "refund please"}
     refused = trainee.post("/api/runs", json={"agent": "refund", "input": order, "priority": 100})

@@ -3,7 +3,8 @@ the cap on runs in flight, the decision bucket, and agent inputs (extra keys, a 
 key).
 
 The burst test drives two real daphne processes on the test database with bearer tokens: a
-bucket per process would let each grant its own 100."""
+bucket per process would let each grant its own 100. The two are the module's (`two_webs`), shared
+with the hook test; each test's user has buckets of its own."""
 
 from __future__ import annotations
 
@@ -21,35 +22,38 @@ from agentruns.tokens import create_token
 from approvals.models import Approval, ApprovalStatus
 from tests.approvals.kit import bulk_pending, login
 from tests.helpers import ApiClient, assert_json_error, make_user, race
-from tests.procs import base_env, manage, sqlite_env, start_web
+from tests.procs import base_env, manage, module_web, sqlite_env
+from tests.sqlite_templates import migrated_sqlite
 
 REFUND_INPUT = {"order_id": "ORD-1001", "message": "The blender arrived broken"}
 STARTER = ["agentruns.view_run", "agentruns.start_run"]
 
 
+@pytest.fixture(scope="module")
+def two_webs(tmp_path_factory, django_db_setup, django_db_blocker):
+    """Two daphne processes on the test database: the default start burst (100) with a slow
+    refill, so what a burst's own duration refills is small."""
+    env = {"AGENTRUNS_START_PER_SECOND": "0.5"}
+    with module_web(tmp_path_factory, django_db_blocker, **env) as first:
+        with module_web(tmp_path_factory, django_db_blocker, **env) as second:
+            yield first, second
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_burst_of_100_passes_and_the_rest_get_429_across_two_web_processes(
-    tmp_path, django_user_model
+    two_webs, django_user_model
 ):
     trainee = make_user(django_user_model, "trainee", STARTER)
     token = create_token(trainee)
-    # the default burst (100); a slow refill, so what the burst's own duration refills is small
-    env = {"AGENTRUNS_START_PER_SECOND": "0.5"}
-    web1, url1 = start_web(tmp_path, **env)
-    web2, url2 = start_web(tmp_path, **env)
-    try:
-        clients = [httpx.Client(base_url=u, timeout=60) for u in (url1, url2)]
-        auth = {"Authorization": f"Bearer {token}"}
+    clients = [httpx.Client(base_url=u, timeout=60) for u in two_webs]
+    auth = {"Authorization": f"Bearer {token}"}
 
-        def start(n: int) -> httpx.Response:
-            body = {"agent": "refund", "input": {"order_id": f"ORD-{1001 + n % 50}"}}
-            return clients[n % 2].post("/api/runs", json=body, headers=auth)
+    def start(n: int) -> httpx.Response:
+        body = {"agent": "refund", "input": {"order_id": f"ORD-{1001 + n % 50}"}}
+        return clients[n % 2].post("/api/runs", json=body, headers=auth)
 
-        with ThreadPoolExecutor(16) as pool:
-            answers = list(pool.map(start, range(140)))
-    finally:
-        web1.kill()
-        web2.kill()
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(start, range(140)))
     statuses = [a.status_code for a in answers]
     assert set(statuses) <= {201, 429}, [a.text for a in answers if a.status_code not in (201, 429)]
     granted = statuses.count(201)
@@ -160,7 +164,7 @@ def test_the_in_flight_cap_is_exact_on_sqlite_too(tmp_path):
         **sqlite_env(tmp_path / "db.sqlite3", "http://127.0.0.1:1"),
         AGENTRUNS_RUNS_IN_FLIGHT_PER_USER=5,
     )
-    manage(env, "migrate", "--noinput", "-v0")
+    migrated_sqlite(tmp_path / "db.sqlite3")
     out = manage(env, "shell", "-c", IN_FLIGHT_RACE).strip().splitlines()[-1]
     assert out == "['refused', 'started'] 5 5", out
 
@@ -236,7 +240,7 @@ def test_agent_inputs_refuse_extra_keys_and_huge_values(api):
 def test_the_bucket_is_one_statement_on_sqlite_too(tmp_path):
     """The embedded default: the same UPSERT on SQLite (its own clock expression, MIN/MAX)."""
     env = base_env(**sqlite_env(tmp_path / "db.sqlite3", "http://127.0.0.1:1"))
-    manage(env, "migrate", "--noinput", "-v0")
+    migrated_sqlite(tmp_path / "db.sqlite3")
     code = (
         "from agentruns.runtime.access.quotas import take; import time\n"
         "first = [take('start:1', burst=3, per_second=2) for _ in range(4)]\n"
@@ -248,27 +252,21 @@ def test_the_bucket_is_one_statement_on_sqlite_too(tmp_path):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_150_guessed_hook_tokens_meet_a_bound_across_two_web_processes(tmp_path, django_user_model):
+def test_150_guessed_hook_tokens_meet_a_bound_across_two_web_processes(two_webs, django_user_model):
     """The audit's 150 concurrent `POST /api/hooks/<random token>` as a user with
     `resolve_hook` got 150 x 404. Spread over two real daphne processes they now meet the
     sender's bucket (shared by both through the database): the default burst of 30 answers 404,
     the rest 429 with Retry-After, whichever process took them."""
     bot = make_user(django_user_model, "carrier-bot", ["agentruns.resolve_hook"])
     token = create_token(bot)
-    web1, url1 = start_web(tmp_path)
-    web2, url2 = start_web(tmp_path)
-    try:
-        clients = [httpx.Client(base_url=u, timeout=60) for u in (url1, url2)]
-        auth = {"Authorization": f"Bearer {token}"}
+    clients = [httpx.Client(base_url=u, timeout=60) for u in two_webs]
+    auth = {"Authorization": f"Bearer {token}"}
 
-        def guess(n: int) -> httpx.Response:
-            return clients[n % 2].post(f"/api/hooks/guess-{n:04d}", json={}, headers=auth)
+    def guess(n: int) -> httpx.Response:
+        return clients[n % 2].post(f"/api/hooks/guess-{n:04d}", json={}, headers=auth)
 
-        with ThreadPoolExecutor(16) as pool:
-            answers = list(pool.map(guess, range(150)))
-    finally:
-        web1.kill()
-        web2.kill()
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(guess, range(150)))
     statuses = [a.status_code for a in answers]
     assert set(statuses) <= {404, 429}, [a.text for a in answers if a.status_code not in (404, 429)]
     looked_up = statuses.count(404)

@@ -1,6 +1,7 @@
 """What the browser tests share: a password the server can check and signing in
 (`logged_in_page`); for the journeys, a signed-in page that watches the Content Security Policy,
-screenshots saved as test artifacts, and the servers of one journey.
+screenshots saved as test artifacts, the servers of one journey, and a run page followed to the
+run's end.
 
 Every journey's page records CSP violations (the `securitypolicyviolation` event and the
 console's messages) and the policy header of every document it loads; `Journey.check_csp()`
@@ -19,6 +20,7 @@ import pytest
 from django.conf import global_settings
 from django.contrib.auth.hashers import make_password
 
+from agentruns.models import Run, Step
 from tests.procs import ROOT, wait_until
 
 ARTIFACTS = ROOT / "var" / "test-artifacts" / "e2e"
@@ -179,3 +181,33 @@ def parked(run: Any, kind: str = "approval") -> Any:
         timeout=120,
         message="the run to park in the inbox",
     )
+
+
+def settled(run_id: Any) -> Run | None:
+    """The run's row once it is terminal, else None."""
+    run = Run.objects.get(id=run_id)
+    return run if run.is_terminal else None
+
+
+def watch_run_page_to_the_end(journey: Journey, run: Run) -> Run:
+    """The run page (open in `journey`) follows the run to its end: every model turn whole and
+    in order, the output, the status and every step's final status as the database has them."""
+    page = journey.page
+    page.wait_for_selector("#conn[data-state=finished]", timeout=WAIT_MS)
+    done = wait_until(lambda: settled(run.id), timeout=60, message="the run to end")
+    turns = page.eval_on_selector_all("#live-text .turn", "els => els.map(e => e.textContent)")
+    texts = list(
+        Step.objects.filter(run=done, kind="model").order_by("index").values_list("text", flat=True)
+    )
+    assert turns == texts  # every turn whole, once, in order
+    assert page.inner_text("#run-output").strip() == done.output.strip()
+    assert page.inner_text("#run-status") == done.status
+    # the step table follows in place: every step, each with its final status
+    statuses = list(done.steps.order_by("index").values_list("status", flat=True))
+    page.wait_for_function(
+        """expected => JSON.stringify([...document.querySelectorAll('#steps tr[id^=step-] .chip')]
+            .map(chip => chip.textContent.trim())) === JSON.stringify(expected)""",
+        arg=statuses,
+        timeout=WAIT_MS,
+    )
+    return done

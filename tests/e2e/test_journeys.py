@@ -3,46 +3,39 @@ PostgreSQL, with the Content Security Policy checked on every page each journey 
 
 1. an approver lowers a refund in the inbox and watches the run page stream to the end;
 2. an approver rejects one, and the customer's reply (on the run page) gives the reason;
-3. the lead finds a failed run in the list, reads why, retries it once the gateway is back;
-4. the web server restarts while a run page is open: the page reconnects, the text is whole;
-5. hostile text in every field a customer or the model controls: shown as text, no script runs;
-6. every page of the app sends the policy header and nothing on it is blocked.
+3. hostile text in every field a customer or the model controls: shown as text, no script runs;
+4. every page of the app sends the policy header and nothing on it is blocked.
 
-Each journey saves screenshots of its key screens under var/test-artifacts/e2e/.
+They share one daphne and one worker (`web`); the journeys through a server's outage, which
+start servers of their own, are in test_journeys_outages.py (a worker of this module's would
+take their runs). Each journey saves screenshots of its key screens under
+var/test-artifacts/e2e/.
 """
 
 from __future__ import annotations
 
-import threading
-
 import httpx
 import pytest
-from django.db import connections
 
 from agentruns.models import Run, RunStatus, Step
 from agentruns.runtime.values.money import format_cents, major_text
 from agentruns.services import start_run
 from approvals.models import Approval
 from support.models import Order, OutboxMessage
-from tests.e2e.kit import WAIT_MS, Journey, browser_marks
-from tests.procs import free_port, start_web, start_worker, wait_until
+from tests.e2e.kit import WAIT_MS, Journey, browser_marks, settled, watch_run_page_to_the_end
+from tests.procs import module_web_and_worker, wait_until
 
 pytestmark = browser_marks()
 
-
-@pytest.fixture
-def procs():
-    started: list = []
-    yield started
-    for proc in started:
-        proc.kill()
-    # Playwright's sync API runs an event loop in this thread: close this thread's connection
-    connections.close_all()
+# every refund parks in the inbox; the model streams slowly enough to watch (15 ms a token)
+ENV = {"REFUND_APPROVAL_THRESHOLD_CENTS": 0, "SCRIPTED_MODEL_DELAY_MS": 15}
 
 
-def settled(run_id) -> Run | None:
-    run = Run.objects.get(id=run_id)
-    return run if run.is_terminal else None
+@pytest.fixture(scope="module")
+def web(tmp_path_factory, django_db_setup, django_db_blocker):
+    """One daphne (the pages, the API, the refund gateway) and one worker for the module."""
+    with module_web_and_worker(tmp_path_factory, django_db_blocker, **ENV) as (url, _):
+        yield url
 
 
 def approval_for(run: Run) -> Approval:
@@ -51,33 +44,8 @@ def approval_for(run: Run) -> Approval:
     )
 
 
-def watch_run_page_to_the_end(journey: Journey, run: Run) -> Run:
-    page = journey.page
-    page.wait_for_selector("#conn[data-state=finished]", timeout=WAIT_MS)
-    done = wait_until(lambda: settled(run.id), timeout=60, message="the run to end")
-    turns = page.eval_on_selector_all("#live-text .turn", "els => els.map(e => e.textContent)")
-    texts = list(
-        Step.objects.filter(run=done, kind="model").order_by("index").values_list("text", flat=True)
-    )
-    assert turns == texts  # every turn whole, once, in order
-    assert page.inner_text("#run-output").strip() == done.output.strip()
-    assert page.inner_text("#run-status") == done.status
-    # the step table follows in place: every step, each with its final status
-    statuses = list(done.steps.order_by("index").values_list("status", flat=True))
-    page.wait_for_function(
-        """expected => JSON.stringify([...document.querySelectorAll('#steps tr[id^=step-] .chip')]
-            .map(chip => chip.textContent.trim())) === JSON.stringify(expected)""",
-        arg=statuses,
-        timeout=WAIT_MS,
-    )
-    return done
-
-
-def card_in_the_inbox(tmp_path, browser, procs, name: str, order_id: str, message: str, **env):
-    """Servers up, the approver in the inbox, a refund run started: its card, once it shows."""
-    env = {"REFUND_APPROVAL_THRESHOLD_CENTS": 0, **env}
-    web, url = start_web(tmp_path, **env)
-    procs += [web, start_worker(tmp_path, REFUND_GATEWAY_URL=url + "/gateway", **env)]
+def card_in_the_inbox(browser, url: str, name: str, order_id: str, message: str):
+    """The approver in the inbox, a refund run started: its card, once it shows."""
     journey = Journey.open(browser, url, name)
     journey.sign_in("approver", then="/approvals/")
     run = start_run("refund", {"order_id": order_id, "message": message}).run
@@ -86,15 +54,9 @@ def card_in_the_inbox(tmp_path, browser, procs, name: str, order_id: str, messag
     return journey, url, run, card
 
 
-def test_approve_a_lowered_refund_and_watch_the_run_finish(tmp_path, people, browser, procs):
+def test_approve_a_lowered_refund_and_watch_the_run_finish(web, people, browser):
     journey, url, run, card = card_in_the_inbox(
-        tmp_path,
-        browser,
-        procs,
-        "approve",
-        "ORD-1010",
-        "The lamp arrived broken",
-        SCRIPTED_MODEL_DELAY_MS=15,
+        browser, web, "approve", "ORD-1010", "The lamp arrived broken"
     )
     order = Order.objects.get(order_id="ORD-1010")
     assert order.customer_name in card.inner_text()
@@ -118,9 +80,9 @@ def test_approve_a_lowered_refund_and_watch_the_run_finish(tmp_path, people, bro
     journey.check_csp()
 
 
-def test_reject_and_the_reply_gives_the_reason(tmp_path, people, browser, procs):
+def test_reject_and_the_reply_gives_the_reason(web, people, browser):
     journey, url, run, card = card_in_the_inbox(
-        tmp_path, browser, procs, "reject", "ORD-1011", "It never arrived"
+        browser, web, "reject", "ORD-1011", "It never arrived"
     )
     why = "the parcel is still on its way to you"
     card.locator("input[name=reason]").fill(why)
@@ -146,90 +108,14 @@ def test_reject_and_the_reply_gives_the_reason(tmp_path, people, browser, procs)
     journey.check_csp()
 
 
-def test_a_failed_run_found_read_retried_and_succeeded(tmp_path, people, browser, procs):
-    web, url = start_web(tmp_path, REFUND_GATEWAY_FAIL=1)  # the gateway is down
-    port = int(url.rsplit(":", 1)[1])
-    procs += [web, start_worker(tmp_path, REFUND_GATEWAY_URL=url + "/gateway")]
-    run = start_run("refund", {"order_id": "ORD-1002", "message": "It broke, refund $25"}).run
-    wait_until(lambda: settled(run.id), timeout=120, message="the run to fail")
-
-    journey = Journey.open(browser, url, "failed")
-    journey.sign_in("lead")
-    page = journey.page
-    page.click("nav >> text=Failed")
-    row = page.locator(f"tr:has(a[href='/runs/{run.id}/'])")
-    row.wait_for(timeout=WAIT_MS)
-    assert "gateway answered 503" in row.inner_text()
-    journey.shot("failed-list")
-    row.locator(f"a[href='/runs/{run.id}/']").first.click()
-    page.wait_for_selector("#run-status.s-failed", timeout=WAIT_MS)
-    assert "gateway answered 503" in page.inner_text("#stop-reason, .facts")
-    journey.shot("failed-run")
-
-    web.kill()  # the outage ends: the gateway (this same server) comes back healthy
-    healthy, _ = start_web(tmp_path, port=port)
-    procs.append(healthy)
-    page.reload()
-    page.click("form.act-retry button")
-    page.wait_for_selector("#run-status.s-succeeded", timeout=WAIT_MS)
-    done = wait_until(lambda: settled(run.id), timeout=60, message="the run to end")
-    assert done.status == RunStatus.SUCCEEDED
-    page.wait_for_selector("#conn[data-state=finished]", timeout=WAIT_MS)
-    journey.shot("retried-succeeded")
-    refunds = httpx.get(url + "/gateway/refunds", params={"order_id": "ORD-1002"}).json()
-    assert [r["amount_cents"] for r in refunds["refunds"]] == [2500]
-    journey.check_csp()
-
-
-def test_the_run_page_reconnects_after_a_web_restart(tmp_path, people, browser, procs):
-    web_port, gateway_port = free_port(), free_port()
-    env = {
-        "SCRIPTED_MODEL_DELAY_MS": 50,  # slow enough to restart mid-stream
-        "REFUND_GATEWAY_URL": f"http://127.0.0.1:{gateway_port}/gateway",
-        "REFUND_GATEWAY_DELAY_MS": 800,
-    }
-    gateway, _ = start_web(tmp_path, port=gateway_port, **env)
-    web, url = start_web(tmp_path, port=web_port, **env)
-    procs += [gateway, web, start_worker(tmp_path, **env)]
-    journey = Journey.open(browser, url, "restart")
-    journey.sign_in("lead")
-    run = start_run("refund", {"order_id": "ORD-1007", "message": "Never arrived."}).run
-    journey.go(f"/runs/{run.id}/")
-    page = journey.page
-    page.wait_for_selector("#conn[data-state=live]", timeout=WAIT_MS)
-    page.wait_for_function(
-        "() => document.getElementById('live-text').textContent.length > 30", timeout=WAIT_MS
-    )
-    journey.shot("streaming")
-
-    web.kill()
-    restarted: list = []
-    thread = threading.Thread(
-        target=lambda: restarted.append(start_web(tmp_path, port=web_port, **env)[0]), daemon=True
-    )
-    thread.start()
-    page.wait_for_selector("#conn[data-state=reconnecting]", timeout=WAIT_MS)
-    journey.shot("reconnecting")
-    thread.join(timeout=120)
-    procs += restarted
-    assert restarted, "the web server came back"
-    done = watch_run_page_to_the_end(journey, run)
-    assert done.status == RunStatus.SUCCEEDED
-    journey.shot("whole-text")
-    journey.check_csp()
-
-
 HOSTILE = (
     '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
     "\"'><svg onload=alert(3)> {{ 7*7 }} javascript:alert(4) — refund $12"
 )
 
 
-def test_hostile_text_is_shown_as_text_and_never_runs(tmp_path, people, browser, procs):
-    env = {"REFUND_APPROVAL_THRESHOLD_CENTS": 0}
-    web, url = start_web(tmp_path, **env)
-    procs += [web, start_worker(tmp_path, REFUND_GATEWAY_URL=url + "/gateway", **env)]
-    journey = Journey.open(browser, url, "hostile")
+def test_hostile_text_is_shown_as_text_and_never_runs(web, people, browser):
+    journey = Journey.open(browser, web, "hostile")
     journey.sign_in("lead", then="/approvals/")
     page = journey.page
     # the customer writes the message (and, through it, the refund's reason and the model's
@@ -261,10 +147,7 @@ def test_hostile_text_is_shown_as_text_and_never_runs(tmp_path, people, browser,
     journey.check_csp()
 
 
-def test_every_page_sends_the_policy_and_nothing_is_blocked(tmp_path, people, browser, procs):
-    env = {"REFUND_APPROVAL_THRESHOLD_CENTS": 0}
-    web, url = start_web(tmp_path, **env)
-    procs += [web, start_worker(tmp_path, REFUND_GATEWAY_URL=url + "/gateway", **env)]
+def test_every_page_sends_the_policy_and_nothing_is_blocked(web, people, browser):
     run = start_run("refund", {"order_id": "ORD-1020", "message": "broken"}).run
     approval = approval_for(run)
     step = Step.objects.filter(run=run).order_by("index").first()
@@ -282,7 +165,7 @@ def test_every_page_sends_the_policy_and_nothing_is_blocked(tmp_path, people, br
         f"/admin/approvals/approval/{approval.id}/change/",
         "/admin/axes/accessattempt/",
     ]
-    journey = Journey.open(browser, url, "csp")
+    journey = Journey.open(browser, web, "csp")
     journey.go("/accounts/login/")
     journey.shot("login")
     journey.sign_in("lead")
@@ -300,7 +183,7 @@ def test_every_page_sends_the_policy_and_nothing_is_blocked(tmp_path, people, br
     journey.check_csp()
 
     # the lockout page is a page too
-    locked = Journey.open(browser, url, "csp-lockout")
+    locked = Journey.open(browser, web, "csp-lockout")
     for _ in range(6):
         locked.go("/accounts/login/")
         locked.page.fill("input[name=username]", "viewer")

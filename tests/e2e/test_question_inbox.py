@@ -3,9 +3,12 @@
 answer, then the agent's second question (with choices) appears and the person clicks a choice;
 the run continues with each answer as the call's result and ends with both in its output. And
 the same in the AI SDK chat example: the question waits in the page, a click answers it.
+Both share the module's daphne and worker.
 """
 
 from __future__ import annotations
+
+import pytest
 
 from agentruns.models import Run, RunStatus
 from agentruns.services import start_run
@@ -15,7 +18,7 @@ from tests import binaries
 from tests.approvals import question_agent  # noqa: F401  (registers pa-asker in this process)
 from tests.e2e.kit import browser_marks, logged_in_page, set_browser_password
 from tests.helpers import make_user
-from tests.procs import start_web, start_worker, wait_finished, wait_until
+from tests.procs import module_web_and_worker, wait_finished, wait_until
 from tests.pydantic_ai.kit import plan
 
 pytestmark = browser_marks()
@@ -32,19 +35,25 @@ CHAT_PERMS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory, django_db_setup, django_db_blocker):
+    """The module's daphne and worker, with the question agent: (URL, worker)."""
+    with module_web_and_worker(tmp_path_factory, django_db_blocker, **MODULES) as url_and_worker:
+        yield url_and_worker
+
+
 def pending_question(run) -> Approval | None:
     return Approval.objects.filter(run=run, kind="question", status=ApprovalStatus.PENDING).first()
 
 
 def test_a_colleague_answers_questions_in_the_inbox_and_the_run_goes_on(
-    tmp_path, browser, settings, django_user_model
+    servers, browser, settings, django_user_model
 ):
     colleague = make_user(
         django_user_model, "colleague", ["approvals.decide_approval", "approvals.view_approval"]
     )
     set_browser_password(colleague, settings)
-    web, url = start_web(tmp_path, **MODULES)
-    worker = start_worker(tmp_path, **MODULES)
+    url, worker = servers
     try:
         page = logged_in_page(browser, url, "colleague", "", next_path="/approvals/")
         message = plan(
@@ -85,15 +94,13 @@ def test_a_colleague_answers_questions_in_the_inbox_and_the_run_goes_on(
         first_step.refresh_from_db()
         assert first_step.result == "Yes: delivered 12 days ago"  # what the model read
     finally:
-        worker.stop()
-        web.stop()
         from django.db import connections
 
         connections.close_all()
 
 
 def test_the_chat_example_asks_the_question_and_the_answer_continues_the_run(
-    tmp_path, browser, settings, django_user_model
+    servers, browser, settings, django_user_model
 ):
     """The AI SDK chat example (examples/chat): the `ask_human` call waits in the page as a
     question with its choices; a click answers it (addToolOutput) and the same assistant message
@@ -103,8 +110,7 @@ def test_the_chat_example_asks_the_question_and_the_answer_continues_the_run(
         raise AssertionError("build the example first: make example")
     user = make_user(django_user_model, "chatter", CHAT_PERMS)
     set_browser_password(user, settings)
-    web, url = start_web(tmp_path, **MODULES)
-    worker = start_worker(tmp_path, **MODULES)
+    url, worker = servers
     try:
         page = logged_in_page(
             browser, url, "chatter", "", next_path="/examples/chat/?agent=pa-asker"
@@ -134,8 +140,6 @@ def test_the_chat_example_asks_the_question_and_the_answer_continues_the_run(
         texts = page.locator(".role-assistant .chat-text").all_inner_texts()
         assert texts[-1] == run.output
     finally:
-        worker.stop()
-        web.stop()
         from django.db import connections
 
         connections.close_all()

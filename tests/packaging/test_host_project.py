@@ -169,14 +169,17 @@ def build_wheel(work: Path) -> Path:
     for package in ("agentruns", "approvals"):
         shutil.copytree(ROOT / package, source / package, ignore=ignore)
     dist = work / "dist"
-    pip(sys.executable, "wheel", "--no-deps", "-w", str(dist), str(source))
+    pip("wheel", "--no-deps", "-w", str(dist), str(source))
     (wheel,) = dist.glob("*.whl")
     return wheel
 
 
-def pip(python: str | Path, *args: str) -> subprocess.CompletedProcess:
+def pip(*args: str, into: Path | None = None) -> subprocess.CompletedProcess:
+    """The suite's own pip; `into`: the Python of the environment it manages instead (a venv
+    made without pip of its own: no pip, no setuptools there that a dependency could lean on)."""
+    target = ("--python", str(into)) if into is not None else ()
     done = subprocess.run(
-        [str(python), "-m", "pip", "--disable-pip-version-check", "-q", *args],
+        [sys.executable, "-m", "pip", *target, "--disable-pip-version-check", "-q", *args],
         capture_output=True,
         text=True,
         timeout=600,
@@ -332,7 +335,9 @@ def test_a_shop_project_installs_the_wheel_and_runs_its_agent_through_an_approva
 
     # a fresh venv with the wheel's dependencies alone, all binary wheels, then the wheel
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120
+    )
     python = venv / "bin" / "python"
     requirements = wheel_requirements(wheel)
     closure = dependency_closure(requirements)
@@ -341,9 +346,9 @@ def test_a_shop_project_installs_the_wheel_and_runs_its_agent_through_an_approva
     assert locked_subset(closure, lock) == len(closure), "a dependency is missing from the lock"
     # (nothing byte-compiled here: the shop's first process compiles what it imports)
     install = ("install", "--no-deps", "--no-compile")
-    pip(python, *install, "--only-binary", ":all:", "--require-hashes", "-r", str(lock))
-    pip(python, *install, "--no-index", str(wheel))
-    pip(python, "check")
+    pip(*install, "--only-binary", ":all:", "--require-hashes", "-r", str(lock), into=python)
+    pip(*install, "--no-index", str(wheel), into=python)
+    pip("check", into=python)
     print(f"venv installed: {time.monotonic() - started:.1f}s")
     installed = subprocess.run(
         [str(python), "-c", "import agentruns, approvals; print(agentruns.__file__)"],
@@ -383,6 +388,10 @@ def test_a_shop_project_installs_the_wheel_and_runs_its_agent_through_an_approva
         # nothing of the suite's own project reaches the shop's processes
         if not key.startswith(("DJANGO_", "AGENTRUNS_", "Q_", "REFUND_", "DATABASE_URL"))
         and key not in ("PYTHONPATH", "VIRTUAL_ENV")
+        # the venv's bytecode is written by the first process that imports a module and read by
+        # every later one (a suite run with PYTHONDONTWRITEBYTECODE set would have each of the
+        # shop's five processes compile its imports afresh: seconds of CPU each)
+        and key != "PYTHONDONTWRITEBYTECODE"
     }
     env.update(
         {

@@ -39,6 +39,7 @@ from scripts.fake_openai_server import Fail, FakeOpenAI
 from tests.helpers import ApiClient, steps
 from tests.model_requests import ask, conversation, params
 from tests.procs import base_env, manage, sqlite_env
+from tests.sqlite_templates import migrated_sqlite
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -244,7 +245,7 @@ def test_the_tokens_charged_are_the_prompt_and_max_tokens_or_the_last_answer(set
 
 def test_the_bucket_is_one_statement_on_sqlite_too(tmp_path):
     env = base_env(**sqlite_env(tmp_path / "db.sqlite3", "http://127.0.0.1:1"))
-    manage(env, "migrate", "--noinput", "-v0")
+    migrated_sqlite(tmp_path / "db.sqlite3")
     code = (
         "from agentruns.conf import ModelLimit\n"
         "from agentruns.runtime.access.model_limits import reserve\n"

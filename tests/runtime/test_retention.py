@@ -35,6 +35,7 @@ from approvals.models import Approval, ApprovalDecision, MailNotice, WebhookDeli
 from approvals.notifications.signing import new_secret
 from tests.helpers import advance, leased_run, script_run
 from tests.procs import base_env, manage, sqlite_env, start_worker, wait_until
+from tests.sqlite_templates import migrated_sqlite
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -190,7 +191,7 @@ def test_a_bad_age_is_a_command_error(age):
 
 def test_the_purge_runs_on_sqlite_too(tmp_path):
     env = base_env(**sqlite_env(tmp_path / "db.sqlite3", "http://127.0.0.1:1"))
-    manage(env, "migrate", "--noinput", "-v0")
+    migrated_sqlite(tmp_path / "db.sqlite3")
     code = (
         "from datetime import timedelta\n"
         "from django.utils import timezone\n"

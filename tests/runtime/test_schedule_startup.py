@@ -18,6 +18,7 @@ from agentruns.runtime.workers.sweeper import SWEEP_SCHEDULE_NAME, SWEEP_TASK, e
 from tests import procs
 from tests.helpers import race
 from tests.procs import base_env, manage, sqlite_env, start_worker, wait_until
+from tests.sqlite_templates import migrated_sqlite
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -101,7 +102,7 @@ print(counts)
 
 def test_workers_starting_together_on_sqlite_leave_one_row(tmp_path):
     env = base_env(**sqlite_env(tmp_path / "db.sqlite3", "http://127.0.0.1:1"))
-    manage(env, "migrate", "--noinput", "-v0")
+    migrated_sqlite(tmp_path / "db.sqlite3")
     out = manage(env, "shell", "-c", RACE_ON_SQLITE).strip().splitlines()[-1]
     assert out == str([(1, [])] * 5), out
 

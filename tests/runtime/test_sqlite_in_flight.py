@@ -3,7 +3,8 @@ broker, no DATABASE_URL. SQLite takes one writer at a time, so its pools are sma
 (AGENTRUNS_RUNS_PER_PROCESS 16) and every write transaction queues for the lock (IMMEDIATE, a
 busy timeout) instead of failing with "database is locked", while the web process writes too.
 
-Real subprocesses on a fresh SQLite file; no pytest-django database is used.
+Real subprocesses on a fresh SQLite file (a copy of the seeded template, tests/sqlite_templates.py);
+no pytest-django database is used.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.procs import Proc, base_env, free_port, prepare_demo, sqlite_env, start_web, start_worker
+from tests.procs import Proc, free_port, sqlite_env, start_web, start_worker
+from tests.sqlite_templates import migrated_sqlite
 
 RUNS = 24
 
@@ -36,8 +38,7 @@ def test_many_runs_in_flight_on_the_sqlite_default(tmp_path: Path):
         SCRIPTED_MODEL_LATENCY_MS=500,
         REFUND_APPROVAL_THRESHOLD_CENTS=1_000_000_000,
     )
-    env = base_env(**overrides)
-    token = prepare_demo(env)[-1].strip()
+    token = migrated_sqlite(db_path, seeded=True)[-1].strip()
     procs: list[Proc] = []
     try:
         web, _ = start_web(tmp_path, port=port, **overrides)

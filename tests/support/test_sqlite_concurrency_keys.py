@@ -14,16 +14,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.procs import (
-    Proc,
-    base_env,
-    free_port,
-    prepare_demo,
-    sqlite_env,
-    start_web,
-    start_worker,
-    wait_until,
-)
+from tests.procs import Proc, free_port, sqlite_env, start_web, start_worker, wait_until
+from tests.sqlite_templates import migrated_sqlite
 
 ORDERS = ("ORD-1003", "ORD-1004")
 PER_ORDER = 3
@@ -61,7 +53,7 @@ def test_runs_on_one_order_take_turns_on_the_sqlite_default(tmp_path: Path, proc
         SCRIPTED_MODEL_LATENCY_MS=100,
         REFUND_APPROVAL_THRESHOLD_CENTS=1_000_000_000,
     )
-    token = prepare_demo(base_env(**overrides))[-1].strip()
+    token = migrated_sqlite(db_path, seeded=True)[-1].strip()
     web, _ = start_web(tmp_path, port=port, **overrides)
     procs.append(web)
     worker = start_worker(tmp_path, name="sqlite-keys", **overrides)

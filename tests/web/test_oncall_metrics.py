@@ -22,7 +22,8 @@ from tests import binaries
 from tests.helpers import advance, script_run
 from tests.testkit import OPS_AGENT
 
-pytestmark = pytest.mark.django_db
+# the database is marked on the tests that use it, not on the module: tests/test_binaries.py runs
+# the promtool test in a pytest of its own, which would create a test database only to skip it
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "docs" / "alerts.yml"
 OPERATIONS = ROOT / "docs" / "operations.md"
@@ -77,6 +78,7 @@ def busy_system():
     )
 
 
+@pytest.mark.django_db
 def test_oncall_families(client, busy_system):
     got = scrape(client)
     agent = (("agent", OPS_AGENT),)
@@ -161,6 +163,7 @@ def test_promtool_accepts_the_rules():
 FUNCTIONS = {"sum", "by", "rate", "min", "max", "and", "or", "absent", "on", "without"}
 
 
+@pytest.mark.django_db
 def test_every_metric_an_alert_names_is_in_metrics(client, busy_system):
     exposed = scrape(client)
     for rule in alert_rules():

@@ -20,12 +20,13 @@ from websockets.sync.client import connect
 from tests.procs import (
     base_env,
     free_port,
-    prepare_demo,
+    manage,
     sqlite_env,
     start_web,
     start_worker,
     wait_until,
 )
+from tests.sqlite_templates import migrated_sqlite
 
 WRITE_RUN = """
 from agentruns.services import start_run
@@ -45,7 +46,8 @@ def test_a_lone_surrogate_in_a_stored_run_breaks_no_page_and_no_stream(tmp_path:
     overrides = {**sqlite_env(tmp_path / "db.sqlite3", base_url)}
     overrides["REFUND_APPROVAL_THRESHOLD_CENTS"] = 0  # it parks: an inbox card for everyone
     env = base_env(**overrides)
-    *seeded, token, run_id = prepare_demo(env, then=WRITE_RUN)
+    *seeded, token = migrated_sqlite(tmp_path / "db.sqlite3", seeded=True)
+    run_id = manage(env, "shell", "-c", WRITE_RUN).strip().splitlines()[-1]
     password = re.search(r"user lead\s+password (\S+)", "\n".join(seeded)).group(1)
 
     web, url = start_web(tmp_path, port=port, **overrides)
