@@ -16,11 +16,11 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
-from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from agentruns import services as run_services
 from agentruns.runtime.values.ids import BadId, parse_versioned_id
+from agentruns.runtime.values.timestamps import moment_text
 from agentruns.services import ActionRefused
 from agentruns.services.operations import ALLOW_PERMISSION
 from agentruns.web.layout.navigation import record_url
@@ -54,7 +54,7 @@ def _card_response(
 
 
 def _since(moment) -> str:
-    return timezone.localtime(moment).strftime("%H:%M:%S %Z") if moment else "earlier"
+    return moment_text(moment) if moment else "earlier"
 
 
 @require_POST

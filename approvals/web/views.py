@@ -25,6 +25,7 @@ from django.views.decorators.http import require_GET, require_POST
 from agentruns.registry import all_agents
 from agentruns.runtime.values.ids import actor_name
 from agentruns.runtime.values.text import UnsafeValue, loads_strict
+from agentruns.runtime.values.timestamps import moment_text
 from agentruns.selectors.calls import argument_label
 from agentruns.selectors.pagination import encode_cursor
 from approvals import services
@@ -212,7 +213,7 @@ def decide(request: HttpRequest, approval_id: int) -> HttpResponse:
         "override_claim"
     ):
         # the inbox asks "decide anyway?" first; a form without that answer changes nothing
-        since = timezone.localtime(approval.claimed_at).strftime("%H:%M:%S %Z")
+        since = moment_text(approval.claimed_at)
         level, note, status = (
             "warning",
             f"Nothing changed: {actor_name(holder)} is on this item (since {since}). "
@@ -257,11 +258,8 @@ def decide(request: HttpRequest, approval_id: int) -> HttpResponse:
 
 
 def _human(exc: AlreadyDecided) -> str:
-    """ "already approved by alice at 14:02:07 UTC" for people (the API keeps ISO 8601)."""
+    """ "already approved by alice at Dec 6, 14:02" for people (the API keeps ISO 8601)."""
     text = str(exc)
     if exc.when is not None:
-        local = timezone.localtime(exc.when)
-        text = text.replace(
-            exc.when.isoformat(timespec="seconds"), local.strftime("%H:%M:%S %Z on %Y-%m-%d")
-        )
+        text = text.replace(exc.when.isoformat(timespec="seconds"), moment_text(exc.when))
     return text
