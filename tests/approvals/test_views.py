@@ -211,7 +211,9 @@ def test_second_decision_tells_the_loser_who_decided_and_when(approver, lead):
     html = response.content.decode()
     assert response["X-Decision-Status"] == "409"
     assert re.search(
-        r"Nothing changed: this item was already approved by approver at \d\d:\d\d:\d\d", html
+        r"Nothing changed: this item was already approved by approver at [A-Z][a-z]{2} \d{1,2}, "
+        r"\d\d:\d\d\.",
+        html,
     )
     # without JavaScript: redirected back to the inbox with the same message
     response = second.post(
