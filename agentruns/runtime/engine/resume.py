@@ -46,18 +46,8 @@ from agentruns.models import ResumePoint, StepStatus
 from agentruns.runtime.engine.slice import SliceState
 
 RUN_USAGE = TypeAdapter(RunUsage)
-# what a newer point of a run replaces of its older one
-POINT_FIELDS = [
-    "model_step",
-    "models_seen",
-    "entries_seen",
-    "waits_seen",
-    "run_step",
-    "thread_turn",
-    "messages",
-    "usage",
-    "updated_at",
-]
+# what a newer point of a run replaces of its older one: all of it but the run it belongs to
+POINT_FIELDS = [f.name for f in ResumePoint._meta.concrete_fields if not f.primary_key]
 
 
 @dataclass(slots=True)
