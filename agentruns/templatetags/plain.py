@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from agentruns.runtime.values.money import format_cents
 from agentruns.runtime.values.timestamps import ago_text, between_text, moment_text
+from agentruns.runtime.values.timestamps import iso as iso_text
 from agentruns.selectors.calls import argument_label
 
 register = template.Library()
@@ -27,7 +28,7 @@ register = template.Library()
 def iso(value: Any) -> str:
     """The moment for a `<time datetime>`: what `date:'c'` gives (ISO 8601 in the server's
     zone), at a fifth of its cost; a page of cards shows a hundred of them."""
-    return value.isoformat() if isinstance(value, date) else ""
+    return (iso_text(value) or "") if isinstance(value, date) else ""
 
 
 @register.filter

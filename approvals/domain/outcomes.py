@@ -36,7 +36,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from agentruns.models import Run, RunStatus, Step, StepStatus
-from agentruns.registry import Tool, get_tool, has_tool
+from agentruns.registry import Tool
 from agentruns.registry.edits import same_value
 from agentruns.registry.outcomes import HandoverClosed
 from agentruns.runtime import writer
@@ -46,6 +46,7 @@ from agentruns.runtime.execution.transitions import ABORT, RESUME, WAIT, resume_
 from agentruns.runtime.operations import executions
 from agentruns.runtime.values.ids import actor_name
 from agentruns.runtime.values.timestamps import iso
+from agentruns.selectors.calls import deployed_tool
 from approvals.domain.decisions import approvers, args_diff
 from approvals.domain.parking import operation_key_of, withdraw_approvals
 from approvals.domain.policy import amount_of, check_approval, is_edit
@@ -380,7 +381,7 @@ def tell_tool_closed(approval: Approval) -> None:
     transaction: the domain's record of the request (the demo's ticket) changes with the close
     or not at all, whichever door closed it. A tool gone with a deploy, or declaring none: no
     call."""
-    tool = get_tool(approval.tool) if has_tool(approval.tool) else None
+    tool = deployed_tool(approval.tool)
     if tool is None or tool.handover_closed is None:
         return
     run_input = approval.run.input
