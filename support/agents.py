@@ -15,6 +15,7 @@ from typing import Annotated
 
 import httpx
 from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
 from pydantic import Field
 from pydantic_ai import Agent
 
@@ -99,14 +100,17 @@ refund_agent = Agent(
 TICKET_ID = Annotated[str, Field(pattern="^T-[A-Za-z0-9-]{1,18}$")]
 
 
-def request_ticket(order: Order, ticket_id: str | None = None) -> Ticket | None:
-    """The customer request a run answers: `ticket_id` when it is one of the order's tickets
-    (None when it is not), else the order's open ticket, else its latest, else a ticket made for
-    the order (`T-<order_id>`, once: the same one every time it is asked)."""
-    tickets = order.tickets.order_by("id")
+def _named_or_open(tickets: QuerySet[Ticket], ticket_id: str | None) -> Ticket | None:
+    """Of `tickets` (one order's), the request a call names: `ticket_id` (None when it is not
+    one of them), else the oldest open one."""
     if ticket_id:
         return tickets.filter(ticket_id=ticket_id).first()
-    found = tickets.filter(status=TicketStatus.OPEN).first() or tickets.last()
+    return tickets.filter(status=TicketStatus.OPEN).order_by("id").first()
+
+
+def _latest_or_new(order: Order) -> Ticket:
+    """The order's latest ticket, else one made for it (`T-<order_id>`, once)."""
+    found = order.tickets.order_by("id").last()
     if found is None:
         found, _ = Ticket.objects.get_or_create(
             ticket_id=f"T-{order.order_id}"[:20],
@@ -115,16 +119,35 @@ def request_ticket(order: Order, ticket_id: str | None = None) -> Ticket | None:
     return found
 
 
+def request_ticket(order: Order, ticket_id: str | None = None) -> Ticket | None:
+    """The customer request a run answers: `ticket_id` when it is one of the order's tickets
+    (None when it is not), else the order's open ticket, else its latest, else a ticket made for
+    the order (`T-<order_id>`, once: the same one every time it is asked)."""
+    found = _named_or_open(order.tickets.all(), ticket_id)
+    return found if found is not None or ticket_id else _latest_or_new(order)
+
+
+def request_of(order_id: str, ticket_id: str | None) -> tuple[Order | None, Ticket | None]:
+    """The order and the request a call names (`request_ticket`'s rule), in one query when the
+    ticket is named, or the order has an open one: a tool of the demo agent asks it each call."""
+    of_order = Ticket.objects.select_related("order").filter(order__order_id=order_id)
+    found = _named_or_open(of_order, ticket_id)
+    if found is not None:
+        return found.order, found
+    order = Order.objects.filter(order_id=order_id).first()
+    if order is None or ticket_id:
+        return order, None  # no such order, or the ticket named is not one of its requests
+    return order, _latest_or_new(order)
+
+
 @refund_agent.tool_plain(metadata=durable(redact=("customer_email",), scope_arg="order_id"))
 def lookup_order(order_id: str, ticket_id: str | None = None) -> dict:
     """Look up an order and the customer's request (its ticket; default: the order's open
     ticket): customer, amount, currency, item, status; the order's refunds so far, what is left
     to refund, and the refund this request already had, if any."""
-    ticket = _open_request(order_id, ticket_id)
-    order = ticket.order if ticket is not None else Order.objects.filter(order_id=order_id).first()
+    order, ticket = request_of(order_id, ticket_id)
     if order is None:
         return {"found": False, "order_id": order_id}
-    ticket = ticket or request_ticket(order, ticket_id)
     if ticket is None:
         return {
             "found": False,
@@ -228,22 +251,10 @@ def review_of(approval: dict | None) -> dict:
     return review
 
 
-def _open_request(order_id: str, ticket_id: str | None) -> Ticket | None:
-    """The request `request_ticket` finds in its common cases, with its order, in one query:
-    the ticket named, else the order's open one (None: look the long way)."""
-    tickets = Ticket.objects.select_related("order").filter(order__order_id=order_id)
-    if ticket_id:
-        return tickets.filter(ticket_id=ticket_id).first()
-    return tickets.filter(status=TicketStatus.OPEN).order_by("id").first()
-
-
 def _ticket_for(order_id: str, ticket_id: str | None) -> Ticket:
-    if (found := _open_request(order_id, ticket_id)) is not None:
-        return found
-    order = Order.objects.filter(order_id=order_id).first()
+    order, ticket = request_of(order_id, ticket_id)
     if order is None:
         raise FatalToolError(f"no order {order_id}")
-    ticket = request_ticket(order, ticket_id)
     if ticket is None:
         raise FatalToolError(f"ticket {ticket_id} is not a request about order {order_id}")
     return ticket
@@ -274,12 +285,8 @@ def resolve_handed_over_ticket(closed: HandoverClosed) -> None:
     open any more): nothing to resolve."""
     order_id = closed.arguments.get("order_id") or closed.run_input.get("order_id")
     named = closed.arguments.get("ticket_id") or closed.run_input.get("ticket_id")
-    tickets = Ticket.objects.filter(order__order_id=order_id).order_by("id")
-    if named:
-        tickets = tickets.filter(ticket_id=named)
-    else:
-        tickets = tickets.filter(status=TicketStatus.OPEN)
-    ticket = tickets.first() if order_id else None
+    tickets = Ticket.objects.filter(order__order_id=order_id)
+    ticket = _named_or_open(tickets, named) if order_id else None
     if ticket is not None:
         ticket.resolve(by=closed.closed_by, at=closed.closed_at)
 
