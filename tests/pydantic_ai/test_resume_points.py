@@ -57,6 +57,42 @@ CALLS = (
 )
 
 
+def like_resuming(name: str, prefix: str, *capabilities: AbstractCapability) -> tuple:
+    """An agent of the same script and tools as `resuming` (their names prefixed), with
+    `capabilities`, and its calls."""
+    agent = Agent(
+        FunctionModel(stream_function=play, model_name=name),
+        name=f"pa-{name}",
+        capabilities=list(capabilities),
+    )
+    agent.tool(name=f"{prefix}_look")(rp_look)
+    agent.tool(
+        name=f"{prefix}_credit",
+        requires_approval=True,
+        metadata={"agentruns": {"side_effect": True}},
+    )(rp_credit)
+    return agent, tuple((f"{prefix}_" + tool[3:], args) for tool, args in CALLS)
+
+
+def parked_then_approved(django_user_model, agent: Agent, calls: tuple, seen: list) -> list:
+    """Run `agent` through `calls` until it parks for the credit (its point stored), then, with
+    `seen` cleared, approve the credit and run it to its end. What `seen` held at the park."""
+    register_agent(agent)
+    approver = make_user(
+        django_user_model, "approver", ["approvals.decide_approval", "approvals.view_approval"]
+    )
+    seen.clear()
+    run = advance(start(agent.name, *calls))
+    assert run.status == RunStatus.WAITING, run.error
+    assert ResumePoint.objects.filter(run=run).exists()
+    at_the_park = list(seen)
+    seen.clear()
+    services.approve(Approval.objects.get(run=run, status=ApprovalStatus.PENDING).id, user=approver)
+    run = advance(run)
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    return at_the_park
+
+
 def test_a_run_resumed_after_an_approval_starts_at_its_point_and_sees_what_it_saw(
     django_user_model,
 ):
@@ -147,35 +183,14 @@ class NoteTheRequest(AbstractCapability[None]):
         return request_context
 
 
-noting = Agent(
-    FunctionModel(stream_function=play, model_name="resume-noting"),
-    name="pa-resume-noting",
-    capabilities=[NoteTheRequest()],
-)
-noting.tool(name="rn_look")(rp_look)
-noting.tool(
-    name="rn_credit", requires_approval=True, metadata={"agentruns": {"side_effect": True}}
-)(rp_credit)
-NOTED_CALLS = tuple(("rn_" + name[3:], args) for name, args in CALLS)
+noting, NOTED_CALLS = like_resuming("resume-noting", "rn", NoteTheRequest())
 
 
 def test_a_resumed_loop_starts_from_its_own_history_not_a_requests_copy(django_user_model):
     """The point holds the loop's history (the run context's messages), not the copy a request
     sent the model: a note a capability put on one request only is not in the history a
     resumed loop starts from."""
-    register_agent(noting)
-    approver = make_user(
-        django_user_model, "approver", ["approvals.decide_approval", "approvals.view_approval"]
-    )
-    NOTES.clear()
-    run = advance(start("pa-resume-noting", *NOTED_CALLS))
-    assert run.status == RunStatus.WAITING, run.error
-    assert ResumePoint.objects.filter(run=run).exists()
-    assert NOTES == [0, 0, 0, 0]
-    NOTES.clear()
-    services.approve(Approval.objects.get(run=run, status=ApprovalStatus.PENDING).id, user=approver)
-    run = advance(run)
-    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert parked_then_approved(django_user_model, noting, NOTED_CALLS, NOTES) == [0, 0, 0, 0]
     assert NOTES == [0, 0], NOTES
 
 
@@ -189,31 +204,11 @@ async def watched_events(ctx: RunContext[None], events) -> None:
             WATCHED.append(event.part.tool_name)
 
 
-watched = Agent(
-    FunctionModel(stream_function=play, model_name="resume-watched"),
-    name="pa-resume-watched",
-    capabilities=[ProcessEventStream(watched_events)],
-)
-watched.tool(name="rw_look")(rp_look)
-watched.tool(
-    name="rw_credit", requires_approval=True, metadata={"agentruns": {"side_effect": True}}
-)(rp_credit)
-WATCHED_CALLS = tuple(("rw_" + name[3:], args) for name, args in CALLS)
+watched, WATCHED_CALLS = like_resuming("resume-watched", "rw", ProcessEventStream(watched_events))
 
 
 def test_a_resumed_loop_hands_its_events_to_the_agents_event_stream_handler(django_user_model):
     """Driven node by node from its point, the loop streams each node to the agent's
     `ProcessEventStream` as `agent.run()` does: the handler sees the approved call."""
-    register_agent(watched)
-    approver = make_user(
-        django_user_model, "approver", ["approvals.decide_approval", "approvals.view_approval"]
-    )
-    WATCHED.clear()
-    run = advance(start("pa-resume-watched", *WATCHED_CALLS))
-    assert run.status == RunStatus.WAITING, run.error
-    assert ResumePoint.objects.filter(run=run).exists()
-    WATCHED.clear()
-    services.approve(Approval.objects.get(run=run, status=ApprovalStatus.PENDING).id, user=approver)
-    run = advance(run)
-    assert run.status == RunStatus.SUCCEEDED, run.error
+    parked_then_approved(django_user_model, watched, WATCHED_CALLS, WATCHED)
     assert WATCHED == ["rw_credit"], WATCHED
