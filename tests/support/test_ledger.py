@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
 from agentruns.models import OperationExecution, Run, Step, StepKind
 from agentruns.registry import get_tool
@@ -93,3 +93,41 @@ def test_a_ticket_of_another_order_is_refused(seeded):
     assert over.message.startswith("ticket T-1001 is about order ORD-1001, not ORD-1050")
     missing = refund_limit({"order_id": ORDER, "ticket_id": "T-9", "amount_cents": 1})
     assert missing.message.startswith("ticket T-9 does not exist")
+
+
+def test_a_refund_the_gateway_records_between_the_limits_reads_is_counted(seeded):
+    """The gateway records a refund in flight (its key still held) while the limit is reading:
+    the limit reads the keys in flight before the ledger, so the refund is counted in one of
+    them, never in neither (read the other way round it was missed, and the second request
+    could take money already paid out)."""
+    order = Order.objects.get(order_id=ORDER)
+    Ticket.objects.create(ticket_id="T-1050-2", order=order, subject="s", body="b")
+    run, step = refund_call("T-1050", 10_000)
+    with transaction.atomic():
+        assert operations.gate(run, step, get_tool("issue_refund"), first_attempt=True).go
+    left = order.amount_cents - 10_000
+    recorded = []
+
+    def gateway_records(sql: str) -> None:
+        """From another connection, right after the limit's first read of a refund table."""
+        if recorded or not ("support_gatewayrefund" in sql or "agentruns_step" in sql):
+            return
+        recorded.append(sql)
+        race(
+            lambda: GatewayRefund.objects.create(
+                order_id=ORDER, amount_cents=10_000, idempotency_key="k-T-1050"
+            )
+        )
+
+    def after(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        gateway_records(sql)
+        return result
+
+    with connection.execute_wrapper(after):
+        over = refund_limit(
+            {"order_id": ORDER, "ticket_id": "T-1050-2", "amount_cents": left + 1, "reason": "r"}
+        )
+    assert recorded, "the limit read no refund table"
+    assert over is not None, "a refund recorded between the limit's reads was counted nowhere"
+    assert over.figures["total_cents"] == order.amount_cents + 1
