@@ -17,6 +17,13 @@ The figure: this process's CPU time (user + system, `time.process_time`) over `-
 `--warmup`, per run; one run at a time, on one event loop. `--shape` (JSON: a list of
 `[text deltas, [tool names]]` per turn) plays another shape; `benchmarks.deployment` passes the
 one it counted in the real runs. Prints one JSON line.
+
+Beside it, `passthrough_cpu_ms_per_run`: the same agent with `PassThroughDurability`, Pydantic
+AI's durable-execution hooks (`BaseDurabilityCapability`: every model request and tool call a
+unit, the request streamed inside its unit as our engine streams it) with nothing behind them:
+each unit's body runs at once and nothing is recorded. It is what the framework's durability
+costs before any engine does its own work, so the engine's share of a run is the worker's CPU
+above it.
 """
 
 from __future__ import annotations
@@ -30,8 +37,17 @@ from typing import Annotated, Any
 
 from pydantic import Field
 from pydantic_ai import Agent
-from pydantic_ai.messages import ModelMessage, ModelRequest, ToolReturnPart
+from pydantic_ai.durable_exec import (
+    JSON_CODEC,
+    BaseDurabilityCapability,
+    DurabilityEngineSpec,
+    JournalCallableOperationBackend,
+    RoleBasedOperationConfig,
+)
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
+
+from agentruns.runtime.engine.pydantic_ai_private import open_durable_unit_stream
 
 # [text deltas, tool calls] per model turn of a demo refund run (the scripted model's tokens of
 # support/policy.py's texts for an order of the seeded demo; `benchmarks.deployment` reports the
@@ -68,7 +84,61 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
 }
 
 
-def build_agent(shape: list[tuple[int, list[str]]]) -> Agent:
+class _UnitsRunAtOnce(JournalCallableOperationBackend[Any]):
+    async def execute(
+        self, *, operation_id: Any, name: str, body: Any, cache_key: Any, config: Any
+    ) -> object:
+        return await body()
+
+
+class PassThroughDurability(BaseDurabilityCapability[Any]):
+    """Pydantic AI's durable-execution hooks, every unit run at once, nothing recorded (the
+    module's docstring)."""
+
+    engine_spec = DurabilityEngineSpec(
+        engine_name="passthrough",
+        durable_unit_noun="step",
+        durable_unit_plural="steps",
+        durable_container_noun="run",
+        codec=JSON_CODEC,
+        wrapped_toolset_kinds=frozenset({"dynamic"}),
+        toolset_lifecycles={"dynamic": "enter-never"},
+        journal_discovery=True,
+        sequential_tools_in_durable_context=True,
+        tool_config_key=None,
+    )
+
+    def _bind_to_agent(self, agent: Any) -> None:
+        self._backend = _UnitsRunAtOnce(
+            agent_name=self.name,
+            config=RoleBasedOperationConfig(model=None, event=None, capability=None, tool=None),
+        )
+        super()._bind_to_agent(agent)
+
+    def get_durable_operation_backend(self) -> _UnitsRunAtOnce:
+        return self._backend
+
+    @property
+    def in_durable_context(self) -> bool:
+        return True
+
+    async def _model_request_operation(self, params: Any) -> ModelResponse:
+        """Streamed inside the unit, every event read (as the engine's model unit does)."""
+        async with self._durable_model_scope(params.model_id, params.run_context, serving=True) as (
+            model,
+            ctx,
+        ):
+            async with open_durable_unit_stream(
+                model, params.messages, params.model_settings, params.model_request_parameters, ctx
+            ) as streamed:
+                async for _ in streamed:
+                    pass
+            response = streamed.get()
+        self._stamp_response(response, params.messages)
+        return response
+
+
+def build_agent(shape: list[tuple[int, list[str]]], capabilities: tuple = ()) -> Agent:
     """The refund agent's shape on a streaming `FunctionModel` that plays `shape`."""
 
     async def stream(
@@ -100,6 +170,7 @@ def build_agent(shape: list[tuple[int, list[str]]]) -> Agent:
             "You are a support agent for an online shop. Look up the order, refund the amount "
             "the customer is owed, note it on the ticket and reply to the customer."
         ),
+        capabilities=list(capabilities),
     )
 
     @agent.tool_plain
@@ -138,9 +209,21 @@ async def _events(ctx: Any, events: AsyncIterator[Any]) -> None:
         pass
 
 
-async def _runs(agent: Agent, count: int, prompt: str) -> None:
+async def _runs(agent: Agent, count: int, prompt: str, *, streamed: bool = True) -> None:
     for _ in range(count):
-        await agent.run(prompt, event_stream_handler=_events)
+        if streamed:
+            await agent.run(prompt, event_stream_handler=_events)
+        else:  # (its durability streams each request inside the unit)
+            await agent.run(prompt)
+
+
+def _cpu_per_run(agent: Agent, runs: int, warmup: int, *, streamed: bool) -> tuple[float, float]:
+    prompt = json.dumps({"order_id": "ORD-1001", "message": ""})
+    asyncio.run(_runs(agent, warmup, prompt, streamed=streamed))
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    asyncio.run(_runs(agent, runs, prompt, streamed=streamed))
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    return cpu * 1000 / runs, wall * 1000 / runs
 
 
 def measure(
@@ -148,16 +231,14 @@ def measure(
 ) -> dict:
     """CPU ms per run of the bare loop playing `shape` (default: the demo's), in this process."""
     shape = shape or DEMO_SHAPE
-    agent = build_agent(shape)
-    prompt = json.dumps({"order_id": "ORD-1001", "message": ""})
-    asyncio.run(_runs(agent, warmup, prompt))
-    cpu0, wall0 = time.process_time(), time.perf_counter()
-    asyncio.run(_runs(agent, runs, prompt))
-    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    cpu, wall = _cpu_per_run(build_agent(shape), runs, warmup, streamed=True)
+    passthrough = build_agent(shape, (PassThroughDurability(),))
+    passthrough_cpu, _ = _cpu_per_run(passthrough, runs, warmup, streamed=False)
     return {
         "runs": runs,
-        "cpu_ms_per_run": round(cpu * 1000 / runs, 2),
-        "wall_ms_per_run": round(wall * 1000 / runs, 2),
+        "cpu_ms_per_run": round(cpu, 2),
+        "wall_ms_per_run": round(wall, 2),
+        "passthrough_cpu_ms_per_run": round(passthrough_cpu, 2),
         "model_turns": len(shape),
         "tool_calls": sum(len(tools) for _, tools in shape),
         "text_deltas": sum(d for d, _ in shape),

@@ -39,6 +39,8 @@ streamed per turn (its tokens), which the floor plays.
 
 The floor (`benchmarks/bare_loop.py`, in a subprocess, once per round): the same agent shape as
 a bare Pydantic AI agent in memory; the headline is worker CPU per run / the floor's (target 2x).
+Beside it, the same agent under Pydantic AI's durable hooks with nothing recorded
+(`PassThroughDurability`): what the framework's durability costs before the engine's own work.
 
 `--rounds` alternate A and B (A first in odd rounds) so the machine's noise hits both; the table
 shows the median over rounds (min-max). `--profile`: after B's batch in the last round, one more
@@ -597,6 +599,12 @@ def table(results: dict, floor: list[dict], args: argparse.Namespace) -> str:
         + _cell([f["cpu_ms_per_run"] for f in floor], "{:.1f}")
         + (" | | |" if both else " |")
     )
+    if all("passthrough_cpu_ms_per_run" in f for f in floor):
+        lines.append(
+            "| the same with Pydantic AI's durable hooks and nothing recorded (`PassThroughDurability`), ms | "
+            + _cell([f["passthrough_cpu_ms_per_run"] for f in floor], "{:.1f}")
+            + (" | | |" if both else " |")
+        )
     return "\n".join(lines)
 
 
