@@ -285,6 +285,24 @@ def test_a_lead_allows_one_more_execution_and_it_is_on_the_timeline(
     assert first.status == RunStatus.SUCCEEDED
 
 
+def test_a_keys_state_reads_its_allowances_only_once_it_was_taken(
+    order, lead, django_assert_num_queries
+):
+    """A key never taken (a request's first refund, looked up before every proposal) is read in
+    one query; one that was taken reads its allowances too, and shows the one a lead granted."""
+    never = f"refund:{ORDER}"
+    with django_assert_num_queries(1):
+        state = executions.key_state(never)
+    assert (state.status, state.slots, state.allowances) == ("free", 1, [])
+    advance(refund_run(ORDER, 10_000))
+    services.allow_operation(never, user=lead, reason="a second item came back")
+    with django_assert_num_queries(2):
+        states = executions.key_states([never, "refund:ORD-9999"])
+    assert (states[never].status, states[never].slots) == ("free", 2)
+    assert [a.granted_by_name for a in states[never].allowances] == ["lead"]
+    assert (states["refund:ORD-9999"].status, states["refund:ORD-9999"].allowances) == ("free", [])
+
+
 def test_the_limit_is_checked_right_before_the_call(order, lead):
     advance(refund_run(ORDER, 30_000))
     services.allow_operation(f"refund:{ORDER}", user=lead, reason="partial")

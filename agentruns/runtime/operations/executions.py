@@ -214,15 +214,19 @@ class KeyState:
 
 
 def key_states(keys: list[str]) -> dict[str, KeyState]:
-    """The state of each of `keys`, in two queries whatever their number."""
+    """The state of each of `keys`, in two queries whatever their number; one when none of
+    them was ever taken (an allowance is granted only to a key with executions, and neither
+    is ever deleted), as a request's first refund is."""
     keys = list(dict.fromkeys(k for k in keys if k))
     states = {key: KeyState(key, [], []) for key in keys}
     if not keys:
         return states
     for row in OperationExecution.objects.filter(key__in=keys).order_by("key", "slot", "id"):
         states[row.key].executions.append(row)
-    for allowance in OperationAllowance.objects.filter(key__in=keys).order_by("key", "slot"):
-        states[allowance.key].allowances.append(allowance)
+    taken = [key for key in keys if states[key].executions]
+    if taken:
+        for allowance in OperationAllowance.objects.filter(key__in=taken).order_by("key", "slot"):
+            states[allowance.key].allowances.append(allowance)
     return states
 
 
