@@ -31,23 +31,28 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Annotated, Any
 
+import django
 from pydantic import Field
 from pydantic_ai import Agent
 from pydantic_ai.durable_exec import (
-    JSON_CODEC,
     BaseDurabilityCapability,
-    DurabilityEngineSpec,
     JournalCallableOperationBackend,
     RoleBasedOperationConfig,
 )
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
 
-from agentruns.runtime.engine.pydantic_ai_private import open_durable_unit_stream
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+django.setup()  # (the engine's spec below is read from its module, which imports the models)
+
+from agentruns.runtime.engine.durability import ENGINE  # noqa: E402
+from agentruns.runtime.engine.pydantic_ai_private import open_durable_unit_stream  # noqa: E402
 
 # [text deltas, tool calls] per model turn of a demo refund run (the scripted model's tokens of
 # support/policy.py's texts for an order of the seeded demo; `benchmarks.deployment` reports the
@@ -95,18 +100,8 @@ class PassThroughDurability(BaseDurabilityCapability[Any]):
     """Pydantic AI's durable-execution hooks, every unit run at once, nothing recorded (the
     module's docstring)."""
 
-    engine_spec = DurabilityEngineSpec(
-        engine_name="passthrough",
-        durable_unit_noun="step",
-        durable_unit_plural="steps",
-        durable_container_noun="run",
-        codec=JSON_CODEC,
-        wrapped_toolset_kinds=frozenset({"dynamic"}),
-        toolset_lifecycles={"dynamic": "enter-never"},
-        journal_discovery=True,
-        sequential_tools_in_durable_context=True,
-        tool_config_key=None,
-    )
+    # the engine's own spec (what is a unit, how results are coded), under another name
+    engine_spec = replace(ENGINE, engine_name="passthrough")
 
     def _bind_to_agent(self, agent: Any) -> None:
         self._backend = _UnitsRunAtOnce(
