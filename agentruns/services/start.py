@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import uuid
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
@@ -32,7 +33,7 @@ from agentruns.runtime.engine.executor import RunExecutor
 from agentruns.runtime.events import EventType
 from agentruns.runtime.execution import transitions
 from agentruns.runtime.store import get_store
-from agentruns.runtime.store.base import InFlightCap, InFlightCapReached
+from agentruns.runtime.store.base import InFlightCap, InFlightCapReached, InFlightNearCap
 from agentruns.runtime.tracing.tracecontext import new_run_trace
 from agentruns.runtime.values.ids import actor_name, step_key, worker_id
 from agentruns.services import forks
@@ -155,6 +156,60 @@ def start_run(
             return StartResult(existing, False)
     # a repeat (above) starts nothing, so it costs no quota; the insert checks the in-flight cap
     in_flight = quotas.take_start(user)
+    # a start alone in its own transaction need not wait for the user's other starts while far
+    # below the cap (store/pg_function.py); near it the insert says so and it starts again,
+    # counting exactly
+    alone = in_flight is not None and not connection.in_atomic_block and thread_id is None
+    create = partial(
+        _create,
+        agent_name,
+        run_input,
+        user=user,
+        model=model,
+        enqueue_task=enqueue_task,
+        claim_for=claim_for,
+        traceparent=traceparent,
+        priority=priority,
+        thread_id=thread_id,
+        dedupe_key=dedupe_key,
+        owner=owner,
+        concurrency_key=concurrency_key,
+        run_scope=run_scope,
+    )
+    try:
+        try:
+            return create(replace(in_flight, shared=True) if alone else in_flight)
+        except InFlightNearCap:
+            return create(in_flight)
+    except InFlightCapReached:
+        raise quotas.refused_in_flight(user, in_flight) from None
+    except IntegrityError:
+        if dedupe_key is None:
+            raise
+        repeat = Run.objects.get(agent=agent_name, dedupe_owner=owner, dedupe_key=dedupe_key)
+        return StartResult(repeat, False)
+
+
+def _create(
+    agent_name: str,
+    run_input: dict,
+    in_flight: InFlightCap | None,
+    *,
+    user: Any,
+    model: str | None,
+    enqueue_task: bool,
+    claim_for: str | None,
+    traceparent: str | None,
+    priority: int,
+    thread_id: str | None,
+    dedupe_key: str | None,
+    owner: str,
+    concurrency_key: str | None,
+    run_scope: Any,
+) -> StartResult:
+    """`start_run`'s run, built and inserted (with its line's place, its lease or its
+    doorbell) in one transaction, or in one statement when nothing else goes with it."""
+    agent = get_agent(agent_name)
     now = timezone.now()
     run = Run(
         agent=agent_name,
@@ -187,42 +242,34 @@ def start_run(
     # PostgreSQL: the creating statement NOTIFYs the workers' claimers instead of ringing a q2
     # doorbell (runtime/dispatch/claims.py); the sweeper's doorbell catches a NOTIFY nobody heard
     notify = enqueue_task and claims.starts_by_notify()
-    try:
-        # one statement needs no transaction of its own; inside the caller's, a savepoint keeps a
-        # dedupe conflict from breaking it (a keyed start locks its key first: a transaction)
-        single = (
-            store.create_is_one_statement
-            and (notify or not enqueue_task)
-            and not connection.in_atomic_block
-            and concurrency_key is None
-            and thread_id is None
+    # one statement needs no transaction of its own; inside the caller's, a savepoint keeps a
+    # dedupe conflict from breaking it (a keyed start locks its key first: a transaction)
+    single = (
+        store.create_is_one_statement
+        and (notify or not enqueue_task)
+        and not connection.in_atomic_block
+        and concurrency_key is None
+        and thread_id is None
+    )
+    with nullcontext() if single else transaction.atomic():
+        placed = thread_line.place(run, thread_id) if thread_id is not None else []
+        events += placed
+        if concurrency_key is not None and not placed:
+            events += concurrency.admit_new(run, concurrency.declared_limit(agent_name), now)
+        admitted = run.waiting_behind is None  # in a line: no lease, no doorbell
+        if claim_for is not None and admitted:
+            events += _leased(run, claim_for, now)
+        run.last_seq = writer.create_run(
+            run,
+            events,
+            owner=run.lease_owner or None,
+            now=now,
+            notify=claims.CHANNEL if notify and admitted else None,
+            in_flight=in_flight,
         )
-        with nullcontext() if single else transaction.atomic():
-            placed = thread_line.place(run, thread_id) if thread_id is not None else []
-            events += placed
-            if concurrency_key is not None and not placed:
-                events += concurrency.admit_new(run, concurrency.declared_limit(agent_name), now)
-            admitted = run.waiting_behind is None  # in a line: no lease, no doorbell
-            if claim_for is not None and admitted:
-                events += _leased(run, claim_for, now)
-            run.last_seq = writer.create_run(
-                run,
-                events,
-                owner=run.lease_owner or None,
-                now=now,
-                notify=claims.CHANNEL if notify and admitted else None,
-                in_flight=in_flight,
-            )
-            # enqueue_task False: executed in-process (benchmarks, scripts)
-            if enqueue_task and not notify and admitted:
-                enqueue(run.id)
-    except InFlightCapReached:
-        raise quotas.refused_in_flight(user, in_flight) from None
-    except IntegrityError:
-        if dedupe_key is None:
-            raise
-        repeat = Run.objects.get(agent=agent_name, dedupe_owner=owner, dedupe_key=dedupe_key)
-        return StartResult(repeat, False)
+        # enqueue_task False: executed in-process (benchmarks, scripts)
+        if enqueue_task and not notify and admitted:
+            enqueue(run.id)
     return StartResult(run, True)
 
 

@@ -9,14 +9,17 @@ with the hook test; each test's user has buckets of its own."""
 from __future__ import annotations
 
 import json
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from django.db import connection, transaction
 from django.test import Client
 
 from agentruns.models import Run, RunStatus
 from agentruns.runtime.access import quotas
+from agentruns.runtime.store.pg_function import IN_FLIGHT_LOCK
 from agentruns.services import execute_inline, fork_run, start_run
 from agentruns.tokens import create_token
 from approvals.models import Approval, ApprovalStatus
@@ -135,6 +138,88 @@ def test_the_in_flight_cap_is_exact_under_60_concurrent_starts(settings, django_
         assert answers.count("started") == 5, (attempt, answers)
         assert answers.count("refused") == 55, answers
         assert Run.objects.filter(created_by=starter).count() == 5
+
+
+def _hold_in_flight_lock(user_id: int, how: str, held: threading.Event, go: threading.Event) -> None:
+    """In a transaction of its own, the user's in-flight lock (`how`: "shared", as an
+    uncommitted start far below its cap holds it, or "exclusive", as one counting exactly),
+    until `go`."""
+    suffix = "_shared" if how == "shared" else ""
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT pg_advisory_xact_lock{suffix}(hashtextextended(%s || %s, 0))",
+                [IN_FLIGHT_LOCK, str(user_id)],
+            )
+            held.set()
+            go.wait(30)
+    finally:
+        connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_starts_far_below_the_cap_do_not_wait_for_each_others_commits(
+    settings, django_user_model
+):
+    """One user's starts, each alone in its transaction and far below the cap (its count plus
+    the server's connections), take the user's in-flight lock shared: another start of theirs
+    not committed yet does not hold them up. A start counting exactly (the lock exclusive: near
+    the cap, or inside a caller's transaction) does, until it commits."""
+    settings.AGENTRUNS_RUNS_IN_FLIGHT_PER_USER = 1_000_000
+    starter = make_user(django_user_model, "integration", STARTER)
+    for how, waits in (("shared", False), ("exclusive", True)):
+        held, go, started = threading.Event(), threading.Event(), threading.Event()
+        holder = threading.Thread(target=_hold_in_flight_lock, args=(starter.pk, how, held, go))
+        holder.start()
+        assert held.wait(10)
+
+        def start(started: threading.Event) -> None:
+            try:
+                start_run("refund", REFUND_INPUT, user=starter)
+                started.set()
+            finally:
+                connection.close()
+
+        starting = threading.Thread(target=start, args=(started,))
+        starting.start()
+        assert started.wait(1 if waits else 10) is not waits, how
+        go.set()
+        holder.join(10)
+        assert started.wait(10), how
+        starting.join(10)
+    assert Run.objects.filter(created_by=starter).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_cap_is_exact_near_it_above_the_servers_connections(settings, django_user_model):
+    """A cap above the server's max_connections, 3 runs under it: the starts' shared counts
+    cannot decide (count + connections > cap), so each counts again exclusive: of 30 concurrent
+    starts exactly 3 pass."""
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW max_connections")
+        connections = int(cursor.fetchone()[0])
+    settings.AGENTRUNS_RUNS_IN_FLIGHT_PER_USER = cap = connections + 10
+    starter = make_user(django_user_model, "integration", STARTER)
+    first = start_run("refund", REFUND_INPUT, user=starter).run
+    with connection.cursor() as cursor:  # copies of it, queued: cap - 3 in flight in all
+        cursor.execute(
+            "INSERT INTO agentruns_run SELECT (jsonb_populate_record(NULL::agentruns_run, "
+            "to_jsonb(r) || jsonb_build_object('id', gen_random_uuid()))).* "
+            "FROM agentruns_run r, generate_series(1, %s) WHERE r.id = %s",
+            [cap - 4, first.id],
+        )
+    assert Run.objects.filter(created_by=starter, status=RunStatus.QUEUED).count() == cap - 3
+
+    def start() -> str:
+        try:
+            start_run("refund", REFUND_INPUT, user=starter)
+            return "started"
+        except quotas.QuotaExceeded:
+            return "refused"
+
+    answers = race(*[start] * 30)
+    assert (answers.count("started"), answers.count("refused")) == (3, 27), answers
+    assert Run.objects.filter(created_by=starter).count() == cap
 
 
 @pytest.mark.django_db(transaction=True)

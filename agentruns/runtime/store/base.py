@@ -42,10 +42,18 @@ class InFlightCap:
 
     user_id: Any
     limit: int
+    # the start is alone in its transaction: far below the cap it need not wait for the user's
+    # other starts (PostgreSQL: `pg_function`'s shared lock; InFlightNearCap when near it)
+    shared: bool = False
 
 
 class InFlightCapReached(Exception):
     """The start would exceed its `InFlightCap`: nothing was written."""
+
+
+class InFlightNearCap(Exception):
+    """A `shared` start found its user near the cap, where only an exact count may decide:
+    nothing was written; start again with `shared` False."""
 
 
 @dataclass(slots=True, frozen=True)

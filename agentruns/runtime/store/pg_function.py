@@ -16,6 +16,16 @@ is a statement of its own inside the function, so its snapshot is taken after th
 granted and sees the run of every start that held the lock before (their transactions have
 committed: the lock ends with them). At the limit it raises SQLSTATE AR002 and writes nothing.
 
+That lock is held until the start commits, so one user's starts would wait for each other's
+commits however far below the cap they are (a client starting a batch through the API: 42 ms
+a start in `benchmarks.deployment`'s batch of 100). A start that is alone in its transaction
+(`shared`) takes the lock shared instead: such starts do not wait for each other, and one that
+counts exactly (exclusive: a start inside a caller's transaction, which may hold others) waits
+for them all to commit, and they for it. A shared start cannot see the runs of the others in
+flight, but each of them is one run on a connection of its own, so at most the server's
+`max_connections` runs are uncounted: when its count plus that could reach the limit, it raises
+SQLSTATE AR003, writes nothing, and the caller starts again exclusive, counting exactly.
+
 Fencing: the run UPDATE comes first and matches only while `owner` holds the lease; when it
 matches nothing the function raises SQLSTATE AR001 and the whole transaction (including a
 transactional tool's writes) rolls back.
@@ -33,6 +43,7 @@ from agentruns.runtime.store.sql import IN_FLIGHT_STATUSES
 FUNCTION = "agentruns_commit"
 LEASE_LOST_SQLSTATE = "AR001"
 IN_FLIGHT_CAP_SQLSTATE = "AR002"
+IN_FLIGHT_NEAR_SQLSTATE = "AR003"  # a shared start near its cap: count again, exclusive
 # the advisory lock a start takes per user while it counts that user's runs in flight
 IN_FLIGHT_LOCK = "agentruns.in_flight:"
 # the run columns an engine commit may set (`set_fields`) and add to (`incr_fields`)
@@ -109,7 +120,15 @@ DECLARE
     v_cancel boolean;
     v_u jsonb;
 BEGIN
-    IF p ? 'in_flight' THEN
+    IF p ? 'in_flight' AND (p->'in_flight'->>'shared')::boolean THEN
+        PERFORM pg_advisory_xact_lock_shared(hashtextextended('{IN_FLIGHT_LOCK}' || (p->'in_flight'->>'user'), 0));
+        IF ({in_flight_count} WHERE {created_by} = (p->'in_flight'->>'user')::{created_by_type}
+                AND {status} IN ({in_flight_statuses}) LIMIT (p->'in_flight'->>'limit')::integer) AS f)
+                + current_setting('max_connections')::integer > (p->'in_flight'->>'limit')::integer THEN
+            RAISE EXCEPTION USING ERRCODE = '{IN_FLIGHT_NEAR_SQLSTATE}',
+                MESSAGE = 'runs in flight: near ' || (p->'in_flight'->>'limit') || ', counted exactly';
+        END IF;
+    ELSIF p ? 'in_flight' THEN
         PERFORM pg_advisory_xact_lock(hashtextextended('{IN_FLIGHT_LOCK}' || (p->'in_flight'->>'user'), 0));
         IF ({in_flight_count} WHERE {created_by} = (p->'in_flight'->>'user')::{created_by_type}
                 AND {status} IN ({in_flight_statuses}) LIMIT (p->'in_flight'->>'limit')::integer) AS f)

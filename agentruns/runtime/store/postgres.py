@@ -20,12 +20,19 @@ from django.utils import timezone
 
 from agentruns.models import Run, RunEvent, RunStatus
 from agentruns.runtime.events import EventSpec, LeaseLost
-from agentruns.runtime.store.base import InFlightCap, InFlightCapReached, RunDeltas, RunStore
+from agentruns.runtime.store.base import (
+    InFlightCap,
+    InFlightCapReached,
+    InFlightNearCap,
+    RunDeltas,
+    RunStore,
+)
 from agentruns.runtime.store.documents import batch_rows, dumps, row
 from agentruns.runtime.store.nudges import nudge_on_commit, nudge_runs_on_commit
 from agentruns.runtime.store.pg_function import (
     FUNCTION,
     IN_FLIGHT_CAP_SQLSTATE,
+    IN_FLIGHT_NEAR_SQLSTATE,
     LEASE_LOST_SQLSTATE,
 )
 from agentruns.runtime.store.rows import loaded_run, run_columns
@@ -51,7 +58,8 @@ def call_function(
     `end_transaction`: the caller's transaction.atomic() block ends right after this call, so the
     COMMIT rides in the same round trip (psycopg then skips its own COMMIT: the server is idle).
     `notify`: a channel the same statement NOTIFYs (sent when its transaction commits).
-    `in_flight`: a new run's cap, checked by the function (InFlightCapReached: nothing written)."""
+    `in_flight`: a new run's cap, checked by the function (InFlightCapReached: nothing written;
+    InFlightNearCap: a shared start near the cap, nothing written, to be made again exclusive)."""
     payload: dict[str, Any] = {"run": str(run_id), "now": now.isoformat(), "events": events}
     if owner is not None:
         payload["owner"] = owner
@@ -62,7 +70,11 @@ def call_function(
     if new_run is not None:
         payload["new_run"] = new_run
     if in_flight is not None:
-        payload["in_flight"] = {"user": str(in_flight.user_id), "limit": in_flight.limit}
+        payload["in_flight"] = {
+            "user": str(in_flight.user_id),
+            "limit": in_flight.limit,
+            "shared": in_flight.shared,
+        }
     if rows:
         payload.update(rows)
     try:
@@ -70,6 +82,8 @@ def call_function(
     except DatabaseError as exc:
         if getattr(exc.__cause__, "sqlstate", None) == IN_FLIGHT_CAP_SQLSTATE:
             raise InFlightCapReached(str(in_flight.user_id if in_flight else "")) from None
+        if getattr(exc.__cause__, "sqlstate", None) == IN_FLIGHT_NEAR_SQLSTATE:
+            raise InFlightNearCap(str(in_flight.user_id if in_flight else "")) from None
         if getattr(exc.__cause__, "sqlstate", None) == LEASE_LOST_SQLSTATE:
             if owner is None:
                 raise Run.DoesNotExist(str(run_id)) from None
