@@ -17,6 +17,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, NamedTuple
 
 from django.db.models import F, Q, Window
@@ -146,12 +147,31 @@ class Card:
         labels = [f"the {f.label.lower()}" for f in self.fields if f.editable]
         return " or ".join([", ".join(labels[:-1]), labels[-1]] if len(labels) > 1 else labels)
 
-    # the card's two largest parts are cached by everything they show (`_item.html`): the
-    # same for every viewer, so each is rendered once per change, not once per page and person
+    # the card's parts that are the same for every viewer and every moment are cached by
+    # everything they show (`_item.html`), so each is rendered once per change, not once per
+    # page and person; who may do what, the CSRF tokens, "you", claims and the times that move
+    # with the clock ("waiting 3 min", overdue, due in) are rendered every time
     @property
     def fields_fingerprint(self) -> str:
-        """The edit form's inputs: the item's id and its fields."""
+        """The edit form: the item's id and its fields (what it may change derives from them)."""
         return _fingerprint((self.approval.id, self.fields))
+
+    @cached_property
+    def shown_fingerprint(self) -> str:
+        """The card's head (its status chip, customer, order, amount, what it asks and its
+        links) and its body (the request, the agent's messages and reason, the question or the
+        call with its rows, and what it meets across runs): everything they show."""
+        a = self.approval
+        return _fingerprint(
+            (
+                (a.id, a.status, a.kind, a.resolution, a.priority, a.agent, a.tool, a.run_id),
+                (a.step.index, a.question, a.choices),
+                (self.not_made, self.not_made_label, self.label, self.links),
+                (self.customer, self.order_id, self.amount, self.amount_cents),
+                (self.ticket_id, self.ticket_url, self.request_text, self.recent_text),
+                (self.reason_given, self.args, self.rows, self.context_view),
+            )
+        )
 
     @property
     def call_fingerprint(self) -> str:

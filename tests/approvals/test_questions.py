@@ -252,6 +252,21 @@ def test_a_cancel_withdraws_the_question(django_user_model):
     assert_json_error(late, 409)
 
 
+def test_a_run_ended_after_its_page_showed_the_question_shows_at_once(django_user_model):
+    """The card's head is cached by what it shows (`Card.shown_fingerprint`): the run cancelled,
+    the item's own page shows it withdrawn on the next look, its chip too."""
+    run = asked()
+    item = Approval.objects.get(run=run)
+    client = Client()
+    client.force_login(make_user(django_user_model, "colleague", DECIDER))
+    page = f"/approvals/{item.id}/"
+    assert '<span class="chip s-waiting">question</span>' in client.get(page).content.decode()
+    run_services.cancel_run(run.id, user=make_user(django_user_model, "op", superuser=True))
+    after = client.get(page).content.decode()
+    assert '<span class="chip s-succeeded">resolved</span>' in after
+    assert '<span class="chip s-waiting">question</span>' not in after
+
+
 def test_a_question_deferred_by_any_tool_lands_in_the_inbox(django_user_model):
     """A tool raising `CallDeferred(kind="question")` (as Pydantic AI Harness's `AskUser` does)
     is asked in the inbox like `ask_human`, and the answer is its result."""

@@ -162,15 +162,18 @@ def test_the_inbox_shows_who_approved_and_who_may_still_decide(staff, client):
 
 @pytest.mark.django_db
 def test_the_inbox_shows_an_edit_made_after_it_showed_the_card(staff, client):
-    """A card's edit form and call are cached by what they show: an edit shows at once."""
+    """A card's edit form, call and head are cached by what they show: an edit shows at once."""
     approval = parked("ORD-1001", staff["clerk"])
     client.force_login(staff["approver2"])
     before = item_card(client.get("/approvals/").content.decode(), approval.id)
     assert 'data-original="247.11"' in before and "<code>24711</code>" in before
+    assert '<strong class="amount" data-cents="24711">247.11 USD</strong>' in before
     edited = decide(staff["lead"], approval, args={"amount_cents": 20_000}).json()
     assert edited["status"] == "pending"
     after = item_card(client.get("/approvals/").content.decode(), approval.id)
     assert 'data-original="200.00"' in after and 'data-original="247.11"' not in after
+    # the card's head too (the amount it asks for now)
+    assert '<strong class="amount" data-cents="20000">200.00 USD</strong>' in after
     assert "<code>20000</code>" in after and "<code>24711</code>" not in after
 
 

@@ -113,3 +113,23 @@ def test_refund_contexts_answer_each_call_in_order_in_fixed_queries(people):
         "ORD-1003",
     ]
     assert found[0]["ticket_id"] == "T-1003" and found[4]["ticket_id"] is None
+
+
+def card_of(html: str, approval_id: int) -> str:
+    """The item's own card on a page."""
+    start = html.index(f'id="approval-{approval_id}"')
+    return html[start : html.index("</article>", start)]
+
+
+def test_a_refund_recorded_after_the_inbox_showed_the_card_shows_at_once(people):
+    """The card's head and body are cached by everything they show (`Card.shown_fingerprint`):
+    a refund the gateway records shows in the card's facts on the next page, not later."""
+    item = pending_refund("ORD-1001", "T-1001")
+    client = Client()
+    client.force_login(people["approver"])
+    before = card_of(client.get("/approvals/").content.decode(), item.id)
+    assert "<dt>refunds</dt><dd>none</dd>" in before
+    paid("ORD-1001", 2000, None)
+    after = card_of(client.get("/approvals/").content.decode(), item.id)
+    assert "<dt>refunds</dt><dd>none</dd>" not in after
+    assert "<dt>refunded</dt><dd>20.00 USD</dd>" in after
