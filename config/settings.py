@@ -233,6 +233,20 @@ if SECURE_HTTPS:
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
 
+# --- caches: each process's memory. The inbox's cards are rendered once per change and kept as
+# fragments (approvals/_item.html: six a card, ~150 for a page of 25), in a cache of their own:
+# Django's default holds 300 entries, which two people on different filters would churn. A
+# project without "template_fragments" keeps them in its default cache (Django's {% cache %}).
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "template_fragments": {
+        "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+        "LOCATION": "template-fragments",
+        "TIMEOUT": 600,
+        "OPTIONS": {"MAX_ENTRIES": 5000},
+    },
+}
+
 # --- the channel layer and django-q2 ------------------------------------------------------
 # The apps default CHANNEL_LAYERS (channels_redis with REDIS_URL, else in memory) and Q_CLUSTER
 # (a doorbell design, tuned by Q_WORKERS, Q_TIMEOUT, ...) as in any project that leaves them

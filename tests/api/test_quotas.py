@@ -140,7 +140,9 @@ def test_the_in_flight_cap_is_exact_under_60_concurrent_starts(settings, django_
         assert Run.objects.filter(created_by=starter).count() == 5
 
 
-def _hold_in_flight_lock(user_id: int, how: str, held: threading.Event, go: threading.Event) -> None:
+def _hold_in_flight_lock(
+    user_id: int, how: str, held: threading.Event, go: threading.Event
+) -> None:
     """In a transaction of its own, the user's in-flight lock (`how`: "shared", as an
     uncommitted start far below its cap holds it, or "exclusive", as one counting exactly),
     until `go`."""
@@ -158,9 +160,7 @@ def _hold_in_flight_lock(user_id: int, how: str, held: threading.Event, go: thre
 
 
 @pytest.mark.django_db(transaction=True)
-def test_starts_far_below_the_cap_do_not_wait_for_each_others_commits(
-    settings, django_user_model
-):
+def test_starts_far_below_the_cap_do_not_wait_for_each_others_commits(settings, django_user_model):
     """One user's starts, each alone in its transaction and far below the cap (its count plus
     the server's connections), take the user's in-flight lock shared: another start of theirs
     not committed yet does not hold them up. A start counting exactly (the lock exclusive: near
