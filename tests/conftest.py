@@ -10,7 +10,11 @@ from django.contrib.auth.models import Group
 from django.core.management import call_command
 from django.db import connection
 
-from tests import pgserver, testkit  # (testkit registers the shared test agents and tools)
+from tests import (  # (testkit registers the shared test agents and tools)
+    bytecode,
+    pgserver,
+    testkit,
+)
 from tests.helpers import ApiClient, make_user  # (importable from here too, as older tests do)
 from tests.procs import Proc
 from tests.scheduling import pytest_collection_modifyitems  # noqa: F401  (the slowest first)
@@ -20,6 +24,7 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 def pytest_configure(config: pytest.Config) -> None:
     if getattr(config, "workerinput", None) is None:  # the main process: before any worker
+        bytecode.compile_checkout()
         pgserver.share_template_dir()
 
 
