@@ -11,9 +11,10 @@ changed. Without xdist (`-n 0`) the collection order stays as it is.
 
 The expected seconds are pytest's own `--durations` lines kept in tests/durations.txt (setup,
 call and teardown of a test are added up); a test not listed there is estimated by its marks.
-Regenerate the file from a suite run: `make test PYTEST_ARGS=--durations=150 | grep -E
-'^[0-9.]+s (setup|call|teardown) ' > tests/durations.txt` (drop the first setups of each
-worker: they create its test database).
+Regenerate the file from a suite run: `make test PYTEST_ARGS=--durations=0 | grep -E
+'^[0-9.]+s (setup|call|teardown) ' > tests/durations.txt` (every test: a module left out is
+guessed by its marks, and a guess far too low puts a minute of work at the suite's end; drop the
+first setups of each worker: they create its test database).
 """
 
 from __future__ import annotations

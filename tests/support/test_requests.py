@@ -12,6 +12,7 @@ one order are not kept in line as the demo's are.)
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -239,6 +240,14 @@ def test_the_ticket_api_is_bounded_per_sender(desk, settings):
 
     api = ApiClient(desk["approver"])
     body = {"order_id": "ORD-1008", "subject": "s", "body": "b"}
-    codes = [api.post("/api/tickets", body).status_code for _ in range(actions.TICKETS_BURST + 2)]
-    assert codes[: actions.TICKETS_BURST] == [201] * actions.TICKETS_BURST
-    assert codes[-1] == 429
+    began = time.monotonic()
+    codes = [api.post("/api/tickets", body).status_code for _ in range(actions.TICKETS_BURST)]
+    assert codes == [201] * actions.TICKETS_BURST
+    # then only what the bucket got back since (TICKETS_PER_SECOND): on a busy machine the burst
+    # itself takes a second or more, and a token or two came back meanwhile
+    while codes[-1] != 429:
+        refilled = int((time.monotonic() - began) * actions.TICKETS_PER_SECOND)
+        assert len(codes) <= actions.TICKETS_BURST + refilled, codes
+        assert len(codes) < actions.TICKETS_BURST + 40, "never refused"
+        codes.append(api.post("/api/tickets", body).status_code)
+    assert set(codes[actions.TICKETS_BURST : -1]) <= {201}, codes
