@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from django.core.cache import caches
+from django.core.cache.utils import make_template_fragment_key
 
 from agentruns.models import Run, RunEvent, RunStatus, Step, StepStatus
 from agentruns.services import start_run
@@ -158,6 +160,18 @@ def test_the_inbox_shows_who_approved_and_who_may_still_decide(staff, client):
         card = item_card(client.get("/approvals/").content.decode(), approval.id)
         assert 'value="approve"' not in card and 'value="reject"' in card
         assert "you-may-not" in card
+
+
+@pytest.mark.django_db
+def test_the_inbox_keeps_its_card_fragments_in_their_own_cache(staff, client):
+    """The cards' fragments go to the `template_fragments` cache (config/settings.py), not the
+    default one, whose 300 entries a page's ~150 fragments would churn."""
+    approval = parked("ORD-1001", staff["clerk"])
+    client.force_login(staff["approver2"])
+    assert client.get("/approvals/").status_code == 200
+    key = make_template_fragment_key("approval-notes", [approval.id])
+    assert caches["template_fragments"].get(key) is not None
+    assert caches["default"].get(key) is None
 
 
 @pytest.mark.django_db
