@@ -21,6 +21,7 @@ import threading
 from collections.abc import AsyncIterator
 
 import pytest
+from asgiref.sync import AsyncToSync, SyncToAsync, markcoroutinefunction
 from django.db import OperationalError
 from django.http import HttpResponse, StreamingHttpResponse
 from django.urls import path
@@ -65,7 +66,26 @@ def blocking_view(request):
     return HttpResponse(b"unblocked")
 
 
+async def async_view(request):
+    return HttpResponse(f"async view, {request.async_marks}".encode())
+
+
+class AsyncOnlyMiddleware:
+    """A host project's middleware that can only be async."""
+
+    sync_capable, async_capable = False, True
+
+    def __init__(self, get_response) -> None:
+        self.get_response = get_response
+        markcoroutinefunction(self)
+
+    async def __call__(self, request):
+        request.async_marks = "marked"
+        return await self.get_response(request)
+
+
 urlpatterns = [
+    path("async", async_view),
     path("waits", waiting_view),
     path("fails", failing_view),
     path("quick", quick_view),
@@ -223,3 +243,30 @@ def test_an_sse_body_that_fails_ends_with_an_error_chunk(failure, said):
         {"type": "start"},
         {"type": "error", "errorText": said},
     ]
+
+
+def test_a_requests_middleware_and_view_are_entered_on_its_thread_once(urls, monkeypatch):
+    """Django built for ASGI keeps every middleware that can be async async, and each of them
+    hops to the request's thread and back for its process_request and process_response."""
+    hops: list[str] = []
+    for adapter in (SyncToAsync, AsyncToSync):
+        hop = adapter.__call__
+
+        def counted(self, *args, _hop=hop, **kwargs):
+            hops.append(
+                f"{type(self).__name__} {getattr(self, 'func', getattr(self, 'awaitable', None))!r}"
+            )
+            return _hop(self, *args, **kwargs)
+
+        monkeypatch.setattr(adapter, "__call__", counted)
+    sent = asyncio.run(call("/quick"))  # through the project's whole MIDDLEWARE
+    assert sent[0]["status"] == 200
+    # Django's request_started receivers, the chain with its view, and the response's close()
+    assert len(hops) <= 3, "\n".join(hops)
+
+
+def test_a_host_projects_async_middleware_and_async_view_still_work(urls, settings):
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, f"{__name__}.AsyncOnlyMiddleware"]
+    sent = asyncio.run(call("/async"))
+    bodies = [m.get("body", b"") for m in sent if m["type"] == "http.response.body"]
+    assert sent[0]["status"] == 200 and b"".join(bodies) == b"async view, marked"
