@@ -14,7 +14,6 @@ import uuid
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from functools import partial
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
@@ -23,7 +22,7 @@ from django.utils import timezone
 
 from agentruns.conf import conf
 from agentruns.models import PRIORITY_MAX, PRIORITY_MIN, Run, Step
-from agentruns.registry import get_agent
+from agentruns.registry import Agent, get_agent
 from agentruns.runtime import writer
 from agentruns.runtime.access import permissions, quotas, scope
 from agentruns.runtime.conversations import history as conversations
@@ -160,13 +159,13 @@ def start_run(
     # below the cap (store/pg_function.py); near it the insert says so and it starts again,
     # counting exactly
     alone = in_flight is not None and not connection.in_atomic_block and thread_id is None
-    create = partial(
-        _create,
-        agent_name,
-        run_input,
+    asked = NewRun(
+        agent=agent,
+        agent_name=agent_name,
+        run_input=run_input,
         user=user,
         model=model,
-        enqueue_task=enqueue_task,
+        enqueue_task=enqueue_task and claim_for is None,
         claim_for=claim_for,
         traceparent=traceparent,
         priority=priority,
@@ -174,13 +173,13 @@ def start_run(
         dedupe_key=dedupe_key,
         owner=owner,
         concurrency_key=concurrency_key,
-        run_scope=run_scope,
+        scope=run_scope,
     )
     try:
         try:
-            return create(replace(in_flight, shared=True) if alone else in_flight)
+            return _create(asked, replace(in_flight, shared=True) if alone else in_flight)
         except InFlightNearCap:
-            return create(in_flight)
+            return _create(asked, in_flight)
     except InFlightCapReached:
         raise quotas.refused_in_flight(user, in_flight) from None
     except IntegrityError:
@@ -190,33 +189,38 @@ def start_run(
         return StartResult(repeat, False)
 
 
-def _create(
-    agent_name: str,
-    run_input: dict,
-    in_flight: InFlightCap | None,
-    *,
-    user: Any,
-    model: str | None,
-    enqueue_task: bool,
-    claim_for: str | None,
-    traceparent: str | None,
-    priority: int,
-    thread_id: str | None,
-    dedupe_key: str | None,
-    owner: str,
-    concurrency_key: str | None,
-    run_scope: Any,
-) -> StartResult:
+@dataclass(frozen=True)
+class NewRun:
+    """A start that passed its checks: what `_create` builds the run from (again, from scratch,
+    when a start far below its in-flight cap finds itself near it after all)."""
+
+    agent: Agent  # the registered agent (`get_agent(agent_name)`)
+    agent_name: str
+    run_input: dict
+    user: Any
+    model: str | None
+    enqueue_task: bool  # False: executed in this process (`claim_for`, benchmarks, scripts)
+    claim_for: str | None
+    traceparent: str | None
+    priority: int
+    thread_id: str | None
+    dedupe_key: str | None
+    owner: str
+    concurrency_key: str | None
+    scope: Any
+
+
+def _create(asked: NewRun, in_flight: InFlightCap | None) -> StartResult:
     """`start_run`'s run, built and inserted (with its line's place, its lease or its
     doorbell) in one transaction, or in one statement when nothing else goes with it."""
-    agent = get_agent(agent_name)
-    now = timezone.now()
+    agent, user, now = asked.agent, asked.user, timezone.now()
+    searched = (str(asked.run_input.get(field, "")) for field in agent.search_fields)
     run = Run(
-        agent=agent_name,
-        input=run_input,
-        dedupe_key=dedupe_key,
-        dedupe_owner=owner if dedupe_key is not None else "",
-        model=model or agent.model or conf.MODEL,
+        agent=asked.agent_name,
+        input=asked.run_input,
+        dedupe_key=asked.dedupe_key,
+        dedupe_owner=asked.owner if asked.dedupe_key is not None else "",
+        model=asked.model or agent.model or conf.MODEL,
         tool_snapshot={t.name: t.policy() for t in agent.tool_objects()},
         permissions=permissions.snapshot(user, agent.tools),
         max_steps=agent.max_steps or conf.DEFAULT_MAX_STEPS,
@@ -225,40 +229,41 @@ def _create(
         deadline_at=now + timedelta(seconds=agent.deadline_seconds)
         if agent.deadline_seconds
         else None,
-        search_text=" ".join(str(run_input.get(f, "")) for f in agent.search_fields).strip()[:200],
+        search_text=" ".join(searched).strip()[:200],
         created_by=user if getattr(user, "is_authenticated", False) else None,
         enqueued_at=now,
-        priority=priority,
-        concurrency_key=concurrency_key,
-        scope=run_scope,
+        priority=asked.priority,
+        concurrency_key=asked.concurrency_key,
+        scope=asked.scope,
     )
-    run.trace_id, run.trace_parent = new_run_trace(traceparent)
+    run.trace_id, run.trace_parent = new_run_trace(asked.traceparent)
     events = [
-        (EventType.RUN_CREATED, {"agent": agent_name, "by": actor_name(user), "status": "queued"})
+        (
+            EventType.RUN_CREATED,
+            {"agent": asked.agent_name, "by": actor_name(user), "status": "queued"},
+        )
     ]
-    if claim_for is not None:
-        enqueue_task = False
     store = get_store()
     # PostgreSQL: the creating statement NOTIFYs the workers' claimers instead of ringing a q2
     # doorbell (runtime/dispatch/claims.py); the sweeper's doorbell catches a NOTIFY nobody heard
-    notify = enqueue_task and claims.starts_by_notify()
+    notify = asked.enqueue_task and claims.starts_by_notify()
     # one statement needs no transaction of its own; inside the caller's, a savepoint keeps a
     # dedupe conflict from breaking it (a keyed start locks its key first: a transaction)
     single = (
         store.create_is_one_statement
-        and (notify or not enqueue_task)
+        and (notify or not asked.enqueue_task)
         and not connection.in_atomic_block
-        and concurrency_key is None
-        and thread_id is None
+        and asked.concurrency_key is None
+        and asked.thread_id is None
     )
     with nullcontext() if single else transaction.atomic():
-        placed = thread_line.place(run, thread_id) if thread_id is not None else []
+        placed = thread_line.place(run, asked.thread_id) if asked.thread_id is not None else []
         events += placed
-        if concurrency_key is not None and not placed:
-            events += concurrency.admit_new(run, concurrency.declared_limit(agent_name), now)
+        if asked.concurrency_key is not None and not placed:
+            events += concurrency.admit_new(run, concurrency.declared_limit(asked.agent_name), now)
         admitted = run.waiting_behind is None  # in a line: no lease, no doorbell
-        if claim_for is not None and admitted:
-            events += _leased(run, claim_for, now)
+        if asked.claim_for is not None and admitted:
+            events += _leased(run, asked.claim_for, now)
         run.last_seq = writer.create_run(
             run,
             events,
@@ -267,8 +272,7 @@ def _create(
             notify=claims.CHANNEL if notify and admitted else None,
             in_flight=in_flight,
         )
-        # enqueue_task False: executed in-process (benchmarks, scripts)
-        if enqueue_task and not notify and admitted:
+        if asked.enqueue_task and not notify and admitted:
             enqueue(run.id)
     return StartResult(run, True)
 
