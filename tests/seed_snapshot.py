@@ -12,10 +12,18 @@ command's do (the access generation's triggers fire; no model of theirs has sign
 
 The copy is used only where it is exactly what the command would do: when every table it
 writes to is empty, and the rows outside it that its rows point to (the permissions a group
-holds, by id) are unchanged since. A transactional test's flush makes the permissions afresh,
-with new ids: then the command runs again and the copy is taken again. Any other state (a
-user made before, a table not empty) runs the command itself. tests/test_seed_snapshot.py
-compares the two.
+holds, by id) are unchanged since. Any other state (a user made before, a table not empty)
+runs the command itself. tests/test_seed_snapshot.py compares the two.
+
+A transactional test ends with Django's `flush`: every table emptied, then the post_migrate
+signal, whose receivers (content types, permissions) write their ~300 rows back one query per
+app and model, with new ids. That cost ~0.25 s of the test process's CPU per test, and the new
+ids made the seed copy stale (the command ran again in the next seeded test, in every
+transactional one). So the rows the receivers wrote after the process's first flush are kept
+the same way (`after_flush`), and a later flush writes them back, with their ids, instead of
+sending the signal: only when the tables they go to are empty and the receivers are the same
+ones; otherwise the signal is sent. tests/test_seed_snapshot.py checks that the signal then
+finds nothing to add.
 """
 
 from __future__ import annotations
@@ -24,8 +32,12 @@ import os
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.contrib.contenttypes.models import ContentType
 from django.core.management import call_command
-from django.db import connection, transaction
+from django.core.management import sql as management_sql
+from django.core.management.commands import flush
+from django.db import DEFAULT_DB_ALIAS, connection, transaction
+from django.db.models.signals import post_migrate
 from django.utils import timezone
 
 from agentruns.models import AccessGeneration
@@ -51,6 +63,7 @@ class Snapshot:
 
 
 _snapshot: Snapshot | None = None
+_after_flush: tuple[Snapshot, list] | None = None  # post_migrate's rows, and its receivers
 
 
 def seed() -> None:
@@ -150,3 +163,36 @@ def _restore(snapshot: Snapshot) -> None:
                 f"FROM json_populate_recordset(NULL::{_q(table.name)}, %(rows)s) r",
                 {"since": since, "rows": table.rows},
             )
+
+
+# --- after a flush --------------------------------------------------------------------------
+def _receivers() -> list:
+    return [receiver[0] for receiver in post_migrate.receivers]  # (their lookup keys)
+
+
+def after_flush(verbosity: int, interactive: bool, db: str, **kwargs) -> None:
+    """What `flush` calls once it emptied the tables (`emit_post_migrate_signal`): the signal's
+    rows from the copy where it can, else the signal itself (the first time, kept)."""
+    global _after_flush
+    emit = management_sql.emit_post_migrate_signal
+    if db != DEFAULT_DB_ALIAS or connection.vendor != "postgresql" or kwargs:
+        emit(verbosity, interactive, db, **kwargs)
+        return
+    if _after_flush is not None:
+        snapshot, receivers = _after_flush
+        if receivers == _receivers() and _restorable(snapshot):
+            _restore(snapshot)
+            ContentType.objects.clear_cache()  # (as create_contenttypes does first)
+            return
+    tables = _tables()
+    before = _counts(tables)
+    emit(verbosity, interactive, db, **kwargs)
+    after = _counts(tables)
+    written = [t for t in tables if after[t] != before[t] and t not in NOT_COPIED]
+    if all(before[t] == 0 for t in written):
+        _after_flush = (_take(written), _receivers())
+
+
+def install_after_flush() -> None:
+    """Have `flush` (a transactional test's teardown) call `after_flush` for the signal."""
+    flush.emit_post_migrate_signal = after_flush
