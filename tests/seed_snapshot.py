@@ -29,7 +29,7 @@ finds nothing to add.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.contrib.contenttypes.models import ContentType
@@ -60,6 +60,10 @@ class Snapshot:
     outside: list[str]  # tables outside the copy that its rows point to
     fingerprint: str  # of `outside`'s rows when the copy was taken
     taken_at: datetime
+    # each table's id sequence and the highest id in the copy: the copy's ids are free only
+    # while the sequence is past them (a test that migrates a table away and back makes it
+    # afresh, at 1)
+    sequences: dict[str, int] = field(default_factory=dict)
 
 
 _snapshot: Snapshot | None = None
@@ -116,7 +120,7 @@ def _fingerprint(tables: list[str]) -> str:
 
 
 def _take(names: list[str]) -> Snapshot:
-    tables, outside = [], set()
+    tables, outside, sequences = [], set(), {}
     with connection.cursor() as cursor:
         for name in names:
             cursor.execute(
@@ -138,15 +142,34 @@ def _take(names: list[str]) -> Snapshot:
             )
             relations = connection.introspection.get_relations(cursor, name)
             outside |= {table for _, table in relations.values() if table not in names}
+            key = connection.introspection.get_primary_key_column(cursor, name)
+            cursor.execute("SELECT pg_get_serial_sequence(%s, %s)", [_q(name), key])
+            sequence = cursor.fetchone()[0]
+            if sequence is not None and rows is not None:
+                cursor.execute(f"SELECT max({_q(key)}) FROM {_q(name)}")
+                sequences[sequence] = cursor.fetchone()[0]
     outside_tables = sorted(outside)
-    return Snapshot(tables, outside_tables, _fingerprint(outside_tables), timezone.now())
+    fingerprint = _fingerprint(outside_tables)
+    return Snapshot(tables, outside_tables, fingerprint, timezone.now(), sequences)
 
 
 def _restorable(snapshot: Snapshot) -> bool:
     counts = _counts([t.name for t in snapshot.tables])
-    if any(counts.values()):
+    if any(counts.values()) or not _sequences_past(snapshot.sequences):
         return False
     return _fingerprint(snapshot.outside) == snapshot.fingerprint
+
+
+def _sequences_past(highest: dict[str, int]) -> bool:
+    if not highest:
+        return True
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT bool_and(coalesce(pg_sequence_last_value(s::regclass) >= h, false)) "
+            "FROM unnest(%s::text[], %s::bigint[]) AS t(s, h)",
+            [list(highest), list(highest.values())],
+        )
+        return bool(cursor.fetchone()[0])
 
 
 def _restore(snapshot: Snapshot) -> None:
