@@ -26,6 +26,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if getattr(config, "workerinput", None) is None:  # the main process: before any worker
         bytecode.compile_checkout()
         pgserver.share_template_dir()
+    # a transactional test's flush writes post_migrate's rows back from a copy
+    seed_snapshot.install_after_flush()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

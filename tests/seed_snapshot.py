@@ -12,20 +12,32 @@ command's do (the access generation's triggers fire; no model of theirs has sign
 
 The copy is used only where it is exactly what the command would do: when every table it
 writes to is empty, and the rows outside it that its rows point to (the permissions a group
-holds, by id) are unchanged since. A transactional test's flush makes the permissions afresh,
-with new ids: then the command runs again and the copy is taken again. Any other state (a
-user made before, a table not empty) runs the command itself. tests/test_seed_snapshot.py
-compares the two.
+holds, by id) are unchanged since. Any other state (a user made before, a table not empty)
+runs the command itself. tests/test_seed_snapshot.py compares the two.
+
+A transactional test ends with Django's `flush`: every table emptied, then the post_migrate
+signal, whose receivers (content types, permissions) write their ~300 rows back one query per
+app and model, with new ids. That cost ~0.25 s of the test process's CPU per test, and the new
+ids made the seed copy stale (the command ran again in the next seeded test, in every
+transactional one). So the rows the receivers wrote after the process's first flush are kept
+the same way (`after_flush`), and a later flush writes them back, with their ids, instead of
+sending the signal: only when the tables they go to are empty and the receivers are the same
+ones; otherwise the signal is sent. tests/test_seed_snapshot.py checks that the signal then
+finds nothing to add.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
+from django.contrib.contenttypes.models import ContentType
 from django.core.management import call_command
-from django.db import connection, transaction
+from django.core.management import sql as management_sql
+from django.core.management.commands import flush
+from django.db import DEFAULT_DB_ALIAS, connection, transaction
+from django.db.models.signals import post_migrate
 from django.utils import timezone
 
 from agentruns.models import AccessGeneration
@@ -48,9 +60,14 @@ class Snapshot:
     outside: list[str]  # tables outside the copy that its rows point to
     fingerprint: str  # of `outside`'s rows when the copy was taken
     taken_at: datetime
+    # each table's id sequence and the highest id in the copy: the copy's ids are free only
+    # while the sequence is past them (a test that migrates a table away and back makes it
+    # afresh, at 1)
+    sequences: dict[str, int] = field(default_factory=dict)
 
 
 _snapshot: Snapshot | None = None
+_after_flush: tuple[Snapshot, list] | None = None  # post_migrate's rows, and its receivers
 
 
 def seed() -> None:
@@ -103,7 +120,7 @@ def _fingerprint(tables: list[str]) -> str:
 
 
 def _take(names: list[str]) -> Snapshot:
-    tables, outside = [], set()
+    tables, outside, sequences = [], set(), {}
     with connection.cursor() as cursor:
         for name in names:
             cursor.execute(
@@ -125,15 +142,34 @@ def _take(names: list[str]) -> Snapshot:
             )
             relations = connection.introspection.get_relations(cursor, name)
             outside |= {table for _, table in relations.values() if table not in names}
+            key = connection.introspection.get_primary_key_column(cursor, name)
+            cursor.execute("SELECT pg_get_serial_sequence(%s, %s)", [_q(name), key])
+            sequence = cursor.fetchone()[0]
+            if sequence is not None and rows is not None:
+                cursor.execute(f"SELECT max({_q(key)}) FROM {_q(name)}")
+                sequences[sequence] = cursor.fetchone()[0]
     outside_tables = sorted(outside)
-    return Snapshot(tables, outside_tables, _fingerprint(outside_tables), timezone.now())
+    fingerprint = _fingerprint(outside_tables)
+    return Snapshot(tables, outside_tables, fingerprint, timezone.now(), sequences)
 
 
 def _restorable(snapshot: Snapshot) -> bool:
     counts = _counts([t.name for t in snapshot.tables])
-    if any(counts.values()):
+    if any(counts.values()) or not _sequences_past(snapshot.sequences):
         return False
     return _fingerprint(snapshot.outside) == snapshot.fingerprint
+
+
+def _sequences_past(highest: dict[str, int]) -> bool:
+    if not highest:
+        return True
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT bool_and(coalesce(pg_sequence_last_value(s::regclass) >= h, false)) "
+            "FROM unnest(%s::text[], %s::bigint[]) AS t(s, h)",
+            [list(highest), list(highest.values())],
+        )
+        return bool(cursor.fetchone()[0])
 
 
 def _restore(snapshot: Snapshot) -> None:
@@ -150,3 +186,36 @@ def _restore(snapshot: Snapshot) -> None:
                 f"FROM json_populate_recordset(NULL::{_q(table.name)}, %(rows)s) r",
                 {"since": since, "rows": table.rows},
             )
+
+
+# --- after a flush --------------------------------------------------------------------------
+def _receivers() -> list:
+    return [receiver[0] for receiver in post_migrate.receivers]  # (their lookup keys)
+
+
+def after_flush(verbosity: int, interactive: bool, db: str, **kwargs) -> None:
+    """What `flush` calls once it emptied the tables (`emit_post_migrate_signal`): the signal's
+    rows from the copy where it can, else the signal itself (the first time, kept)."""
+    global _after_flush
+    emit = management_sql.emit_post_migrate_signal
+    if db != DEFAULT_DB_ALIAS or connection.vendor != "postgresql" or kwargs:
+        emit(verbosity, interactive, db, **kwargs)
+        return
+    if _after_flush is not None:
+        snapshot, receivers = _after_flush
+        if receivers == _receivers() and _restorable(snapshot):
+            _restore(snapshot)
+            ContentType.objects.clear_cache()  # (as create_contenttypes does first)
+            return
+    tables = _tables()
+    before = _counts(tables)
+    emit(verbosity, interactive, db, **kwargs)
+    after = _counts(tables)
+    written = [t for t in tables if after[t] != before[t] and t not in NOT_COPIED]
+    if all(before[t] == 0 for t in written):
+        _after_flush = (_take(written), _receivers())
+
+
+def install_after_flush() -> None:
+    """Have `flush` (a transactional test's teardown) call `after_flush` for the signal."""
+    flush.emit_post_migrate_signal = after_flush

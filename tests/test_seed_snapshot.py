@@ -7,8 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from django.contrib.auth.models import Group
-from django.db import connection, transaction
+from django.contrib.auth.models import Group, Permission
+from django.contrib.contenttypes.models import ContentType
+from django.core.management import call_command
+from django.core.management.sql import emit_post_migrate_signal
+from django.db import DEFAULT_DB_ALIAS, connection, transaction
 from django.utils import timezone
 
 from agentruns.models import AccessGeneration, ToolRule
@@ -117,3 +120,53 @@ def test_a_table_not_empty_gets_the_command_itself(django_user_model):
     assert not seed_snapshot._restorable(snapshot)  # (a user is there)
     seed_snapshot.seed()  # the command: it makes the missing viewer and leaves the rest
     assert django_user_model.objects.filter(username="viewer").exists()
+
+
+def test_a_copy_is_not_used_where_a_sequence_would_give_its_ids_again():
+    """A test that migrates a table away and back makes its id sequence afresh, at 1: the copy's
+    ids would collide with the next row's, so the command runs instead."""
+    seed_snapshot.seed()
+    snapshot = seed_snapshot._snapshot
+    (sequence,) = [s for s in snapshot.sequences if "support_order" in s]
+    assert seed_snapshot._sequences_past(snapshot.sequences)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_sequence_last_value(%s::regclass)", [sequence])
+        (last,) = cursor.fetchone()
+        try:
+            cursor.execute("SELECT setval(%s::regclass, 1, false)", [sequence])  # (not undone)
+            assert not seed_snapshot._sequences_past(snapshot.sequences)
+        finally:
+            cursor.execute("SELECT setval(%s::regclass, %s)", [sequence, last])
+    assert seed_snapshot._sequences_past(snapshot.sequences)
+
+
+def flush() -> None:
+    """As a transactional test's teardown flushes (TransactionTestCase: sequences kept)."""
+    call_command("flush", interactive=False, verbosity=0, reset_sequences=False)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_flush_writes_back_what_post_migrate_writes():
+    """A flush's content types and permissions (the signal's rows the first time, the copy of
+    them after that) keep their ids from flush to flush, and the signal itself, sent after the
+    copy was written, finds nothing missing."""
+
+    def state() -> tuple[list, list]:
+        return (
+            sorted(ContentType.objects.values_list("id", "app_label", "model")),
+            sorted(Permission.objects.values_list("id", "content_type_id", "codename", "name")),
+        )
+
+    flush()
+    assert seed_snapshot._after_flush is not None, "the signal's rows are kept"
+    first = state()
+    assert first[0] and first[1]
+    flush()
+    assert state() == first
+
+    emit_post_migrate_signal(0, False, DEFAULT_DB_ALIAS)
+    assert state() == first
+    # so a seeded test after a transactional one gets the seed copy, not the command
+    seed_snapshot.seed()  # (the command or the copy: the copy exists afterwards)
+    flush()
+    assert seed_snapshot._restorable(seed_snapshot._snapshot)
