@@ -8,23 +8,20 @@ idempotency key; its own PostgreSQL database (on the suite's server), daphne ser
 
 The venv gets the wheel's dependencies, and only them: their closure (the wheel's
 `Requires-Dist`, followed through the installed distributions' metadata) taken from the hashed
-lock, so the pins are the suite's own and pip installs them without resolving, from a directory
-of the lock's wheels kept between runs (`wheel_cache`: the index is read only for a pin not in
-it yet); `--only-binary :all:` proves no compiler is needed, `pip check` that the wheel's
-declared dependencies are met, and a module the apps import without declaring it fails the run
-(the demo's `support`, `config`, honcho, django-axes and django-csp are not there).
+lock, so the pins are the suite's own and pip installs them from its cache without resolving;
+`--only-binary :all:` proves no compiler is needed, `pip check` that the wheel's declared
+dependencies are met, and a module the apps import without declaring it fails the run (the
+demo's `support`, `config`, honcho, django-axes and django-csp are not there).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 import zipfile
@@ -37,7 +34,7 @@ import httpx
 import psycopg
 import pytest
 from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.utils import canonicalize_name
 from websockets.sync.client import connect as websocket_connect
 
 from tests.procs import ROOT, Proc, free_port, wait_http
@@ -236,61 +233,6 @@ def locked_subset(names: set[str], target: Path) -> int:
     return len(blocks)
 
 
-def locked_pins(lock: Path) -> dict[str, tuple[str, set[str]]]:
-    """A lock file's entries: each distribution's pinned version and its wheels' sha256 hashes."""
-    pins: dict[str, tuple[str, set[str]]] = {}
-    current = None
-    for line in lock.read_text().splitlines():
-        if match := re.match(r"^([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?==([^\s;\\]+)", line):
-            current = canonicalize_name(match.group(1))
-            pins[current] = (match.group(2), set())
-        elif current is not None and (digest := re.search(r"--hash=sha256:([0-9a-f]{64})", line)):
-            pins[current][1].add(digest.group(1))
-    return pins
-
-
-def wheel_cache() -> Path:
-    """Where the lock's wheels are kept between suite runs (a user's cache directory)."""
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "agentruns-tests" / "host-project-wheels"
-
-
-def cached_wheels(lock: Path, work: Path, cache: Path) -> Path:
-    """`cache`, holding a wheel of every entry of `lock` (the pinned version, one of its hashes).
-
-    pip installing from the index reads each project's whole page of releases and weighs every
-    file on it: ~20 s of CPU for the ~110 pins, far more than installing them. So the wheels are
-    downloaded once, by pip from the index with the lock's hashes and `--only-binary :all:`, and
-    kept; a later run reads only the pins missing here from the index. A file is moved in whole
-    (two suite runs may fill it at once), and the install checks the lock's hashes again."""
-    cache.mkdir(parents=True, exist_ok=True)
-    present: set[str] = set()
-    pins = locked_pins(lock)
-    for path in cache.glob("*.whl"):
-        name, version, _, _ = parse_wheel_filename(path.name)
-        pin = pins.get(name)
-        if pin is not None and str(version) == pin[0]:
-            if hashlib.sha256(path.read_bytes()).hexdigest() in pin[1]:
-                present.add(name)
-            else:  # (a wheel of the pin that is not the lock's: pip would choose it and stop)
-                path.unlink(missing_ok=True)
-    missing = set(pins) - present
-    if missing:
-        missing_lock = work / "missing-wheels.lock"
-        assert locked_subset(missing, missing_lock) == len(missing)
-        download = Path(tempfile.mkdtemp(prefix=".download-", dir=cache))
-        try:
-            pip(
-                *("download", "--no-deps", "--only-binary", ":all:", "--require-hashes"),
-                *("-d", str(download), "-r", str(missing_lock)),
-            )
-            for path in download.glob("*.whl"):
-                os.replace(path, cache / path.name)
-        finally:
-            shutil.rmtree(download, ignore_errors=True)
-    return cache
-
-
 # --- the shop's database, on the suite's server ----------------------------------------------
 def server_settings() -> dict[str, str]:
     url = urlparse(os.environ["DATABASE_URL"])
@@ -402,15 +344,9 @@ def test_a_shop_project_installs_the_wheel_and_runs_its_agent_through_an_approva
     assert not closure & {"honcho", "django-axes", "django-csp", "pytest"}, closure
     lock = tmp_path / "wheel-dependencies.lock"
     assert locked_subset(closure, lock) == len(closure), "a dependency is missing from the lock"
-    wheels = cached_wheels(lock, tmp_path, wheel_cache())
     # (nothing byte-compiled here: the shop's first process compiles what it imports)
     install = ("install", "--no-deps", "--no-compile")
-    pip(
-        *install,
-        *("--only-binary", ":all:", "--require-hashes", "--no-index", "--find-links", str(wheels)),
-        *("-r", str(lock)),
-        into=python,
-    )
+    pip(*install, "--only-binary", ":all:", "--require-hashes", "-r", str(lock), into=python)
     pip(*install, "--no-index", str(wheel), into=python)
     pip("check", into=python)
     print(f"venv installed: {time.monotonic() - started:.1f}s")
