@@ -161,7 +161,6 @@ def start_run(
     alone = in_flight is not None and not connection.in_atomic_block and thread_id is None
     asked = NewRun(
         agent=agent,
-        agent_name=agent_name,
         run_input=run_input,
         user=user,
         model=model,
@@ -194,8 +193,7 @@ class NewRun:
     """A start that passed its checks: what `_create` builds the run from (again, from scratch,
     when a start far below its in-flight cap finds itself near it after all)."""
 
-    agent: Agent  # the registered agent (`get_agent(agent_name)`)
-    agent_name: str
+    agent: Agent  # the registered agent (`get_agent`): its `name` is the run's
     run_input: dict
     user: Any
     model: str | None
@@ -216,7 +214,7 @@ def _create(asked: NewRun, in_flight: InFlightCap | None) -> StartResult:
     agent, user, now = asked.agent, asked.user, timezone.now()
     searched = (str(asked.run_input.get(field, "")) for field in agent.search_fields)
     run = Run(
-        agent=asked.agent_name,
+        agent=agent.name,
         input=asked.run_input,
         dedupe_key=asked.dedupe_key,
         dedupe_owner=asked.owner if asked.dedupe_key is not None else "",
@@ -238,10 +236,7 @@ def _create(asked: NewRun, in_flight: InFlightCap | None) -> StartResult:
     )
     run.trace_id, run.trace_parent = new_run_trace(asked.traceparent)
     events = [
-        (
-            EventType.RUN_CREATED,
-            {"agent": asked.agent_name, "by": actor_name(user), "status": "queued"},
-        )
+        (EventType.RUN_CREATED, {"agent": agent.name, "by": actor_name(user), "status": "queued"})
     ]
     store = get_store()
     # PostgreSQL: the creating statement NOTIFYs the workers' claimers instead of ringing a q2
@@ -260,7 +255,7 @@ def _create(asked: NewRun, in_flight: InFlightCap | None) -> StartResult:
         placed = thread_line.place(run, asked.thread_id) if asked.thread_id is not None else []
         events += placed
         if asked.concurrency_key is not None and not placed:
-            events += concurrency.admit_new(run, concurrency.declared_limit(asked.agent_name), now)
+            events += concurrency.admit_new(run, concurrency.declared_limit(agent.name), now)
         admitted = run.waiting_behind is None  # in a line: no lease, no doorbell
         if asked.claim_for is not None and admitted:
             events += _leased(run, asked.claim_for, now)

@@ -193,14 +193,14 @@ class StreamingASGIHandler(ASGIHandler):
     behind the process's RequestGate, its middleware and view entered once per request."""
 
     def load_middleware(self, is_async: bool = False) -> None:
-        """The chain built synchronous, as under WSGI, and entered once on the request's thread.
-        Built for ASGI, Django keeps each middleware that can be async async, so every one of
-        them (`MiddlewareMixin`) hops to the request's thread and back for its
-        `process_request` and its `process_response`, and a sync-only one in between hops back
-        to the loop: about eight thread hand-overs a request, a third of daphne's CPU in a
-        batch of runs. An async-only middleware or an async view of a host project still works
-        (Django adapts it with `async_to_sync`); streamed bodies are still sent from the loop
-        (`send_response`)."""
+        """The chain built synchronous whatever `is_async` asks (ASGIHandler asks async), as
+        under WSGI, and entered once on the request's thread. Built for ASGI, Django keeps each
+        middleware that can be async async, so every one of them (`MiddlewareMixin`) hops to
+        the request's thread and back for its `process_request` and its `process_response`,
+        and a sync-only one in between hops back to the loop: about eight thread hand-overs a
+        request, a third of daphne's CPU in a batch of runs. An async-only middleware or an
+        async view of a host project still works (Django adapts it with `async_to_sync`);
+        streamed bodies are still sent from the loop (`send_response`)."""
         super().load_middleware(is_async=False)
         self._middleware_chain = sync_to_async(self._middleware_chain, thread_sensitive=True)
 

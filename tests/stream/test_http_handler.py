@@ -253,9 +253,8 @@ def test_a_requests_middleware_and_view_are_entered_on_its_thread_once(urls, mon
         hop = adapter.__call__
 
         def counted(self, *args, _hop=hop, **kwargs):
-            hops.append(
-                f"{type(self).__name__} {getattr(self, 'func', getattr(self, 'awaitable', None))!r}"
-            )
+            wrapped = getattr(self, "func", None) or getattr(self, "awaitable", None)
+            hops.append(f"{type(self).__name__} {wrapped!r}")
             return _hop(self, *args, **kwargs)
 
         monkeypatch.setattr(adapter, "__call__", counted)
