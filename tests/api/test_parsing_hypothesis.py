@@ -12,7 +12,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentruns.api.parsing import INT_LIMIT, MAX_DEPTH, BadRequest, loads
-from agentruns.runtime.values.text import printable, storable
+from agentruns.runtime.values.text import (
+    UnsafeValue,
+    _plainly_safe,
+    _refuse_unsafe,
+    printable,
+    storable,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -100,3 +106,24 @@ def test_nesting_is_bounded(depth):
 def test_storable_and_printable_repair_what_the_runtime_cannot_refuse(value):
     _storable(storable(value), bounded=False)  # jsonb holds any integer
     printable(json.dumps(value, ensure_ascii=False)).encode("utf-8")
+
+
+def _nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@SETTINGS
+@given(st.one_of(JSON_VALUE, st.integers(min_value=1, max_value=40).map(_nested)))
+def test_the_quick_check_and_the_one_naming_the_item_agree(value):
+    # check_value walks plain values without naming each item, and names it only to refuse
+    quick = _plainly_safe(value, 0)
+    try:
+        _refuse_unsafe(value, "body", 0)
+        named = True
+    except UnsafeValue as exc:
+        named = False
+        assert str(exc).startswith("body")
+    assert quick == named

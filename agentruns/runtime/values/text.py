@@ -66,6 +66,41 @@ def check_text(value: str, where: str) -> None:
 def check_value(value: Any, where: str = "body", depth: int = 0) -> None:
     """Every string and key storable and printable as UTF-8; numbers finite and bounded;
     depth bounded."""
+    if not _plainly_safe(value, depth):
+        _refuse_unsafe(value, where, depth)
+
+
+def _plainly_safe(value: Any, depth: int) -> bool:
+    """`check_value`'s rules for plain JSON values, naming nothing: a tool call's arguments are
+    checked on every step, and building each item's path costs more than checking it. False
+    also for a type it does not know (a subclass of one): `_refuse_unsafe` decides those."""
+    kind = type(value)
+    if kind is str:
+        return "\x00" not in value and _SURROGATE.search(value) is None
+    if value is None or kind is bool:
+        return True
+    if kind is int:
+        return -INT_LIMIT <= value <= INT_LIMIT
+    if kind is float:
+        return math.isfinite(value)
+    if kind is dict or kind is list or kind is tuple:
+        if depth >= MAX_DEPTH:  # its items would be nested too deep
+            return not value
+    if kind is dict:
+        return all(
+            type(key) is str
+            and "\x00" not in key
+            and _SURROGATE.search(key) is None
+            and _plainly_safe(item, depth + 1)
+            for key, item in value.items()
+        )
+    if kind is list or kind is tuple:
+        return all(_plainly_safe(item, depth + 1) for item in value)
+    return False
+
+
+def _refuse_unsafe(value: Any, where: str, depth: int) -> None:
+    """`check_value` with the path of each item, for the message of what it refuses."""
     if depth > MAX_DEPTH:
         raise UnsafeValue(f"{where}: nested deeper than {MAX_DEPTH} levels")
     if isinstance(value, str):
@@ -83,10 +118,17 @@ def check_value(value: Any, where: str = "body", depth: int = 0) -> None:
             if not isinstance(key, str):
                 raise UnsafeValue(f"{where}: keys must be strings")
             check_text(key, f"{where} (a key)")
-            check_value(item, f"{where}.{key}", depth + 1)
+            _refuse_unsafe(item, f"{where}.{key}", depth + 1)
     elif isinstance(value, list | tuple):
         for i, item in enumerate(value):
-            check_value(item, f"{where}[{i}]", depth + 1)
+            _refuse_unsafe(item, f"{where}[{i}]", depth + 1)
+
+
+# one decoder for every call: `json.loads` with hooks builds a decoder each time, which costs
+# three times the parse of a tool call's arguments
+_STRICT_JSON = json.JSONDecoder(
+    parse_constant=_reject_constant, parse_float=_parse_float, parse_int=_parse_int
+)
 
 
 def loads_strict(raw: bytes | str, where: str = "body", *, repair_text: bool = False) -> Any:
@@ -94,15 +136,17 @@ def loads_strict(raw: bytes | str, where: str = "body", *, repair_text: bool = F
     NUL and lone surrogates in strings become U+FFFD instead (what a model wrote, which the
     runtime cannot send back to a client as a 400)."""
     try:
-        data = json.loads(
-            raw, parse_constant=_reject_constant, parse_float=_parse_float, parse_int=_parse_int
-        )
+        if isinstance(raw, bytes | bytearray):  # as `json.loads` reads bytes
+            raw = raw.decode(json.detect_encoding(raw), "surrogatepass")
+        data = _STRICT_JSON.decode(raw)
     except UnsafeValue:
         raise
     except RecursionError:
         raise UnsafeValue(f"{where}: nested deeper than {MAX_DEPTH} levels") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UnsafeValue(f"malformed JSON: {exc}") from None
+    if _plainly_safe(data, 0):
+        return data
     if repair_text:
         data = storable(data)
     check_value(data, where)
