@@ -22,13 +22,12 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connection
-from django.db.models import Subquery
 
-from agentruns.models import OperationExecution, OperationState, Step
+from agentruns.models import OperationExecution, OperationState
 from agentruns.registry import OverLimit
 from agentruns.runtime.values.money import format_cents
 from agentruns.runtime.values.timestamps import iso
-from agentruns.selectors.operations import key_state
+from agentruns.selectors.operations import held_arguments, key_state
 from support.models import GatewayRefund, Order, Ticket
 
 KEY_PREFIX = "refund:"
@@ -48,26 +47,25 @@ def refund_operation_key(args: dict) -> str:
 def _in_flight_and_refunded(order_id: str, own_keys: list[str]) -> tuple[int, int]:
     """What the order's other requests are refunding right now, and what the gateway's ledger
     refunded of it. In flight: calls holding a refund key (being made, retried, or of unknown
-    outcome) whose refund the ledger has not recorded. Few rows: one per refund in flight
-    anywhere. `own_keys`: the call's own key (the limit is checked while the call holds it), and
+    outcome) whose refund the ledger has not recorded: the calls holding a refund key anywhere
+    are read (few: one per refund being made right now) and the order's kept by their
+    arguments. `own_keys`: the call's own key (the limit is checked while the call holds it), and
     the order's own (a tool keyed per order).
 
     Read in this order, in two statements after the order's lock: the keys in flight first,
     then the ledger. A refund the gateway records in between is in the ledger, so it is counted
     there and not in flight; read the other way round, it would be counted in neither."""
-    held = OperationExecution.objects.filter(
-        state=OperationState.HELD, key__startswith=KEY_PREFIX
-    ).exclude(key__in=own_keys)
-    in_flight = list(
-        Step.objects.filter(
-            id__in=held.values("step_id"), arguments__order_id=order_id
-        ).values_list("idempotency_key", "arguments")
-    )
-    ledger = list(
-        GatewayRefund.objects.filter(order_id=order_id).values_list(
-            "idempotency_key", "amount_cents"
+    in_flight = [
+        (key, args)
+        for key, args in held_arguments(KEY_PREFIX, own_keys)
+        if isinstance(args, dict) and args.get("order_id") == order_id
+    ]
+    with connection.cursor() as cursor:  # written out: every refund's "before" commit reads it
+        cursor.execute(
+            "SELECT idempotency_key, amount_cents FROM support_gatewayrefund WHERE order_id = %s",
+            [order_id],
         )
-    )
+        ledger = cursor.fetchall()
     refunded = sum(amount for _, amount in ledger)
     recorded = {key for key, _ in ledger}
     unrecorded = [key for key, _ in in_flight if key not in recorded]
@@ -84,22 +82,15 @@ def _in_flight_and_refunded(order_id: str, own_keys: list[str]) -> tuple[int, in
 def refund_limit(args: dict) -> OverLimit | None:
     """Over the limit when this refund, the order's earlier ones and the ones in flight for its
     other requests exceed what was paid; a ticket of another order is refused here too (its key
-    would be another customer's request). An unknown order is the gateway's to refuse. The
-    order is read with its ticket's order in one statement (this runs in every refund's
-    "before" commit)."""
-    order_id, amount = args.get("order_id"), args.get("amount_cents")
+    would be another customer's request). An unknown order is the gateway's to refuse."""
+    order_id, amount = _order_key(args.get("order_id")), args.get("amount_cents")
     ticket_id = args.get("ticket_id")
-    orders = Order.objects.filter(order_id=order_id)
-    if "ticket_id" in args and isinstance(ticket_id, str):
-        tickets = Ticket.objects.filter(ticket_id=ticket_id).values("order__order_id")[:1]
-        orders = orders.annotate(ticket_order=Subquery(tickets))
-    if connection.in_atomic_block:  # the order's refunds are checked one call at a time
-        orders = orders.select_for_update()
-    order = orders.first()
+    named = "ticket_id" in args and isinstance(ticket_id, str)
+    order, ticket_order = _locked_order(order_id, ticket_id if named else None)
     if order is None or not isinstance(amount, int):
         return None
     if "ticket_id" in args:
-        refused = _other_orders_ticket(order, ticket_id, getattr(order, "ticket_order", None))
+        refused = _other_orders_ticket(order, ticket_id, ticket_order)
         if refused is not None:
             return refused
     own = [refund_key(order.order_id)]
@@ -127,6 +118,31 @@ def refund_limit(args: dict) -> OverLimit | None:
         f"{format_cents(total)} of {format_cents(order.amount_cents, currency)} paid{moving}",
         figures,
     )
+
+
+_LOCKED_ORDER_COLUMNS = ("id", "order_id", "amount_cents", "currency")
+_LOCKED_ORDER_SQL = (
+    f"SELECT {', '.join(f'o.{c}' for c in _LOCKED_ORDER_COLUMNS)}, "
+    "(SELECT t_o.order_id FROM support_ticket t JOIN support_order t_o ON t_o.id = t.order_id "
+    "WHERE t.ticket_id = %s) FROM support_order o WHERE o.order_id = %s"
+)
+
+
+def _locked_order(order_id: str | None, ticket_id: str | None) -> tuple[Order | None, str | None]:
+    """The order, locked while the caller's transaction lasts (the order's refunds are checked
+    one call at a time), with the order of the ticket named (None: none named, or no such
+    ticket), in one statement written out: it runs in every refund's "before" commit."""
+    if order_id is None:
+        return None, None
+    sql = _LOCKED_ORDER_SQL
+    if connection.in_atomic_block and connection.features.has_select_for_update:
+        sql += " FOR UPDATE OF o"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [ticket_id, order_id])
+        row = cursor.fetchone()
+    if row is None:
+        return None, None
+    return Order.from_db(connection.alias, _LOCKED_ORDER_COLUMNS, row[:-1]), row[-1]
 
 
 def _other_orders_ticket(

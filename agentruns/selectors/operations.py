@@ -6,11 +6,23 @@ from typing import Any
 
 from agentruns.models import OperationExecution
 from agentruns.registry import get_tool, has_tool
-from agentruns.runtime.operations.executions import KeyState, key_state, key_states
+from agentruns.runtime.operations.executions import (
+    KeyState,
+    held_arguments,
+    key_state,
+    key_states,
+)
 from agentruns.runtime.values.redaction import redact_fields
 from agentruns.runtime.values.timestamps import iso
 
-__all__ = ["KeyState", "key_payload", "key_state", "key_states", "shown_result"]
+__all__ = [
+    "KeyState",
+    "held_arguments",
+    "key_payload",
+    "key_state",
+    "key_states",
+    "shown_result",
+]
 
 
 def shown_result(row: OperationExecution) -> Any:

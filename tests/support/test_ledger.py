@@ -85,6 +85,23 @@ def test_a_refund_in_flight_counts_until_the_gateway_has_it(seeded):
     assert over.figures["refunded_cents"] == 10_000 and "in_flight_cents" not in over.figures
 
 
+def test_a_refund_in_flight_for_another_order_is_not_counted(seeded):
+    # another order's refund holds its key right now; this order's whole amount still fits
+    other = {"order_id": "ORD-1001", "ticket_id": "T-1001", "message": "refund"}
+    run = start_run("refund", other, enqueue_task=False).run
+    args = {"order_id": "ORD-1001", "ticket_id": "T-1001", "amount_cents": 500, "reason": "r"}
+    step = Step.objects.create(
+        run=run, index=1, kind=StepKind.TOOL, tool="issue_refund", arguments=args,
+        idempotency_key="k-T-1001",
+    )  # fmt: skip
+    with transaction.atomic():
+        assert operations.gate(run, step, get_tool("issue_refund"), first_attempt=True).go
+    paid = Order.objects.get(order_id=ORDER).amount_cents
+    call = {"order_id": ORDER, "ticket_id": "T-1050", "reason": "r"}
+    assert refund_limit({**call, "amount_cents": paid}) is None
+    assert "in_flight_cents" not in refund_limit({**call, "amount_cents": paid + 1}).figures
+
+
 def test_a_ticket_of_another_order_is_refused(seeded):
     over = refund_limit(
         {"order_id": ORDER, "ticket_id": "T-1001", "amount_cents": 100, "reason": "r"}

@@ -24,6 +24,7 @@ from agentruns.models import (
     OperationState,
     Run,
     RunStatus,
+    Step,
 )
 from agentruns.runtime.dispatch.queue import enqueue
 from agentruns.runtime.values.ids import actor_name
@@ -85,6 +86,7 @@ def take(key: str, *, run_id: Any, step_id: Any, tool: str) -> Taken | Used | Bu
 
 
 _TABLE = OperationExecution._meta.db_table
+_STEP_TABLE = Step._meta.db_table
 _INSERTED = ("key", "slot", "state", "run_id", "step_id", "tool", "waiters", "created_at")
 _COLUMNS = ", ".join('"' + name + '"' for name in _INSERTED)  # "key" is a keyword in SQL
 INSERT_SQL = (
@@ -232,6 +234,25 @@ def key_states(keys: list[str]) -> dict[str, KeyState]:
 
 def key_state(key: str) -> KeyState:
     return key_states([key])[key]
+
+
+def held_arguments(prefix: str, excluding: list[str]) -> list[tuple[str, Any]]:
+    """(idempotency key, arguments) of each call holding a key that starts with `prefix` right
+    now (being made, retried, or of unknown outcome), but the keys in `excluding`: what a tool's
+    `limit=` counts as in flight. One statement, written out: a gated call's "before" commit
+    reads it, and the ORM's building of it cost more than the database's answer."""
+    held = [HELD, connection.ops.prep_for_like_query(prefix) + "%", *excluding]
+    others = f" AND e.key NOT IN ({', '.join(['%s'] * len(excluding))})" if excluding else ""
+    sql = (
+        f"SELECT s.idempotency_key, s.arguments FROM {_STEP_TABLE} s WHERE s.id IN "
+        f"(SELECT e.step_id FROM {_TABLE} e WHERE e.state = %s AND e.key LIKE %s ESCAPE '\\'"
+        f"{others})"
+    )
+    arguments = Step._meta.get_field("arguments")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, held)
+        rows = cursor.fetchall()
+    return [(key, arguments.from_db_value(value, None, connection)) for key, value in rows]
 
 
 def allow_one_more(
