@@ -64,8 +64,7 @@ def take(key: str, *, run_id: Any, step_id: Any, tool: str) -> Taken | Used | Bu
     lowest free slot (1, then one per allowance), unless the key is held or every slot used.
     A first call of a key costs two statements: the read and the INSERT."""
     for _ in range(5):  # a lost race is followed by a read that sees the winner
-        live = list(OperationExecution.objects.filter(key=key).exclude(state=RELEASED))
-        live.sort(key=lambda row: row.slot)
+        live = _executions('"key" = %s AND state <> %s ORDER BY slot', [key, RELEASED])
         own = next((row for row in live if row.step_id == step_id), None)
         if own is not None:
             return Taken(own, fresh=False) if own.state == HELD else Used(own)
@@ -93,6 +92,13 @@ INSERT_SQL = (
     f"INSERT INTO {_TABLE} ({_COLUMNS}) VALUES ({', '.join(['%s'] * len(_INSERTED))}) "
     "ON CONFLICT DO NOTHING RETURNING id"
 )
+
+
+def _executions(where: str, params: list[Any]) -> list[OperationExecution]:
+    """The rows `where` selects (and orders or locks), the statement written out: every gated
+    call reads its key's rows this way, and the ORM's building of the query cost the worker
+    three times the database's answer. `raw()` still converts each column as the ORM does."""
+    return list(OperationExecution.objects.raw(f"SELECT * FROM {_TABLE} WHERE {where}", params))
 
 
 def _inserted(row: OperationExecution) -> bool:
@@ -154,7 +160,9 @@ def run_ended(run: Any, note: str) -> int:
     snapshot = run.tool_snapshot or {}
     if not any(policy.get("operation_key") is not False for policy in snapshot.values()):
         return 0
-    held = OperationExecution.objects.select_for_update().filter(run_id=run.id, state=HELD)
+    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+    run_id = OperationExecution._meta.get_field("run_id").get_db_prep_value(run.id, connection)
+    held = _executions(f"run_id = %s AND state = %s{lock}", [run_id, HELD])
     settled = 0
     for row in held:
         settled += settle(row.step_id, DONE, {"outcome_unknown": True, "note": note})
@@ -223,7 +231,9 @@ def key_states(keys: list[str]) -> dict[str, KeyState]:
     states = {key: KeyState(key, [], []) for key in keys}
     if not keys:
         return states
-    for row in OperationExecution.objects.filter(key__in=keys).order_by("key", "slot", "id"):
+    marks = ", ".join(["%s"] * len(keys))
+    where = f'"key" IN ({marks}) ORDER BY "key", slot, id'
+    for row in _executions(where, keys):
         states[row.key].executions.append(row)
     taken = [key for key in keys if states[key].executions]
     if taken:
@@ -242,11 +252,12 @@ def held_arguments(prefix: str, excluding: list[str]) -> list[tuple[str, Any]]:
     `limit=` counts as in flight. One statement, written out: a gated call's "before" commit
     reads it, and the ORM's building of it cost more than the database's answer."""
     held = [HELD, connection.ops.prep_for_like_query(prefix) + "%", *excluding]
-    others = f" AND e.key NOT IN ({', '.join(['%s'] * len(excluding))})" if excluding else ""
+    marks = ", ".join(["%s"] * len(excluding))
+    others = f' AND e."key" NOT IN ({marks})' if excluding else ""
     sql = (
         f"SELECT s.idempotency_key, s.arguments FROM {_STEP_TABLE} s WHERE s.id IN "
-        f"(SELECT e.step_id FROM {_TABLE} e WHERE e.state = %s AND e.key LIKE %s ESCAPE '\\'"
-        f"{others})"
+        f"(SELECT e.step_id FROM {_TABLE} e WHERE e.state = %s "
+        f"AND e.\"key\" LIKE %s ESCAPE '\\'{others})"
     )
     arguments = Step._meta.get_field("arguments")
     with connection.cursor() as cursor:
