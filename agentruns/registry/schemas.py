@@ -144,22 +144,40 @@ def _bounded(kind: str, prop: dict) -> Callable[[Any], bool] | None:
     return check
 
 
+def _simple_property(prop: Any) -> Callable[[Any], bool] | None:
+    """One property's check: a typed scalar with its bounds, or that or null as Pydantic writes
+    an optional argument (`str | None = None`: `anyOf` of the two, a default beside it)."""
+    if not isinstance(prop, dict):
+        return None
+    either = prop.get("anyOf")
+    if either is not None:
+        if not set(prop) <= _SIMPLE_PROPERTY_KEYS | {"anyOf"} or "type" in prop:
+            return None
+        if not isinstance(either, list) or len(either) != 2:
+            return None
+        other = [p for p in either if p != {"type": "null"}]
+        inner = _simple_property(other[0]) if len(other) == 1 else None
+        if inner is None:
+            return None
+        return lambda value: value is None or inner(value)
+    kind = prop.get("type")
+    if not isinstance(kind, str) or kind not in _TYPE_CHECKS:
+        return None
+    if not set(prop) <= _SIMPLE_PROPERTY_KEYS | _SIMPLE_BOUNDS.get(kind, set()):
+        return None
+    return _bounded(kind, prop)
+
+
 def simple_plan(schema: dict) -> tuple[dict, frozenset, bool] | None:
-    """For the common schema (an object of typed scalar properties, with at most a pattern,
-    lengths or limits each, nothing else): what a hand-written check needs. jsonschema costs
+    """For the common schema (an object of typed scalar properties, each maybe null as well,
+    with at most a pattern, lengths or limits each, nothing else): what a hand-written check
+    needs. jsonschema costs
     ~70 us per call; this a few. None: not simple."""
     if schema.get("type") != "object" or not set(schema) <= _SIMPLE_SCHEMA_KEYS:
         return None
     checks = {}
     for name, prop in (schema.get("properties") or {}).items():
-        if not isinstance(prop, dict):
-            return None
-        kind = prop.get("type")
-        if not isinstance(kind, str) or kind not in _TYPE_CHECKS:
-            return None
-        if not set(prop) <= _SIMPLE_PROPERTY_KEYS | _SIMPLE_BOUNDS.get(kind, set()):
-            return None
-        check = _bounded(kind, prop)
+        check = _simple_property(prop)
         if check is None:
             return None
         checks[name] = check

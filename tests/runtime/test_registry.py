@@ -96,6 +96,26 @@ def test_fast_path_agrees_with_jsonschema_on_bounds():
             assert simple_valid(plan, arguments) == reference.is_valid(arguments), arguments
 
 
+OPTIONAL = {  # Pydantic's schema of `ticket_id: str | None = None` and a bounded one
+    "type": "object",
+    "properties": {
+        "ticket_id": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None},
+        "amount": {"anyOf": [{"type": "null"}, {"type": "integer", "minimum": 1}]},
+    },
+    "additionalProperties": False,
+}
+
+
+def test_fast_path_agrees_with_jsonschema_on_optional_arguments():
+    plan = simple_plan(OPTIONAL)
+    assert plan is not None
+    reference = strict_validator(OPTIONAL)
+    for name in OPTIONAL["properties"]:
+        for value in ["T-1", "", 0, 1, 1.5, True, None, [], {}]:
+            arguments = {name: value}
+            assert simple_valid(plan, arguments) == reference.is_valid(arguments), arguments
+
+
 def test_schemas_with_more_keywords_go_to_jsonschema():
     assert (
         simple_plan({**SCHEMA, "properties": {"n": {"type": "integer", "exclusiveMinimum": 1}}})
@@ -106,6 +126,13 @@ def test_schemas_with_more_keywords_go_to_jsonschema():
     )
     assert simple_plan({**SCHEMA, "properties": {"n": {"type": "integer", "minimum": "1"}}}) is None
     assert simple_plan({**SCHEMA, "properties": {"n": {"type": ["integer", "null"]}}}) is None
+    for either in (
+        [{"type": "null"}, {"type": "null"}],
+        [{"type": "string"}, {"type": "integer"}],
+        [{"type": "string"}, {"type": "null"}, {"type": "integer"}],
+        [{"type": "string", "format": "uuid"}, {"type": "null"}],
+    ):
+        assert simple_plan({**SCHEMA, "properties": {"n": {"anyOf": either}}}) is None
     assert simple_plan({**SCHEMA, "$schema": "http://json-schema.org/draft-03/schema#"}) is None
     assert simple_plan({"type": "object", "properties": {"tags": {"type": "array"}}}) is None
     limited = _tool({"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}})
