@@ -85,7 +85,6 @@ def take(key: str, *, run_id: Any, step_id: Any, tool: str) -> Taken | Used | Bu
 
 
 _TABLE = OperationExecution._meta.db_table
-_STEP_TABLE = Step._meta.db_table
 _INSERTED = ("key", "slot", "state", "run_id", "step_id", "tool", "waiters", "created_at")
 _COLUMNS = ", ".join('"' + name + '"' for name in _INSERTED)  # "key" is a keyword in SQL
 INSERT_SQL = (
@@ -249,21 +248,18 @@ def key_state(key: str) -> KeyState:
 def held_arguments(prefix: str, excluding: list[str]) -> list[tuple[str, Any]]:
     """(idempotency key, arguments) of each call holding a key that starts with `prefix` right
     now (being made, retried, or of unknown outcome), but the keys in `excluding`: what a tool's
-    `limit=` counts as in flight. One statement, written out: a gated call's "before" commit
-    reads it, and the ORM's building of it cost more than the database's answer."""
-    held = [HELD, connection.ops.prep_for_like_query(prefix) + "%", *excluding]
+    `limit=` counts as in flight. The held rows are read written out (a gated call's "before"
+    commit reads them, and the ORM's building of the query cost more than the answer); their
+    steps only when there are any."""
+    like = connection.ops.prep_for_like_query(prefix) + "%"
     marks = ", ".join(["%s"] * len(excluding))
-    others = f' AND e."key" NOT IN ({marks})' if excluding else ""
-    sql = (
-        f"SELECT s.idempotency_key, s.arguments FROM {_STEP_TABLE} s WHERE s.id IN "
-        f"(SELECT e.step_id FROM {_TABLE} e WHERE e.state = %s "
-        f"AND e.\"key\" LIKE %s ESCAPE '\\'{others})"
-    )
-    arguments = Step._meta.get_field("arguments")
-    with connection.cursor() as cursor:
-        cursor.execute(sql, held)
-        rows = cursor.fetchall()
-    return [(key, arguments.from_db_value(value, None, connection)) for key, value in rows]
+    others = f' AND "key" NOT IN ({marks})' if excluding else ""
+    where = f"state = %s AND \"key\" LIKE %s ESCAPE '\\'{others}"
+    held = _executions(where, [HELD, like, *excluding])
+    if not held:
+        return []
+    steps = Step.objects.filter(id__in=[row.step_id for row in held])
+    return list(steps.values_list("idempotency_key", "arguments"))
 
 
 def allow_one_more(
