@@ -90,8 +90,8 @@ def _env(**extra: object) -> dict[str, str]:
             "REFUND_APPROVAL_THRESHOLD_CENTS": str(10**9),
             # the naive group relies on q2 redelivery: keep its retry window short (a
             # delivery's task takes well under a second; a doorbell's hand-over returns at once)
-            "Q_TIMEOUT": "4",
-            "Q_RETRY": "5",
+            "Q_TIMEOUT": "5",
+            "Q_RETRY": "6",
             # the idle poll finds the redelivered task (a lapsed lock rings no NOTIFY); 0.1 is
             # the product's default, 0.05 spent twice the CPU on every idle pusher
             "Q_POLL": "0.1",
