@@ -15,7 +15,6 @@ from typing import Annotated
 
 import httpx
 from django.db import IntegrityError, connection, transaction
-from django.db.models import QuerySet
 from pydantic import Field
 from pydantic_ai import Agent
 
@@ -100,12 +99,37 @@ refund_agent = Agent(
 TICKET_ID = Annotated[str, Field(pattern="^T-[A-Za-z0-9-]{1,18}$")]
 
 
-def _named_or_open(tickets: QuerySet[Ticket], ticket_id: str | None) -> Ticket | None:
-    """Of `tickets` (one order's), the request a call names: `ticket_id` (None when it is not
-    one of them), else the oldest open one."""
-    if ticket_id:
-        return tickets.filter(ticket_id=ticket_id).first()
-    return tickets.filter(status=TicketStatus.OPEN).order_by("id").first()
+# what a tool reads of the request and its order, written out: every lookup, note and reply asks
+# it, and building the ORM's join costs the worker four times the statement's round trip
+_ORDER_COLUMNS = (
+    "id", "order_id", "customer_name", "customer_email", "amount_cents", "currency", "item", "status"
+)  # fmt: skip
+_TICKET_COLUMNS = ("id", "ticket_id", "order_id", "subject", "status")
+_REQUEST_SQL = (
+    f"SELECT {', '.join(f't.{c}' for c in _TICKET_COLUMNS)}, "
+    f"{', '.join(f'o.{c}' for c in _ORDER_COLUMNS)} "
+    "FROM support_ticket t JOIN support_order o ON o.id = t.order_id "
+    "WHERE o.order_id = %s AND {which} ORDER BY t.id LIMIT 1"
+)
+_NAMED_REQUEST_SQL = _REQUEST_SQL.format(which="t.ticket_id = %s")
+_OPEN_REQUEST_SQL = _REQUEST_SQL.format(which="t.status = %s")
+
+
+def _named_or_open(order_id: str, ticket_id: str | None) -> tuple[Order, Ticket] | None:
+    """Of the order's tickets, the request a call names: `ticket_id` (None when it is not one
+    of them), else the oldest open one; with its order, in one statement. The models hold the
+    columns above (any other field is read when asked for)."""
+    sql = _NAMED_REQUEST_SQL if ticket_id else _OPEN_REQUEST_SQL
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [order_id, ticket_id or TicketStatus.OPEN.value])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    split = len(_TICKET_COLUMNS)
+    order = Order.from_db(connection.alias, _ORDER_COLUMNS, row[split:])
+    ticket = Ticket.from_db(connection.alias, _TICKET_COLUMNS, row[:split])
+    ticket.order = order
+    return order, ticket
 
 
 def _latest_or_new(order: Order) -> Ticket:
@@ -123,46 +147,16 @@ def request_ticket(order: Order, ticket_id: str | None = None) -> Ticket | None:
     """The customer request a run answers: `ticket_id` when it is one of the order's tickets
     (None when it is not), else the order's open ticket, else its latest, else a ticket made for
     the order (`T-<order_id>`, once: the same one every time it is asked)."""
-    found = _named_or_open(order.tickets.all(), ticket_id)
-    return found if found is not None or ticket_id else _latest_or_new(order)
-
-
-# what a tool reads of the request and its order, written out: every lookup, note and reply asks
-# it, and building the ORM's join costs the worker four times the statement's round trip
-_ORDER_COLUMNS = (
-    "id", "order_id", "customer_name", "customer_email", "amount_cents", "currency", "item", "status"
-)  # fmt: skip
-_TICKET_COLUMNS = ("id", "ticket_id", "order_id", "subject", "status")
-_REQUEST_SQL = (
-    f"SELECT {', '.join(f't.{c}' for c in _TICKET_COLUMNS)}, "
-    f"{', '.join(f'o.{c}' for c in _ORDER_COLUMNS)} "
-    "FROM support_ticket t JOIN support_order o ON o.id = t.order_id "
-    "WHERE o.order_id = %s AND {which} ORDER BY t.id LIMIT 1"
-)
-_NAMED_REQUEST_SQL = _REQUEST_SQL.format(which="t.ticket_id = %s")
-_OPEN_REQUEST_SQL = _REQUEST_SQL.format(which="t.status = %s")
-
-
-def _named_or_open_request(order_id: str, ticket_id: str | None) -> tuple[Order, Ticket] | None:
-    """`_named_or_open` of the order's tickets with the order, in one statement; the models
-    hold the columns above (any other field is read when asked for)."""
-    sql = _NAMED_REQUEST_SQL if ticket_id else _OPEN_REQUEST_SQL
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [order_id, ticket_id or TicketStatus.OPEN.value])
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    split = len(_TICKET_COLUMNS)
-    order = Order.from_db(connection.alias, _ORDER_COLUMNS, row[split:])
-    ticket = Ticket.from_db(connection.alias, _TICKET_COLUMNS, row[:split])
-    ticket.order = order
-    return order, ticket
+    found = _named_or_open(order.order_id, ticket_id)
+    if found is not None:
+        return found[1]
+    return None if ticket_id else _latest_or_new(order)
 
 
 def request_of(order_id: str, ticket_id: str | None) -> tuple[Order | None, Ticket | None]:
     """The order and the request a call names (`request_ticket`'s rule), in one query when the
     ticket is named, or the order has an open one: a tool of the demo agent asks it each call."""
-    found = _named_or_open_request(order_id, ticket_id)
+    found = _named_or_open(order_id, ticket_id)
     if found is not None:
         return found
     order = Order.objects.filter(order_id=order_id).first()
@@ -316,10 +310,10 @@ def resolve_handed_over_ticket(closed: HandoverClosed) -> None:
     open any more): nothing to resolve."""
     order_id = closed.arguments.get("order_id") or closed.run_input.get("order_id")
     named = closed.arguments.get("ticket_id") or closed.run_input.get("ticket_id")
-    tickets = Ticket.objects.filter(order__order_id=order_id)
-    ticket = _named_or_open(tickets, named) if order_id else None
-    if ticket is not None:
-        ticket.resolve(by=closed.closed_by, at=closed.closed_at)
+    # JSON of the call or the input: compared by text, as the columns hold them
+    found = _named_or_open(str(order_id), str(named) if named else None) if order_id else None
+    if found is not None:
+        found[1].resolve(by=closed.closed_by, at=closed.closed_at)
 
 
 @refund_agent.tool_plain(
